@@ -1,0 +1,38 @@
+# The two Quickstart commands (`make up`, `make test`) create .venv and install the project on first use.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: up test lint format schemas bench clean install
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+up: $(STAMP)
+	$(BIN)/chamber up
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(STAMP)
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+schemas: $(STAMP)
+	$(BIN)/chamber schemas --out schemas
+
+bench: $(STAMP)
+	$(BIN)/python bench/runtime.py
+
+clean:
+	rm -rf $(VENV) .chamber .pytest_cache .ruff_cache

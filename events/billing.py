@@ -1,0 +1,40 @@
+"""GPU-hour prices, accrued cost per team and job, and budgets exceeded."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from msgspec import Meta
+
+from events.base import Event, Name, event_type
+
+
+class PriceSet(Event, frozen=True, tag=event_type("billing", "price_set")):
+    gpu_model: str
+    at: float
+    price_per_gpu_hour: Annotated[float, Meta(ge=0)]
+    currency: str = "USD"
+
+
+class CostAccrued(Event, frozen=True, tag=event_type("billing", "cost_accrued")):
+    """Cost of GPU-seconds in [period_start, period_end). Idle cost has no team, only a pool."""
+
+    period_start: float
+    period_end: float
+    gpu_model: str
+    gpu_seconds: float
+    cost: float
+    currency: str = "USD"
+    team: Name | None = None
+    job_id: Name | None = None
+    pool: Name | None = None
+    idle: bool = False
+
+
+class BudgetExceeded(Event, frozen=True, tag=event_type("billing", "budget_exceeded")):
+    team: Name
+    at: float
+    budget: float
+    spent: float
+    currency: str = "USD"
+    period: str = "month"

@@ -1,0 +1,71 @@
+"""Every event type Chamber publishes, looked up by CloudEvents type."""
+
+from __future__ import annotations
+
+from events.base import Event
+from events.billing import BudgetExceeded, CostAccrued, PriceSet
+from events.faults import GpuFaultDetected
+from events.fleet import (
+    GpuIsolated,
+    GpuRestored,
+    NodeDiscovered,
+    NodeIsolated,
+    NodeLost,
+    NodeRestored,
+    NodeUpdated,
+)
+from events.jobs import (
+    JobCancelled,
+    JobCompleted,
+    JobFailed,
+    JobPreempted,
+    JobRequeued,
+    JobResumed,
+    JobScheduled,
+    JobStarted,
+    JobSubmitted,
+    JobSuspended,
+)
+from events.quota import BudgetSet, FairShareUpdated, PoolDefined, TeamQuotaSet
+from events.telemetry import NodeInventory, NodeSample
+
+ALL_EVENTS: tuple[type[Event], ...] = (
+    NodeInventory,
+    NodeSample,
+    GpuFaultDetected,
+    NodeDiscovered,
+    NodeUpdated,
+    NodeLost,
+    NodeIsolated,
+    NodeRestored,
+    GpuIsolated,
+    GpuRestored,
+    JobSubmitted,
+    JobScheduled,
+    JobStarted,
+    JobPreempted,
+    JobSuspended,
+    JobResumed,
+    JobRequeued,
+    JobCompleted,
+    JobFailed,
+    JobCancelled,
+    PoolDefined,
+    TeamQuotaSet,
+    FairShareUpdated,
+    BudgetSet,
+    PriceSet,
+    CostAccrued,
+    BudgetExceeded,
+)
+
+_BY_TYPE: dict[str, type[Event]] = {cls.ce_type(): cls for cls in ALL_EVENTS}
+assert len(_BY_TYPE) == len(ALL_EVENTS), "two event classes share a type"
+
+
+def by_type(ce_type: str) -> type[Event] | None:
+    return _BY_TYPE.get(ce_type)
+
+
+def known_types() -> frozenset[str]:
+    return frozenset(_BY_TYPE)

@@ -1,0 +1,163 @@
+"""Wire codec: msgspec JSON body, CloudEvents 1.0 attributes in NATS headers (binary content mode).
+
+Decoding never trusts the producer: size, envelope, type, version and body are all checked, and
+every failure raises `DecodeError` with a short machine-readable `reason` and a human `detail`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import msgspec
+
+from events.base import Event, parse_event_type
+from events.catalog import by_type, known_types
+
+SPECVERSION = "1.0"
+CONTENT_TYPE = "application/json"
+DEFAULT_MAX_BYTES = 256 * 1024  # a node sample of 8 GPUs with processes and NVLink is ~10 KiB
+
+H_SPECVERSION = "ce-specversion"
+H_ID = "ce-id"
+H_SOURCE = "ce-source"
+H_TYPE = "ce-type"
+H_TIME = "ce-time"
+H_CONTENT_TYPE = "content-type"
+H_TRACEPARENT = "traceparent"
+H_TRACESTATE = "tracestate"
+H_MSG_ID = "Nats-Msg-Id"
+
+_encoder = msgspec.json.Encoder()
+_decoders: dict[type[Event], msgspec.json.Decoder] = {}
+
+
+class DecodeError(ValueError):
+    """A message that cannot become an event. `reason` is one of:
+
+    oversized, envelope, content_type, unknown_type, unknown_version, malformed, invalid.
+    """
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+class UnknownEventType(DecodeError):
+    """A well-formed event of a type this build does not know (newer producer): skip, don't crash."""
+
+    def __init__(self, ce_type: str) -> None:
+        super().__init__("unknown_type", f"event type {ce_type!r} is not known to this consumer")
+        self.ce_type = ce_type
+
+
+@dataclass(frozen=True)
+class Envelope:
+    event: Event
+    id: str
+    source: str
+    type: str
+    time: str
+    traceparent: str | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+def new_id() -> str:
+    """A random event id, for the shell only (cores derive ids deterministically)."""
+    return str(uuid.uuid4())
+
+
+def stable_id(*parts: object) -> str:
+    """A deterministic event id from the facts that make a decision unique (for replay dedup)."""
+    digest = hashlib.sha256("\x1f".join(str(p) for p in parts).encode()).hexdigest()
+    return str(uuid.UUID(digest[:32], version=5))
+
+
+def rfc3339(ts: float) -> str:
+    return datetime.fromtimestamp(ts, tz=UTC).isoformat().replace("+00:00", "Z")
+
+
+def encode_body(event: Event) -> bytes:
+    return _encoder.encode(event)
+
+
+def encode(
+    event: Event,
+    *,
+    source: str,
+    id: str | None = None,
+    time: float | None = None,
+    traceparent: str | None = None,
+    tracestate: str | None = None,
+) -> tuple[dict[str, str], bytes]:
+    """Headers and body for one event. The id doubles as `Nats-Msg-Id` for JetStream dedup."""
+    event_id = id or new_id()
+    when = time if time is not None else datetime.now(tz=UTC).timestamp()
+    headers = {
+        H_SPECVERSION: SPECVERSION,
+        H_ID: event_id,
+        H_SOURCE: source,
+        H_TYPE: type(event).ce_type(),
+        H_TIME: rfc3339(when),
+        H_CONTENT_TYPE: CONTENT_TYPE,
+        H_MSG_ID: event_id,
+    }
+    if traceparent:
+        headers[H_TRACEPARENT] = traceparent
+        if tracestate:
+            headers[H_TRACESTATE] = tracestate
+    return headers, encode_body(event)
+
+
+def _decoder(cls: type[Event]) -> msgspec.json.Decoder:
+    dec = _decoders.get(cls)
+    if dec is None:
+        dec = _decoders[cls] = msgspec.json.Decoder(cls)
+    return dec
+
+
+def decode(headers: Mapping[str, str] | None, body: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Envelope:
+    """Check and decode one message; raises DecodeError naming what was wrong."""
+    if len(body) > max_bytes:
+        raise DecodeError("oversized", f"body is {len(body)} bytes, the limit is {max_bytes}")
+    hdrs = headers or {}
+    spec = hdrs.get(H_SPECVERSION)
+    if spec != SPECVERSION:
+        raise DecodeError("envelope", f"header {H_SPECVERSION} is {spec!r}, expected {SPECVERSION!r}")
+    for name in (H_ID, H_SOURCE, H_TYPE):
+        if not hdrs.get(name):
+            raise DecodeError("envelope", f"header {name} is missing")
+    content_type = hdrs.get(H_CONTENT_TYPE, CONTENT_TYPE)
+    if content_type.split(";")[0].strip() != CONTENT_TYPE:
+        raise DecodeError("content_type", f"content-type is {content_type!r}, expected {CONTENT_TYPE!r}")
+    ce_type = hdrs[H_TYPE]
+    cls = by_type(ce_type)
+    if cls is None:
+        parsed = parse_event_type(ce_type)
+        if parsed is not None:
+            domain, name, major = parsed
+            known = sorted(t for t in known_types() if t.startswith(f"io.chamber.{domain}.{name}.v"))
+            if known:
+                raise DecodeError(
+                    "unknown_version", f"event type {ce_type!r} has major version {major}; known: {known}"
+                )
+        raise UnknownEventType(ce_type)
+    try:
+        event = _decoder(cls).decode(body)
+    except msgspec.ValidationError as exc:
+        raise DecodeError("invalid", f"{ce_type}: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise DecodeError("malformed", f"body is not valid JSON: {exc}") from None
+    return Envelope(
+        event=event,
+        id=hdrs[H_ID],
+        source=hdrs[H_SOURCE],
+        type=ce_type,
+        time=hdrs.get(H_TIME, ""),
+        traceparent=hdrs.get(H_TRACEPARENT),
+        headers=dict(hdrs),
+    )

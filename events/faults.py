@@ -1,0 +1,44 @@
+"""Faults detected on a node by the agent's detectors (XID, ECC, row remap, thermal, links...)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from events.base import Event, Name, event_type
+
+
+class FaultKind(StrEnum):
+    XID = "xid"
+    ECC_DBE = "ecc_dbe"
+    ECC_SBE_STORM = "ecc_sbe_storm"
+    RETIRED_PAGES = "retired_pages"
+    ROW_REMAP_PENDING = "row_remap_pending"
+    ROW_REMAP_FAILURE = "row_remap_failure"
+    THERMAL = "thermal"
+    POWER = "power"
+    NVLINK = "nvlink"
+    PCIE = "pcie"
+    GPU_LOST = "gpu_lost"
+    AGENT_SILENT = "agent_silent"
+    OTHER = "other"
+
+
+class Severity(StrEnum):
+    INFO = "info"
+    WARNING = "warning"
+    CRITICAL = "critical"
+
+
+class GpuFaultDetected(Event, frozen=True, tag=event_type("faults", "gpu_fault_detected")):
+    """A fault on one GPU (gpu_index set) or on the node as a whole (gpu_index None)."""
+
+    fault_id: Name
+    cluster: Name
+    node: Name
+    kind: FaultKind
+    severity: Severity
+    observed_at: float
+    gpu_index: int | None = None
+    gpu_uuid: str | None = None
+    xid: int | None = None
+    detail: str = ""

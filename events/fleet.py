@@ -1,0 +1,84 @@
+"""The fleet as discovery and health see it: nodes found, changed, lost, isolated and restored."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from events.base import Event, Name, event_type
+from events.telemetry import GpuInfo
+
+
+class NodeStatus(StrEnum):
+    HEALTHY = "healthy"
+    SUSPECT = "suspect"  # heartbeats missed, not yet lost
+    LOST = "lost"
+    NO_AGENT = "no_agent"  # seen by Kubernetes, no agent reporting
+
+
+class NodeDiscovered(Event, frozen=True, tag=event_type("fleet", "node_discovered")):
+    cluster: Name
+    node: Name
+    at: float
+    gpus: list[GpuInfo]
+    source: str = "agent"  # agent | kubernetes
+    labels: dict[str, str] = {}
+
+
+class NodeUpdated(Event, frozen=True, tag=event_type("fleet", "node_updated")):
+    cluster: Name
+    node: Name
+    at: float
+    status: NodeStatus
+    gpus: list[GpuInfo]
+    changes: list[str] = []
+    labels: dict[str, str] = {}
+
+
+class NodeLost(Event, frozen=True, tag=event_type("fleet", "node_lost")):
+    cluster: Name
+    node: Name
+    at: float
+    last_seen_at: float
+    reason: str = ""
+
+
+class NodeIsolated(Event, frozen=True, tag=event_type("fleet", "node_isolated")):
+    """The whole node is out of service (cordoned); its jobs are requeued by the scheduler."""
+
+    cluster: Name
+    node: Name
+    at: float
+    reason: str
+    fault_ids: list[str] = []
+    until: float | None = None  # earliest automatic restore (probation), if any
+
+
+class NodeRestored(Event, frozen=True, tag=event_type("fleet", "node_restored")):
+    cluster: Name
+    node: Name
+    at: float
+    reason: str
+    by: str = "probation"  # probation | operator
+
+
+class GpuIsolated(Event, frozen=True, tag=event_type("fleet", "gpu_isolated")):
+    """One GPU is out of service; the node keeps serving with its other GPUs."""
+
+    cluster: Name
+    node: Name
+    gpu_index: int
+    at: float
+    reason: str
+    gpu_uuid: str | None = None
+    fault_ids: list[str] = []
+    until: float | None = None
+
+
+class GpuRestored(Event, frozen=True, tag=event_type("fleet", "gpu_restored")):
+    cluster: Name
+    node: Name
+    gpu_index: int
+    at: float
+    reason: str
+    gpu_uuid: str | None = None
+    by: str = "probation"

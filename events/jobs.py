@@ -1,0 +1,139 @@
+"""A job's life: submitted, scheduled, started, preempted/suspended/resumed, requeued, finished."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated
+
+import msgspec
+
+from events.base import Event, Name, event_type
+
+
+class PriorityClass(StrEnum):
+    """Ordered from most to least urgent; `rank` gives the sort key."""
+
+    CRITICAL = "critical"
+    HIGH = "high"
+    NORMAL = "normal"
+    LOW = "low"
+
+    @property
+    def rank(self) -> int:
+        return _PRIORITY_RANK[self]
+
+
+_PRIORITY_RANK = {
+    PriorityClass.CRITICAL: 0,
+    PriorityClass.HIGH: 1,
+    PriorityClass.NORMAL: 2,
+    PriorityClass.LOW: 3,
+}
+
+
+class PreemptionReason(StrEnum):
+    PRIORITY = "priority"  # higher priority work of the same team
+    RECLAIM = "reclaim"  # a lender takes back capacity that was borrowed
+    CRITICAL = "critical"  # critical work across teams
+    OPERATOR = "operator"
+
+
+class JobSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """What was asked for: a gang of `replicas` x `gpus_per_replica` GPUs, all or nothing."""
+
+    team: Name
+    gpus_per_replica: Annotated[int, msgspec.Meta(ge=1)]
+    replicas: Annotated[int, msgspec.Meta(ge=1)] = 1
+    priority: PriorityClass = PriorityClass.NORMAL
+    name: str = ""
+    pool: Name | None = None
+    gpu_model: str | None = None
+    preemptible: bool = True
+    checkpoint_interval_s: float | None = None
+    expected_duration_s: float | None = None
+    namespace: str | None = None  # Kubernetes Job reference, when the job came from the cluster
+    topology_key: str | None = None  # node label whose value names a topology domain (e.g. rack)
+
+    @property
+    def total_gpus(self) -> int:
+        return self.gpus_per_replica * self.replicas
+
+
+class Placement(msgspec.Struct, frozen=True, kw_only=True):
+    """GPUs held on one node."""
+
+    cluster: Name
+    node: Name
+    gpu_indices: list[int]
+
+
+class JobSubmitted(Event, frozen=True, tag=event_type("jobs", "submitted")):
+    job_id: Name
+    at: float
+    spec: JobSpec
+
+
+class JobScheduled(Event, frozen=True, tag=event_type("jobs", "scheduled")):
+    job_id: Name
+    at: float
+    team: Name
+    placements: list[Placement]
+    reason: str = ""
+    borrowed_gpus: int = 0
+
+
+class JobStarted(Event, frozen=True, tag=event_type("jobs", "started")):
+    job_id: Name
+    at: float
+
+
+class JobPreempted(Event, frozen=True, tag=event_type("jobs", "preempted")):
+    job_id: Name
+    at: float
+    team: Name
+    reason: PreemptionReason
+    preemptor_job_id: Name | None = None
+    lost_work_gpu_s: float = 0.0
+    detail: str = ""
+
+
+class JobSuspended(Event, frozen=True, tag=event_type("jobs", "suspended")):
+    job_id: Name
+    at: float
+    reason: str = ""
+
+
+class JobResumed(Event, frozen=True, tag=event_type("jobs", "resumed")):
+    job_id: Name
+    at: float
+    placements: list[Placement]
+    reason: str = ""
+
+
+class JobRequeued(Event, frozen=True, tag=event_type("jobs", "requeued")):
+    """Put back in the queue because its node or GPU was isolated or lost."""
+
+    job_id: Name
+    at: float
+    reason: str
+    node: Name | None = None
+    fault_ids: list[str] = []
+
+
+class JobCompleted(Event, frozen=True, tag=event_type("jobs", "completed")):
+    job_id: Name
+    at: float
+
+
+class JobFailed(Event, frozen=True, tag=event_type("jobs", "failed")):
+    job_id: Name
+    at: float
+    reason: str
+    exit_code: int | None = None
+
+
+class JobCancelled(Event, frozen=True, tag=event_type("jobs", "cancelled")):
+    job_id: Name
+    at: float
+    by: str = ""
+    reason: str = ""

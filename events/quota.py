@@ -1,0 +1,51 @@
+"""Capacity pools (cohorts), team quotas, fair-share factors and budgets."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from msgspec import Meta
+
+from events.base import Event, Name, event_type
+
+NonNegative = Annotated[int, Meta(ge=0)]
+
+
+class PoolDefined(Event, frozen=True, tag=event_type("quota", "pool_defined")):
+    """A pool of capacity, selected by GPU model or by a node label (`default` spans the fleet)."""
+
+    pool: Name
+    at: float
+    gpu_model: str | None = None
+    node_selector: dict[str, str] = {}
+
+
+class TeamQuotaSet(Event, frozen=True, tag=event_type("quota", "team_quota_set")):
+    """Guaranteed GPUs in a pool; how much more the team may borrow, and how much it lends."""
+
+    team: Name
+    pool: Name
+    at: float
+    guaranteed_gpus: NonNegative
+    borrow_limit: NonNegative | None = None  # None: no limit beyond the pool
+    lend_limit: NonNegative | None = None  # None: all idle guaranteed GPUs may be lent
+    weight: Annotated[float, Meta(gt=0)] = 1.0
+
+
+class FairShareUpdated(Event, frozen=True, tag=event_type("quota", "fair_share_updated")):
+    """Slurm-style factor in (0, 1]: 1 for a team that used nothing, lower as decayed usage grows."""
+
+    team: Name
+    pool: Name
+    at: float
+    factor: float
+    decayed_usage_gpu_s: float
+    share: float
+
+
+class BudgetSet(Event, frozen=True, tag=event_type("quota", "budget_set")):
+    team: Name
+    at: float
+    amount: Annotated[float, Meta(ge=0)]
+    currency: str = "USD"
+    period: str = "month"

@@ -1,0 +1,95 @@
+"""Subject builders. Every subject mirrors its event's domain and names the entity it is about.
+
+Tokens are lower case; characters NATS reserves (`.`, `*`, `>`, whitespace) and anything outside
+[a-z0-9_-] become `_`, so `gpu-node.example.com` is the token `gpu-node_example_com`. The event body
+always carries the exact name. Fleet-wide quota and billing events (pools, prices, idle cost) use the
+reserved token `_fleet`, which no team name can produce (team tokens never start with `_`).
+"""
+
+from __future__ import annotations
+
+import re
+
+from events.base import Event
+from events.billing import BudgetExceeded, CostAccrued, PriceSet
+from events.faults import GpuFaultDetected
+from events.quota import BudgetSet, FairShareUpdated, PoolDefined, TeamQuotaSet
+from events.telemetry import NodeInventory, NodeSample
+
+ROOT = "chamber"
+FLEET_WIDE = "_fleet"
+_UNSAFE = re.compile(r"[^a-z0-9_-]")
+
+
+class SubjectError(ValueError):
+    """A name that cannot become a subject token."""
+
+
+def token(value: str) -> str:
+    """One subject token for a name (cluster, node, job, team, service, stream)."""
+    if not value or not value.strip():
+        raise SubjectError("a subject token cannot be empty")
+    return _UNSAFE.sub("_", value.strip().lower())
+
+
+def sample(cluster: str, node: str) -> str:
+    return f"{ROOT}.telemetry.sample.{token(cluster)}.{token(node)}"
+
+
+def inventory(cluster: str, node: str) -> str:
+    return f"{ROOT}.telemetry.inventory.{token(cluster)}.{token(node)}"
+
+
+def faults(cluster: str, node: str) -> str:
+    return f"{ROOT}.faults.{token(cluster)}.{token(node)}"
+
+
+def fleet(cluster: str, node: str) -> str:
+    return f"{ROOT}.fleet.{token(cluster)}.{token(node)}"
+
+
+def jobs(job_id: str) -> str:
+    return f"{ROOT}.jobs.{token(job_id)}"
+
+
+def quota(team: str | None) -> str:
+    return f"{ROOT}.quota.{token(team) if team else FLEET_WIDE}"
+
+
+def billing(team: str | None) -> str:
+    return f"{ROOT}.billing.{token(team) if team else FLEET_WIDE}"
+
+
+def command(service: str, verb: str) -> str:
+    return f"{ROOT}.cmd.{token(service)}.{token(verb)}"
+
+
+def dead(stream: str) -> str:
+    return f"{ROOT}.dead.{token(stream)}"
+
+
+def subject_for(event: Event) -> str:
+    """The subject an event is published on."""
+    match event:
+        case NodeSample():
+            return sample(event.cluster, event.node)
+        case NodeInventory():
+            return inventory(event.cluster, event.node)
+        case GpuFaultDetected():
+            return faults(event.cluster, event.node)
+        case PoolDefined():
+            return quota(None)
+        case TeamQuotaSet() | FairShareUpdated() | BudgetSet():
+            return quota(event.team)
+        case PriceSet():
+            return billing(None)
+        case CostAccrued():
+            return billing(event.team)
+        case BudgetExceeded():
+            return billing(event.team)
+    domain = event.domain()
+    if domain == "fleet":
+        return fleet(event.cluster, event.node)  # type: ignore[attr-defined]
+    if domain == "jobs":
+        return jobs(event.job_id)  # type: ignore[attr-defined]
+    raise SubjectError(f"no subject rule for {type(event).__name__}")

@@ -1,0 +1,1 @@
+"""Chamber's services, the runtime they share, and the `chamber` command line."""

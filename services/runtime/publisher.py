@@ -1,0 +1,52 @@
+"""Publish events with their CloudEvents envelope, `Nats-Msg-Id` and the current trace context."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+
+from nats.js import JetStreamContext
+from nats.js.api import PubAck
+
+from events import Event, encode, subject_for
+from services.runtime.tracing import current_traceparent
+
+
+class Publisher:
+    def __init__(self, js: JetStreamContext, *, source: str) -> None:
+        self.js = js
+        self.source = source
+
+    async def publish(
+        self,
+        event: Event,
+        *,
+        id: str | None = None,
+        time: float | None = None,
+        subject: str | None = None,
+        expected_last_subject_seq: int | None = None,
+    ) -> PubAck:
+        """Publish one event and wait for the stream's ack (deduplicated by id within the window)."""
+        headers, body = self._encode(event, id, time)
+        if expected_last_subject_seq is not None:
+            headers["Nats-Expected-Last-Subject-Sequence"] = str(expected_last_subject_seq)
+        return await self.js.publish(subject or subject_for(event), body, headers=headers)
+
+    async def publish_many(
+        self, events: Iterable[tuple[Event, str | None, float | None]], *, window: int = 1000
+    ) -> list[PubAck]:
+        """Publish (event, id, time) triples with up to `window` acks in flight (batched acks)."""
+        futures: list[asyncio.Future[PubAck]] = []
+        acks: list[PubAck] = []
+        for event, event_id, when in events:
+            headers, body = self._encode(event, event_id, when)
+            futures.append(await self.js.publish_async(subject_for(event), body, headers=headers))
+            if len(futures) >= window:
+                acks.extend(await asyncio.gather(*futures))
+                futures.clear()
+        acks.extend(await asyncio.gather(*futures))
+        return acks
+
+    def _encode(self, event: Event, event_id: str | None, when: float | None) -> tuple[dict[str, str], bytes]:
+        traceparent, tracestate = current_traceparent()
+        return encode(event, source=self.source, id=event_id, time=when, traceparent=traceparent, tracestate=tracestate)
