@@ -76,7 +76,11 @@ async def _serve(url: str) -> None:
     try:
         changed = await ensure_streams(nc.jetstream())
         print(f"  streams    ready  ({', '.join(changed) or 'all present'})", flush=True)
-        print("chamber is up; press Ctrl-C to stop", flush=True)
-        await run_until_stopped(lambda stop: stop.wait())
+
+        async def until_stopped(stop: asyncio.Event) -> None:
+            print("chamber is up; press Ctrl-C to stop", flush=True)  # signal handlers are in place now
+            await stop.wait()
+
+        await run_until_stopped(until_stopped)
     finally:
         await nc.drain()

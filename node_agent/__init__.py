@@ -1,0 +1,1 @@
+"""The per-node agent: NVML or simulated sampling, on-node fault detection, reliable publishing."""
