@@ -16,11 +16,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from events import NodeSample, encode  # noqa: E402
-from services.runtime import Consumer, ConsumerOptions, Delivery, Publisher, connect, ensure_streams  # noqa: E402
-from services.runtime.logs import configure_logging  # noqa: E402
-from services.runtime.nats_server import NatsServerProcess  # noqa: E402
-from tests.builders import a_node_sample  # noqa: E402
+from events import NodeSample, encode
+from services.runtime import Consumer, ConsumerOptions, Delivery, Publisher, connect, ensure_streams
+from services.runtime.logs import configure_logging
+from services.runtime.nats_server import NatsServerProcess
+from tests.builders import a_node_sample
 
 
 async def measure(url: str, n: int, batch: int) -> dict[str, float]:
