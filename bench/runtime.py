@@ -54,6 +54,7 @@ async def measure(url: str, n: int, batch: int) -> dict[str, float]:
     consume_s = time.perf_counter() - t0
     stop.set()
     await task
+    await consumer.unsubscribe()
     await nc.drain()
     return {
         "messages": n,

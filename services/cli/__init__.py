@@ -1,16 +1,30 @@
-"""The `chamber` command line. Each sub-command lives in its own module with a `register` function."""
+"""The `chamber` command line. Each sub-command lives in its own module here with a `register` function
+(found at start, so parallel work adds commands without touching this file)."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import pkgutil
 import sys
 from collections.abc import Sequence
+from types import ModuleType
 
-from services.cli import schemas, up, version
 from services.cli.errors import UsageError
 
-# Later issues add their modules here; each registers one or more sub-commands.
-COMMAND_MODULES = (version, up, schemas)
+_NOT_COMMANDS = {"common", "errors"}
+
+
+def command_modules() -> list[ModuleType]:
+    """Every module in this package with a `register(subparsers)`; a new command is a new module."""
+    modules = []
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
+        if info.name in _NOT_COMMANDS:
+            continue
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        if hasattr(module, "register"):
+            modules.append(module)
+    return modules
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -19,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Chamber: make a shared GPU fleet run near its limit.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in COMMAND_MODULES:
+    for module in command_modules():
         module.register(sub)
     return parser
 

@@ -1,0 +1,49 @@
+"""`chamber service NAME`: run one service. Services are found, not listed: any `services/<name>/`
+package with a `service` module (NAME, DESCRIPTION, add_arguments(parser), async run(args, stop))."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import pkgutil
+from types import ModuleType
+
+import services
+from services.cli.common import add_nats_option
+
+
+def discover() -> dict[str, ModuleType]:
+    found: dict[str, ModuleType] = {}
+    for info in pkgutil.iter_modules(services.__path__):
+        if not info.ispkg or info.name in ("cli", "runtime"):
+            continue
+        try:
+            module = importlib.import_module(f"services.{info.name}.service")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"services.{info.name}.service":
+                raise
+            continue
+        found[getattr(module, "NAME", info.name)] = module
+    return dict(sorted(found.items()))
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("service", help="run one Chamber service in the foreground")
+    services_sub = p.add_subparsers(dest="service", metavar="NAME", required=True)
+    for name, module in discover().items():
+        sp = services_sub.add_parser(name, help=getattr(module, "DESCRIPTION", ""))
+        add_nats_option(sp)
+        sp.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+        if hasattr(module, "add_arguments"):
+            module.add_arguments(sp)
+        sp.set_defaults(func=run, module=module)
+
+
+def run(args: argparse.Namespace) -> int:
+    from services.runtime import run_until_stopped
+    from services.runtime.logs import configure_logging
+
+    configure_logging(args.log_level)
+    asyncio.run(run_until_stopped(lambda stop: args.module.run(args, stop)))
+    return 0

@@ -1,0 +1,97 @@
+"""Host one service process: connect, ensure streams, run its consumers, tickers and commands until
+stopped, then finish the batch in hand and drain. Services describe themselves in `setup`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+
+from services.runtime.commands import CommandServer
+from services.runtime.connection import connect
+from services.runtime.consumer import BatchHandler, Consumer, ConsumerOptions, Handler
+from services.runtime.logs import get_logger
+from services.runtime.publisher import Publisher
+from services.runtime.streams import ensure_streams
+
+log = get_logger("chamber.runtime.host")
+T = TypeVar("T")
+
+
+@dataclass
+class ServiceContext:
+    name: str
+    url: str
+    nc: Client
+    js: JetStreamContext
+    publisher: Publisher
+    stop: asyncio.Event
+    consumers: list[Consumer] = field(default_factory=list)
+    _tasks: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    _commands: CommandServer | None = None
+
+    def consume(
+        self,
+        options: ConsumerOptions,
+        *,
+        handler: Handler | None = None,
+        batch_handler: BatchHandler | None = None,
+    ) -> Consumer:
+        consumer = Consumer(self.js, options, handler=handler, batch_handler=batch_handler)
+        self.consumers.append(consumer)
+        self._tasks.append(lambda: consumer.run(self.stop))
+        return consumer
+
+    def every(self, seconds: float, tick: Callable[[float], Awaitable[None]]) -> None:
+        """Call `tick(now)` every `seconds` (wall clock, read here in the shell) until stopped."""
+
+        async def loop() -> None:
+            while not self.stop.is_set():
+                try:
+                    await tick(time.time())
+                except Exception:
+                    log.exception("tick failed", service=self.name)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.stop.wait(), timeout=seconds)
+
+        self._tasks.append(loop)
+
+    def command(self, verb: str, request_type: type[T], handler: Callable[[T], Awaitable[Any]]) -> None:
+        if self._commands is None:
+            self._commands = CommandServer(self.url, self.name)
+        self._commands.register(verb, request_type, handler)
+
+    def task(self, run: Callable[[], Awaitable[None]]) -> None:
+        """Any other long-running coroutine; it should return when `stop` is set."""
+        self._tasks.append(run)
+
+
+async def serve(
+    name: str, url: str, setup: Callable[[ServiceContext], Awaitable[None]], stop: asyncio.Event
+) -> ServiceContext:
+    nc = await connect(url, name=f"chamber-{name}")
+    js = nc.jetstream()
+    ctx = ServiceContext(name=name, url=url, nc=nc, js=js, publisher=Publisher(js, source=f"chamber/{name}"), stop=stop)
+    try:
+        await ensure_streams(js)
+        await setup(ctx)
+        if ctx._commands is not None:
+            await ctx._commands.start()
+        log.info("service running", service=name, consumers=len(ctx.consumers))
+        await asyncio.gather(*(run() for run in ctx._tasks), stop.wait())
+    finally:
+        if ctx._commands is not None:
+            await ctx._commands.stop()
+        for consumer in ctx.consumers:  # a pull subscription left open makes drain wait its full timeout
+            with contextlib.suppress(Exception):
+                await consumer.unsubscribe()
+        with contextlib.suppress(Exception):
+            await nc.drain()
+        log.info("service stopped", service=name)
+    return ctx
