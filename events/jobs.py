@@ -50,7 +50,8 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True):
     gpu_model: str | None = None
     preemptible: bool = True
     checkpoint_interval_s: float | None = None
-    expected_duration_s: float | None = None
+    expected_duration_s: float | None = None  # the user's estimate, used for backfill reservations
+    sim_duration_s: float | None = None  # simulated fleet only: completes after this much running time
     namespace: str | None = None  # Kubernetes Job reference, when the job came from the cluster
     topology_key: str | None = None  # node label whose value names a topology domain (e.g. rack)
 

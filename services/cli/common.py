@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 from services.cli.errors import UsageError
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+DEFAULT_CLUSTER = "local"
 T = TypeVar("T")
 
 
@@ -20,6 +21,14 @@ def add_nats_option(parser: argparse.ArgumentParser) -> None:
         metavar="URL",
         default=os.environ.get("CHAMBER_NATS_URL", DEFAULT_NATS_URL),
         help=f"NATS server (default: $CHAMBER_NATS_URL or {DEFAULT_NATS_URL})",
+    )
+
+
+def add_cluster_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--cluster",
+        default=os.environ.get("CHAMBER_CLUSTER", DEFAULT_CLUSTER),
+        help=f"cluster name (default: $CHAMBER_CLUSTER or {DEFAULT_CLUSTER})",
     )
 
 
