@@ -1,4 +1,5 @@
-"""`chamber up`: the whole stack on one machine. Grows as services land (issue: local stack)."""
+"""`chamber up`: the whole stack on one machine — embedded NATS, every service as a supervised
+process, and a real NVML agent when a GPU is present or else a simulated fleet."""
 
 from __future__ import annotations
 
@@ -6,13 +7,15 @@ import argparse
 import asyncio
 import fcntl
 import os
+import sys
+import urllib.request
 from pathlib import Path
 
 from services.cli.errors import UsageError
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("up", help="start the whole stack on this machine (embedded NATS, services)")
+    p = sub.add_parser("up", help="start the whole stack on this machine (embedded NATS, services, fleet)")
     p.add_argument(
         "--data-dir",
         type=Path,
@@ -21,6 +24,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--nats", metavar="URL", help="use this NATS instead of starting an embedded one")
     p.add_argument("--nats-port", type=int, default=4222, help="port of the embedded NATS (default 4222)")
+    p.add_argument("--port", type=int, default=8080, help="dashboard and HTTP API port (default 8080)")
+    p.add_argument("--nodes", type=int, default=16, help="simulated nodes when no GPU is present (default 16)")
+    p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per simulated node (default 8)")
+    p.add_argument("--no-workload", action="store_true", help="do not generate jobs for the demo teams")
     p.set_defaults(func=run)
 
 
@@ -41,46 +48,110 @@ def _lock(data_dir: Path) -> int:
     return fd
 
 
+def _validate(args: argparse.Namespace) -> None:
+    for name in ("nodes", "gpus_per_node"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
+    for name in ("port", "nats_port"):
+        if not 0 < getattr(args, name) < 65536:
+            raise UsageError(f"--{name.replace('_', '-')} must be a TCP port (1-65535)")
+
+
 def run(args: argparse.Namespace) -> int:
     from services.runtime.logs import configure_logging
     from services.runtime.nats_server import NatsServerError, NatsServerProcess
 
+    _validate(args)
     configure_logging("warning")
-    lock = _lock(args.data_dir)
+    data_dir = args.data_dir.resolve()
+    lock = _lock(data_dir)
     server: NatsServerProcess | None = None
     try:
         url = args.nats
         if url is None:
-            server = NatsServerProcess(
-                args.data_dir / "nats", port=args.nats_port, log_file=args.data_dir / "nats-server.log"
-            )
+            server = NatsServerProcess(data_dir / "nats", port=args.nats_port, log_file=data_dir / "nats-server.log")
             try:
                 server.start()
             except NatsServerError as exc:
                 raise UsageError(f"{exc}; is port {args.nats_port} in use? pick another with --nats-port") from None
             url = server.url
-        print(f"  nats       ready  {url}  (JetStream store {args.data_dir / 'nats'})", flush=True)
-        asyncio.run(_serve(url))
+        print(f"  {'nats':<11}ready   {url}  (JetStream store {data_dir / 'nats'})", flush=True)
+        asyncio.run(_serve(args, url, data_dir))
     finally:
         if server is not None:
             server.stop()
-            print("  nats       stopped", flush=True)
+            print(f"  {'nats':<11}stopped", flush=True)
         os.close(lock)
     return 0
 
 
-async def _serve(url: str) -> None:
+def _components(args: argparse.Namespace, url: str, data_dir: Path) -> list[object]:
+    from services.cli import command_modules
+    from services.cli.service import discover
+    from services.stack.supervisor import Component
+
+    chamber = [sys.executable, "-m", "services.cli"]
+    env = {"CHAMBER_DATA_DIR": str(data_dir), "CHAMBER_NATS_URL": url}
+    components = []
+    for name in discover():
+        extra = ["--port", str(args.port)] if name == "gateway" else []
+        components.append(Component(name, [*chamber, "service", name, "--nats", url, *extra], env))
+    commands = {m.__name__.rsplit(".", 1)[-1] for m in command_modules()}
+    if "agent" in commands:
+        if Path("/dev/nvidiactl").exists():
+            agent = ["agent", "--nats", url]
+        else:
+            agent = ["agent", "--simulate", "--nodes", str(args.nodes), "--gpus-per-node", str(args.gpus_per_node)]
+            agent += ["--nats", url]
+        components.append(Component("agent", [*chamber, *agent], env))
+    if "workload" in commands and not args.no_workload:
+        components.append(Component("workload", [*chamber, "workload", "--nats", url], env))
+    return components
+
+
+async def _serve(args: argparse.Namespace, url: str, data_dir: Path) -> None:
     from services.runtime import connect, ensure_streams, run_until_stopped
+    from services.stack.supervisor import Supervisor
 
     nc = await connect(url, name="chamber-up")
     try:
         changed = await ensure_streams(nc.jetstream())
-        print(f"  streams    ready  ({', '.join(changed) or 'all present'})", flush=True)
-
-        async def until_stopped(stop: asyncio.Event) -> None:
-            print("chamber is up; press Ctrl-C to stop", flush=True)  # signal handlers are in place now
-            await stop.wait()
-
-        await run_until_stopped(until_stopped)
     finally:
-        await nc.drain()
+        await nc.close()
+    print(f"  {'streams':<11}ready   ({', '.join(changed) or 'all present'})", flush=True)
+
+    supervisor = Supervisor(data_dir / "logs")
+    components = _components(args, url, data_dir)
+    for component in components:
+        supervisor.add(component)  # type: ignore[arg-type]
+
+    async def until_stopped(stop: asyncio.Event) -> None:
+        await supervisor.start()
+        if any(c.name == "gateway" for c in supervisor.components):
+            await _wait_for_gateway(args.port, stop)
+        print("chamber is up; press Ctrl-C to stop", flush=True)  # signal handlers are in place now
+        await stop.wait()
+        print("stopping ...", flush=True)
+        await supervisor.stop()
+
+    await run_until_stopped(until_stopped)
+
+
+async def _wait_for_gateway(port: int, stop: asyncio.Event, timeout_s: float = 60.0) -> None:
+    url = f"http://127.0.0.1:{port}"
+
+    def ready() -> bool:
+        try:
+            with urllib.request.urlopen(f"{url}/healthz", timeout=1) as resp:
+                return resp.status == 200
+        except OSError:
+            return False
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not stop.is_set() and loop.time() < deadline:
+        if await asyncio.to_thread(ready):
+            print(f"  {'dashboard':<11}ready   {url}/", flush=True)
+            return
+        await asyncio.sleep(0.5)
+    print(f"  {'dashboard':<11}not ready after {timeout_s:g}s; see the gateway log", flush=True)

@@ -61,14 +61,14 @@ def test_up_starts_nats_with_streams_refuses_a_second_instance_and_stops_on_ctrl
     )
     try:
         out = _wait_for(proc, "chamber is up")
-        assert "nats       ready" in out and "added JOBS" in out
+        assert "ready   nats:" in out and "added JOBS" in out
         second = run("up", "--nats-port", str(free_port()), env=env)
         assert second.returncode == 2
         assert "already running" in second.stderr and "Traceback" not in second.stderr
         proc.send_signal(signal.SIGINT)
         assert proc.wait(30) == 0
         assert proc.stdout is not None
-        assert "nats       stopped" in proc.stdout.read()
+        assert "stopped" in proc.stdout.read()
     finally:
         if proc.poll() is None:
             proc.kill()

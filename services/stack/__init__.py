@@ -1,0 +1,1 @@
+"""`chamber up`: running the whole stack on one machine as supervised processes."""
