@@ -223,8 +223,8 @@ class Consumer:
                 )
                 self.stats.retried += 1
                 if stop is not None and stop.is_set():
-                    for msg, _ in held:
-                        await msg.nak()
+                    for msg, _ in held:  # hand back to the server, redelivered after the delay
+                        await msg.nak(delay=delay)
                     return False
                 for msg, _ in held:
                     await msg.in_progress()

@@ -84,6 +84,14 @@ async def test_streams_are_created_idempotently(js: JetStreamContext) -> None:
     assert info.config.duplicate_window == 120
 
 
+async def test_a_drifted_stream_is_updated_to_the_design(js: JetStreamContext) -> None:
+    info = await js.stream_info("FAULTS")
+    info.config.max_age = 3600.0
+    await js.update_stream(info.config)
+    assert await ensure_streams(js) == ["updated FAULTS"]
+    assert (await js.stream_info("FAULTS")).config.max_age == 30 * 24 * 3600
+
+
 async def test_poison_messages_go_to_the_dead_letter_subject_and_the_consumer_goes_on(
     js: JetStreamContext,
 ) -> None:
