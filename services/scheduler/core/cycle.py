@@ -105,7 +105,10 @@ class Work:
                 held += max(usage.get((pool, other), 0), oq.locked if oq else 0)
         room = self.pool_capacity(pool) - held - u
         if held and n > room:  # with nothing held by others, placement itself says what is missing
-            return f"quota: pool {pool} has {max(room, 0)} GPUs team {team} may use now (others hold or keep back {held}); needs {n}"
+            return (
+                f"quota: pool {pool} has {max(room, 0)} GPUs team {team} may use now "
+                f"(others hold or keep back {held}); needs {n}"
+            )
         return None
 
     def borrowed(self, job: Job) -> int:
@@ -444,7 +447,8 @@ def _cycle(state: SchedulerState, work: Work, now: float, full: bool, since: Cyc
                 assert spot is not None, "select_victims promised a fit"
                 borrowed = work.borrowed(job)
                 placements = work.admit(job, spot)
-                why = f"placed on {_describe(spot, state)} after preempting {', '.join(v.id for v, _ in victims)} ({', '.join(kinds)})"
+                names = ", ".join(v.id for v, _ in victims)
+                why = f"placed on {_describe(spot, state)} after preempting {names} ({', '.join(kinds)})"
                 decisions.append(Admit(jid, spec.team, placements, borrowed, why, resume, generation))
                 failed.clear()  # freed capacity may fit shapes that failed before
                 continue

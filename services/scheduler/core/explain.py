@@ -53,7 +53,8 @@ def explain(state: SchedulerState, job_id: str, waiting: Mapping[str, str]) -> d
         return None
     spec = job.spec
     ask = f"{spec.replicas}x{spec.gpus_per_replica} GPUs" + (f" of {spec.gpu_model}" if spec.gpu_model else "")
-    head = f"job {job.id} ({spec.name or 'unnamed'}, team {spec.team}, {spec.priority.value} priority, {ask}, pool {job.pool})"
+    head = f"job {job.id} ({spec.name or 'unnamed'}, team {spec.team}, {spec.priority.value} priority, {ask}"
+    head += f", pool {job.pool})"
     if job.state == JobState.RUNNING:
         where = ", ".join(f"{p.node}[{','.join(map(str, p.gpu_indices))}]" for p in job.placements)
         text = f"{head} is running on {where}: {job.reason}"
