@@ -1,0 +1,120 @@
+"""`chamber sim`: replay a job trace under scheduling policies on a virtual clock and compare them."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from services.cli.errors import UsageError
+
+DEFAULT_TRACE = Path("data/traces/itp/jobs.csv")
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("sim", help="replay a job trace under scheduling policies and compare them")
+    p.add_argument("--trace", type=Path, default=DEFAULT_TRACE, help=f"trace CSV (default {DEFAULT_TRACE})")
+    p.add_argument("--policy", default="chamber", help="fifo, static-quota or chamber (default chamber)")
+    p.add_argument("--compare", metavar="P1,P2,...", help="run these policies side by side on the same trace")
+    p.add_argument("--gpus", type=int, required=True, help="GPUs in the simulated fleet")
+    p.add_argument("--gpus-per-node", type=int, default=8)
+    p.add_argument("--quotas", type=Path, help="TOML quota set (default: every team an equal share)")
+    p.add_argument("--until", type=float, metavar="SECONDS", help="stop the clock this long after the first submit")
+    p.add_argument("--jobs", type=int, metavar="N", help="only the first N jobs of the trace")
+    p.add_argument("--team", action="append", help="only this team's jobs (repeatable)")
+    p.add_argument("--fault-rate", type=float, default=0.0, metavar="PER_NODE_DAY", help="node faults per node-day")
+    p.add_argument("--seed", type=int, default=0, help="seed of the fault generator")
+    p.add_argument("--strict", action="store_true", help="refuse the trace at its first bad row")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--plot", type=Path, metavar="OUT.png", help="draw utilization and queue length over time")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from services.tracesim.engine import FleetSpec
+    from services.tracesim.quotas import equal_shares, load_quotas
+    from services.tracesim.run import POLICIES, compare
+    from services.tracesim.trace import TraceError, load
+
+    policies = [p.strip() for p in (args.compare or args.policy).split(",") if p.strip()]
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown:
+        flag = "--compare" if args.compare else "--policy"
+        raise UsageError(f"{flag}: unknown policy {', '.join(unknown)}; use {', '.join(POLICIES)}")
+    if args.gpus < 1 or args.gpus_per_node < 1:
+        raise UsageError("--gpus and --gpus-per-node must be at least 1")
+    if args.fault_rate < 0:
+        raise UsageError("--fault-rate must be 0 or more faults per node-day")
+    try:
+        trace = load(args.trace, strict=args.strict, limit=args.jobs if not args.team else None)
+        jobs = [j for j in trace.jobs if not args.team or j.team in args.team]
+        if args.jobs and args.team:
+            jobs = jobs[: args.jobs]
+        if not jobs:
+            raise UsageError(f"{args.trace}: no jobs to simulate (check --team / --jobs)")
+        teams = sorted({j.team for j in jobs})
+        quotas = load_quotas(args.quotas, teams, args.gpus) if args.quotas else equal_shares(teams, args.gpus)
+    except TraceError as exc:
+        raise UsageError(str(exc)) from None
+    for bad in trace.bad_rows[:20]:
+        print(f"{args.trace}:{bad.line}: skipped: {bad.problem}", file=sys.stderr)
+    if len(trace.bad_rows) > 20:
+        print(f"... and {len(trace.bad_rows) - 20} more bad rows skipped", file=sys.stderr)
+    fleet = FleetSpec(gpus=args.gpus, gpus_per_node=args.gpus_per_node)
+    result, outcomes = compare(
+        jobs, fleet, quotas, policies, fault_rate_per_node_day=args.fault_rate, seed=args.seed, until=args.until
+    )
+    result["trace"] = {"file": str(args.trace), "jobs": len(jobs), "bad_rows": len(trace.bad_rows), "teams": len(teams)}
+    result["fleet"] = {"gpus": fleet.gpus, "gpus_per_node": fleet.gpus_per_node, "nodes": fleet.nodes}
+    if args.plot:
+        from services.tracesim.plot import plot
+
+        title = f"{args.trace.name}: {len(jobs)} jobs on {fleet.gpus} GPUs"
+        plot(outcomes, args.plot, title)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(table(result))
+        if args.plot:
+            print(f"plot written to {args.plot}")
+    return 0
+
+
+ROWS = (
+    ("utilization", "GPU utilization (allocated)", "{:.1%}"),
+    ("wait_mean_s", "queueing delay mean (h)", "h"),
+    ("wait_p50_s", "queueing delay p50 (h)", "h"),
+    ("wait_p95_s", "queueing delay p95 (h)", "h"),
+    ("wait_p99_s", "queueing delay p99 (h)", "h"),
+    ("jct_mean_s", "completion time mean (h)", "h"),
+    ("jct_p50_s", "completion time p50 (h)", "h"),
+    ("jct_p99_s", "completion time p99 (h)", "h"),
+    ("makespan_s", "makespan (days)", "d"),
+    ("jain_fairness", "Jain fairness (entitlement)", "{:.3f}"),
+    ("preemptions", "preemptions", "{:,}"),
+    ("requeues", "requeues after faults", "{:,}"),
+    ("lost_gpu_hours", "GPU-hours lost (preempt+fault)", "{:,.0f}"),
+    ("stranded_gpu_hours", "stranded GPU-hours", "{:,.0f}"),
+    ("jobs_completed", "jobs completed", "{:,}"),
+    ("jobs_unfinished", "jobs never finished", "{:,}"),
+)
+
+
+def _fmt(value: Any, how: str) -> str:
+    if how == "h":
+        return f"{value / 3600:,.2f}"
+    if how == "d":
+        return f"{value / 86400:,.1f}"
+    return how.format(value)
+
+
+def table(result: dict[str, Any]) -> str:
+    policies = result["policies"]
+    names = list(policies)
+    width = max(len(label) for _, label, _ in ROWS)
+    lines = [f"{'metric':<{width}}  " + "  ".join(f"{n:>14}" for n in names)]
+    for key, label, how in ROWS:
+        lines.append(f"{label:<{width}}  " + "  ".join(f"{_fmt(policies[n][key], how):>14}" for n in names))
+    return "\n".join(lines)
