@@ -147,6 +147,7 @@ class SimNode:
         self.gpus = [SimGpu(name, i) for i in range(gpus)]
         self.silent = False
         self._last: float | None = None
+        self._inventory: list[GpuInfo] | None = None
         m = model
         self._limits = {
             g.index: GpuLimits(
@@ -158,6 +159,11 @@ class SimNode:
     # --- what the agent reads -------------------------------------------------------------------
 
     def inventory_gpus(self) -> list[GpuInfo]:
+        if self._inventory is None:
+            self._inventory = self._make_inventory()
+        return self._inventory
+
+    def _make_inventory(self) -> list[GpuInfo]:
         m = self.model
         return [
             GpuInfo(
