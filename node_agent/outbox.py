@@ -140,7 +140,16 @@ class Outbox:
                 break
         if not futures:
             return 0
-        done, pending = await asyncio.wait(futures, timeout=self.ack_timeout_s)
+        # Wait for the acks, but give up early when the connection drops: they will not come.
+        deadline = asyncio.get_running_loop().time() + self.ack_timeout_s
+        pending: set[asyncio.Future] = set(futures)
+        done: set[asyncio.Future] = set()
+        while pending:
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0 or not self.connected:
+                break
+            finished, pending = await asyncio.wait(pending, timeout=min(left, 0.2))
+            done |= finished
         for f in pending:
             f.cancel()
         ok = 0
