@@ -16,7 +16,7 @@ import msgspec
 
 from events import subjects
 from events.base import Event
-from events.codec import encode
+from events.codec import H_ID, H_MSG_ID, H_TIME, encode, encode_body, rfc3339
 from events.telemetry import GpuInfo, NodeInventory
 from node_agent.detectors import DetectorState, GpuLimits, Reading, detect
 from node_agent.spool import Kind, Record
@@ -83,8 +83,7 @@ class NodeRunner:
         return f"{self.cluster}/{self.node}/{seq}"
 
     def _record(self, kind: Kind, subject: str, event: Event, msg_id: str, now: float) -> Record:
-        headers, body = encode(event, source=self.source, id=msg_id, time=now)
-        return Record(int(kind), subject, headers, body)
+        return Record(int(kind), subject, *envelope(event, self.source, msg_id, now))
 
     def _inventory_due(self, now: float) -> NodeInventory | None:
         checked = self._inventory_checked_at
@@ -108,6 +107,28 @@ class NodeRunner:
             simulated=self.facts.simulated,
             labels=self.facts.labels,
         )
+
+
+_static_headers: dict[tuple[type[Event], str], dict[str, str]] = {}
+_times: dict[float, str] = {}
+
+
+def envelope(event: Event, source: str, msg_id: str, now: float) -> tuple[dict[str, str], bytes]:
+    """What `events.codec.encode` gives (same headers, same body), with the parts that do not change
+    per message cached: a fleet of 1,000 nodes encodes 1,000 of these per interval."""
+    static = _static_headers.get((type(event), source))
+    if static is None:
+        headers, _ = encode(event, source=source, id="-", time=now)
+        static = _static_headers[(type(event), source)] = {
+            k: v for k, v in headers.items() if k not in (H_ID, H_TIME, H_MSG_ID)
+        }
+    when = _times.get(now)
+    if when is None:
+        if len(_times) > 64:
+            _times.clear()
+        when = _times[now] = rfc3339(now)
+    headers = {**static, H_ID: msg_id, H_TIME: when, H_MSG_ID: msg_id}
+    return headers, encode_body(event)
 
 
 class SeqStore:

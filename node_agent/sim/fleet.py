@@ -78,6 +78,11 @@ class JobProfile:
         return cls(idle=False, utilization_pct=rng.uniform(70.0, 99.0), memory_fraction=rng.uniform(0.5, 0.95))
 
 
+def _tenth(x: float) -> float:
+    """x rounded to one decimal (cheaper than round(); values here are never negative)."""
+    return int(x * 10.0 + 0.5) / 10.0
+
+
 def _uuid(node: str, index: int) -> str:
     h = hashlib.sha256(f"{node}/{index}".encode()).hexdigest()
     return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
@@ -87,6 +92,8 @@ class SimGpu:
     __slots__ = (
         "_links",
         "_procs",
+        "_remap",
+        "_remap_key",
         "crc",
         "crc_rate",
         "dbe",
@@ -121,6 +128,8 @@ class SimGpu:
         self.xids: list[XidEvent] = []
         self._procs: list[ProcessInfo] = []
         self._links: list[NvLinkCounters] | None = None
+        self._remap: RowRemapState | None = None
+        self._remap_key: tuple[int, bool, bool] | None = None
         self.frac = 0.0  # fractional error counts carried between steps
         self.sbe = self.dbe = self.pcie = self.crc = self.replay = self.recovery = self.remap_unc = 0
         self.clear()
@@ -215,7 +224,7 @@ class SimNode:
             mem = 0.0
         else:
             util = min(100.0, max(0.0, p.utilization_pct + (noise * 0.25 if p.idle else noise)))
-            mem = p.memory_fraction * m.memory_mib
+            mem = float(int(p.memory_fraction * m.memory_mib))
         reasons = _IDLE_REASONS if util < 1.0 else _NO_REASONS
         power = m.idle_w + (m.tdp_w - m.idle_w) * (0.1 + 0.85 * util / 100.0 if util >= 1.0 else 0.0)
         power += noise * 0.01 * m.tdp_w
@@ -235,22 +244,20 @@ class SimNode:
         return GpuSample(
             index=g.index,
             uuid=g.uuid,
-            utilization_pct=round(util, 1),
-            memory_utilization_pct=round(util * 0.45, 1),
-            memory_used_mib=round(mem, 0),
+            utilization_pct=_tenth(util),
+            memory_utilization_pct=_tenth(util * 0.45),
+            memory_used_mib=mem,
             memory_total_mib=m.memory_mib,
-            power_w=round(max(power, 0.5 * m.idle_w), 1),
+            power_w=_tenth(max(power, 0.5 * m.idle_w)),
             power_limit_w=m.tdp_w,
-            temperature_c=round(g.temp, 0),
+            temperature_c=float(int(g.temp + 0.5)),
             sm_clock_mhz=clock,
             mem_clock_mhz=m.mem_clock_mhz,
             throttle_reasons=reasons,
             ecc_sbe_volatile=g.sbe,
             ecc_dbe_volatile=g.dbe,
             retired_pages_pending=False,
-            row_remap=RowRemapState(
-                correctable=0, uncorrectable=g.remap_unc, pending=g.remap_pending, failure=g.remap_failure
-            ),
+            row_remap=self._remap(g),
             pcie_replay_count=g.pcie,
             nvlink=self._links(g),
             processes=g._procs,
@@ -269,6 +276,13 @@ class SimNode:
             g.crc += crc
             g.replay += replay
             g._links = None
+
+    def _remap(self, g: SimGpu) -> RowRemapState:
+        key = (g.remap_unc, g.remap_pending, g.remap_failure)
+        if g._remap is None or g._remap_key != key:  # one shared object until the state changes
+            g._remap_key = key
+            g._remap = RowRemapState(correctable=0, uncorrectable=key[0], pending=key[1], failure=key[2])
+        return g._remap
 
     def _links(self, g: SimGpu) -> list[NvLinkCounters]:
         if g._links is None:  # rebuilt only when a counter moved: link 0 carries the injected errors
