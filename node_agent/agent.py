@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import msgspec
 from nats.aio.client import Client
@@ -64,7 +65,8 @@ class AgentOptions:
 
 
 class Agent:
-    def __init__(self, opts: AgentOptions, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, opts: AgentOptions, *, clock: Callable[[], float] = time.time, nvml: Any = None) -> None:
+        """`nvml` is the pynvml module (None: import the real one); tests pass a fake of it."""
         self.opts = opts
         self.clock = clock
         spool_dir = opts.spool_dir / _safe(opts.cluster) / (_safe(opts.node) if not opts.simulate else "sim")
@@ -95,7 +97,7 @@ class Agent:
         else:
             from node_agent.nvml_adapter import NvmlSampler
 
-            sampler = NvmlSampler.open(node=opts.node)
+            sampler = NvmlSampler.open(nvml, node=opts.node)
             facts = NodeFacts(driver_version=sampler.driver_version, cuda_version=sampler.cuda_version)
             self.runners = [NodeRunner(opts.cluster, opts.node, sampler, facts, seq=self.seqs.get(opts.node))]
             self._nvml = sampler

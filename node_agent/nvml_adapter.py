@@ -40,8 +40,8 @@ THROTTLE_REASONS = (
     (0x80, "hw_power_brake_slowdown"),
     (0x100, "display_clock_setting"),
 )
-# Marketing sizes whose name does not say them and whose MiB do not round to them.
-_SIZE_BY_NAME = {"H200": 141, "GH200": 96}
+# Marketed memory sizes (GB); NVML's total (MiB, less what the driver reserves) is matched to the nearest.
+_MARKETED_GB = (8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 80, 94, 96, 128, 141, 144, 180, 192, 288)
 
 
 class NvmlUnavailable(RuntimeError):
@@ -59,10 +59,8 @@ def normalized_model(name: str, memory_mib: float | None) -> str:
     size = re.search(r"(\d+)\s*GB", bare, flags=re.I)
     if size:
         gib = int(size.group(1))
-    elif base in _SIZE_BY_NAME:
-        gib = _SIZE_BY_NAME[base]
     elif memory_mib:
-        gib = round(memory_mib / 1024)
+        gib = min(_MARKETED_GB, key=lambda gb: abs(gb - memory_mib / 1024))
     else:
         return base
     return f"{base}-{gib}GB"
