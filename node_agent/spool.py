@@ -80,6 +80,7 @@ class Spool:
         self._segments: list[int] = sorted(int(p.stem) for p in self.dir.glob("*.seg"))
         self._sizes: dict[int, int] = {n: self._path(n).stat().st_size for n in self._segments}
         self._count: dict[int, int] = {}
+        self._min_kind: dict[int, int] = {}  # lowest kind in a segment (unknown: 0), to skip shed-free ones
         self._writer: BinaryIO | None = None
         self._writing: int | None = None
 
@@ -112,6 +113,7 @@ class Spool:
             assert self._writing is not None
             self._sizes[self._writing] += len(data) + 4
             self._count[self._writing] = self._count.get(self._writing, 0) + 1
+            self._min_kind[self._writing] = min(self._min_kind.get(self._writing, r.kind), r.kind)
         self.stats.spooled += len(records)
         if self._writer is not None:
             self._writer.flush()
@@ -149,7 +151,8 @@ class Spool:
             for n in list(self._segments):
                 if self.bytes <= self.max_bytes:
                     return
-                self._shed(n, shed)
+                if self._min_kind.get(n, 0) <= shed:
+                    self._shed(n, shed)
 
     def _shed(self, n: int, kind: Kind) -> None:
         """Rewrite segment n without its records of `kind` and below (oldest first)."""
@@ -174,6 +177,7 @@ class Spool:
         os.replace(tmp, self._path(n))
         self._sizes[n] = self._path(n).stat().st_size
         self._count[n] = len(keep)
+        self._min_kind[n] = min(r.kind for r in keep)
 
     # --- reading and acknowledging ----------------------------------------------------------------
 
@@ -205,6 +209,7 @@ class Spool:
         os.replace(tmp, self._path(n))
         self._sizes[n] = self._path(n).stat().st_size
         self._count[n] = len(rest)
+        self._min_kind[n] = min(r.kind for r in rest)
 
     def _read(self, n: int) -> list[Record]:
         if n == self._writing and self._writer is not None:
@@ -222,6 +227,7 @@ class Spool:
                 break
             pos += 4 + size
         self._count[n] = len(out)
+        self._min_kind[n] = min((r.kind for r in out), default=int(Kind.FAULT) + 1)
         return out
 
     def _remove(self, n: int) -> None:
@@ -231,3 +237,4 @@ class Spool:
         self._segments.remove(n)
         self._sizes.pop(n, None)
         self._count.pop(n, None)
+        self._min_kind.pop(n, None)
