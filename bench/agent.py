@@ -31,7 +31,9 @@ async def measure(url: str, spool: Path, nodes: int, gpus: int, ticks: int, mode
     stop = asyncio.Event()
     pump = asyncio.create_task(agent.outbox.run(stop))
     connector = asyncio.create_task(agent._connect(stop))
-    while not agent.outbox.connected:
+    for _ in range(600):  # up to 30 s for the first connection
+        if agent.outbox.connected:
+            break
         await asyncio.sleep(0.05)
     now = 1_800_000_000.0
     agent.tick(now)  # warm-up: inventories, first connection, stream set-up

@@ -35,6 +35,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("KIND xid needs the XID code: add --xid N (e.g. --xid 79)")
     if args.gpu is not None and args.gpu < 0:
         raise UsageError(f"--gpu must be 0 or more, not {args.gpu}")
+    from services.runtime.logs import configure_logging
+
+    configure_logging("error")  # stdout carries the JSON result only; the client's close is not news
     payload = {"node": args.node, "kind": args.kind, "gpu": args.gpu, "xid": args.xid}
     result = send_command(args, "sim", "inject", payload)
     print(json.dumps(result))
