@@ -37,6 +37,7 @@ from services.runtime.streams import ensure_streams
 log = get_logger("chamber.agent")
 
 SIM_SERVICE = "sim"
+REPLAY_PATIENCE_S = 10.0
 
 
 class InjectFault(msgspec.Struct, kw_only=True):
@@ -79,7 +80,10 @@ class Agent:
         self._alloc_version = -1
         self._commands: CommandServer | None = None
         self._consumer: Consumer | None = None
+        self._replay_until: int | None = None
+        self._replay_started = 0.0
         self.ticks = 0
+        self.job_events = 0  # JobStarted / JobCompleted this process decided
         if opts.simulate:
             self.fleet = SimFleet(
                 seed=opts.seed,
@@ -152,14 +156,29 @@ class Agent:
         state = self.executor
         assert state is not None and self.fleet is not None
         out = []
-        for event, msg_id in ex.decide(state, now):
+        decisions = ex.decide(state, now) if self._replayed() else []
+        for event, msg_id in decisions:
             ex.evolve(state, event)  # the outbox will publish it: do not decide it again
+            self.job_events += 1
             headers, body = encode(event, source="chamber/agent/sim-executor", id=msg_id, time=now)
             out.append(Record(int(Kind.JOB), subjects.subject_for(event), headers, body))
         if state.version != self._alloc_version:
             self._alloc_version = state.version
             self.fleet.assign(ex.allocations(state))
         return out
+
+    def _replayed(self) -> bool:
+        """Decide only once the JOBS log has been read up to where it stood at start: before that,
+        a job may look unstarted only because its JobStarted has not been read yet."""
+        if self._replay_until is None or self._consumer is None:
+            return False
+        if self._consumer.stats.last_acked_seq >= self._replay_until:
+            return True
+        if time.monotonic() - self._replay_started > REPLAY_PATIENCE_S:  # e.g. the last event was skipped
+            log.warning("JOBS replay not confirmed, deciding anyway", until=self._replay_until)
+            self._replay_until = 0
+            return True
+        return False
 
     # --- NATS -----------------------------------------------------------------------------------
 
@@ -205,7 +224,10 @@ class Agent:
         durable = f"sim-executor-{subjects.token(self.opts.cluster)}-{subjects.token(self.opts.node)}"
         with contextlib.suppress(NotFoundError):
             await js.delete_consumer("JOBS", durable)
+        info = await js.stream_info("JOBS")
+        self._replay_started = time.monotonic()
         self._consumer = Consumer(js, ConsumerOptions(stream="JOBS", durable=durable), handler=self._on_job_event)
+        self._replay_until = info.state.last_seq
         await self._consumer.run(stop)
 
     async def _on_job_event(self, delivery: Delivery) -> None:

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from msgspec.structs import replace
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
@@ -157,3 +158,38 @@ async def test_the_fleet_starts_placed_jobs_and_completes_them_after_their_durat
     assert isinstance(events[3], JobCompleted) and events[3].at == pytest.approx(at + 0.6)
     assert loop.time() - started >= 0.3
     await eventually(lambda: node.gpus[0].job is None)
+
+
+async def test_a_restarted_fleet_replays_jobs_and_decides_nothing_twice(
+    nats_server: NatsServerProcess, js: JetStreamContext, tmp_path: Path
+) -> None:
+    publisher = Publisher(js, source="test-scheduler")
+    spec = JobSpec(team="vision", gpus_per_replica=1, sim_duration_s=0.3)
+    at = time.time()
+    for job, duration in (("short", 0.3), ("long", None)):
+        await publisher.publish(JobSubmitted(job_id=job, at=1.0, spec=replace(spec, sim_duration_s=duration)), id=job)
+        placement = Placement(cluster="c1", node="sim-000", gpu_indices=[0 if job == "short" else 1])
+        await publisher.publish(JobScheduled(job_id=job, at=at, team="vision", placements=[placement]), id=f"{job}-s")
+    # Other teams' jobs: a restarted fleet reads these between a placement and its JobStarted.
+    filler = [JobSubmitted(job_id=f"other-{i}", at=1.0, spec=spec) for i in range(1500)]
+    await publisher.publish_many((e, e.job_id, 1.0) for e in filler)
+    opts = AgentOptions(
+        nats=nats_server.url, cluster="c1", node="sim", interval_s=0.1, spool_dir=tmp_path, simulate=True, nodes=1,
+        gpus_per_node=2,
+    )  # fmt: skip
+
+    async def run_fleet_until(done: object) -> Agent:
+        agent = Agent(opts)
+        stop = asyncio.Event()
+        task = asyncio.create_task(agent.run(stop))
+        await eventually(lambda: done(agent))  # type: ignore[operator]
+        await asyncio.sleep(0.5)
+        stop.set()
+        await asyncio.wait_for(task, 15)
+        return agent
+
+    first = await run_fleet_until(lambda a: a.job_events == 3)  # long started; short started and completed
+    assert first.fleet is not None
+    second = await run_fleet_until(lambda a: a.fleet.nodes["sim-000"].gpus[1].job == "long")
+    assert second.job_events == 0
+    assert second.fleet is not None and second.fleet.nodes["sim-000"].gpus[0].job is None
