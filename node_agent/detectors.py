@@ -278,7 +278,7 @@ def _quiet(prev: GpuState, g: GpuSample, lim: GpuLimits) -> bool:
         and not g.retired_pages_pending
         and (remap is None or not (remap.pending or remap.failure))
         and (g.temperature_c is None or g.temperature_c < lim.slowdown_temp_c)
-        and not any(r in _ALARM_REASONS for r in g.throttle_reasons)
+        and _ALARM_REASONS.isdisjoint(g.throttle_reasons)
         and _settled(prev.sbe, g.ecc_sbe_volatile)
         and _settled(prev.pcie, g.pcie_replay_count)
         and (not g.nvlink or (len(prev.nvlink_crc.points) <= 1 and len(prev.nvlink_replay.points) <= 1
