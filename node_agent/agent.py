@@ -70,7 +70,7 @@ class Agent:
         """`nvml` is the pynvml module (None: import the real one); tests pass a fake of it."""
         self.opts = opts
         self.clock = clock
-        spool_dir = opts.spool_dir / _safe(opts.cluster) / (_safe(opts.node) if not opts.simulate else "sim")
+        spool_dir = opts.spool_dir / _safe(opts.cluster) / _safe(opts.node)
         self.spool = Spool(spool_dir / "spool", max_bytes=opts.spool_max_bytes)
         self.seqs = SeqStore(spool_dir / "seq.json")
         self.outbox = Outbox(self.spool, ack_timeout_s=opts.ack_timeout_s, on_reconnect=self._setup_streams)
@@ -127,7 +127,12 @@ class Agent:
         interval = self.opts.interval_s
         next_at = time.monotonic()
         while not stop.is_set():
-            self.tick(self.clock())
+            if self.fleet is None:
+                # NVML calls block (hundreds per node with NVLink): keep them off the event loop.
+                now = self.clock()
+                self.outbox.submit(await asyncio.to_thread(self.collect, now))
+            else:
+                self.tick(self.clock())
             next_at += interval
             delay = next_at - time.monotonic()
             if delay < 0:  # fell behind (a long pause): skip the missed intervals, keep the cadence
@@ -138,6 +143,10 @@ class Agent:
 
     def tick(self, now: float) -> None:
         """One interval for every node: sample, detect, hand the records to the outbox."""
+        self.outbox.submit(self.collect(now))
+
+    def collect(self, now: float) -> list[Record]:
+        """One interval's records for every node (no asyncio here: it may run in a thread)."""
         interval = self.opts.interval_s
         records: list[Record] = []
         fleet = self.fleet
@@ -148,8 +157,8 @@ class Agent:
                 continue
             records.extend(runner.tick(now, interval))
         self.seqs.save(self.runners)  # before publishing: a sequence is never used twice
-        self.outbox.submit(records)
         self.ticks += 1
+        return records
 
     def _execute(self, now: float) -> list[Record]:
         """The simulated executor: start and complete jobs, and let the GPUs' load follow them."""

@@ -157,8 +157,10 @@ class NvmlSampler:
             try:
                 out.append(self._gpu_info(i, h))
             except GpuLost:
+                # Announce what the GPU was (a lost GPU is a fault, not a different inventory).
                 self.lost.add(i)
-                out.append(GpuInfo(index=i, uuid=self._uuids.get(i, f"unknown-{i}"), model="unknown"))
+                known = next((g for g in getattr(self, "_inventory", []) if g.index == i), None)
+                out.append(known or GpuInfo(index=i, uuid=self._uuids.get(i, f"unknown-{i}"), model="unknown"))
         return out
 
     def _gpu_info(self, i: int, h: Any) -> GpuInfo:

@@ -98,6 +98,7 @@ def test_a_gpu_that_falls_off_the_bus_is_lost_then_a_critical_fault_once() -> No
         found.append([(f.kind.value, f.severity.value, f.gpu_index, f.gpu_uuid) for f in faults])
         if seq in (2, 3, 4):
             assert reading.lost_gpus == {5} and reading.sample.gpus[5].utilization_pct is None
+            assert sampler.inventory_gpus()[5].model == "H100-80GB"  # still what it was: no inventory churn
     uuid = "GPU-5d1e7a3c-0c2b-4f1e-9a7d-3b2c1d0e0005"
     assert found == [[], [], [("gpu_lost", "critical", 5, uuid)], [], [], []]
 
