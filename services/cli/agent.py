@@ -7,9 +7,13 @@ import asyncio
 import os
 import socket
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from services.cli.common import add_cluster_option, add_nats_option
 from services.cli.errors import UsageError
+
+if TYPE_CHECKING:  # imported lazily at run time: `chamber --help` stays fast
+    from node_agent.agent import AgentOptions
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -35,7 +39,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=run)
 
 
-def options(args: argparse.Namespace):
+def options(args: argparse.Namespace) -> AgentOptions:
     from node_agent.agent import AgentOptions
     from node_agent.sim.models import gpu_model
 

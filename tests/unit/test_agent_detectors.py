@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import msgspec
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from events import GpuFaultDetected, GpuSample, NodeSample, NvLinkCounters, RowRemapState, Severity
 from node_agent.detectors import (
@@ -240,3 +243,29 @@ def test_detect_does_not_change_the_state_it_is_given() -> None:
     frozen = msgspec.json.encode(repr(s1))
     detect(s1, Reading(a_sample(1)))
     assert msgspec.json.encode(repr(s1)) == frozen and state == DetectorState()
+
+
+@given(st.lists(st.tuples(st.booleans(), st.booleans(), st.booleans()), min_size=1, max_size=60))
+def test_a_condition_is_published_once_per_occurrence(steps: list[tuple[bool, bool, bool]]) -> None:
+    """Whatever the sequence, each condition yields exactly one fault per time it starts."""
+    samples = [
+        a_sample(
+            s,
+            a_gpu(
+                row_remap=RowRemapState(correctable=0, uncorrectable=0, pending=pending, failure=False),
+                retired_pages_pending=retired,
+                throttle_reasons=["hw_power_brake_slowdown"] if brake else [],
+            ),
+        )
+        for s, (pending, retired, brake) in enumerate(steps)
+    ]
+    found = [f.kind.value for step in run(samples) for f in step]
+
+    def starts(i: int) -> int:
+        flags = [False] + [step[i] for step in steps]
+        return sum(1 for a, b in itertools.pairwise(flags) if b and not a)
+
+    assert found.count("row_remap_pending") == starts(0)
+    assert found.count("retired_pages") == starts(1)
+    assert found.count("power") == starts(2)
+    assert len(found) == starts(0) + starts(1) + starts(2)
