@@ -42,11 +42,12 @@ class SimFaultKind(StrEnum):
 
 NODE_LEVEL = {SimFaultKind.AGENT_SILENT, SimFaultKind.CLEAR}
 
-# Injected error rates (per second) while a fault is on: well above the detectors' thresholds.
-SBE_STORM_PER_S = 10.0
+# Injected error rates (per second) while a fault is on: above the detectors' thresholds, so that a
+# fault shows within a few seconds of `chamber sim-fault`.
+SBE_STORM_PER_S = 50.0
 NVLINK_CRC_PER_S = 250.0
 NVLINK_REPLAY_PER_S = 5.0
-PCIE_REPLAY_PER_S = 2.0
+PCIE_REPLAY_PER_S = 10.0
 
 _THERMAL_REASONS = ["sw_thermal_slowdown", "hw_thermal_slowdown"]
 _BRAKE_REASONS = ["hw_slowdown", "hw_power_brake_slowdown"]

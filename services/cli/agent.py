@@ -85,5 +85,7 @@ def run(args: argparse.Namespace) -> int:
         agent = Agent(opts)
     except NvmlUnavailable as exc:
         raise UsageError(str(exc)) from None
+    except OSError as exc:
+        raise UsageError(f"--spool {opts.spool_dir}: {exc.strerror or exc}; pick a writable directory") from None
     asyncio.run(run_until_stopped(agent.run))
     return 0
