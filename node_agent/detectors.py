@@ -129,6 +129,10 @@ class DetectorState:
     gpus: Mapping[int, GpuState] = field(default_factory=dict)
 
 
+_NEW_GPU = GpuState()  # frozen: one shared "nothing seen yet"
+_DEFAULT_LIMITS = GpuLimits()
+
+
 @dataclass(frozen=True)
 class _Found:
     kind: FaultKind
@@ -163,13 +167,15 @@ def detect(
             )
         )
     gpus: dict[int, GpuState] = {}
-    default = GpuLimits()
+    changed = len(sample.gpus) != len(state.gpus)
     for g in sample.gpus:
-        prev = state.gpus.get(g.index, GpuState())
-        lim = limits.get(g.index, default) if limits else default
-        gpus[g.index] = _detect_gpu(prev, g, g.index in reading.lost_gpus, lim, now, window_s, found)
-    faults = [_fault(sample, f, i) for i, f in enumerate(found)]
-    return DetectorState(gpus), faults
+        prev = state.gpus.get(g.index) or _NEW_GPU
+        lim = limits.get(g.index, _DEFAULT_LIMITS) if limits else _DEFAULT_LIMITS
+        nxt = gpus[g.index] = _detect_gpu(prev, g, g.index in reading.lost_gpus, lim, now, window_s, found)
+        changed = changed or nxt is not prev
+    if not found:
+        return (DetectorState(gpus) if changed else state), []
+    return DetectorState(gpus), [_fault(sample, f, i) for i, f in enumerate(found)]
 
 
 def _detect_gpu(
