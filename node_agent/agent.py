@@ -114,10 +114,15 @@ class Agent:
             asyncio.create_task(self._connect(stop)),
             asyncio.create_task(self._sample_loop(stop)),
         ]
+        stopped = asyncio.create_task(stop.wait())
         try:
-            await stop.wait()
+            # A loop that dies is a bug: stop the agent loudly (its supervisor restarts it; the spool
+            # and the sequence file carry over) rather than run on without sampling or publishing.
+            await asyncio.wait([stopped, tasks[0], tasks[2]], return_when=asyncio.FIRST_COMPLETED)
+            stop.set()
             await asyncio.gather(tasks[2], tasks[0])
         finally:
+            stopped.cancel()
             tasks[1].cancel()
             with contextlib.suppress(BaseException):
                 await tasks[1]
@@ -127,12 +132,15 @@ class Agent:
         interval = self.opts.interval_s
         next_at = time.monotonic()
         while not stop.is_set():
-            if self.fleet is None:
-                # NVML calls block (hundreds per node with NVLink): keep them off the event loop.
-                now = self.clock()
-                self.outbox.submit(await asyncio.to_thread(self.collect, now))
-            else:
-                self.tick(self.clock())
+            try:
+                if self.fleet is None:
+                    # NVML calls block (hundreds per node with NVLink): keep them off the event loop.
+                    now = self.clock()
+                    self.outbox.submit(await asyncio.to_thread(self.collect, now))
+                else:
+                    self.tick(self.clock())
+            except Exception:  # one bad interval (a driver hiccup) must not end sampling
+                log.exception("sampling failed; trying again next interval")
             next_at += interval
             delay = next_at - time.monotonic()
             if delay < 0:  # fell behind (a long pause): skip the missed intervals, keep the cadence
