@@ -76,9 +76,15 @@ def test_the_queue_is_ordered_by_priority_then_submit_time_then_id() -> None:
 
 def test_a_job_that_only_needs_a_single_node_block_says_so() -> None:
     state = fold(
-        [a_node_discovered("n1", gpus=4), a_node_discovered("n2", gpus=4)]
-        + [a_submitted("x", gpus=2), a_scheduled("x", "n1", [0, 1]), a_submitted("y", gpus=2)]
-        + [a_scheduled("y", "n2", [0, 1]), a_submitted("wide", gpus=4)]
+        [
+            a_node_discovered("n1", gpus=4),
+            a_node_discovered("n2", gpus=4),
+            a_submitted("x", gpus=2),
+            a_scheduled("x", "n1", [0, 1]),
+            a_submitted("y", gpus=2),
+            a_scheduled("y", "n2", [0, 1]),
+            a_submitted("wide", gpus=4),
+        ]
     )
     assert views.queue(state).jobs[0].reason == "waiting for 1 x 4 GPUs on single nodes; largest free block is 2"
 
