@@ -6,6 +6,8 @@ Shared by the unit tests (folding events into the core) and the integration and 
 
 from __future__ import annotations
 
+import random
+
 from events import (
     CostAccrued,
     Event,
@@ -155,3 +157,65 @@ def a_scripted_fleet() -> list[Event]:
         a_cost(None, 4.0, gpu_seconds=1.6 * 3600.0),
     ]
     return events
+
+
+def a_demo_fleet(
+    nodes: int = 16, gpus: int = 8, *, seed: int = 7, t0: float = T0
+) -> tuple[list[Event], list[list[Event]]]:
+    """A fleet that looks like a busy afternoon: three teams, jobs packed on nodes, a queue, one node
+    isolated after a fault, costs accrued. Returns (setup events, waves of samples to publish over time).
+
+    Deterministic for a seed; the tests compute what to expect by folding the same events.
+    """
+    rng = random.Random(seed)
+    names = [f"gpu-{i:02d}" for i in range(nodes)]
+    events: list[Event] = [
+        a_price(at=t0),
+        a_quota("vision", 48, at=t0),
+        a_quota("nlp", 40, at=t0),
+        a_quota("speech", 24, at=t0),
+    ]
+    for n in names:
+        events += [a_node_inventory(n, gpus=gpus, at=t0), a_node_discovered(n, gpus=gpus, at=t0)]
+    teams = ["vision", "nlp", "speech", "vision", "nlp"]
+    busy: dict[tuple[str, int], float] = {}
+    k = 0
+    for ni, n in enumerate(names[:-2]):  # the last two nodes: one idle, one isolated
+        free = list(range(gpus))
+        while free and rng.random() < 0.9:
+            size = min(len(free), rng.choice([1, 2, 4, 8]))
+            taken, free = free[:size], free[size:]
+            team = teams[(ni + k) % len(teams)]
+            job = f"{team}-{['train', 'finetune', 'eval', 'sweep'][k % 4]}-{k:03d}"
+            k += 1
+            events += [
+                a_submitted(job, team=team, gpus=size, at=t0 + 30 * k),
+                a_scheduled(job, n, taken, team=team, at=t0 + 30 * k + 5),
+                a_started(job, at=t0 + 30 * k + 20),
+            ]
+            level = rng.uniform(55, 98)
+            for i in taken:
+                busy[(n, i)] = level
+    waiting = [("speech", 16, PriorityClass.HIGH), ("nlp", 8, PriorityClass.NORMAL), ("vision", 32, PriorityClass.LOW)]
+    for i, (team, size, prio) in enumerate(waiting):
+        events.append(a_submitted(f"{team}-queued-{i}", team=team, gpus=size, priority=prio, at=t0 + 2400 + 300 * i))
+    bad = names[-1]
+    events += [a_fault(bad, 3, at=t0 + 1800), an_isolation(bad, at=t0 + 1801)]
+    at = t0 + 3000
+    events += [
+        a_cost("vision", 412.5, gpu_seconds=165 * 3600, at=at),
+        a_cost("nlp", 301.25, gpu_seconds=120.5 * 3600, at=at),
+        a_cost("speech", 96.0, gpu_seconds=38.4 * 3600, at=at),
+        a_cost(None, 58.0, gpu_seconds=23.2 * 3600, at=at),
+    ]
+    waves: list[list[Event]] = []
+    for w in range(6):
+        wave: list[Event] = []
+        for n in names:
+            utils = [
+                max(0.0, min(100.0, busy[(n, i)] + rng.uniform(-12, 8))) if (n, i) in busy else rng.uniform(0, 3)
+                for i in range(gpus)
+            ]
+            wave.append(a_sample(n, utils, seq=w + 2, at=t0 + 3300 + w))
+        waves.append(wave)
+    return events, waves

@@ -354,8 +354,11 @@ def _free_gpus(state: GatewayState) -> dict[core.NodeKey, list[core.Gpu]]:
     return free
 
 
-def pending_reason(job: Job, free: dict[core.NodeKey, list[core.Gpu]]) -> str:
-    """Why a queued job waits: the scheduler's last word if it said one, else what the fleet shows."""
+def pending_reason(job: Job, free: dict[core.NodeKey, list[core.Gpu]], free_nodes: list[Node]) -> str:
+    """Why a queued job waits: the scheduler's last word if it said one, else what the fleet shows.
+
+    `free_nodes` are the nodes in service (their size bounds what must fit on one node).
+    """
     if job.reason:
         return job.reason
     spec = job.spec
@@ -366,8 +369,10 @@ def pending_reason(job: Job, free: dict[core.NodeKey, list[core.Gpu]]) -> str:
     what = f"{model} GPUs" if model else "GPUs"
     if sum(per_node) < spec.total_gpus:
         return f"waiting for {spec.total_gpus} free {what}; {sum(per_node)} free now"
+    largest_node = max((len(n.gpus) for n in free_nodes), default=0)
     fitting_nodes = sum(n // spec.gpus_per_replica for n in per_node)
-    if fitting_nodes < spec.replicas:
+    # a replica of up to one node's GPUs is kept on one node (NVLink domain); larger ones span nodes
+    if spec.gpus_per_replica <= largest_node and fitting_nodes < spec.replicas:
         return (
             f"waiting for {spec.replicas} x {spec.gpus_per_replica} {what} on single nodes; "
             f"largest free block is {max(per_node, default=0)}"
@@ -378,6 +383,7 @@ def pending_reason(job: Job, free: dict[core.NodeKey, list[core.Gpu]]) -> str:
 def queue(state: GatewayState) -> QueueView:
     waiting = core.queue(state)
     free = _free_gpus(state)
+    nodes = [n for n in state.nodes.values() if n.in_service]
     by_team: dict[str, int] = {}
     for job in waiting:
         by_team[job.team] = by_team.get(job.team, 0) + 1
@@ -385,7 +391,7 @@ def queue(state: GatewayState) -> QueueView:
         depth=len(waiting),
         gpus_requested=sum(j.total_gpus for j in waiting),
         by_team=by_team,
-        jobs=[job_view(j, pending_reason(j, free)) for j in waiting],
+        jobs=[job_view(j, pending_reason(j, free, nodes)) for j in waiting],
     )
 
 

@@ -231,3 +231,9 @@ def test_gpus_are_never_counted_twice_nor_held_by_a_job_that_is_not_holding(seed
     eff = core.efficiency(state)
     assert 0 <= eff.allocated <= eff.capacity == 16
     assert 0.0 <= eff.score <= 1.0
+
+
+def test_a_job_larger_than_any_node_only_needs_enough_free_gpus_in_total() -> None:
+    state = fold([a_node_discovered("n1"), a_node_discovered("n2"), a_submitted("x", gpus=2)])
+    fold([a_scheduled("x", "n1", [0, 1]), a_submitted("big", gpus=12, at=T0 + 9)], state)
+    assert views.queue(state).jobs[0].reason == "capacity is free; waiting for the scheduler's next cycle"

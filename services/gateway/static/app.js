@@ -1,0 +1,232 @@
+// Chamber dashboard: one summary document pushed by /api/stream (server-sent events), drawn with
+// plain DOM and SVG. No external libraries, so it works with no internet.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const esc = (s) => String(s ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
+const pct = (x) => (x == null ? "–" : `${(x * 100).toFixed(1)} %`);
+const int = (x) => (x == null ? "–" : Number(x).toLocaleString("en-US"));
+
+function money(x, currency) {
+  if (x == null) return "–";
+  const sym = currency === "USD" ? "$" : currency === "EUR" ? "€" : "";
+  const digits = Math.abs(x) >= 1000 ? 0 : 2;
+  const v = Number(x).toLocaleString("en-US", { minimumFractionDigits: digits, maximumFractionDigits: digits });
+  return sym ? `${sym}${v}` : `${v} ${currency}`;
+}
+
+function ago(seconds) {
+  if (seconds == null || !isFinite(seconds)) return "–";
+  const s = Math.max(0, Math.round(seconds));
+  if (s < 60) return `${s}s`;
+  if (s < 3600) return `${Math.floor(s / 60)}m ${s % 60}s`;
+  if (s < 86400) return `${Math.floor(s / 3600)}h ${Math.floor((s % 3600) / 60)}m`;
+  return `${Math.floor(s / 86400)}d ${Math.floor((s % 86400) / 3600)}h`;
+}
+
+function clock(t) {
+  const d = new Date(t * 1000);
+  return d.toLocaleTimeString("en-GB", { hour12: false });
+}
+
+// utilization 0..100 -> colour along the legend's three stops
+function utilColor(u) {
+  const stops = [[0, [29, 42, 74]], [50, [31, 138, 138]], [100, [74, 222, 128]]];
+  const x = Math.min(100, Math.max(0, u ?? 0));
+  for (let i = 1; i < stops.length; i++) {
+    const [x1, c1] = stops[i];
+    const [x0, c0] = stops[i - 1];
+    if (x <= x1) {
+      const f = (x - x0) / (x1 - x0);
+      const c = c0.map((v, k) => Math.round(v + (c1[k] - v) * f));
+      return `rgb(${c[0]},${c[1]},${c[2]})`;
+    }
+  }
+  return "rgb(74,222,128)";
+}
+
+function renderCards(s) {
+  const f = s.fleet, e = s.efficiency, q = s.queue, c = s.cost;
+  $("gpus-total").textContent = int(f.gpus_total);
+  $("nodes-total").textContent = `${int(f.nodes_total)} nodes · ${int(f.gpus_in_service)} usable`;
+  $("gpus-allocated").textContent = int(f.gpus_allocated);
+  $("allocation-ratio").textContent = `${pct(e.allocation_ratio)} of capacity`;
+  $("gpus-idle").textContent = int(f.gpus_idle);
+  $("idle-ratio").textContent = `${pct(e.idle_ratio)} of capacity`;
+  $("gpus-isolated").textContent = int(f.gpus_isolated);
+  $("nodes-isolated").textContent = `${int(f.nodes_isolated)} nodes isolated`;
+  $("efficiency-score").textContent = pct(e.efficiency_score);
+  $("usage-ratio").textContent = `usage ${pct(e.usage_ratio)}`;
+  $("queue-depth").textContent = int(q.depth);
+  $("queue-gpus").textContent = `${int(q.gpus_requested)} GPUs requested`;
+  $("running-count").textContent = int(s.running.count);
+  $("teams-count").textContent = `${s.teams.teams.length} teams`;
+  $("cost-total").textContent = money(c.total, c.currency);
+  $("cost-rate").textContent = `${money(c.rate_per_hour, c.currency)}/h now`;
+}
+
+function renderHeatmap(fleet) {
+  const html = fleet.nodes.map((n) => {
+    const lost = n.status === "lost" || n.status === "no_agent";
+    const cells = n.gpus.map((g) => {
+      const health = g.health;
+      let cls = "cell", style = "", label = g.utilization_pct == null ? "" : Math.round(g.utilization_pct);
+      if (health === "isolated" || health === "node_isolated") { cls += " isolated"; label = ""; }
+      else if (lost || health === "lost" || health === "no_agent") { cls += " lost"; label = ""; }
+      else { style = `background:${utilColor(g.utilization_pct)}`; if (!g.job_id) cls += " free"; }
+      const tip = [
+        `${n.node} GPU ${g.index} · ${g.model}`,
+        `health: ${health}`,
+        g.utilization_pct == null ? "utilization: unknown" : `utilization: ${g.utilization_pct.toFixed(0)} %`,
+        g.temperature_c == null ? "" : `temperature: ${g.temperature_c.toFixed(0)} °C`,
+        g.job_id ? `job: ${g.job_id} (${g.team})` : "free",
+        g.isolation ? `isolated: ${g.isolation.reason}` : "",
+      ].filter(Boolean).join("\n");
+      return `<div class="${cls}" style="${style}" title="${esc(tip)}">${label}</div>`;
+    }).join("");
+    const sub = n.isolated ? `isolated: ${n.isolation?.reason ?? ""}` : n.status === "healthy" ? `${n.gpus_allocated}/${n.gpus_total} busy` : n.status;
+    return `<div class="node${n.isolated ? " isolated" : ""}" data-node="${esc(n.node)}">
+      <div class="name" title="${esc(n.cluster + "/" + n.node)}">${esc(n.node)}<small>${esc(sub)}</small></div>
+      <div class="cells">${cells}</div></div>`;
+  }).join("");
+  $("heatmap").innerHTML = html || `<div class="muted">No nodes reported yet.</div>`;
+}
+
+// a small line chart in SVG: series = [{values:[..], color}], y in [0, yMax]
+function lineChart(svg, times, series, { yMax = 1, format = (v) => `${Math.round(v * 100)} %`, ticks = [0, 0.5, 1] } = {}) {
+  // drawn in the element's own pixels, so text is never stretched
+  const W = Math.max(300, Math.round(svg.clientWidth || 600)), H = 200, L = 44, R = 10, T = 10, B = 22;
+  svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
+  const n = times.length;
+  const x = (i) => L + (n <= 1 ? 0 : (i / (n - 1)) * (W - L - R));
+  const y = (v) => T + (1 - Math.min(v, yMax) / yMax) * (H - T - B);
+  let out = "";
+  for (const t of ticks) {
+    out += `<line class="grid-line" x1="${L}" x2="${W - R}" y1="${y(t)}" y2="${y(t)}"/>`;
+    out += `<text x="${L - 6}" y="${y(t) + 4}" text-anchor="end">${esc(format(t))}</text>`;
+  }
+  if (n > 0) {
+    out += `<text x="${L}" y="${H - 4}">${esc(clock(times[0]))}</text>`;
+    out += `<text x="${W - R}" y="${H - 4}" text-anchor="end">${esc(clock(times[n - 1]))}</text>`;
+  }
+  for (const s of series) {
+    if (!n) break;
+    const pts = s.values.map((v, i) => `${x(i).toFixed(1)},${y(v).toFixed(1)}`).join(" ");
+    if (s.area) out += `<polygon fill="${s.color}" fill-opacity="0.12" points="${x(0)},${y(0)} ${pts} ${x(n - 1)},${y(0)}"/>`;
+    out += `<polyline fill="none" stroke="${s.color}" stroke-width="2" stroke-linejoin="round" points="${pts}"/>`;
+  }
+  if (!n) out += `<text x="${W / 2}" y="${H / 2}" text-anchor="middle">collecting…</text>`;
+  svg.innerHTML = out;
+}
+
+function renderCharts(e, q) {
+  const h = e.history;
+  const times = h.map((p) => p.at);
+  const css = getComputedStyle(document.documentElement);
+  const color = (v) => css.getPropertyValue(v).trim();
+  lineChart($("chart-efficiency"), times, [
+    { values: h.map((p) => (p.capacity ? p.allocated / p.capacity : 0)), color: color("--blue") },
+    { values: h.map((p) => p.idle_ratio), color: color("--amber") },
+    { values: h.map((p) => p.efficiency_score), color: color("--good"), area: true },
+  ]);
+  const maxQ = Math.max(4, ...h.map((p) => p.queue_depth));
+  const top = Math.ceil(maxQ / 4) * 4;
+  lineChart($("chart-queue"), times, [{ values: h.map((p) => p.queue_depth), color: color("--violet"), area: true }], {
+    yMax: top, format: (v) => String(Math.round(v)), ticks: [0, top / 2, top],
+  });
+}
+
+function renderTeams(teams) {
+  const max = Math.max(1, ...teams.map((t) => Math.max(t.used_gpus, t.guaranteed_gpus)));
+  $("teams").innerHTML = teams.map((t) => {
+    const own = Math.min(t.used_gpus, t.guaranteed_gpus), borrowed = t.borrowed_gpus;
+    const w = (v) => `${(v / max) * 100}%`;
+    const fs = t.fair_share == null ? "" : ` · fair share ${t.fair_share.toFixed(2)}`;
+    return `<div class="bar-row" data-team="${esc(t.team)}">
+      <div class="who">${esc(t.team)}</div>
+      <div class="track" title="${esc(`${t.used_gpus} in use, ${t.guaranteed_gpus} guaranteed, ${borrowed} borrowed, ${t.pending_jobs} waiting`)}">
+        <div class="fill own" style="width:${w(own)}"></div>
+        <div class="fill borrowed" style="left:${w(own)};width:${w(borrowed)}"></div>
+        ${t.guaranteed_gpus ? `<div class="marker" style="left:calc(${w(t.guaranteed_gpus)} - 1px)"></div>` : ""}
+      </div>
+      <div class="nums">${t.used_gpus} / ${t.guaranteed_gpus} GPUs${borrowed ? ` · +${borrowed} borrowed` : ""}<br>${t.running_jobs} running · ${t.pending_jobs} waiting${fs}</div>
+    </div>`;
+  }).join("") + `<div class="legend"><span><i class="sw" style="background:var(--blue)"></i>within guarantee</span><span><i class="sw" style="background:var(--violet)"></i>borrowed</span><span><i class="line" style="background:var(--text);width:2px;height:12px"></i>guarantee</span></div>`;
+  if (!teams.length) $("teams").innerHTML = `<div class="muted">No teams yet.</div>`;
+}
+
+function renderCost(c) {
+  $("cost-currency").textContent = `${c.currency} · total ${money(c.total, c.currency)} · idle ${money(c.idle_cost, c.currency)}`;
+  const rows = c.by_team.map((t) => ({ who: t.team, cost: t.cost, note: `${money(t.rate_per_hour, c.currency)}/h · ${t.gpu_hours.toFixed(1)} GPU-h`, cls: "cost", over: t.budget_exceeded }));
+  if (c.idle_cost > 0) rows.push({ who: "idle", cost: c.idle_cost, note: `${c.idle_gpu_hours.toFixed(1)} GPU-h unused`, cls: "idle" });
+  const max = Math.max(1e-9, ...rows.map((r) => r.cost));
+  $("cost").innerHTML = rows.map((r) => `<div class="bar-row" data-cost="${esc(r.who)}">
+      <div class="who">${esc(r.who)}${r.over ? ' <span class="pill critical">over budget</span>' : ""}</div>
+      <div class="track"><div class="fill ${r.cls}" style="width:${(r.cost / max) * 100}%"></div></div>
+      <div class="nums">${money(r.cost, c.currency)}<br>${esc(r.note)}</div></div>`).join("") || `<div class="muted">No cost accrued yet.</div>`;
+}
+
+function renderPending(q, now) {
+  const rows = q.jobs.slice(0, 50).map((j) => `<tr data-job="${esc(j.job_id)}">
+    <td>${esc(j.name || j.job_id)}</td><td>${esc(j.team)}</td>
+    <td><span class="pill ${esc(j.priority)}">${esc(j.priority ?? "?")}</span></td>
+    <td class="num">${j.gpus}</td><td><span class="pill ${esc(j.state)}">${esc(j.state)}</span></td>
+    <td class="num">${ago(j.submitted_at == null ? null : now - j.submitted_at)}</td>
+    <td class="reason">${esc(j.reason)}</td></tr>`);
+  if (q.depth > 50) rows.push(`<tr class="empty"><td colspan="7">… and ${q.depth - 50} more</td></tr>`);
+  $("pending").tBodies[0].innerHTML = rows.join("") || `<tr class="empty"><td colspan="7">Nothing is waiting.</td></tr>`;
+}
+
+function renderRunning(r, now) {
+  const rows = r.jobs.slice(0, 100).map((j) => {
+    const where = j.placements.map((p) => `${p.node}[${p.gpu_indices.length}]`).join(", ");
+    return `<tr data-job="${esc(j.job_id)}"><td>${esc(j.name || j.job_id)}</td><td>${esc(j.team)}</td>
+      <td class="num">${j.gpus}</td><td>${esc(where)}</td>
+      <td class="num">${ago(j.started_at == null ? null : now - j.started_at)}</td></tr>`;
+  });
+  if (r.count > 100) rows.push(`<tr class="empty"><td colspan="5">… and ${r.count - 100} more</td></tr>`);
+  $("running").tBodies[0].innerHTML = rows.join("") || `<tr class="empty"><td colspan="5">No job is running.</td></tr>`;
+}
+
+function renderFaults(f) {
+  $("faults-total").textContent = `${f.faults_total} faults · ${f.isolations.length} active isolations`;
+  $("isolations").innerHTML = f.isolations.map((i) =>
+    `<span class="chip" title="${esc(i.reason)}">${esc(i.node)}${i.gpu_index == null ? "" : ` GPU ${i.gpu_index}`}: ${esc(i.reason)}</span>`).join("");
+  const kinds = { fault: "fault", node_isolated: "isolated", gpu_isolated: "GPU isolated", node_restored: "restored", gpu_restored: "GPU restored", node_lost: "lost" };
+  $("timeline").innerHTML = f.timeline.slice(0, 60).map((e) => `<li>
+    <span class="t">${esc(clock(e.at))}</span><span class="sev ${esc(e.severity)}"></span>
+    <span class="where">${esc(e.node)}${e.gpu_index == null ? "" : ` · GPU ${e.gpu_index}`}</span>
+    <span><b>${esc(kinds[e.kind] ?? e.kind)}</b> ${esc(e.detail)}</span></li>`).join("") || `<li class="muted">No faults.</li>`;
+}
+
+function render(s) {
+  renderCards(s);
+  renderHeatmap(s.fleet);
+  renderCharts(s.efficiency, s.queue);
+  renderTeams(s.teams.teams);
+  renderCost(s.cost);
+  renderPending(s.queue, s.at);
+  renderRunning(s.running, s.at);
+  renderFaults(s.faults);
+  $("live-text").textContent = `live · ${int(s.events_seen)} events · ${clock(s.at)}`;
+}
+
+function setLive(on) {
+  $("live-dot").className = on ? "dot" : "dot off";
+  if (!on) $("live-text").textContent = "reconnecting…";
+}
+
+// Server-sent events, reconnecting on their own; polling if the browser has no EventSource.
+function connect() {
+  if (!window.EventSource) {
+    const poll = () => fetch("/api/summary").then((r) => r.json()).then((s) => { setLive(true); render(s); })
+      .catch(() => setLive(false)).finally(() => setTimeout(poll, 3000));
+    poll();
+    return;
+  }
+  const source = new EventSource("/api/stream");
+  source.addEventListener("summary", (ev) => { setLive(true); render(JSON.parse(ev.data)); });
+  source.onerror = () => setLive(false);
+}
+
+connect();
