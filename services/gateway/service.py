@@ -83,7 +83,15 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
         def ready() -> dict[str, Any]:
             return {"streams": {c.options.stream: c.stats.last_acked_seq for c in consumers}}
 
+        first_tick = True
+
         async def tick(now: float) -> None:
+            # the first tick comes while the streams are still replaying: a point then would be a
+            # half-built fleet, drawn as a dip to zero
+            nonlocal first_tick
+            if first_tick or state.events_seen == 0:
+                first_tick = False
+                return
             record_point(state, now)
 
         gateway = GatewayContext(

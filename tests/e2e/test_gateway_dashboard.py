@@ -50,12 +50,12 @@ async def test_the_dashboard_shows_the_running_fleet(
     fleet, running, teams = views.fleet(expected), views.jobs(expected, states={"running"}), views.teams(expected)
     a_running_job = sorted(running.jobs, key=lambda j: j.job_id)[0]
 
+    await publish(nc, events)  # the fleet so far is replayed from the streams; samples then arrive live
     stop, task, url = await start_gateway(nats_server.url)
     try:
         async with aiohttp.ClientSession() as http:
             gw = Gateway(url, http)
             await eventually(lambda: _up(gw))
-            await publish(nc, events)
             for wave in waves:  # samples over time, so the charts have a history to draw
                 await publish(nc, wave)
                 await asyncio.sleep(0.25)
@@ -82,9 +82,13 @@ async def test_the_dashboard_shows_the_running_fleet(
             assert await page.locator("#heatmap .cell.isolated").count() == fleet.gpus_isolated
             assert await page.locator("#pending tbody tr").count() == views.queue(expected).depth
             assert "isolated" in await page.locator("#timeline").text_content()  # type: ignore[operator]
-            await page.locator("#chart-efficiency polyline").first.wait_for()
+            await page.wait_for_function(  # the efficiency series is drawn, with points over time
+                "(document.querySelector('#chart-efficiency polyline')?.getAttribute('points') ?? '')"
+                ".split(' ').length >= 3",
+                timeout=10_000,
+            )
 
-            shot = tmp_path / "dashboard.png"
+            shot = tmp_path / "dashboard.png"  # for a person to look at: pytest keeps the last runs' tmp dirs
             await page.screenshot(path=str(shot), full_page=True)
             assert shot.stat().st_size > 10_000
             await browser.close()
