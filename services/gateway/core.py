@@ -407,6 +407,8 @@ def _job(state: GatewayState, event: Event) -> None:
             job.borrowed_gpus = event.borrowed_gpus
             _place(state, job, event.placements, JobState.SCHEDULED, event.reason)
         case JobResumed():
+            # borrowed_gpus on JobResumed is newer than this module: read it where present
+            job.borrowed_gpus = getattr(event, "borrowed_gpus", job.borrowed_gpus)
             _place(state, job, event.placements, JobState.SCHEDULED, event.reason)
         case JobStarted():
             if job.state.holds_gpus:

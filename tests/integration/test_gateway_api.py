@@ -20,7 +20,7 @@ from services.runtime import Publisher
 from services.runtime.commands import CommandRefused
 from services.runtime.host import ServiceContext, serve
 from services.runtime.nats_server import NatsServerProcess, free_port
-from tests.gateway_builders import a_scripted_fleet, a_started
+from tests.gateway_builders import T0, a_node_inventory, a_sample, a_scripted_fleet, a_started
 from tests.integration.test_runtime import eventually
 
 pytestmark = pytest.mark.integration
@@ -242,6 +242,28 @@ async def test_a_restarted_gateway_rebuilds_the_same_view_from_the_streams(
         stop.set()
         await asyncio.wait_for(task, 15)
     assert answers[0] == answers[1]
+
+
+async def test_telemetry_is_replayed_from_each_nodes_latest_sample_only(
+    nats_server: NatsServerProcess, nc: Client, js: object
+) -> None:
+    """A day of samples is not replayed: the heatmap needs each node's newest one."""
+    old = [a_sample("n1", [10.0] * 8, seq=s, at=T0 + s) for s in range(1, 50)]
+    await publish(nc, [a_node_inventory("n1"), *old, a_sample("n1", [77.0] * 8, seq=50, at=T0 + 50)])
+    stop, task, url = await start_gateway(nats_server.url)
+    async with aiohttp.ClientSession() as http:
+        gw = Gateway(url, http)
+        await eventually(lambda: _up(gw))
+        await eventually(lambda: _folded(gw, 2))
+        _, gpus = await gw.get("/api/gpus")
+        assert [g["utilization_pct"] for g in gpus] == [77.0] * 8
+        assert (await gw.get("/healthz"))[1]["events_seen"] == 2  # the inventory and the newest sample
+        await publish(nc, [a_sample("n1", [33.0] * 8, seq=51, at=T0 + 51)])  # and live ones keep coming
+        await eventually(lambda: _folded(gw, 3))
+        _, gpus = await gw.get("/api/gpus")
+        assert [g["utilization_pct"] for g in gpus] == [33.0] * 8
+    stop.set()
+    await asyncio.wait_for(task, 15)
 
 
 def _auth() -> dict[str, str]:
