@@ -193,7 +193,7 @@ def a_demo_fleet(
                 a_scheduled(job, n, taken, team=team, at=t0 + 30 * k + 5),
                 a_started(job, at=t0 + 30 * k + 20),
             ]
-            level = rng.uniform(55, 98)
+            level = rng.uniform(55, 98) if k != 6 else 1.0  # one job holds its GPUs and does nothing
             for i in taken:
                 busy[(n, i)] = level
     waiting = [("speech", 16, PriorityClass.HIGH), ("nlp", 8, PriorityClass.NORMAL), ("vision", 32, PriorityClass.LOW)]
@@ -212,10 +212,11 @@ def a_demo_fleet(
     for w in range(6):
         wave: list[Event] = []
         for n in names:
-            utils = [
-                max(0.0, min(100.0, busy[(n, i)] + rng.uniform(-12, 8))) if (n, i) in busy else rng.uniform(0, 3)
-                for i in range(gpus)
-            ]
+            utils = [_jitter(busy[(n, i)], rng) if (n, i) in busy else rng.uniform(0, 3) for i in range(gpus)]
             wave.append(a_sample(n, utils, seq=w + 2, at=t0 + 3300 + w))
         waves.append(wave)
     return events, waves
+
+
+def _jitter(level: float, rng: random.Random) -> float:
+    return level if level < 5 else max(0.0, min(100.0, level + rng.uniform(-12, 8)))

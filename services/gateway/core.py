@@ -549,10 +549,10 @@ def efficiency(state: GatewayState) -> Efficiency:
             capacity += 1
             if (node.cluster, node.name, gpu.index) in state.allocations:
                 allocated += 1
-                util = gpu.utilization_pct or 0.0
-                busy += min(max(util, 0.0), 100.0) / 100.0
-                if util < BUSY_THRESHOLD_PCT:
-                    allocated_idle += 1
+                util = gpu.utilization_pct
+                if util is not None:  # unknown counts as not busy, but is not called idle either
+                    busy += min(max(util, 0.0), 100.0) / 100.0
+                    allocated_idle += util < BUSY_THRESHOLD_PCT
     return Efficiency(total, capacity, allocated, busy, capacity - allocated, isolated, allocated_idle)
 
 

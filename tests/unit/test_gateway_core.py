@@ -237,3 +237,11 @@ def test_a_job_larger_than_any_node_only_needs_enough_free_gpus_in_total() -> No
     state = fold([a_node_discovered("n1"), a_node_discovered("n2"), a_submitted("x", gpus=2)])
     fold([a_scheduled("x", "n1", [0, 1]), a_submitted("big", gpus=12, at=T0 + 9)], state)
     assert views.queue(state).jobs[0].reason == "capacity is free; waiting for the scheduler's next cycle"
+
+
+def test_a_job_that_holds_gpus_without_using_them_is_counted_as_held_idle() -> None:
+    state = fold([a_node_discovered("n1"), a_submitted("lazy"), a_scheduled("lazy", "n1", [0, 1, 2, 3])])
+    assert core.efficiency(state).allocated_idle == 0  # no sample yet: unknown, not idle
+    evolve(state, a_sample("n1", [1.0, 2.0, 50.0, 4.9] + [0.0] * 4))
+    eff = core.efficiency(state)
+    assert (eff.allocated, eff.allocated_idle, round(eff.busy, 3)) == (4, 3, 0.579)

@@ -5,6 +5,8 @@
 const $ = (id) => document.getElementById(id);
 const esc = (s) => String(s ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
 const pct = (x) => (x == null ? "–" : `${(x * 100).toFixed(1)} %`);
+const plural = (n, word) => `${int(n)} ${word}${n === 1 ? "" : "s"}`;
+const HELD_IDLE_PCT = 5; // the gateway's BUSY_THRESHOLD_PCT: held by a job, doing nothing
 const int = (x) => (x == null ? "–" : Number(x).toLocaleString("en-US"));
 
 function money(x, currency) {
@@ -48,19 +50,19 @@ function utilColor(u) {
 function renderCards(s) {
   const f = s.fleet, e = s.efficiency, q = s.queue, c = s.cost;
   $("gpus-total").textContent = int(f.gpus_total);
-  $("nodes-total").textContent = `${int(f.nodes_total)} nodes · ${int(f.gpus_in_service)} usable`;
+  $("nodes-total").textContent = `${plural(f.nodes_total, "node")} · ${int(f.gpus_in_service)} usable`;
   $("gpus-allocated").textContent = int(f.gpus_allocated);
   $("allocation-ratio").textContent = `${pct(e.allocation_ratio)} of capacity`;
   $("gpus-idle").textContent = int(f.gpus_idle);
-  $("idle-ratio").textContent = `${pct(e.idle_ratio)} of capacity`;
+  $("idle-ratio").textContent = `${pct(e.idle_ratio)} · ${int(e.allocated_idle)} held idle`;
   $("gpus-isolated").textContent = int(f.gpus_isolated);
-  $("nodes-isolated").textContent = `${int(f.nodes_isolated)} nodes isolated`;
+  $("nodes-isolated").textContent = `${plural(f.nodes_isolated, "node")} isolated`;
   $("efficiency-score").textContent = pct(e.efficiency_score);
   $("usage-ratio").textContent = `usage ${pct(e.usage_ratio)}`;
   $("queue-depth").textContent = int(q.depth);
   $("queue-gpus").textContent = `${int(q.gpus_requested)} GPUs requested`;
   $("running-count").textContent = int(s.running.count);
-  $("teams-count").textContent = `${s.teams.teams.length} teams`;
+  $("teams-count").textContent = plural(s.teams.teams.length, "team");
   $("cost-total").textContent = money(c.total, c.currency);
   $("cost-rate").textContent = `${money(c.rate_per_hour, c.currency)}/h now`;
 }
@@ -73,7 +75,11 @@ function renderHeatmap(fleet) {
       let cls = "cell", style = "", label = g.utilization_pct == null ? "" : Math.round(g.utilization_pct);
       if (health === "isolated" || health === "node_isolated") { cls += " isolated"; label = ""; }
       else if (lost || health === "lost" || health === "no_agent") { cls += " lost"; label = ""; }
-      else { style = `background:${utilColor(g.utilization_pct)}`; if (!g.job_id) cls += " free"; }
+      else {
+        style = `background:${utilColor(g.utilization_pct)}`;
+        if (!g.job_id) cls += " free";
+        else if (g.utilization_pct != null && g.utilization_pct < HELD_IDLE_PCT) cls += " held-idle";
+      }
       const tip = [
         `${n.node} GPU ${g.index} · ${g.model}`,
         `health: ${health}`,
@@ -84,7 +90,7 @@ function renderHeatmap(fleet) {
       ].filter(Boolean).join("\n");
       return `<div class="${cls}" style="${style}" title="${esc(tip)}">${label}</div>`;
     }).join("");
-    const sub = n.isolated ? `isolated: ${n.isolation?.reason ?? ""}` : n.status === "healthy" ? `${n.gpus_allocated}/${n.gpus_total} busy` : n.status;
+    const sub = n.isolated ? `isolated: ${n.isolation?.reason ?? ""}` : n.status === "healthy" ? `${n.gpus_allocated}/${n.gpus_total} in use` : n.status;
     return `<div class="node${n.isolated ? " isolated" : ""}" data-node="${esc(n.node)}">
       <div class="name" title="${esc(n.cluster + "/" + n.node)}">${esc(n.node)}<small>${esc(sub)}</small></div>
       <div class="cells">${cells}</div></div>`;
@@ -189,7 +195,7 @@ function renderRunning(r, now) {
 }
 
 function renderFaults(f) {
-  $("faults-total").textContent = `${f.faults_total} faults · ${f.isolations.length} active isolations`;
+  $("faults-total").textContent = `${plural(f.faults_total, "fault")} · ${plural(f.isolations.length, "active isolation")}`;
   $("isolations").innerHTML = f.isolations.map((i) =>
     `<span class="chip" title="${esc(i.reason)}">${esc(i.node)}${i.gpu_index == null ? "" : ` GPU ${i.gpu_index}`}: ${esc(i.reason)}</span>`).join("");
   const kinds = { fault: "fault", node_isolated: "isolated", gpu_isolated: "GPU isolated", node_restored: "restored", gpu_restored: "GPU restored", node_lost: "lost" };
