@@ -222,8 +222,8 @@ class Problem(msgspec.Struct, kw_only=True, omit_defaults=True):
     """The body of every 4xx/5xx answer: what was wrong, and which field when one was."""
 
     error: str
+    status: int
     field: str | None = None
-    status: int = 400
 
 
 # --- builders --------------------------------------------------------------------------------------

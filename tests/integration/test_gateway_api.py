@@ -204,7 +204,7 @@ async def test_commands_need_the_token_and_change_nothing_without_it(
 
 async def test_bad_reads_get_a_json_problem_naming_the_parameter(gateway: Gateway) -> None:
     status, body = await gateway.get("/api/jobs", params={"state": "sleeping"})
-    assert (status, body["field"]) == (400, "state") and "sleeping" in body["error"]
+    assert (status, body["status"], body["field"]) == (400, 400, "state") and "sleeping" in body["error"]
     status, body = await gateway.get("/api/jobs", params={"limit": "lots"})
     assert (status, body["field"]) == (400, "limit")
     status, body = await gateway.get("/api/jobs/nope")
