@@ -12,6 +12,8 @@ from events import (
     CostAccrued,
     Event,
     GpuFaultDetected,
+    GpuIsolated,
+    GpuRestored,
     GpuSample,
     JobScheduled,
     JobSpec,
@@ -201,6 +203,11 @@ def a_demo_fleet(
         events.append(a_submitted(f"{team}-queued-{i}", team=team, gpus=size, priority=prio, at=t0 + 2400 + 300 * i))
     bad = names[-1]
     events += [a_fault(bad, 3, at=t0 + 1800), an_isolation(bad, at=t0 + 1801)]
+    flaky = names[2]  # an earlier thermal episode on one GPU, isolated for a while and restored
+    events += [
+        GpuIsolated(cluster=CLUSTER, node=flaky, gpu_index=5, at=t0 + 900, reason="thermal: 94 C sustained"),
+        GpuRestored(cluster=CLUSTER, node=flaky, gpu_index=5, at=t0 + 1500, reason="probation passed"),
+    ]
     at = t0 + 3000
     events += [
         a_cost("vision", 412.5, gpu_seconds=165 * 3600, at=at),

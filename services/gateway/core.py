@@ -23,6 +23,7 @@ from events import (
     CostAccrued,
     Event,
     FairShareUpdated,
+    FaultKind,
     GpuFaultDetected,
     GpuIsolated,
     GpuRestored,
@@ -347,7 +348,7 @@ def _fleet(state: GatewayState, event: NodeDiscovered | NodeUpdated | NodeLost |
                     "node_restored",
                     event.cluster,
                     event.node,
-                    f"{event.reason} (by {event.by})",
+                    _restored(event.reason, event.by),
                     None,
                     "info",
                 )
@@ -369,14 +370,20 @@ def _gpu_isolation(state: GatewayState, event: GpuIsolated | GpuRestored) -> Non
     else:
         gpu.isolated = None
         entry = TimelineEntry(
-            event.at, "gpu_restored", event.cluster, event.node, f"{event.reason} (by {event.by})", event.gpu_index
+            event.at, "gpu_restored", event.cluster, event.node, _restored(event.reason, event.by), event.gpu_index
         )
     state.timeline.append(entry)
 
 
+def _restored(reason: str, by: str) -> str:
+    return reason if by == "probation" else f"{reason} (by {by})"
+
+
 def _fault(state: GatewayState, event: GpuFaultDetected) -> None:
     state.faults_total += 1
-    detail = event.kind.value + (f" xid {event.xid}" if event.xid is not None else "")
+    detail = f"xid {event.xid}" if event.xid is not None else event.kind.value
+    if event.xid is not None and event.kind is not FaultKind.XID:
+        detail = f"{event.kind.value} ({detail})"
     if event.detail:
         detail += f": {event.detail}"
     state.timeline.append(

@@ -64,6 +64,8 @@ async def test_the_dashboard_shows_the_running_fleet(
         async with async_playwright() as pw:
             browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             page = await browser.new_page(viewport={"width": 1440, "height": 1500})
+            errors: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
             await page.goto(url + "/")
             gpus_total = page.locator("#gpus-total")
             await gpus_total.filter(has_text=str(fleet.gpus_total)).wait_for(timeout=10_000)
@@ -88,6 +90,7 @@ async def test_the_dashboard_shows_the_running_fleet(
                 timeout=10_000,
             )
 
+            assert errors == []
             shot = tmp_path / "dashboard.png"  # for a person to look at: pytest keeps the last runs' tmp dirs
             await page.screenshot(path=str(shot), full_page=True)
             assert shot.stat().st_size > 10_000

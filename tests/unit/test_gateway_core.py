@@ -111,7 +111,10 @@ def test_an_isolated_node_leaves_capacity_and_appears_on_the_timeline() -> None:
     state = fold(a_scripted_fleet())
     f = views.faults(state)
     assert [(i.node, i.gpu_index) for i in f.isolations] == [("n3", None)]
-    assert [e.kind for e in f.timeline] == ["node_isolated", "fault"]  # newest first
+    assert [(e.kind, e.detail) for e in f.timeline] == [  # newest first
+        ("node_isolated", "xid 79"),
+        ("fault", "xid 79: GPU has fallen off the bus"),
+    ]
     assert f.faults_total == 1
     evolve(state, NodeRestored(cluster=CLUSTER, node="n3", at=T0 + 20, reason="probation passed"))
     assert core.efficiency(state).capacity == 24
@@ -125,8 +128,9 @@ def test_a_single_isolated_gpu_leaves_only_that_gpu_out_of_service() -> None:
     assert (eff.total, eff.capacity, eff.isolated) == (8, 7, 1)
     gpu = next(g for g in views.gpus(state) if g.index == 2)
     assert gpu.health == "isolated" and gpu.isolation is not None and gpu.isolation.reason == "ecc dbe"
-    evolve(state, GpuRestored(cluster=CLUSTER, node="n1", gpu_index=2, at=T0 + 2, reason="ok", by="operator"))
+    evolve(state, GpuRestored(cluster=CLUSTER, node="n1", gpu_index=2, at=T0 + 2, reason="replaced", by="operator"))
     assert core.efficiency(state).capacity == 8
+    assert views.faults(state).timeline[0].detail == "replaced (by operator)"
 
 
 def test_a_lost_node_is_not_capacity() -> None:

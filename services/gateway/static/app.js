@@ -91,7 +91,7 @@ function renderHeatmap(fleet) {
       return `<div class="${cls}" style="${style}" title="${esc(tip)}">${label}</div>`;
     }).join("");
     const sub = n.isolated ? `isolated: ${n.isolation?.reason ?? ""}` : n.status === "healthy" ? `${n.gpus_allocated}/${n.gpus_total} in use` : n.status;
-    return `<div class="node${n.isolated ? " isolated" : ""}" data-node="${esc(n.node)}">
+    return `<div class="node ${esc(n.status)}${n.isolated ? " isolated" : ""}" data-node="${esc(n.node)}">
       <div class="name" title="${esc(n.cluster + "/" + n.node)}">${esc(n.node)}<small>${esc(sub)}</small></div>
       <div class="cells">${cells}</div></div>`;
   }).join("");
@@ -198,11 +198,41 @@ function renderFaults(f) {
   $("faults-total").textContent = `${plural(f.faults_total, "fault")} · ${plural(f.isolations.length, "active isolation")}`;
   $("isolations").innerHTML = f.isolations.map((i) =>
     `<span class="chip" title="${esc(i.reason)}">${esc(i.node)}${i.gpu_index == null ? "" : ` GPU ${i.gpu_index}`}: ${esc(i.reason)}</span>`).join("");
+  drawStrip($("timeline-strip"), f.timeline);
   const kinds = { fault: "fault", node_isolated: "isolated", gpu_isolated: "GPU isolated", node_restored: "restored", gpu_restored: "GPU restored", node_lost: "lost" };
   $("timeline").innerHTML = f.timeline.slice(0, 60).map((e) => `<li>
     <span class="t">${esc(clock(e.at))}</span><span class="sev ${esc(e.severity)}"></span>
     <span class="where">${esc(e.node)}${e.gpu_index == null ? "" : ` · GPU ${e.gpu_index}`}</span>
     <span><b>${esc(kinds[e.kind] ?? e.kind)}</b> ${esc(e.detail)}</span></li>`).join("") || `<li class="muted">No faults.</li>`;
+}
+
+// the last hours of faults and isolations on one time axis: dots by severity, bars while isolated
+function drawStrip(svg, entries) {
+  const W = Math.max(300, Math.round(svg.clientWidth || 600)), H = 54, L = 8, R = 8;
+  svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
+  if (!entries.length) { svg.innerHTML = ""; return; }
+  const times = entries.map((e) => e.at);
+  const t1 = Math.max(...times), t0 = Math.min(...times, t1 - 600);
+  const x = (t) => L + ((t - t0) / Math.max(1, t1 - t0)) * (W - L - R);
+  const color = { critical: "var(--bad)", warning: "var(--amber)", info: "var(--good)" };
+  let out = `<line class="grid-line" x1="${L}" x2="${W - R}" y1="30" y2="30"/>`;
+  const open = {};
+  for (const e of [...entries].sort((a, b) => a.at - b.at)) {
+    const key = `${e.node}/${e.gpu_index ?? ""}`;
+    if (e.kind.endsWith("isolated")) open[key] = e.at;
+    if (e.kind.endsWith("restored") && open[key] != null) {
+      out += `<rect x="${x(open[key])}" y="26" width="${Math.max(2, x(e.at) - x(open[key]))}" height="8" rx="2" fill="var(--bad)" fill-opacity="0.35"/>`;
+      delete open[key];
+    }
+  }
+  for (const at of Object.values(open)) {
+    out += `<rect x="${x(at)}" y="26" width="${Math.max(2, x(t1) - x(at))}" height="8" rx="2" fill="var(--bad)" fill-opacity="0.35"/>`;
+  }
+  for (const e of entries) {
+    out += `<circle cx="${x(e.at).toFixed(1)}" cy="${e.kind === "fault" ? 16 : 30}" r="4" fill="${color[e.severity] ?? "var(--blue)"}"><title>${esc(`${clock(e.at)} ${e.node}: ${e.kind} ${e.detail}`)}</title></circle>`;
+  }
+  out += `<text x="${L}" y="${H - 4}">${esc(clock(t0))}</text><text x="${W - R}" y="${H - 4}" text-anchor="end">${esc(clock(t1))}</text>`;
+  svg.innerHTML = out;
 }
 
 function render(s) {
