@@ -25,6 +25,7 @@ from services.gateway import metrics, openapi, views
 from services.gateway.core import GatewayState, JobState
 from services.gateway.openapi import Operation, Param
 from services.runtime.commands import CommandRefused, CommandUnavailable
+from services.runtime.logs import get_logger
 
 # Forward one command: (service, verb, payload) -> the service's result. Raises CommandRefused or
 # CommandUnavailable (services.runtime.commands.request, bound to the gateway's NATS connection).
@@ -35,6 +36,7 @@ Forward = Callable[[str, str, dict[str, Any]], Awaitable[Any]]
 HistorySource = Callable[[float], Awaitable[list[views.PointView]]]
 
 _encoder = msgspec.json.Encoder()
+log = get_logger("chamber.gateway.api")
 _STATIC = files("services.gateway") / "static"
 _JOB_STATES = sorted(s.value for s in JobState)
 
@@ -468,6 +470,9 @@ async def json_errors(request: web.Request, handler: Callable[[web.Request], Awa
             raise
         text = {404: f"no route {request.path}", 405: f"{request.method} is not allowed on {request.path}"}
         return problem(exc.status, text.get(exc.status, exc.reason))
+    except Exception as exc:  # a bug answers JSON too, and is logged; the server keeps serving
+        log.exception("request failed", method=request.method, path=request.path)
+        return problem(500, f"internal error: {type(exc).__name__}: {exc}")
 
 
 def make_app(ctx: GatewayContext) -> web.Application:

@@ -38,7 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--token",
         default=os.environ.get("CHAMBER_API_TOKEN"),
-        help="bearer token for commands (default: $CHAMBER_API_TOKEN; without one, commands answer 401)",
+        help="bearer token for commands (default: $CHAMBER_API_TOKEN, which keeps it out of `ps`; without one, "
+        "commands answer 401)",
     )
     parser.add_argument("--history-interval", type=float, default=5.0, help="seconds between efficiency points")
     parser.add_argument("--stream-interval", type=float, default=2.0, help="seconds between dashboard pushes")
@@ -81,7 +82,10 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
             return await request(ctx.nc, service, verb, payload, timeout=args.command_timeout)
 
         def ready() -> dict[str, Any]:
-            return {"streams": {c.options.stream: c.stats.last_acked_seq for c in consumers}}
+            return {
+                "nats_connected": ctx.nc.is_connected,
+                "streams": {c.options.stream: c.stats.last_acked_seq for c in consumers},
+            }
 
         first_tick = True
 
