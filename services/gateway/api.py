@@ -272,7 +272,7 @@ async def _forward(request: web.Request, service: str, verb: str, payload: dict[
         return problem(422, str(exc), exc.field)
     except CommandUnavailable as exc:
         return problem(503, str(exc))
-    return json_response({"ok": True, "result": result})
+    return json_response(views.CommandAnswer(ok=True, result=result))
 
 
 def _command(
@@ -415,7 +415,9 @@ ROUTES: list[tuple[Operation, Callable[[web.Request], Awaitable[web.StreamRespon
         get_stream,
     ),
     (
-        Operation("POST", "/api/jobs", "submitJob", "Submit a job", command="scheduler.submit", body=True),
+        Operation(
+            "POST", "/api/jobs", "submitJob", "Submit a job", views.CommandAnswer, command="scheduler.submit", body=True
+        ),
         submit_job,
     ),
     (
@@ -424,6 +426,7 @@ ROUTES: list[tuple[Operation, Callable[[web.Request], Awaitable[web.StreamRespon
             "/api/jobs/{job_id}/cancel",
             "cancelJob",
             "Cancel a job",
+            views.CommandAnswer,
             command="scheduler.cancel",
             params=(Param("job_id", "path", {"type": "string"}),),
         ),
@@ -435,6 +438,7 @@ ROUTES: list[tuple[Operation, Callable[[web.Request], Awaitable[web.StreamRespon
             "/api/teams/{team}/quota",
             "setQuota",
             "Set a team's quota",
+            views.CommandAnswer,
             command="quota.set",
             params=(Param("team", "path", {"type": "string"}),),
             body=True,
@@ -447,6 +451,7 @@ ROUTES: list[tuple[Operation, Callable[[web.Request], Awaitable[web.StreamRespon
             "/api/nodes/{cluster}/{node}/restore",
             "restoreNode",
             "Restore an isolated node or GPU",
+            views.CommandAnswer,
             command="health.restore",
             params=_CLUSTER_NODE,
         ),

@@ -6,6 +6,8 @@ and the responses cannot drift apart.
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 from events import Placement
@@ -216,6 +218,13 @@ class Summary(msgspec.Struct, kw_only=True):
     teams: TeamsView
     cost: CostView
     faults: FaultsView
+
+
+class CommandAnswer(msgspec.Struct, kw_only=True):
+    """A command the owning service accepted; `result` is what that service answered."""
+
+    ok: bool
+    result: Any = None
 
 
 class Problem(msgspec.Struct, kw_only=True, omit_defaults=True):
