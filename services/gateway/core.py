@@ -217,7 +217,6 @@ class GatewayState:
     timeline: deque[TimelineEntry] = field(default_factory=lambda: deque(maxlen=MAX_TIMELINE))
     history: deque[Point] = field(default_factory=lambda: deque(maxlen=MAX_HISTORY))
     events_seen: int = 0
-    last_event_at: float = 0.0  # the newest event time seen: the model's idea of "now" for views
 
     def team(self, name: str) -> Team:
         team = self.teams.get(name)
@@ -241,9 +240,6 @@ class GatewayState:
 def evolve(state: GatewayState, event: Event) -> GatewayState:
     """Fold one event of any stream into the read model."""
     state.events_seen += 1
-    at = _event_time(event)
-    if at is not None and at > state.last_event_at:
-        state.last_event_at = at
     match event:
         case NodeSample() | NodeInventory():
             _telemetry(state, event)
@@ -271,14 +267,6 @@ def evolve(state: GatewayState, event: Event) -> GatewayState:
         case PriceSet() | CostAccrued() | BudgetExceeded():
             _billing(state, event)
     return state
-
-
-def _event_time(event: Event) -> float | None:
-    for name in ("at", "observed_at", "period_end"):
-        value = getattr(event, name, None)
-        if isinstance(value, int | float):
-            return float(value)
-    return None
 
 
 # --- fleet -----------------------------------------------------------------------------------------

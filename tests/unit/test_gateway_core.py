@@ -21,12 +21,15 @@ from events import (
     Placement,
 )
 from events.jobs import PreemptionReason, PriorityClass
+from events.streams import stream_for
+from events.subjects import subject_for
 from services.gateway import core, views
 from services.gateway.core import GatewayState, JobState, evolve
 from tests.gateway_builders import (
     CLUSTER,
     T0,
     a_cost,
+    a_demo_fleet,
     a_node_discovered,
     a_quota,
     a_sample,
@@ -249,3 +252,27 @@ def test_a_job_that_holds_gpus_without_using_them_is_counted_as_held_idle() -> N
     evolve(state, a_sample("n1", [1.0, 2.0, 50.0, 4.9] + [0.0] * 4))
     eff = core.efficiency(state)
     assert (eff.allocated, eff.allocated_idle, round(eff.busy, 3)) == (4, 3, 0.579)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000))
+def test_the_view_does_not_depend_on_how_the_streams_interleave(seed: int) -> None:
+    """Each stream is consumed on its own, so any interleaving that keeps each stream's order must give
+    the same fleet, queue, teams, cost and faults."""
+    events, waves = a_demo_fleet(nodes=6)
+    events = [*events, *(e for w in waves for e in w)]
+    by_stream: dict[str, list[Event]] = {}
+    for event in events:
+        stream = stream_for(subject_for(event))
+        assert stream is not None
+        by_stream.setdefault(stream.name, []).append(event)
+    rng = random.Random(seed)
+    queues = [list(q) for q in by_stream.values()]
+    shuffled: list[Event] = []
+    while any(queues):
+        shuffled.append(rng.choice([q for q in queues if q]).pop(0))
+
+    def seen(state: GatewayState) -> list[object]:
+        return [views.fleet(state), views.queue(state), views.teams(state), views.cost(state), views.faults(state)]
+
+    assert seen(fold(shuffled)) == seen(fold(events))
