@@ -56,6 +56,7 @@ function renderCards(s) {
   $("gpus-idle").textContent = int(f.gpus_idle);
   $("idle-ratio").textContent = `${pct(e.idle_ratio)} · ${int(e.allocated_idle)} held idle`;
   $("gpus-isolated").textContent = int(f.gpus_isolated);
+  $("gpus-isolated").closest(".card").classList.toggle("warn", f.gpus_isolated > 0);
   $("nodes-isolated").textContent = `${plural(f.nodes_isolated, "node")} isolated`;
   $("efficiency-score").textContent = pct(e.efficiency_score);
   $("usage-ratio").textContent = `usage ${pct(e.usage_ratio)}`;
@@ -210,6 +211,7 @@ function renderFaults(f) {
 function drawStrip(svg, entries) {
   const W = Math.max(300, Math.round(svg.clientWidth || 600)), H = 54, L = 8, R = 8;
   svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
+  svg.style.display = entries.length ? "" : "none";
   if (!entries.length) { svg.innerHTML = ""; return; }
   const times = entries.map((e) => e.at);
   const t1 = Math.max(...times), t0 = Math.min(...times, t1 - 600);
