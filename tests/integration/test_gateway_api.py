@@ -123,6 +123,17 @@ async def test_a_scripted_fleet_is_served_as_json_and_metrics(gateway: Gateway, 
     assert values["chamber_queue_depth"] == 1
     assert values["chamber_efficiency_score"] == pytest.approx(11.2 / 16)
     assert values["chamber_faults_total"] == 1
+    labelled = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.labels
+    }
+    assert labelled[("chamber_team_gpus_used", (("team", "vision"),))] == 12
+    assert labelled[("chamber_team_gpus_borrowed", (("team", "vision"),))] == 4
+    assert labelled[("chamber_team_cost_total", (("currency", "USD"), ("team", "vision")))] == 30.0
+    assert labelled[("chamber_nodes", (("status", "healthy"),))] == 3
+    assert labelled[("chamber_jobs", (("state", "pending"),))] == 1
 
     await publish(nc, [JobCompleted(job_id="train-llm", at=2e9)])
     await eventually(lambda: _folded(gateway, len(events) + 1))
