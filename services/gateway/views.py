@@ -6,6 +6,7 @@ and the responses cannot drift apart.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import msgspec
@@ -238,6 +239,11 @@ class Problem(msgspec.Struct, kw_only=True, omit_defaults=True):
 # --- builders --------------------------------------------------------------------------------------
 
 
+def natural(name: str) -> tuple[str | int, ...]:
+    """Sort key that puts gpu-2 before gpu-10 (digit runs compare as numbers)."""
+    return tuple(int(part) if i % 2 else part for i, part in enumerate(re.split(r"(\d+)", name)))
+
+
 def _isolation(iso: core.Isolation | None) -> Isolation | None:
     if iso is None:
         return None
@@ -309,7 +315,8 @@ def node_view(state: GatewayState, node: Node, *, with_gpus: bool = True) -> Nod
 
 def fleet(state: GatewayState, *, with_gpus: bool = True) -> FleetView:
     eff = core.efficiency(state)
-    nodes = [node_view(state, n, with_gpus=with_gpus) for n in sorted(state.nodes.values(), key=lambda n: n.key)]
+    ordered = sorted(state.nodes.values(), key=lambda n: (natural(n.cluster), natural(n.name)))
+    nodes = [node_view(state, n, with_gpus=with_gpus) for n in ordered]
     by_status: dict[str, int] = {}
     for n in nodes:
         by_status[n.status] = by_status.get(n.status, 0) + 1

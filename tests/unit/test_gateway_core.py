@@ -276,3 +276,8 @@ def test_the_view_does_not_depend_on_how_the_streams_interleave(seed: int) -> No
         return [views.fleet(state), views.queue(state), views.teams(state), views.cost(state), views.faults(state)]
 
     assert seen(fold(shuffled)) == seen(fold(events))
+
+
+def test_nodes_are_listed_in_natural_order() -> None:
+    state = fold([a_node_discovered(n, gpus=1) for n in ("gpu-10", "gpu-2", "gpu-1", "a")])
+    assert [n.node for n in views.fleet(state).nodes] == ["a", "gpu-1", "gpu-2", "gpu-10"]

@@ -6,6 +6,7 @@ const $ = (id) => document.getElementById(id);
 const esc = (s) => String(s ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
 const pct = (x) => (x == null ? "–" : `${(x * 100).toFixed(1)} %`);
 const plural = (n, word) => `${int(n)} ${word}${n === 1 ? "" : "s"}`;
+const COMPACT_NODES = 64; // beyond this, smaller cells without numbers keep the whole fleet in view
 const HELD_IDLE_PCT = 5; // the gateway's BUSY_THRESHOLD_PCT: held by a job, doing nothing
 const int = (x) => (x == null ? "–" : Number(x).toLocaleString("en-US"));
 
@@ -50,9 +51,9 @@ function utilColor(u) {
 function renderCards(s) {
   const f = s.fleet, e = s.efficiency, q = s.queue, c = s.cost;
   $("gpus-total").textContent = int(f.gpus_total);
-  $("nodes-total").textContent = `${plural(f.nodes_total, "node")} · ${int(f.gpus_in_service)} usable`;
+  $("nodes-total").textContent = plural(f.nodes_total, "node");
   $("gpus-allocated").textContent = int(f.gpus_allocated);
-  $("allocation-ratio").textContent = `${pct(e.allocation_ratio)} of capacity`;
+  $("allocation-ratio").textContent = `${pct(e.allocation_ratio)} of ${int(f.gpus_in_service)} usable`;
   $("gpus-idle").textContent = int(f.gpus_idle);
   $("idle-ratio").textContent = `${pct(e.idle_ratio)} · ${int(e.allocated_idle)} held idle`;
   $("gpus-isolated").textContent = int(f.gpus_isolated);
@@ -97,6 +98,7 @@ function renderHeatmap(fleet) {
       <div class="cells">${cells}</div></div>`;
   }).join("");
   $("heatmap").innerHTML = html || `<div class="muted">No nodes reported yet.</div>`;
+  $("heatmap").classList.toggle("compact", fleet.nodes.length > COMPACT_NODES);
 }
 
 // a small line chart in SVG: series = [{values:[..], color}], y in [0, yMax]
