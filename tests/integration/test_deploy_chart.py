@@ -1,0 +1,375 @@
+"""The Helm chart, checked with real tools: `helm lint` and `helm template` (helm 4 from PyPI), schema
+validation of every rendered object (kubernetes-validate, Kubernetes 1.33, strict), nats-server's own
+config check, and assertions on what matters: RBAC verbs, security contexts, probes, GPU scheduling."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from services.cli import main as chamber
+from services.runtime.nats_server import find_binary
+from tests.deploy_tools import helm_binary
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "chamber"
+K8S_VERSION = "1.33.0"
+VALUES = {
+    "default": [],
+    "monitor": [CHART / "ci" / "monitor-values.yaml"],
+    "gpu-cluster": [CHART / "ci" / "gpu-cluster-values.yaml"],
+    "dev": [CHART / "values-dev.yaml"],
+}
+ALL_SERVICES = {"discovery", "health", "quota", "scheduler", "billing", "recorder", "gateway"}
+WORKLOADS = {"Deployment", "DaemonSet", "StatefulSet"}
+
+Doc = dict[str, Any]
+
+
+@pytest.fixture(scope="session")
+def helm() -> Path:
+    return helm_binary()
+
+
+def run_helm(helm: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run([str(helm), *args], capture_output=True, text=True, timeout=120)
+    if check and done.returncode != 0:
+        raise AssertionError(f"helm {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}")
+    return done
+
+
+def values_args(files: list[Path], sets: tuple[str, ...] = ()) -> list[str]:
+    return [arg for f in files for arg in ("-f", str(f))] + [arg for s in sets for arg in ("--set", s)]
+
+
+def render(helm: Path, files: list[Path], *sets: str, namespace: str = "chamber") -> list[Doc]:
+    out = run_helm(helm, "template", "chamber", str(CHART), "-n", namespace, *values_args(files, sets)).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+@pytest.fixture(scope="session")
+def rendered(helm: Path) -> dict[str, list[Doc]]:
+    return {name: render(helm, files) for name, files in VALUES.items()}
+
+
+def kinds(docs: list[Doc], kind: str) -> list[Doc]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def named(docs: list[Doc], kind: str, name: str) -> Doc:
+    [doc] = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    return doc
+
+
+def pod_specs(docs: list[Doc]) -> Iterator[tuple[str, Doc]]:
+    for d in docs:
+        if d["kind"] in WORKLOADS:
+            yield f"{d['kind']}/{d['metadata']['name']}", d["spec"]["template"]["spec"]
+
+
+def components(docs: list[Doc], kind: str) -> set[str]:
+    return {d["metadata"]["labels"]["app.kubernetes.io/component"] for d in kinds(docs, kind)}
+
+
+# --- the tools agree -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("values", list(VALUES))
+def test_helm_lint_passes_with_every_values_set(helm: Path, values: str) -> None:
+    done = run_helm(helm, "lint", str(CHART), "--strict", *values_args(VALUES[values]))
+    assert "0 chart(s) failed" in done.stdout
+
+
+@pytest.mark.parametrize("values", list(VALUES))
+def test_every_rendered_object_is_valid_against_the_kubernetes_schema(
+    rendered: dict[str, list[Doc]], values: str
+) -> None:
+    docs = rendered[values]
+    assert len(docs) > 25
+    for doc in docs:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_the_schema_validator_does_reject_a_wrong_object(rendered: dict[str, list[Doc]]) -> None:
+    deployment = dict(kinds(rendered["default"], "Deployment")[0])
+    deployment["spec"] = {**deployment["spec"], "replicaz": 2}
+    with pytest.raises(kubernetes_validate.ValidationError, match="replicaz"):
+        kubernetes_validate.validate(deployment, K8S_VERSION, strict=True)
+
+
+def test_values_outside_the_schema_are_refused_with_the_key(helm: Path) -> None:
+    wrong_mode = run_helm(helm, "template", "c", str(CHART), "--set", "mode=watch", check=False)
+    assert wrong_mode.returncode != 0 and "/mode" in wrong_mode.stderr and "monitor" in wrong_mode.stderr
+    typo = run_helm(helm, "template", "c", str(CHART), "--set", "agent.nodeSelektor.a=b", check=False)
+    assert typo.returncode != 0 and "nodeSelektor" in typo.stderr
+
+
+def test_an_external_warehouse_or_nats_without_an_address_is_refused(helm: Path) -> None:
+    no_ch = run_helm(helm, "template", "c", str(CHART), "--set", "clickhouse.deploy=false", check=False)
+    assert no_ch.returncode != 0 and "clickhouse.url is required" in no_ch.stderr
+    no_nats = run_helm(helm, "template", "c", str(CHART), "--set", "nats.deploy=false", check=False)
+    assert no_nats.returncode != 0 and "nats.url is required" in no_nats.stderr
+
+
+# --- what gets installed ---------------------------------------------------------------------------
+
+
+def test_manage_installs_every_service_and_monitor_only_what_observes(rendered: dict[str, list[Doc]]) -> None:
+    manage = components(rendered["default"], "Deployment")
+    assert manage == ALL_SERVICES
+    monitor = rendered["monitor"]
+    assert components(monitor, "Deployment") == {"discovery", "health", "recorder", "gateway"}
+    assert components(monitor, "DaemonSet") == {"agent"}
+    assert {"nats", "clickhouse"} <= components(monitor, "StatefulSet")
+    for _, spec in pod_specs(monitor):
+        for c in spec["containers"]:
+            env = {e["name"]: e.get("value") for e in c.get("env", [])}
+            if "CHAMBER_MODE" in env:
+                assert env["CHAMBER_MODE"] == "monitor"
+
+
+def test_the_scheduler_runs_a_leader_and_a_standby_that_never_overlap_on_rollout(
+    rendered: dict[str, list[Doc]],
+) -> None:
+    scheduler = named(rendered["default"], "Deployment", "chamber-scheduler")
+    assert scheduler["spec"]["replicas"] == 2
+    assert scheduler["spec"]["strategy"]["rollingUpdate"]["maxSurge"] == 0
+    env = {e["name"]: e.get("value") for e in scheduler["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["CHAMBER_LEADER_LEASE"] == "scheduler"
+
+
+def test_each_service_runs_its_chamber_sub_command(rendered: dict[str, list[Doc]]) -> None:
+    for d in kinds(rendered["default"], "Deployment"):
+        name = d["metadata"]["labels"]["app.kubernetes.io/component"]
+        [c] = d["spec"]["template"]["spec"]["containers"]
+        assert c["image"] == "chamber:0.1.0" and c["args"][:2] == ["service", name]
+
+
+# --- least privilege -----------------------------------------------------------------------------------
+
+
+def rules(docs: list[Doc]) -> list[tuple[str, Doc]]:
+    return [(r["metadata"]["name"], rule) for r in docs if r["kind"] in ("Role", "ClusterRole") for rule in r["rules"]]
+
+
+@pytest.mark.parametrize("values", list(VALUES))
+def test_no_role_touches_secrets_or_uses_wildcards(rendered: dict[str, list[Doc]], values: str) -> None:
+    for role, rule in rules(rendered[values]):
+        assert "secrets" not in rule["resources"], role
+        assert "*" not in rule["resources"] + rule["verbs"] + rule["apiGroups"], role
+
+
+def test_manage_rbac_is_exactly_nodes_for_health_and_batch_jobs_for_the_scheduler(
+    rendered: dict[str, list[Doc]],
+) -> None:
+    got = {
+        (name, tuple(rule["apiGroups"]), tuple(rule["resources"])): rule["verbs"]
+        for name, rule in rules(rendered["default"])
+    }
+    assert got == {
+        ("chamber-discovery", ("",), ("nodes",)): ["get", "list", "watch"],
+        ("chamber-health", ("",), ("nodes",)): ["get", "list", "watch", "patch"],
+        ("chamber-health", ("",), ("nodes/status",)): ["get", "patch"],
+        ("chamber-scheduler", ("batch",), ("jobs",)): ["get", "list", "watch", "patch", "update"],
+    }
+    for binding in kinds(rendered["default"], "ClusterRoleBinding"):
+        [subject] = binding["subjects"]
+        assert subject == {"kind": "ServiceAccount", "name": binding["roleRef"]["name"], "namespace": "chamber"}
+
+
+def test_monitor_rbac_can_only_read_nodes(rendered: dict[str, list[Doc]]) -> None:
+    for role, rule in rules(rendered["monitor"]):
+        assert rule["resources"] == ["nodes"] and rule["verbs"] == ["get", "list", "watch"], role
+
+
+def test_job_permissions_can_be_limited_to_named_namespaces(rendered: dict[str, list[Doc]]) -> None:
+    docs = rendered["gpu-cluster"]
+    job_roles = [r for r in docs if r["kind"] in ("Role", "ClusterRole") and r["rules"][0]["apiGroups"] == ["batch"]]
+    assert {(r["kind"], r["metadata"]["namespace"]) for r in job_roles} == {("Role", "research"), ("Role", "inference")}
+
+
+@pytest.mark.parametrize("values", list(VALUES))
+def test_every_container_runs_non_root_read_only_without_privileges_or_host_access(
+    rendered: dict[str, list[Doc]], values: str
+) -> None:
+    for name, spec in pod_specs(rendered[values]):
+        assert spec["securityContext"]["runAsNonRoot"] is True, name
+        assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, name
+        assert not any(spec.get(k) for k in ("hostNetwork", "hostPID", "hostIPC")), name
+        assert not any("hostPath" in v for v in spec.get("volumes", [])), name
+        for c in spec["containers"] + spec.get("initContainers", []):
+            sc = c["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False, (name, c["name"])
+            assert sc["readOnlyRootFilesystem"] is True, (name, c["name"])
+            assert sc.get("privileged", False) is False, (name, c["name"])
+            assert sc["capabilities"]["drop"] == ["ALL"] and "add" not in sc["capabilities"], (name, c["name"])
+            assert c["resources"]["requests"] and c["resources"]["limits"]["memory"], (name, c["name"])
+
+
+def test_only_services_that_call_the_kubernetes_api_carry_a_token(rendered: dict[str, list[Doc]]) -> None:
+    tokens = {n.split("/")[1]: spec["automountServiceAccountToken"] for n, spec in pod_specs(rendered["default"])}
+    assert {n for n, t in tokens.items() if t} == {"chamber-discovery", "chamber-health", "chamber-scheduler"}
+
+
+# --- probes served by the runtime ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("values", list(VALUES))
+def test_every_chamber_container_is_probed_on_the_runtime_health_port(
+    rendered: dict[str, list[Doc]], values: str
+) -> None:
+    chamber_pods = [(n, s) for n, s in pod_specs(rendered[values]) if "nats" not in n and "clickhouse" not in n]
+    assert len(chamber_pods) >= 5
+    for name, spec in chamber_pods:
+        [c] = spec["containers"]
+        ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        assert env["CHAMBER_HEALTH_PORT"] == str(ports["health"]), name
+        assert c["livenessProbe"]["httpGet"] == {"path": "/livez", "port": "health"}, name
+        assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}, name
+    for name, spec in pod_specs(rendered[values]):
+        for c in spec["containers"]:
+            assert "livenessProbe" in c and "readinessProbe" in c, name
+
+
+# --- the node agent ----------------------------------------------------------------------------------
+
+
+def test_the_agent_runs_on_gpu_nodes_only_with_the_nvidia_runtime_and_takes_no_gpu(
+    rendered: dict[str, list[Doc]],
+) -> None:
+    [agent] = kinds(rendered["default"], "DaemonSet")
+    spec = agent["spec"]["template"]["spec"]
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert [t["matchExpressions"] for t in terms] == [
+        [{"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]}],
+        [{"key": "feature.node.kubernetes.io/pci-10de.present", "operator": "In", "values": ["true"]}],
+    ]
+    tolerated = {(t["key"], t["effect"]) for t in spec["tolerations"]}
+    assert {("nvidia.com/gpu", "NoSchedule"), ("chamber.io/gpu-unhealthy", "NoSchedule")} <= tolerated
+    assert spec["runtimeClassName"] == "nvidia"
+    assert spec["automountServiceAccountToken"] is False
+    [c] = spec["containers"]
+    env = {e["name"]: e for e in c["env"]}
+    assert env["NVIDIA_DRIVER_CAPABILITIES"]["value"] == "utility"  # NVML only, no compute
+    assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert "nvidia.com/gpu" not in str(c["resources"])
+    assert c["args"][:3] == ["agent", "--node", "$(NODE_NAME)"]
+    assert env["CHAMBER_NATS_PASSWORD"]["valueFrom"]["secretKeyRef"]["key"] == "agent"
+
+
+def test_a_gpu_cluster_agent_logs_in_as_its_own_node_and_sees_only_agent_passwords(
+    rendered: dict[str, list[Doc]],
+) -> None:
+    docs = rendered["gpu-cluster"]
+    [agent] = kinds(docs, "DaemonSet")
+    spec = agent["spec"]["template"]["spec"]
+    assert spec["priorityClassName"] == "system-node-critical"
+    assert ("dedicated", "NoSchedule") in {(t["key"], t["effect"]) for t in spec["tolerations"]}
+    [c] = spec["containers"]
+    script = c["args"][0]
+    assert "agent-${NODE_NAME}" in script and "exec chamber agent --node" in script
+    assert "CHAMBER_NATS_PASSWORD" not in {e["name"] for e in c["env"]}
+    [secret_volume] = [v for v in spec["volumes"] if "secret" in v]
+    agents_secret = named(docs, "Secret", secret_volume["secret"]["secretName"])
+    assert set(agents_secret["data"]) == {"agent-dgx-a-001", "agent-dgx-a-002", "agent-dgx-a-003"}
+
+
+def test_the_dev_fleet_is_one_simulated_agent_without_gpu_scheduling(rendered: dict[str, list[Doc]]) -> None:
+    docs = rendered["dev"]
+    assert kinds(docs, "DaemonSet") == []
+    agent = named(docs, "Deployment", "chamber-agent")
+    [c] = agent["spec"]["template"]["spec"]["containers"]
+    assert c["args"][:2] == ["agent", "--simulate"]
+    assert "runtimeClassName" not in agent["spec"]["template"]["spec"]
+    env = {e["name"]: e for e in c["env"]}
+    assert env["CHAMBER_NATS_PASSWORD"]["valueFrom"]["secretKeyRef"]["key"] == "simulator"
+
+
+# --- NATS: the chart's users, Secret and server config agree -----------------------------------------
+
+
+@pytest.mark.parametrize("values", list(VALUES))
+def test_the_rendered_nats_config_with_generated_authorization_is_accepted_by_nats_server(
+    rendered: dict[str, list[Doc]], values: str, tmp_path: Path
+) -> None:
+    docs = rendered[values]
+    config = named(docs, "ConfigMap", "chamber-nats")["data"]["nats.conf"]
+    nats = named(docs, "StatefulSet", "chamber-nats")["spec"]["template"]["spec"]
+    [init] = nats["initContainers"]
+    assert init["args"][0] == "nats-config"
+
+    # run the init container's command here, with the Secret's keys as password files
+    users_secret = named(docs, "Secret", "chamber-nats-users")
+    passwords = tmp_path / "passwords"
+    passwords.mkdir()
+    secrets = [users_secret] + [d for d in kinds(docs, "Secret") if d["metadata"]["name"] == "chamber-nats-agents"]
+    for secret in secrets:
+        for key in secret["data"]:
+            (passwords / key).write_text(f"pw-{key}")
+    args = [a.replace("/etc/chamber/nats-passwords", str(passwords)) for a in init["args"]]
+    args = [a.replace("/etc/nats/auth/auth.conf", str(tmp_path / "auth" / "auth.conf")) for a in args]
+    assert chamber(args) == 0  # every user it generates has a password in the chart's Secrets
+
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "nats.conf").write_text(config)
+    check = subprocess.run(
+        [find_binary(), "-t", "-c", str(tmp_path / "config" / "nats.conf")],
+        capture_output=True,
+        text=True,
+        env={"POD_NAME": "chamber-nats-0", "PATH": "/usr/bin:/bin"},
+        timeout=30,
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+
+    # every NATS user a pod logs in as exists in the generated authorization block
+    generated = set(re.findall(r'"user": "([^"]+)"', (tmp_path / "auth" / "auth.conf").read_text()))
+    used = {
+        e["valueFrom"]["secretKeyRef"]["key"]
+        for _, spec in pod_specs(docs)
+        for c in spec["containers"]
+        for e in c.get("env", [])
+        if e["name"] == "CHAMBER_NATS_PASSWORD"
+    }
+    assert used and used <= generated
+
+
+def test_network_policies_name_only_ports_their_pods_have(rendered: dict[str, list[Doc]]) -> None:
+    docs = rendered["gpu-cluster"]
+    pods = [
+        (d["spec"]["template"]["metadata"]["labels"], spec)
+        for d in docs
+        if d["kind"] in WORKLOADS
+        for spec in [d["spec"]["template"]["spec"]]
+    ]
+    policies = kinds(docs, "NetworkPolicy")
+    assert len(policies) >= 5
+    for policy in policies:
+        selector = policy["spec"]["podSelector"]["matchLabels"]
+        selected = [spec for labels, spec in pods if selector.items() <= labels.items()]
+        assert selected, policy["metadata"]["name"]
+        for rule in policy["spec"].get("ingress", []):
+            for port in rule.get("ports", []):
+                if isinstance(port["port"], str):
+                    for spec in selected:
+                        names = {p["name"] for c in spec["containers"] for p in c.get("ports", [])}
+                        assert port["port"] in names, (policy["metadata"]["name"], port["port"])
+
+
+def test_notes_tell_how_to_open_the_dashboard(helm: Path) -> None:
+    out = run_helm(helm, "install", "chamber", str(CHART), "-n", "gpu", "--dry-run=client").stdout
+    assert "kubectl -n gpu port-forward svc/chamber-gateway 8080:80" in out
+    ingress = run_helm(
+        helm, "install", "chamber", str(CHART), "-n", "gpu", "--dry-run=client",
+        *values_args(VALUES["gpu-cluster"]),
+    ).stdout  # fmt: skip
+    assert "https://chamber.dgx-a.example.com/" in ingress
