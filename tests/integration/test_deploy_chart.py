@@ -373,3 +373,77 @@ def test_notes_tell_how_to_open_the_dashboard(helm: Path) -> None:
         *values_args(VALUES["gpu-cluster"]),
     ).stdout  # fmt: skip
     assert "https://chamber.dgx-a.example.com/" in ingress
+
+
+# --- skaffold.yaml --------------------------------------------------------------------------------------
+# No skaffold binary can be had here (not on PyPI, Debian or npm), so `skaffold diagnose` cannot run.
+# This checks the structure skaffold's v4beta13 schema requires for the fields we use, that every path
+# it names exists, that each profile's JSON patches apply, and renders the chart the way each profile
+# would install it, with the real helm.
+
+SKAFFOLD_API = "skaffold/v4beta13"  # the schema of skaffold 2.15 to 2.17, the current releases
+
+
+def json_patch(doc: Any, patches: list[Doc]) -> Any:
+    """The subset of RFC 6902 skaffold profiles use here: add and replace on an existing parent."""
+    import copy
+
+    doc = copy.deepcopy(doc)
+    for patch in patches:
+        *parents, last = patch["path"].strip("/").split("/")
+        node = doc
+        for token in parents:
+            node = node[int(token)] if isinstance(node, list) else node[token]
+        key: Any = int(last) if isinstance(node, list) else last
+        if patch["op"] == "replace":
+            assert key in node if isinstance(node, dict) else key < len(node), f"nothing to replace at {patch['path']}"
+        else:
+            assert patch["op"] == "add", patch
+        node[key] = patch["value"]
+    return doc
+
+
+def skaffold_profiles() -> dict[str, Doc]:
+    config = yaml.safe_load((ROOT / "skaffold.yaml").read_text())
+    variants = {"dev": config}
+    for profile in config.get("profiles", []):
+        assert set(profile) <= {"name", "activation", "patches", "build", "deploy", "portForward"}, profile["name"]
+        variants[profile["name"]] = json_patch({k: v for k, v in config.items() if k != "profiles"}, profile["patches"])
+    return variants
+
+
+def test_skaffold_builds_the_image_and_forwards_the_dashboard_of_the_release_it_deploys(helm: Path) -> None:
+    config = yaml.safe_load((ROOT / "skaffold.yaml").read_text())
+    assert config["apiVersion"] == SKAFFOLD_API and config["kind"] == "Config"
+    [artifact] = config["build"]["artifacts"]
+    assert (ROOT / artifact.get("context", ".") / artifact["docker"]["dockerfile"]).is_file()
+    [release] = config["deploy"]["helm"]["releases"]
+    assert (ROOT / release["chartPath"] / "Chart.yaml").is_file()
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    for key, template in release["setValueTemplates"].items():
+        section, field = key.split(".")
+        assert field in values[section], key
+        assert artifact["image"].replace("-", "_") in template  # {{.IMAGE_REPO_chamber}} names the artifact
+    [forward] = config["portForward"]
+    docs = render(helm, [ROOT / f for f in release["valuesFiles"]], namespace=release["namespace"])
+    service = named(docs, "Service", forward["resourceName"])
+    assert forward["resourceType"] == "service" and forward["namespace"] == release["namespace"]
+    assert forward["port"] in [p["port"] for p in service["spec"]["ports"]]
+
+
+@pytest.mark.parametrize("profile", ["dev", "gpu", "gpu-monitor"])
+def test_each_skaffold_profile_installs_a_valid_chart(helm: Path, profile: str) -> None:
+    config = skaffold_profiles()[profile]
+    [release] = config["deploy"]["helm"]["releases"]
+    sets = tuple(f"{k}={v}" for k, v in release.get("setValues", {}).items())
+    files = [ROOT / f for f in release["valuesFiles"]]
+    run_helm(helm, "lint", str(CHART), "--strict", *values_args(files, sets))
+    docs = render(helm, files, *sets, namespace=release["namespace"])
+    for doc in docs:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    agents = {d["kind"] for d in docs if d["metadata"]["name"] == "chamber-agent" and d["kind"] in WORKLOADS}
+    assert agents == ({"Deployment"} if profile == "dev" else {"DaemonSet"})  # simulated fleet only in dev
+    if profile == "gpu-monitor":
+        assert components(docs, "Deployment") == {"discovery", "health", "recorder", "gateway"}
+    if profile != "dev":
+        assert config["build"]["local"]["push"] is True
