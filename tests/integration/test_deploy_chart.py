@@ -447,3 +447,32 @@ def test_each_skaffold_profile_installs_a_valid_chart(helm: Path, profile: str) 
         assert components(docs, "Deployment") == {"discovery", "health", "recorder", "gateway"}
     if profile != "dev":
         assert config["build"]["local"]["push"] is True
+
+
+def test_the_per_node_agent_wrapper_logs_in_as_its_node_or_stops_with_the_value_to_fix(
+    rendered: dict[str, list[Doc]], tmp_path: Path
+) -> None:
+    [agent] = kinds(rendered["gpu-cluster"], "DaemonSet")
+    [c] = agent["spec"]["template"]["spec"]["containers"]
+    assert c["command"] == ["/bin/sh", "-c"]
+    # what the kubelet hands the shell: $$ becomes $; then run it with a `chamber` that shows its inputs
+    script = c["args"][0].replace("$$", "$").replace("/etc/chamber/nats-agent", str(tmp_path / "secret"))
+    (tmp_path / "secret").mkdir()
+    (tmp_path / "secret" / "agent-dgx-a-001").write_text("s3cret")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "chamber").write_text('#!/bin/sh\necho "$CHAMBER_NATS_URL" "$@"\n')
+    (bin_dir / "chamber").chmod(0o755)
+
+    def run_on(node: str) -> subprocess.CompletedProcess[str]:
+        env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "NODE_NAME": node}
+        return subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True, env=env, timeout=10)
+
+    ok = run_on("dgx-a-001")
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.split() == [
+        "nats://agent-dgx-a-001:s3cret@chamber-nats.chamber.svc:4222",
+        "agent", "--node", "dgx-a-001", "--interval", "5", "--spool", "/var/lib/chamber/spool",
+    ]  # fmt: skip
+    unknown = run_on("dgx-a-999")
+    assert unknown.returncode == 1 and "add it to nats.auth.agentNodes" in unknown.stderr
