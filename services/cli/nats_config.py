@@ -95,8 +95,10 @@ def _read_streams(streams: Iterable[str]) -> list[str]:
 
 
 def _protect_streams() -> tuple[str, ...]:
-    """No service deletes or purges the event history (KV buckets, also streams, stay manageable)."""
-    return tuple(f"$JS.API.STREAM.{verb}.{s.name}" for s in STREAMS for verb in ("DELETE", "PURGE"))
+    """No service deletes, purges or deletes messages from the event history (KV buckets, also
+    streams, stay manageable). Stream UPDATE stays allowed: every service ensures the streams' config."""
+    verbs = ("DELETE", "PURGE", "MSG.DELETE")
+    return tuple(f"$JS.API.STREAM.{verb}.{s.name}" for s in STREAMS for verb in verbs)
 
 
 def service_user(service: str, cluster: str) -> User:

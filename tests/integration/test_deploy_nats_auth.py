@@ -27,7 +27,7 @@ def secured_server(tmp_path: Path) -> Iterator[tuple[NatsServerProcess, Path]]:
     passwords = tmp_path / "passwords"
     conf = tmp_path / "auth.conf"
     argv = ["nats-config", "--cluster", CLUSTER, "--passwords", str(passwords), "--create-missing"]
-    argv += ["--agent-node", "n1", "--agent-node", "n2", "--shared-agent", "--out", str(conf)]
+    argv += ["--agent-node", "n1", "--agent-node", "n2", "--shared-agent", "--simulator", "--out", str(conf)]
     assert main(argv) == 0
     server = NatsServerProcess(tmp_path / "js", log_file=tmp_path / "nats.log", extra_args=["-c", str(conf)])
     server.start()
@@ -113,6 +113,17 @@ async def test_the_shared_agent_stays_inside_its_cluster(login) -> None:
     await eventually(lambda: agent.refused(subjects.sample("other-cluster", "n1")))
 
 
+async def test_the_simulated_fleet_speaks_for_its_cluster_nodes_and_jobs_but_not_for_the_fleet(login) -> None:
+    sim = await login("simulator")
+    js = sim.nc.jetstream()
+    await js.publish(subjects.sample(CLUSTER, "sim-007"), b"{}")
+    await js.publish(subjects.jobs("j1"), b"{}")  # it stands in for the executor (started, completed)
+    sub = await js.subscribe("chamber.jobs.>", ordered_consumer=True)  # placements
+    assert (await sub.next_msg(timeout=5)).subject == subjects.jobs("j1")
+    await sim.nc.publish(subjects.fleet(CLUSTER, "sim-007"), b"{}")
+    await eventually(lambda: sim.refused(subjects.fleet(CLUSTER, "sim-007")))
+
+
 async def test_services_publish_only_what_they_own_and_cannot_erase_history(login) -> None:
     scheduler = await login("svc-scheduler")
     publisher = Publisher(scheduler.nc.jetstream(), source="chamber/scheduler")
@@ -123,6 +134,10 @@ async def test_services_publish_only_what_they_own_and_cannot_erase_history(logi
     with pytest.raises(nats.errors.TimeoutError):
         await scheduler.nc.jetstream().delete_stream("JOBS")
     await eventually(lambda: scheduler.refused("$JS.API.STREAM.DELETE.JOBS"))
+    with pytest.raises(nats.errors.TimeoutError):
+        await scheduler.nc.jetstream(timeout=0.5).delete_msg("JOBS", 1)
+    await eventually(lambda: scheduler.refused("$JS.API.STREAM.MSG.DELETE.JOBS"))
+    assert (await scheduler.nc.jetstream().stream_info("JOBS")).state.messages == 1
 
     # but it may keep its own state (KV buckets are streams too)
     kv = await scheduler.nc.jetstream().create_key_value(bucket="chamber_scheduler_test")
