@@ -31,6 +31,7 @@ from pathlib import Path
 
 from events import subjects
 from events.streams import STREAMS
+from services.cli.common import add_cluster_option
 from services.cli.errors import UsageError
 
 DEFAULT_SERVICES = ("discovery", "health", "quota", "scheduler", "billing", "recorder", "gateway")
@@ -230,11 +231,7 @@ def render(users_: Sequence[User], passwords: PasswordSource) -> str:
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("nats-config", help="generate nats-server's authorization block from Chamber's roles")
-    p.add_argument(
-        "--cluster",
-        default=os.environ.get("CHAMBER_CLUSTER", "local"),
-        help="cluster name in subjects (default: $CHAMBER_CLUSTER or local)",
-    )
+    add_cluster_option(p)
     p.add_argument("--passwords", type=Path, required=True, metavar="DIR", help="one file per user name")
     p.add_argument("--create-missing", action="store_true", help="generate passwords missing from DIR")
     p.add_argument("--service", action="append", dest="services", metavar="NAME", help="repeatable (default: all)")

@@ -122,3 +122,14 @@ async def test_the_health_port_comes_from_the_environment(
     assert status == 200 and body["service"] == "env-probed" and body["consumers"] == []
     stop.set()
     await asyncio.wait_for(task, 15)
+
+
+def test_a_health_port_that_is_not_a_number_is_named_in_the_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from services.runtime.health import port_from_env
+
+    monkeypatch.setenv("CHAMBER_HEALTH_PORT", "http")
+    with pytest.raises(ValueError, match="CHAMBER_HEALTH_PORT must be a port number, got 'http'"):
+        port_from_env()
+    for off in ("", "0"):
+        monkeypatch.setenv("CHAMBER_HEALTH_PORT", off)
+        assert port_from_env() is None
