@@ -33,7 +33,10 @@ RUN python -m pip uninstall -y pip setuptools wheel \
  && useradd --system --uid 10001 --gid 10001 --home-dir /var/lib/chamber --no-create-home --shell /usr/sbin/nologin chamber \
  && install -d -o 10001 -g 10001 -m 0750 /var/lib/chamber
 COPY --from=build /opt/chamber /opt/chamber
+# the warehouse's DDL migrations (schemas/clickhouse) are read at start, outside the Python package
+COPY schemas /opt/chamber/share/chamber/schemas
 ENV PATH=/opt/chamber/bin:$PATH \
+    CHAMBER_CLICKHOUSE_SCHEMAS=/opt/chamber/share/chamber/schemas/clickhouse \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     CHAMBER_DATA_DIR=/var/lib/chamber \

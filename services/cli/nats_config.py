@@ -5,11 +5,13 @@ Roles (least privilege, one NATS user each):
                    the JetStream API it needs (never deleting or purging the event streams); serves its
                    own commands. Only the gateway may send commands to other services.
 - `agent-<node>`   publishes only `chamber.telemetry.{sample,inventory}.<cluster>.<node>` and
-                   `chamber.faults.<cluster>.<node>`; may check that streams exist, nothing else.
+                   `chamber.faults.<cluster>.<node>`; may read stream info (it runs `ensure_streams`),
+                   nothing else: it cannot create, change or delete streams.
 - `agent`          (--shared-agent) one user for every node agent of the cluster, when nodes are not
                    known up front: the same subjects for any node of *this* cluster only.
 - `simulator`      (--simulator) the simulated fleet: any node's telemetry and faults in this cluster,
-                   reads JOBS placements and reports job progress (it stands in for the executor).
+                   reads JOBS placements and reports job progress (it stands in for the executor),
+                   answers fault injection on `chamber.cmd.sim.*`.
 - `reader`         read-only external subscriber: core and JetStream reads of the event streams
                    through consumers (its read cursors); no events, commands, streams or purges.
 - `admin`          the operator's `chamber` CLI: everything.
@@ -127,7 +129,8 @@ def _node_subjects(cluster: str, node: str | None) -> list[str]:
 
 
 def _stream_exists_checks() -> list[str]:
-    return ["$JS.API.INFO", *(f"$JS.API.STREAM.INFO.{s}" for s in ("TELEMETRY", "FAULTS"))]
+    """Read-only stream info: the agent runs `ensure_streams` (a no-op once the services made them)."""
+    return ["$JS.API.INFO", "$JS.API.STREAM.INFO.*"]
 
 
 def agent_user(cluster: str, node: str) -> User:
@@ -147,6 +150,8 @@ def shared_agent_user(cluster: str) -> User:
 
 
 def simulator_user(cluster: str) -> User:
+    """The simulated fleet also replays JOBS with its own durable consumer (recreated at start) and
+    serves `chamber.cmd.sim.*` (fault injection)."""
     return User(
         "simulator",
         "simulator",
@@ -156,8 +161,10 @@ def simulator_user(cluster: str) -> User:
                 "chamber.jobs.>",
                 *_stream_exists_checks(),
                 *_read_streams(["JOBS"]),
+                "$JS.API.CONSUMER.DURABLE.CREATE.JOBS.*",
             ),
-            subscribe=(INBOX, "chamber.jobs.>"),
+            subscribe=(INBOX, "chamber.jobs.>", "chamber.cmd.sim.>"),
+            allow_responses=True,
         ),
     )
 

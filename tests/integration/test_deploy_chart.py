@@ -154,6 +154,30 @@ def test_each_service_runs_its_chamber_sub_command(rendered: dict[str, list[Doc]
         assert c["image"] == "chamber:0.1.0" and c["args"][:2] == ["service", name]
 
 
+def test_the_gateway_listens_for_its_service_and_the_warehouse_clients_get_the_clickhouse_address(
+    rendered: dict[str, list[Doc]],
+) -> None:
+    docs = rendered["default"]
+    gateway = named(docs, "Deployment", "chamber-gateway")["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e for e in gateway["env"]}
+    assert env["CHAMBER_GATEWAY_HOST"]["value"] == "0.0.0.0"
+    assert env["CHAMBER_GATEWAY_PORT"]["value"] == str(
+        {p["name"]: p["containerPort"] for p in gateway["ports"]}["http"]
+    )
+    token = env["CHAMBER_API_TOKEN"]["valueFrom"]["secretKeyRef"]
+    assert token["key"] in named(docs, "Secret", token["name"])["data"]
+    for name in ("chamber-recorder", "chamber-gateway"):
+        container = named(docs, "Deployment", name)["spec"]["template"]["spec"]["containers"][0]
+        env = {e["name"]: e for e in container["env"]}
+        url = env["CHAMBER_CLICKHOUSE_URL"]["value"]
+        assert url == "http://chamber:$(CHAMBER_CLICKHOUSE_PASSWORD)@chamber-clickhouse.chamber.svc:8123"
+        names = [e["name"] for e in container["env"]]
+        assert names.index("CHAMBER_CLICKHOUSE_PASSWORD") < names.index("CHAMBER_CLICKHOUSE_URL")  # $(VAR) order
+    for d in kinds(docs, "Deployment"):
+        names = [e["name"] for e in d["spec"]["template"]["spec"]["containers"][0]["env"]]
+        assert names.index("CHAMBER_NATS_PASSWORD") < names.index("CHAMBER_NATS_URL"), d["metadata"]["name"]
+
+
 # --- least privilege -----------------------------------------------------------------------------------
 
 
@@ -223,22 +247,33 @@ def test_only_services_that_call_the_kubernetes_api_carry_a_token(rendered: dict
 # --- probes served by the runtime ---------------------------------------------------------------------
 
 
+def assert_runtime_probes(name: str, container: Doc) -> None:
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["CHAMBER_HEALTH_PORT"] == str(ports["health"]), name
+    assert container["livenessProbe"]["httpGet"] == {"path": "/livez", "port": "health"}, name
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}, name
+
+
 @pytest.mark.parametrize("values", list(VALUES))
-def test_every_chamber_container_is_probed_on_the_runtime_health_port(
-    rendered: dict[str, list[Doc]], values: str
-) -> None:
-    chamber_pods = [(n, s) for n, s in pod_specs(rendered[values]) if "nats" not in n and "clickhouse" not in n]
-    assert len(chamber_pods) >= 5
-    for name, spec in chamber_pods:
-        [c] = spec["containers"]
-        ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-        env = {e["name"]: e.get("value") for e in c["env"]}
-        assert env["CHAMBER_HEALTH_PORT"] == str(ports["health"]), name
-        assert c["livenessProbe"]["httpGet"] == {"path": "/livez", "port": "health"}, name
-        assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}, name
+def test_every_service_is_probed_on_the_runtime_health_port(rendered: dict[str, list[Doc]], values: str) -> None:
+    services = [d for d in kinds(rendered[values], "Deployment") if d["metadata"]["name"] != "chamber-agent"]
+    assert len(services) >= 4
+    for d in services:
+        [c] = d["spec"]["template"]["spec"]["containers"]
+        assert_runtime_probes(d["metadata"]["name"], c)
     for name, spec in pod_specs(rendered[values]):
-        for c in spec["containers"]:
-            assert "livenessProbe" in c and "readinessProbe" in c, name
+        if "nats" in name or "clickhouse" in name:
+            [c] = spec["containers"]
+            assert c["livenessProbe"]["httpGet"] and c["readinessProbe"]["httpGet"], name
+
+
+def test_agent_probes_are_switched_on_by_a_value_until_the_agent_serves_them(helm: Path) -> None:
+    [agent] = kinds(render(helm, []), "DaemonSet")
+    [c] = agent["spec"]["template"]["spec"]["containers"]
+    assert "livenessProbe" not in c and "readinessProbe" not in c  # the agent has no health server yet
+    [agent] = kinds(render(helm, [], "agent.probes=true"), "DaemonSet")
+    assert_runtime_probes("agent", agent["spec"]["template"]["spec"]["containers"][0])
 
 
 # --- the node agent ----------------------------------------------------------------------------------
@@ -263,7 +298,7 @@ def test_the_agent_runs_on_gpu_nodes_only_with_the_nvidia_runtime_and_takes_no_g
     assert env["NVIDIA_DRIVER_CAPABILITIES"]["value"] == "utility"  # NVML only, no compute
     assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     assert "nvidia.com/gpu" not in str(c["resources"])
-    assert c["args"][:3] == ["agent", "--node", "$(NODE_NAME)"]
+    assert c["args"][:5] == ["agent", "--log-level", "info", "--node", "$(NODE_NAME)"]
     assert env["CHAMBER_NATS_PASSWORD"]["valueFrom"]["secretKeyRef"]["key"] == "agent"
 
 
@@ -277,7 +312,7 @@ def test_a_gpu_cluster_agent_logs_in_as_its_own_node_and_sees_only_agent_passwor
     assert ("dedicated", "NoSchedule") in {(t["key"], t["effect"]) for t in spec["tolerations"]}
     [c] = spec["containers"]
     script = c["args"][0]
-    assert "agent-${NODE_NAME}" in script and "exec chamber agent --node" in script
+    assert "agent-${NODE_NAME}" in script and "exec chamber agent --log-level info --node" in script
     assert "CHAMBER_NATS_PASSWORD" not in {e["name"] for e in c["env"]}
     [secret_volume] = [v for v in spec["volumes"] if "secret" in v]
     agents_secret = named(docs, "Secret", secret_volume["secret"]["secretName"])
@@ -289,7 +324,7 @@ def test_the_dev_fleet_is_one_simulated_agent_without_gpu_scheduling(rendered: d
     assert kinds(docs, "DaemonSet") == []
     agent = named(docs, "Deployment", "chamber-agent")
     [c] = agent["spec"]["template"]["spec"]["containers"]
-    assert c["args"][:2] == ["agent", "--simulate"]
+    assert c["args"][:4] == ["agent", "--log-level", "debug", "--simulate"]
     assert "runtimeClassName" not in agent["spec"]["template"]["spec"]
     env = {e["name"]: e for e in c["env"]}
     assert env["CHAMBER_NATS_PASSWORD"]["valueFrom"]["secretKeyRef"]["key"] == "simulator"
@@ -472,7 +507,7 @@ def test_the_per_node_agent_wrapper_logs_in_as_its_node_or_stops_with_the_value_
     assert ok.returncode == 0, ok.stderr
     assert ok.stdout.split() == [
         "nats://agent-dgx-a-001:s3cret@chamber-nats.chamber.svc:4222",
-        "agent", "--node", "dgx-a-001", "--interval", "5", "--spool", "/var/lib/chamber/spool",
+        "agent", "--log-level", "info", "--node", "dgx-a-001", "--interval", "5", "--spool", "/var/lib/chamber/spool",
     ]  # fmt: skip
     unknown = run_on("dgx-a-999")
     assert unknown.returncode == 1 and "add it to nats.auth.agentNodes" in unknown.stderr

@@ -101,6 +101,11 @@ async def test_an_agent_publishes_its_own_node_and_is_refused_on_another_nodes_s
     await eventually(lambda: agent.refused(subjects.fleet(CLUSTER, "n1")))
     await eventually(lambda: agent.refused("chamber.cmd.scheduler.submit"))
 
+    # it may check the streams (the agent runs ensure_streams) but not change them
+    assert await ensure_streams(agent.nc.jetstream()) == []
+    with pytest.raises(nats.errors.TimeoutError):
+        await agent.nc.jetstream(timeout=0.5).delete_stream("TELEMETRY")
+
     assert await stream_subjects(admin, "TELEMETRY") == [subjects.sample(CLUSTER, "n1")]
     assert (await admin.nc.jetstream().stream_info("FAULTS")).state.messages == 0
     assert (await admin.nc.jetstream().stream_info("FLEET")).state.messages == 0
@@ -120,6 +125,20 @@ async def test_the_simulated_fleet_speaks_for_its_cluster_nodes_and_jobs_but_not
     await js.publish(subjects.jobs("j1"), b"{}")  # it stands in for the executor (started, completed)
     sub = await js.subscribe("chamber.jobs.>", ordered_consumer=True)  # placements
     assert (await sub.next_msg(timeout=5)).subject == subjects.jobs("j1")
+    # the executor's own durable consumer on JOBS, as the agent makes it
+    await js.add_consumer("JOBS", durable_name="sim-executor-c1-sim")
+    pull = await js.pull_subscribe_bind(consumer="sim-executor-c1-sim", stream="JOBS")
+    [msg] = await pull.fetch(1, timeout=5)
+    await msg.ack()
+    await js.delete_consumer("JOBS", "sim-executor-c1-sim")
+
+    async def answer(msg) -> None:  # type: ignore[no-untyped-def]
+        await msg.respond(b"injected")
+
+    await sim.nc.subscribe("chamber.cmd.sim.>", cb=answer)
+    await sim.nc.flush()
+    admin = await login("admin")
+    assert (await admin.nc.request("chamber.cmd.sim.inject", b"{}", timeout=2)).data == b"injected"
     await sim.nc.publish(subjects.fleet(CLUSTER, "sim-007"), b"{}")
     await eventually(lambda: sim.refused(subjects.fleet(CLUSTER, "sim-007")))
 

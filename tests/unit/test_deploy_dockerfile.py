@@ -50,9 +50,13 @@ def test_the_final_stage_has_no_build_tools_and_installs_nothing() -> None:
         assert tool not in runs, tool
     assert "pip uninstall -y pip setuptools wheel" in runs  # the base image's installer goes too
     copies = [args for ins, args in final if ins == "COPY"]
-    assert copies == ["--from=build /opt/chamber /opt/chamber"]  # only the built virtualenv
+    # the built virtualenv, and the warehouse DDL it reads at start (found through the environment)
+    assert copies == ["--from=build /opt/chamber /opt/chamber", "schemas /opt/chamber/share/chamber/schemas"]
+    env = " ".join(args for ins, args in final if ins == "ENV")
+    assert "CHAMBER_CLICKHOUSE_SCHEMAS=/opt/chamber/share/chamber/schemas/clickhouse" in env
 
 
 def test_the_build_context_leaves_out_the_virtualenv_and_the_tests() -> None:
     ignored = set((ROOT / ".dockerignore").read_text().split())
     assert {".venv", ".git", "tests", ".chamber"} <= ignored
+    assert "schemas" not in ignored

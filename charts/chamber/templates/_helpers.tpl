@@ -116,7 +116,7 @@ discovery health scheduler
       name: {{ include "chamber.clickhouseSecret" . }}
       key: password
 - name: CHAMBER_CLICKHOUSE_URL
-  value: {{ printf "http://%s:$(CHAMBER_CLICKHOUSE_PASSWORD)@%s.%s.svc:8123/%s" .Values.clickhouse.user (include "chamber.component" (list . "clickhouse")) .Release.Namespace .Values.clickhouse.database | quote }}
+  value: {{ printf "http://%s:$(CHAMBER_CLICKHOUSE_PASSWORD)@%s.%s.svc:8123" .Values.clickhouse.user (include "chamber.component" (list . "clickhouse")) .Release.Namespace | quote }}
 {{- else if .Values.clickhouse.url }}
 {{- if .Values.clickhouse.existingSecret }}
 - name: CHAMBER_CLICKHOUSE_PASSWORD
@@ -184,4 +184,8 @@ readinessProbe:
 {{- if and $existing $existing.data -}}{{- $data = $existing.data -}}{{- end -}}
 {{- $value := get $data (index . 2) -}}
 {{- if $value -}}{{ $value }}{{- else -}}{{ randAlphaNum (index . 3) | b64enc }}{{- end -}}
+{{- end -}}
+
+{{- define "chamber.gatewayTokenSecret" -}}
+{{- default (include "chamber.component" (list . "gateway")) .Values.services.gateway.existingTokenSecret -}}
 {{- end -}}
