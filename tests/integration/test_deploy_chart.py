@@ -511,3 +511,50 @@ def test_the_per_node_agent_wrapper_logs_in_as_its_node_or_stops_with_the_value_
     ]  # fmt: skip
     unknown = run_on("dgx-a-999")
     assert unknown.returncode == 1 and "add it to nats.auth.agentNodes" in unknown.stderr
+
+
+async def test_the_charts_nats_admits_each_pod_with_the_url_the_chart_gives_it(
+    rendered: dict[str, list[Doc]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rendered nats.conf plus the init container's generated block, served by a real nats-server;
+    each workload connects with the CHAMBER_NATS_URL the chart builds for it."""
+    import nats as nats_py
+
+    from services.runtime import ensure_streams
+    from services.runtime.nats_server import NatsServerProcess
+
+    docs = rendered["default"]
+    config = named(docs, "ConfigMap", "chamber-nats")["data"]["nats.conf"]
+    # the store and ports come from the test server's flags; the pid file goes to a writable place
+    config = re.sub(r"\n\s*store_dir: .*", "", config).replace("/var/run/nats", str(tmp_path))
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "nats.conf").write_text(config)
+    passwords = tmp_path / "passwords"
+    passwords.mkdir()
+    for key in named(docs, "Secret", "chamber-nats-users")["data"]:
+        (passwords / key).write_text(f"pw-{key}")
+    [init] = named(docs, "StatefulSet", "chamber-nats")["spec"]["template"]["spec"]["initContainers"]
+    args = [a.replace("/etc/chamber/nats-passwords", str(passwords)) for a in init["args"]]
+    assert chamber([a.replace("/etc/nats/auth", str(tmp_path / "auth")) for a in args]) == 0
+
+    monkeypatch.setenv("POD_NAME", "chamber-nats-0")
+    server = NatsServerProcess(tmp_path / "js", log_file=tmp_path / "nats.log")
+    server.extra_args = ["-c", str(tmp_path / "config" / "nats.conf")]
+    server.start()
+    try:
+        # services first: they create the streams; the agent may only check them (until then it spools)
+        for _, spec in sorted(pod_specs(docs), key=lambda item: item[0] == "DaemonSet/chamber-agent"):
+            for c in spec["containers"]:
+                env = {e["name"]: e for e in c.get("env", [])}
+                if "CHAMBER_NATS_URL" not in env:
+                    continue
+                user = env["CHAMBER_NATS_PASSWORD"]["valueFrom"]["secretKeyRef"]["key"]
+                url = env["CHAMBER_NATS_URL"]["value"].replace("$(CHAMBER_NATS_PASSWORD)", f"pw-{user}")
+                url = url.replace("chamber-nats.chamber.svc:4222", f"127.0.0.1:{server.port}")
+                nc = await nats_py.connect(url, allow_reconnect=False)
+                await ensure_streams(nc.jetstream())
+                await nc.close()
+        with pytest.raises(nats_py.errors.Error, match=r"(?i)authorization"):
+            await nats_py.connect(f"nats://svc-gateway:wrong@127.0.0.1:{server.port}", allow_reconnect=False)
+    finally:
+        server.kill()
