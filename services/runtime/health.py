@@ -17,7 +17,7 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,15 +92,11 @@ class HealthState:
 
 
 class HealthServer:
-    def __init__(self, state: HealthState | Callable[[], HealthState], *, port: int, host: str | None = None) -> None:
-        self._state = state
+    def __init__(self, state: HealthState, *, port: int, host: str | None = None) -> None:
+        self.state = state
         self.port = port
         self.host = host or os.environ.get(ENV_HOST, "0.0.0.0")  # probes come from the kubelet, not localhost
         self._server: asyncio.Server | None = None
-
-    @property
-    def state(self) -> HealthState:
-        return self._state() if callable(self._state) else self._state
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._handle, self.host, self.port)
