@@ -57,7 +57,11 @@ def test_up_starts_nats_with_streams_refuses_a_second_instance_and_stops_on_ctrl
     port, web = str(free_port()), str(free_port())
     env = {**os.environ, "CHAMBER_DATA_DIR": str(tmp_path / "data")}
     proc = subprocess.Popen(
-        [CHAMBER, "up", "--nats-port", port, "--port", web, "--nodes", "2", "--no-workload"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        [CHAMBER, "up", "--nats-port", port, "--port", web, "--nodes", "2", "--no-workload"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
     )
     try:
         out = _wait_for(proc, "chamber is up", timeout=90)
@@ -76,7 +80,11 @@ def test_up_starts_nats_with_streams_refuses_a_second_instance_and_stops_on_ctrl
             proc.kill()
     # State survives: the streams are on disk, a restart finds them.
     proc = subprocess.Popen(
-        [CHAMBER, "up", "--nats-port", port, "--port", web, "--nodes", "2", "--no-workload"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        [CHAMBER, "up", "--nats-port", port, "--port", web, "--nodes", "2", "--no-workload"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
     )
     try:
         assert "all present" in _wait_for(proc, "chamber is up", timeout=90)
