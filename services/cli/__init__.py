@@ -12,7 +12,7 @@ from types import ModuleType
 
 from services.cli.errors import UsageError
 
-_NOT_COMMANDS = {"common", "errors"}
+_NOT_COMMANDS = {"__main__", "common", "errors"}  # __main__ would run the CLI on import
 
 
 def command_modules() -> list[ModuleType]:
