@@ -55,6 +55,7 @@ class Work:
         self.fresh: dict[str, Spot] = {}  # admitted in this cycle: never victims in the same cycle
         self._classes: dict[tuple[str, str | None, str | None], list[int]] = {}
         self._pool_classes: dict[str, list[int]] = {}
+        self._victim_lists: dict[str, list[Job]] = {}
 
     # -- lookups -------------------------------------------------------------------------------
     def classes(self, job: Job) -> list[int]:
@@ -64,7 +65,7 @@ class Work:
         if found is None:
             found = self._classes[key] = [
                 cid
-                for cid, (pool, cl, m, _) in enumerate(self.cap.class_keys)
+                for cid, (pool, cl, m) in enumerate(self.cap.class_keys)
                 if pool == job.pool and (model is None or m.lower() == key[1]) and (cluster is None or cl == cluster)
             ]
         return found
@@ -177,21 +178,30 @@ class Work:
                 return None
         if per > cap.max_gpus or cap.free_in(classes) < n:
             return None
-        domains: dict[tuple[str, str], list[int]] = {}
         clusters: dict[str, list[int]] = {}
         for c in classes:
-            _, cluster, _, domain = cap.class_keys[c]
-            clusters.setdefault(cluster, []).append(c)
-            if domain:
-                domains.setdefault((cluster, domain), []).append(c)
-        for groups in (domains, clusters):
-            # Best fit among groups too: the emptiest-but-sufficient domain keeps big ones whole.
-            ranked = sorted((cap.free_in(cls), key, cls) for key, cls in groups.items())
-            for free, _, cls in ranked:
+            clusters.setdefault(cap.class_keys[c][1], []).append(c)
+        # Best fit among groups too: the emptiest-but-sufficient rack keeps big ones whole.
+        in_domain = []
+        dom_free = cap.dom_free
+        for cluster, cls in clusters.items():
+            if len(cls) == 1:
+                c = cls[0]
+                in_domain.extend((f, cluster, d, cls) for d in cap.class_domains[c] if (f := dom_free[(c, d)]) >= n)
+                continue
+            for domain in set().union(*(cap.class_domains[c] for c in cls)):
+                free = sum(dom_free.get((c, domain), 0) for c in cls)
                 if free >= n:
-                    spot = cap.fill(cls, per, replicas)
-                    if spot is not None:
-                        return spot
+                    in_domain.append((free, cluster, domain, cls))
+        for _, _, domain, cls in sorted(in_domain):
+            spot = cap.fill(cls, per, replicas, domain)
+            if spot is not None:
+                return spot
+        for free, _, cls in sorted((cap.free_in(cls), cluster, cls) for cluster, cls in clusters.items()):
+            if free >= n:
+                spot = cap.fill(cls, per, replicas)
+                if spot is not None:
+                    return spot
         return None
 
     def fits(self, job: Job, usage: dict[tuple[str, str], int]) -> bool:
@@ -218,68 +228,155 @@ class Work:
         return False
 
     def victims(self, job: Job) -> list[tuple[Job, PreemptionReason]] | None:
-        """The victims that let `job` fit, losing the least; None if no set does. Leaves no trace."""
+        """The victims that let `job` fit, losing the least; None if no set does. Leaves no trace.
+
+        Victim order: borrowed capacity first, then lowest priority, then least work lost, then id.
+        A job that fits on one node frees one node (the one whose victims lose least); a larger
+        gang takes victims in order until it fits, then gives back the ones it did not need."""
         s, pool, team, rank = self.s, job.pool, job.spec.team, job.spec.priority.rank
         q = s.quotas.get((pool, team))
         reclaim = q is not None and self.usage.get((pool, team), 0) + job.gpus <= q.guaranteed
-        candidates: list[Job] = []
-        for (p, t), ids in s.running.items():
-            if p != pool or (t != team and not reclaim and rank != 0):
-                continue
-            for jid in ids:
-                v = s.jobs[jid]
-                if jid in self.gone or jid in self.fresh or not v.spec.preemptible:
-                    continue
-                vr = v.spec.priority.rank
-                if (t == team and vr > rank) or (t != team and (reclaim or (rank == 0 and vr > 0))):
-                    candidates.append(v)
-        if not candidates:
-            return None
+        classes = set(self.classes(job))
+        # Bounds first, from counters: even with every eligible GPU freed, would quota and free
+        # GPUs allow the job? Most hopeless searches end here without looking at a single job.
         usage = dict(self.usage)
-
-        def borrowing(t: str) -> bool:
-            return usage.get((pool, t), 0) > self.guarantee(pool, t)
-
-        # Victim order: borrowed capacity first, then lowest priority, then least work lost, then id.
-        candidates.sort(
-            key=lambda v: (
-                0 if borrowing(v.spec.team) else 1,
-                -v.spec.priority.rank,
-                lost_work_gpu_s(v, self.now),
-                v.id,
+        freeable = 0
+        for (p, t, r), gpus in self.preemptible.items():
+            if (
+                p == pool
+                and gpus > 0
+                and ((t == team and r > rank) or (t != team and (reclaim or (rank == 0 and r > 0))))
+            ):
+                usage[(p, t)] = usage.get((p, t), 0) - gpus
+                freeable += gpus
+        if self.quota_block(job, usage) is not None or self.cap.free_in(list(classes)) + freeable < job.gpus:
+            return None
+        gone, fresh = self.gone, self.fresh
+        candidates = (
+            v
+            for v in self._victims_in_order(pool)
+            if v.id not in gone
+            and v.id not in fresh
+            and (
+                (v.spec.team == team and v.spec.priority.rank > rank)
+                or (v.spec.team != team and (reclaim or (rank == 0 and v.spec.priority.rank > 0)))
             )
         )
+        usage = dict(self.usage)
         mark = self.cap.mark()
-        chosen: list[tuple[Job, PreemptionReason]] = []
         try:
-            for v in candidates:
-                reason = self._reason(job, v, usage, reclaim)
-                if reason is None:
-                    continue
-                for nid, gpus in self._held(v):
-                    self.cap.give(nid, gpus)
-                self._count(v, -1, usage)
-                chosen.append((v, reason))
-                if self.fits(job, usage):
-                    break
-            else:
-                return None
-            # Keep only the victims that are needed: try giving each back, latest first.
-            for item in reversed(chosen[:-1]):
-                v = item[0]
-                held = self._held(v)
-                for nid, gpus in held:
-                    self.cap.take_exact(nid, gpus)
-                self._count(v, +1, usage)
-                if self.fits(job, usage):
-                    chosen.remove(item)
-                else:
-                    for nid, gpus in held:
-                        self.cap.give(nid, gpus)
-                    self._count(v, -1, usage)
-            return chosen
+            if job.spec.replicas == 1 and job.gpus <= self.cap.max_gpus:
+                return self._free_one_node(job, candidates, classes, usage, reclaim)
+            ordered = list(candidates)
+            if job.gpus <= self.cap.max_gpus:
+                found = self._free_one_node(job, ordered, classes, usage, reclaim)
+                if found is not None:
+                    return found
+            return self._free_in_order(job, ordered, classes, usage, reclaim)
         finally:
             self.cap.rollback(mark)
+
+    def _victims_in_order(self, pool: str) -> list[Job]:
+        """Every preemptible job running in the pool at the start of the cycle, in victim order:
+        borrowed capacity first, then lowest priority, then least work lost, then id. Sorted once
+        per cycle (borrowing judged at its start); each search walks it and usually stops early."""
+        found = self._victim_lists.get(pool)
+        if found is None:
+            s, now = self.s, self.now
+            borrowing = {t for (p, t), u in s.usage.items() if p == pool and u > self.guarantee(p, t)}
+            keyed = [
+                ((0 if t in borrowing else 1, -v.spec.priority.rank, lost_work_gpu_s(v, now), v.id), v)
+                for (p, t), ids in s.running.items()
+                if p == pool
+                for v in (s.jobs[jid] for jid in ids)
+                if v.spec.preemptible
+            ]
+            keyed.sort(key=lambda kv: kv[0])
+            found = self._victim_lists[pool] = [v for _, v in keyed]
+        return found
+
+    def _free_one_node(
+        self,
+        job: Job,
+        candidates: Iterable[Job],
+        classes: set[int],
+        usage: dict[tuple[str, str], int],
+        reclaim: bool,
+    ) -> list[tuple[Job, PreemptionReason]] | None:
+        """Walk victims in order, counting what each node would free; the first node with room
+        (and quota) wins: its victims are the cheapest that make the job fit on one node."""
+        slots, nodes = self.cap.slots, self.s.nodes
+        freed: dict[int, int] = {}
+        chosen: dict[int, list[tuple[Job, PreemptionReason]]] = {}
+        delta: dict[int, dict[tuple[str, str], int]] = {}
+        for v in candidates:
+            for p in v.placements:
+                nid = nodes[(p.cluster, p.node)].nid
+                slot = slots[nid]
+                if slot.cls not in classes or not slot.usable:
+                    continue
+                local = delta.setdefault(nid, {})
+                vkey = (v.pool, v.spec.team)
+                seen = usage.get(vkey, 0) + local.get(vkey, 0)
+                reason = self._reason(job, v, {vkey: seen}, reclaim)
+                if reason is None:
+                    continue
+                local[vkey] = local.get(vkey, 0) - v.gpus
+                chosen.setdefault(nid, []).append((v, reason))
+                freed[nid] = freed.get(nid, len(slot.free)) + len(p.gpu_indices)
+                if freed[nid] >= job.gpus and self._fits_without(job, chosen[nid], usage):
+                    return chosen[nid]
+        return None
+
+    def _fits_without(
+        self, job: Job, chosen: list[tuple[Job, PreemptionReason]], usage: dict[tuple[str, str], int]
+    ) -> bool:
+        mark = self.cap.mark()
+        local = dict(usage)
+        for v, _ in chosen:
+            for nid, gpus in self._held(v):
+                self.cap.give(nid, gpus)
+            self._count(v, -1, local)
+        ok = self.fits(job, local)
+        self.cap.rollback(mark)
+        return ok
+
+    def _free_in_order(
+        self,
+        job: Job,
+        candidates: Iterable[Job],
+        classes: set[int],
+        usage: dict[tuple[str, str], int],
+        reclaim: bool,
+    ) -> list[tuple[Job, PreemptionReason]] | None:
+        cls = list(classes)
+        chosen: list[tuple[Job, PreemptionReason]] = []
+        for v in candidates:
+            reason = self._reason(job, v, usage, reclaim)
+            if reason is None:
+                continue
+            for nid, gpus in self._held(v):
+                self.cap.give(nid, gpus)
+            self._count(v, -1, usage)
+            chosen.append((v, reason))
+            if self.cap.free_in(cls) >= job.gpus and self.fits(job, usage):
+                break
+        else:
+            return None
+        # Keep only the victims that are needed: try giving each back, latest first.
+        for item in reversed(chosen[:-1]):
+            v = item[0]
+            held = self._held(v)
+            for nid, gpus in held:
+                self.cap.take_exact(nid, gpus)
+            self._count(v, +1, usage)
+            if self.fits(job, usage):
+                chosen.remove(item)
+            else:
+                for nid, gpus in held:
+                    self.cap.give(nid, gpus)
+                self._count(v, -1, usage)
+        return chosen
 
     def _reason(
         self, job: Job, victim: Job, usage: dict[tuple[str, str], int], reclaim: bool
@@ -325,19 +422,28 @@ def _describe(spot: Spot, state: SchedulerState) -> str:
     return ", ".join(f"{nodes[nid].name}[{','.join(map(str, g))}]" for nid, g in spot)
 
 
-def schedule(state: SchedulerState, now: float, since: CycleMark | None = None) -> Cycle:
+PREEMPTION_SEARCHES = 4
+
+
+def schedule(
+    state: SchedulerState, now: float, since: CycleMark | None = None, *, preemption_searches: int = PREEMPTION_SEARCHES
+) -> Cycle:
     """Run one cycle. `since` is the previous cycle's mark: without it, or when capacity or rules
-    changed since, every queued job is considered (full); else only newly queued ones."""
+    changed since, every queued job is considered (full); else only newly queued ones.
+
+    Victim searches are the costly part of a cycle on a full fleet, so, as Kueue nominates one head
+    per queue, only the first waiting job of each (pool, team, priority) searches per cycle, and at
+    most `preemption_searches` searches run per cycle (in queue order)."""
     full = since is None or since.capacity_epoch != state.capacity_epoch or bool(state.displaced)
     work = Work(state, now)
     state.capacity.begin()
     try:
-        return _cycle(state, work, now, full, since)
+        return _cycle(state, work, now, full, since, preemption_searches)
     finally:
         state.capacity.end()
 
 
-def _cycle(state: SchedulerState, work: Work, now: float, full: bool, since: CycleMark | None) -> Cycle:
+def _cycle(state: SchedulerState, work: Work, now: float, full: bool, since: CycleMark | None, searches: int) -> Cycle:
     decisions: list[Decision] = []
     waiting: dict[str, str] = {}
     jobs = state.jobs
@@ -374,6 +480,7 @@ def _cycle(state: SchedulerState, work: Work, now: float, full: bool, since: Cyc
     # 3-5. nominate, preempt, admit
     failed: dict[tuple[object, ...], str] = {}  # shapes that found no room this cycle: same answer
     considered = 0
+    searched: set[tuple[str, str, int]] = set()  # (pool, team, priority) heads that searched for victims
     for key in keys:
         jid = key[3]
         job = jobs[jid]
@@ -425,7 +532,9 @@ def _cycle(state: SchedulerState, work: Work, now: float, full: bool, since: Cyc
                     )
             decisions.append(Admit(jid, spec.team, placements, borrowed, why, resume, generation))
             continue
-        if work.may_preempt(job):
+        head = (job.pool, spec.team, spec.priority.rank)
+        if head not in searched and len(searched) < searches and work.may_preempt(job):
+            searched.add(head)
             victims = work.victims(job)
             if victims:
                 kinds = sorted({r.value for _, r in victims})

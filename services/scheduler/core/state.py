@@ -76,10 +76,10 @@ class Job:
     preempted_by: str | None = None
     preempt_reason: str | None = None
     preemptions: int = 0
+    gpus: int = 0  # spec.total_gpus, kept as a field: read on every hot path
 
-    @property
-    def gpus(self) -> int:
-        return self.spec.total_gpus
+    def __post_init__(self) -> None:
+        self.gpus = self.spec.total_gpus
 
 
 @dataclass
@@ -94,6 +94,8 @@ class Node:
     lost: bool = False
     bad_gpus: set[int] = field(default_factory=set)
     owners: dict[int, str] = field(default_factory=dict)  # gpu index -> job id holding it
+    _model: str = ""
+    _model_of: object = None
 
     @property
     def in_service(self) -> bool:
@@ -101,8 +103,12 @@ class Node:
 
     @property
     def model(self) -> str:
-        models = sorted(self.gpus.values())
-        return max(models, key=models.count) if models else ""
+        """The node's GPU model (the most common one, should a node mix models)."""
+        if self._model_of is not self.gpus:
+            models = sorted(self.gpus.values())
+            self._model = max(models, key=models.count) if models else ""
+            self._model_of = self.gpus
+        return self._model
 
 
 @dataclass(frozen=True)
@@ -168,12 +174,13 @@ class SchedulerState:
     # -- classes -------------------------------------------------------------------------------
     def node_class(self, node: Node) -> int:
         pool = node_pool(self.pools, node.model, node.labels)
-        return self.capacity.class_id((pool, node.cluster, node.model, node.labels.get(self.topology_key, "")))
+        return self.capacity.class_id((pool, node.cluster, node.model))
 
     def refresh_node(self, node: Node) -> None:
         healthy = [i for i in node.gpus if i not in node.bad_gpus]
         free = [i for i in healthy if i not in node.owners]
-        self.capacity.set_slot(node.nid, self.node_class(node), free, len(healthy), node.in_service)
+        domain = node.labels.get(self.topology_key, "")
+        self.capacity.set_slot(node.nid, self.node_class(node), free, len(healthy), node.in_service, domain)
 
     def pool_of_node(self, node: Node) -> str:
         return self.capacity.class_keys[self.capacity.slots[node.nid].cls][0]
