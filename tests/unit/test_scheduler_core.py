@@ -221,3 +221,16 @@ def test_an_incremental_cycle_only_looks_at_new_jobs() -> None:
     d.given(done("j0"))
     cycle = d.cycle()
     assert cycle.full and d.state_of("j1") == "running"
+
+
+def test_when_capacity_shrinks_below_guarantees_reclaim_still_spares_a_team_at_its_guarantee() -> None:
+    d = Driver().given(
+        a_node("n1"), a_node("n2"), a_quota("a", 8), a_quota("b", 8), a_job("b-own", team="b", gpus=8, priority="low")
+    )
+    d.cycle()
+    node = next(iter(d.where("b-own")))
+    d.given(NodeIsolated(cluster="c1", node="n2" if node == "n1" else "n1", at=5, reason="xid"))
+    d.given(a_job("a-needs", team="a", gpus=8, priority="high", at=6))
+    cycle = d.cycle(now=7)
+    assert cycle.decisions == [] and d.state_of("b-own") == "running"
+    assert "waiting for capacity" in d.waiting["a-needs"] or "quota" in d.waiting["a-needs"]
