@@ -141,6 +141,8 @@ class SchedulerState:
     preemptible: dict[tuple[str, str, int], int] = field(default_factory=dict)  # (pool, team, rank) -> GPUs
     running: dict[tuple[str, str], set[str]] = field(default_factory=dict)  # (pool, team) -> job ids
     displaced: set[str] = field(default_factory=set)  # running on a GPU or node out of service
+    # GPUs claimed by jobs on nodes not (yet) discovered: replaying JOBS may run ahead of FLEET
+    claims: dict[tuple[str, str], dict[int, str]] = field(default_factory=dict)
     capacity_epoch: int = 0  # bumped when capacity frees or the rules change: the next cycle is full
     pending_log: list[str] = field(default_factory=list)  # job ids as they (re)entered the queue
     _queue: list[tuple[int, float, float, str]] | None = None
@@ -220,7 +222,7 @@ def _hold(s: SchedulerState, job: Job, placements: list[Placement], at: float, b
     for p in placements:
         node = s.nodes.get((p.cluster, p.node))
         if node is None:
-            conflict = True
+            s.claims.setdefault((p.cluster, p.node), {}).update(dict.fromkeys(p.gpu_indices, job.id))
             continue
         for i in p.gpu_indices:
             if i in node.owners or i not in node.gpus or i in node.bad_gpus:
@@ -247,6 +249,10 @@ def _release(s: SchedulerState, job: Job) -> None:
     for p in job.placements:
         node = s.nodes.get((p.cluster, p.node))
         if node is None:
+            claims = s.claims.get((p.cluster, p.node), {})
+            for i in p.gpu_indices:
+                if claims.get(i) == job.id:
+                    del claims[i]
             continue
         for i in p.gpu_indices:
             if node.owners.get(i) == job.id:
@@ -362,6 +368,10 @@ def _discovered(s: SchedulerState, e: NodeDiscovered) -> None:
         node = Node(nid=len(s.node_by_id), cluster=e.cluster, name=e.node, gpus=_gpus(e.gpus), labels=dict(e.labels))
         s.nodes[(e.cluster, e.node)] = node
         s.node_by_id.append(node)
+        for i, job_id in s.claims.pop((e.cluster, e.node), {}).items():
+            node.owners[i] = job_id
+            if i not in node.gpus:
+                s.displaced.add(job_id)
     else:  # rediscovered after being lost
         node.gpus, node.labels, node.lost, node.status = _gpus(e.gpus), dict(e.labels), False, NodeStatus.HEALTHY
     s.refresh_node(node)
