@@ -68,7 +68,8 @@ def list_quotas(args: argparse.Namespace) -> int:
         print("no quotas; set one with `chamber quota set TEAM --gpus N`")
         return 0
     print(
-        f"{'TEAM':<14} {'POOL':<10} {'GUAR':>5} {'BORROW':>7} {'LEND':>5} {'WEIGHT':>6} {'IN USE':>7} {'BORROWED':>9} {'SHARE':>6}"
+        f"{'TEAM':<14} {'POOL':<10} {'GUAR':>5} {'BORROW':>7} {'LEND':>5} {'WEIGHT':>6} {'IN USE':>7} "
+        f"{'BORROWED':>9} {'SHARE':>6}"
     )
     for t in result["teams"]:
         borrow = "-" if t["borrow_limit"] is None else t["borrow_limit"]
