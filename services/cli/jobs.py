@@ -9,6 +9,15 @@ from typing import Any
 from services.cli.common import add_nats_option, send_command
 from services.cli.errors import UsageError
 
+
+def _send(args: argparse.Namespace, service: str, verb: str, payload: dict[str, Any]) -> Any:
+    """send_command, with logs on stderr: stdout carries only the answer (scripts parse it)."""
+    from services.runtime.logs import configure_logging
+
+    configure_logging("warning")
+    return send_command(args, service, verb, payload)
+
+
 PRIORITIES = ("critical", "high", "normal", "low")
 
 
@@ -89,19 +98,19 @@ def submit(args: argparse.Namespace) -> int:
         "sim_duration_s": args.sim_duration,
     }
     payload.update({k: v for k, v in optional.items() if v is not None})
-    result = send_command(args, "scheduler", "submit", payload)
+    result = _send(args, "scheduler", "submit", payload)
     print(json.dumps({"id": result["id"]}) if args.json else result["id"])
     return 0
 
 
 def cancel(args: argparse.Namespace) -> int:
-    result = send_command(args, "scheduler", "cancel", {"job": args.job, "by": "cli", "reason": args.reason})
+    result = _send(args, "scheduler", "cancel", {"job": args.job, "by": "cli", "reason": args.reason})
     print(f"{result['id']} cancelled")
     return 0
 
 
 def queue(args: argparse.Namespace) -> int:
-    result = send_command(args, "scheduler", "queue", {"all": args.all})
+    result = _send(args, "scheduler", "queue", {"all": args.all})
     if args.json:
         print(json.dumps(result))
         return 0
@@ -119,6 +128,6 @@ def queue(args: argparse.Namespace) -> int:
 
 
 def explain(args: argparse.Namespace) -> int:
-    result = send_command(args, "scheduler", "explain", {"job": args.job})
+    result = _send(args, "scheduler", "explain", {"job": args.job})
     print(json.dumps(result) if args.json else result["text"])
     return 0

@@ -4,9 +4,18 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 from services.cli.common import add_nats_option, send_command
 from services.cli.errors import UsageError
+
+
+def _send(args: argparse.Namespace, service: str, verb: str, payload: dict[str, Any]) -> Any:
+    """send_command, with logs on stderr: stdout carries only the answer (scripts parse it)."""
+    from services.runtime.logs import configure_logging
+
+    configure_logging("warning")
+    return send_command(args, service, verb, payload)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -54,13 +63,13 @@ def set_quota(args: argparse.Namespace) -> int:
         payload["borrow_limit"] = args.borrow_limit
     if args.lend_limit is not None:
         payload["lend_limit"] = args.lend_limit
-    result = send_command(args, "quota", "set", payload)
+    result = _send(args, "quota", "set", payload)
     print(f"team {result['team']}: {result['guaranteed']} GPUs guaranteed in pool {result['pool']}")
     return 0
 
 
 def list_quotas(args: argparse.Namespace) -> int:
-    result = send_command(args, "quota", "list", {})
+    result = _send(args, "quota", "list", {})
     if args.json:
         print(json.dumps(result))
         return 0
@@ -83,7 +92,7 @@ def list_quotas(args: argparse.Namespace) -> int:
 
 def set_pool(args: argparse.Namespace) -> int:
     payload = {"name": args.name, "gpu_model": args.gpu_model, "node_label": args.node_label}
-    result = send_command(args, "quota", "pool_set", payload)
+    result = _send(args, "quota", "pool_set", payload)
     what = f"GPU model {result['gpu_model']}" if result["gpu_model"] else f"nodes labeled {result['node_selector']}"
     print(f"pool {result['pool']}: {what}")
     return 0
