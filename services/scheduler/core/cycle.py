@@ -17,7 +17,8 @@ decisions only take effect when their events are folded back by `evolve`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import heapq
+from collections.abc import Iterable, Iterator
 
 from events import Placement, PreemptionReason
 from services.scheduler.core.decisions import Admit, Cycle, CycleMark, Decision, Preempt, Requeue, Reservation
@@ -55,7 +56,8 @@ class Work:
         self.fresh: dict[str, Spot] = {}  # admitted in this cycle: never victims in the same cycle
         self._classes: dict[tuple[str, str | None, str | None], list[int]] = {}
         self._pool_classes: dict[str, list[int]] = {}
-        self._victim_lists: dict[str, list[Job]] = {}
+        self._groups: dict[tuple[str, str], list[list[Job]]] = {}
+        self._lost: dict[str, float] = {}
 
     # -- lookups -------------------------------------------------------------------------------
     def classes(self, job: Job) -> list[int]:
@@ -253,14 +255,7 @@ class Work:
             return None
         gone, fresh = self.gone, self.fresh
         candidates = (
-            v
-            for v in self._victims_in_order(pool)
-            if v.id not in gone
-            and v.id not in fresh
-            and (
-                (v.spec.team == team and v.spec.priority.rank > rank)
-                or (v.spec.team != team and (reclaim or (rank == 0 and v.spec.priority.rank > 0)))
-            )
+            v for v in self._victims_in_order(pool, team, rank, reclaim) if v.id not in gone and v.id not in fresh
         )
         usage = dict(self.usage)
         mark = self.cap.mark()
@@ -276,24 +271,43 @@ class Work:
         finally:
             self.cap.rollback(mark)
 
-    def _victims_in_order(self, pool: str) -> list[Job]:
-        """Every preemptible job running in the pool at the start of the cycle, in victim order:
-        borrowed capacity first, then lowest priority, then least work lost, then id. Sorted once
-        per cycle (borrowing judged at its start); each search walks it and usually stops early."""
-        found = self._victim_lists.get(pool)
-        if found is None:
-            s, now = self.s, self.now
-            borrowing = {t for (p, t), u in s.usage.items() if p == pool and u > self.guarantee(p, t)}
-            keyed = [
-                ((0 if t in borrowing else 1, -v.spec.priority.rank, lost_work_gpu_s(v, now), v.id), v)
-                for (p, t), ids in s.running.items()
-                if p == pool
-                for v in (s.jobs[jid] for jid in ids)
-                if v.spec.preemptible
-            ]
-            keyed.sort(key=lambda kv: kv[0])
-            found = self._victim_lists[pool] = [v for _, v in keyed]
-        return found
+    def _victims_in_order(self, pool: str, team: str, rank: int, reclaim: bool) -> Iterator[Job]:
+        """The jobs a preemptor of `team` at `rank` may preempt, in victim order: borrowed
+        capacity first, then lowest priority, then least work lost, then id (borrowing judged at
+        the start of the cycle). Jobs are grouped by (team, priority) and a group is sorted only
+        when the walk reaches it, once per cycle: a search usually stops in its first group."""
+        s = self.s
+        by_class: dict[tuple[int, int], list[tuple[str, int]]] = {}
+        for p, t in s.running:
+            if p != pool:
+                continue
+            flag = 0 if s.usage.get((p, t), 0) > self.guarantee(p, t) else 1
+            for r in range(4):
+                if (t == team and r > rank) or (t != team and (reclaim or (rank == 0 and r > 0))):
+                    by_class.setdefault((flag, -r), []).append((t, r))
+        for key in sorted(by_class):
+            lists = [self._group(pool, t, r) for t, r in sorted(by_class[key])]
+            if len(lists) == 1:
+                yield from lists[0]
+            else:
+                lost = self._lost
+                yield from heapq.merge(*lists, key=lambda v: (lost[v.id], v.id))
+
+    def _group(self, pool: str, team: str, rank: int) -> list[Job]:
+        """Running preemptible jobs of one team and priority, least work lost first (cached)."""
+        key = (pool, team)
+        groups = self._groups.get(key)
+        if groups is None:
+            groups = self._groups[key] = [[], [], [], []]
+            jobs, now, lost = self.s.jobs, self.now, self._lost
+            for jid in self.s.running.get(key, ()):
+                v = jobs[jid]
+                if v.spec.preemptible:
+                    lost[jid] = lost_work_gpu_s(v, now)
+                    groups[v.spec.priority.rank].append(v)
+            for g in groups:
+                g.sort(key=lambda v: (lost[v.id], v.id))
+        return groups[rank]
 
     def _free_one_node(
         self,
