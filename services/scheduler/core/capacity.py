@@ -175,6 +175,16 @@ class Capacity:
                     break
         return best
 
+    def replicas_fit(self, classes: list[int], per_replica: int) -> int:
+        """How many replicas of `per_replica` GPUs the free GPUs could hold, node by node."""
+        total = 0
+        for c in classes:
+            b = self.buckets[c]
+            for k in range(per_replica, len(b)):
+                if b[k]:
+                    total += len(b[k]) * (k // per_replica)
+        return total
+
     def best_fit(self, classes: list[int], n: int) -> int | None:
         """The node with the fewest free GPUs that still has `n`; ties to the lowest node id."""
         for k in range(n, self.max_gpus + 1):

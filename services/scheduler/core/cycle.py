@@ -159,7 +159,7 @@ class Work:
             return False
         if job.spec.replicas == 1:
             return self.cap.max_free(classes) >= n
-        return True
+        return self.cap.replicas_fit(classes, job.spec.gpus_per_replica) >= job.spec.replicas
 
     def place(self, job: Job) -> Spot | None:
         """Take GPUs for the job on the scratch index (the caller rolls back if it does not keep them).
@@ -373,7 +373,11 @@ class Work:
                 self.cap.give(nid, gpus)
             self._count(v, -1, usage)
             chosen.append((v, reason))
-            if self.cap.free_in(cls) >= job.gpus and self.fits(job, usage):
+            if (
+                self.cap.free_in(cls) >= job.gpus
+                and self.cap.replicas_fit(cls, job.spec.gpus_per_replica) >= job.spec.replicas
+                and self.fits(job, usage)
+            ):
                 break
         else:
             return None
