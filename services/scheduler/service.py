@@ -20,6 +20,7 @@ import msgspec
 
 from events import JobCancelled, JobSpec, JobSubmitted, PriorityClass
 from events.codec import stable_id
+from services.cli.common import add_cluster_option
 from services.runtime import ConsumerOptions, Delivery
 from services.runtime.commands import CommandRefused
 from services.runtime.host import ServiceContext, serve
@@ -37,6 +38,7 @@ from services.scheduler.core import (
 )
 from services.scheduler.core.cycle import PREEMPTION_SEARCHES
 from services.scheduler.core.state import DEFAULT_TOPOLOGY_KEY
+from services.scheduler.kubernetes import KubernetesJobs, reconcile
 from services.scheduler.replay import caught_up
 
 NAME = "scheduler"
@@ -184,7 +186,43 @@ class Scheduler:
         return found
 
 
+class KubernetesActuator:
+    """Level-triggered reconciliation of this cluster's labeled Jobs with the scheduler's state."""
+
+    def __init__(self, scheduler: Scheduler, cluster: str) -> None:
+        from kubernetes import client, config
+
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            config.load_kube_config()
+        self.jobs = KubernetesJobs(client.BatchV1Api())
+        self.scheduler = scheduler
+        self.cluster = cluster
+
+    async def tick(self, now: float) -> None:
+        sched = self.scheduler
+        if not sched.ready or sched.ctx is None:
+            return
+        listed = await asyncio.to_thread(self.jobs.list)
+        events, actions = reconcile(sched.state, listed, self.cluster, now)
+        for event, event_id in events:
+            await sched.ctx.publisher.publish(event, id=event_id)
+        for action in actions:
+            await asyncio.to_thread(self.jobs.act, action)
+            log.info(
+                "kubernetes job updated", action=type(action).__name__, namespace=action.namespace, job=action.name
+            )
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_cluster_option(parser)
+    parser.add_argument(
+        "--kubernetes",
+        action="store_true",
+        help="admit and suspend Kubernetes Jobs labeled chamber.io/team in this --cluster (in-cluster or kubeconfig)",
+    )
+    parser.add_argument("--kubernetes-interval", type=float, default=2.0, help="seconds between reconciliations")
     parser.add_argument("--interval", type=float, default=0.5, help="seconds between cycles (default 0.5)")
     parser.add_argument(
         "--full-every", type=float, default=30.0, help="seconds between full cycles when nothing changed (default 30)"
@@ -214,5 +252,7 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
         ctx.command("queue", QueueRequest, scheduler.queue)
         ctx.command("explain", ExplainRequest, scheduler.explain)
         ctx.every(args.interval, scheduler.tick)
+        if args.kubernetes:
+            ctx.every(args.kubernetes_interval, KubernetesActuator(scheduler, args.cluster).tick)
 
     await serve(NAME, args.nats, setup, stop)

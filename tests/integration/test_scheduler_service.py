@@ -24,7 +24,14 @@ from tests.scheduler_builders import a_node
 pytestmark = pytest.mark.integration
 
 ARGS: dict[ModuleType, dict[str, Any]] = {
-    scheduler_service: {"interval": 0.1, "full_every": 30.0, "topology_key": "rack", "preemption_searches": 4},
+    scheduler_service: {
+        "interval": 0.1,
+        "full_every": 30.0,
+        "topology_key": "rack",
+        "preemption_searches": 4,
+        "kubernetes": False,
+        "cluster": "c1",
+    },
     quota_service: {"half_life": 3600.0, "interval": 0.5},
 }
 
