@@ -244,10 +244,11 @@ class Work:
         usage = dict(self.usage)
         freeable = 0
         for (p, t, r), gpus in self.preemptible.items():
+            borrowing = self.usage.get((p, t), 0) > self.guarantee(p, t)
             if (
                 p == pool
                 and gpus > 0
-                and ((t == team and r > rank) or (t != team and (reclaim or (rank == 0 and r > 0))))
+                and ((t == team and r > rank) or (t != team and ((reclaim and borrowing) or (rank == 0 and r > 0))))
             ):
                 usage[(p, t)] = usage.get((p, t), 0) - gpus
                 freeable += gpus
@@ -267,7 +268,7 @@ class Work:
                 found = self._free_one_node(job, ordered, classes, usage, reclaim)
                 if found is not None:
                     return found
-            return self._free_in_order(job, ordered, classes, usage, reclaim)
+            return self._free_nodes_for_gang(job, ordered, classes, usage, reclaim)
         finally:
             self.cap.rollback(mark)
 
@@ -283,7 +284,8 @@ class Work:
                 continue
             flag = 0 if s.usage.get((p, t), 0) > self.guarantee(p, t) else 1
             for r in range(4):
-                if (t == team and r > rank) or (t != team and (reclaim or (rank == 0 and r > 0))):
+                # reclaim takes only from teams borrowing now (and their borrowing only shrinks)
+                if (t == team and r > rank) or (t != team and ((reclaim and flag == 0) or (rank == 0 and r > 0))):
                     by_class.setdefault((flag, -r), []).append((t, r))
         for key in sorted(by_class):
             lists = [self._group(pool, t, r) for t, r in sorted(by_class[key])]
@@ -345,17 +347,20 @@ class Work:
     def _fits_without(
         self, job: Job, chosen: list[tuple[Job, PreemptionReason]], usage: dict[tuple[str, str], int]
     ) -> bool:
-        mark = self.cap.mark()
         local = dict(usage)
+        for v, _ in chosen:
+            self._count(v, -1, local)
+        if self.quota_block(job, local) is not None:  # cheap, before touching the index
+            return False
+        mark = self.cap.mark()
         for v, _ in chosen:
             for nid, gpus in self._held(v):
                 self.cap.give(nid, gpus)
-            self._count(v, -1, local)
         ok = self.fits(job, local)
         self.cap.rollback(mark)
         return ok
 
-    def _free_in_order(
+    def _free_nodes_for_gang(
         self,
         job: Job,
         candidates: Iterable[Job],
@@ -363,38 +368,41 @@ class Work:
         usage: dict[tuple[str, str], int],
         reclaim: bool,
     ) -> list[tuple[Job, PreemptionReason]] | None:
-        cls = list(classes)
-        chosen: list[tuple[Job, PreemptionReason]] = []
+        """Walk victims in order, counting the replicas each node could then hold; once the gang
+        has room, keep only the victims on nodes that gained a replica."""
+        per, replicas = job.spec.gpus_per_replica, job.spec.replicas
+        slots, nodes = self.cap.slots, self.s.nodes
+        need = replicas - self.cap.replicas_fit(list(classes), per)
+        start: dict[int, int] = {}
+        freed: dict[int, int] = {}
+        on_node: dict[int, list[Job]] = {}
+        reasons: dict[str, PreemptionReason] = {}
+        local = dict(usage)
+        got = 0
         for v in candidates:
-            reason = self._reason(job, v, usage, reclaim)
+            reason = self._reason(job, v, local, reclaim)
             if reason is None:
                 continue
-            for nid, gpus in self._held(v):
-                self.cap.give(nid, gpus)
-            self._count(v, -1, usage)
-            chosen.append((v, reason))
-            if (
-                self.cap.free_in(cls) >= job.gpus
-                and self.cap.replicas_fit(cls, job.spec.gpus_per_replica) >= job.spec.replicas
-                and self.fits(job, usage)
-            ):
-                break
-        else:
-            return None
-        # Keep only the victims that are needed: try giving each back, latest first.
-        for item in reversed(chosen[:-1]):
-            v = item[0]
-            held = self._held(v)
-            for nid, gpus in held:
-                self.cap.take_exact(nid, gpus)
-            self._count(v, +1, usage)
-            if self.fits(job, usage):
-                chosen.remove(item)
-            else:
-                for nid, gpus in held:
-                    self.cap.give(nid, gpus)
-                self._count(v, -1, usage)
-        return chosen
+            reasons[v.id] = reason
+            self._count(v, -1, local)
+            for p in v.placements:
+                nid = nodes[(p.cluster, p.node)].nid
+                slot = slots[nid]
+                if slot.cls not in classes or not slot.usable:
+                    continue
+                before = freed.setdefault(nid, start.setdefault(nid, len(slot.free)))
+                freed[nid] = before + len(p.gpu_indices)
+                on_node.setdefault(nid, []).append(v)
+                got += freed[nid] // per - before // per
+            if got >= need:
+                chosen: dict[str, Job] = {}
+                for nid, vs in on_node.items():
+                    if freed[nid] // per > start[nid] // per:
+                        chosen.update((x.id, x) for x in vs)
+                picked = [(x, reasons[x.id]) for x in chosen.values()]
+                if self._fits_without(job, picked, usage):
+                    return picked
+        return None
 
     def _reason(
         self, job: Job, victim: Job, usage: dict[tuple[str, str], int], reclaim: bool
