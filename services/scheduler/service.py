@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import re
 import secrets
 import time
@@ -112,6 +113,9 @@ class Scheduler:
             if not self.ready:
                 return
             log.info("state rebuilt from the log", jobs=len(self.state.jobs), nodes=len(self.state.nodes))
+            # The replayed state lives on: keep the collector from walking it during cycles.
+            gc.collect()
+            gc.freeze()
         if self.awaiting:
             if now - self.awaiting_since < ECHO_TIMEOUT_S:
                 return

@@ -58,6 +58,7 @@ class Work:
         self._pool_classes: dict[str, list[int]] = {}
         self._groups: dict[tuple[str, str], list[list[Job]]] = {}
         self._lost: dict[str, float] = {}
+        self._sorted: set[tuple[str, str, int]] = set()
 
     # -- lookups -------------------------------------------------------------------------------
     def classes(self, job: Job) -> list[int]:
@@ -296,20 +297,25 @@ class Work:
                 yield from heapq.merge(*lists, key=lambda v: (lost[v.id], v.id))
 
     def _group(self, pool: str, team: str, rank: int) -> list[Job]:
-        """Running preemptible jobs of one team and priority, least work lost first (cached)."""
+        """Running preemptible jobs of one team and priority, least work lost first. A team's jobs
+        are split by priority once per cycle; a group is sorted when a walk first reaches it."""
         key = (pool, team)
         groups = self._groups.get(key)
         if groups is None:
             groups = self._groups[key] = [[], [], [], []]
-            jobs, now, lost = self.s.jobs, self.now, self._lost
+            jobs = self.s.jobs
             for jid in self.s.running.get(key, ()):
                 v = jobs[jid]
                 if v.spec.preemptible:
-                    lost[jid] = lost_work_gpu_s(v, now)
                     groups[v.spec.priority.rank].append(v)
-            for g in groups:
-                g.sort(key=lambda v: (lost[v.id], v.id))
-        return groups[rank]
+        group = groups[rank]
+        if (pool, team, rank) not in self._sorted:
+            now, lost = self.now, self._lost
+            for v in group:
+                lost[v.id] = lost_work_gpu_s(v, now)
+            group.sort(key=lambda v: (lost[v.id], v.id))
+            self._sorted.add((pool, team, rank))
+        return group
 
     def _free_one_node(
         self,
