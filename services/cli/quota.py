@@ -30,6 +30,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     s.add_argument("--borrow-limit", type=int, help="GPUs it may borrow beyond its guarantee (default: no limit)")
     s.add_argument("--lend-limit", type=int, help="idle guaranteed GPUs it lends at most (default: all)")
     s.add_argument("--weight", type=float, default=1.0, help="fair-share weight (default 1)")
+    s.add_argument("--budget", type=float, metavar="AMOUNT", help="optional spending limit per month (USD)")
     s.set_defaults(func=set_quota)
 
     s = qs.add_parser("list", help="quotas, usage, borrowing and fair share per team")
@@ -63,8 +64,13 @@ def set_quota(args: argparse.Namespace) -> int:
         payload["borrow_limit"] = args.borrow_limit
     if args.lend_limit is not None:
         payload["lend_limit"] = args.lend_limit
+    if args.budget is not None:
+        if args.budget < 0:
+            raise UsageError(f"--budget must be 0 or more, got {args.budget:g}")
+        payload["budget"] = args.budget
     result = _send(args, "quota", "set", payload)
-    print(f"team {result['team']}: {result['guaranteed']} GPUs guaranteed in pool {result['pool']}")
+    budget = f", budget {result['budget']:g} USD/month" if "budget" in result else ""
+    print(f"team {result['team']}: {result['guaranteed']} GPUs guaranteed in pool {result['pool']}{budget}")
     return 0
 
 

@@ -18,6 +18,7 @@ import msgspec
 from nats.js.errors import BucketNotFoundError
 from nats.js.kv import KeyValue
 
+from events import BudgetSet
 from events.codec import stable_id
 from events.subjects import token
 from services.quota.core import (
@@ -48,6 +49,9 @@ class SetQuotaRequest(msgspec.Struct, kw_only=True):
     borrow_limit: int | None = None
     lend_limit: int | None = None
     weight: float = 1.0
+    budget: float | None = None  # optional spending limit per period, recorded as BudgetSet
+    currency: str = "USD"
+    period: str = "month"
 
 
 class PoolSetRequest(msgspec.Struct, kw_only=True):
@@ -97,8 +101,15 @@ class QuotaService:
             )
         except QuotaRefused as exc:
             raise CommandRefused(str(exc), field=exc.field) from None
+        if req.budget is not None and req.budget < 0:
+            raise CommandRefused(f"budget must be 0 or more, got {req.budget:g}", field="budget")
         await self._record(event, stable_id("quota", req.pool, req.team, event.at))
-        return {"team": event.team, "pool": event.pool, "guaranteed": event.guaranteed_gpus}
+        result: dict[str, Any] = {"team": event.team, "pool": event.pool, "guaranteed": event.guaranteed_gpus}
+        if req.budget is not None:
+            budget = BudgetSet(team=req.team, at=event.at, amount=req.budget, currency=req.currency, period=req.period)
+            await self._record(budget, stable_id("budget", req.team, event.at))
+            result["budget"] = req.budget
+        return result
 
     async def pool_set(self, req: PoolSetRequest) -> dict[str, Any]:
         await self._ensure_ready()
