@@ -234,3 +234,37 @@ def test_when_capacity_shrinks_below_guarantees_reclaim_still_spares_a_team_at_i
     cycle = d.cycle(now=7)
     assert cycle.decisions == [] and d.state_of("b-own") == "running"
     assert "waiting for capacity" in d.waiting["a-needs"] or "quota" in d.waiting["a-needs"]
+
+
+def test_a_lend_limit_keeps_part_of_an_idle_guarantee_back() -> None:
+    d = Driver().given(
+        a_node("n1"), a_node("n2"), a_quota("owner", 8, lend=2), a_quota("borrower", 8),
+        a_job("big", team="borrower", gpus=8, replicas=2),
+        a_job("small", team="borrower", gpus=2, at=2),
+        a_job("more", team="borrower", gpus=2, at=3),
+    )  # fmt: skip
+    d.cycle()
+    assert d.state_of("big") == "pending" and "quota: pool default has 10 GPUs" in d.waiting["big"]
+    assert d.state_of("small") == "running" and d.state_of("more") == "running"
+    d.given(a_job("third", team="borrower", gpus=8, at=4))
+    d.cycle()
+    assert "quota" in d.waiting["third"]  # 6 of owner's 8 idle GPUs are never lent
+
+
+def test_a_gang_never_spans_clusters() -> None:
+    d = Driver().given(a_node("a1", cluster="east"), a_node("b1", cluster="west"), a_job("gang", gpus=8, replicas=2))
+    d.cycle()
+    assert d.state_of("gang") == "pending"
+    d.given(a_node("a2", cluster="east"))
+    d.cycle()
+    assert set(d.where("gang")) == {"a1", "a2"}
+
+
+def test_explain_says_why_a_job_was_cancelled_or_failed() -> None:
+    from events import JobCancelled, JobFailed
+
+    d = Driver().given(a_node("n1"), a_job("c", gpus=2), a_job("f", gpus=2, at=2))
+    d.cycle()
+    d.given(JobCancelled(job_id="c", at=20, by="cli", reason="wrong data"), JobFailed(job_id="f", at=21, reason="OOM"))
+    assert "is cancelled: cancelled by cli: wrong data" in explain(d.state, "c", d.waiting)["text"]
+    assert "is failed: failed: OOM" in explain(d.state, "f", d.waiting)["text"]
