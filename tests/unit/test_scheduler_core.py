@@ -268,3 +268,12 @@ def test_explain_says_why_a_job_was_cancelled_or_failed() -> None:
     d.given(JobCancelled(job_id="c", at=20, by="cli", reason="wrong data"), JobFailed(job_id="f", at=21, reason="OOM"))
     assert "is cancelled: cancelled by cli: wrong data" in explain(d.state, "c", d.waiting)["text"]
     assert "is failed: failed: OOM" in explain(d.state, "f", d.waiting)["text"]
+
+
+def test_a_job_that_can_never_fit_says_so_and_reserves_nothing() -> None:
+    d = Driver().given(a_node("n1", gpus=4), a_job("running", gpus=2, estimate=100, at=0))
+    d.cycle(now=0)
+    d.given(a_job("huge", gpus=16, at=1), a_job("long", gpus=1, at=2, estimate=10_000))
+    d.cycle(now=5)
+    assert "no node has 16 GPUs (the largest has 4)" in d.waiting["huge"]
+    assert d.state_of("long") == "running"  # not held back for a job that cannot ever start

@@ -602,7 +602,12 @@ def _cycle(state: SchedulerState, work: Work, now: float, full: bool, since: Cyc
                 f"waiting for capacity: needs {spec.replicas}x{spec.gpus_per_replica} GPUs{model} in pool {job.pool}; "
                 f"{work.cap.free_in(classes)} free, at most {work.cap.max_free(classes)} on one node"
             )
-            if res is None or key < res.key:
+            if spec.gpus_per_replica > work.cap.max_gpus:
+                why += f"; no node has {spec.gpus_per_replica} GPUs (the largest has {work.cap.max_gpus})"
+            fits_ever = spec.gpus_per_replica <= work.cap.max_gpus and job.gpus <= sum(
+                work.cap.class_total[c] for c in classes
+            )
+            if fits_ever and (res is None or key < res.key):  # never reserve for what cannot fit
                 new_res = work.reservation(job, key)
                 if new_res is not None:
                     reservations[job.pool] = new_res
