@@ -30,6 +30,7 @@ from services.scheduler.core import (
     FINISHED,
     QUEUED,
     CycleMark,
+    Policy,
     SchedulerState,
     events_for,
     evolve,
@@ -92,7 +93,7 @@ class Scheduler:
         self.state = SchedulerState(topology_key=args.topology_key)
         self.interval = args.interval
         self.full_every = args.full_every
-        self.searches = args.preemption_searches
+        self.policy = Policy(preemption_searches=args.preemption_searches)
         self.mark: CycleMark | None = None
         self.last_full = 0.0
         self.waiting: dict[str, str] = {}
@@ -122,7 +123,7 @@ class Scheduler:
             log.warning("own events did not come back; scheduling again", missing=len(self.awaiting))
             self.awaiting.clear()
         since = self.mark if now - self.last_full < self.full_every else None
-        cycle = schedule(self.state, now, since, preemption_searches=self.searches)
+        cycle = schedule(self.state, now, since, policy=self.policy)
         self.mark = cycle.mark
         if cycle.full:
             self.last_full = now

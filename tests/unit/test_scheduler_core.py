@@ -277,3 +277,17 @@ def test_a_job_that_can_never_fit_says_so_and_reserves_nothing() -> None:
     d.cycle(now=5)
     assert "no node has 16 GPUs (the largest has 4)" in d.waiting["huge"]
     assert d.state_of("long") == "running"  # not held back for a job that cannot ever start
+
+
+def test_baseline_policies_run_through_the_same_cycle() -> None:
+    from services.scheduler.core import POLICIES, schedule
+
+    d = Driver().given(
+        a_node("n1", gpus=4), a_quota("a", 2), a_quota("b", 2),
+        a_job("a-first", team="a", gpus=4, at=1), a_job("b-urgent", team="b", gpus=2, priority="high", at=2),
+    )  # fmt: skip
+    admitted = {name: [x.job_id for x in schedule(d.state, 5.0, policy=p).decisions] for name, p in POLICIES.items()}
+    assert admitted["fifo"] == ["a-first"]  # submit order, no quotas
+    assert admitted["chamber"] == ["b-urgent"]  # priority first; a-first may not borrow past what b holds back
+    assert admitted["static-quota"] == ["b-urgent"]  # a-first exceeds a's guarantee of 2
+    assert "static quota" in schedule(d.state, 5.0, policy=POLICIES["static-quota"]).waiting["a-first"]

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Iterator
 
 from events import Placement, PreemptionReason
 from services.scheduler.core.decisions import Admit, Cycle, CycleMark, Decision, Preempt, Requeue, Reservation
+from services.scheduler.core.policy import CHAMBER, ORDERINGS, Policy
 from services.scheduler.core.pools import DEFAULT_POOL
 from services.scheduler.core.state import QUEUED, Job, JobState, SchedulerState
 
@@ -46,9 +47,10 @@ def lost_work_gpu_s(job: Job, now: float) -> float:
 class Work:
     """The cycle's scratch view: the live capacity index (journaled) plus copies of small tables."""
 
-    def __init__(self, state: SchedulerState, now: float) -> None:
+    def __init__(self, state: SchedulerState, now: float, policy: Policy = CHAMBER) -> None:
         self.s = state
         self.now = now
+        self.policy = policy
         self.cap = state.capacity
         self.usage = dict(state.usage)
         self.preemptible = dict(state.preemptible)
@@ -86,11 +88,15 @@ class Work:
     # -- quota ---------------------------------------------------------------------------------
     def quota_block(self, job: Job, usage: dict[tuple[str, str], int] | None = None) -> str | None:
         """Why the team's quota does not allow this job now, or None if it does."""
+        if not self.policy.quotas:
+            return None
         usage = self.usage if usage is None else usage
         pool, team, n = job.pool, job.spec.team, job.gpus
         q = self.s.quotas.get((pool, team))
         g = q.guaranteed if q else 0
         u = usage.get((pool, team), 0)
+        if not self.policy.borrowing and u + n > g:
+            return f"static quota: team {team} would hold {u + n} GPUs in pool {pool}, above its guarantee {g}"
         if q is not None and q.borrow_limit is not None and u + n > g + q.borrow_limit:
             return (
                 f"quota: team {team} would hold {u + n} GPUs in pool {pool}, above its guarantee {g}"
@@ -454,28 +460,27 @@ def _describe(spot: Spot, state: SchedulerState) -> str:
     return ", ".join(f"{nodes[nid].name}[{','.join(map(str, g))}]" for nid, g in spot)
 
 
-PREEMPTION_SEARCHES = 4
+PREEMPTION_SEARCHES = CHAMBER.preemption_searches
 
 
-def schedule(
-    state: SchedulerState, now: float, since: CycleMark | None = None, *, preemption_searches: int = PREEMPTION_SEARCHES
-) -> Cycle:
+def schedule(state: SchedulerState, now: float, since: CycleMark | None = None, *, policy: Policy = CHAMBER) -> Cycle:
     """Run one cycle. `since` is the previous cycle's mark: without it, or when capacity or rules
     changed since, every queued job is considered (full); else only newly queued ones.
 
     Victim searches are the costly part of a cycle on a full fleet, so, as Kueue nominates one head
     per queue, only the first waiting job of each (pool, team, priority) searches per cycle, and at
-    most `preemption_searches` searches run per cycle (in queue order)."""
+    most `policy.preemption_searches` searches run per cycle (in queue order)."""
     full = since is None or since.capacity_epoch != state.capacity_epoch or bool(state.displaced)
-    work = Work(state, now)
+    work = Work(state, now, policy)
     state.capacity.begin()
     try:
-        return _cycle(state, work, now, full, since, preemption_searches)
+        return _cycle(state, work, now, full, since, policy)
     finally:
         state.capacity.end()
 
 
-def _cycle(state: SchedulerState, work: Work, now: float, full: bool, since: CycleMark | None, searches: int) -> Cycle:
+def _cycle(state: SchedulerState, work: Work, now: float, full: bool, since: CycleMark | None, policy: Policy) -> Cycle:
+    order = ORDERINGS[policy.order]
     decisions: list[Decision] = []
     waiting: dict[str, str] = {}
     jobs = state.jobs
@@ -502,11 +507,11 @@ def _cycle(state: SchedulerState, work: Work, now: float, full: bool, since: Cyc
     keys: Iterable[tuple[int, float, float, str]]
     reservations: dict[str, Reservation]
     if full or since is None:
-        keys = sorted([*state.queue(), *(state.queue_key(j) for j in requeued.values())])
+        keys = sorted([*state.queue(), *(state.queue_key(j) for j in requeued.values())], key=order)
         reservations = {}
     else:
         new = set(state.pending_log[since.pending_seq :])
-        keys = sorted(state.queue_key(jobs[j]) for j in new if jobs[j].state in QUEUED)
+        keys = sorted((state.queue_key(jobs[j]) for j in new if jobs[j].state in QUEUED), key=order)
         reservations = dict(since.reservations)
 
     # 3-5. nominate, preempt, admit
@@ -536,7 +541,7 @@ def _cycle(state: SchedulerState, work: Work, now: float, full: bool, since: Cyc
             continue
         res = reservations.get(job.pool)
         via_extra = False
-        if res is not None and res.key < key:
+        if res is not None and order(res.key) < order(key):
             est = estimate_s(job)
             if est is None or now + est > res.shadow_at:
                 if job.gpus > res.extra_gpus:
@@ -556,7 +561,7 @@ def _cycle(state: SchedulerState, work: Work, now: float, full: bool, since: Cyc
             why = f"placed on {_describe(spot, state)}"
             if borrowed:
                 why += f", borrowing {borrowed} idle GPUs of pool {job.pool}"
-            if res is not None and res.key < key:
+            if res is not None and order(res.key) < order(key):
                 why += f"; backfilled ahead of {res.job_id} without delaying it"
                 if via_extra:
                     reservations[job.pool] = Reservation(
@@ -565,7 +570,12 @@ def _cycle(state: SchedulerState, work: Work, now: float, full: bool, since: Cyc
             decisions.append(Admit(jid, spec.team, placements, borrowed, why, resume, generation))
             continue
         head = (job.pool, spec.team, spec.priority.rank)
-        if head not in searched and len(searched) < searches and work.may_preempt(job):
+        if (
+            policy.preemption
+            and head not in searched
+            and len(searched) < policy.preemption_searches
+            and work.may_preempt(job)
+        ):
             searched.add(head)
             victims = work.victims(job)
             if victims:
@@ -607,7 +617,9 @@ def _cycle(state: SchedulerState, work: Work, now: float, full: bool, since: Cyc
             fits_ever = spec.gpus_per_replica <= work.cap.max_gpus and job.gpus <= sum(
                 work.cap.class_total[c] for c in classes
             )
-            if fits_ever and (res is None or key < res.key):  # never reserve for what cannot fit
+            if (
+                policy.backfill and fits_ever and (res is None or order(key) < order(res.key))
+            ):  # never reserve for what cannot fit
                 new_res = work.reservation(job, key)
                 if new_res is not None:
                     reservations[job.pool] = new_res
