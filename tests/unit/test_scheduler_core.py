@@ -291,3 +291,17 @@ def test_baseline_policies_run_through_the_same_cycle() -> None:
     assert admitted["chamber"] == ["b-urgent"]  # priority first; a-first may not borrow past what b holds back
     assert admitted["static-quota"] == ["b-urgent"]  # a-first exceeds a's guarantee of 2
     assert "static quota" in schedule(d.state, 5.0, policy=POLICIES["static-quota"]).waiting["a-first"]
+
+
+def test_a_gang_may_name_its_own_topology_label() -> None:
+    from events import JobSpec, JobSubmitted
+
+    d = Driver().given(
+        a_node("a1", zone="z1"), a_node("b1", zone="z2"), a_node("a2", zone="z1"), a_node("b2", zone="z2"),
+        a_job("busy", gpus=4, at=0),
+    )  # fmt: skip
+    d.cycle()
+    spec = JobSpec(team="vision", gpus_per_replica=8, replicas=2, topology_key="zone")
+    d.given(JobSubmitted(job_id="gang", at=1, spec=spec))
+    d.cycle()
+    assert set(d.where("gang")) == {"b1", "b2"}  # zone z2 is whole (by node order alone: b1 and a2)

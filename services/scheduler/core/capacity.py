@@ -198,7 +198,12 @@ class Capacity:
         return None
 
     def fill(
-        self, classes: list[int], per_replica: int, replicas: int, domain: str | None = None
+        self,
+        classes: list[int],
+        per_replica: int,
+        replicas: int,
+        domain: str | None = None,
+        only: set[int] | None = None,
     ) -> list[tuple[int, list[int]]] | None:
         """Place a gang replica by replica on best-fit nodes (of one topology domain if given);
         all or nothing (rolled back on failure)."""
@@ -208,7 +213,9 @@ class Capacity:
         mark = self.begin()
         for k in range(per_replica, self.max_gpus + 1):
             # A node taken from bucket k drops below k, so each node is visited once.
-            if domain is None:
+            if only is not None:
+                nodes = sorted(nid for c in classes for nid in self.buckets[c][k] if nid in only)
+            elif domain is None:
                 nodes = sorted(nid for c in classes for nid in self.buckets[c][k])
             else:
                 nodes = sorted(

@@ -190,6 +190,11 @@ class Work:
         clusters: dict[str, list[int]] = {}
         for c in classes:
             clusters.setdefault(cap.class_keys[c][1], []).append(c)
+        key = job.spec.topology_key
+        if key and key != self.s.topology_key:
+            spot = self._fill_by_label(job, clusters, key)
+            if spot is not None:
+                return spot
         # Best fit among groups too: the emptiest-but-sufficient rack keeps big ones whole.
         in_domain = []
         dom_free = cap.dom_free
@@ -211,6 +216,28 @@ class Work:
                 spot = cap.fill(cls, per, replicas)
                 if spot is not None:
                     return spot
+        return None
+
+    def _fill_by_label(self, job: Job, clusters: dict[str, list[int]], key: str) -> Spot | None:
+        """A gang naming a topology label the index does not bucket by: group free nodes by that
+        label's value (a scan of the free nodes, for such gangs only), best-fit domain first."""
+        cap, nodes = self.cap, self.s.node_by_id
+        per, replicas = job.spec.gpus_per_replica, job.spec.replicas
+        for _, cls in sorted(clusters.items()):
+            groups: dict[str, tuple[int, set[int]]] = {}
+            for c in cls:
+                for k in range(per, cap.max_gpus + 1):
+                    for nid in cap.buckets[c][k]:
+                        value = nodes[nid].labels.get(key)
+                        if value is not None:
+                            free, members = groups.get(value, (0, set()))
+                            members.add(nid)
+                            groups[value] = (free + (k // per) * per, members)
+            for free, _, members in sorted((f, v, m) for v, (f, m) in groups.items()):
+                if free >= job.gpus:
+                    spot = cap.fill(cls, per, replicas, only=members)
+                    if spot is not None:
+                        return spot
         return None
 
     def fits(self, job: Job, usage: dict[tuple[str, str], int]) -> bool:
