@@ -14,7 +14,7 @@ def _send(args: argparse.Namespace, service: str, verb: str, payload: dict[str, 
     """send_command, with logs on stderr: stdout carries only the answer (scripts parse it)."""
     from services.runtime.logs import configure_logging
 
-    configure_logging("warning")
+    configure_logging("error")
     return send_command(args, service, verb, payload)
 
 
