@@ -305,3 +305,12 @@ def test_a_gang_may_name_its_own_topology_label() -> None:
     d.given(JobSubmitted(job_id="gang", at=1, spec=spec))
     d.cycle()
     assert set(d.where("gang")) == {"b1", "b2"}  # zone z2 is whole (by node order alone: b1 and a2)
+
+
+def test_replaying_jobs_ahead_of_the_fleet_gives_the_same_state() -> None:
+    d = Driver().given(a_node("n1"), a_job("j", gpus=3))
+    d.cycle()
+    jobs_first = Driver().given(*[e for e in d.log if not hasattr(e, "node")], a_node("n1"))
+    assert jobs_first.state.capacity.digest() == d.state.capacity.digest()
+    assert not jobs_first.state.displaced and jobs_first.where("j") == {"n1": [0, 1, 2]}
+    assert jobs_first.state.nodes[("c1", "n1")].owners == {0: "j", 1: "j", 2: "j"}
