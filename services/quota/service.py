@@ -43,8 +43,11 @@ KV_BUCKET = "chamber_quota"
 
 
 class SetQuotaRequest(msgspec.Struct, kw_only=True):
+    """`gpus` is the guarantee; `guaranteed_gpus` (TeamQuotaSet's name) is an alias."""
+
     team: str
-    gpus: int
+    gpus: int | None = None
+    guaranteed_gpus: int | None = None
     pool: str = DEFAULT_POOL
     borrow_limit: int | None = None
     lend_limit: int | None = None
@@ -88,12 +91,17 @@ class QuotaService:
 
     async def set(self, req: SetQuotaRequest) -> dict[str, Any]:
         await self._ensure_ready()
+        gpus = req.gpus if req.gpus is not None else req.guaranteed_gpus
+        if gpus is None:
+            raise CommandRefused("how many guaranteed GPUs? pass --gpus N", field="gpus")
+        if req.guaranteed_gpus is not None and req.gpus is not None and req.gpus != req.guaranteed_gpus:
+            raise CommandRefused("gpus and guaranteed_gpus differ; give one of them", field="gpus")
         try:
             event = set_quota(
                 self.state,
                 team=req.team,
                 pool=req.pool,
-                gpus=req.gpus,
+                gpus=gpus,
                 borrow_limit=req.borrow_limit,
                 lend_limit=req.lend_limit,
                 weight=req.weight,

@@ -50,8 +50,11 @@ ECHO_TIMEOUT_S = 10.0
 
 
 class SubmitRequest(msgspec.Struct, kw_only=True):
+    """`gpus` is per replica; `gpus_per_replica` (JobSpec's name, used by HTTP clients) is an alias."""
+
     team: str
-    gpus: Annotated[int, msgspec.Meta(ge=1)]
+    gpus: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    gpus_per_replica: Annotated[int, msgspec.Meta(ge=1)] | None = None
     replicas: Annotated[int, msgspec.Meta(ge=1)] = 1
     priority: PriorityClass = PriorityClass.NORMAL
     name: str = ""
@@ -67,7 +70,8 @@ class SubmitRequest(msgspec.Struct, kw_only=True):
 
 
 class CancelRequest(msgspec.Struct, kw_only=True):
-    job: str
+    job: str | None = None
+    job_id: str | None = None  # alias of `job`
     by: str = ""
     reason: str = ""
 
@@ -143,12 +147,17 @@ class Scheduler:
     async def submit(self, req: SubmitRequest) -> dict[str, Any]:
         if not req.team.strip() or req.team.startswith("_"):
             raise CommandRefused("team must be a name that does not start with '_'; pass --team T", field="team")
+        if req.gpus is not None and req.gpus_per_replica is not None and req.gpus != req.gpus_per_replica:
+            raise CommandRefused("gpus and gpus_per_replica differ; give one of them", field="gpus")
+        gpus = req.gpus if req.gpus is not None else req.gpus_per_replica
+        if gpus is None:
+            raise CommandRefused("how many GPUs per replica? pass --gpus N (N >= 1)", field="gpus")
         job_id = req.id or new_job_id(req.name, req.team)
         if job_id in self.state.jobs:
             raise CommandRefused(f"job {job_id} exists already; pick another id", field="id")
         spec = JobSpec(
             team=req.team,
-            gpus_per_replica=req.gpus,
+            gpus_per_replica=gpus,
             replicas=req.replicas,
             priority=req.priority,
             name=req.name,
@@ -165,14 +174,17 @@ class Scheduler:
         assert self.ctx is not None
         await self.ctx.publisher.publish(event, id=stable_id("submitted", job_id))
         evolve(self.state, event)  # so `queue` right after `submit` shows it; the echo is a no-op
-        return {"id": job_id}
+        return {"id": job_id, "job_id": job_id}
 
     async def cancel(self, req: CancelRequest) -> dict[str, Any]:
-        job = self.state.jobs.get(req.job)
+        name = req.job or req.job_id
+        if not name:
+            raise CommandRefused("which job? give its id", field="job")
+        job = self.state.jobs.get(name)
         if job is None:
-            raise CommandRefused(f"no job {req.job!r}; `chamber queue` lists the jobs", field="job")
+            raise CommandRefused(f"no job {name!r}; `chamber queue` lists the jobs", field="job")
         if job.state in FINISHED:
-            raise CommandRefused(f"job {req.job} is already {job.state.value}", field="job")
+            raise CommandRefused(f"job {name} is already {job.state.value}", field="job")
         event = JobCancelled(job_id=job.id, at=time.time(), by=req.by, reason=req.reason)
         assert self.ctx is not None
         await self.ctx.publisher.publish(event, id=stable_id("cancelled", job.id))

@@ -86,8 +86,8 @@ async def test_submit_schedule_explain_cancel_and_a_restart_rebuilds_the_same_st
         await request(nc, "scheduler", "submit", {"team": "vision", "gpus": 0})
     assert refused.value.field == "gpus"
     first = await request(nc, "scheduler", "submit", {"team": "vision", "gpus": 3, "name": "train", "id": "train-1"})
-    assert first == {"id": "train-1"}
-    await request(nc, "scheduler", "submit", {"team": "vision", "gpus": 2, "id": "wait-1"})
+    assert first == {"id": "train-1", "job_id": "train-1"}
+    await request(nc, "scheduler", "submit", {"team": "vision", "gpus_per_replica": 2, "id": "wait-1"})
     await eventually(lambda: bool(watched.of(JobScheduled, "train-1")))
     [scheduled] = watched.of(JobScheduled, "train-1")
     assert scheduled.placements[0].node == "n1" and scheduled.placements[0].gpu_indices == [0, 1, 2]
@@ -120,7 +120,7 @@ async def test_submit_schedule_explain_cancel_and_a_restart_rebuilds_the_same_st
     await asyncio.sleep(0.5)  # several cycles
     assert len(watched.of(JobScheduled, "train-1")) == 1 and not watched.of(JobScheduled, "wait-1")
 
-    assert await request(nc, "scheduler", "cancel", {"job": "train-1"}) == {"id": "train-1", "state": "cancelled"}
+    assert await request(nc, "scheduler", "cancel", {"job_id": "train-1"}) == {"id": "train-1", "state": "cancelled"}
     await eventually(lambda: bool(watched.of(JobScheduled, "wait-1")))
     with pytest.raises(CommandRefused, match="already cancelled"):
         await request(nc, "scheduler", "cancel", {"job": "train-1"})
@@ -148,7 +148,8 @@ async def test_quota_commands_are_validated_and_listed_with_usage_and_fair_share
     with pytest.raises(CommandRefused, match="unknown pool 'hopper'"):
         await request(nc, "quota", "set", {"team": "nlp", "gpus": 1, "pool": "hopper"})
     assert (await request(nc, "quota", "pool_set", {"name": "hopper", "gpu_model": "H100"}))["pool"] == "hopper"
-    reply = await request(nc, "quota", "set", {"team": "nlp", "gpus": 8, "pool": "hopper", "weight": 2, "budget": 5e4})
+    payload = {"team": "nlp", "guaranteed_gpus": 8, "pool": "hopper", "weight": 2, "budget": 5e4}
+    reply = await request(nc, "quota", "set", payload)
     assert reply == {"team": "nlp", "pool": "hopper", "guaranteed": 8, "budget": 5e4}
     rows = (await request(nc, "quota", "list", {}))["teams"]
     assert [(r["team"], r["pool"], r["guaranteed"], r["borrow_limit"], r["weight"]) for r in rows] == [
