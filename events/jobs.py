@@ -54,6 +54,7 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True):
     sim_duration_s: float | None = None  # simulated fleet only: completes after this much running time
     namespace: str | None = None  # Kubernetes Job reference, when the job came from the cluster
     topology_key: str | None = None  # node label whose value names a topology domain (e.g. rack)
+    cluster: Name | None = None  # run within this cluster only (None: any one cluster of the fleet)
 
     @property
     def total_gpus(self) -> int:
@@ -109,6 +110,7 @@ class JobResumed(Event, frozen=True, tag=event_type("jobs", "resumed")):
     at: float
     placements: list[Placement]
     reason: str = ""
+    borrowed_gpus: int = 0
 
 
 class JobRequeued(Event, frozen=True, tag=event_type("jobs", "requeued")):

@@ -1,0 +1,1 @@
+"""The scheduler: fair-share queueing, borrowing, preemption with automatic resume, placement."""

@@ -1,0 +1,245 @@
+"""The free-GPU index: per node class, nodes bucketed by their number of free GPUs.
+
+Best fit is then "the lowest node id in the smallest bucket that is big enough", found in
+O(classes x GPUs-per-node) instead of a scan of the fleet. A node class groups nodes that are
+interchangeable for a job's constraints: same pool, cluster and GPU model. A second, finer index
+buckets nodes per (class, topology domain) so gangs can look for room within one rack.
+
+Every change can be journaled; `rollback(mark)` undoes changes back to a mark. A scheduling cycle
+works on the live index and rolls everything back at its end (KAI's Statement, at cycle scale), so
+`schedule()` leaves the state exactly as it found it, without copying 10,000 nodes per cycle.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from dataclasses import dataclass, field
+
+ClassKey = tuple[str, str, str]  # pool, cluster, gpu model
+
+
+@dataclass
+class Slot:
+    """One node as the index sees it: which GPUs are free now, and its class."""
+
+    cls: int
+    domain: str = ""  # topology domain (e.g. the rack), "" if the node has none
+    free: list[int] = field(default_factory=list)  # sorted indices of healthy, unallocated GPUs
+    total: int = 0  # healthy GPUs (free or allocated) while the node is in service
+    usable: bool = True
+
+
+class Capacity:
+    def __init__(self) -> None:
+        self.slots: list[Slot] = []
+        self.class_keys: list[ClassKey] = []
+        self.class_ids: dict[ClassKey, int] = {}
+        self.buckets: list[list[list[int]]] = []  # [class][free count] -> sorted node ids
+        self.class_free: list[int] = []
+        self.class_total: list[int] = []
+        self.dom_buckets: dict[tuple[int, str], list[list[int]]] = {}
+        self.dom_free: dict[tuple[int, str], int] = {}
+        self.class_domains: list[set[str]] = []
+        self.max_gpus = 0  # GPUs of the largest node: buckets go 1..max_gpus
+        self._journal: list[tuple[int, list[int], bool]] | None = None
+
+    # -- classes and slots -------------------------------------------------------------------
+    def class_id(self, key: ClassKey) -> int:
+        cid = self.class_ids.get(key)
+        if cid is None:
+            cid = self.class_ids[key] = len(self.class_keys)
+            self.class_keys.append(key)
+            self.buckets.append([[] for _ in range(self.max_gpus + 1)])
+            self.class_free.append(0)
+            self.class_total.append(0)
+            self.class_domains.append(set())
+        return cid
+
+    def _grow(self, gpus: int) -> None:
+        if gpus > self.max_gpus:
+            for b in [*self.buckets, *self.dom_buckets.values()]:
+                b.extend([] for _ in range(gpus - self.max_gpus))
+            self.max_gpus = gpus
+
+    def set_slot(self, nid: int, cls: int, free: list[int], total: int, usable: bool, domain: str = "") -> None:
+        """(Re)define node `nid` from scratch (discovery, update, isolation, pool change)."""
+        self._grow(max(total, len(free)))
+        while len(self.slots) <= nid:
+            self.slots.append(Slot(cls=cls, usable=False))
+        old = self.slots[nid]
+        self._unbucket(nid)
+        if old.usable:
+            self.class_total[old.cls] -= old.total
+        slot = Slot(cls=cls, domain=domain, free=sorted(free), total=total, usable=usable)
+        if domain and (cls, domain) not in self.dom_buckets:
+            self.dom_buckets[(cls, domain)] = [[] for _ in range(self.max_gpus + 1)]
+            self.dom_free[(cls, domain)] = 0
+            self.class_domains[cls].add(domain)
+        self.slots[nid] = slot
+        if usable:
+            self.class_total[cls] += total
+        self._bucket(nid)
+
+    def _unbucket(self, nid: int) -> None:
+        slot = self.slots[nid]
+        k = len(slot.free)
+        if slot.usable and k:
+            bucket = self.buckets[slot.cls][k]
+            del bucket[bisect_left(bucket, nid)]
+            self.class_free[slot.cls] -= k
+            if slot.domain:
+                bucket = self.dom_buckets[(slot.cls, slot.domain)][k]
+                del bucket[bisect_left(bucket, nid)]
+                self.dom_free[(slot.cls, slot.domain)] -= k
+
+    def _bucket(self, nid: int) -> None:
+        slot = self.slots[nid]
+        k = len(slot.free)
+        if slot.usable and k:
+            insort(self.buckets[slot.cls][k], nid)
+            self.class_free[slot.cls] += k
+            if slot.domain:
+                insort(self.dom_buckets[(slot.cls, slot.domain)][k], nid)
+                self.dom_free[(slot.cls, slot.domain)] += k
+
+    # -- allocation (journaled) --------------------------------------------------------------
+    def take(self, nid: int, n: int) -> list[int]:
+        """Allocate the `n` lowest free GPU indices of a node."""
+        slot = self.slots[nid]
+        self._unbucket(nid)
+        taken, slot.free = slot.free[:n], slot.free[n:]
+        self._bucket(nid)
+        if self._journal is not None:
+            self._journal.append((nid, taken, True))
+        return taken
+
+    def take_exact(self, nid: int, indices: list[int]) -> None:
+        slot = self.slots[nid]
+        self._unbucket(nid)
+        gone = set(indices)
+        slot.free = [i for i in slot.free if i not in gone]
+        self._bucket(nid)
+        if self._journal is not None:
+            self._journal.append((nid, list(indices), True))
+
+    def give(self, nid: int, indices: list[int]) -> None:
+        """Free GPUs of a node (the caller passes only healthy ones)."""
+        if not indices:
+            return
+        slot = self.slots[nid]
+        self._unbucket(nid)
+        slot.free = sorted(set(slot.free).union(indices))
+        self._bucket(nid)
+        if self._journal is not None:
+            self._journal.append((nid, list(indices), False))
+
+    def begin(self) -> int:
+        if self._journal is None:
+            self._journal = []
+        return len(self._journal)
+
+    def mark(self) -> int:
+        assert self._journal is not None, "begin() first"
+        return len(self._journal)
+
+    def rollback(self, mark: int) -> None:
+        journal = self._journal
+        assert journal is not None
+        while len(journal) > mark:
+            nid, indices, taken = journal.pop()
+            slot = self.slots[nid]
+            self._unbucket(nid)
+            if taken:
+                slot.free = sorted(slot.free + indices)
+            else:
+                gone = set(indices)
+                slot.free = [i for i in slot.free if i not in gone]
+            self._bucket(nid)
+
+    def end(self) -> None:
+        """Roll back everything since `begin()` and stop journaling."""
+        self.rollback(0)
+        self._journal = None
+
+    # -- queries -----------------------------------------------------------------------------
+    def free_in(self, classes: list[int]) -> int:
+        return sum(self.class_free[c] for c in classes)
+
+    def max_free(self, classes: list[int]) -> int:
+        best = 0
+        for c in classes:
+            b = self.buckets[c]
+            for k in range(len(b) - 1, best, -1):
+                if b[k]:
+                    best = k
+                    break
+        return best
+
+    def replicas_fit(self, classes: list[int], per_replica: int) -> int:
+        """How many replicas of `per_replica` GPUs the free GPUs could hold, node by node."""
+        total = 0
+        for c in classes:
+            b = self.buckets[c]
+            for k in range(per_replica, len(b)):
+                if b[k]:
+                    total += len(b[k]) * (k // per_replica)
+        return total
+
+    def best_fit(self, classes: list[int], n: int) -> int | None:
+        """The node with the fewest free GPUs that still has `n`; ties to the lowest node id."""
+        for k in range(n, self.max_gpus + 1):
+            best: int | None = None
+            for c in classes:
+                b = self.buckets[c][k]
+                if b and (best is None or b[0] < best):
+                    best = b[0]
+            if best is not None:
+                return best
+        return None
+
+    def fill(
+        self,
+        classes: list[int],
+        per_replica: int,
+        replicas: int,
+        domain: str | None = None,
+        only: set[int] | None = None,
+    ) -> list[tuple[int, list[int]]] | None:
+        """Place a gang replica by replica on best-fit nodes (of one topology domain if given);
+        all or nothing (rolled back on failure)."""
+        placed: list[tuple[int, list[int]]] = []
+        need = replicas
+        own_journal = self._journal is None
+        mark = self.begin()
+        for k in range(per_replica, self.max_gpus + 1):
+            # A node taken from bucket k drops below k, so each node is visited once.
+            if only is not None:
+                nodes = sorted(nid for c in classes for nid in self.buckets[c][k] if nid in only)
+            elif domain is None:
+                nodes = sorted(nid for c in classes for nid in self.buckets[c][k])
+            else:
+                nodes = sorted(
+                    nid for c in classes if (c, domain) in self.dom_buckets for nid in self.dom_buckets[(c, domain)][k]
+                )
+            for nid in nodes:
+                fit = min(k // per_replica, need)
+                placed.append((nid, self.take(nid, fit * per_replica)))
+                need -= fit
+                if need == 0:
+                    if own_journal:
+                        self._journal = None
+                    return placed
+        self.rollback(mark)
+        if own_journal:
+            self._journal = None
+        return None
+
+    def digest(self) -> tuple[object, ...]:
+        """Everything observable, for tests that check a computation left the index untouched."""
+        return (
+            tuple((s.cls, tuple(s.free), s.total, s.usable) for s in self.slots),
+            tuple(tuple(tuple(b) for b in c) for c in self.buckets),
+            tuple(self.class_free),
+            tuple(self.class_total),
+            tuple(sorted((k, tuple(tuple(b) for b in v)) for k, v in self.dom_buckets.items())),
+        )

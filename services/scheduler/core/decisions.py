@@ -1,0 +1,136 @@
+"""What a scheduling cycle decides, and the events those decisions become."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from events import (
+    Event,
+    JobPreempted,
+    JobRequeued,
+    JobResumed,
+    JobScheduled,
+    JobSuspended,
+    Placement,
+    PreemptionReason,
+)
+from events.codec import stable_id
+
+
+@dataclass(frozen=True)
+class Admit:
+    job_id: str
+    team: str
+    placements: tuple[Placement, ...]
+    borrowed_gpus: int
+    reason: str
+    resume: bool  # the job ran before (suspended or requeued): it resumes from its checkpoint
+    generation: int
+
+
+@dataclass(frozen=True)
+class Preempt:
+    job_id: str
+    team: str
+    reason: PreemptionReason
+    preemptor: str
+    lost_work_gpu_s: float
+    detail: str
+    generation: int
+
+
+@dataclass(frozen=True)
+class Requeue:
+    job_id: str
+    reason: str
+    node: str | None
+    generation: int
+
+
+Decision = Admit | Preempt | Requeue
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """EASY backfill: the first job blocked for capacity in a pool, and when it should start."""
+
+    job_id: str
+    key: tuple[int, float, float, str]
+    gpus: int
+    shadow_at: float  # estimated time enough GPUs are free for it
+    extra_gpus: int  # GPUs free at shadow time beyond what it needs: later jobs may use them
+
+
+@dataclass(frozen=True)
+class CycleMark:
+    """Where a cycle left off: the next one is incremental if capacity and rules did not change."""
+
+    capacity_epoch: int
+    pending_seq: int
+    reservations: tuple[tuple[str, Reservation], ...] = ()
+
+
+@dataclass
+class Cycle:
+    decisions: list[Decision]
+    waiting: dict[str, str]  # job id -> why it still waits (only the jobs this cycle looked at)
+    mark: CycleMark
+    full: bool
+    considered: int = 0
+    reservations: dict[str, Reservation] = field(default_factory=dict)
+
+
+def events_for(decisions: list[Decision], now: float) -> list[tuple[Event, str]]:
+    """Decision values -> (event, deterministic id). Ids hash the job and its generation, so a
+    replayed scheduler that takes the same decision again is de-duplicated by JetStream."""
+    out: list[tuple[Event, str]] = []
+    for d in decisions:
+        if isinstance(d, Admit):
+            if d.resume:
+                ev: Event = JobResumed(
+                    job_id=d.job_id,
+                    at=now,
+                    placements=list(d.placements),
+                    reason=d.reason,
+                    borrowed_gpus=d.borrowed_gpus,
+                )
+                out.append((ev, stable_id("resumed", d.job_id, d.generation)))
+            else:
+                ev = JobScheduled(
+                    job_id=d.job_id,
+                    at=now,
+                    team=d.team,
+                    placements=list(d.placements),
+                    reason=d.reason,
+                    borrowed_gpus=d.borrowed_gpus,
+                )
+                out.append((ev, stable_id("scheduled", d.job_id, d.generation)))
+        elif isinstance(d, Preempt):
+            out.append(
+                (
+                    JobPreempted(
+                        job_id=d.job_id,
+                        at=now,
+                        team=d.team,
+                        reason=d.reason,
+                        preemptor_job_id=d.preemptor,
+                        lost_work_gpu_s=d.lost_work_gpu_s,
+                        detail=d.detail,
+                    ),
+                    stable_id("preempted", d.job_id, d.generation),
+                )
+            )
+            out.append(
+                (
+                    JobSuspended(job_id=d.job_id, at=now, reason=d.detail),
+                    stable_id("suspended", d.job_id, d.generation),
+                )
+            )
+        else:
+            out.append(
+                (
+                    JobRequeued(job_id=d.job_id, at=now, reason=d.reason, node=d.node),
+                    stable_id("requeued", d.job_id, d.generation),
+                )
+            )
+    return out

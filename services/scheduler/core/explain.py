@@ -1,0 +1,84 @@
+"""Read models over the state: the queue listing and `chamber explain JOB`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from services.scheduler.core.state import FINISHED, QUEUED, Job, JobState, SchedulerState
+
+
+def _placement(job: Job) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for p in job.placements:
+        out.setdefault(p.node, []).extend(p.gpu_indices)
+    return out
+
+
+def _reason(job: Job, waiting: Mapping[str, str]) -> str:
+    if job.state in QUEUED and job.id in waiting:
+        return waiting[job.id]
+    return job.reason
+
+
+def queue_rows(
+    state: SchedulerState, waiting: Mapping[str, str], *, include_finished: bool = False
+) -> list[dict[str, Any]]:
+    """Jobs in queue order (queued first, then running, then finished) in the `chamber queue --json` shape."""
+    order = {key[3]: i for i, key in enumerate(state.queue())}
+    rank = {JobState.RUNNING: 1, JobState.PENDING: 0, JobState.SUSPENDED: 0}
+    jobs = [j for j in state.jobs.values() if include_finished or j.state not in FINISHED]
+    jobs.sort(key=lambda j: (rank.get(j.state, 2), order.get(j.id, 0), j.submitted_at, j.id))
+    return [
+        {
+            "id": j.id,
+            "name": j.spec.name,
+            "team": j.spec.team,
+            "priority": j.spec.priority.value,
+            "gpus": j.spec.gpus_per_replica,
+            "replicas": j.spec.replicas,
+            "state": j.state.value,
+            "reason": _reason(j, waiting),
+            "placement": _placement(j),
+            "submitted_at": j.submitted_at,
+        }
+        for j in jobs
+    ]
+
+
+def explain(state: SchedulerState, job_id: str, waiting: Mapping[str, str]) -> dict[str, Any] | None:
+    """Why a job is where it is, as a sentence plus the facts behind it; None for an unknown job."""
+    job = state.jobs.get(job_id)
+    if job is None:
+        return None
+    spec = job.spec
+    ask = f"{spec.replicas}x{spec.gpus_per_replica} GPUs" + (f" of {spec.gpu_model}" if spec.gpu_model else "")
+    head = f"job {job.id} ({spec.name or 'unnamed'}, team {spec.team}, {spec.priority.value} priority, {ask}"
+    head += f", pool {job.pool})"
+    if job.state == JobState.RUNNING:
+        where = ", ".join(f"{p.node}[{','.join(map(str, p.gpu_indices))}]" for p in job.placements)
+        text = f"{head} is running on {where}: {job.reason}"
+        if job.borrowed_gpus:
+            text += f" ({job.borrowed_gpus} GPUs borrowed: may be reclaimed by their owner)"
+    elif job.state in QUEUED:
+        position = next((i for i, k in enumerate(state.queue()) if k[3] == job.id), None)
+        pos = f"position {position + 1} of {len(state.queue())} in the queue" if position is not None else "queued"
+        why = waiting.get(job.id) or job.reason
+        if job.state == JobState.SUSPENDED:
+            text = (
+                f"{head} is suspended: {job.reason}; it resumes automatically when capacity frees ({pos}; now: {why})"
+            )
+        else:
+            text = f"{head} is pending ({pos}): {why}"
+    else:
+        text = f"{head} is {job.state.value}: {job.reason}"
+    return {
+        "id": job.id,
+        "state": job.state.value,
+        "text": text,
+        "reason": _reason(job, waiting),
+        "placement": _placement(job),
+        "preempted_by": job.preempted_by,
+        "preempt_reason": job.preempt_reason,
+        "preemptions": job.preemptions,
+    }

@@ -1,0 +1,490 @@
+"""The scheduler's state, folded from JOBS, FLEET and QUOTA events by `evolve(state, event)`.
+
+`evolve` mutates the state in place (a fleet of 10,000 nodes is not copied per event) and never
+raises on a valid event: an event about an unknown job or node is ignored. The state keeps derived
+indexes up to date (free-GPU buckets, usage per team, the ordered queue) so a cycle never scans
+the whole fleet or history.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from events import (
+    Event,
+    FairShareUpdated,
+    GpuIsolated,
+    GpuRestored,
+    JobCancelled,
+    JobCompleted,
+    JobFailed,
+    JobPreempted,
+    JobRequeued,
+    JobResumed,
+    JobScheduled,
+    JobSpec,
+    JobStarted,
+    JobSubmitted,
+    JobSuspended,
+    NodeDiscovered,
+    NodeIsolated,
+    NodeLost,
+    NodeRestored,
+    NodeStatus,
+    NodeUpdated,
+    Placement,
+    PoolDefined,
+    TeamQuotaSet,
+)
+from events.telemetry import GpuInfo
+from services.scheduler.core.capacity import Capacity
+from services.scheduler.core.pools import DEFAULT_POOL, PoolDef, job_pool, node_pool
+
+DEFAULT_TOPOLOGY_KEY = "rack"
+
+
+class JobState(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUSPENDED = "suspended"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+QUEUED = (JobState.PENDING, JobState.SUSPENDED)
+FINISHED = (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED)
+
+
+@dataclass
+class Job:
+    id: str
+    spec: JobSpec
+    submitted_at: float
+    pool: str
+    state: JobState = JobState.PENDING
+    placements: list[Placement] = field(default_factory=list)
+    running_since: float | None = None  # last scheduled/resumed
+    started_at: float | None = None  # the executor's JobStarted
+    finished_at: float | None = None
+    borrowed_gpus: int = 0
+    generation: int = 0  # placement changes folded so far: makes decision ids unique and stable
+    ran_before: bool = False  # then admission is a resume
+    reason: str = ""  # why it is where it is (last decision or event)
+    preempted_by: str | None = None
+    preempt_reason: str | None = None
+    preemptions: int = 0
+    gpus: int = 0  # spec.total_gpus, kept as a field: read on every hot path
+
+    def __post_init__(self) -> None:
+        self.gpus = self.spec.total_gpus
+
+
+@dataclass
+class Node:
+    nid: int
+    cluster: str
+    name: str
+    gpus: dict[int, str]  # index -> model
+    labels: dict[str, str]
+    status: NodeStatus = NodeStatus.HEALTHY
+    isolated: bool = False
+    lost: bool = False
+    bad_gpus: set[int] = field(default_factory=set)
+    owners: dict[int, str] = field(default_factory=dict)  # gpu index -> job id holding it
+    _model: str = ""
+    _model_of: object = None
+
+    @property
+    def in_service(self) -> bool:
+        return not self.isolated and not self.lost and self.status == NodeStatus.HEALTHY
+
+    @property
+    def model(self) -> str:
+        """The node's GPU model (the most common one, should a node mix models)."""
+        if self._model_of is not self.gpus:
+            models = sorted(self.gpus.values())
+            self._model = max(models, key=models.count) if models else ""
+            self._model_of = self.gpus
+        return self._model
+
+
+@dataclass(frozen=True)
+class Quota:
+    team: str
+    pool: str
+    guaranteed: int
+    borrow_limit: int | None = None
+    lend_limit: int | None = None
+    weight: float = 1.0
+
+    @property
+    def locked(self) -> int:
+        """Guaranteed GPUs that may never be lent, used or not."""
+        return 0 if self.lend_limit is None else max(0, self.guaranteed - self.lend_limit)
+
+
+@dataclass
+class SchedulerState:
+    topology_key: str = DEFAULT_TOPOLOGY_KEY
+    jobs: dict[str, Job] = field(default_factory=dict)
+    nodes: dict[tuple[str, str], Node] = field(default_factory=dict)
+    node_by_id: list[Node] = field(default_factory=list)
+    capacity: Capacity = field(default_factory=Capacity)
+    pools: dict[str, PoolDef] = field(default_factory=dict)
+    quotas: dict[tuple[str, str], Quota] = field(default_factory=dict)  # (pool, team)
+    team_pools: dict[str, list[str]] = field(default_factory=dict)
+    fair_share: dict[tuple[str, str], float] = field(default_factory=dict)  # (pool, team) -> (0, 1]
+    usage: dict[tuple[str, str], int] = field(default_factory=dict)  # (pool, team) -> GPUs held
+    preemptible: dict[tuple[str, str, int], int] = field(default_factory=dict)  # (pool, team, rank) -> GPUs
+    running: dict[tuple[str, str], set[str]] = field(default_factory=dict)  # (pool, team) -> job ids
+    displaced: set[str] = field(default_factory=set)  # running on a GPU or node out of service
+    # GPUs claimed by jobs on nodes not (yet) discovered: replaying JOBS may run ahead of FLEET
+    claims: dict[tuple[str, str], dict[int, str]] = field(default_factory=dict)
+    capacity_epoch: int = 0  # bumped when capacity frees or the rules change: the next cycle is full
+    pending_log: list[str] = field(default_factory=list)  # job ids as they (re)entered the queue
+    _queue: list[tuple[int, float, float, str]] | None = None
+
+    # -- the queue -----------------------------------------------------------------------------
+    def queue_key(self, job: Job) -> tuple[int, float, float, str]:
+        """Queue order: priority class, then fair-share factor (higher first), then submit time,
+        then job id (unique tie-breaker). A suspended job keeps its submit time, so its place."""
+        factor = self.fair_share.get((job.pool, job.spec.team), 1.0)
+        return (job.spec.priority.rank, -factor, job.submitted_at, job.id)
+
+    def queue(self) -> list[tuple[int, float, float, str]]:
+        if self._queue is None:
+            self._queue = sorted(self.queue_key(j) for j in self.jobs.values() if j.state in QUEUED)
+        return self._queue
+
+    def _enqueue(self, job: Job) -> None:
+        if self._queue is not None:
+            insort(self._queue, self.queue_key(job))
+        self.pending_log.append(job.id)
+
+    def _dequeue(self, job: Job) -> None:
+        if self._queue is not None:
+            key = self.queue_key(job)
+            i = bisect_left(self._queue, key)
+            if i < len(self._queue) and self._queue[i] == key:
+                del self._queue[i]
+            else:  # the key moved (fair share changed under it): rebuild lazily
+                self._queue = None
+
+    # -- classes -------------------------------------------------------------------------------
+    def node_class(self, node: Node) -> int:
+        pool = node_pool(self.pools, node.model, node.labels)
+        return self.capacity.class_id((pool, node.cluster, node.model))
+
+    def refresh_node(self, node: Node) -> None:
+        healthy = [i for i in node.gpus if i not in node.bad_gpus]
+        free = [i for i in healthy if i not in node.owners]
+        domain = node.labels.get(self.topology_key, "")
+        self.capacity.set_slot(node.nid, self.node_class(node), free, len(healthy), node.in_service, domain)
+
+    def pool_of_node(self, node: Node) -> str:
+        return self.capacity.class_keys[self.capacity.slots[node.nid].cls][0]
+
+
+# -- evolve ------------------------------------------------------------------------------------
+def evolve(state: SchedulerState, event: Event) -> SchedulerState:
+    """Fold one event into the state (in place; returned for convenience)."""
+    handler = _HANDLERS.get(type(event))
+    if handler is not None:
+        handler(state, event)
+    return state
+
+
+def _submitted(s: SchedulerState, e: JobSubmitted) -> None:
+    if e.job_id in s.jobs:
+        return
+    job = Job(id=e.job_id, spec=e.spec, submitted_at=e.at, pool=job_pool(e.spec, s.team_pools))
+    job.reason = "submitted; waiting for the next scheduling cycle"
+    s.jobs[job.id] = job
+    s._enqueue(job)
+
+
+def _hold(s: SchedulerState, job: Job, placements: list[Placement], at: float, borrowed: int, reason: str) -> None:
+    if job.state not in QUEUED:
+        return  # a duplicate or stale decision: the job already runs or has finished
+    s._dequeue(job)
+    job.state = JobState.RUNNING
+    job.placements = list(placements)
+    job.running_since = at
+    job.started_at = None
+    job.borrowed_gpus = borrowed
+    job.generation += 1
+    job.ran_before = True
+    job.reason = reason
+    conflict = False
+    for p in placements:
+        node = s.nodes.get((p.cluster, p.node))
+        if node is None:
+            s.claims.setdefault((p.cluster, p.node), {}).update(dict.fromkeys(p.gpu_indices, job.id))
+            continue
+        for i in p.gpu_indices:
+            if i in node.owners or i not in node.gpus or i in node.bad_gpus:
+                conflict = True  # never give a GPU to two jobs: this job gets requeued instead
+            else:
+                node.owners[i] = job.id
+        if not node.in_service:
+            conflict = True
+        s.refresh_node(node)
+    key = (job.pool, job.spec.team)
+    s.usage[key] = s.usage.get(key, 0) + job.gpus
+    s.running.setdefault(key, set()).add(job.id)
+    if job.spec.preemptible:
+        pkey = (job.pool, job.spec.team, job.spec.priority.rank)
+        s.preemptible[pkey] = s.preemptible.get(pkey, 0) + job.gpus
+    if conflict:
+        s.displaced.add(job.id)
+
+
+def _release(s: SchedulerState, job: Job) -> None:
+    """Give back what a running job holds."""
+    if job.state != JobState.RUNNING:
+        return
+    for p in job.placements:
+        node = s.nodes.get((p.cluster, p.node))
+        if node is None:
+            claims = s.claims.get((p.cluster, p.node), {})
+            for i in p.gpu_indices:
+                if claims.get(i) == job.id:
+                    del claims[i]
+            continue
+        for i in p.gpu_indices:
+            if node.owners.get(i) == job.id:
+                del node.owners[i]
+        s.refresh_node(node)
+    key = (job.pool, job.spec.team)
+    s.usage[key] = s.usage.get(key, 0) - job.gpus
+    s.running.get(key, set()).discard(job.id)
+    if job.spec.preemptible:
+        pkey = (job.pool, job.spec.team, job.spec.priority.rank)
+        s.preemptible[pkey] = s.preemptible.get(pkey, 0) - job.gpus
+    s.displaced.discard(job.id)
+    job.placements = []
+    job.borrowed_gpus = 0
+    s.capacity_epoch += 1
+
+
+def _scheduled(s: SchedulerState, e: JobScheduled) -> None:
+    job = s.jobs.get(e.job_id)
+    if job is not None:
+        _hold(s, job, e.placements, e.at, e.borrowed_gpus, e.reason or "scheduled")
+
+
+def _resumed(s: SchedulerState, e: JobResumed) -> None:
+    job = s.jobs.get(e.job_id)
+    if job is not None:
+        _hold(s, job, e.placements, e.at, e.borrowed_gpus, e.reason or "resumed")
+
+
+def _started(s: SchedulerState, e: JobStarted) -> None:
+    job = s.jobs.get(e.job_id)
+    if job is not None and job.state == JobState.RUNNING:
+        job.started_at = e.at
+
+
+def _suspend(s: SchedulerState, job: Job, reason: str) -> None:
+    if job.state != JobState.RUNNING:
+        return
+    _release(s, job)
+    job.state = JobState.SUSPENDED
+    job.generation += 1
+    job.reason = reason
+    s._enqueue(job)
+
+
+def _preempted(s: SchedulerState, e: JobPreempted) -> None:
+    job = s.jobs.get(e.job_id)
+    if job is None or job.state != JobState.RUNNING:
+        return
+    job.preempted_by = e.preemptor_job_id
+    job.preempt_reason = e.reason.value
+    job.preemptions += 1
+    _suspend(s, job, e.detail or f"preempted ({e.reason.value})")
+
+
+def _suspended(s: SchedulerState, e: JobSuspended) -> None:
+    job = s.jobs.get(e.job_id)
+    if job is not None:
+        _suspend(s, job, e.reason or "suspended")
+
+
+def _requeued(s: SchedulerState, e: JobRequeued) -> None:
+    job = s.jobs.get(e.job_id)
+    if job is None or job.state != JobState.RUNNING:
+        return
+    _release(s, job)
+    job.state = JobState.PENDING
+    job.generation += 1
+    job.reason = f"requeued: {e.reason}"
+    s._enqueue(job)
+
+
+def _finish(s: SchedulerState, job_id: str, state: JobState, at: float, reason: str) -> None:
+    job = s.jobs.get(job_id)
+    if job is None or job.state in FINISHED:
+        return
+    if job.state in QUEUED:
+        s._dequeue(job)
+        s.capacity_epoch += 1  # a reservation may have been held for it
+    _release(s, job)
+    job.state = state
+    job.finished_at = at
+    job.reason = reason
+
+
+def _completed(s: SchedulerState, e: JobCompleted) -> None:
+    _finish(s, e.job_id, JobState.COMPLETED, e.at, "completed")
+
+
+def _failed(s: SchedulerState, e: JobFailed) -> None:
+    _finish(s, e.job_id, JobState.FAILED, e.at, f"failed: {e.reason}")
+
+
+def _cancelled(s: SchedulerState, e: JobCancelled) -> None:
+    by = f" by {e.by}" if e.by else ""
+    _finish(s, e.job_id, JobState.CANCELLED, e.at, f"cancelled{by}" + (f": {e.reason}" if e.reason else ""))
+
+
+# -- fleet -------------------------------------------------------------------------------------
+def _gpus(infos: list[GpuInfo]) -> dict[int, str]:
+    return {g.index: g.model for g in infos}
+
+
+def _displace_holders(s: SchedulerState, node: Node, indices: list[int] | None = None) -> None:
+    for i, job_id in node.owners.items():
+        if indices is None or i in indices:
+            s.displaced.add(job_id)
+
+
+def _discovered(s: SchedulerState, e: NodeDiscovered) -> None:
+    node = s.nodes.get((e.cluster, e.node))
+    if node is None:
+        node = Node(nid=len(s.node_by_id), cluster=e.cluster, name=e.node, gpus=_gpus(e.gpus), labels=dict(e.labels))
+        s.nodes[(e.cluster, e.node)] = node
+        s.node_by_id.append(node)
+        for i, job_id in s.claims.pop((e.cluster, e.node), {}).items():
+            node.owners[i] = job_id
+            if i not in node.gpus:
+                s.displaced.add(job_id)
+    else:  # rediscovered after being lost
+        node.gpus, node.labels, node.lost, node.status = _gpus(e.gpus), dict(e.labels), False, NodeStatus.HEALTHY
+    s.refresh_node(node)
+    s.capacity_epoch += 1
+
+
+def _updated(s: SchedulerState, e: NodeUpdated) -> None:
+    node = s.nodes.get((e.cluster, e.node))
+    if node is None:
+        _discovered(s, NodeDiscovered(cluster=e.cluster, node=e.node, at=e.at, gpus=e.gpus, labels=e.labels))
+        node = s.nodes[(e.cluster, e.node)]
+    node.gpus, node.status = _gpus(e.gpus), e.status
+    if e.labels:
+        node.labels = dict(e.labels)
+    node.lost = e.status == NodeStatus.LOST
+    gone = [i for i in node.owners if i not in node.gpus]
+    if node.lost or gone:
+        _displace_holders(s, node, None if node.lost else gone)
+    s.refresh_node(node)
+    s.capacity_epoch += 1
+
+
+def _lost(s: SchedulerState, e: NodeLost) -> None:
+    node = s.nodes.get((e.cluster, e.node))
+    if node is not None:
+        node.lost = True
+        _displace_holders(s, node)
+        s.refresh_node(node)
+
+
+def _node_isolated(s: SchedulerState, e: NodeIsolated) -> None:
+    node = s.nodes.get((e.cluster, e.node))
+    if node is not None:
+        node.isolated = True
+        _displace_holders(s, node)
+        s.refresh_node(node)
+
+
+def _node_restored(s: SchedulerState, e: NodeRestored) -> None:
+    node = s.nodes.get((e.cluster, e.node))
+    if node is not None:
+        node.isolated = False
+        s.refresh_node(node)
+        s.capacity_epoch += 1
+
+
+def _gpu_isolated(s: SchedulerState, e: GpuIsolated) -> None:
+    node = s.nodes.get((e.cluster, e.node))
+    if node is not None:
+        node.bad_gpus.add(e.gpu_index)
+        _displace_holders(s, node, [e.gpu_index])
+        s.refresh_node(node)
+
+
+def _gpu_restored(s: SchedulerState, e: GpuRestored) -> None:
+    node = s.nodes.get((e.cluster, e.node))
+    if node is not None:
+        node.bad_gpus.discard(e.gpu_index)
+        s.refresh_node(node)
+        s.capacity_epoch += 1
+
+
+# -- quota -------------------------------------------------------------------------------------
+def _rules_changed(s: SchedulerState) -> None:
+    """Pools or quotas changed: re-derive pending jobs' pools, node classes and the queue."""
+    for job in s.jobs.values():
+        if job.state in QUEUED:
+            job.pool = job_pool(job.spec, s.team_pools)
+    for node in s.node_by_id:
+        s.refresh_node(node)
+    s._queue = None
+    s.capacity_epoch += 1
+
+
+def _pool_defined(s: SchedulerState, e: PoolDefined) -> None:
+    s.pools[e.pool] = PoolDef(e.pool, e.gpu_model, dict(e.node_selector))
+    _rules_changed(s)
+
+
+def _quota_set(s: SchedulerState, e: TeamQuotaSet) -> None:
+    s.quotas[(e.pool, e.team)] = Quota(e.team, e.pool, e.guaranteed_gpus, e.borrow_limit, e.lend_limit, e.weight)
+    s.team_pools[e.team] = sorted(p for (p, t) in s.quotas if t == e.team)
+    _rules_changed(s)
+
+
+def _fair_share(s: SchedulerState, e: FairShareUpdated) -> None:
+    if s.fair_share.get((e.pool, e.team)) != e.factor:
+        s.fair_share[(e.pool, e.team)] = e.factor
+        s._queue = None
+        s.capacity_epoch += 1
+
+
+_HANDLERS = {
+    JobSubmitted: _submitted,
+    JobScheduled: _scheduled,
+    JobResumed: _resumed,
+    JobStarted: _started,
+    JobPreempted: _preempted,
+    JobSuspended: _suspended,
+    JobRequeued: _requeued,
+    JobCompleted: _completed,
+    JobFailed: _failed,
+    JobCancelled: _cancelled,
+    NodeDiscovered: _discovered,
+    NodeUpdated: _updated,
+    NodeLost: _lost,
+    NodeIsolated: _node_isolated,
+    NodeRestored: _node_restored,
+    GpuIsolated: _gpu_isolated,
+    GpuRestored: _gpu_restored,
+    PoolDefined: _pool_defined,
+    TeamQuotaSet: _quota_set,
+    FairShareUpdated: _fair_share,
+}
+
+__all__ = ["DEFAULT_POOL", "FINISHED", "QUEUED", "Job", "JobState", "Node", "Quota", "SchedulerState", "evolve"]
