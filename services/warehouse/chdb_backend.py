@@ -6,6 +6,8 @@ time. The recorder owns it while the stack runs; other tools ask the recorder (r
 
 from __future__ import annotations
 
+import fcntl
+import os
 import threading
 from pathlib import Path
 
@@ -25,6 +27,26 @@ def _is_lock_error(message: str) -> bool:
     return "Cannot lock file" in message or "already initialized with path" in message
 
 
+def holder(path: Path) -> str | None:
+    """Who holds the chDB directory ("pid N"), or None when it is free. ClickHouse flocks `status`
+    and writes its PID there; chDB's own error for a held directory says nothing useful."""
+    status = path / "status"
+    if not status.exists():
+        return None
+    fd = os.open(status, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        text = status.read_text(errors="replace")
+        pid = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("PID:")), "?")
+        return f"pid {pid}"
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
 class ChdbWarehouse(Warehouse):
     kind = "chdb"
 
@@ -33,6 +55,11 @@ class ChdbWarehouse(Warehouse):
 
         self.path = Path(path) / "warehouse"
         self.path.mkdir(parents=True, exist_ok=True)
+        held_by = holder(self.path)
+        if held_by is not None:
+            raise WarehouseUnavailable(
+                f"the warehouse at {self.path} is held by another process ({held_by}; is the recorder running?)"
+            )
         self._lock = threading.Lock()  # one chDB session; serialize calls from any thread
         try:
             self._session = session.Session(str(self.path))
