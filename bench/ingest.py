@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import pyarrow as pa
 
 from events import GpuSample, NodeSample, encode
-from services.recorder.rows import TS
+from services.recorder.rows import TS, Recorded
 from services.recorder.service import setup_recorder
 from services.recorder.writer import Writer
 from services.runtime import Consumer, ConsumerOptions, Publisher, connect, ensure_streams
@@ -61,7 +61,7 @@ def node_sample(i: int, now: float) -> NodeSample:
     )
 
 
-async def end_to_end(url: str, data_dir: Path, n: int, batch: int) -> dict[str, float]:
+async def end_to_end(url: str, data_dir: Path, n: int, batch: int, consumers: int) -> dict[str, float]:
     nc = await connect(url, name="bench")
     js = nc.jetstream()
     await ensure_streams(js)
@@ -85,19 +85,20 @@ async def end_to_end(url: str, data_dir: Path, n: int, batch: int) -> dict[str, 
 
     warehouse = ChdbWarehouse(data_dir)
     migrate(warehouse)
-    writer = Writer(warehouse)
+    writer = TimedWriter(warehouse)
     stop = asyncio.Event()
     holder: list[ServiceContext] = []
 
     async def setup(ctx: ServiceContext) -> None:
         holder.append(ctx)
-        await setup_recorder(ctx, writer, batch_size=batch, flush_interval=0.5)
+        await setup_recorder(ctx, writer, batch_size=batch, flush_interval=1.0, telemetry_consumers=consumers)
 
     t0 = time.perf_counter()
     task = asyncio.create_task(serve("recorder", url, setup, stop))
-    while not holder or holder[0].consumers[0].stats.handled < n:  # noqa: ASYNC110 (a runtime counter, no event)
+    while not holder or _telemetry_handled(holder[0]) < n:  # noqa: ASYNC110 (a runtime counter, no event)
         await asyncio.sleep(0.01)
-    e2e_s = time.perf_counter() - t0
+    e2e_s = writer.last_end - writer.first_start  # from the first fetched batch, not process start
+    startup_s = writer.first_start - t0
     stop.set()
     await task
     stored = warehouse.count("gpu_samples")
@@ -112,7 +113,26 @@ async def end_to_end(url: str, data_dir: Path, n: int, batch: int) -> dict[str, 
         "raw_consume_gpu_samples_per_s": round(n * GPUS / raw_s),
         "raw_consume_msgs_per_s": round(n / raw_s),
         "e2e_msgs_per_s": round(n / e2e_s),
+        "telemetry_consumers": consumers,
+        "recorder_startup_s": round(startup_s, 2),
     }
+
+
+class TimedWriter(Writer):
+    """Times the stores: from the first batch handed in to the last one stored."""
+
+    first_start = 0.0
+    last_end = 0.0
+
+    async def store(self, items: list[Recorded], *, suspect: bool) -> None:
+        if not self.first_start:
+            self.first_start = time.perf_counter()
+        await super().store(items, suspect=suspect)
+        self.last_end = time.perf_counter()
+
+
+def _telemetry_handled(ctx: ServiceContext) -> int:
+    return sum(c.stats.handled for c in ctx.consumers if c.options.stream == "TELEMETRY")
 
 
 async def _noop(_: object) -> None:
@@ -228,18 +248,25 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=40_000, help="node samples (8 GPUs each) to ingest")
     parser.add_argument("--batch", type=int, default=5000, help="recorder fetch batch")
     parser.add_argument("--repeats", type=int, default=20, help="efficiency query runs")
+    parser.add_argument("--consumers", type=int, default=2, help="recorder pull consumers on TELEMETRY")
+    parser.add_argument("--skip-query", action="store_true", help="measure ingest only")
     args = parser.parse_args()
     configure_logging("error")
     out: dict[str, object] = {}
+    if args.skip_query:
+        args.repeats = 0
     with tempfile.TemporaryDirectory() as tmp:
         server = NatsServerProcess(Path(tmp) / "nats")
         server.start()
         try:
-            out.update(asyncio.run(end_to_end(server.url, Path(tmp) / "ingest", args.messages, args.batch)))
+            out.update(
+                asyncio.run(end_to_end(server.url, Path(tmp) / "ingest", args.messages, args.batch, args.consumers))
+            )
         finally:
             server.stop()
         out["ratio"] = round(out["gpu_samples_per_s"] / out["raw_consume_gpu_samples_per_s"], 3)  # type: ignore[operator]
-        out.update(efficiency_query(Path(tmp) / "query", args.repeats))
+        if args.repeats:
+            out.update(efficiency_query(Path(tmp) / "query", args.repeats))
     out["target_gpu_samples_per_s"] = 100_000
     print(json.dumps(out))
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
+import numpy as np
 import pyarrow as pa
 from msgspec.structs import astuple
 
@@ -132,21 +133,19 @@ def sample_columns(items: list[Recorded]) -> pa.Table | None:
     if not gpu_rows:
         return None
     by_field = list(zip(*gpu_rows, strict=True))
-
-    def per_sample(values: list[Any]) -> list[Any]:
-        out: list[Any] = []
-        for value, n in zip(values, counts, strict=True):
-            out.extend([value] * n)
-        return out
-
+    # Per-sample values are built once per message and repeated per GPU by Arrow, not by Python.
+    parent = pa.array(np.repeat(np.arange(len(items)), counts))
     samples = [i.event for i in items]
+    per_sample: dict[str, tuple[list[Any], pa.DataType]] = {
+        "cluster": ([s.cluster for s in samples], pa.string()),  # type: ignore[attr-defined]
+        "node": ([s.node for s in samples], pa.string()),  # type: ignore[attr-defined]
+        "ts": ([_ms(s.observed_at) for s in samples], TS),  # type: ignore[attr-defined]
+        "interval_s": ([s.interval_s for s in samples], F32),  # type: ignore[attr-defined]
+        "seq": ([s.seq for s in samples], pa.uint64()),  # type: ignore[attr-defined]
+        "event_id": ([i.id for i in items], pa.string()),
+    }
     columns: dict[str, pa.Array] = {
-        "cluster": pa.array(per_sample([s.cluster for s in samples]), pa.string()),  # type: ignore[attr-defined]
-        "node": pa.array(per_sample([s.node for s in samples]), pa.string()),  # type: ignore[attr-defined]
-        "ts": pa.array(per_sample([_ms(s.observed_at) for s in samples]), TS),  # type: ignore[attr-defined]
-        "interval_s": pa.array(per_sample([s.interval_s for s in samples]), F32),  # type: ignore[attr-defined]
-        "seq": pa.array(per_sample([s.seq for s in samples]), pa.uint64()),  # type: ignore[attr-defined]
-        "event_id": pa.array(per_sample([i.id for i in items]), pa.string()),
+        name: pa.array(values, dtype).take(parent) for name, (values, dtype) in per_sample.items()
     }
     for name, column in (("gpu_index", "index"), ("gpu_uuid", "uuid")):
         columns[name] = pa.array(by_field[_GPU_POS[column]], _SAMPLE_TYPES[name])

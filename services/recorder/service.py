@@ -51,6 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--flush-interval", type=float, default=1.0, help="longest wait in seconds for a batch to fill (1.0)"
     )
+    parser.add_argument("--telemetry-consumers", type=int, default=2, help="parallel pull consumers on TELEMETRY (2)")
     parser.add_argument(
         "--ack-wait", type=float, default=60.0, help="seconds before an unacked batch is redelivered (60)"
     )
@@ -78,9 +79,11 @@ async def setup_recorder(
     batch_size: int = 5000,
     flush_interval: float = 1.0,
     ack_wait: float = 60.0,
+    telemetry_consumers: int = 1,
 ) -> None:
-    """Consumers for every stream, and the `sql` command."""
-    for spec in STREAMS:
+    """Consumers for every stream, and the `sql` command. TELEMETRY may get several pull consumers on
+    the same durable, so one decodes and acks while another's batch is being inserted."""
+    for spec in [TELEMETRY] * max(0, telemetry_consumers - 1) + list(STREAMS):
 
         async def store(deliveries: list[Delivery], stream: str = spec.name) -> None:
             # Delivered before: a predecessor may have stored it and died before acking.
@@ -146,7 +149,12 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
 
         async def setup(ctx: ServiceContext) -> None:
             await setup_recorder(
-                ctx, writer, batch_size=args.batch_size, flush_interval=args.flush_interval, ack_wait=args.ack_wait
+                ctx,
+                writer,
+                batch_size=args.batch_size,
+                flush_interval=args.flush_interval,
+                ack_wait=args.ack_wait,
+                telemetry_consumers=args.telemetry_consumers,
             )
 
         await serve(NAME, args.nats, setup, stop)
