@@ -37,6 +37,8 @@ DESCRIPTION = "record telemetry and every domain event in the warehouse (ClickHo
 DURABLE = "recorder"
 STREAMS = (TELEMETRY, FAULTS, FLEET, JOBS, QUOTA, BILLING)
 MAX_REPLY_ROWS = 10_000
+MAX_REPLY_BYTES = 768 * 1024
+_json = msgspec.json.Encoder()
 log = get_logger("chamber.recorder")
 
 
@@ -118,6 +120,9 @@ async def answer_sql(writer: Writer, sql: str, max_rows: int = MAX_REPLY_ROWS) -
     except WarehouseError as exc:
         raise CommandRefused(f"the warehouse refused the query: {exc}", field="sql") from None
     rows = result.rows[: max(0, max_rows)]
+    # A reply must fit in one NATS message (1 MiB by default): keep the first rows that fit.
+    while rows and len(_json.encode(rows)) > MAX_REPLY_BYTES:
+        rows = rows[: len(rows) // 2]
     return {"columns": result.columns, "types": result.types, "rows": rows, "truncated": len(result.rows) > len(rows)}
 
 

@@ -125,6 +125,8 @@ async def test_the_recorder_stores_samples_rollups_audit_log_and_answers_sql(
 
         reply = await request(nc, "recorder", "sql", {"sql": "SELECT count() AS n FROM gpu_samples"})
         assert reply["columns"] == ["n"] and reply["rows"] == [[120]]
+        big = await request(nc, "recorder", "sql", {"sql": "SELECT repeat('x', 1000) FROM numbers(5000)"})
+        assert big["truncated"] and 0 < len(big["rows"]) < 5000  # what fits in one NATS reply
         with pytest.raises(CommandRefused, match="read-only"):
             await request(nc, "recorder", "sql", {"sql": "DROP TABLE gpu_samples"})
         with pytest.raises(CommandRefused, match="one statement"):

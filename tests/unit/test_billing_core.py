@@ -10,6 +10,8 @@ Hourly periods from T (an hour boundary), H100 at $3.00 per GPU-hour, one node o
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from events import BudgetExceeded, BudgetSet, CostAccrued, Event, NodeDiscovered, PoolDefined, PriceSet
 from services.billing.core import BillingState, decide, evolve
@@ -85,3 +87,31 @@ def test_a_restarted_billing_that_replays_its_own_costs_emits_nothing_new() -> N
     first = decide(state, now=T + 7200 + 30)
     restarted = fold(timeline() + [e for e, _ in first])
     assert decide(restarted, now=T + 7200 + 30) == []
+
+
+@st.composite
+def gpu_timelines(draw: st.DrawFn) -> list[Event]:
+    """One node of 4 H100 in service from T; each GPU runs back-to-back jobs (start/stop on whole seconds)."""
+    inv = an_inventory("n1", gpus=4, model="H100-80GB", at=T)
+    events: list[tuple[float, int, Event]] = [(T, 0, NodeDiscovered(cluster="c1", node="n1", at=T, gpus=inv.gpus))]
+    for gpu in range(4):
+        cuts = sorted(draw(st.sets(st.integers(1, 3 * 3600 - 1), max_size=8)))
+        for k, (start, stop) in enumerate(zip(cuts[::2], cuts[1::2], strict=False)):
+            job = f"g{gpu}-{k}"
+            team = draw(st.sampled_from(["vision", "nlp"]))
+            events.append((T + start, 1, scheduled(job, team, "n1", [gpu], T + start)))
+            events.append((T + stop, 2, completed(job, T + stop)))
+    events.sort(key=lambda e: (e[0], e[1]))
+    return [PriceSet(gpu_model="H100-80GB", at=T - 1, price_per_gpu_hour=3.0)] + [e for _, _, e in events]
+
+
+@given(gpu_timelines())
+@settings(max_examples=60, deadline=None)
+def test_every_gpu_second_is_billed_once_to_a_job_or_as_idle(events: list[Event]) -> None:
+    decisions = decide(fold(events), now=T + 3 * 3600 + 30)
+    accrued = [e for e, _ in decisions if isinstance(e, CostAccrued)]
+    for hour in range(3):
+        in_period = [e for e in accrued if e.period_start == T + hour * 3600]
+        assert sum(e.gpu_seconds for e in in_period) == pytest.approx(4 * 3600)
+        assert sum(e.cost for e in in_period) == pytest.approx(4 * 3.0, abs=1e-4)
+    assert len({i for _, i in decisions}) == len(decisions)  # ids are unique
