@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 import msgspec
 import numpy as np
 import pyarrow as pa
-from msgspec.structs import astuple
 
 from events import (
     BudgetSet,
@@ -77,7 +77,7 @@ _JOB_KINDS = {
 class Recorded:
     """One consumed event with where it came from."""
 
-    event: Event
+    event: Event | LeanNodeSample
     id: str
     source: str
     time: str
@@ -108,10 +108,45 @@ class _Columns:
             self.data[name].append(value)
 
 
-_GPU_FIELDS = GpuSample.__struct_fields__
-_GPU_POS = {
-    name: _GPU_FIELDS.index(name) for name in ("index", "uuid", "throttle_reasons", *_SAMPLE_FLOATS, *_SAMPLE_INTS)
-}
+_GPU_COLUMNS = ("index", "uuid", "throttle_reasons", *_SAMPLE_FLOATS, *_SAMPLE_INTS)
+_GPU_POS = {name: i for i, name in enumerate(_GPU_COLUMNS)}
+_gpu_row = attrgetter(*_GPU_COLUMNS)  # works on GpuSample and LeanGpuSample alike
+
+
+class LeanGpuSample(msgspec.Struct):
+    """The GpuSample fields the warehouse stores; decoding into this skips the rest (NVLink, processes)."""
+
+    index: int
+    uuid: str
+    utilization_pct: float | None = None
+    memory_utilization_pct: float | None = None
+    sm_activity_pct: float | None = None
+    memory_used_mib: float | None = None
+    memory_total_mib: float | None = None
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    temperature_c: float | None = None
+    sm_clock_mhz: float | None = None
+    mem_clock_mhz: float | None = None
+    throttle_reasons: list[str] = []
+    ecc_sbe_volatile: int | None = None
+    ecc_dbe_volatile: int | None = None
+    pcie_replay_count: int | None = None
+
+
+class LeanNodeSample(msgspec.Struct):
+    """A NodeSample as the recorder reads it: about five times cheaper to decode than the full event."""
+
+    cluster: str
+    node: str
+    seq: int
+    observed_at: float
+    interval_s: float
+    gpus: list[LeanGpuSample]
+
+
+assert set(LeanGpuSample.__struct_fields__) <= set(GpuSample.__struct_fields__)
+assert set(LeanNodeSample.__struct_fields__) <= set(NodeSample.__struct_fields__)
 _SAMPLE_TYPES: dict[str, pa.DataType] = {
     "gpu_index": pa.uint16(),
     "gpu_uuid": pa.string(),
@@ -122,13 +157,13 @@ _SAMPLE_TYPES: dict[str, pa.DataType] = {
 
 
 def sample_columns(items: list[Recorded]) -> pa.Table | None:
-    """One row per GPU per NodeSample. Each GPU becomes a tuple in C (`astuple`) and `zip(*rows)`
+    """One row per GPU per NodeSample. Each GPU becomes a tuple in C (`attrgetter`) and `zip(*rows)`
     transposes them into columns, instead of a Python loop over every field of every GPU."""
     gpu_rows: list[tuple[Any, ...]] = []
     counts: list[int] = []
     for item in items:
         gpus = item.event.gpus  # type: ignore[attr-defined]
-        gpu_rows.extend(map(astuple, gpus))
+        gpu_rows.extend(map(_gpu_row, gpus))
         counts.append(len(gpus))
     if not gpu_rows:
         return None
@@ -296,11 +331,11 @@ _SCHEMAS: dict[str, pa.Schema] = {
 
 def build_tables(items: list[Recorded]) -> dict[str, pa.Table]:
     """Every table's new rows for one consumed batch (tables with no rows are left out)."""
-    samples = [i for i in items if isinstance(i.event, NodeSample)]
+    samples = [i for i in items if isinstance(i.event, NodeSample | LeanNodeSample)]
     cols: dict[str, _Columns] = defaultdict(_Columns)
     for item in items:
         e = item.event
-        if isinstance(e, NodeSample):
+        if isinstance(e, NodeSample | LeanNodeSample):
             continue
         _audit_row(cols["events"], item)
         if type(e).ce_type() in _JOB_KINDS:

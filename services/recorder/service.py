@@ -17,6 +17,7 @@ import msgspec
 
 from events.streams import BILLING, FAULTS, FLEET, JOBS, QUOTA, TELEMETRY
 from services.recorder.rows import Recorded
+from services.recorder.samples import SampleConsumer
 from services.recorder.writer import Writer
 from services.runtime import ConsumerOptions, Delivery
 from services.runtime.commands import CommandRefused
@@ -92,17 +93,20 @@ async def setup_recorder(
             suspect = any(d.num_delivered > 1 for d in deliveries)
             await writer.store(to_recorded(stream, deliveries), suspect=suspect)
 
-        ctx.consume(
-            ConsumerOptions(
-                stream=spec.name,
-                durable=DURABLE,
-                batch=batch_size,
-                fetch_timeout_s=flush_interval,
-                ack_wait_s=ack_wait,
-                max_retry_delay_s=10.0,
-            ),
-            batch_handler=store,
+        options = ConsumerOptions(
+            stream=spec.name,
+            durable=DURABLE,
+            batch=batch_size,
+            fetch_timeout_s=flush_interval,
+            ack_wait_s=ack_wait,
+            max_retry_delay_s=10.0,
         )
+        if spec is TELEMETRY:  # the hot stream: node samples take the lean decode
+            consumer = SampleConsumer(ctx.js, options, batch_handler=store)
+            ctx.consumers.append(consumer)
+            ctx.task(lambda consumer=consumer: consumer.run(ctx.stop))
+        else:
+            ctx.consume(options, batch_handler=store)
 
     async def sql(request: SqlRequest) -> dict[str, Any]:
         return await answer_sql(writer, request.sql, request.max_rows)

@@ -13,7 +13,7 @@ import pytest
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from events import BudgetSet, CostAccrued, PriceSet
+from events import BudgetSet, CostAccrued, PriceSet, encode
 from services.recorder.service import setup_recorder
 from services.recorder.writer import Writer
 from services.runtime import Publisher
@@ -221,3 +221,26 @@ async def test_a_recorder_killed_between_insert_and_ack_restarts_without_duplica
     finally:
         recorder.terminate()
         await asyncio.to_thread(recorder.wait, 30)
+
+
+async def test_a_broken_sample_is_dead_lettered_and_the_rest_of_its_batch_is_stored(
+    nats_server: NatsServerProcess, js: JetStreamContext, tmp_path: Path
+) -> None:
+    warehouse = ChdbWarehouse(tmp_path)
+    migrate(warehouse)
+    good_headers, good_body = encode(a_sample("n1", T0, [10.0, 20.0]), source="test", id="good")
+    bad_headers = {**good_headers, "ce-id": "bad", "Nats-Msg-Id": "bad"}
+    await js.publish("chamber.telemetry.sample.c1.n1", b'{"cluster": "c1", "gpus": "not a list"}', headers=bad_headers)
+    await js.publish("chamber.telemetry.sample.c1.n1", good_body, headers=good_headers)
+    stop, task, writer = await start_recorder(nats_server.url, warehouse)
+    try:
+        await eventually(lambda: warehouse.count("gpu_samples") == 2, within=20)
+        dead = await js.stream_info("DEAD")
+        assert dead.state.messages == 1
+        msg = await js.get_msg("DEAD", dead.state.first_seq)
+        assert msg.headers is not None and msg.headers["chamber-dead-reason"] in ("invalid", "malformed")
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 15)
+        writer.close()
+        warehouse.close()
