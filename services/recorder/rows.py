@@ -337,7 +337,8 @@ def build_tables(items: list[Recorded]) -> dict[str, pa.Table]:
         e = item.event
         if isinstance(e, NodeSample | LeanNodeSample):
             continue
-        _audit_row(cols["events"], item)
+        if not isinstance(e, NodeInventory):  # telemetry, repeated every minute: not an audit fact
+            _audit_row(cols["events"], item)
         if type(e).ce_type() in _JOB_KINDS:
             _job_row(cols["job_events"], item)
         elif isinstance(e, NodeIsolated | NodeRestored | GpuIsolated | GpuRestored):

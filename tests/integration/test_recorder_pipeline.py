@@ -100,7 +100,7 @@ async def publish_scenario(js: JetStreamContext, *, samples: int = 30) -> None:
     )
 
 
-EXPECTED = {"samples": 120, "minute_samples": 120, "events": 7, "job_events": 3, "inventory": 4}
+EXPECTED = {"samples": 120, "minute_samples": 120, "events": 6, "job_events": 3, "inventory": 4}
 
 
 async def test_the_recorder_stores_samples_rollups_audit_log_and_answers_sql(
