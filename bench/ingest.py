@@ -246,9 +246,9 @@ def efficiency_query(data_dir: Path, repeats: int) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--messages", type=int, default=40_000, help="node samples (8 GPUs each) to ingest")
-    parser.add_argument("--batch", type=int, default=5000, help="recorder fetch batch")
+    parser.add_argument("--batch", type=int, default=2000, help="recorder fetch batch")
     parser.add_argument("--repeats", type=int, default=20, help="efficiency query runs")
-    parser.add_argument("--consumers", type=int, default=2, help="recorder pull consumers on TELEMETRY")
+    parser.add_argument("--consumers", type=int, default=3, help="recorder pull consumers on TELEMETRY")
     parser.add_argument("--skip-query", action="store_true", help="measure ingest only")
     args = parser.parse_args()
     configure_logging("error")

@@ -50,11 +50,11 @@ class SqlRequest(msgspec.Struct):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_warehouse_options(parser)
-    parser.add_argument("--batch-size", type=int, default=5000, help="most messages stored per insert (5000)")
+    parser.add_argument("--batch-size", type=int, default=2000, help="most messages stored per insert (2000)")
     parser.add_argument(
         "--flush-interval", type=float, default=1.0, help="longest wait in seconds for a batch to fill (1.0)"
     )
-    parser.add_argument("--telemetry-consumers", type=int, default=2, help="parallel pull consumers on TELEMETRY (2)")
+    parser.add_argument("--telemetry-consumers", type=int, default=3, help="parallel pull consumers on TELEMETRY (3)")
     parser.add_argument(
         "--ack-wait", type=float, default=60.0, help="seconds before an unacked batch is redelivered (60)"
     )
@@ -79,7 +79,7 @@ async def setup_recorder(
     ctx: ServiceContext,
     writer: Writer,
     *,
-    batch_size: int = 5000,
+    batch_size: int = 2000,
     flush_interval: float = 1.0,
     ack_wait: float = 60.0,
     telemetry_consumers: int = 1,
