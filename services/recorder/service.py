@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 from typing import Any
 
 import msgspec
 
 from events.streams import BILLING, FAULTS, FLEET, JOBS, QUOTA, TELEMETRY
+from services.cli.errors import UsageError
 from services.recorder.rows import Recorded
 from services.recorder.samples import SampleConsumer
 from services.recorder.writer import Writer
@@ -27,6 +29,7 @@ from services.warehouse import (
     ReadOnlyViolation,
     Warehouse,
     WarehouseError,
+    WarehouseUnavailable,
     add_warehouse_options,
     check_read_only,
     migrate,
@@ -151,8 +154,27 @@ def _crash_hook() -> Any:
     return hook
 
 
+async def open_when_ready(args: argparse.Namespace, stop: asyncio.Event) -> Warehouse | None:
+    """A held chDB directory is a mistake to report at once; a server that is not up yet (pods start in
+    any order) is waited for, with back-off, until it answers or the service is stopped."""
+    delay = 0.5
+    while not stop.is_set():
+        try:
+            return await asyncio.to_thread(open_and_migrate, args)
+        except WarehouseUnavailable as exc:
+            if not args.clickhouse_url:
+                raise UsageError(str(exc)) from None
+            log.warning("warehouse unavailable, retrying", error=str(exc), delay_s=delay)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=delay)
+            delay = min(delay * 2, 30.0)
+    return None
+
+
 async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
-    warehouse = await asyncio.to_thread(open_and_migrate, args)
+    warehouse = await open_when_ready(args, stop)
+    if warehouse is None:
+        return
     writer = Writer(warehouse, after_insert=_crash_hook())
     try:
 
