@@ -27,6 +27,10 @@ log = get_logger("chamber.recorder.writer")
 T = TypeVar("T")
 
 
+# The time column of tables sorted or partitioned by time, used to narrow the look-up of stored ids.
+_TIME_COLUMNS = {"gpu_samples": "ts", "events": "at", "cost_ledger": "period_start"}
+
+
 def _quoted(values: list[str]) -> str:
     return ", ".join("'" + v.replace("\\", "\\\\").replace("'", "\\'") + "'" for v in values)
 
@@ -79,10 +83,11 @@ class Writer:
     def _drop_stored(self, name: str, table: pa.Table) -> pa.Table:
         ids = pc.unique(table.column("event_id")).to_pylist()
         where = f"event_id IN ({_quoted(ids)})"
-        if name == "gpu_samples":  # prune by time first: the ids are not in the sort key
-            ts = table.column("ts")
-            lo, hi = pc.min(ts).as_py(), pc.max(ts).as_py()
-            where += f" AND ts BETWEEN toDateTime64('{lo:%Y-%m-%d %H:%M:%S.%f}', 3, 'UTC') - 1"
+        column = _TIME_COLUMNS.get(name)
+        if column is not None:  # prune by time first: the ids are not where the sort key starts
+            times = table.column(column)
+            lo, hi = pc.min(times).as_py(), pc.max(times).as_py()
+            where += f" AND {column} BETWEEN toDateTime64('{lo:%Y-%m-%d %H:%M:%S.%f}', 3, 'UTC') - 1"
             where += f" AND toDateTime64('{hi:%Y-%m-%d %H:%M:%S.%f}', 3, 'UTC') + 1"
         stored = [r[0] for r in self.warehouse.query(f"SELECT DISTINCT event_id FROM {name} WHERE {where}").rows]
         if not stored:
