@@ -31,6 +31,7 @@ class ServerWarehouse(Warehouse):
 
         parsed = urlparse(url)
         self.url = url
+        self.database = database
         kwargs: dict[str, Any] = {
             "host": parsed.hostname or "127.0.0.1",
             "port": parsed.port or (8443 if parsed.scheme == "https" else 8123),

@@ -20,8 +20,11 @@ idle GPUs now (minute 9): n1 GPUs 0, 1, 3 and both n2 GPUs = 5
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -88,13 +91,35 @@ def warehouse(tmp_path: Path) -> ChdbWarehouse:
     return w
 
 
+@pytest.fixture(params=["chdb", "clickhouse"])
+def any_warehouse(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Warehouse]:
+    """The same scenario on both backends; the server only when CHAMBER_CLICKHOUSE_URL is set."""
+    if request.param == "chdb":
+        w: Warehouse = ChdbWarehouse(tmp_path)
+    else:
+        url = os.environ.get("CHAMBER_CLICKHOUSE_URL")
+        if not url:
+            pytest.skip("set CHAMBER_CLICKHOUSE_URL to run the efficiency scenario on a ClickHouse server")
+        from services.warehouse.server_backend import ServerWarehouse
+
+        w = ServerWarehouse(url, database=f"chamber_test_{uuid.uuid4().hex[:8]}")
+    migrate(w)
+    record(w, timeline())
+    try:
+        yield w
+    finally:
+        if request.param == "clickhouse":
+            w.command(f"DROP DATABASE IF EXISTS {w.database}")  # type: ignore[attr-defined]
+        w.close()
+
+
 def report(w: Warehouse, by: str | None = None) -> dict[str, object]:
     result = w.query(efficiency_sql(T0, T0 + 600, by))
     return shape(result.as_dicts(), T0, T0 + 600, by)
 
 
-def test_fleet_efficiency_equals_the_hand_computed_numbers(warehouse: ChdbWarehouse) -> None:
-    fleet = report(warehouse)
+def test_fleet_efficiency_equals_the_hand_computed_numbers(any_warehouse: Warehouse) -> None:
+    fleet = report(any_warehouse)
     assert fleet["capacity_gpu_hours"] == pytest.approx(3480 / H)
     assert fleet["allocated_gpu_hours"] == pytest.approx(960 / H)
     assert fleet["busy_gpu_hours"] == pytest.approx(600 / H)
@@ -104,10 +129,10 @@ def test_fleet_efficiency_equals_the_hand_computed_numbers(warehouse: ChdbWareho
     assert fleet["stranded_gpu_hours"] == pytest.approx(1020 / H)
     assert fleet["idle_cost"] == pytest.approx(2.37)
     assert fleet["idle_gpus_now"] == 5
-    warehouse.close()
 
 
-def test_efficiency_by_model_pool_team_and_node(warehouse: ChdbWarehouse) -> None:
+def test_efficiency_by_model_pool_team_and_node(any_warehouse: Warehouse) -> None:
+    warehouse = any_warehouse
     by_model = {g["model"]: g for g in report(warehouse, "model")["groups"]}  # type: ignore[union-attr]
     h100, a100 = by_model["H100-80GB"], by_model["A100-40GB"]
     assert (h100["capacity_gpu_hours"], h100["allocated_gpu_hours"], h100["busy_gpu_hours"]) == pytest.approx(
@@ -132,7 +157,6 @@ def test_efficiency_by_model_pool_team_and_node(warehouse: ChdbWarehouse) -> Non
 
     by_node = {g["node"]: g["busy_gpu_hours"] for g in report(warehouse, "node")["groups"]}  # type: ignore[union-attr]
     assert by_node == pytest.approx({"n1": 540 / H, "n2": 60 / H})
-    warehouse.close()
 
 
 def test_the_cli_reports_efficiency_and_answers_sql_from_the_data_dir(warehouse: ChdbWarehouse, tmp_path: Path) -> None:
@@ -161,3 +185,22 @@ def test_the_cli_reports_efficiency_and_answers_sql_from_the_data_dir(warehouse:
 
     refused = subprocess.run([chamber, "sql", "TRUNCATE TABLE events", *common], capture_output=True, text=True)
     assert refused.returncode == 2 and "read-only" in refused.stderr and "Traceback" not in refused.stderr
+
+
+def test_an_isolated_node_has_no_capacity_while_isolated(tmp_path: Path) -> None:
+    """n9: 2 GPUs for 5 minutes, the whole node isolated from +60 to +180: capacity 2 x (300 - 120) s."""
+    from events import NodeIsolated, NodeRestored
+
+    w = ChdbWarehouse(tmp_path / "isolated")
+    migrate(w)
+    events: list[Event] = [an_inventory("n9", gpus=2, model="L4")]
+    events += [a_sample("n9", T0 + 10 * k, [50, 50], seq=k) for k in range(30)]
+    events += [
+        NodeIsolated(cluster="c1", node="n9", at=T0 + 60, reason="heartbeat lost"),
+        NodeRestored(cluster="c1", node="n9", at=T0 + 180, reason="probation"),
+    ]
+    record(w, events)
+    fleet = shape(w.query(efficiency_sql(T0, T0 + 300)).as_dicts(), T0, T0 + 300, None)
+    assert fleet["capacity_gpu_hours"] == pytest.approx(2 * 180 / H)
+    assert fleet["idle_gpus_now"] == 2
+    w.close()
