@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -218,6 +219,10 @@ async def test_a_recorder_killed_between_insert_and_ack_restarts_without_duplica
         assert await sql("SELECT sum(samples) FROM gpu_minute") == 240
         assert await sql("SELECT count() FROM events") == EXPECTED["events"]
         assert await sql("SELECT uniqExact(event_id, gpu_index) FROM gpu_samples") == 240
+
+        # The CLI cannot open the directory the recorder holds: it asks the recorder.
+        out = await asyncio.to_thread(cli_sql, nats_server.url, tmp_path, "SELECT count() AS n FROM gpu_samples")
+        assert json.loads(out) == {"columns": ["n"], "rows": [[240]]}
     finally:
         recorder.terminate()
         await asyncio.to_thread(recorder.wait, 30)
@@ -244,3 +249,9 @@ async def test_a_broken_sample_is_dead_lettered_and_the_rest_of_its_batch_is_sto
         await asyncio.wait_for(task, 15)
         writer.close()
         warehouse.close()
+
+
+def cli_sql(url: str, data_dir: Path, query: str) -> str:
+    chamber = str(Path(sys.executable).parent / "chamber")
+    args = ["sql", query, "--format", "json", "--nats", url, "--data-dir", str(data_dir)]
+    return subprocess.run([chamber, *args], capture_output=True, text=True, check=True).stdout
