@@ -123,7 +123,8 @@ def _components(args: argparse.Namespace, url: str, data_dir: Path) -> list[obje
             agent += ["--nats", url]
         components.append(Component("agent", [*chamber, *agent], env))
     if "workload" in commands and not args.no_workload:
-        components.append(Component("workload", [*chamber, "workload", "--nats", url], env))
+        gpus = str(args.nodes * args.gpus_per_node)
+        components.append(Component("workload", [*chamber, "workload", "--nats", url, "--gpus", gpus], env))
     return components
 
 
