@@ -8,6 +8,7 @@ from events.faults import GpuFaultDetected
 from events.fleet import (
     GpuIsolated,
     GpuRestored,
+    IsolationHeld,
     NodeDiscovered,
     NodeIsolated,
     NodeLost,
@@ -40,6 +41,7 @@ ALL_EVENTS: tuple[type[Event], ...] = (
     NodeRestored,
     GpuIsolated,
     GpuRestored,
+    IsolationHeld,
     JobSubmitted,
     JobScheduled,
     JobStarted,
