@@ -499,7 +499,7 @@ def confirm(state: HealthState, cluster: str, node: str, gpu_index: int | None, 
         hint = f"; held now: {', '.join(waiting)}" if waiting else "; nothing is held"
         raise HealthRefusal(f"no isolation is held for {node} in cluster {cluster}{hint}", field="node")
     target: Target = (cluster, node, gpu_index)
-    reason = f"confirmed by {by}: {held.reason.split('; held:')[0]}"
+    reason = f"{held.reason.split('; held:')[0]}; isolation confirmed by {by}"
     restore_mode = Restore.PROBATION
     event = _isolation_event(state, target, now, reason, list(held.fault_ids), restore_mode)
     action = "isolate_node" if gpu_index is None else "isolate_gpu"

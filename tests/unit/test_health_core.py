@@ -158,7 +158,8 @@ def test_the_isolation_budget_holds_a_storm_for_an_operator(default_policy: Poli
     assert more.action == "extend"  # n001 is isolated as a whole already
     # An operator confirms the held one.
     d = confirm(state, "c1", "n002", None, now=T0 + 100, by="alice")
-    assert isinstance(d.event, NodeIsolated) and d.event.reason.startswith("confirmed by alice: xid-79")
+    assert isinstance(d.event, NodeIsolated) and d.event.reason.startswith("xid-79: ")
+    assert d.event.reason.endswith("; isolation confirmed by alice")
     evolve(state, d)
     assert state.held == {} and state.nodes[("c1", "n002")].isolated is not None
 

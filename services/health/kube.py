@@ -1,0 +1,199 @@
+"""Kubernetes node actuator: turns isolation decisions into Node patches, and undoes only its own.
+
+- Node isolated: cordon (only if not cordoned already, remembered in an annotation), taint
+  `chamber.io/gpu-unhealthy=<code>:NoSchedule`, condition `ChamberGPUHealthy=False` with the reason.
+- GPU isolated: annotation `chamber.io/isolated-gpus` lists the isolated GPU UUIDs (for the device
+  plugin or an admission policy) and label `chamber.io/isolated-gpu-count` makes them selectable.
+- Restored: remove our taint, uncordon only if Chamber cordoned, condition back to True.
+
+Every patch is computed from a fresh GET and carries its `resourceVersion`, so a concurrent edit
+makes the API server refuse it (409) and the patch is recomputed. A patch that would change nothing
+is not sent. With `dry_run` the patches are logged, never sent. The client is synchronous: the shell
+calls `apply` in a worker thread.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from typing import Any
+
+from events.base import Event
+from events.fleet import GpuIsolated, GpuRestored, NodeIsolated, NodeRestored
+from services.runtime.logs import get_logger
+
+log = get_logger("chamber.health.kube")
+
+TAINT_KEY = "chamber.io/gpu-unhealthy"
+CONDITION = "ChamberGPUHealthy"
+CORDONED = "chamber.io/cordoned"  # "true" when Chamber set spec.unschedulable (so restore may undo it)
+REASON = "chamber.io/isolation-reason"
+ISOLATED_GPUS = "chamber.io/isolated-gpus"
+ISOLATED_GPU_COUNT = "chamber.io/isolated-gpu-count"
+PATCH = "application/strategic-merge-patch+json"
+CONFLICT_RETRIES = 3
+
+
+def taint_value(reason: str) -> str:
+    """A label-value-safe code from a decision reason (`xid-79: ...` -> `xid-79`)."""
+    code = reason.split(":", 1)[0].strip()
+    code = re.sub(r"[^A-Za-z0-9_.-]", "-", code)[:63].strip("-_.")
+    return code or "gpu-fault"
+
+
+def condition_reason(reason: str) -> str:
+    """A CamelCase condition reason from the code (`xid-79` -> `Xid79`, `ecc_dbe` -> `EccDbe`)."""
+    return "".join(part.capitalize() for part in re.split(r"[^A-Za-z0-9]+", taint_value(reason)) if part) or "GpuFault"
+
+
+def rfc3339(ts: float) -> str:
+    return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class KubeActuator:
+    def __init__(self, api: Any, *, dry_run: bool = False) -> None:
+        self.api = api  # kubernetes.client.CoreV1Api
+        self.dry_run = dry_run
+        self.sent: int = 0
+
+    def apply(self, event: Event) -> list[dict[str, Any]]:
+        """Make the Node reflect one decision; returns the patches sent (or logged, in dry-run)."""
+        from kubernetes.client.exceptions import ApiException
+
+        for attempt in range(1, CONFLICT_RETRIES + 1):
+            try:
+                return self._apply_once(event)
+            except ApiException as exc:
+                if exc.status == 409 and attempt < CONFLICT_RETRIES:
+                    log.info("node changed under us, recomputing the patch", node=event.node, attempt=attempt)  # type: ignore[attr-defined]
+                    continue
+                if exc.status == 404:
+                    log.warning("node not in Kubernetes, nothing to patch", node=event.node)  # type: ignore[attr-defined]
+                    return []
+                raise
+        return []
+
+    def _apply_once(self, event: Event) -> list[dict[str, Any]]:
+        match event:
+            case NodeIsolated():
+                return self._node(event.node, isolate=True, reason=event.reason, at=event.at)
+            case NodeRestored():
+                return self._node(event.node, isolate=False, reason=event.reason, at=event.at)
+            case GpuIsolated():
+                return self._gpu(event.node, event.gpu_uuid or f"index-{event.gpu_index}", isolate=True)
+            case GpuRestored():
+                return self._gpu(event.node, event.gpu_uuid or f"index-{event.gpu_index}", isolate=False)
+        return []
+
+    # -- node -------------------------------------------------------------------------------------
+
+    def _node(self, name: str, *, isolate: bool, reason: str, at: float) -> list[dict[str, Any]]:
+        node = self.api.read_node(name)
+        meta, spec = node.metadata, node.spec
+        annotations = dict(meta.annotations or {})
+        taints = [_taint_dict(t) for t in (spec.taints or [])]
+        others = [t for t in taints if t["key"] != TAINT_KEY]
+        unschedulable = bool(spec.unschedulable)
+        body_meta: dict[str, Any] = {}
+        body_spec: dict[str, Any] = {}
+        if isolate:
+            wanted = [*others, {"key": TAINT_KEY, "value": taint_value(reason), "effect": "NoSchedule"}]
+            if not unschedulable:
+                body_spec["unschedulable"] = True
+                body_meta[CORDONED] = "true"
+            if annotations.get(REASON) != reason:
+                body_meta[REASON] = reason
+        else:
+            wanted = others
+            if annotations.get(CORDONED) == "true":
+                body_spec["unschedulable"] = False  # only what Chamber did: a human's cordon stays
+                body_meta[CORDONED] = None
+            if REASON in annotations:
+                body_meta[REASON] = None
+        if wanted != taints:
+            body_spec["taints"] = wanted
+        patches: list[dict[str, Any]] = []
+        if body_meta or body_spec:
+            body: dict[str, Any] = {"metadata": {"resourceVersion": meta.resource_version}}
+            if body_meta:
+                body["metadata"]["annotations"] = body_meta
+            if body_spec:
+                body["spec"] = body_spec
+            patches.append(self._send(name, body, status=False))
+        status_body = {
+            "status": {
+                "conditions": [
+                    {
+                        "type": CONDITION,
+                        "status": "False" if isolate else "True",
+                        "reason": condition_reason(reason) if isolate else "Restored",
+                        "message": reason,
+                        "lastTransitionTime": rfc3339(at),
+                        "lastHeartbeatTime": rfc3339(at),
+                    }
+                ]
+            }
+        }
+        if _condition(node, CONDITION) != (
+            "False" if isolate else "True",
+            status_body["status"]["conditions"][0]["message"],
+        ):
+            patches.append(self._send(name, status_body, status=True))
+        return patches
+
+    # -- gpu --------------------------------------------------------------------------------------
+
+    def _gpu(self, name: str, uuid: str, *, isolate: bool) -> list[dict[str, Any]]:
+        node = self.api.read_node(name)
+        meta = node.metadata
+        current = [u for u in (meta.annotations or {}).get(ISOLATED_GPUS, "").split(",") if u]
+        wanted = sorted({*current, uuid}) if isolate else [u for u in current if u != uuid]
+        if wanted == current:
+            return []
+        body = {
+            "metadata": {
+                "resourceVersion": meta.resource_version,
+                "annotations": {ISOLATED_GPUS: ",".join(wanted) if wanted else None},
+                "labels": {ISOLATED_GPU_COUNT: str(len(wanted)) if wanted else None},
+            }
+        }
+        return [self._send(name, body, status=False)]
+
+    def _send(self, name: str, body: dict[str, Any], *, status: bool) -> dict[str, Any]:
+        what = "node status" if status else "node"
+        if self.dry_run:
+            log.info("dry run: would patch " + what, node=name, patch=body)
+            return body
+        if status:
+            self.api.patch_node_status(name, body, _content_type=PATCH)
+        else:
+            self.api.patch_node(name, body, _content_type=PATCH)
+        self.sent += 1
+        log.info("patched " + what, node=name, patch=body)
+        return body
+
+
+def _taint_dict(taint: Any) -> dict[str, Any]:
+    out = {"key": taint.key, "value": taint.value, "effect": taint.effect}
+    if getattr(taint, "time_added", None):
+        out["timeAdded"] = taint.time_added.isoformat() if hasattr(taint.time_added, "isoformat") else taint.time_added
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def _condition(node: Any, kind: str) -> tuple[str, str] | None:
+    for c in (node.status.conditions if node.status else None) or []:
+        if c.type == kind:
+            return c.status, c.message or ""
+    return None
+
+
+def client_from(kubeconfig: str | None, in_cluster: bool) -> Any:
+    """A CoreV1Api from in-cluster config or a kubeconfig file (None when neither is configured)."""
+    from kubernetes import client, config
+
+    if in_cluster:
+        config.load_incluster_config()
+        return client.CoreV1Api()
+    if kubeconfig:
+        return client.CoreV1Api(config.new_client_from_config(config_file=kubeconfig))
+    return None
