@@ -77,7 +77,7 @@ class DiscoveryShell:
                 await self.ctx.publisher.publish_many((e, core.event_id(e), e.at) for e in events)  # type: ignore[attr-defined]
                 for e in events:
                     core.evolve(self.state, e)
-                    log.info("fleet", event=type(e).__name__, node=e.node, status=getattr(e, "status", None))  # type: ignore[attr-defined]
+                    log.info("fleet", kind=type(e).__name__, node=e.node, status=getattr(e, "status", None))  # type: ignore[attr-defined]
             await self._write_views(now)
 
     async def _write_views(self, now: float) -> None:
