@@ -1,0 +1,142 @@
+"""Fault-to-isolation latency on this machine.
+
+A 1,000-node simulated fleet (8 GPUs each) is announced on FLEET; the health service runs in this
+process with its Kubernetes actuator pointed at a local API-server stub. 1,000 faults (a DBE on one
+GPU of every node: each is a GPU isolation) are published at a steady rate. Measured per fault:
+publish -> GpuIsolated event seen on FLEET, and publish -> the node PATCH reaching the stub.
+The isolation budget is lifted for the run (a 100 % share), or most of these would be held.
+
+Prints one JSON object: p50_ms, p99_ms, max_ms (event), patch_p50_ms, patch_p99_ms, faults, nodes, rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from events import GpuIsolated, decode
+from events.faults import FaultKind
+from services.health import service as health
+from services.health.kube import KubeActuator
+from services.health.policy import Budget, load_policy
+from services.runtime import Publisher, connect, ensure_streams
+from services.runtime.host import ServiceContext, serve
+from services.runtime.logs import configure_logging
+from services.runtime.nats_server import NatsServerProcess
+from tests.health_builders import a_fault, a_node_discovered
+from tests.kube_stub import KubeStub, a_k8s_node
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+async def measure(url: str, nodes: int, faults: int, rate: float) -> dict[str, Any]:
+    names = [f"node-{i:04d}" for i in range(nodes)]
+    nc = await connect(url, name="bench")
+    js = nc.jetstream()
+    await ensure_streams(js)
+    publisher = Publisher(js, source="bench")
+    await publisher.publish_many((a_node_discovered(n, cluster="bench"), f"disc-{n}", None) for n in names)
+
+    published: dict[str, float] = {}
+    seen: dict[str, float] = {}
+    patched: dict[str, float] = {}
+    node_of: dict[str, str] = {}
+    done = asyncio.Event()
+
+    async def on_fleet(msg: Any) -> None:
+        event = decode(msg.headers, msg.data).event
+        if isinstance(event, GpuIsolated):
+            for fid in event.fault_ids:
+                seen.setdefault(fid, time.perf_counter())
+            if len(seen) >= faults:
+                done.set()
+
+    sub = await nc.subscribe("chamber.fleet.>", cb=on_fleet)
+    policy = load_policy()
+    policy = replace(policy, budget=Budget(max_share=1.0, min_nodes=1, window_s=policy.budget.window_s))
+    stop = asyncio.Event()
+    with KubeStub([a_k8s_node(n) for n in names]) as stub:
+
+        def on_request(request: Any) -> None:
+            if request.method == "PATCH":
+                patched.setdefault(request.path.rsplit("/", 1)[-1], time.perf_counter())
+
+        stub.on_request = on_request
+        args = argparse.Namespace(nats=url, cluster="bench", policy=None, dry_run=False, tick=1.0)
+        shells: list[health.HealthShell] = []
+
+        async def setup(ctx: ServiceContext) -> None:
+            shells.append(await health.setup(ctx, args, policy, actuator=KubeActuator(stub.client())))
+
+        task = asyncio.create_task(serve("health", url, setup, stop))
+        while not (shells and shells[0].catch_up.done and len(shells[0].state.nodes) >= nodes):
+            await asyncio.sleep(0.1)
+
+        interval = 1.0 / rate
+        start = time.perf_counter()
+        for i in range(faults):
+            node = names[i % nodes]
+            fault = a_fault(node, kind=FaultKind.ECC_DBE, gpu=i % 8, at=time.time(), cluster="bench", fault_id=f"f{i}")
+            node_of[fault.fault_id] = node
+            target = start + i * interval
+            delay = target - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            published[fault.fault_id] = time.perf_counter()
+            await publisher.publish(fault, id=fault.fault_id)
+        await asyncio.wait_for(done.wait(), 120)
+        deadline = time.perf_counter() + 60
+        while len(patched) < len({node_of[f] for f in published}) and time.perf_counter() < deadline:
+            await asyncio.sleep(0.05)
+        stop.set()
+        await asyncio.wait_for(task, 30)
+    await sub.unsubscribe()
+    await nc.drain()
+
+    event_ms = [(seen[f] - t) * 1000 for f, t in published.items() if f in seen]
+    patch_ms = [(patched[node_of[f]] - t) * 1000 for f, t in published.items() if node_of[f] in patched]
+    return {
+        "faults": faults,
+        "nodes": nodes,
+        "rate_per_s": rate,
+        "isolations": len(event_ms),
+        "p50_ms": round(percentile(event_ms, 0.50), 2),
+        "p99_ms": round(percentile(event_ms, 0.99), 2),
+        "max_ms": round(max(event_ms), 2),
+        "patch_p50_ms": round(percentile(patch_ms, 0.50), 2) if patch_ms else None,
+        "patch_p99_ms": round(percentile(patch_ms, 0.99), 2) if patch_ms else None,
+        "patches": len(patch_ms),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--faults", type=int, default=1000)
+    parser.add_argument("--rate", type=float, default=200.0, help="faults per second (default 200)")
+    args = parser.parse_args()
+    configure_logging("error")
+    with tempfile.TemporaryDirectory() as tmp:
+        server = NatsServerProcess(Path(tmp) / "js", log_file=Path(tmp) / "nats.log")
+        server.start()
+        try:
+            result = asyncio.run(measure(server.url, args.nodes, args.faults, args.rate))
+        finally:
+            server.kill()
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
