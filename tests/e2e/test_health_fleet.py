@@ -225,3 +225,49 @@ async def test_a_silent_node_becomes_suspect_then_lost(
             assert statuses == [NodeStatus.SUSPECT]
             [lost] = fleet.of(NodeLost)
             assert lost.last_seen_at == now and lost.at == now + 2.0
+
+
+async def test_a_restarted_health_service_rebuilds_its_isolations_and_re_emits_nothing(
+    nats_server: NatsServerProcess, nc: Client, js: JetStreamContext
+) -> None:
+    url = nats_server.url
+    agent = Publisher(js, source="chamber/agent-sim")
+    with KubeStub([a_k8s_node(n) for n in NODES]) as stub:
+        async with running(url, nc, stub) as first:
+            for node in NODES:
+                await agent.publish(an_inventory(node, cluster=CLUSTER, at=time.time()))
+            await agent.publish(a_fault("gpu-0", xid=79, at=time.time(), cluster=CLUSTER, fault_id="a"))
+            await agent.publish(a_fault("gpu-1", kind=FaultKind.ECC_DBE, gpu=5, at=time.time(), cluster=CLUSTER))
+            await eventually(lambda: len(first.of(NodeIsolated)) == 1 and len(first.of(GpuIsolated)) == 1)
+        writes_before = len(stub.writes())
+        stub.nodes["gpu-0"]["spec"]["taints"] = []  # someone removed our taint while health was down
+
+        shells: list[health.HealthShell] = []
+        stop = asyncio.Event()
+        seen: list[Event] = []
+
+        async def on_fleet(msg: Any) -> None:
+            seen.append(decode(msg.headers, msg.data).event)
+
+        sub = await nc.subscribe("chamber.fleet.>", cb=on_fleet)
+
+        async def setup(ctx: ServiceContext) -> None:
+            shells.append(
+                await health.setup(ctx, health_args(url), load_policy(), actuator=KubeActuator(stub.client()))
+            )
+
+        task = asyncio.create_task(serve("health", url, setup, stop))
+        await eventually(lambda: bool(shells) and shells[0].catch_up.done)
+        state = shells[0].state
+        assert state.nodes[(CLUSTER, "gpu-0")].isolated is not None
+        assert list(state.nodes[(CLUSTER, "gpu-1")].gpu_isolated) == [5]
+        await asyncio.sleep(1.0)  # a few ticks and a reconcile pass
+        stop.set()
+        await asyncio.wait_for(task, 15)
+        await sub.unsubscribe()
+        assert seen == []  # nothing decided twice
+        [reconciled] = stub.writes()[writes_before:]  # only what drifted is patched back
+        assert reconciled.path == "/api/v1/nodes/gpu-0"
+        assert reconciled.body["spec"] == {
+            "taints": [{"key": "chamber.io/gpu-unhealthy", "value": "xid-79", "effect": "NoSchedule"}]
+        }

@@ -321,3 +321,45 @@ def test_a_budget_of_the_whole_fleet_never_holds(default_policy: Policy) -> None
     state = a_health_engine(policy, nodes=10)
     decisions = step(state, *[a_fault(f"n{i:03d}", xid=79) for i in range(10)], now=T0)
     assert all(d.action == "isolate_node" for d in decisions) and len(decisions) == 10
+
+
+@pytest.mark.parametrize(
+    ("kind", "severity", "action"),
+    [
+        (FaultKind.ECC_DBE, Severity.CRITICAL, "isolate_gpu"),
+        (FaultKind.ECC_SBE_STORM, Severity.WARNING, "record"),
+        (FaultKind.RETIRED_PAGES, Severity.WARNING, "record"),
+        (FaultKind.RETIRED_PAGES, Severity.CRITICAL, "isolate_gpu"),
+        (FaultKind.ROW_REMAP_PENDING, Severity.WARNING, "record"),
+        (FaultKind.ROW_REMAP_FAILURE, Severity.CRITICAL, "isolate_gpu"),
+        (FaultKind.THERMAL, Severity.WARNING, "record"),
+        (FaultKind.THERMAL, Severity.CRITICAL, "isolate_gpu"),
+        (FaultKind.POWER, Severity.WARNING, "record"),
+        (FaultKind.POWER, Severity.CRITICAL, "isolate_gpu"),
+        (FaultKind.NVLINK, Severity.WARNING, "record"),
+        (FaultKind.NVLINK, Severity.CRITICAL, "isolate_node"),
+        (FaultKind.PCIE, Severity.WARNING, "record"),
+        (FaultKind.GPU_LOST, Severity.CRITICAL, "isolate_node"),
+        (FaultKind.AGENT_SILENT, Severity.WARNING, "record"),
+        (FaultKind.OTHER, Severity.INFO, "record"),
+        (FaultKind.OTHER, Severity.CRITICAL, "isolate_gpu"),
+    ],
+)
+def test_the_engine_decides_every_fault_kind(
+    default_policy: Policy, kind: FaultKind, severity: Severity, action: str
+) -> None:
+    state = a_health_engine(default_policy)
+    [d] = step(state, a_fault("n000", kind=kind, gpu=2, severity=severity), now=T0)
+    assert d.action == action and d.fault_ids and d.reason.startswith(f"{kind}: ")
+    assert (d.event is None) == (action == "record")
+
+
+@pytest.mark.parametrize("kind", [FaultKind.PCIE, FaultKind.ECC_SBE_STORM, FaultKind.THERMAL, FaultKind.NVLINK])
+def test_repeated_warnings_escalate_per_the_dcgm_semantics(default_policy: Policy, kind: FaultKind) -> None:
+    state = a_health_engine(default_policy)
+    rule = default_policy.kinds[kind]
+    assert rule.escalate is not None
+    decisions = []
+    for i in range(rule.escalate.count):
+        decisions += step(state, a_fault("n000", kind=kind, gpu=2, at=T0 + i, severity=Severity.WARNING), now=T0 + i)
+    assert [d.action for d in decisions] == ["record"] * (rule.escalate.count - 1) + [str(rule.escalate.action)]
