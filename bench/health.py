@@ -33,12 +33,13 @@ from services.runtime.host import ServiceContext, serve
 from services.runtime.logs import configure_logging
 from services.runtime.nats_server import NatsServerProcess
 from tests.health_builders import a_fault, a_node_discovered
+from tests.integration.test_runtime import eventually
 from tests.kube_stub import KubeStub, a_k8s_node
 
 
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 async def measure(url: str, nodes: int, faults: int, rate: float) -> dict[str, Any]:
@@ -81,8 +82,7 @@ async def measure(url: str, nodes: int, faults: int, rate: float) -> dict[str, A
             shells.append(await health.setup(ctx, args, policy, actuator=KubeActuator(stub.client())))
 
         task = asyncio.create_task(serve("health", url, setup, stop))
-        while not (shells and shells[0].catch_up.done and len(shells[0].state.nodes) >= nodes):
-            await asyncio.sleep(0.1)
+        await eventually(lambda: bool(shells) and shells[0].catch_up.done and len(shells[0].state.nodes) >= nodes, 60)
 
         interval = 1.0 / rate
         start = time.perf_counter()
@@ -97,9 +97,7 @@ async def measure(url: str, nodes: int, faults: int, rate: float) -> dict[str, A
             published[fault.fault_id] = time.perf_counter()
             await publisher.publish(fault, id=fault.fault_id)
         await asyncio.wait_for(done.wait(), 120)
-        deadline = time.perf_counter() + 60
-        while len(patched) < len({node_of[f] for f in published}) and time.perf_counter() < deadline:
-            await asyncio.sleep(0.05)
+        await eventually(lambda: len(patched) >= len({node_of[f] for f in published}), 60)
         stop.set()
         await asyncio.wait_for(task, 30)
     await sub.unsubscribe()
