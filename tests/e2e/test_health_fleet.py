@@ -103,6 +103,27 @@ async def running(url: str, nc: Client, stub: KubeStub, **discovery_kw: Any) -> 
         await sub.unsubscribe()
 
 
+@contextlib.asynccontextmanager
+async def simulated_agents(agent: Publisher, nodes: list[str], every: float = 0.5) -> AsyncIterator[None]:
+    """Agents that keep sampling (interval 1 s) so the nodes stay healthy however slow the machine is."""
+
+    async def loop() -> None:
+        seq = 0
+        while True:
+            seq += 1
+            for node in nodes:
+                await agent.publish(a_sample(node, cluster=CLUSTER, at=time.time(), seq=seq, util=75.0))
+            await asyncio.sleep(every)
+
+    task = asyncio.create_task(loop())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
 async def run_cli(*argv: str) -> tuple[int, str]:
     out = io.StringIO()
 
@@ -126,11 +147,10 @@ async def test_injected_faults_isolate_the_right_node_and_gpu_end_to_end(
     url = nats_server.url
     agent = Publisher(js, source="chamber/agent-sim")
     with KubeStub([a_k8s_node(n) for n in [*NODES, "cpu-only"]]) as stub:
-        async with running(url, nc, stub) as fleet:
+        async with running(url, nc, stub) as fleet, simulated_agents(agent, NODES):
             now = time.time()
             for node in NODES:
                 await agent.publish(an_inventory(node, cluster=CLUSTER, at=now))
-                await agent.publish(a_sample(node, cluster=CLUSTER, at=now, util=75.0))
 
             async def fleet_seen() -> bool:
                 code, out = await run_cli("fleet", "--json", "--nats", url)

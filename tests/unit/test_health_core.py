@@ -363,3 +363,14 @@ def test_repeated_warnings_escalate_per_the_dcgm_semantics(default_policy: Polic
     for i in range(rule.escalate.count):
         decisions += step(state, a_fault("n000", kind=kind, gpu=2, at=T0 + i, severity=Severity.WARNING), now=T0 + i)
     assert [d.action for d in decisions] == ["record"] * (rule.escalate.count - 1) + [str(rule.escalate.action)]
+
+
+@pytest.mark.parametrize("seed", [4, 5, 6])
+def test_the_budget_is_never_exceeded_without_an_operator(default_policy: Policy, seed: int) -> None:
+    _, log = run(default_policy, a_random_history(seed))
+    window = default_policy.budget.window_s
+    allowed = max(2, int(0.1 * 30))
+    isolations = [(e.at, e.node) for _, e in log if isinstance(e, NodeIsolated | GpuIsolated)]
+    assert isolations
+    for at, _ in isolations:
+        assert len({n for t, n in isolations if at - window < t <= at}) <= allowed
