@@ -259,6 +259,7 @@ async def test_a_restarted_health_service_rebuilds_its_isolations_and_re_emits_n
             await agent.publish(a_fault("gpu-0", xid=79, at=time.time(), cluster=CLUSTER, fault_id="a"))
             await agent.publish(a_fault("gpu-1", kind=FaultKind.ECC_DBE, gpu=5, at=time.time(), cluster=CLUSTER))
             await eventually(lambda: len(first.of(NodeIsolated)) == 1 and len(first.of(GpuIsolated)) == 1)
+            await eventually(lambda: len(stub.writes()) == 3)  # cordon+taint, condition, GPU annotation
         writes_before = len(stub.writes())
         stub.nodes["gpu-0"]["spec"]["taints"] = []  # someone removed our taint while health was down
 
@@ -286,7 +287,9 @@ async def test_a_restarted_health_service_rebuilds_its_isolations_and_re_emits_n
         await asyncio.wait_for(task, 15)
         await sub.unsubscribe()
         assert seen == []  # nothing decided twice
-        [reconciled] = stub.writes()[writes_before:]  # only what drifted is patched back
+        after = stub.writes()[writes_before:]
+        assert len(after) == 1, after  # only what drifted is patched back
+        reconciled = after[0]
         assert reconciled.path == "/api/v1/nodes/gpu-0"
         assert reconciled.body["spec"] == {
             "taints": [{"key": "chamber.io/gpu-unhealthy", "value": "xid-79", "effect": "NoSchedule"}]
