@@ -4,7 +4,8 @@ A 1,000-node simulated fleet (8 GPUs each) is announced on FLEET; the health ser
 process with its Kubernetes actuator pointed at a local API-server stub. 1,000 faults (a DBE on one
 GPU of every node: each is a GPU isolation) are published at a steady rate. Measured per fault:
 publish -> GpuIsolated event seen on FLEET, and publish -> the node PATCH reaching the stub.
-The isolation budget is lifted for the run (a 100 % share), or most of these would be held.
+The isolation budget is lifted for the run (a 100 % share), or most of these would be held. Meanwhile every node samples
+once a second (1,000 samples/s into health), unless --no-samples.
 
 Prints one JSON object: p50_ms, p99_ms, max_ms (event), patch_p50_ms, patch_p99_ms, faults, nodes, rate.
 """
@@ -32,7 +33,7 @@ from services.runtime import Publisher, connect, ensure_streams
 from services.runtime.host import ServiceContext, serve
 from services.runtime.logs import configure_logging
 from services.runtime.nats_server import NatsServerProcess
-from tests.health_builders import a_fault, a_node_discovered
+from tests.health_builders import a_fault, a_node_discovered, a_sample
 from tests.integration.test_runtime import eventually
 from tests.kube_stub import KubeStub, a_k8s_node
 
@@ -42,7 +43,21 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-async def measure(url: str, nodes: int, faults: int, rate: float) -> dict[str, Any]:
+async def sample_fleet(url: str, nodes: int) -> None:
+    """Every node's agent sampling once a second (8 GPUs, ~3 KiB), as background load on health."""
+    nc = await connect(url, name="bench-sampler")
+    publisher = Publisher(nc.jetstream(), source="bench-sampler")
+    names = [f"node-{i:04d}" for i in range(nodes)]
+    seq = 0
+    while True:
+        seq += 1
+        t0 = time.perf_counter()
+        now = time.time()
+        await publisher.publish_many((a_sample(n, cluster="bench", at=now, seq=seq), None, None) for n in names)
+        await asyncio.sleep(max(0.0, 1.0 - (time.perf_counter() - t0)))
+
+
+async def measure(url: str, nodes: int, faults: int, rate: float, with_samples: bool) -> dict[str, Any]:
     names = [f"node-{i:04d}" for i in range(nodes)]
     nc = await connect(url, name="bench")
     js = nc.jetstream()
@@ -84,6 +99,12 @@ async def measure(url: str, nodes: int, faults: int, rate: float) -> dict[str, A
         task = asyncio.create_task(serve("health", url, setup, stop))
         await eventually(lambda: bool(shells) and shells[0].catch_up.done and len(shells[0].state.nodes) >= nodes, 60)
 
+        # The agents are other processes in a real fleet: sample from a separate process here too.
+        sampling = None
+        if with_samples:
+            sampling = await asyncio.create_subprocess_exec(
+                sys.executable, __file__, "--sampler", url, "--nodes", str(nodes)
+            )
         interval = 1.0 / rate
         start = time.perf_counter()
         for i in range(faults):
@@ -97,6 +118,9 @@ async def measure(url: str, nodes: int, faults: int, rate: float) -> dict[str, A
             published[fault.fault_id] = time.perf_counter()
             await publisher.publish(fault, id=fault.fault_id)
         await asyncio.wait_for(done.wait(), 120)
+        if sampling is not None:
+            sampling.terminate()
+            await sampling.wait()
         await eventually(lambda: len(patched) >= len({node_of[f] for f in published}), 60)
         stop.set()
         await asyncio.wait_for(task, 30)
@@ -109,6 +133,7 @@ async def measure(url: str, nodes: int, faults: int, rate: float) -> dict[str, A
         "faults": faults,
         "nodes": nodes,
         "rate_per_s": rate,
+        "fleet_sampling_hz": 1.0 if with_samples else 0.0,
         "isolations": len(event_ms),
         "p50_ms": round(percentile(event_ms, 0.50), 2),
         "p99_ms": round(percentile(event_ms, 0.99), 2),
@@ -124,13 +149,18 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--faults", type=int, default=1000)
     parser.add_argument("--rate", type=float, default=200.0, help="faults per second (default 200)")
+    parser.add_argument("--no-samples", action="store_true", help="no background 1 Hz samples from every node")
+    parser.add_argument("--sampler", metavar="URL", help=argparse.SUPPRESS)  # internal: the sampling process
     args = parser.parse_args()
     configure_logging("error")
+    if args.sampler:
+        asyncio.run(sample_fleet(args.sampler, args.nodes))
+        return
     with tempfile.TemporaryDirectory() as tmp:
         server = NatsServerProcess(Path(tmp) / "js", log_file=Path(tmp) / "nats.log")
         server.start()
         try:
-            result = asyncio.run(measure(server.url, args.nodes, args.faults, args.rate))
+            result = asyncio.run(measure(server.url, args.nodes, args.faults, args.rate, not args.no_samples))
         finally:
             server.kill()
     print(json.dumps(result))

@@ -14,6 +14,7 @@ calls `apply` in a worker thread.
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import UTC, datetime
 from typing import Any
@@ -56,10 +57,16 @@ class KubeActuator:
         self.dry_run = dry_run
         self.sent: int = 0
 
-    def apply(self, event: Event) -> list[dict[str, Any]]:
-        """Make the Node reflect one decision; returns the patches sent (or logged, in dry-run)."""
+    def apply(self, event: Event, isolated_gpus: list[str] | None = None) -> list[dict[str, Any]]:
+        """Make the Node reflect one decision; returns the patches sent (or logged, in dry-run).
+
+        `isolated_gpus`, for a GPU decision, is the full list of the node's GPUs Chamber holds isolated
+        (the annotation is Chamber's alone): then it is written without reading the node first.
+        """
         from kubernetes.client.exceptions import ApiException
 
+        if isolated_gpus is not None and isinstance(event, GpuIsolated | GpuRestored):
+            return self._gpu_list(event.node, sorted(isolated_gpus))
         for attempt in range(1, CONFLICT_RETRIES + 1):
             try:
                 return self._apply_once(event)
@@ -87,13 +94,18 @@ class KubeActuator:
 
     # -- node -------------------------------------------------------------------------------------
 
+    def _read(self, name: str) -> dict[str, Any]:
+        # Raw JSON: the client's model deserialization costs more than the request on a busy host.
+        response = self.api.read_node(name, _preload_content=False)
+        return json.loads(response.data)  # type: ignore[no-any-return]
+
     def _node(self, name: str, *, isolate: bool, reason: str, at: float) -> list[dict[str, Any]]:
-        node = self.api.read_node(name)
-        meta, spec = node.metadata, node.spec
-        annotations = dict(meta.annotations or {})
-        taints = [_taint_dict(t) for t in (spec.taints or [])]
-        others = [t for t in taints if t["key"] != TAINT_KEY]
-        unschedulable = bool(spec.unschedulable)
+        node = self._read(name)
+        meta, spec = node.get("metadata") or {}, node.get("spec") or {}
+        annotations = dict(meta.get("annotations") or {})
+        taints = list(spec.get("taints") or [])
+        others = [t for t in taints if t.get("key") != TAINT_KEY]
+        unschedulable = bool(spec.get("unschedulable"))
         body_meta: dict[str, Any] = {}
         body_spec: dict[str, Any] = {}
         if isolate:
@@ -114,7 +126,7 @@ class KubeActuator:
             body_spec["taints"] = wanted
         patches: list[dict[str, Any]] = []
         if body_meta or body_spec:
-            body: dict[str, Any] = {"metadata": {"resourceVersion": meta.resource_version}}
+            body: dict[str, Any] = {"metadata": {"resourceVersion": meta.get("resourceVersion")}}
             if body_meta:
                 body["metadata"]["annotations"] = body_meta
             if body_spec:
@@ -144,46 +156,53 @@ class KubeActuator:
     # -- gpu --------------------------------------------------------------------------------------
 
     def _gpu(self, name: str, uuid: str, *, isolate: bool) -> list[dict[str, Any]]:
-        node = self.api.read_node(name)
-        meta = node.metadata
-        current = [u for u in (meta.annotations or {}).get(ISOLATED_GPUS, "").split(",") if u]
+        meta = self._read(name).get("metadata") or {}
+        current = [u for u in (meta.get("annotations") or {}).get(ISOLATED_GPUS, "").split(",") if u]
         wanted = sorted({*current, uuid}) if isolate else [u for u in current if u != uuid]
         if wanted == current:
             return []
         body = {
             "metadata": {
-                "resourceVersion": meta.resource_version,
+                "resourceVersion": meta.get("resourceVersion"),
                 "annotations": {ISOLATED_GPUS: ",".join(wanted) if wanted else None},
                 "labels": {ISOLATED_GPU_COUNT: str(len(wanted)) if wanted else None},
             }
         }
         return [self._send(name, body, status=False)]
 
+    def _gpu_list(self, name: str, wanted: list[str]) -> list[dict[str, Any]]:
+        from kubernetes.client.exceptions import ApiException
+
+        body = {
+            "metadata": {
+                "annotations": {ISOLATED_GPUS: ",".join(wanted) if wanted else None},
+                "labels": {ISOLATED_GPU_COUNT: str(len(wanted)) if wanted else None},
+            }
+        }
+        try:
+            return [self._send(name, body, status=False)]
+        except ApiException as exc:
+            if exc.status == 404:
+                log.warning("node not in Kubernetes, nothing to patch", node=name)
+                return []
+            raise
+
     def _send(self, name: str, body: dict[str, Any], *, status: bool) -> dict[str, Any]:
         what = "node status" if status else "node"
         if self.dry_run:
             log.info("dry run: would patch " + what, node=name, patch=body)
             return body
-        if status:
-            self.api.patch_node_status(name, body, _content_type=PATCH)
-        else:
-            self.api.patch_node(name, body, _content_type=PATCH)
+        patch = self.api.patch_node_status if status else self.api.patch_node
+        patch(name, body, _content_type=PATCH, _preload_content=False)
         self.sent += 1
         log.info("patched " + what, node=name, patch=body)
         return body
 
 
-def _taint_dict(taint: Any) -> dict[str, Any]:
-    out = {"key": taint.key, "value": taint.value, "effect": taint.effect}
-    if getattr(taint, "time_added", None):
-        out["timeAdded"] = taint.time_added.isoformat() if hasattr(taint.time_added, "isoformat") else taint.time_added
-    return {k: v for k, v in out.items() if v is not None}
-
-
-def _condition(node: Any, kind: str) -> tuple[str, str] | None:
-    for c in (node.status.conditions if node.status else None) or []:
-        if c.type == kind:
-            return c.status, c.message or ""
+def _condition(node: dict[str, Any], kind: str) -> tuple[str, str] | None:
+    for c in (node.get("status") or {}).get("conditions") or []:
+        if c.get("type") == kind:
+            return c.get("status", ""), c.get("message") or ""
     return None
 
 

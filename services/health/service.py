@@ -112,22 +112,34 @@ class HealthShell:
             if d.event is not None:
                 self._actuate(d.event)
 
-    def _actuate(self, event: Event) -> None:
+    def _actuate(self, event: Event, *, reconcile: bool = False) -> None:
         if self.actuator is None or getattr(event, "cluster", None) != self.cluster:
             return
         if not isinstance(event, NodeIsolated | NodeRestored | GpuIsolated | GpuRestored):
             return
-        task = asyncio.create_task(self._patch(event))
+        # A live GPU decision writes the node's full list (computed here, at decision time) without a
+        # read; a reconcile reads first, so only drift is patched.
+        isolated_gpus = None if reconcile else self._isolated_gpus(event)
+        task = asyncio.create_task(self._patch(event, isolated_gpus))
         self.actuations.add(task)
         task.add_done_callback(self.actuations.discard)
 
-    async def _patch(self, event: Event) -> None:
+    def _isolated_gpus(self, event: Event) -> list[str] | None:
+        """The node's GPUs Chamber holds isolated now (the annotation's full value), for GPU decisions."""
+        if not isinstance(event, GpuIsolated | GpuRestored):
+            return None
+        node = self.state.nodes.get((event.cluster, event.node))
+        if node is None:
+            return []
+        return [node.gpus.get(i) or f"index-{i}" for i in sorted(node.gpu_isolated)]
+
+    async def _patch(self, event: Event, isolated_gpus: list[str] | None) -> None:
         node = event.node  # type: ignore[attr-defined]
         lock = self.node_locks.setdefault(node, asyncio.Lock())
         async with lock:  # one node's patches in decision order; nodes in parallel
             for attempt in range(1, 6):
                 try:
-                    await asyncio.to_thread(self.actuator.apply, event)
+                    await asyncio.to_thread(self.actuator.apply, event, isolated_gpus)
                     return
                 except Exception as exc:
                     log.warning("kubernetes patch failed", node=node, attempt=attempt, error=repr(exc))
@@ -139,7 +151,9 @@ class HealthShell:
         for node in self.state.nodes.values():
             if node.isolated is not None:
                 iso = node.isolated
-                self._actuate(NodeIsolated(cluster=node.cluster, node=node.node, at=iso.at, reason=iso.reason))
+                self._actuate(
+                    NodeIsolated(cluster=node.cluster, node=node.node, at=iso.at, reason=iso.reason), reconcile=True
+                )
             for gpu, iso in node.gpu_isolated.items():
                 self._actuate(
                     GpuIsolated(
@@ -149,7 +163,8 @@ class HealthShell:
                         at=iso.at,
                         reason=iso.reason,
                         gpu_uuid=node.gpus.get(gpu),
-                    )
+                    ),
+                    reconcile=True,
                 )
 
     def _isolated_count(self) -> int:

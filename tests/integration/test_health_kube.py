@@ -190,3 +190,36 @@ def test_taint_values_and_condition_reasons_are_valid_kubernetes_strings(
     reason: str, taint: str, condition: str
 ) -> None:
     assert taint_value(reason) == taint and condition_reason(reason) == condition
+
+
+def test_a_live_gpu_decision_writes_the_full_list_without_a_read() -> None:
+    with KubeStub([a_k8s_node("gpu-1")]) as api:
+        actuator = KubeActuator(api.client())
+        event = GpuIsolated(cluster="c1", node="gpu-1", gpu_index=3, at=AT, reason="ecc_dbe: DBE", gpu_uuid="GPU-bbb")
+        actuator.apply(event, isolated_gpus=["GPU-bbb", "GPU-aaa"])
+        assert api.requests == [
+            Request(
+                "PATCH",
+                "/api/v1/nodes/gpu-1",
+                PATCH,
+                {
+                    "metadata": {
+                        "annotations": {"chamber.io/isolated-gpus": "GPU-aaa,GPU-bbb"},
+                        "labels": {"chamber.io/isolated-gpu-count": "2"},
+                    }
+                },
+            )
+        ]
+        restored = GpuRestored(cluster="c1", node="gpu-1", gpu_index=3, at=AT, reason="ok", gpu_uuid="GPU-bbb")
+        actuator.apply(restored, isolated_gpus=[])
+        meta = api.nodes["gpu-1"]["metadata"]
+        assert (
+            "chamber.io/isolated-gpus" not in meta["annotations"]
+            and "chamber.io/isolated-gpu-count" not in meta["labels"]
+        )
+        assert (
+            KubeActuator(api.client()).apply(
+                GpuIsolated(cluster="c1", node="gone", gpu_index=0, at=AT, reason="x"), isolated_gpus=["index-0"]
+            )
+            == []
+        )
