@@ -3,6 +3,9 @@ Kubernetes with or without an agent."""
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from events import GpuInfo, NodeDiscovered, NodeIsolated, NodeLost, NodeUpdated
 from events.base import Event
 from events.fleet import GpuIsolated, NodeStatus
@@ -12,6 +15,7 @@ from services.discovery.core import (
     KubeNode,
     KubeNodesListed,
     decide,
+    desired_status,
     event_id,
     evolve,
     new_state,
@@ -171,3 +175,38 @@ def test_gpu_info_equality_drives_updates() -> None:
 
     [update] = step(state, msgspec.structs.replace(inv, gpus=gpus), now=T0 + 1)
     assert isinstance(update, NodeUpdated) and update.gpus[0].model == "H200-141GB"
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    gaps=st.lists(st.floats(min_value=0.1, max_value=40.0), min_size=1, max_size=30),
+    tick=st.floats(min_value=0.2, max_value=5.0),
+)
+def test_suspect_and_lost_are_dated_at_their_thresholds_whatever_the_ticks(gaps: list[float], tick: float) -> None:
+    """Samples arrive with random gaps, ticks at a random period: every status event is dated exactly
+    when its threshold was crossed, never in the future, and the last one told matches the truth."""
+    state = new_state(lost_after_s=20)
+    sample_times = [T0]
+    for gap in gaps:
+        sample_times.append(sample_times[-1] + gap)
+    events: list[Event] = []
+    now, i = T0, 0
+    end = sample_times[-1] + 30
+    last_seen = T0
+    while now <= end:
+        inputs = []
+        while i < len(sample_times) and sample_times[i] <= now:
+            inputs.append(a_sample("n1", at=sample_times[i], seq=i, interval_s=1.0))
+            last_seen = sample_times[i]
+            i += 1
+        for e in step(state, *inputs, now=now):
+            events.append(e)
+            assert e.at <= now  # type: ignore[attr-defined]
+            if isinstance(e, NodeUpdated) and e.status == NodeStatus.SUSPECT:
+                assert e.at == last_seen + 3.0
+            if isinstance(e, NodeLost):
+                assert e.at == last_seen + 20 and e.last_seen_at == last_seen
+        now += tick
+    rec = state.nodes[("c1", "n1")]
+    assert rec.status == desired_status(state, rec, now - tick)[0]
+    assert isinstance(events[-1], NodeLost)  # 30 s of silence at the end
