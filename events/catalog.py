@@ -8,6 +8,7 @@ from events.faults import GpuFaultDetected
 from events.fleet import (
     GpuIsolated,
     GpuRestored,
+    IsolationDismissed,
     IsolationHeld,
     NodeDiscovered,
     NodeIsolated,
@@ -42,6 +43,7 @@ ALL_EVENTS: tuple[type[Event], ...] = (
     GpuIsolated,
     GpuRestored,
     IsolationHeld,
+    IsolationDismissed,
     JobSubmitted,
     JobScheduled,
     JobStarted,

@@ -55,7 +55,7 @@ CHANNELS: tuple[Channel, ...] = (
         "fleet",
         "chamber.fleet.{cluster}.{node}",
         FLEET,
-        "Nodes and GPUs discovered, updated, lost, isolated (or held by the isolation budget) and restored.",
+        "Nodes and GPUs discovered, updated, lost, isolated (or held, confirmed, dismissed) and restored.",
         (
             fleet.NodeDiscovered,
             fleet.NodeUpdated,
@@ -65,6 +65,7 @@ CHANNELS: tuple[Channel, ...] = (
             fleet.GpuIsolated,
             fleet.GpuRestored,
             fleet.IsolationHeld,
+            fleet.IsolationDismissed,
         ),
         _NODE,
     ),

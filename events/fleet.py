@@ -97,3 +97,15 @@ class IsolationHeld(Event, frozen=True, tag=event_type("fleet", "isolation_held"
     gpu_index: int | None = None
     gpu_uuid: str | None = None
     fault_ids: list[str] = []
+
+
+class IsolationDismissed(Event, frozen=True, tag=event_type("fleet", "isolation_dismissed")):
+    """An operator declined an isolation the budget held back (`chamber health dismiss NODE [--gpu I]`)."""
+
+    cluster: Name
+    node: Name
+    at: float
+    reason: str
+    gpu_index: int | None = None
+    by: str = "operator"
+    fault_ids: list[str] = []

@@ -19,6 +19,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     for verb, text in (
         ("restore", "put an isolated node (or one GPU with --gpu) back in service"),
         ("confirm", "confirm an isolation the isolation budget held back"),
+        ("dismiss", "decline an isolation the isolation budget held back"),
     ):
         v = verbs.add_parser(verb, help=text)
         v.add_argument("node", metavar="NODE")

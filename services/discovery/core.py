@@ -18,6 +18,7 @@ from events.codec import stable_id
 from events.fleet import (
     GpuIsolated,
     GpuRestored,
+    IsolationDismissed,
     IsolationHeld,
     NodeDiscovered,
     NodeIsolated,
@@ -179,6 +180,10 @@ def evolve(state: DiscoveryState, item: object) -> DiscoveryState:
         case IsolationHeld():
             rec = _record(state, item.cluster, item.node, item.at)
             rec.held[item.gpu_index] = item.reason
+            rec.version += 1
+        case IsolationDismissed():
+            rec = _record(state, item.cluster, item.node, item.at)
+            rec.held.pop(item.gpu_index, None)
             rec.version += 1
     return state
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 from events.base import Event
 from events.codec import stable_id
@@ -23,6 +24,7 @@ from events.faults import GpuFaultDetected, Severity
 from events.fleet import (
     GpuIsolated,
     GpuRestored,
+    IsolationDismissed,
     IsolationHeld,
     NodeDiscovered,
     NodeIsolated,
@@ -146,6 +148,8 @@ def evolve(state: HealthState, item: object) -> HealthState:
             state.held[(item.cluster, item.node, item.gpu_index)] = item
             _drop_pending(state, item.fault_ids)
             _mark_seen(state, item.fault_ids)
+        case IsolationDismissed():
+            state.held.pop((item.cluster, item.node, item.gpu_index), None)
         case Decision():
             _drop_pending(state, item.fault_ids)
             if item.action == "extend":
@@ -495,15 +499,31 @@ def confirm(state: HealthState, cluster: str, node: str, gpu_index: int | None, 
     """An operator's confirmation of an isolation the budget held back."""
     held = state.held.get((cluster, node, gpu_index))
     if held is None:
-        waiting = sorted(f"{n}" + (f" --gpu {g}" if g is not None else "") for c, n, g in state.held if c == cluster)
-        hint = f"; held now: {', '.join(waiting)}" if waiting else "; nothing is held"
-        raise HealthRefusal(f"no isolation is held for {node} in cluster {cluster}{hint}", field="node")
+        _nothing_held(state, cluster, node)
     target: Target = (cluster, node, gpu_index)
     reason = f"{held.reason.split('; held:')[0]}; isolation confirmed by {by}"
     restore_mode = Restore.PROBATION
     event = _isolation_event(state, target, now, reason, list(held.fault_ids), restore_mode)
     action = "isolate_node" if gpu_index is None else "isolate_gpu"
     return Decision(action, cluster, node, gpu_index, reason, tuple(held.fault_ids), event=event)
+
+
+def dismiss(state: HealthState, cluster: str, node: str, gpu_index: int | None, now: float, by: str) -> Decision:
+    """An operator's refusal of a held isolation (a storm from a broken detector, say)."""
+    held = state.held.get((cluster, node, gpu_index))
+    if held is None:
+        _nothing_held(state, cluster, node)
+    reason = f"{held.reason.split('; held:')[0]}; isolation dismissed by {by}"
+    event = IsolationDismissed(
+        cluster=cluster, node=node, at=now, reason=reason, gpu_index=gpu_index, by=by, fault_ids=held.fault_ids
+    )
+    return Decision("dismiss", cluster, node, gpu_index, reason, tuple(held.fault_ids), event=event)
+
+
+def _nothing_held(state: HealthState, cluster: str, node: str) -> NoReturn:
+    waiting = sorted(f"{n}" + (f" --gpu {g}" if g is not None else "") for c, n, g in state.held if c == cluster)
+    hint = f"; held now: {', '.join(waiting)}" if waiting else "; nothing is held"
+    raise HealthRefusal(f"no isolation is held for {node} in cluster {cluster}{hint}", field="node")
 
 
 def event_id(decision: Decision) -> str:

@@ -178,6 +178,9 @@ class HealthShell:
     async def confirm(self, req: TargetRequest) -> dict[str, Any]:
         return await self._operator(core.confirm, req)
 
+    async def dismiss(self, req: TargetRequest) -> dict[str, Any]:
+        return await self._operator(core.dismiss, req)
+
     async def _operator(self, command: Any, req: TargetRequest) -> dict[str, Any]:
         if not self.catch_up.done:
             raise CommandRefused("health is still replaying its history; try again in a few seconds")
@@ -228,6 +231,7 @@ async def setup(ctx: ServiceContext, args: argparse.Namespace, policy: Policy, a
     ctx.every(args.tick, shell.tick)
     ctx.command("restore", TargetRequest, shell.restore)
     ctx.command("confirm", TargetRequest, shell.confirm)
+    ctx.command("dismiss", TargetRequest, shell.dismiss)
     ctx.command("held", Empty, shell.held)
 
     async def effective_policy(_: Empty) -> dict[str, Any]:

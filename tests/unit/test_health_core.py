@@ -374,3 +374,20 @@ def test_the_budget_is_never_exceeded_without_an_operator(default_policy: Policy
     assert isolations
     for at, _ in isolations:
         assert len({n for t, n in isolations if at - window < t <= at}) <= allowed
+
+
+def test_an_operator_dismisses_a_held_isolation_and_a_new_fault_is_decided_afresh(default_policy: Policy) -> None:
+    from events.fleet import IsolationDismissed
+    from services.health.core import dismiss
+
+    state = a_health_engine(default_policy, nodes=20, max_share=0.1, min_nodes=1)
+    step(state, *[a_fault(f"n{i:03d}", xid=79, at=T0 + i) for i in range(3)], now=T0 + 3)
+    assert set(state.held) == {("c1", "n002", None)}
+    d = dismiss(state, "c1", "n002", None, now=T0 + 50, by="bob")
+    assert isinstance(d.event, IsolationDismissed) and d.event.reason.endswith("isolation dismissed by bob")
+    evolve(state, d)
+    assert state.held == {}
+    with pytest.raises(HealthRefusal, match="nothing is held"):
+        dismiss(state, "c1", "n002", None, now=T0 + 60, by="bob")
+    decisions = step(state, a_fault("n002", xid=79, at=T0 + 2 * HOUR), now=T0 + 2 * HOUR)
+    assert [d.action for d in decisions if d.node == "n002"] == ["isolate_node"]  # the budget window moved on
