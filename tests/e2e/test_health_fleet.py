@@ -294,3 +294,31 @@ async def test_a_restarted_health_service_rebuilds_its_isolations_and_re_emits_n
         assert reconciled.body["spec"] == {
             "taints": [{"key": "chamber.io/gpu-unhealthy", "value": "xid-79", "effect": "NoSchedule"}]
         }
+
+
+async def test_a_fault_storm_is_held_until_an_operator_confirms_or_dismisses(
+    nats_server: NatsServerProcess, nc: Client, js: JetStreamContext
+) -> None:
+    from events.fleet import IsolationDismissed, IsolationHeld
+
+    url = nats_server.url
+    agent = Publisher(js, source="chamber/agent-sim")
+    with KubeStub([a_k8s_node(n) for n in NODES]) as stub:
+        async with running(url, nc, stub) as fleet:
+            for node in NODES:
+                await agent.publish(an_inventory(node, cluster=CLUSTER, at=time.time()))
+            for node in NODES:  # four nodes at once; the budget allows two (min_nodes) per hour
+                await agent.publish(a_fault(node, xid=79, at=time.time(), cluster=CLUSTER, fault_id=f"storm-{node}"))
+            await eventually(lambda: len(fleet.of(NodeIsolated)) == 2 and len(fleet.of(IsolationHeld)) == 2)
+            held_nodes = sorted(e.node for e in fleet.of(IsolationHeld))
+            code, out = await run_cli("health", "held", "--json", "--nats", url)
+            assert code == 0 and sorted(h["node"] for h in json.loads(out)["held"]) == held_nodes
+            code, out = await run_cli("health", "confirm", held_nodes[0], "--nats", url, "--cluster", CLUSTER)
+            assert code == 0 and out.startswith(f"isolate_node: {held_nodes[0]}")
+            code, out = await run_cli("health", "dismiss", held_nodes[1], "--nats", url, "--cluster", CLUSTER)
+            assert code == 0 and out.startswith(f"dismiss: {held_nodes[1]}")
+            await eventually(lambda: len(fleet.of(NodeIsolated)) == 3 and len(fleet.of(IsolationDismissed)) == 1)
+            await eventually(lambda: stub.nodes[held_nodes[0]]["spec"]["unschedulable"] is True)
+            assert stub.nodes[held_nodes[1]]["spec"]["unschedulable"] is False
+            code, out = await run_cli("health", "held", "--nats", url)
+            assert code == 0 and out.strip() == "nothing held"
