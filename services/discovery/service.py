@@ -36,7 +36,9 @@ _json = msgspec.json.Encoder()
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_cluster_option(parser)
     parser.add_argument("--kubeconfig", help="read Kubernetes Nodes through this kubeconfig")
-    parser.add_argument("--in-cluster", action="store_true", help="read Kubernetes Nodes with the pod's account")
+    parser.add_argument(
+        "--in-cluster", action="store_true", help="use the pod's service account (the default inside a pod)"
+    )
     parser.add_argument("--kube-poll", type=float, default=30.0, help="seconds between Node listings (default 30)")
     parser.add_argument("--suspect-intervals", type=int, default=3, help="missed heartbeats before suspect (3)")
     parser.add_argument("--lost-after", type=float, default=60.0, help="seconds of silence before lost (60)")

@@ -15,6 +15,7 @@ calls `apply` in a worker thread.
 from __future__ import annotations
 
 import json
+import os
 import re
 from datetime import UTC, datetime
 from typing import Any
@@ -207,12 +208,21 @@ def _condition(node: dict[str, Any], kind: str) -> tuple[str, str] | None:
 
 
 def client_from(kubeconfig: str | None, in_cluster: bool) -> Any:
-    """A CoreV1Api from in-cluster config or a kubeconfig file (None when neither is configured)."""
+    """A CoreV1Api from a kubeconfig file or in-cluster config; None when neither is configured.
+
+    In a pod (KUBERNETES_SERVICE_HOST set by the kubelet) the service account is used without a flag,
+    which is how the Helm chart runs discovery and health.
+    """
     from kubernetes import client, config
 
-    if in_cluster:
-        config.load_incluster_config()
-        return client.CoreV1Api()
     if kubeconfig:
         return client.CoreV1Api(config.new_client_from_config(config_file=kubeconfig))
+    if in_cluster or os.environ.get("KUBERNETES_SERVICE_HOST"):
+        config.load_incluster_config()
+        return client.CoreV1Api()
     return None
+
+
+def monitor_mode() -> bool:
+    """`CHAMBER_MODE=monitor` (the Helm chart's report-only mode): decide and report, never write."""
+    return os.environ.get("CHAMBER_MODE", "").strip().lower() == "monitor"

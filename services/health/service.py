@@ -50,8 +50,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_cluster_option(parser)
     parser.add_argument("--policy", type=Path, help="policy file merged over the default (YAML)")
     parser.add_argument("--kubeconfig", help="act on Kubernetes Nodes through this kubeconfig")
-    parser.add_argument("--in-cluster", action="store_true", help="act on Kubernetes with the pod's service account")
-    parser.add_argument("--dry-run", action="store_true", help="log the Kubernetes patches instead of sending them")
+    parser.add_argument(
+        "--in-cluster", action="store_true", help="use the pod's service account (the default inside a pod)"
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="log the Kubernetes patches instead of sending them (always so with CHAMBER_MODE=monitor)",
+    )
     parser.add_argument("--tick", type=float, default=1.0, help="seconds between probation checks (default 1)")
 
 
@@ -209,10 +215,12 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
 
 async def setup(ctx: ServiceContext, args: argparse.Namespace, policy: Policy, actuator: Any = None) -> HealthShell:
     if actuator is None:
-        from services.health.kube import KubeActuator, client_from
+        from services.health.kube import KubeActuator, client_from, monitor_mode
 
         api = client_from(getattr(args, "kubeconfig", None), getattr(args, "in_cluster", False))
-        actuator = KubeActuator(api, dry_run=args.dry_run) if api is not None else None
+        dry_run = args.dry_run or monitor_mode()
+        actuator = KubeActuator(api, dry_run=dry_run) if api is not None else None
+        log.info("kubernetes actuator", configured=api is not None, dry_run=dry_run)
     shell = HealthShell(ctx, policy, actuator, args.cluster)
     # FAULTS and FLEET from the start: the state is rebuilt from the log; samples only from now on.
     for stream, policy_ in (("FLEET", DeliverPolicy.ALL), ("FAULTS", DeliverPolicy.ALL)):

@@ -223,3 +223,12 @@ def test_a_live_gpu_decision_writes_the_full_list_without_a_read() -> None:
             )
             == []
         )
+
+
+def test_monitor_mode_means_report_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    from services.health.kube import monitor_mode
+
+    monkeypatch.setenv("CHAMBER_MODE", "monitor")
+    assert monitor_mode()
+    monkeypatch.setenv("CHAMBER_MODE", "manage")
+    assert not monitor_mode()
