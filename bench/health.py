@@ -2,7 +2,8 @@
 
 A 1,000-node simulated fleet (8 GPUs each) is announced on FLEET; the health service runs in this
 process with its Kubernetes actuator pointed at a local API-server stub. 1,000 faults (a DBE on one
-GPU of every node: each is a GPU isolation) are published at a steady rate. Measured per fault:
+GPU of every node: each is a GPU isolation; or XID 79 with --node-faults: node isolations) are published
+at a steady rate. Measured per fault:
 publish -> GpuIsolated event seen on FLEET, and publish -> the node PATCH reaching the stub.
 The isolation budget is lifted for the run (a 100 % share), or most of these would be held. Meanwhile every node samples
 once a second (1,000 samples/s into health), unless --no-samples.
@@ -24,7 +25,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from events import GpuIsolated, decode
+from events import GpuIsolated, NodeIsolated, decode
 from events.faults import FaultKind
 from services.health import service as health
 from services.health.kube import KubeActuator
@@ -57,7 +58,9 @@ async def sample_fleet(url: str, nodes: int) -> None:
         await asyncio.sleep(max(0.0, 1.0 - (time.perf_counter() - t0)))
 
 
-async def measure(url: str, nodes: int, faults: int, rate: float, with_samples: bool) -> dict[str, Any]:
+async def measure(
+    url: str, nodes: int, faults: int, rate: float, with_samples: bool, node_faults: bool
+) -> dict[str, Any]:
     names = [f"node-{i:04d}" for i in range(nodes)]
     nc = await connect(url, name="bench")
     js = nc.jetstream()
@@ -73,7 +76,7 @@ async def measure(url: str, nodes: int, faults: int, rate: float, with_samples: 
 
     async def on_fleet(msg: Any) -> None:
         event = decode(msg.headers, msg.data).event
-        if isinstance(event, GpuIsolated):
+        if isinstance(event, GpuIsolated | NodeIsolated):
             for fid in event.fault_ids:
                 seen.setdefault(fid, time.perf_counter())
             if len(seen) >= faults:
@@ -109,7 +112,12 @@ async def measure(url: str, nodes: int, faults: int, rate: float, with_samples: 
         start = time.perf_counter()
         for i in range(faults):
             node = names[i % nodes]
-            fault = a_fault(node, kind=FaultKind.ECC_DBE, gpu=i % 8, at=time.time(), cluster="bench", fault_id=f"f{i}")
+            if node_faults:  # XID 79: the whole node (read, cordon + taint, condition)
+                fault = a_fault(node, xid=79, gpu=i % 8, at=time.time(), cluster="bench", fault_id=f"f{i}")
+            else:  # a DBE: one GPU (the node's isolated-GPU list, written without a read)
+                fault = a_fault(
+                    node, kind=FaultKind.ECC_DBE, gpu=i % 8, at=time.time(), cluster="bench", fault_id=f"f{i}"
+                )
             node_of[fault.fault_id] = node
             target = start + i * interval
             delay = target - time.perf_counter()
@@ -133,6 +141,7 @@ async def measure(url: str, nodes: int, faults: int, rate: float, with_samples: 
         "faults": faults,
         "nodes": nodes,
         "rate_per_s": rate,
+        "fault": "xid79 (isolate node)" if node_faults else "ecc_dbe (isolate gpu)",
         "fleet_sampling_hz": 1.0 if with_samples else 0.0,
         "isolations": len(event_ms),
         "p50_ms": round(percentile(event_ms, 0.50), 2),
@@ -150,6 +159,7 @@ def main() -> None:
     parser.add_argument("--faults", type=int, default=1000)
     parser.add_argument("--rate", type=float, default=200.0, help="faults per second (default 200)")
     parser.add_argument("--no-samples", action="store_true", help="no background 1 Hz samples from every node")
+    parser.add_argument("--node-faults", action="store_true", help="XID 79 (node isolation) instead of DBEs")
     parser.add_argument("--sampler", metavar="URL", help=argparse.SUPPRESS)  # internal: the sampling process
     args = parser.parse_args()
     configure_logging("error")
@@ -160,7 +170,9 @@ def main() -> None:
         server = NatsServerProcess(Path(tmp) / "js", log_file=Path(tmp) / "nats.log")
         server.start()
         try:
-            result = asyncio.run(measure(server.url, args.nodes, args.faults, args.rate, not args.no_samples))
+            result = asyncio.run(
+                measure(server.url, args.nodes, args.faults, args.rate, not args.no_samples, args.node_faults)
+            )
         finally:
             server.kill()
     print(json.dumps(result))

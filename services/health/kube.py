@@ -97,8 +97,7 @@ class KubeActuator:
 
     def _read(self, name: str) -> dict[str, Any]:
         # Raw JSON: the client's model deserialization costs more than the request on a busy host.
-        response = self.api.read_node(name, _preload_content=False)
-        return json.loads(response.data)  # type: ignore[no-any-return]
+        return json.loads(_drain(self.api.read_node(name, _preload_content=False)))  # type: ignore[no-any-return]
 
     def _node(self, name: str, *, isolate: bool, reason: str, at: float) -> list[dict[str, Any]]:
         node = self._read(name)
@@ -194,10 +193,19 @@ class KubeActuator:
             log.info("dry run: would patch " + what, node=name, patch=body)
             return body
         patch = self.api.patch_node_status if status else self.api.patch_node
-        patch(name, body, _content_type=PATCH, _preload_content=False)
+        _drain(patch(name, body, _content_type=PATCH, _preload_content=False))
         self.sent += 1
         log.info("patched " + what, node=name, patch=body)
         return body
+
+
+def _drain(response: Any) -> bytes:
+    """Read a raw response and hand its connection back to the pool (kept alive for the next call)."""
+    data: bytes = response.data
+    release = getattr(response, "release_conn", None)
+    if release is not None:
+        release()
+    return data
 
 
 def _condition(node: dict[str, Any], kind: str) -> tuple[str, str] | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ NAME = "health"
 DESCRIPTION = "isolate failing GPUs and nodes by policy (XID, ECC, remap, thermal, power, NVLink, PCIe)"
 SOURCE = f"chamber/{NAME}"
 log = get_logger("chamber.health")
+KUBE_WORKERS = 16
 
 
 class TargetRequest(msgspec.Struct, kw_only=True):
@@ -71,6 +73,8 @@ class HealthShell:
         self.catch_up = CatchUp(ctx.js)
         self.node_locks: dict[str, asyncio.Lock] = {}
         self.actuations: set[asyncio.Task[None]] = set()
+        # Kubernetes calls block on the network: a pool of their own, wider than asyncio's default.
+        self.kube_pool = ThreadPoolExecutor(max_workers=KUBE_WORKERS, thread_name_prefix="chamber-kube")
 
     # -- inputs -----------------------------------------------------------------------------------
 
@@ -145,7 +149,8 @@ class HealthShell:
         async with lock:  # one node's patches in decision order; nodes in parallel
             for attempt in range(1, 6):
                 try:
-                    await asyncio.to_thread(self.actuator.apply, event, isolated_gpus)
+                    loop = asyncio.get_running_loop()
+                    await loop.run_in_executor(self.kube_pool, self.actuator.apply, event, isolated_gpus)
                     return
                 except Exception as exc:
                     log.warning("kubernetes patch failed", node=node, attempt=attempt, error=repr(exc))
