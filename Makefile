@@ -18,6 +18,7 @@ up: $(STAMP)
 	$(BIN)/chamber up
 
 test: $(STAMP)
+	sh scripts/ensure-chromium.sh
 	$(BIN)/python -m pytest
 
 lint: $(STAMP)
@@ -32,7 +33,7 @@ schemas: $(STAMP)
 	$(BIN)/chamber schemas --out schemas
 
 bench: $(STAMP)
-	$(BIN)/python bench/runtime.py
+	@for b in bench/*.py; do echo "== $$b" >&2; $(BIN)/python $$b || exit 1; done
 
 clean:
 	rm -rf $(VENV) .chamber .pytest_cache .ruff_cache

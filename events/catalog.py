@@ -8,6 +8,8 @@ from events.faults import GpuFaultDetected
 from events.fleet import (
     GpuIsolated,
     GpuRestored,
+    IsolationDismissed,
+    IsolationHeld,
     NodeDiscovered,
     NodeIsolated,
     NodeLost,
@@ -40,6 +42,8 @@ ALL_EVENTS: tuple[type[Event], ...] = (
     NodeRestored,
     GpuIsolated,
     GpuRestored,
+    IsolationHeld,
+    IsolationDismissed,
     JobSubmitted,
     JobScheduled,
     JobStarted,

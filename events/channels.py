@@ -55,7 +55,7 @@ CHANNELS: tuple[Channel, ...] = (
         "fleet",
         "chamber.fleet.{cluster}.{node}",
         FLEET,
-        "Nodes and GPUs discovered, updated, lost, isolated and restored.",
+        "Nodes and GPUs discovered, updated, lost, isolated (or held, confirmed, dismissed) and restored.",
         (
             fleet.NodeDiscovered,
             fleet.NodeUpdated,
@@ -64,6 +64,8 @@ CHANNELS: tuple[Channel, ...] = (
             fleet.NodeRestored,
             fleet.GpuIsolated,
             fleet.GpuRestored,
+            fleet.IsolationHeld,
+            fleet.IsolationDismissed,
         ),
         _NODE,
     ),

@@ -82,3 +82,30 @@ class GpuRestored(Event, frozen=True, tag=event_type("fleet", "gpu_restored")):
     reason: str
     gpu_uuid: str | None = None
     by: str = "probation"
+
+
+class IsolationHeld(Event, frozen=True, tag=event_type("fleet", "isolation_held")):
+    """An isolation the policy asked for but the isolation budget held back: too large a share of the
+    fleet was isolated within the window (a storm more likely means a broken detector or a shared
+    cause). It waits for `chamber health confirm NODE [--gpu I]`."""
+
+    cluster: Name
+    node: Name
+    at: float
+    action: str  # isolate_gpu | isolate_node
+    reason: str
+    gpu_index: int | None = None
+    gpu_uuid: str | None = None
+    fault_ids: list[str] = []
+
+
+class IsolationDismissed(Event, frozen=True, tag=event_type("fleet", "isolation_dismissed")):
+    """An operator declined an isolation the budget held back (`chamber health dismiss NODE [--gpu I]`)."""
+
+    cluster: Name
+    node: Name
+    at: float
+    reason: str
+    gpu_index: int | None = None
+    by: str = "operator"
+    fault_ids: list[str] = []

@@ -12,7 +12,7 @@ from types import ModuleType
 
 from services.cli.errors import UsageError
 
-_NOT_COMMANDS = {"common", "errors"}
+_NOT_COMMANDS = {"__main__", "common", "errors"}  # __main__ would run the CLI on import
 
 
 def command_modules() -> list[ModuleType]:
@@ -44,6 +44,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 0
+    from services.runtime.logs import configure_logging
+
+    # Commands print their results on stdout; library chatter (e.g. a connection closing) must not
+    # mix into it. Long-running commands raise their own level.
+    configure_logging("error", json=False)
     try:
         return int(args.func(args) or 0)
     except UsageError as exc:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import os
 import pkgutil
 from types import ModuleType
 
@@ -35,6 +36,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         sp = services_sub.add_parser(name, help=getattr(module, "DESCRIPTION", ""))
         add_nats_option(sp)
         sp.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+        sp.add_argument(
+            "--health-port",
+            type=int,
+            metavar="PORT",
+            help="serve /livez and /readyz on this port (default: $CHAMBER_HEALTH_PORT, else none)",
+        )
         if hasattr(module, "add_arguments"):
             module.add_arguments(sp)
         sp.set_defaults(func=run, module=module)
@@ -45,5 +52,7 @@ def run(args: argparse.Namespace) -> int:
     from services.runtime.logs import configure_logging
 
     configure_logging(args.log_level)
+    if args.health_port is not None:  # the host reads it from the environment (services never see it)
+        os.environ["CHAMBER_HEALTH_PORT"] = str(args.health_port)
     asyncio.run(run_until_stopped(lambda stop: args.module.run(args, stop)))
     return 0

@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     from services.runtime.nats_server import NatsServerError, NatsServerProcess
 
     _validate(args)
-    configure_logging("warning")
+    configure_logging("error")  # the console shows component readiness; details are in the logs
     data_dir = args.data_dir.resolve()
     lock = _lock(data_dir)
     server: NatsServerProcess | None = None
@@ -85,13 +85,31 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def api_token(data_dir: Path) -> str:
+    """The gateway's bearer token for commands: $CHAMBER_API_TOKEN, else one kept in the data dir."""
+    if os.environ.get("CHAMBER_API_TOKEN"):
+        return os.environ["CHAMBER_API_TOKEN"]
+    path = data_dir / "api-token"
+    if not path.exists():
+        import secrets
+
+        path.write_text(secrets.token_urlsafe(24))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
 def _components(args: argparse.Namespace, url: str, data_dir: Path) -> list[object]:
     from services.cli import command_modules
     from services.cli.service import discover
     from services.stack.supervisor import Component
 
     chamber = [sys.executable, "-m", "services.cli"]
-    env = {"CHAMBER_DATA_DIR": str(data_dir), "CHAMBER_NATS_URL": url}
+    env = {
+        "CHAMBER_DATA_DIR": str(data_dir),
+        "CHAMBER_NATS_URL": url,
+        "CHAMBER_API_TOKEN": api_token(data_dir),  # in the environment, not argv: `ps` would show it
+        "CHAMBER_AGENT_SPOOL": str(data_dir / "agent-spool"),
+    }
     components = []
     for name in discover():
         extra = ["--port", str(args.port)] if name == "gateway" else []
@@ -105,7 +123,8 @@ def _components(args: argparse.Namespace, url: str, data_dir: Path) -> list[obje
             agent += ["--nats", url]
         components.append(Component("agent", [*chamber, *agent], env))
     if "workload" in commands and not args.no_workload:
-        components.append(Component("workload", [*chamber, "workload", "--nats", url], env))
+        gpus = str(args.nodes * args.gpus_per_node)
+        components.append(Component("workload", [*chamber, "workload", "--nats", url, "--gpus", gpus], env))
     return components
 
 
@@ -128,7 +147,7 @@ async def _serve(args: argparse.Namespace, url: str, data_dir: Path) -> None:
     async def until_stopped(stop: asyncio.Event) -> None:
         await supervisor.start()
         if any(c.name == "gateway" for c in supervisor.components):
-            await _wait_for_gateway(args.port, stop)
+            await _wait_for_gateway(args.port, stop, data_dir / "api-token")
         print("chamber is up; press Ctrl-C to stop", flush=True)  # signal handlers are in place now
         await stop.wait()
         print("stopping ...", flush=True)
@@ -137,7 +156,7 @@ async def _serve(args: argparse.Namespace, url: str, data_dir: Path) -> None:
     await run_until_stopped(until_stopped)
 
 
-async def _wait_for_gateway(port: int, stop: asyncio.Event, timeout_s: float = 60.0) -> None:
+async def _wait_for_gateway(port: int, stop: asyncio.Event, token_file: Path, timeout_s: float = 60.0) -> None:
     url = f"http://127.0.0.1:{port}"
 
     def ready() -> bool:
@@ -151,7 +170,7 @@ async def _wait_for_gateway(port: int, stop: asyncio.Event, timeout_s: float = 6
     deadline = loop.time() + timeout_s
     while not stop.is_set() and loop.time() < deadline:
         if await asyncio.to_thread(ready):
-            print(f"  {'dashboard':<11}ready   {url}/", flush=True)
+            print(f"  {'dashboard':<11}ready   {url}/   (API token for commands in {token_file})", flush=True)
             return
         await asyncio.sleep(0.5)
     print(f"  {'dashboard':<11}not ready after {timeout_s:g}s; see the gateway log", flush=True)

@@ -16,6 +16,7 @@ from nats.js import JetStreamContext
 from services.runtime.commands import CommandServer
 from services.runtime.connection import connect
 from services.runtime.consumer import BatchHandler, Consumer, ConsumerOptions, Handler
+from services.runtime.health import HealthServer, HealthState, port_from_env
 from services.runtime.logs import get_logger
 from services.runtime.publisher import Publisher
 from services.runtime.streams import ensure_streams
@@ -35,6 +36,7 @@ class ServiceContext:
     consumers: list[Consumer] = field(default_factory=list)
     _tasks: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     _commands: CommandServer | None = None
+    health: HealthServer | None = None
 
     def consume(
         self,
@@ -73,11 +75,29 @@ class ServiceContext:
 
 
 async def serve(
-    name: str, url: str, setup: Callable[[ServiceContext], Awaitable[None]], stop: asyncio.Event
+    name: str,
+    url: str,
+    setup: Callable[[ServiceContext], Awaitable[None]],
+    stop: asyncio.Event,
+    *,
+    health_port: int | None = None,
 ) -> ServiceContext:
-    nc = await connect(url, name=f"chamber-{name}")
+    """`health_port` (default $CHAMBER_HEALTH_PORT, 0 = any free port) serves /livez and /readyz."""
+    health_state = HealthState(service=name)
+    port = health_port if health_port is not None else port_from_env()
+    health = HealthServer(health_state, port=port) if port is not None else None
+    if health is not None:
+        await health.start()  # before connecting: live (not ready) while NATS is still out of reach
+    try:
+        nc = await connect(url, name=f"chamber-{name}")
+    except BaseException:
+        if health is not None:
+            await health.stop()
+        raise
     js = nc.jetstream()
     ctx = ServiceContext(name=name, url=url, nc=nc, js=js, publisher=Publisher(js, source=f"chamber/{name}"), stop=stop)
+    ctx.health = health
+    health_state.nc, health_state.consumers = nc, ctx.consumers
     try:
         await ensure_streams(js)
         await setup(ctx)
@@ -86,6 +106,8 @@ async def serve(
         log.info("service running", service=name, consumers=len(ctx.consumers))
         await asyncio.gather(*(run() for run in ctx._tasks), stop.wait())
     finally:
+        if health is not None:
+            await health.stop()
         if ctx._commands is not None:
             await ctx._commands.stop()
         for consumer in ctx.consumers:  # a pull subscription left open makes drain wait its full timeout

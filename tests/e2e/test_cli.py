@@ -54,14 +54,20 @@ def _wait_for(proc: subprocess.Popen[str], text: str, timeout: float = 30) -> st
 
 
 def test_up_starts_nats_with_streams_refuses_a_second_instance_and_stops_on_ctrl_c(tmp_path: Path) -> None:
-    port = str(free_port())
+    port, web = str(free_port()), str(free_port())
     env = {**os.environ, "CHAMBER_DATA_DIR": str(tmp_path / "data")}
     proc = subprocess.Popen(
-        [CHAMBER, "up", "--nats-port", port], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        [CHAMBER, "up", "--nats-port", port, "--port", web, "--nodes", "2", "--no-workload"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
     )
     try:
-        out = _wait_for(proc, "chamber is up")
+        out = _wait_for(proc, "chamber is up", timeout=90)
         assert "ready   nats:" in out and "added JOBS" in out
+        assert "gateway    running" in out and "agent      running" in out
+        assert f"dashboard  ready   http://127.0.0.1:{web}/" in out
         second = run("up", "--nats-port", str(free_port()), env=env)
         assert second.returncode == 2
         assert "already running" in second.stderr and "Traceback" not in second.stderr
@@ -74,10 +80,14 @@ def test_up_starts_nats_with_streams_refuses_a_second_instance_and_stops_on_ctrl
             proc.kill()
     # State survives: the streams are on disk, a restart finds them.
     proc = subprocess.Popen(
-        [CHAMBER, "up", "--nats-port", port], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        [CHAMBER, "up", "--nats-port", port, "--port", web, "--nodes", "2", "--no-workload"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
     )
     try:
-        assert "all present" in _wait_for(proc, "chamber is up")
+        assert "all present" in _wait_for(proc, "chamber is up", timeout=90)
         proc.send_signal(signal.SIGINT)
         assert proc.wait(30) == 0
     finally:

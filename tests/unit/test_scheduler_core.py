@@ -221,3 +221,96 @@ def test_an_incremental_cycle_only_looks_at_new_jobs() -> None:
     d.given(done("j0"))
     cycle = d.cycle()
     assert cycle.full and d.state_of("j1") == "running"
+
+
+def test_when_capacity_shrinks_below_guarantees_reclaim_still_spares_a_team_at_its_guarantee() -> None:
+    d = Driver().given(
+        a_node("n1"), a_node("n2"), a_quota("a", 8), a_quota("b", 8), a_job("b-own", team="b", gpus=8, priority="low")
+    )
+    d.cycle()
+    node = next(iter(d.where("b-own")))
+    d.given(NodeIsolated(cluster="c1", node="n2" if node == "n1" else "n1", at=5, reason="xid"))
+    d.given(a_job("a-needs", team="a", gpus=8, priority="high", at=6))
+    cycle = d.cycle(now=7)
+    assert cycle.decisions == [] and d.state_of("b-own") == "running"
+    assert "waiting for capacity" in d.waiting["a-needs"] or "quota" in d.waiting["a-needs"]
+
+
+def test_a_lend_limit_keeps_part_of_an_idle_guarantee_back() -> None:
+    d = Driver().given(
+        a_node("n1"), a_node("n2"), a_quota("owner", 8, lend=2), a_quota("borrower", 8),
+        a_job("big", team="borrower", gpus=8, replicas=2),
+        a_job("small", team="borrower", gpus=2, at=2),
+        a_job("more", team="borrower", gpus=2, at=3),
+    )  # fmt: skip
+    d.cycle()
+    assert d.state_of("big") == "pending" and "quota: pool default has 10 GPUs" in d.waiting["big"]
+    assert d.state_of("small") == "running" and d.state_of("more") == "running"
+    d.given(a_job("third", team="borrower", gpus=8, at=4))
+    d.cycle()
+    assert "quota" in d.waiting["third"]  # 6 of owner's 8 idle GPUs are never lent
+
+
+def test_a_gang_never_spans_clusters() -> None:
+    d = Driver().given(a_node("a1", cluster="east"), a_node("b1", cluster="west"), a_job("gang", gpus=8, replicas=2))
+    d.cycle()
+    assert d.state_of("gang") == "pending"
+    d.given(a_node("a2", cluster="east"))
+    d.cycle()
+    assert set(d.where("gang")) == {"a1", "a2"}
+
+
+def test_explain_says_why_a_job_was_cancelled_or_failed() -> None:
+    from events import JobCancelled, JobFailed
+
+    d = Driver().given(a_node("n1"), a_job("c", gpus=2), a_job("f", gpus=2, at=2))
+    d.cycle()
+    d.given(JobCancelled(job_id="c", at=20, by="cli", reason="wrong data"), JobFailed(job_id="f", at=21, reason="OOM"))
+    assert "is cancelled: cancelled by cli: wrong data" in explain(d.state, "c", d.waiting)["text"]
+    assert "is failed: failed: OOM" in explain(d.state, "f", d.waiting)["text"]
+
+
+def test_a_job_that_can_never_fit_says_so_and_reserves_nothing() -> None:
+    d = Driver().given(a_node("n1", gpus=4), a_job("running", gpus=2, estimate=100, at=0))
+    d.cycle(now=0)
+    d.given(a_job("huge", gpus=16, at=1), a_job("long", gpus=1, at=2, estimate=10_000))
+    d.cycle(now=5)
+    assert "no node has 16 GPUs (the largest has 4)" in d.waiting["huge"]
+    assert d.state_of("long") == "running"  # not held back for a job that cannot ever start
+
+
+def test_baseline_policies_run_through_the_same_cycle() -> None:
+    from services.scheduler.core import POLICIES, schedule
+
+    d = Driver().given(
+        a_node("n1", gpus=4), a_quota("a", 2), a_quota("b", 2),
+        a_job("a-first", team="a", gpus=4, at=1), a_job("b-urgent", team="b", gpus=2, priority="high", at=2),
+    )  # fmt: skip
+    admitted = {name: [x.job_id for x in schedule(d.state, 5.0, policy=p).decisions] for name, p in POLICIES.items()}
+    assert admitted["fifo"] == ["a-first"]  # submit order, no quotas
+    assert admitted["chamber"] == ["b-urgent"]  # priority first; a-first may not borrow past what b holds back
+    assert admitted["static-quota"] == ["b-urgent"]  # a-first exceeds a's guarantee of 2
+    assert "static quota" in schedule(d.state, 5.0, policy=POLICIES["static-quota"]).waiting["a-first"]
+
+
+def test_a_gang_may_name_its_own_topology_label() -> None:
+    from events import JobSpec, JobSubmitted
+
+    d = Driver().given(
+        a_node("a1", zone="z1"), a_node("b1", zone="z2"), a_node("a2", zone="z1"), a_node("b2", zone="z2"),
+        a_job("busy", gpus=4, at=0),
+    )  # fmt: skip
+    d.cycle()
+    spec = JobSpec(team="vision", gpus_per_replica=8, replicas=2, topology_key="zone")
+    d.given(JobSubmitted(job_id="gang", at=1, spec=spec))
+    d.cycle()
+    assert set(d.where("gang")) == {"b1", "b2"}  # zone z2 is whole (by node order alone: b1 and a2)
+
+
+def test_replaying_jobs_ahead_of_the_fleet_gives_the_same_state() -> None:
+    d = Driver().given(a_node("n1"), a_job("j", gpus=3))
+    d.cycle()
+    jobs_first = Driver().given(*[e for e in d.log if not hasattr(e, "node")], a_node("n1"))
+    assert jobs_first.state.capacity.digest() == d.state.capacity.digest()
+    assert not jobs_first.state.displaced and jobs_first.where("j") == {"n1": [0, 1, 2]}
+    assert jobs_first.state.nodes[("c1", "n1")].owners == {0: "j", 1: "j", 2: "j"}

@@ -2,7 +2,8 @@
 
 Best fit is then "the lowest node id in the smallest bucket that is big enough", found in
 O(classes x GPUs-per-node) instead of a scan of the fleet. A node class groups nodes that are
-interchangeable for a job's constraints: same pool, cluster, GPU model and topology domain.
+interchangeable for a job's constraints: same pool, cluster and GPU model. A second, finer index
+buckets nodes per (class, topology domain) so gangs can look for room within one rack.
 
 Every change can be journaled; `rollback(mark)` undoes changes back to a mark. A scheduling cycle
 works on the live index and rolls everything back at its end (KAI's Statement, at cycle scale), so
@@ -14,7 +15,7 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from dataclasses import dataclass, field
 
-ClassKey = tuple[str, str, str, str]  # pool, cluster, gpu model, topology domain ("" if none)
+ClassKey = tuple[str, str, str]  # pool, cluster, gpu model
 
 
 @dataclass
@@ -22,6 +23,7 @@ class Slot:
     """One node as the index sees it: which GPUs are free now, and its class."""
 
     cls: int
+    domain: str = ""  # topology domain (e.g. the rack), "" if the node has none
     free: list[int] = field(default_factory=list)  # sorted indices of healthy, unallocated GPUs
     total: int = 0  # healthy GPUs (free or allocated) while the node is in service
     usable: bool = True
@@ -35,6 +37,9 @@ class Capacity:
         self.buckets: list[list[list[int]]] = []  # [class][free count] -> sorted node ids
         self.class_free: list[int] = []
         self.class_total: list[int] = []
+        self.dom_buckets: dict[tuple[int, str], list[list[int]]] = {}
+        self.dom_free: dict[tuple[int, str], int] = {}
+        self.class_domains: list[set[str]] = []
         self.max_gpus = 0  # GPUs of the largest node: buckets go 1..max_gpus
         self._journal: list[tuple[int, list[int], bool]] | None = None
 
@@ -47,15 +52,16 @@ class Capacity:
             self.buckets.append([[] for _ in range(self.max_gpus + 1)])
             self.class_free.append(0)
             self.class_total.append(0)
+            self.class_domains.append(set())
         return cid
 
     def _grow(self, gpus: int) -> None:
         if gpus > self.max_gpus:
-            for b in self.buckets:
+            for b in [*self.buckets, *self.dom_buckets.values()]:
                 b.extend([] for _ in range(gpus - self.max_gpus))
             self.max_gpus = gpus
 
-    def set_slot(self, nid: int, cls: int, free: list[int], total: int, usable: bool) -> None:
+    def set_slot(self, nid: int, cls: int, free: list[int], total: int, usable: bool, domain: str = "") -> None:
         """(Re)define node `nid` from scratch (discovery, update, isolation, pool change)."""
         self._grow(max(total, len(free)))
         while len(self.slots) <= nid:
@@ -64,7 +70,11 @@ class Capacity:
         self._unbucket(nid)
         if old.usable:
             self.class_total[old.cls] -= old.total
-        slot = Slot(cls=cls, free=sorted(free), total=total, usable=usable)
+        slot = Slot(cls=cls, domain=domain, free=sorted(free), total=total, usable=usable)
+        if domain and (cls, domain) not in self.dom_buckets:
+            self.dom_buckets[(cls, domain)] = [[] for _ in range(self.max_gpus + 1)]
+            self.dom_free[(cls, domain)] = 0
+            self.class_domains[cls].add(domain)
         self.slots[nid] = slot
         if usable:
             self.class_total[cls] += total
@@ -77,6 +87,10 @@ class Capacity:
             bucket = self.buckets[slot.cls][k]
             del bucket[bisect_left(bucket, nid)]
             self.class_free[slot.cls] -= k
+            if slot.domain:
+                bucket = self.dom_buckets[(slot.cls, slot.domain)][k]
+                del bucket[bisect_left(bucket, nid)]
+                self.dom_free[(slot.cls, slot.domain)] -= k
 
     def _bucket(self, nid: int) -> None:
         slot = self.slots[nid]
@@ -84,6 +98,9 @@ class Capacity:
         if slot.usable and k:
             insort(self.buckets[slot.cls][k], nid)
             self.class_free[slot.cls] += k
+            if slot.domain:
+                insort(self.dom_buckets[(slot.cls, slot.domain)][k], nid)
+                self.dom_free[(slot.cls, slot.domain)] += k
 
     # -- allocation (journaled) --------------------------------------------------------------
     def take(self, nid: int, n: int) -> list[int]:
@@ -158,6 +175,16 @@ class Capacity:
                     break
         return best
 
+    def replicas_fit(self, classes: list[int], per_replica: int) -> int:
+        """How many replicas of `per_replica` GPUs the free GPUs could hold, node by node."""
+        total = 0
+        for c in classes:
+            b = self.buckets[c]
+            for k in range(per_replica, len(b)):
+                if b[k]:
+                    total += len(b[k]) * (k // per_replica)
+        return total
+
     def best_fit(self, classes: list[int], n: int) -> int | None:
         """The node with the fewest free GPUs that still has `n`; ties to the lowest node id."""
         for k in range(n, self.max_gpus + 1):
@@ -170,15 +197,30 @@ class Capacity:
                 return best
         return None
 
-    def fill(self, classes: list[int], per_replica: int, replicas: int) -> list[tuple[int, list[int]]] | None:
-        """Place a gang replica by replica on best-fit nodes; all or nothing (rolled back on failure)."""
+    def fill(
+        self,
+        classes: list[int],
+        per_replica: int,
+        replicas: int,
+        domain: str | None = None,
+        only: set[int] | None = None,
+    ) -> list[tuple[int, list[int]]] | None:
+        """Place a gang replica by replica on best-fit nodes (of one topology domain if given);
+        all or nothing (rolled back on failure)."""
         placed: list[tuple[int, list[int]]] = []
         need = replicas
         own_journal = self._journal is None
         mark = self.begin()
         for k in range(per_replica, self.max_gpus + 1):
             # A node taken from bucket k drops below k, so each node is visited once.
-            nodes = sorted(nid for c in classes for nid in self.buckets[c][k])
+            if only is not None:
+                nodes = sorted(nid for c in classes for nid in self.buckets[c][k] if nid in only)
+            elif domain is None:
+                nodes = sorted(nid for c in classes for nid in self.buckets[c][k])
+            else:
+                nodes = sorted(
+                    nid for c in classes if (c, domain) in self.dom_buckets for nid in self.dom_buckets[(c, domain)][k]
+                )
             for nid in nodes:
                 fit = min(k // per_replica, need)
                 placed.append((nid, self.take(nid, fit * per_replica)))
@@ -199,4 +241,5 @@ class Capacity:
             tuple(tuple(tuple(b) for b in c) for c in self.buckets),
             tuple(self.class_free),
             tuple(self.class_total),
+            tuple(sorted((k, tuple(tuple(b) for b in v)) for k, v in self.dom_buckets.items())),
         )

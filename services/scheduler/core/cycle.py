@@ -17,10 +17,12 @@ decisions only take effect when their events are folded back by `evolve`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import heapq
+from collections.abc import Iterable, Iterator
 
 from events import Placement, PreemptionReason
 from services.scheduler.core.decisions import Admit, Cycle, CycleMark, Decision, Preempt, Requeue, Reservation
+from services.scheduler.core.policy import CHAMBER, ORDERINGS, Policy
 from services.scheduler.core.pools import DEFAULT_POOL
 from services.scheduler.core.state import QUEUED, Job, JobState, SchedulerState
 
@@ -45,9 +47,10 @@ def lost_work_gpu_s(job: Job, now: float) -> float:
 class Work:
     """The cycle's scratch view: the live capacity index (journaled) plus copies of small tables."""
 
-    def __init__(self, state: SchedulerState, now: float) -> None:
+    def __init__(self, state: SchedulerState, now: float, policy: Policy = CHAMBER) -> None:
         self.s = state
         self.now = now
+        self.policy = policy
         self.cap = state.capacity
         self.usage = dict(state.usage)
         self.preemptible = dict(state.preemptible)
@@ -55,6 +58,9 @@ class Work:
         self.fresh: dict[str, Spot] = {}  # admitted in this cycle: never victims in the same cycle
         self._classes: dict[tuple[str, str | None, str | None], list[int]] = {}
         self._pool_classes: dict[str, list[int]] = {}
+        self._groups: dict[tuple[str, str], list[list[Job]]] = {}
+        self._lost: dict[str, float] = {}
+        self._sorted: set[tuple[str, str, int]] = set()
 
     # -- lookups -------------------------------------------------------------------------------
     def classes(self, job: Job) -> list[int]:
@@ -64,7 +70,7 @@ class Work:
         if found is None:
             found = self._classes[key] = [
                 cid
-                for cid, (pool, cl, m, _) in enumerate(self.cap.class_keys)
+                for cid, (pool, cl, m) in enumerate(self.cap.class_keys)
                 if pool == job.pool and (model is None or m.lower() == key[1]) and (cluster is None or cl == cluster)
             ]
         return found
@@ -82,11 +88,15 @@ class Work:
     # -- quota ---------------------------------------------------------------------------------
     def quota_block(self, job: Job, usage: dict[tuple[str, str], int] | None = None) -> str | None:
         """Why the team's quota does not allow this job now, or None if it does."""
+        if not self.policy.quotas:
+            return None
         usage = self.usage if usage is None else usage
         pool, team, n = job.pool, job.spec.team, job.gpus
         q = self.s.quotas.get((pool, team))
         g = q.guaranteed if q else 0
         u = usage.get((pool, team), 0)
+        if not self.policy.borrowing and u + n > g:
+            return f"static quota: team {team} would hold {u + n} GPUs in pool {pool}, above its guarantee {g}"
         if q is not None and q.borrow_limit is not None and u + n > g + q.borrow_limit:
             return (
                 f"quota: team {team} would hold {u + n} GPUs in pool {pool}, above its guarantee {g}"
@@ -156,7 +166,7 @@ class Work:
             return False
         if job.spec.replicas == 1:
             return self.cap.max_free(classes) >= n
-        return True
+        return self.cap.replicas_fit(classes, job.spec.gpus_per_replica) >= job.spec.replicas
 
     def place(self, job: Job) -> Spot | None:
         """Take GPUs for the job on the scratch index (the caller rolls back if it does not keep them).
@@ -177,19 +187,55 @@ class Work:
                 return None
         if per > cap.max_gpus or cap.free_in(classes) < n:
             return None
-        domains: dict[tuple[str, str], list[int]] = {}
         clusters: dict[str, list[int]] = {}
         for c in classes:
-            _, cluster, _, domain = cap.class_keys[c]
-            clusters.setdefault(cluster, []).append(c)
-            if domain:
-                domains.setdefault((cluster, domain), []).append(c)
-        for groups in (domains, clusters):
-            # Best fit among groups too: the emptiest-but-sufficient domain keeps big ones whole.
-            ranked = sorted((cap.free_in(cls), key, cls) for key, cls in groups.items())
-            for free, _, cls in ranked:
+            clusters.setdefault(cap.class_keys[c][1], []).append(c)
+        key = job.spec.topology_key
+        if key and key != self.s.topology_key:
+            spot = self._fill_by_label(job, clusters, key)
+            if spot is not None:
+                return spot
+        # Best fit among groups too: the emptiest-but-sufficient rack keeps big ones whole.
+        in_domain = []
+        dom_free = cap.dom_free
+        for cluster, cls in clusters.items():
+            if len(cls) == 1:
+                c = cls[0]
+                in_domain.extend((f, cluster, d, cls) for d in cap.class_domains[c] if (f := dom_free[(c, d)]) >= n)
+                continue
+            for domain in set().union(*(cap.class_domains[c] for c in cls)):
+                free = sum(dom_free.get((c, domain), 0) for c in cls)
                 if free >= n:
-                    spot = cap.fill(cls, per, replicas)
+                    in_domain.append((free, cluster, domain, cls))
+        for _, _, domain, cls in sorted(in_domain):
+            spot = cap.fill(cls, per, replicas, domain)
+            if spot is not None:
+                return spot
+        for free, _, cls in sorted((cap.free_in(cls), cluster, cls) for cluster, cls in clusters.items()):
+            if free >= n:
+                spot = cap.fill(cls, per, replicas)
+                if spot is not None:
+                    return spot
+        return None
+
+    def _fill_by_label(self, job: Job, clusters: dict[str, list[int]], key: str) -> Spot | None:
+        """A gang naming a topology label the index does not bucket by: group free nodes by that
+        label's value (a scan of the free nodes, for such gangs only), best-fit domain first."""
+        cap, nodes = self.cap, self.s.node_by_id
+        per, replicas = job.spec.gpus_per_replica, job.spec.replicas
+        for _, cls in sorted(clusters.items()):
+            groups: dict[str, tuple[int, set[int]]] = {}
+            for c in cls:
+                for k in range(per, cap.max_gpus + 1):
+                    for nid in cap.buckets[c][k]:
+                        value = nodes[nid].labels.get(key)
+                        if value is not None:
+                            free, members = groups.get(value, (0, set()))
+                            members.add(nid)
+                            groups[value] = (free + (k // per) * per, members)
+            for free, _, members in sorted((f, v, m) for v, (f, m) in groups.items()):
+                if free >= job.gpus:
+                    spot = cap.fill(cls, per, replicas, only=members)
                     if spot is not None:
                         return spot
         return None
@@ -218,68 +264,184 @@ class Work:
         return False
 
     def victims(self, job: Job) -> list[tuple[Job, PreemptionReason]] | None:
-        """The victims that let `job` fit, losing the least; None if no set does. Leaves no trace."""
+        """The victims that let `job` fit, losing the least; None if no set does. Leaves no trace.
+
+        Victim order: borrowed capacity first, then lowest priority, then least work lost, then id.
+        A job that fits on one node frees one node (the one whose victims lose least); a larger
+        gang takes victims in order until it fits, then gives back the ones it did not need."""
         s, pool, team, rank = self.s, job.pool, job.spec.team, job.spec.priority.rank
         q = s.quotas.get((pool, team))
         reclaim = q is not None and self.usage.get((pool, team), 0) + job.gpus <= q.guaranteed
-        candidates: list[Job] = []
-        for (p, t), ids in s.running.items():
-            if p != pool or (t != team and not reclaim and rank != 0):
-                continue
-            for jid in ids:
-                v = s.jobs[jid]
-                if jid in self.gone or jid in self.fresh or not v.spec.preemptible:
-                    continue
-                vr = v.spec.priority.rank
-                if (t == team and vr > rank) or (t != team and (reclaim or (rank == 0 and vr > 0))):
-                    candidates.append(v)
-        if not candidates:
-            return None
+        classes = set(self.classes(job))
+        # Bounds first, from counters: even with every eligible GPU freed, would quota and free
+        # GPUs allow the job? Most hopeless searches end here without looking at a single job.
         usage = dict(self.usage)
-
-        def borrowing(t: str) -> bool:
-            return usage.get((pool, t), 0) > self.guarantee(pool, t)
-
-        # Victim order: borrowed capacity first, then lowest priority, then least work lost, then id.
-        candidates.sort(
-            key=lambda v: (
-                0 if borrowing(v.spec.team) else 1,
-                -v.spec.priority.rank,
-                lost_work_gpu_s(v, self.now),
-                v.id,
-            )
+        freeable = 0
+        for (p, t, r), gpus in self.preemptible.items():
+            borrowing = self.usage.get((p, t), 0) > self.guarantee(p, t)
+            if (
+                p == pool
+                and gpus > 0
+                and ((t == team and r > rank) or (t != team and ((reclaim and borrowing) or (rank == 0 and r > 0))))
+            ):
+                usage[(p, t)] = usage.get((p, t), 0) - gpus
+                freeable += gpus
+        if self.quota_block(job, usage) is not None or self.cap.free_in(list(classes)) + freeable < job.gpus:
+            return None
+        gone, fresh = self.gone, self.fresh
+        candidates = (
+            v for v in self._victims_in_order(pool, team, rank, reclaim) if v.id not in gone and v.id not in fresh
         )
+        usage = dict(self.usage)
         mark = self.cap.mark()
-        chosen: list[tuple[Job, PreemptionReason]] = []
         try:
-            for v in candidates:
-                reason = self._reason(job, v, usage, reclaim)
-                if reason is None:
-                    continue
-                for nid, gpus in self._held(v):
-                    self.cap.give(nid, gpus)
-                self._count(v, -1, usage)
-                chosen.append((v, reason))
-                if self.fits(job, usage):
-                    break
-            else:
-                return None
-            # Keep only the victims that are needed: try giving each back, latest first.
-            for item in reversed(chosen[:-1]):
-                v = item[0]
-                held = self._held(v)
-                for nid, gpus in held:
-                    self.cap.take_exact(nid, gpus)
-                self._count(v, +1, usage)
-                if self.fits(job, usage):
-                    chosen.remove(item)
-                else:
-                    for nid, gpus in held:
-                        self.cap.give(nid, gpus)
-                    self._count(v, -1, usage)
-            return chosen
+            if job.spec.replicas == 1 and job.gpus <= self.cap.max_gpus:
+                return self._free_one_node(job, candidates, classes, usage, reclaim)
+            ordered = list(candidates)
+            if job.gpus <= self.cap.max_gpus:
+                found = self._free_one_node(job, ordered, classes, usage, reclaim)
+                if found is not None:
+                    return found
+            return self._free_nodes_for_gang(job, ordered, classes, usage, reclaim)
         finally:
             self.cap.rollback(mark)
+
+    def _victims_in_order(self, pool: str, team: str, rank: int, reclaim: bool) -> Iterator[Job]:
+        """The jobs a preemptor of `team` at `rank` may preempt, in victim order: borrowed
+        capacity first, then lowest priority, then least work lost, then id (borrowing judged at
+        the start of the cycle). Jobs are grouped by (team, priority) and a group is sorted only
+        when the walk reaches it, once per cycle: a search usually stops in its first group."""
+        s = self.s
+        by_class: dict[tuple[int, int], list[tuple[str, int]]] = {}
+        for p, t in s.running:
+            if p != pool:
+                continue
+            flag = 0 if s.usage.get((p, t), 0) > self.guarantee(p, t) else 1
+            for r in range(4):
+                # reclaim takes only from teams borrowing now (and their borrowing only shrinks)
+                if (t == team and r > rank) or (t != team and ((reclaim and flag == 0) or (rank == 0 and r > 0))):
+                    by_class.setdefault((flag, -r), []).append((t, r))
+        for key in sorted(by_class):
+            lists = [self._group(pool, t, r) for t, r in sorted(by_class[key])]
+            if len(lists) == 1:
+                yield from lists[0]
+            else:
+                lost = self._lost
+                yield from heapq.merge(*lists, key=lambda v: (lost[v.id], v.id))
+
+    def _group(self, pool: str, team: str, rank: int) -> list[Job]:
+        """Running preemptible jobs of one team and priority, least work lost first. A team's jobs
+        are split by priority once per cycle; a group is sorted when a walk first reaches it."""
+        key = (pool, team)
+        groups = self._groups.get(key)
+        if groups is None:
+            groups = self._groups[key] = [[], [], [], []]
+            jobs = self.s.jobs
+            for jid in self.s.running.get(key, ()):
+                v = jobs[jid]
+                if v.spec.preemptible:
+                    groups[v.spec.priority.rank].append(v)
+        group = groups[rank]
+        if (pool, team, rank) not in self._sorted:
+            now, lost = self.now, self._lost
+            for v in group:
+                lost[v.id] = lost_work_gpu_s(v, now)
+            group.sort(key=lambda v: (lost[v.id], v.id))
+            self._sorted.add((pool, team, rank))
+        return group
+
+    def _free_one_node(
+        self,
+        job: Job,
+        candidates: Iterable[Job],
+        classes: set[int],
+        usage: dict[tuple[str, str], int],
+        reclaim: bool,
+    ) -> list[tuple[Job, PreemptionReason]] | None:
+        """Walk victims in order, counting what each node would free; the first node with room
+        (and quota) wins: its victims are the cheapest that make the job fit on one node."""
+        slots, nodes = self.cap.slots, self.s.nodes
+        freed: dict[int, int] = {}
+        chosen: dict[int, list[tuple[Job, PreemptionReason]]] = {}
+        delta: dict[int, dict[tuple[str, str], int]] = {}
+        for v in candidates:
+            for p in v.placements:
+                nid = nodes[(p.cluster, p.node)].nid
+                slot = slots[nid]
+                if slot.cls not in classes or not slot.usable:
+                    continue
+                local = delta.setdefault(nid, {})
+                vkey = (v.pool, v.spec.team)
+                seen = usage.get(vkey, 0) + local.get(vkey, 0)
+                reason = self._reason(job, v, {vkey: seen}, reclaim)
+                if reason is None:
+                    continue
+                local[vkey] = local.get(vkey, 0) - v.gpus
+                chosen.setdefault(nid, []).append((v, reason))
+                freed[nid] = freed.get(nid, len(slot.free)) + len(p.gpu_indices)
+                if freed[nid] >= job.gpus and self._fits_without(job, chosen[nid], usage):
+                    return chosen[nid]
+        return None
+
+    def _fits_without(
+        self, job: Job, chosen: list[tuple[Job, PreemptionReason]], usage: dict[tuple[str, str], int]
+    ) -> bool:
+        local = dict(usage)
+        for v, _ in chosen:
+            self._count(v, -1, local)
+        if self.quota_block(job, local) is not None:  # cheap, before touching the index
+            return False
+        mark = self.cap.mark()
+        for v, _ in chosen:
+            for nid, gpus in self._held(v):
+                self.cap.give(nid, gpus)
+        ok = self.fits(job, local)
+        self.cap.rollback(mark)
+        return ok
+
+    def _free_nodes_for_gang(
+        self,
+        job: Job,
+        candidates: Iterable[Job],
+        classes: set[int],
+        usage: dict[tuple[str, str], int],
+        reclaim: bool,
+    ) -> list[tuple[Job, PreemptionReason]] | None:
+        """Walk victims in order, counting the replicas each node could then hold; once the gang
+        has room, keep only the victims on nodes that gained a replica."""
+        per, replicas = job.spec.gpus_per_replica, job.spec.replicas
+        slots, nodes = self.cap.slots, self.s.nodes
+        need = replicas - self.cap.replicas_fit(list(classes), per)
+        start: dict[int, int] = {}
+        freed: dict[int, int] = {}
+        on_node: dict[int, list[Job]] = {}
+        reasons: dict[str, PreemptionReason] = {}
+        local = dict(usage)
+        got = 0
+        for v in candidates:
+            reason = self._reason(job, v, local, reclaim)
+            if reason is None:
+                continue
+            reasons[v.id] = reason
+            self._count(v, -1, local)
+            for p in v.placements:
+                nid = nodes[(p.cluster, p.node)].nid
+                slot = slots[nid]
+                if slot.cls not in classes or not slot.usable:
+                    continue
+                before = freed.setdefault(nid, start.setdefault(nid, len(slot.free)))
+                freed[nid] = before + len(p.gpu_indices)
+                on_node.setdefault(nid, []).append(v)
+                got += freed[nid] // per - before // per
+            if got >= need:
+                chosen: dict[str, Job] = {}
+                for nid, vs in on_node.items():
+                    if freed[nid] // per > start[nid] // per:
+                        chosen.update((x.id, x) for x in vs)
+                picked = [(x, reasons[x.id]) for x in chosen.values()]
+                if self._fits_without(job, picked, usage):
+                    return picked
+        return None
 
     def _reason(
         self, job: Job, victim: Job, usage: dict[tuple[str, str], int], reclaim: bool
@@ -325,19 +487,27 @@ def _describe(spot: Spot, state: SchedulerState) -> str:
     return ", ".join(f"{nodes[nid].name}[{','.join(map(str, g))}]" for nid, g in spot)
 
 
-def schedule(state: SchedulerState, now: float, since: CycleMark | None = None) -> Cycle:
+PREEMPTION_SEARCHES = CHAMBER.preemption_searches
+
+
+def schedule(state: SchedulerState, now: float, since: CycleMark | None = None, *, policy: Policy = CHAMBER) -> Cycle:
     """Run one cycle. `since` is the previous cycle's mark: without it, or when capacity or rules
-    changed since, every queued job is considered (full); else only newly queued ones."""
+    changed since, every queued job is considered (full); else only newly queued ones.
+
+    Victim searches are the costly part of a cycle on a full fleet, so, as Kueue nominates one head
+    per queue, only the first waiting job of each (pool, team, priority) searches per cycle, and at
+    most `policy.preemption_searches` searches run per cycle (in queue order)."""
     full = since is None or since.capacity_epoch != state.capacity_epoch or bool(state.displaced)
-    work = Work(state, now)
+    work = Work(state, now, policy)
     state.capacity.begin()
     try:
-        return _cycle(state, work, now, full, since)
+        return _cycle(state, work, now, full, since, policy)
     finally:
         state.capacity.end()
 
 
-def _cycle(state: SchedulerState, work: Work, now: float, full: bool, since: CycleMark | None) -> Cycle:
+def _cycle(state: SchedulerState, work: Work, now: float, full: bool, since: CycleMark | None, policy: Policy) -> Cycle:
+    order = ORDERINGS[policy.order]
     decisions: list[Decision] = []
     waiting: dict[str, str] = {}
     jobs = state.jobs
@@ -364,16 +534,17 @@ def _cycle(state: SchedulerState, work: Work, now: float, full: bool, since: Cyc
     keys: Iterable[tuple[int, float, float, str]]
     reservations: dict[str, Reservation]
     if full or since is None:
-        keys = sorted([*state.queue(), *(state.queue_key(j) for j in requeued.values())])
+        keys = sorted([*state.queue(), *(state.queue_key(j) for j in requeued.values())], key=order)
         reservations = {}
     else:
         new = set(state.pending_log[since.pending_seq :])
-        keys = sorted(state.queue_key(jobs[j]) for j in new if jobs[j].state in QUEUED)
+        keys = sorted((state.queue_key(jobs[j]) for j in new if jobs[j].state in QUEUED), key=order)
         reservations = dict(since.reservations)
 
     # 3-5. nominate, preempt, admit
     failed: dict[tuple[object, ...], str] = {}  # shapes that found no room this cycle: same answer
     considered = 0
+    searched: set[tuple[str, str, int]] = set()  # (pool, team, priority) heads that searched for victims
     for key in keys:
         jid = key[3]
         job = jobs[jid]
@@ -397,7 +568,7 @@ def _cycle(state: SchedulerState, work: Work, now: float, full: bool, since: Cyc
             continue
         res = reservations.get(job.pool)
         via_extra = False
-        if res is not None and res.key < key:
+        if res is not None and order(res.key) < order(key):
             est = estimate_s(job)
             if est is None or now + est > res.shadow_at:
                 if job.gpus > res.extra_gpus:
@@ -417,7 +588,7 @@ def _cycle(state: SchedulerState, work: Work, now: float, full: bool, since: Cyc
             why = f"placed on {_describe(spot, state)}"
             if borrowed:
                 why += f", borrowing {borrowed} idle GPUs of pool {job.pool}"
-            if res is not None and res.key < key:
+            if res is not None and order(res.key) < order(key):
                 why += f"; backfilled ahead of {res.job_id} without delaying it"
                 if via_extra:
                     reservations[job.pool] = Reservation(
@@ -425,7 +596,14 @@ def _cycle(state: SchedulerState, work: Work, now: float, full: bool, since: Cyc
                     )
             decisions.append(Admit(jid, spec.team, placements, borrowed, why, resume, generation))
             continue
-        if work.may_preempt(job):
+        head = (job.pool, spec.team, spec.priority.rank)
+        if (
+            policy.preemption
+            and head not in searched
+            and len(searched) < policy.preemption_searches
+            and work.may_preempt(job)
+        ):
+            searched.add(head)
             victims = work.victims(job)
             if victims:
                 kinds = sorted({r.value for _, r in victims})
@@ -461,7 +639,14 @@ def _cycle(state: SchedulerState, work: Work, now: float, full: bool, since: Cyc
                 f"waiting for capacity: needs {spec.replicas}x{spec.gpus_per_replica} GPUs{model} in pool {job.pool}; "
                 f"{work.cap.free_in(classes)} free, at most {work.cap.max_free(classes)} on one node"
             )
-            if res is None or key < res.key:
+            if spec.gpus_per_replica > work.cap.max_gpus:
+                why += f"; no node has {spec.gpus_per_replica} GPUs (the largest has {work.cap.max_gpus})"
+            fits_ever = spec.gpus_per_replica <= work.cap.max_gpus and job.gpus <= sum(
+                work.cap.class_total[c] for c in classes
+            )
+            if (
+                policy.backfill and fits_ever and (res is None or order(key) < order(res.key))
+            ):  # never reserve for what cannot fit
                 new_res = work.reservation(job, key)
                 if new_res is not None:
                     reservations[job.pool] = new_res

@@ -76,10 +76,10 @@ class Job:
     preempted_by: str | None = None
     preempt_reason: str | None = None
     preemptions: int = 0
+    gpus: int = 0  # spec.total_gpus, kept as a field: read on every hot path
 
-    @property
-    def gpus(self) -> int:
-        return self.spec.total_gpus
+    def __post_init__(self) -> None:
+        self.gpus = self.spec.total_gpus
 
 
 @dataclass
@@ -94,6 +94,8 @@ class Node:
     lost: bool = False
     bad_gpus: set[int] = field(default_factory=set)
     owners: dict[int, str] = field(default_factory=dict)  # gpu index -> job id holding it
+    _model: str = ""
+    _model_of: object = None
 
     @property
     def in_service(self) -> bool:
@@ -101,8 +103,12 @@ class Node:
 
     @property
     def model(self) -> str:
-        models = sorted(self.gpus.values())
-        return max(models, key=models.count) if models else ""
+        """The node's GPU model (the most common one, should a node mix models)."""
+        if self._model_of is not self.gpus:
+            models = sorted(self.gpus.values())
+            self._model = max(models, key=models.count) if models else ""
+            self._model_of = self.gpus
+        return self._model
 
 
 @dataclass(frozen=True)
@@ -135,6 +141,8 @@ class SchedulerState:
     preemptible: dict[tuple[str, str, int], int] = field(default_factory=dict)  # (pool, team, rank) -> GPUs
     running: dict[tuple[str, str], set[str]] = field(default_factory=dict)  # (pool, team) -> job ids
     displaced: set[str] = field(default_factory=set)  # running on a GPU or node out of service
+    # GPUs claimed by jobs on nodes not (yet) discovered: replaying JOBS may run ahead of FLEET
+    claims: dict[tuple[str, str], dict[int, str]] = field(default_factory=dict)
     capacity_epoch: int = 0  # bumped when capacity frees or the rules change: the next cycle is full
     pending_log: list[str] = field(default_factory=list)  # job ids as they (re)entered the queue
     _queue: list[tuple[int, float, float, str]] | None = None
@@ -168,12 +176,13 @@ class SchedulerState:
     # -- classes -------------------------------------------------------------------------------
     def node_class(self, node: Node) -> int:
         pool = node_pool(self.pools, node.model, node.labels)
-        return self.capacity.class_id((pool, node.cluster, node.model, node.labels.get(self.topology_key, "")))
+        return self.capacity.class_id((pool, node.cluster, node.model))
 
     def refresh_node(self, node: Node) -> None:
         healthy = [i for i in node.gpus if i not in node.bad_gpus]
         free = [i for i in healthy if i not in node.owners]
-        self.capacity.set_slot(node.nid, self.node_class(node), free, len(healthy), node.in_service)
+        domain = node.labels.get(self.topology_key, "")
+        self.capacity.set_slot(node.nid, self.node_class(node), free, len(healthy), node.in_service, domain)
 
     def pool_of_node(self, node: Node) -> str:
         return self.capacity.class_keys[self.capacity.slots[node.nid].cls][0]
@@ -213,7 +222,7 @@ def _hold(s: SchedulerState, job: Job, placements: list[Placement], at: float, b
     for p in placements:
         node = s.nodes.get((p.cluster, p.node))
         if node is None:
-            conflict = True
+            s.claims.setdefault((p.cluster, p.node), {}).update(dict.fromkeys(p.gpu_indices, job.id))
             continue
         for i in p.gpu_indices:
             if i in node.owners or i not in node.gpus or i in node.bad_gpus:
@@ -240,6 +249,10 @@ def _release(s: SchedulerState, job: Job) -> None:
     for p in job.placements:
         node = s.nodes.get((p.cluster, p.node))
         if node is None:
+            claims = s.claims.get((p.cluster, p.node), {})
+            for i in p.gpu_indices:
+                if claims.get(i) == job.id:
+                    del claims[i]
             continue
         for i in p.gpu_indices:
             if node.owners.get(i) == job.id:
@@ -355,6 +368,10 @@ def _discovered(s: SchedulerState, e: NodeDiscovered) -> None:
         node = Node(nid=len(s.node_by_id), cluster=e.cluster, name=e.node, gpus=_gpus(e.gpus), labels=dict(e.labels))
         s.nodes[(e.cluster, e.node)] = node
         s.node_by_id.append(node)
+        for i, job_id in s.claims.pop((e.cluster, e.node), {}).items():
+            node.owners[i] = job_id
+            if i not in node.gpus:
+                s.displaced.add(job_id)
     else:  # rediscovered after being lost
         node.gpus, node.labels, node.lost, node.status = _gpus(e.gpus), dict(e.labels), False, NodeStatus.HEALTHY
     s.refresh_node(node)

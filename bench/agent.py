@@ -1,0 +1,95 @@
+"""Agent cost per node sample: simulate 1,000 nodes x 8 GPUs in one process, and for each node per
+interval sample + detect + encode + publish to a real JetStream (acks awaited).
+
+Starts its own nats-server in a temp dir. Reports process CPU time (the agent's process only; the
+server runs in another process) divided by node samples. Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from node_agent.agent import Agent, AgentOptions
+from services.runtime.logs import configure_logging
+from services.runtime.nats_server import NatsServerProcess
+
+
+async def measure(url: str, spool: Path, nodes: int, gpus: int, ticks: int, model: str) -> dict[str, object]:
+    opts = AgentOptions(
+        nats=url, cluster="bench", node="sim", interval_s=1.0, spool_dir=spool, simulate=True,
+        nodes=nodes, gpus_per_node=gpus, gpu_model=model, seed=1,
+    )  # fmt: skip
+    agent = Agent(opts)
+    stop = asyncio.Event()
+    pump = asyncio.create_task(agent.outbox.run(stop))
+    connector = asyncio.create_task(agent._connect(stop))
+    for _ in range(600):  # up to 30 s for the first connection
+        if agent.outbox.connected:
+            break
+        await asyncio.sleep(0.05)
+    now = 1_800_000_000.0
+    agent.tick(now)  # warm-up: inventories, first connection, stream set-up
+    assert await agent.outbox.drained(60)
+
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    sample_cpu = 0.0
+    for t in range(1, ticks + 1):
+        s0 = time.process_time()
+        agent.tick(now + t)
+        sample_cpu += time.process_time() - s0
+        assert await agent.outbox.drained(60), "publishing stalled"
+    cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+    node_samples = ticks * nodes
+    bytes_per_sample = len(agent.runners[0].tick(now + ticks + 1, 1.0)[0].body)
+    stop.set()
+    await pump
+    connector.cancel()
+    if agent.nc is not None:
+        await agent.nc.drain()
+    agent.spool.close()
+    assert agent.spool.stats.spooled == 0, "something went to the spool: NATS was not keeping up"
+    return {
+        "us_per_node_sample": round(cpu / node_samples * 1e6, 1),
+        "us_per_node_sample_without_publish": round(sample_cpu / node_samples * 1e6, 1),
+        "nodes": nodes,
+        "gpus_per_node": gpus,
+        "gpu_model": model,
+        "intervals": ticks,
+        "node_samples": node_samples,
+        "published": agent.outbox.published,
+        "bytes_per_sample": bytes_per_sample,
+        "wall_s_per_interval": round(wall / ticks, 4),
+        "measures": "process CPU time of sample + detect + encode + publish (JetStream acks awaited) per node sample",
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--gpus-per-node", type=int, default=8)
+    parser.add_argument("--intervals", type=int, default=10)
+    parser.add_argument("--gpu-model", default="H100-80GB")
+    args = parser.parse_args()
+    configure_logging("error")
+    with tempfile.TemporaryDirectory() as tmp:
+        server = NatsServerProcess(Path(tmp) / "js")
+        server.start()
+        try:
+            result = asyncio.run(
+                measure(server.url, Path(tmp) / "spool", args.nodes, args.gpus_per_node, args.intervals, args.gpu_model)
+            )
+        finally:
+            server.stop()
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

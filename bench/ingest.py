@@ -1,0 +1,280 @@
+"""Warehouse ingest and query speed on this machine.
+
+1. End to end: 8-GPU node samples (~1.5 KB of JSON each) published to TELEMETRY, then consumed by the
+   recorder's consumers (fetch, decode, Arrow columns, chDB insert, ack) until all are stored.
+2. The ceiling: the same messages through the same pull consumer path (fetch + ack per message),
+   without decoding or storing.
+3. The fleet efficiency query over 24 h of a 1,000-GPU fleet (one sample per GPU per minute, jobs
+   holding about half the GPUs), repeated; p50 and p95.
+Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import pyarrow as pa
+
+from events import GpuSample, NodeSample, encode
+from services.recorder.rows import TS, Recorded
+from services.recorder.service import setup_recorder
+from services.recorder.writer import Writer
+from services.runtime import Consumer, ConsumerOptions, Publisher, connect, ensure_streams
+from services.runtime.host import ServiceContext, serve
+from services.runtime.logs import configure_logging
+from services.runtime.nats_server import NatsServerProcess
+from services.warehouse import migrate
+from services.warehouse.chdb_backend import ChdbWarehouse
+from services.warehouse.efficiency import efficiency_sql
+
+GPUS = 8
+
+
+def node_sample(i: int, now: float) -> NodeSample:
+    node = f"node-{i % 125:03d}"
+    return NodeSample(
+        cluster="bench",
+        node=node,
+        seq=i // 125,
+        observed_at=now - 3600 + (i // 125),
+        interval_s=1.0,
+        gpus=[
+            GpuSample(
+                index=g,
+                uuid=f"GPU-{node}-{g}",
+                utilization_pct=float((i + g) % 100),
+                memory_used_mib=40_000.0,
+                power_w=500.0,
+                temperature_c=60.0,
+            )
+            for g in range(GPUS)
+        ],
+    )
+
+
+async def end_to_end(url: str, data_dir: Path, n: int, batch: int, consumers: int) -> dict[str, float]:
+    nc = await connect(url, name="bench")
+    js = nc.jetstream()
+    await ensure_streams(js)
+    now = time.time()
+    samples = [node_sample(i, now) for i in range(n)]
+    size = len(encode(samples[0], source="bench")[1])
+    await Publisher(js, source="bench").publish_many((s, f"{s.node}:{s.seq}", None) for s in samples)
+
+    # The ceiling: same messages, same pull path, no decode, no store.
+    raw = Consumer(js, ConsumerOptions(stream="TELEMETRY", durable="raw", batch=batch), batch_handler=_noop)
+    await raw.start()
+    t0 = time.perf_counter()
+    seen = 0
+    while seen < n:
+        msgs = await raw.fetch()
+        for msg in msgs:
+            await msg.ack()
+        seen += len(msgs)
+    raw_s = time.perf_counter() - t0
+    await raw.unsubscribe()
+
+    warehouse = ChdbWarehouse(data_dir)
+    migrate(warehouse)
+    writer = TimedWriter(warehouse)
+    stop = asyncio.Event()
+    holder: list[ServiceContext] = []
+
+    async def setup(ctx: ServiceContext) -> None:
+        holder.append(ctx)
+        await setup_recorder(ctx, writer, batch_size=batch, flush_interval=1.0, telemetry_consumers=consumers)
+
+    t0 = time.perf_counter()
+    task = asyncio.create_task(serve("recorder", url, setup, stop))
+    while not holder or _telemetry_handled(holder[0]) < n:  # noqa: ASYNC110 (a runtime counter, no event)
+        await asyncio.sleep(0.01)
+    e2e_s = writer.last_end - writer.first_start  # from the first fetched batch, not process start
+    startup_s = writer.first_start - t0
+    stop.set()
+    await task
+    stored = warehouse.count("gpu_samples")
+    writer.close()
+    warehouse.close()
+    await nc.close()
+    return {
+        "messages": n,
+        "message_bytes": size,
+        "gpu_samples_stored": stored,
+        "gpu_samples_per_s": round(n * GPUS / e2e_s),
+        "raw_consume_gpu_samples_per_s": round(n * GPUS / raw_s),
+        "raw_consume_msgs_per_s": round(n / raw_s),
+        "e2e_msgs_per_s": round(n / e2e_s),
+        "telemetry_consumers": consumers,
+        "recorder_startup_s": round(startup_s, 2),
+        # CPU of this process (consume, decode, columns, chDB insert) per GPU sample: steadier than
+        # wall-clock rates on a shared machine.
+        "recorder_cpu_us_per_gpu_sample": round((writer.last_cpu - writer.first_cpu) * 1e6 / (n * GPUS), 2),
+    }
+
+
+class TimedWriter(Writer):
+    """Times the stores: from the first batch handed in to the last one stored."""
+
+    first_start = 0.0
+    last_end = 0.0
+    first_cpu = 0.0
+    last_cpu = 0.0
+
+    async def store(self, items: list[Recorded], *, suspect: bool) -> None:
+        if not self.first_start:
+            self.first_start, self.first_cpu = time.perf_counter(), time.process_time()
+        await super().store(items, suspect=suspect)
+        self.last_end, self.last_cpu = time.perf_counter(), time.process_time()
+
+
+def _telemetry_handled(ctx: ServiceContext) -> int:
+    return sum(c.stats.handled for c in ctx.consumers if c.options.stream == "TELEMETRY")
+
+
+async def _noop(_: object) -> None:
+    return None
+
+
+def efficiency_query(data_dir: Path, repeats: int) -> dict[str, float]:
+    """24 h x 1,000 GPUs at one sample per minute (1.44 M raw rows), 2,000 job intervals."""
+    warehouse = ChdbWarehouse(data_dir)
+    migrate(warehouse)
+    until = float(int(time.time()) // 60 * 60)
+    since = until - 86400
+    nodes, per_node, minutes = 125, 8, 1440
+    total = nodes * per_node * minutes
+    import numpy as np
+
+    idx = np.arange(total)
+    minute = idx // (nodes * per_node)
+    gpu = idx % (nodes * per_node)
+    table = pa.table(
+        {
+            "cluster": pa.array(["bench"] * total).dictionary_encode(),
+            "node": pa.array([f"node-{g // per_node:03d}" for g in gpu]),
+            "gpu_index": pa.array(gpu % per_node, pa.uint16()),
+            "gpu_uuid": pa.array([""] * total),
+            "ts": pa.array(((since + minute * 60) * 1000).astype("int64"), TS),
+            "interval_s": pa.array(np.full(total, 60.0, dtype="float32")),
+            "seq": pa.array(minute.astype("uint64")),
+            "utilization_pct": pa.array(((idx * 7) % 100).astype("float32")),
+            "event_id": pa.array([""] * total),
+        }
+    ).cast(
+        pa.schema(
+            [
+                ("cluster", pa.string()),
+                ("node", pa.string()),
+                ("gpu_index", pa.uint16()),
+                ("gpu_uuid", pa.string()),
+                ("ts", TS),
+                ("interval_s", pa.float32()),
+                ("seq", pa.uint64()),
+                ("utilization_pct", pa.float32()),
+                ("event_id", pa.string()),
+            ]
+        )
+    )
+    t0 = time.perf_counter()
+    warehouse.insert("gpu_samples", table)
+    insert_s = time.perf_counter() - t0
+    # Jobs: 2,000 intervals of 4 GPUs, each held for 6 h, spread over the day and the fleet.
+    jobs = []
+    for j in range(2000):
+        node = (j * 7) % nodes
+        start = since + (j % 4) * 21600
+        gpus = [
+            {"cluster": "bench", "node": f"node-{node:03d}", "gpu_index": (j // nodes) % 2 * 4 + k} for k in range(4)
+        ]
+        for kind, at in (("submitted", start - 300), ("scheduled", start), ("completed", start + 21600)):
+            jobs.append(
+                {
+                    "event_id": f"{j}-{kind}",
+                    "job_id": f"j{j}",
+                    "kind": kind,
+                    "at": int(at * 1000),
+                    "stream_seq": len(jobs),
+                    "team": f"team-{j % 10}",
+                    "gpus_requested": 4,
+                    "gpus": gpus if kind == "scheduled" else [],
+                }
+            )
+    job_table = pa.Table.from_pylist(
+        jobs,
+        schema=pa.schema(
+            [
+                ("event_id", pa.string()),
+                ("job_id", pa.string()),
+                ("kind", pa.string()),
+                ("at", TS),
+                ("stream_seq", pa.uint64()),
+                ("team", pa.string()),
+                ("gpus_requested", pa.uint32()),
+                (
+                    "gpus",
+                    pa.list_(pa.struct([("cluster", pa.string()), ("node", pa.string()), ("gpu_index", pa.uint16())])),
+                ),
+            ]
+        ),
+    )
+    warehouse.insert("job_events", job_table)
+    sql = efficiency_sql(since, until)
+    timings = []
+    result = None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        result = warehouse.query(sql)
+        timings.append((time.perf_counter() - t0) * 1000)
+    assert result is not None
+    fleet = result.as_dicts()[0]
+    warehouse.close()
+    timings.sort()
+    return {
+        "efficiency_raw_rows": total,
+        "efficiency_insert_rows_per_s": round(total / insert_s),
+        "efficiency_query_p50_ms": round(statistics.median(timings), 1),
+        "efficiency_query_p95_ms": round(timings[min(len(timings) - 1, int(0.95 * len(timings)))], 1),
+        "efficiency_capacity_gpu_hours": round(fleet["capacity_gpu_hours"], 1),
+        "efficiency_allocation_ratio": round(fleet["allocation_ratio"], 3),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--messages", type=int, default=40_000, help="node samples (8 GPUs each) to ingest")
+    parser.add_argument("--batch", type=int, default=2000, help="recorder fetch batch")
+    parser.add_argument("--repeats", type=int, default=20, help="efficiency query runs")
+    parser.add_argument("--consumers", type=int, default=3, help="recorder pull consumers on TELEMETRY")
+    parser.add_argument("--skip-query", action="store_true", help="measure ingest only")
+    args = parser.parse_args()
+    configure_logging("error")
+    out: dict[str, object] = {}
+    if args.skip_query:
+        args.repeats = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        server = NatsServerProcess(Path(tmp) / "nats")
+        server.start()
+        try:
+            out.update(
+                asyncio.run(end_to_end(server.url, Path(tmp) / "ingest", args.messages, args.batch, args.consumers))
+            )
+        finally:
+            server.stop()
+        out["ratio"] = round(out["gpu_samples_per_s"] / out["raw_consume_gpu_samples_per_s"], 3)  # type: ignore[operator]
+        if args.repeats:
+            out.update(efficiency_query(Path(tmp) / "query", args.repeats))
+    out["target_gpu_samples_per_s"] = 100_000
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

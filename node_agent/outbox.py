@@ -1,0 +1,224 @@
+"""Lossless publishing: every record reaches its stream exactly once, in order, across NATS outages.
+
+One pump task publishes everything, so order is kept:
+- connected and nothing spooled: records go straight out (async publish, acks awaited per batch);
+- a publish that fails or is not acknowledged in time, and everything queued after it, goes to the
+  on-disk spool; so does everything submitted while NATS is unreachable;
+- once connected again, the spool is flushed oldest first, and only then do new records go direct.
+
+Every record carries its `Nats-Msg-Id` (node + sequence), so a record that reached the stream but
+whose ack was lost is dropped by JetStream when it is sent again (within the stream's duplicate
+window, 120 s for TELEMETRY).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js import JetStreamContext
+
+from node_agent.spool import Record, Spool
+from services.runtime.logs import get_logger
+
+log = get_logger("chamber.agent.outbox")
+
+
+class _Batch:
+    __slots__ = ("acked", "done", "expected", "failed", "number", "ok")
+
+    def __init__(self, number: int, size: int) -> None:
+        self.number = number
+        self.ok = bytearray(size)  # 1 where the stream acknowledged the record
+        self.acked = 0
+        self.expected = size
+        self.failed = False
+        self.done = asyncio.Event()
+
+
+class Outbox:
+    def __init__(
+        self,
+        spool: Spool,
+        *,
+        ack_timeout_s: float = 5.0,
+        batch: int = 4000,
+        on_reconnect: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        self.spool = spool
+        self.ack_timeout_s = ack_timeout_s
+        self.batch = batch
+        self.on_reconnect = on_reconnect
+        self.nc: Client | None = None
+        self.js: JetStreamContext | None = None
+        self.published = 0
+        self._queue: list[Record] = []
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._needs_setup = True
+        self._last_drop_report = (0, 0)
+        self._ack_sub: Subscription | None = None
+        self._ack_prefix = ""
+        self._batch = 0
+        self._acks: _Batch | None = None
+
+    def attach(self, nc: Client) -> None:
+        """Publish through this connection (set once it first connects)."""
+        self.nc = nc
+        self.js = nc.jetstream()
+        self._wake.set()
+
+    def submit(self, records: list[Record]) -> None:
+        """Hand records over; never blocks and never fails (the pump does the rest)."""
+        if records:
+            self._queue.extend(records)
+            self._idle.clear()
+            self._wake.set()
+
+    @property
+    def connected(self) -> bool:
+        return self.nc is not None and self.nc.is_connected
+
+    async def drained(self, timeout_s: float) -> bool:
+        """Wait until nothing is queued or spooled (tests, shutdown)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        return self._idle.is_set()
+
+    async def run(self, stop: asyncio.Event, *, retry_s: float = 0.25) -> None:
+        while True:
+            self._wake.clear()
+            progressed = await self._step()
+            if stop.is_set() and (not self._queue or not self.connected):
+                self._to_spool()
+                return
+            if not self._queue and self.spool.empty():
+                self._idle.set()
+            if progressed and (self._queue or not self.spool.empty()):
+                continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), retry_s)
+
+    async def _step(self) -> bool:
+        """One round; True when something reached the stream."""
+        if not self.connected:
+            self._to_spool()
+            return False
+        if self._needs_setup and self.on_reconnect is not None:
+            try:
+                await self.on_reconnect()
+            except Exception as exc:
+                log.warning("stream setup failed, will retry", error=repr(exc))
+                self._to_spool()
+                return False
+        self._needs_setup = False
+        if not self.spool.empty():
+            self._to_spool()  # keep order: what is queued now comes after what was spooled
+            return await self._flush_oldest_segment()
+        if not self._queue:
+            return False
+        records, self._queue = self._queue[: self.batch], self._queue[self.batch :]
+        ok = await self._publish(records)
+        if ok < len(records):
+            self._queue[:0] = records[ok:]
+            self._to_spool()
+            self._needs_setup = True
+        return ok > 0
+
+    async def _flush_oldest_segment(self) -> bool:
+        oldest = self.spool.oldest()
+        if oldest is None:
+            return False
+        n, records = oldest
+        ok = await self._publish(records)
+        self.spool.done(n, ok)
+        if ok:
+            log.info("spool flushed", records=ok, left=len(self.spool), bytes_left=self.spool.bytes)
+        if ok < len(records):
+            self._needs_setup = True
+        return ok > 0
+
+    async def _publish(self, records: list[Record]) -> int:
+        """Publish in order; return how many from the start of `records` are surely in the stream.
+
+        Each message asks JetStream for its ack on `<inbox>.<batch>.<i>`, one wildcard subscription
+        counts them: nats-py's publish_async (a future, a semaphore slot and a parsed PubAck per
+        message) costs more than the rest of a node sample together.
+        """
+        nc = self.nc
+        assert nc is not None
+        if self._ack_sub is None:
+            self._ack_prefix = nc.new_inbox()
+            self._ack_sub = await nc.subscribe(f"{self._ack_prefix}.>", cb=self._on_ack)
+        self._batch += 1
+        batch = _Batch(self._batch, len(records))
+        self._acks = batch
+        prefix = f"{self._ack_prefix}.{batch.number}."
+        sent = 0
+        for i, r in enumerate(records):
+            if not self.connected:
+                break
+            try:
+                await nc.publish(r.subject, r.body, reply=f"{prefix}{i}", headers=r.headers)
+            except Exception as exc:  # disconnected mid-batch, buffer full: the rest goes to the spool
+                log.warning("publish failed", error=repr(exc))
+                break
+            sent += 1
+        if not sent:
+            return 0
+        batch.expected = sent
+        if batch.acked < sent:
+            with contextlib.suppress(Exception):
+                await nc.flush(timeout=self.ack_timeout_s)
+        # Wait for the acks, but give up early when the connection drops: they will not come.
+        deadline = asyncio.get_running_loop().time() + self.ack_timeout_s
+        while batch.acked < sent and not batch.failed:
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0 or not self.connected:
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(batch.done.wait(), min(left, 0.2))
+        self._acks = None
+        ok = batch.ok.find(0)
+        ok = sent if ok < 0 or ok > sent else ok
+        self.published += ok
+        return ok
+
+    async def _on_ack(self, msg: Msg) -> None:
+        batch = self._acks
+        number, _, index = msg.subject.rpartition(".")
+        if batch is None or not number.endswith(f".{batch.number}"):
+            return  # a late ack of an earlier batch: that record was already handed to the spool
+        i = int(index)
+        # A PubAck is `{"stream":...,"seq":...}` (with `"duplicate":true` when JetStream dropped a repeat);
+        # an error is `{"error":...}`; no stream for the subject is an empty 503.
+        if msg.data and b'"error"' not in msg.data:
+            if not batch.ok[i]:
+                batch.ok[i] = 1
+                batch.acked += 1
+        else:
+            batch.failed = True
+            log.warning("publish refused", subject=msg.subject, reply=msg.data[:200].decode(errors="replace"))
+        if batch.failed or batch.acked >= batch.expected:
+            batch.done.set()
+
+    def _to_spool(self) -> None:
+        if self._queue:
+            records, self._queue = self._queue, []
+            self.spool.append(records)
+            s = self.spool.stats
+            dropped = (s.dropped_samples, s.dropped_faults)
+            if dropped != self._last_drop_report:
+                self._last_drop_report = dropped
+                log.warning(
+                    "spool full: dropped oldest records",
+                    dropped_samples=s.dropped_samples,
+                    dropped_inventories=s.dropped_inventories,
+                    dropped_faults=s.dropped_faults,
+                    max_bytes=self.spool.max_bytes,
+                )

@@ -1,0 +1,287 @@
+"""Billing's pure core: fold JOBS, FLEET, QUOTA and BILLING events into who held which GPUs when, and
+turn every closed period into CostAccrued events (per job and GPU model; idle capacity per pool) and
+BudgetExceeded when a team's spending in a month passes its budget.
+
+- `evolve(state, event, event_id)` folds one event in (mutating `state`, returned for chaining).
+- `decide(state, now)` returns the decisions due at `now`, leaving `state` unchanged; the shell
+  publishes them and folds them back in with `evolve`. Ids are deterministic (`stable_id`), so a
+  replay re-emits the same ids and JetStream drops them.
+A period [p, p + period_s) is accrued once it ended `settle_s` ago (late events still count).
+Known simplifications: the current price of a model applies to the whole period; budgets are
+monthly (UTC calendar months) whatever their `period` says.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from events import (
+    BudgetExceeded,
+    BudgetSet,
+    CostAccrued,
+    Event,
+    GpuIsolated,
+    GpuRestored,
+    JobScheduled,
+    JobSubmitted,
+    NodeDiscovered,
+    NodeInventory,
+    NodeIsolated,
+    NodeLost,
+    NodeRestored,
+    NodeUpdated,
+    PoolDefined,
+    PriceSet,
+)
+from events.codec import stable_id
+from events.jobs import JobResumed
+
+GpuKey = tuple[str, str, int]  # cluster, node, gpu index
+_JOB_STOPS = {
+    "io.chamber.jobs.preempted.v1",
+    "io.chamber.jobs.suspended.v1",
+    "io.chamber.jobs.requeued.v1",
+    "io.chamber.jobs.completed.v1",
+    "io.chamber.jobs.failed.v1",
+    "io.chamber.jobs.cancelled.v1",
+}
+
+
+@dataclass(frozen=True)
+class Held:
+    job_id: str
+    team: str
+    gpu: GpuKey
+    start: float
+    end: float | None  # None: still held
+
+
+@dataclass(frozen=True)
+class InService:
+    gpu: GpuKey
+    start: float
+    end: float | None
+
+
+@dataclass
+class BillingState:
+    period_s: float = 300.0
+    settle_s: float = 30.0
+    currency: str = "USD"
+    prices: dict[str, float] = field(default_factory=dict)
+    price_at: dict[str, float] = field(default_factory=dict)
+    gpu_model: dict[GpuKey, str] = field(default_factory=dict)
+    node_labels: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
+    pools: dict[str, PoolDefined] = field(default_factory=dict)
+    job_team: dict[str, str] = field(default_factory=dict)
+    job_pool: dict[str, str] = field(default_factory=dict)
+    held: list[Held] = field(default_factory=list)
+    service: list[InService] = field(default_factory=list)
+    isolated_nodes: set[tuple[str, str]] = field(default_factory=set)
+    isolated_gpus: set[GpuKey] = field(default_factory=set)
+    accrued_until: float | None = None
+    budgets: dict[str, float] = field(default_factory=dict)
+    spent: dict[tuple[str, str], float] = field(default_factory=lambda: defaultdict(float))
+    exceeded: set[tuple[str, str]] = field(default_factory=set)
+    seen: set[str] = field(default_factory=set)
+
+
+def month_of(ts: float) -> str:
+    return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m")
+
+
+def _month_end(month: str) -> float:
+    year, mon = (int(x) for x in month.split("-"))
+    year, mon = (year + 1, 1) if mon == 12 else (year, mon + 1)
+    return datetime(year, mon, 1, tzinfo=UTC).timestamp()
+
+
+def _floor(ts: float, period: float) -> float:
+    return (ts // period) * period
+
+
+def pool_of(state: BillingState, gpu: GpuKey) -> str:
+    """The first pool (by name) whose model and node selector match; catch-all pools last."""
+    model = state.gpu_model.get(gpu, "")
+    labels = state.node_labels.get(gpu[:2], {})
+    matching = sorted(
+        (not p.gpu_model and not p.node_selector, name)
+        for name, p in state.pools.items()
+        if (not p.gpu_model or p.gpu_model == model) and all(labels.get(k) == v for k, v in p.node_selector.items())
+    )
+    return matching[0][1] if matching else "default"
+
+
+def _open_service(state: BillingState, gpu: GpuKey, at: float) -> None:
+    if not any(s.gpu == gpu and s.end is None for s in state.service):
+        state.service.append(InService(gpu, at, None))
+
+
+def _close_service(state: BillingState, at: float, match: object) -> None:
+    state.service = [
+        InService(s.gpu, s.start, at) if s.end is None and match(s.gpu) else s  # type: ignore[operator]
+        for s in state.service
+    ]
+
+
+def _node_gpus(state: BillingState, cluster: str, node: str) -> list[GpuKey]:
+    return [g for g in state.gpu_model if g[0] == cluster and g[1] == node]
+
+
+def evolve(state: BillingState, event: Event, event_id: str = "") -> BillingState:
+    if event_id and event_id in state.seen:
+        return state
+    if event_id:
+        state.seen.add(event_id)
+    at = getattr(event, "at", None)
+    if isinstance(at, float | int) and state.accrued_until is None and not isinstance(event, PriceSet | BudgetSet):
+        state.accrued_until = _floor(float(at), state.period_s)
+    match event:
+        case PriceSet():
+            if event.at >= state.price_at.get(event.gpu_model, float("-inf")):
+                state.prices[event.gpu_model] = event.price_per_gpu_hour
+                state.price_at[event.gpu_model] = event.at
+        case PoolDefined():
+            state.pools[event.pool] = event
+        case BudgetSet():
+            state.budgets[event.team] = event.amount
+        case NodeDiscovered() | NodeUpdated() | NodeInventory():
+            when = event.observed_at if isinstance(event, NodeInventory) else event.at
+            state.node_labels[(event.cluster, event.node)] = dict(event.labels)
+            for g in event.gpus:
+                key = (event.cluster, event.node, g.index)
+                state.gpu_model[key] = g.model
+                if (event.cluster, event.node) not in state.isolated_nodes and key not in state.isolated_gpus:
+                    _open_service(state, key, when)
+        case NodeLost() | NodeIsolated():
+            node = (event.cluster, event.node)
+            if isinstance(event, NodeIsolated):
+                state.isolated_nodes.add(node)
+            _close_service(state, event.at, lambda g: g[:2] == node)
+        case NodeRestored():
+            state.isolated_nodes.discard((event.cluster, event.node))
+            for key in _node_gpus(state, event.cluster, event.node):
+                if key not in state.isolated_gpus:
+                    _open_service(state, key, event.at)
+        case GpuIsolated():
+            key = (event.cluster, event.node, event.gpu_index)
+            state.isolated_gpus.add(key)
+            _close_service(state, event.at, lambda g: g == key)
+        case GpuRestored():
+            key = (event.cluster, event.node, event.gpu_index)
+            state.isolated_gpus.discard(key)
+            if key in state.gpu_model and (event.cluster, event.node) not in state.isolated_nodes:
+                _open_service(state, key, event.at)
+        case JobSubmitted():
+            state.job_team[event.job_id] = event.spec.team
+            if event.spec.pool:
+                state.job_pool[event.job_id] = event.spec.pool
+        case JobScheduled() | JobResumed():
+            team = event.team if isinstance(event, JobScheduled) else state.job_team.get(event.job_id, "")
+            state.job_team.setdefault(event.job_id, team)
+            _stop_job(state, event.job_id, event.at)  # a start without a stop: the old placement ended
+            for p in event.placements:
+                for i in p.gpu_indices:
+                    state.held.append(
+                        Held(event.job_id, state.job_team[event.job_id], (p.cluster, p.node, i), event.at, None)
+                    )
+        case CostAccrued():
+            if event.team:
+                state.spent[(event.team, month_of(event.period_start))] += event.cost
+            state.accrued_until = max(state.accrued_until or event.period_end, event.period_end)
+            _prune(state)
+        case BudgetExceeded():
+            state.exceeded.add((event.team, month_of(event.at)))
+        case _ if type(event).ce_type() in _JOB_STOPS:
+            _stop_job(state, event.job_id, event.at)  # type: ignore[attr-defined]
+    return state
+
+
+def _stop_job(state: BillingState, job_id: str, at: float) -> None:
+    state.held = [
+        Held(h.job_id, h.team, h.gpu, h.start, at) if h.job_id == job_id and h.end is None else h for h in state.held
+    ]
+
+
+def _prune(state: BillingState) -> None:
+    """Forget intervals that ended before everything accrued."""
+    cutoff = state.accrued_until or 0.0
+    state.held = [h for h in state.held if h.end is None or h.end > cutoff]
+    state.service = [s for s in state.service if s.end is None or s.end > cutoff]
+
+
+def _overlap(start: float, end: float | None, p0: float, p1: float) -> float:
+    return max(0.0, min(end if end is not None else p1, p1) - max(start, p0))
+
+
+def period_costs(state: BillingState, p0: float, p1: float) -> list[tuple[CostAccrued, str]]:
+    """Cost per (job, model) and idle cost per (pool, model) for [p0, p1)."""
+    held_s: dict[tuple[str, str, str], float] = defaultdict(float)  # job, team, model
+    held_by_gpu: dict[GpuKey, float] = defaultdict(float)
+    for h in state.held:
+        seconds = _overlap(h.start, h.end, p0, p1)
+        if seconds > 0:
+            held_s[(h.job_id, h.team, state.gpu_model.get(h.gpu, "unknown"))] += seconds
+            held_by_gpu[h.gpu] += seconds
+    out: list[tuple[CostAccrued, str]] = []
+    for (job, team, model), seconds in sorted(held_s.items()):
+        price = state.prices.get(model, 0.0)
+        event = CostAccrued(
+            period_start=p0,
+            period_end=p1,
+            gpu_model=model,
+            gpu_seconds=seconds,
+            cost=round(seconds / 3600 * price, 6),
+            currency=state.currency,
+            team=team or None,
+            job_id=job,
+            pool=state.job_pool.get(job),
+        )
+        out.append((event, stable_id("billing.cost", job, model, p0, p1)))
+    idle_s: dict[tuple[str, str], float] = defaultdict(float)
+    for s in state.service:
+        capacity = _overlap(s.start, s.end, p0, p1)
+        if capacity > 0:
+            unheld = max(0.0, capacity - held_by_gpu.get(s.gpu, 0.0))
+            idle_s[(pool_of(state, s.gpu), state.gpu_model.get(s.gpu, "unknown"))] += unheld
+    for (pool, model), seconds in sorted(idle_s.items()):
+        if seconds <= 0:
+            continue
+        price = state.prices.get(model, 0.0)
+        event = CostAccrued(
+            period_start=p0,
+            period_end=p1,
+            gpu_model=model,
+            gpu_seconds=seconds,
+            cost=round(seconds / 3600 * price, 6),
+            currency=state.currency,
+            pool=pool,
+            idle=True,
+        )
+        out.append((event, stable_id("billing.idle", pool, model, p0, p1)))
+    return out
+
+
+def decide(state: BillingState, now: float) -> list[tuple[Event, str]]:
+    """Costs of every period that closed `settle_s` before `now`, then budgets exceeded."""
+    if state.accrued_until is None:
+        return []
+    out: list[tuple[Event, str]] = []
+    spent = defaultdict(float, state.spent)
+    p0 = state.accrued_until
+    while p0 + state.period_s <= now - state.settle_s:
+        p1 = p0 + state.period_s
+        for event, event_id in period_costs(state, p0, p1):
+            out.append((event, event_id))
+            if event.team:
+                spent[(event.team, month_of(p0))] += event.cost
+        p0 = p1
+    for (team, month), amount in sorted(spent.items()):
+        budget = state.budgets.get(team)
+        if budget is not None and amount > budget and (team, month) not in state.exceeded:
+            at = now if month_of(now) == month else _month_end(month) - 0.001  # keep it in its month
+            exceeded = BudgetExceeded(team=team, at=at, budget=budget, spent=round(amount, 6), currency=state.currency)
+            out.append((exceeded, stable_id("billing.budget_exceeded", team, month)))
+    return out

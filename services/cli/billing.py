@@ -1,0 +1,102 @@
+"""`chamber billing price set MODEL RATE` and `chamber billing report --since 7d [--json]`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from services.cli.common import add_nats_option, send_command
+from services.cli.errors import UsageError
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from services.warehouse.options import add_warehouse_options
+
+    p = sub.add_parser("billing", help="GPU-hour prices and cost reports")
+    billing = p.add_subparsers(dest="billing", metavar="ACTION", required=True)
+    price = billing.add_parser("price", help="GPU-hour prices")
+    price_sub = price.add_subparsers(dest="price", metavar="ACTION", required=True)
+    setp = price_sub.add_parser("set", help="set the price per GPU-hour of a GPU model")
+    setp.add_argument("model", help="GPU model, e.g. H100-80GB")
+    setp.add_argument("rate", help="price per GPU-hour, e.g. 3.50")
+    setp.add_argument("--currency", default="USD")
+    add_nats_option(setp)
+    setp.set_defaults(func=run_price_set)
+
+    report = billing.add_parser("report", help="cost per team, idle cost per pool, budgets")
+    report.add_argument("--since", default="7d", help="window start: 7d, 24h or an ISO time (7d)")
+    report.add_argument("--until", default=None, help="window end: an ISO time (default: now)")
+    report.add_argument("--json", action="store_true", help="print JSON")
+    add_nats_option(report)
+    add_warehouse_options(report)
+    report.set_defaults(func=run_report)
+
+
+def run_price_set(args: argparse.Namespace) -> int:
+    try:
+        rate = float(args.rate)
+    except ValueError:
+        raise UsageError(
+            f"RATE {args.rate!r} is not a number; e.g. `chamber billing price set H100-80GB 3.50`"
+        ) from None
+    if rate < 0:
+        raise UsageError("RATE must be 0 or more")
+    result = send_command(
+        args, "billing", "price", {"gpu_model": args.model, "price_per_gpu_hour": rate, "currency": args.currency}
+    )
+    print(f"{result['gpu_model']}: {result['price_per_gpu_hour']:.4f} {args.currency} per GPU-hour")
+    return 0
+
+
+def report_sql(since: float, until: float) -> str:
+    from services.warehouse.efficiency import sql_time
+
+    window = (
+        f"period_start >= toDateTime64('{sql_time(since)}', 3, 'UTC') "
+        f"AND period_start < toDateTime64('{sql_time(until)}', 3, 'UTC')"
+    )
+    return (
+        "SELECT kind, name, gpu_hours, cost, currency, jobs, if(kind = 'team', b.budget, NULL) AS budget FROM ("
+        "SELECT if(idle = 1, 'idle', 'team') AS kind, if(idle = 1, pool, team) AS name, "
+        "sum(gpu_seconds) / 3600 AS gpu_hours, sum(cost) AS cost, any(currency) AS currency, "
+        "uniqExactIf(job_id, job_id != '') AS jobs "
+        f"FROM cost_ledger FINAL WHERE {window} GROUP BY kind, name) AS c "
+        "LEFT JOIN (SELECT team, toNullable(argMax(amount, at)) AS budget FROM budgets FINAL GROUP BY team) AS b "
+        "ON b.team = c.name ORDER BY kind DESC, cost DESC, name"
+    )
+
+
+def run_report(args: argparse.Namespace) -> int:
+    from services.cli.report import window
+    from services.warehouse.access import read_query
+    from services.warehouse.efficiency import sql_time
+
+    since, until = window(args)
+    result = read_query(args, report_sql(since, until))
+    rows = [dict(zip(result["columns"], r, strict=True)) for r in result["rows"]]
+    teams = [
+        {"team": r["name"], "gpu_hours": r["gpu_hours"], "cost": r["cost"], "jobs": r["jobs"], "budget": r["budget"]}
+        for r in rows
+        if r["kind"] == "team"
+    ]
+    idle = [{"pool": r["name"], "gpu_hours": r["gpu_hours"], "cost": r["cost"]} for r in rows if r["kind"] == "idle"]
+    report = {
+        "since": sql_time(since),
+        "until": sql_time(until),
+        "currency": rows[0]["currency"] if rows else "USD",
+        "teams": teams,
+        "idle": idle,
+        "total_cost": round(sum(r["cost"] for r in rows), 6),
+    }
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    print(f"cost {report['since']} .. {report['until']} UTC ({report['currency']})")
+    print(f"{'team':<20} {'GPU-hours':>10} {'cost':>12} {'jobs':>6} {'budget':>10}")
+    for t in teams:
+        budget = "-" if t["budget"] is None else f"{t['budget']:.2f}"
+        print(f"{t['team']:<20} {t['gpu_hours']:>10.2f} {t['cost']:>12.2f} {t['jobs']:>6} {budget:>10}")
+    for i in idle:
+        print(f"{'idle: ' + i['pool']:<20} {i['gpu_hours']:>10.2f} {i['cost']:>12.2f}")
+    print(f"{'total':<20} {'':>10} {report['total_cost']:>12.2f}")
+    return 0

@@ -1,0 +1,77 @@
+"""`chamber fleet`: nodes and GPUs with model, utilization, health and isolation reason (from the
+discovery service's KV view)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from services.cli.common import add_nats_option, with_nats
+from services.cli.errors import UsageError
+
+BUCKET = "chamber_fleet"
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("fleet", help="show nodes and GPUs: model, utilization, health, isolation reason")
+    add_nats_option(p)
+    p.add_argument("--cluster", help="only this cluster")
+    p.add_argument("--json", action="store_true", help='print {"nodes": [...]} for scripts')
+    p.set_defaults(func=run)
+
+
+async def read_fleet(nc: Any, cluster: str | None = None) -> list[dict[str, Any]]:
+    from nats.js.errors import BucketNotFoundError, NoKeysError
+
+    js = nc.jetstream()
+    try:
+        kv = await js.key_value(BUCKET)
+    except BucketNotFoundError:
+        raise UsageError(
+            "no fleet view yet: start the discovery service (`chamber service discovery` or `chamber up`)"
+        ) from None
+    try:
+        keys = await kv.keys()
+    except NoKeysError:
+        return []
+    nodes = []
+    for key in sorted(keys):
+        entry = await kv.get(key)
+        if entry.value:
+            node = json.loads(entry.value)
+            if cluster is None or node.get("cluster") == cluster:
+                nodes.append(node)
+    return sorted(nodes, key=lambda n: (n["cluster"], n["node"]))
+
+
+def contract(node: dict[str, Any]) -> dict[str, Any]:
+    """The documented shape (other tools rely on it), plus extra fields after it."""
+    gpus = [
+        {k: g.get(k) for k in ("index", "uuid", "model", "util", "isolated", "reason")} for g in node.get("gpus", [])
+    ]
+    base = {k: node.get(k) for k in ("cluster", "node", "status", "reason")}
+    extra = {k: v for k, v in node.items() if k not in base and k != "gpus"}
+    return {**base, "gpus": gpus, **extra}
+
+
+def run(args: argparse.Namespace) -> int:
+    nodes = with_nats(args, lambda nc: read_fleet(nc, args.cluster))
+    if args.json:
+        print(json.dumps({"nodes": [contract(n) for n in nodes]}, indent=2))
+        return 0
+    if not nodes:
+        print("no nodes yet")
+        return 0
+    for n in nodes:
+        healthy = sum(1 for g in n["gpus"] if not g["isolated"])
+        print(
+            f"{n['cluster']}/{n['node']}  {n['status'].upper()}  {healthy}/{len(n['gpus'])} GPUs in service"
+            + (f"  {n['reason']}" if n.get("reason") else "")
+        )
+        for g in n["gpus"]:
+            util = "-" if g.get("util") is None else f"{g['util']:.0f}%"
+            health = "isolated" if g["isolated"] else "ok"
+            reason = f"  {g['reason']}" if g["isolated"] and g.get("reason") else ""
+            print(f"   gpu {g['index']:<2} {g['model']:<20} util {util:>5}  {health}{reason}")
+    return 0

@@ -1,0 +1,133 @@
+"""`chamber submit`, `chamber cancel`, `chamber queue`, `chamber explain`: work and the queue."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from services.cli.common import add_nats_option, send_command
+from services.cli.errors import UsageError
+
+
+def _send(args: argparse.Namespace, service: str, verb: str, payload: dict[str, Any]) -> Any:
+    """send_command, with logs on stderr: stdout carries only the answer (scripts parse it)."""
+    from services.runtime.logs import configure_logging
+
+    configure_logging("error")
+    return send_command(args, service, verb, payload)
+
+
+PRIORITIES = ("critical", "high", "normal", "low")
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("submit", help="submit a job (a gang of --replicas x --gpus GPUs); prints its id")
+    add_nats_option(p)
+    p.add_argument("--team", required=True)
+    p.add_argument("--gpus", type=int, required=True, help="GPUs per replica")
+    p.add_argument("--replicas", type=int, default=1, help="replicas, placed all or nothing (default 1)")
+    p.add_argument("--priority", default="normal", choices=PRIORITIES)
+    p.add_argument("--gpu-model", help="run only on this GPU model (e.g. H100)")
+    p.add_argument(
+        "--preemptible",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="may be suspended for more urgent work and resumed later (default yes)",
+    )
+    p.add_argument("--checkpoint-interval", type=float, metavar="S", help="seconds between checkpoints")
+    p.add_argument("--name", default="")
+    p.add_argument("--id", help="job id (default: derived from the name, unique)")
+    p.add_argument("--pool", help="pool to run in (default: the team's pool)")
+    p.add_argument("--expected-duration", type=float, metavar="S", help="runtime estimate, for backfill")
+    p.add_argument(
+        "--sim-duration", type=float, metavar="S", help="simulated fleet: complete after S seconds of running"
+    )
+    p.add_argument("--cluster", help="run within this cluster only (default: any one cluster)")
+    p.add_argument("--json", action="store_true", help='print {"id": ...}')
+    p.set_defaults(func=submit)
+
+    p = sub.add_parser("cancel", help="cancel a job")
+    add_nats_option(p)
+    p.add_argument("job")
+    p.add_argument("--reason", default="")
+    p.set_defaults(func=cancel)
+
+    p = sub.add_parser("queue", help="pending, suspended and running jobs, in queue order, with reasons")
+    add_nats_option(p)
+    p.add_argument("--all", action="store_true", help="include finished jobs")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=queue)
+
+    p = sub.add_parser("explain", help="why a job is pending, where it runs, or why it was preempted")
+    add_nats_option(p)
+    p.add_argument("job")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=explain)
+
+
+def _positive(value: float | None, flag: str) -> None:
+    if value is not None and value <= 0:
+        raise UsageError(f"{flag} must be above 0, got {value:g}")
+
+
+def submit(args: argparse.Namespace) -> int:
+    if args.gpus < 1:
+        raise UsageError(f"--gpus must be 1 or more, got {args.gpus}")
+    if args.replicas < 1:
+        raise UsageError(f"--replicas must be 1 or more, got {args.replicas}")
+    _positive(args.checkpoint_interval, "--checkpoint-interval")
+    _positive(args.expected_duration, "--expected-duration")
+    if args.sim_duration is not None and args.sim_duration < 0:
+        raise UsageError(f"--sim-duration must be 0 or more, got {args.sim_duration:g}")
+    payload: dict[str, Any] = {
+        "team": args.team,
+        "gpus": args.gpus,
+        "replicas": args.replicas,
+        "priority": args.priority,
+        "name": args.name,
+        "preemptible": args.preemptible,
+    }
+    optional = {
+        "id": args.id,
+        "pool": args.pool,
+        "cluster": args.cluster,
+        "gpu_model": args.gpu_model,
+        "checkpoint_interval_s": args.checkpoint_interval,
+        "expected_duration_s": args.expected_duration,
+        "sim_duration_s": args.sim_duration,
+    }
+    payload.update({k: v for k, v in optional.items() if v is not None})
+    result = _send(args, "scheduler", "submit", payload)
+    print(json.dumps({"id": result["id"]}) if args.json else result["id"])
+    return 0
+
+
+def cancel(args: argparse.Namespace) -> int:
+    result = _send(args, "scheduler", "cancel", {"job": args.job, "by": "cli", "reason": args.reason})
+    print(f"{result['id']} cancelled")
+    return 0
+
+
+def queue(args: argparse.Namespace) -> int:
+    result = _send(args, "scheduler", "queue", {"all": args.all})
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    jobs = result["jobs"]
+    if not jobs:
+        print("no jobs")
+        return 0
+    print(f"{'ID':<24} {'TEAM':<12} {'PRIORITY':<9} {'GPUS':>6} {'STATE':<10} REASON / PLACEMENT")
+    for j in jobs:
+        where = " ".join(f"{n}[{','.join(map(str, g))}]" for n, g in j["placement"].items())
+        gpus = f"{j['replicas']}x{j['gpus']}" if j["replicas"] > 1 else str(j["gpus"])
+        detail = where if j["state"] == "running" else j["reason"]
+        print(f"{j['id']:<24} {j['team']:<12} {j['priority']:<9} {gpus:>6} {j['state']:<10} {detail}")
+    return 0
+
+
+def explain(args: argparse.Namespace) -> int:
+    result = _send(args, "scheduler", "explain", {"job": args.job})
+    print(json.dumps(result) if args.json else result["text"])
+    return 0

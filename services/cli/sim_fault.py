@@ -1,0 +1,44 @@
+"""`chamber sim-fault NODE KIND`: inject a fault into a simulated node (`chamber.cmd.sim.inject`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from services.cli.common import add_nats_option, send_command
+from services.cli.errors import UsageError
+
+KINDS = (
+    "xid", "ecc_dbe", "sbe_storm", "row_remap_failure", "row_remap_pending", "thermal", "power_brake",
+    "nvlink", "pcie_replay", "gpu_lost", "agent_silent", "clear",
+)  # fmt: skip
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "sim-fault",
+        help="inject a fault into a simulated node (or clear its faults)",
+        description="Inject a fault into a node of a running `chamber agent --simulate`.",
+    )
+    p.add_argument("node", metavar="NODE", help="simulated node name, e.g. sim-003")
+    p.add_argument("kind", metavar="KIND", help=f"one of: {', '.join(KINDS)}")
+    p.add_argument("--gpu", type=int, metavar="I", help="GPU index (default 0; with clear: only this GPU)")
+    p.add_argument("--xid", type=int, metavar="N", help="XID code (required with KIND xid)")
+    add_nats_option(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.kind not in KINDS:
+        raise UsageError(f"KIND {args.kind!r} is not one of: {', '.join(KINDS)}")
+    if args.kind == "xid" and args.xid is None:
+        raise UsageError("KIND xid needs the XID code: add --xid N (e.g. --xid 79)")
+    if args.gpu is not None and args.gpu < 0:
+        raise UsageError(f"--gpu must be 0 or more, not {args.gpu}")
+    from services.runtime.logs import configure_logging
+
+    configure_logging("error")  # stdout carries the JSON result only; the client's close is not news
+    payload = {"node": args.node, "kind": args.kind, "gpu": args.gpu, "xid": args.xid}
+    result = send_command(args, "sim", "inject", payload)
+    print(json.dumps(result))
+    return 0

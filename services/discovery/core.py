@@ -1,0 +1,346 @@
+"""Discovery core: the fleet inventory, folded from agent inventories and samples, Kubernetes Node
+observations and health decisions; `decide(state, now)` tells FLEET what changed.
+
+What FLEET has been told (`announced`, `status`) is kept apart from what was observed; `decide`
+emits the difference, and folding those events back moves `announced` on, so each change is told
+once. A node whose heartbeats stop is `suspect` after `suspect_after_intervals` missed intervals and
+`lost` after `lost_after_s`; those events are dated when the threshold was crossed (not when a tick
+noticed), so replays give the same events with the same ids. No clock, no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from events.base import Event
+from events.codec import stable_id
+from events.fleet import (
+    GpuIsolated,
+    GpuRestored,
+    IsolationDismissed,
+    IsolationHeld,
+    NodeDiscovered,
+    NodeIsolated,
+    NodeLost,
+    NodeRestored,
+    NodeStatus,
+    NodeUpdated,
+)
+from events.telemetry import GpuInfo, NodeInventory, NodeSample
+
+GPU_RESOURCE = "nvidia.com/gpu"
+# GPU feature discovery labels worth carrying into the fleet view (product, memory, count, family...).
+GFD_PREFIX = "nvidia.com/"
+K8S_CAPACITY_LABEL = "chamber.io/k8s-gpu-capacity"
+K8S_ALLOCATABLE_LABEL = "chamber.io/k8s-gpu-allocatable"
+
+
+@dataclass(frozen=True)
+class KubeNode:
+    """One Kubernetes Node object, as the shell read it."""
+
+    name: str
+    labels: dict[str, str] = field(default_factory=dict)
+    capacity_gpus: int | None = None
+    allocatable_gpus: int | None = None
+    unschedulable: bool = False
+
+
+@dataclass(frozen=True)
+class KubeNodesListed:
+    """A full listing of a cluster's Kubernetes nodes at `at` (nodes missing from it were deleted)."""
+
+    cluster: str
+    at: float
+    nodes: tuple[KubeNode, ...]
+
+
+@dataclass
+class NodeRecord:
+    cluster: str
+    node: str
+    first_seen_at: float
+    # observed
+    gpus: list[GpuInfo] = field(default_factory=list)
+    agent_labels: dict[str, str] = field(default_factory=dict)
+    agent: bool = False
+    kube: KubeNode | None = None
+    kube_seen_at: float = 0.0
+    last_seen_at: float | None = None
+    interval_s: float = 1.0
+    changed_at: float = 0.0  # when the observed GPUs or labels last changed
+    util: dict[int, float | None] = field(default_factory=dict)
+    # told to FLEET
+    announced: bool = False
+    status: NodeStatus = NodeStatus.HEALTHY
+    announced_gpus: list[GpuInfo] = field(default_factory=list)
+    announced_labels: dict[str, str] = field(default_factory=dict)
+    # from health decisions (for the view)
+    isolated: str | None = None
+    gpu_isolated: dict[int, str] = field(default_factory=dict)
+    held: dict[int | None, str] = field(default_factory=dict)
+    version: int = 0  # bumped on every change; the shell rewrites a KV entry when it moves
+
+    def labels(self) -> dict[str, str]:
+        out = dict(self.agent_labels)
+        if self.kube is not None:
+            out.update({k: v for k, v in self.kube.labels.items() if k.startswith(GFD_PREFIX)})
+            if self.kube.capacity_gpus is not None:
+                out[K8S_CAPACITY_LABEL] = str(self.kube.capacity_gpus)
+            if self.kube.allocatable_gpus is not None:
+                out[K8S_ALLOCATABLE_LABEL] = str(self.kube.allocatable_gpus)
+        return dict(sorted(out.items()))
+
+
+@dataclass
+class DiscoveryState:
+    suspect_after_intervals: int = 3
+    lost_after_s: float = 60.0
+    nodes: dict[tuple[str, str], NodeRecord] = field(default_factory=dict)
+
+
+def new_state(*, suspect_after_intervals: int = 3, lost_after_s: float = 60.0) -> DiscoveryState:
+    return DiscoveryState(suspect_after_intervals=suspect_after_intervals, lost_after_s=lost_after_s)
+
+
+def _record(state: DiscoveryState, cluster: str, node: str, at: float) -> NodeRecord:
+    key = (cluster, node)
+    rec = state.nodes.get(key)
+    if rec is None:
+        rec = state.nodes[key] = NodeRecord(cluster=cluster, node=node, first_seen_at=at, changed_at=at)
+    return rec
+
+
+# ---------------------------------------------------------------------------------------------- evolve
+
+
+def evolve(state: DiscoveryState, item: object) -> DiscoveryState:
+    match item:
+        case NodeSample():
+            rec = _record(state, item.cluster, item.node, item.observed_at)
+            rec.agent = True
+            if rec.last_seen_at is None or item.observed_at >= rec.last_seen_at:
+                rec.last_seen_at = item.observed_at
+                rec.interval_s = item.interval_s if item.interval_s > 0 else rec.interval_s
+                rec.util = {g.index: g.utilization_pct for g in item.gpus}
+                if not rec.gpus:  # no inventory yet: know the GPUs by index and uuid at least
+                    rec.gpus = [GpuInfo(index=g.index, uuid=g.uuid, model="unknown") for g in item.gpus]
+                    rec.changed_at = item.observed_at
+            rec.version += 1
+        case NodeInventory():
+            rec = _record(state, item.cluster, item.node, item.observed_at)
+            rec.agent = True
+            if item.gpus != rec.gpus or item.labels != rec.agent_labels:
+                rec.changed_at = item.observed_at
+            rec.gpus = list(item.gpus)
+            rec.agent_labels = dict(item.labels)
+            if rec.last_seen_at is None or item.observed_at > rec.last_seen_at:
+                rec.last_seen_at = item.observed_at
+            rec.version += 1
+        case KubeNodesListed():
+            _on_kube_listing(state, item)
+        case NodeDiscovered():
+            rec = _record(state, item.cluster, item.node, item.at)
+            rec.announced = True
+            rec.status = NodeStatus.HEALTHY
+            rec.announced_gpus = list(item.gpus)
+            rec.announced_labels = dict(item.labels)
+            rec.version += 1
+        case NodeUpdated():
+            rec = _record(state, item.cluster, item.node, item.at)
+            rec.announced = True
+            rec.status = item.status
+            rec.announced_gpus = list(item.gpus)
+            rec.announced_labels = dict(item.labels)
+            rec.version += 1
+        case NodeLost():
+            rec = _record(state, item.cluster, item.node, item.at)
+            rec.announced = True
+            rec.status = NodeStatus.LOST
+            rec.version += 1
+        case NodeIsolated():
+            rec = _record(state, item.cluster, item.node, item.at)
+            rec.isolated = item.reason
+            rec.held.pop(None, None)
+            rec.version += 1
+        case NodeRestored():
+            rec = _record(state, item.cluster, item.node, item.at)
+            rec.isolated = None
+            rec.version += 1
+        case GpuIsolated():
+            rec = _record(state, item.cluster, item.node, item.at)
+            rec.gpu_isolated[item.gpu_index] = item.reason
+            rec.held.pop(item.gpu_index, None)
+            rec.version += 1
+        case GpuRestored():
+            rec = _record(state, item.cluster, item.node, item.at)
+            rec.gpu_isolated.pop(item.gpu_index, None)
+            rec.version += 1
+        case IsolationHeld():
+            rec = _record(state, item.cluster, item.node, item.at)
+            rec.held[item.gpu_index] = item.reason
+            rec.version += 1
+        case IsolationDismissed():
+            rec = _record(state, item.cluster, item.node, item.at)
+            rec.held.pop(item.gpu_index, None)
+            rec.version += 1
+    return state
+
+
+def _on_kube_listing(state: DiscoveryState, listing: KubeNodesListed) -> None:
+    present = {n.name: n for n in listing.nodes}
+    for name, kube in present.items():
+        rec = _record(state, listing.cluster, name, listing.at)
+        if rec.kube != kube:
+            if rec.kube is None or rec.kube.labels != kube.labels or rec.kube.capacity_gpus != kube.capacity_gpus:
+                rec.changed_at = listing.at
+            if rec.kube is not None and rec.kube.allocatable_gpus != kube.allocatable_gpus:
+                rec.changed_at = listing.at
+            rec.kube = kube
+            rec.version += 1
+        rec.kube_seen_at = listing.at
+    for (cluster, name), rec in state.nodes.items():
+        if cluster == listing.cluster and rec.kube is not None and name not in present:
+            rec.kube = None  # deleted from Kubernetes
+            rec.kube_seen_at = listing.at
+            rec.version += 1
+
+
+# ---------------------------------------------------------------------------------------------- decide
+
+
+def _kube_gpus(kube: KubeNode) -> list[GpuInfo]:
+    """GPUs as Kubernetes knows them (count, GFD product and memory labels): no UUIDs without an agent."""
+    model = kube.labels.get("nvidia.com/gpu.product", "unknown")
+    memory = kube.labels.get("nvidia.com/gpu.memory")
+    memory_mib = float(memory) if memory and memory.replace(".", "", 1).isdigit() else None
+    return [GpuInfo(index=i, uuid="", model=model, memory_total_mib=memory_mib) for i in range(kube.capacity_gpus or 0)]
+
+
+def desired_status(state: DiscoveryState, rec: NodeRecord, now: float) -> tuple[NodeStatus, float, str]:
+    """What the node's status is at `now`, since when, and why."""
+    if not rec.agent or rec.last_seen_at is None:
+        if rec.kube is None:
+            return NodeStatus.LOST, rec.kube_seen_at, "deleted from Kubernetes; no agent ever reported"
+        return NodeStatus.NO_AGENT, rec.kube_seen_at or rec.first_seen_at, "seen by Kubernetes, no Chamber agent"
+    silent = now - rec.last_seen_at
+    if silent >= state.lost_after_s:
+        reason = f"no heartbeat for {state.lost_after_s:g}s (last at {rec.last_seen_at:.0f})"
+        return NodeStatus.LOST, rec.last_seen_at + state.lost_after_s, reason
+    suspect_after = state.suspect_after_intervals * rec.interval_s
+    if silent > suspect_after:
+        reason = f"{state.suspect_after_intervals} heartbeat intervals of {rec.interval_s:g}s missed"
+        return NodeStatus.SUSPECT, rec.last_seen_at + suspect_after, reason
+    return NodeStatus.HEALTHY, rec.last_seen_at, "reporting"
+
+
+def decide(state: DiscoveryState, now: float) -> list[Event]:
+    """Events for every difference between what was observed and what FLEET has been told."""
+    out: list[Event] = []
+    for rec in state.nodes.values():
+        out.extend(_decide_node(state, rec, now))
+    return out
+
+
+def _decide_node(state: DiscoveryState, rec: NodeRecord, now: float) -> list[Event]:
+    status, since, why = desired_status(state, rec, now)
+    gpus = rec.gpus if rec.agent else (_kube_gpus(rec.kube) if rec.kube else rec.announced_gpus)
+    labels = rec.labels()
+    c, n = rec.cluster, rec.node
+    if not rec.announced:
+        if status == NodeStatus.LOST and rec.kube is None:
+            return []  # appeared and vanished before it was ever announced
+        source = "agent" if rec.agent else "kubernetes"
+        found: list[Event] = [
+            NodeDiscovered(cluster=c, node=n, at=rec.first_seen_at, gpus=gpus, source=source, labels=labels)
+        ]
+        if status != NodeStatus.HEALTHY:
+            found.append(_status_event(rec, status, max(since, rec.first_seen_at), why, gpus, labels, ["status"]))
+        return found
+    if status != rec.status and status == NodeStatus.LOST:
+        return [NodeLost(cluster=c, node=n, at=since, last_seen_at=rec.last_seen_at or since, reason=why)]
+    changes = []
+    if status != rec.status:
+        changes.append("status")
+    if gpus != rec.announced_gpus:
+        changes.append("gpus")
+    if labels != rec.announced_labels:
+        changes.append("labels")
+    if not changes:
+        return []
+    at = since if changes == ["status"] else max(since, rec.changed_at)
+    return [_status_event(rec, status, at, why, gpus, labels, changes)]
+
+
+def _status_event(
+    rec: NodeRecord,
+    status: NodeStatus,
+    at: float,
+    why: str,
+    gpus: list[GpuInfo],
+    labels: dict[str, str],
+    changes: list[str],
+) -> Event:
+    if status == NodeStatus.LOST:
+        return NodeLost(cluster=rec.cluster, node=rec.node, at=at, last_seen_at=rec.last_seen_at or at, reason=why)
+    return NodeUpdated(
+        cluster=rec.cluster, node=rec.node, at=at, status=status, gpus=gpus, changes=changes, labels=labels
+    )
+
+
+def event_id(event: Event) -> str:
+    """Deterministic id: the same observation decided twice is one message (JetStream dedup)."""
+    status = getattr(event, "status", "")
+    changes = ",".join(getattr(event, "changes", []))
+    return stable_id("discovery", type(event).__name__, event.cluster, event.node, status, changes, event.at)  # type: ignore[attr-defined]
+
+
+# ------------------------------------------------------------------------------------------------- view
+
+
+def view(state: DiscoveryState, rec: NodeRecord, now: float) -> dict[str, Any]:
+    """The node as `chamber fleet` shows it (the KV entry). Status: lost > isolated > suspect > healthy."""
+    status, _, why = desired_status(state, rec, now)
+    shown, reason = str(status), "" if status == NodeStatus.HEALTHY else why
+    if status == NodeStatus.NO_AGENT:
+        shown = str(NodeStatus.SUSPECT)  # the CLI contract's four states; `agent: false` says why
+    if rec.isolated is not None and status != NodeStatus.LOST:
+        shown, reason = "isolated", rec.isolated
+    gpus = rec.gpus if rec.agent else (_kube_gpus(rec.kube) if rec.kube else rec.announced_gpus)
+    return {
+        "cluster": rec.cluster,
+        "node": rec.node,
+        "status": shown,
+        "reason": reason,
+        "agent": rec.agent,
+        "last_seen_at": rec.last_seen_at,
+        "labels": rec.labels(),
+        "kubernetes": None
+        if rec.kube is None
+        else {
+            "capacity_gpus": rec.kube.capacity_gpus,
+            "allocatable_gpus": rec.kube.allocatable_gpus,
+            "unschedulable": rec.kube.unschedulable,
+        },
+        "held": [
+            {"gpu": g, "reason": r} for g, r in sorted(rec.held.items(), key=lambda kv: -1 if kv[0] is None else kv[0])
+        ],
+        "gpus": [
+            {
+                "index": g.index,
+                "uuid": g.uuid,
+                "model": g.model,
+                "util": rec.util.get(g.index),
+                "isolated": g.index in rec.gpu_isolated or rec.isolated is not None,
+                "reason": rec.gpu_isolated.get(g.index) or (rec.isolated or ""),
+            }
+            for g in gpus
+        ],
+    }
+
+
+def kv_key(cluster: str, node: str) -> str:
+    from events.subjects import token
+
+    return f"{token(cluster)}.{token(node)}"

@@ -1,0 +1,167 @@
+"""`chamber service discovery`: the fleet inventory's shell.
+
+Inputs: the latest inventory and sample of every node (TELEMETRY, last per subject, then live), FLEET
+from the start (what was announced, and health's isolations for the view), and Kubernetes Nodes when
+an API is configured (polled). Outputs: NodeDiscovered / NodeUpdated / NodeLost on FLEET, and the
+current view of every node in the JetStream KV bucket `chamber_fleet` (key `<cluster>.<node>`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from typing import Any
+
+import msgspec
+from nats.js.api import DeliverPolicy
+from nats.js.errors import BucketNotFoundError
+from nats.js.kv import KeyValue
+
+from services.cli.common import add_cluster_option
+from services.discovery import core
+from services.discovery.core import DiscoveryState, KubeNode, KubeNodesListed
+from services.health.replay import CatchUp, DeliverFrom
+from services.runtime.consumer import ConsumerOptions, Delivery
+from services.runtime.host import ServiceContext, serve
+from services.runtime.logs import get_logger
+
+NAME = "discovery"
+DESCRIPTION = "fleet inventory from agents and Kubernetes: nodes discovered, updated, suspect, lost"
+SOURCE = f"chamber/{NAME}"
+BUCKET = "chamber_fleet"
+log = get_logger("chamber.discovery")
+_json = msgspec.json.Encoder()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_cluster_option(parser)
+    parser.add_argument("--kubeconfig", help="read Kubernetes Nodes through this kubeconfig")
+    parser.add_argument(
+        "--in-cluster", action="store_true", help="use the pod's service account (the default inside a pod)"
+    )
+    parser.add_argument("--kube-poll", type=float, default=30.0, help="seconds between Node listings (default 30)")
+    parser.add_argument("--suspect-intervals", type=int, default=3, help="missed heartbeats before suspect (3)")
+    parser.add_argument("--lost-after", type=float, default=60.0, help="seconds of silence before lost (60)")
+    parser.add_argument("--tick", type=float, default=1.0, help="seconds between checks (default 1)")
+    parser.add_argument("--view-every", type=float, default=5.0, help="rewrite a changed KV view at most this often")
+
+
+class DiscoveryShell:
+    def __init__(self, ctx: ServiceContext, state: DiscoveryState, kv: KeyValue, view_every_s: float) -> None:
+        self.ctx = ctx
+        self.state = state
+        self.kv = kv
+        self.view_every_s = view_every_s
+        self.lock = asyncio.Lock()
+        self.catch_up = CatchUp(ctx.js)
+        self.written: dict[tuple[str, str], tuple[int, Any, float]] = {}  # version, signature, time
+
+    async def on_batch(self, deliveries: list[Delivery]) -> None:
+        async with self.lock:
+            live = self.catch_up.done
+            for d in deliveries:
+                if live and d.envelope.source == SOURCE:
+                    continue  # our own announcement coming back: folded when it was made
+                core.evolve(self.state, d.event)
+
+    async def on_kube(self, listing: KubeNodesListed) -> None:
+        async with self.lock:
+            core.evolve(self.state, listing)
+
+    async def tick(self, now: float) -> None:
+        if not self.catch_up.done:
+            if not await self.catch_up.check():
+                return
+            log.info("caught up", nodes=len(self.state.nodes))
+        async with self.lock:
+            events = core.decide(self.state, now)
+            if events:
+                await self.ctx.publisher.publish_many((e, core.event_id(e), e.at) for e in events)  # type: ignore[attr-defined]
+                for e in events:
+                    core.evolve(self.state, e)
+                    log.info("fleet", kind=type(e).__name__, node=e.node, status=getattr(e, "status", None))  # type: ignore[attr-defined]
+            await self._write_views(now)
+
+    async def _write_views(self, now: float) -> None:
+        for key, rec in self.state.nodes.items():
+            last = self.written.get(key)
+            if last is not None and last[0] == rec.version and now - last[2] < self.view_every_s:
+                continue
+            shown = core.view(self.state, rec, now)
+            signature = (shown["status"], shown["reason"], [(g["isolated"], g["reason"]) for g in shown["gpus"]])
+            signature = (signature, shown["held"], shown["labels"], len(shown["gpus"]))
+            if (
+                last is not None
+                and last[1] == signature
+                and (last[0] == rec.version or now - last[2] < self.view_every_s)
+            ):
+                continue  # only utilization moved, and recently written
+            await self.kv.put(core.kv_key(*key), _json.encode(shown))
+            self.written[key] = (rec.version, signature, now)
+
+
+async def open_bucket(js: Any) -> KeyValue:
+    try:
+        return await js.key_value(BUCKET)
+    except BucketNotFoundError:
+        return await js.create_key_value(bucket=BUCKET, history=1, description="current fleet view (discovery)")
+
+
+def list_kube_nodes(api: Any, cluster: str, now: float) -> KubeNodesListed:
+    """One full listing of Kubernetes Nodes (run in a thread: the client is synchronous)."""
+    nodes = []
+    for n in api.list_node().items:
+        capacity = (n.status.capacity or {}) if n.status else {}
+        allocatable = (n.status.allocatable or {}) if n.status else {}
+        nodes.append(
+            KubeNode(
+                name=n.metadata.name,
+                labels=dict(n.metadata.labels or {}),
+                capacity_gpus=_count(capacity.get(core.GPU_RESOURCE)),
+                allocatable_gpus=_count(allocatable.get(core.GPU_RESOURCE)),
+                unschedulable=bool(n.spec.unschedulable) if n.spec else False,
+            )
+        )
+    return KubeNodesListed(cluster=cluster, at=now, nodes=tuple(sorted(nodes, key=lambda k: k.name)))
+
+
+def _count(value: Any) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
+    await serve(NAME, args.nats, lambda ctx: setup(ctx, args), stop)
+
+
+async def setup(ctx: ServiceContext, args: argparse.Namespace, kube_api: Any = None) -> DiscoveryShell:
+    state = core.new_state(suspect_after_intervals=args.suspect_intervals, lost_after_s=args.lost_after)
+    shell = DiscoveryShell(ctx, state, await open_bucket(ctx.js), args.view_every)
+    inputs = (
+        ("TELEMETRY", DeliverPolicy.LAST_PER_SUBJECT),  # the current picture of every node, then live
+        ("FLEET", DeliverPolicy.ALL),  # what was announced, and isolations for the view
+    )
+    for stream, policy in inputs:
+        consumer = DeliverFrom(
+            ctx.js,
+            ConsumerOptions(stream=stream, durable=None, filter_subjects=(f"chamber.{stream.lower()}.>",)),
+            policy=policy,
+            batch_handler=shell.on_batch,
+        )
+        shell.catch_up.watch(consumer)
+        ctx.consumers.append(consumer)
+        ctx.task(lambda c=consumer: c.run(ctx.stop))  # type: ignore[misc]
+    ctx.every(args.tick, shell.tick)
+    if kube_api is None:
+        from services.health.kube import client_from
+
+        kube_api = client_from(getattr(args, "kubeconfig", None), getattr(args, "in_cluster", False))
+    if kube_api is not None:
+
+        async def poll(now: float) -> None:
+            await shell.on_kube(await asyncio.to_thread(list_kube_nodes, kube_api, args.cluster, now))
+
+        ctx.every(args.kube_poll, poll)
+    return shell

@@ -1,0 +1,501 @@
+"""The HTTP surface (aiohttp): JSON API under /api/, OpenAPI, /healthz, /metrics and the dashboard.
+
+Reads answer from the in-memory read model. Commands are forwarded over NATS request/reply to the
+service that owns them, behind a bearer token: the gateway never changes anything itself, so a
+request it refuses (401, 4xx) cannot have changed anything either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from importlib.resources import files
+from typing import Any
+
+import msgspec
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from services.gateway import metrics, openapi, views
+from services.gateway.core import GatewayState, JobState
+from services.gateway.openapi import Operation, Param
+from services.runtime.commands import CommandRefused, CommandUnavailable
+from services.runtime.logs import get_logger
+
+# Forward one command: (service, verb, payload) -> the service's result. Raises CommandRefused or
+# CommandUnavailable (services.runtime.commands.request, bound to the gateway's NATS connection).
+Forward = Callable[[str, str, dict[str, Any]], Awaitable[Any]]
+# The seam for historical efficiency: given `since` (Unix seconds), the series of points. The live
+# series comes from the read model; a warehouse-backed one (SQL over the recorder's ClickHouse) can be
+# passed in without touching the routes.
+HistorySource = Callable[[float], Awaitable[list[views.PointView]]]
+
+_encoder = msgspec.json.Encoder()
+log = get_logger("chamber.gateway.api")
+_STATIC = files("services.gateway") / "static"
+_JOB_STATES = sorted(s.value for s in JobState)
+
+
+@dataclass
+class GatewayContext:
+    state: GatewayState
+    forward: Forward
+    token: str | None
+    stop: asyncio.Event
+    history: HistorySource | None = None
+    stream_interval_s: float = 2.0
+    clock: Callable[[], float] = time.time
+    ready: Callable[[], dict[str, Any]] = field(default=lambda: {})  # extra /healthz facts (stream positions)
+    _summary: tuple[float, bytes] | None = None
+
+    def summary_body(self) -> bytes:
+        """The encoded summary, shared by every dashboard for half a push interval: with many browsers
+        open on a large fleet, building it once per push matters (see bench/gateway.py)."""
+        now = self.clock()
+        if self._summary is None or not 0 <= now - self._summary[0] < self.stream_interval_s / 2:
+            self._summary = (now, _encoder.encode(views.summary(self.state, now)))
+        return self._summary[1]
+
+
+STATE = web.AppKey("gateway", GatewayContext)
+REGISTRY = web.AppKey("registry", CollectorRegistry)
+OPENAPI = web.AppKey("openapi", dict)
+
+
+def json_response(value: Any, status: int = 200) -> web.Response:
+    return web.Response(body=_encoder.encode(value), status=status, content_type="application/json")
+
+
+def problem(status: int, error: str, field: str | None = None) -> web.Response:
+    return json_response(views.Problem(error=error, field=field, status=status), status)
+
+
+class BadRequest(Exception):
+    def __init__(self, error: str, field: str | None = None, status: int = 400) -> None:
+        super().__init__(error)
+        self.field = field
+        self.status = status
+
+
+# --- reads -----------------------------------------------------------------------------------------
+
+
+def _ctx(request: web.Request) -> GatewayContext:
+    return request.app[STATE]
+
+
+def _flag(request: web.Request, name: str, default: bool) -> bool:
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    if raw.lower() in ("1", "true", "yes"):
+        return True
+    if raw.lower() in ("0", "false", "no"):
+        return False
+    raise BadRequest(f"query parameter {name} must be true or false, not {raw!r}", name)
+
+
+def _int(request: web.Request, name: str, default: int, *, lo: int, hi: int) -> int:
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise BadRequest(f"query parameter {name} must be an integer, not {raw!r}", name) from None
+    if not lo <= value <= hi:
+        raise BadRequest(f"query parameter {name} must be between {lo} and {hi}, not {value}", name)
+    return value
+
+
+async def get_fleet(request: web.Request) -> web.Response:
+    return json_response(views.fleet(_ctx(request).state, with_gpus=_flag(request, "gpus", True)))
+
+
+async def get_node(request: web.Request) -> web.Response:
+    state = _ctx(request).state
+    node = state.nodes.get((request.match_info["cluster"], request.match_info["node"]))
+    if node is None:
+        raise BadRequest(
+            f"no node {request.match_info['node']!r} in cluster {request.match_info['cluster']!r}", status=404
+        )
+    return json_response(views.node_view(state, node))
+
+
+async def get_gpus(request: web.Request) -> web.Response:
+    return json_response(views.gpus(_ctx(request).state))
+
+
+async def get_queue(request: web.Request) -> web.Response:
+    return json_response(views.queue(_ctx(request).state))
+
+
+async def get_jobs(request: web.Request) -> web.Response:
+    states: set[str] | None = None
+    if "state" in request.query:
+        states = {s for s in request.query["state"].split(",") if s}
+        unknown = states - set(_JOB_STATES)
+        if unknown:
+            raise BadRequest(f"unknown job state {sorted(unknown)[0]!r}; one of {', '.join(_JOB_STATES)}", "state")
+    limit = _int(request, "limit", 500, lo=1, hi=10_000)
+    return json_response(views.jobs(_ctx(request).state, states=states, team=request.query.get("team"), limit=limit))
+
+
+async def get_job(request: web.Request) -> web.Response:
+    job = _ctx(request).state.jobs.get(request.match_info["job_id"])
+    if job is None:
+        raise BadRequest(f"no job {request.match_info['job_id']!r}", status=404)
+    return json_response(views.job_view(job))
+
+
+async def get_teams(request: web.Request) -> web.Response:
+    return json_response(views.teams(_ctx(request).state))
+
+
+async def get_efficiency(request: web.Request) -> web.Response:
+    ctx = _ctx(request)
+    view = views.efficiency(ctx.state, history=_flag(request, "history", True))
+    if "since" in request.query:
+        try:
+            since = float(request.query["since"])
+        except ValueError:
+            raise BadRequest("query parameter since must be Unix seconds", "since") from None
+        if ctx.history is not None:
+            view.history = await ctx.history(since)
+            view.source = "warehouse"
+        else:
+            view.history = [p for p in view.history if p.at >= since]
+    return json_response(view)
+
+
+async def get_cost(request: web.Request) -> web.Response:
+    return json_response(views.cost(_ctx(request).state))
+
+
+async def get_faults(request: web.Request) -> web.Response:
+    return json_response(views.faults(_ctx(request).state, limit=_int(request, "limit", 200, lo=1, hi=1000)))
+
+
+async def get_summary(request: web.Request) -> web.Response:
+    return web.Response(body=_ctx(request).summary_body(), content_type="application/json")
+
+
+async def get_stream(request: web.Request) -> web.StreamResponse:
+    """Server-sent events: the summary now, then every `stream_interval_s`, until the client leaves."""
+    ctx = _ctx(request)
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await response.prepare(request)
+    with contextlib.suppress(ConnectionResetError, asyncio.CancelledError):
+        while not ctx.stop.is_set():
+            await response.write(b"event: summary\ndata: " + ctx.summary_body() + b"\n\n")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(ctx.stop.wait(), timeout=ctx.stream_interval_s)
+    return response
+
+
+async def healthz(request: web.Request) -> web.Response:
+    ctx = _ctx(request)
+    return json_response({"ok": True, "events_seen": ctx.state.events_seen, **ctx.ready()})
+
+
+async def get_metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[REGISTRY])
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def get_openapi(request: web.Request) -> web.Response:
+    return json_response(request.app[OPENAPI])
+
+
+async def index(request: web.Request) -> web.Response:
+    return web.Response(body=(_STATIC / "index.html").read_bytes(), content_type="text/html", charset="utf-8")
+
+
+async def static(request: web.Request) -> web.Response:
+    name = request.match_info["name"]
+    kinds = {".js": "text/javascript", ".css": "text/css", ".svg": "image/svg+xml"}
+    kind = next((v for k, v in kinds.items() if name.endswith(k)), None)
+    resource = _STATIC / name
+    if kind is None or "/" in name or not resource.is_file():
+        raise web.HTTPNotFound()
+    return web.Response(body=resource.read_bytes(), content_type=kind, charset="utf-8")
+
+
+# --- commands --------------------------------------------------------------------------------------
+
+
+def _authorize(request: web.Request) -> web.Response | None:
+    token = _ctx(request).token
+    header = request.headers.get("Authorization", "")
+    scheme, _, given = header.partition(" ")
+    if not token:
+        return problem(401, "commands are disabled: start the gateway with --token or CHAMBER_API_TOKEN")
+    if scheme.lower() != "bearer" or not given:
+        return problem(401, "missing bearer token: send 'Authorization: Bearer <token>'")
+    if not hmac.compare_digest(given.strip().encode(), token.encode()):
+        return problem(401, "wrong bearer token")
+    return None
+
+
+async def _body(request: web.Request, *, required: bool) -> dict[str, Any]:
+    raw = await request.read()
+    if not raw.strip():
+        if required:
+            raise BadRequest("a JSON object body is required")
+        return {}
+    try:
+        value = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"body is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise BadRequest(f"body must be a JSON object, not {type(value).__name__}")
+    return value
+
+
+def _pin(body: dict[str, Any], **path: Any) -> dict[str, Any]:
+    """Path parameters win; a body that names a different value is a mistake worth saying."""
+    for name, value in path.items():
+        if name in body and body[name] != value:
+            raise BadRequest(f"{name} in the body ({body[name]!r}) differs from the path ({value!r})", name)
+    return {**body, **path}
+
+
+async def _forward(request: web.Request, service: str, verb: str, payload: dict[str, Any]) -> web.Response:
+    try:
+        result = await _ctx(request).forward(service, verb, payload)
+    except CommandRefused as exc:
+        return problem(422, str(exc), exc.field)
+    except CommandUnavailable as exc:
+        return problem(503, str(exc))
+    return json_response(views.CommandAnswer(ok=True, result=result))
+
+
+def _command(
+    handler: Callable[[web.Request], Awaitable[web.Response]],
+) -> Callable[[web.Request], Awaitable[web.Response]]:
+    async def guarded(request: web.Request) -> web.Response:
+        denied = _authorize(request)
+        return denied if denied is not None else await handler(request)
+
+    return guarded
+
+
+@_command
+async def submit_job(request: web.Request) -> web.Response:
+    return await _forward(request, "scheduler", "submit", await _body(request, required=True))
+
+
+@_command
+async def cancel_job(request: web.Request) -> web.Response:
+    payload = _pin(await _body(request, required=False), job_id=request.match_info["job_id"])
+    return await _forward(request, "scheduler", "cancel", payload)
+
+
+@_command
+async def set_quota(request: web.Request) -> web.Response:
+    payload = _pin(await _body(request, required=True), team=request.match_info["team"])
+    return await _forward(request, "quota", "set", payload)
+
+
+@_command
+async def restore_node(request: web.Request) -> web.Response:
+    m = request.match_info
+    payload = _pin(await _body(request, required=False), cluster=m["cluster"], node=m["node"])
+    return await _forward(request, "health", "restore", payload)
+
+
+# --- the route table (also the OpenAPI document) ----------------------------------------------------
+
+_CLUSTER_NODE = (
+    Param("cluster", "path", {"type": "string"}),
+    Param("node", "path", {"type": "string"}),
+)
+_BOOL = {"type": "boolean"}
+
+ROUTES: list[tuple[Operation, Callable[[web.Request], Awaitable[web.StreamResponse]]]] = [
+    (
+        Operation(
+            "GET",
+            "/api/fleet",
+            "getFleet",
+            "Nodes, their GPUs and status",
+            views.FleetView,
+            params=(Param("gpus", "query", _BOOL, "include each node's GPUs (default true)"),),
+        ),
+        get_fleet,
+    ),
+    (
+        Operation(
+            "GET",
+            "/api/nodes/{cluster}/{node}",
+            "getNode",
+            "One node",
+            views.NodeView,
+            params=_CLUSTER_NODE,
+            errors=(404,),
+        ),
+        get_node,
+    ),
+    (Operation("GET", "/api/gpus", "getGpus", "Every GPU: utilization, health, job", list[views.GpuView]), get_gpus),
+    (
+        Operation("GET", "/api/queue", "getQueue", "Waiting jobs in order, with why they wait", views.QueueView),
+        get_queue,
+    ),
+    (
+        Operation(
+            "GET",
+            "/api/jobs",
+            "getJobs",
+            "Jobs, newest activity first",
+            views.JobsView,
+            params=(
+                Param("state", "query", {"type": "string"}, f"comma-separated: {', '.join(_JOB_STATES)}"),
+                Param("team", "query", {"type": "string"}),
+                Param("limit", "query", {"type": "integer", "minimum": 1, "maximum": 10000}),
+            ),
+        ),
+        get_jobs,
+    ),
+    (
+        Operation(
+            "GET",
+            "/api/jobs/{job_id}",
+            "getJob",
+            "One job",
+            views.JobView,
+            params=(Param("job_id", "path", {"type": "string"}),),
+            errors=(404,),
+        ),
+        get_job,
+    ),
+    (
+        Operation("GET", "/api/teams", "getTeams", "Teams: quota, usage, borrowed share, cost", views.TeamsView),
+        get_teams,
+    ),
+    (
+        Operation(
+            "GET",
+            "/api/efficiency",
+            "getEfficiency",
+            "Allocation, usage, efficiency score and idle share",
+            views.EfficiencyView,
+            params=(
+                Param("history", "query", _BOOL, "include the series (default true)"),
+                Param("since", "query", {"type": "number"}, "series from this Unix time"),
+            ),
+        ),
+        get_efficiency,
+    ),
+    (Operation("GET", "/api/cost", "getCost", "Cost by team, idle cost, prices", views.CostView), get_cost),
+    (
+        Operation(
+            "GET",
+            "/api/faults",
+            "getFaults",
+            "Active isolations and the faults timeline",
+            views.FaultsView,
+            params=(Param("limit", "query", {"type": "integer", "minimum": 1, "maximum": 1000}),),
+        ),
+        get_faults,
+    ),
+    (Operation("GET", "/api/summary", "getSummary", "Everything the dashboard shows", views.Summary), get_summary),
+    (
+        Operation(
+            "GET",
+            "/api/stream",
+            "streamSummary",
+            "Server-sent events: the summary, every few seconds",
+            content_type="text/event-stream",
+        ),
+        get_stream,
+    ),
+    (
+        Operation(
+            "POST", "/api/jobs", "submitJob", "Submit a job", views.CommandAnswer, command="scheduler.submit", body=True
+        ),
+        submit_job,
+    ),
+    (
+        Operation(
+            "POST",
+            "/api/jobs/{job_id}/cancel",
+            "cancelJob",
+            "Cancel a job",
+            views.CommandAnswer,
+            command="scheduler.cancel",
+            params=(Param("job_id", "path", {"type": "string"}),),
+        ),
+        cancel_job,
+    ),
+    (
+        Operation(
+            "PUT",
+            "/api/teams/{team}/quota",
+            "setQuota",
+            "Set a team's quota",
+            views.CommandAnswer,
+            command="quota.set",
+            params=(Param("team", "path", {"type": "string"}),),
+            body=True,
+        ),
+        set_quota,
+    ),
+    (
+        Operation(
+            "POST",
+            "/api/nodes/{cluster}/{node}/restore",
+            "restoreNode",
+            "Restore an isolated node or GPU",
+            views.CommandAnswer,
+            command="health.restore",
+            params=_CLUSTER_NODE,
+        ),
+        restore_node,
+    ),
+    (Operation("GET", "/healthz", "healthz", "Liveness, and how much of each stream is folded"), healthz),
+    (Operation("GET", "/metrics", "metrics", "Prometheus metrics (chamber_*)", content_type="text/plain"), get_metrics),
+    (Operation("GET", "/openapi.json", "openapi", "This document"), get_openapi),
+]
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> Any:
+    """Every error under /api/ (and the JSON endpoints) answers JSON naming the problem."""
+    try:
+        return await handler(request)
+    except BadRequest as exc:
+        return problem(exc.status, str(exc), exc.field)
+    except web.HTTPException as exc:
+        if exc.status < 400 or not (request.path.startswith("/api/") or request.path in ("/healthz", "/openapi.json")):
+            raise
+        text = {404: f"no route {request.path}", 405: f"{request.method} is not allowed on {request.path}"}
+        return problem(exc.status, text.get(exc.status, exc.reason))
+    except Exception as exc:  # a bug answers JSON too, and is logged; the server keeps serving
+        log.exception("request failed", method=request.method, path=request.path)
+        return problem(500, f"internal error: {type(exc).__name__}: {exc}")
+
+
+def make_app(ctx: GatewayContext) -> web.Application:
+    app = web.Application(middlewares=[json_errors], client_max_size=1024 * 1024)
+    app[STATE] = ctx
+    app[REGISTRY] = metrics.registry_for(lambda: ctx.state)
+    app[OPENAPI] = openapi.build([op for op, _ in ROUTES], title="Chamber gateway", version=_version())
+    for op, handler in ROUTES:
+        app.router.add_route(op.method, op.path, handler)
+    app.router.add_get("/", index)
+    app.router.add_get("/static/{name}", static)
+    return app
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("chamber")
+    except PackageNotFoundError:
+        return "0"

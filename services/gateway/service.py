@@ -1,0 +1,125 @@
+"""`chamber service gateway`: fold every stream into the read model and serve it over HTTP.
+
+Each stream is read by an ephemeral consumer from its start (FLEET, JOBS, QUOTA, BILLING and FAULTS
+are the domain history), except TELEMETRY, of which only each node's latest sample and inventory
+matter to a live view. The HTTP server, the consumers and the efficiency ticker share one event
+loop, so a request always sees a state between two whole events.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+from typing import Any
+
+from aiohttp import web
+from nats.js.api import ConsumerConfig, DeliverPolicy
+
+from events.streams import BILLING, FAULTS, FLEET, JOBS, QUOTA, TELEMETRY
+from services.gateway.api import GatewayContext, make_app
+from services.gateway.core import GatewayState, evolve, record_point
+from services.runtime import Consumer, ConsumerOptions, Delivery
+from services.runtime.commands import request
+from services.runtime.host import ServiceContext, serve
+from services.runtime.logs import get_logger
+
+NAME = "gateway"
+DESCRIPTION = "HTTP API, dashboard and Prometheus /metrics (default http://127.0.0.1:8080)"
+DEFAULT_PORT = 8080
+log = get_logger("chamber.gateway")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default=os.environ.get("CHAMBER_GATEWAY_HOST", "127.0.0.1"), help="bind address")
+    parser.add_argument(
+        "--port", type=int, default=int(os.environ.get("CHAMBER_GATEWAY_PORT", DEFAULT_PORT)), help="HTTP port"
+    )
+    parser.add_argument(
+        "--token",
+        default=os.environ.get("CHAMBER_API_TOKEN"),
+        help="bearer token for commands (default: $CHAMBER_API_TOKEN, which keeps it out of `ps`; without one, "
+        "commands answer 401)",
+    )
+    parser.add_argument("--history-interval", type=float, default=5.0, help="seconds between efficiency points")
+    parser.add_argument("--stream-interval", type=float, default=2.0, help="seconds between dashboard pushes")
+    parser.add_argument("--command-timeout", type=float, default=5.0, help="seconds to wait for a command's answer")
+
+
+class LatestPerSubject(Consumer):
+    """A consumer that starts from the last message of every subject (one per node for telemetry)."""
+
+    def _config(self) -> ConsumerConfig:
+        config = super()._config()
+        config.deliver_policy = DeliverPolicy.LAST_PER_SUBJECT
+        return config
+
+
+def consume_all(ctx: ServiceContext, state: GatewayState) -> list[Consumer]:
+    async def fold(batch: list[Delivery]) -> None:
+        for delivery in batch:
+            evolve(state, delivery.envelope.event)
+
+    consumers = [
+        ctx.consume(ConsumerOptions(stream=spec.name, durable=None), batch_handler=fold)
+        for spec in (FLEET, JOBS, QUOTA, BILLING, FAULTS)
+    ]
+    # the server needs a filter subject to deliver the last message per subject
+    options = ConsumerOptions(stream=TELEMETRY.name, durable=None, filter_subjects=TELEMETRY.subjects)
+    telemetry = LatestPerSubject(ctx.js, options, batch_handler=fold)
+    ctx.consumers.append(telemetry)
+    ctx.task(lambda: telemetry.run(ctx.stop))
+    return [*consumers, telemetry]
+
+
+async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
+    state = GatewayState()
+
+    async def setup(ctx: ServiceContext) -> None:
+        consumers = consume_all(ctx, state)
+
+        async def forward(service: str, verb: str, payload: dict[str, Any]) -> Any:
+            return await request(ctx.nc, service, verb, payload, timeout=args.command_timeout)
+
+        def ready() -> dict[str, Any]:
+            return {
+                "nats_connected": ctx.nc.is_connected,
+                "streams": {c.options.stream: c.stats.last_acked_seq for c in consumers},
+            }
+
+        first_tick = True
+
+        async def tick(now: float) -> None:
+            # the first tick comes while the streams are still replaying: a point then would be a
+            # half-built fleet, drawn as a dip to zero
+            nonlocal first_tick
+            if first_tick or state.events_seen == 0:
+                first_tick = False
+                return
+            record_point(state, now)
+
+        gateway = GatewayContext(
+            state=state,
+            forward=forward,
+            token=args.token or None,
+            stop=stop,
+            stream_interval_s=args.stream_interval,
+            ready=ready,
+        )
+        ctx.every(args.history_interval, tick)
+        ctx.task(lambda: serve_http(make_app(gateway), args.host, args.port, stop))
+        if not args.token:
+            log.warning("no API token: commands will answer 401; set --token or CHAMBER_API_TOKEN")
+
+    await serve(NAME, args.nats, setup, stop)
+
+
+async def serve_http(app: web.Application, host: str, port: int, stop: asyncio.Event) -> None:
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+        log.info("gateway listening", url=f"http://{host}:{port}/")
+        await stop.wait()
+    finally:
+        await runner.cleanup()

@@ -1,0 +1,1 @@
+"""The quota service: pools, team quotas and decayed fair share."""

@@ -1,0 +1,297 @@
+"""The quota service's pure core: pools, team quotas, usage and Slurm-style decayed fair share.
+
+Fair share (Slurm's classic multifactor formula): a team's usage decays with a half-life,
+U = its decayed GPU-seconds / all teams' in the pool, S = its share (weight x guarantee, normalized
+in the pool; by weight alone when no team has a guarantee), factor F = 2^(-U/S) in (0, 1]: 1 for a
+team that used nothing, 0.5 for one that used exactly its share. Decayed usage is integrated
+exactly between job events: usage u held for dt adds u x h/ln2 x (1 - 2^(-dt/h)).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from events import (
+    Event,
+    FairShareUpdated,
+    GpuIsolated,
+    GpuRestored,
+    JobCancelled,
+    JobCompleted,
+    JobFailed,
+    JobPreempted,
+    JobRequeued,
+    JobResumed,
+    JobScheduled,
+    JobSpec,
+    JobSubmitted,
+    JobSuspended,
+    NodeDiscovered,
+    NodeIsolated,
+    NodeLost,
+    NodeRestored,
+    NodeStatus,
+    NodeUpdated,
+    PoolDefined,
+    TeamQuotaSet,
+)
+from events.codec import stable_id
+from services.scheduler.core.pools import DEFAULT_POOL, PoolDef, job_pool, node_pool
+from services.scheduler.core.state import Quota
+
+DEFAULT_HALF_LIFE_S = 7 * 24 * 3600.0  # Slurm's default PriorityDecayHalfLife (7 days)
+PUBLISH_DELTA = 0.01  # publish a factor when it moved at least this much
+
+
+class QuotaRefused(ValueError):
+    """A quota command that cannot be applied; `field` names what to fix."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+@dataclass
+class NodeCap:
+    model: str
+    labels: dict[str, str]
+    gpus: set[int]
+    bad: set[int] = field(default_factory=set)
+    in_service: bool = True
+
+    @property
+    def healthy(self) -> int:
+        return len(self.gpus - self.bad) if self.in_service else 0
+
+
+@dataclass
+class QuotaState:
+    half_life_s: float = DEFAULT_HALF_LIFE_S
+    pools: dict[str, PoolDef] = field(default_factory=dict)
+    quotas: dict[tuple[str, str], Quota] = field(default_factory=dict)  # (pool, team)
+    nodes: dict[tuple[str, str], NodeCap] = field(default_factory=dict)
+    specs: dict[str, JobSpec] = field(default_factory=dict)  # jobs not finished
+    running: dict[str, tuple[str, str, int]] = field(default_factory=dict)  # job -> pool, team, GPUs
+    decayed: dict[tuple[str, str], float] = field(default_factory=dict)  # decayed GPU-seconds at `clock`
+    clock: float | None = None
+    published: dict[tuple[str, str], float] = field(default_factory=dict)
+
+    @property
+    def team_pools(self) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for pool, team in sorted(self.quotas):
+            out.setdefault(team, []).append(pool)
+        return out
+
+    def in_use(self) -> dict[tuple[str, str], int]:
+        use: dict[tuple[str, str], int] = {}
+        for pool, team, gpus in self.running.values():
+            use[(pool, team)] = use.get((pool, team), 0) + gpus
+        return use
+
+    def pool_capacity(self, pool: str) -> int:
+        return sum(n.healthy for n in self.nodes.values() if node_pool(self.pools, n.model, n.labels) == pool)
+
+
+def decayed_at(state: QuotaState, now: float) -> dict[tuple[str, str], float]:
+    """Each (pool, team)'s decayed usage at `now`, without changing the state."""
+    if state.clock is None:
+        return dict(state.decayed)
+    dt = max(0.0, now - state.clock)
+    h = state.half_life_s
+    keep = 2.0 ** (-dt / h)
+    gain = h / math.log(2) * (1.0 - keep)
+    out = {k: v * keep for k, v in state.decayed.items()}
+    for k, u in state.in_use().items():
+        out[k] = out.get(k, 0.0) + u * gain
+    return out
+
+
+def _advance(state: QuotaState, at: float) -> None:
+    state.decayed = decayed_at(state, at)
+    state.clock = at if state.clock is None else max(state.clock, at)
+
+
+def evolve(state: QuotaState, event: Event) -> QuotaState:
+    match event:
+        case PoolDefined():
+            state.pools[event.pool] = PoolDef(event.pool, event.gpu_model, dict(event.node_selector))
+        case TeamQuotaSet():
+            state.quotas[(event.pool, event.team)] = Quota(
+                event.team, event.pool, event.guaranteed_gpus, event.borrow_limit, event.lend_limit, event.weight
+            )
+        case FairShareUpdated():
+            state.published[(event.pool, event.team)] = event.factor
+        case JobSubmitted():
+            state.specs.setdefault(event.job_id, event.spec)
+        case JobScheduled() | JobResumed():
+            spec = state.specs.get(event.job_id)
+            if spec is not None and event.job_id not in state.running:
+                _advance(state, event.at)
+                state.running[event.job_id] = (job_pool(spec, state.team_pools), spec.team, spec.total_gpus)
+        case JobPreempted() | JobSuspended() | JobRequeued():
+            if event.job_id in state.running:
+                _advance(state, event.at)
+                del state.running[event.job_id]
+        case JobCompleted() | JobFailed() | JobCancelled():
+            if event.job_id in state.running:
+                _advance(state, event.at)
+                del state.running[event.job_id]
+            state.specs.pop(event.job_id, None)
+        case NodeDiscovered():
+            state.nodes[(event.cluster, event.node)] = NodeCap(
+                _model(event.gpus), dict(event.labels), {g.index for g in event.gpus}
+            )
+        case NodeUpdated():
+            old = state.nodes.get((event.cluster, event.node))
+            node = NodeCap(
+                _model(event.gpus), dict(event.labels or (old.labels if old else {})), {g.index for g in event.gpus}
+            )
+            node.in_service = event.status == NodeStatus.HEALTHY and not (old is not None and not old.in_service)
+            node.bad = old.bad if old else set()
+            state.nodes[(event.cluster, event.node)] = node
+        case NodeLost() | NodeIsolated():
+            if (n := state.nodes.get((event.cluster, event.node))) is not None:
+                n.in_service = False
+        case NodeRestored():
+            if (n := state.nodes.get((event.cluster, event.node))) is not None:
+                n.in_service = True
+        case GpuIsolated():
+            if (n := state.nodes.get((event.cluster, event.node))) is not None:
+                n.bad.add(event.gpu_index)
+        case GpuRestored():
+            if (n := state.nodes.get((event.cluster, event.node))) is not None:
+                n.bad.discard(event.gpu_index)
+    return state
+
+
+def _model(gpus: list[Any]) -> str:
+    models = sorted(g.model for g in gpus)
+    return max(models, key=models.count) if models else ""
+
+
+def fair_shares(state: QuotaState, now: float) -> dict[tuple[str, str], tuple[float, float, float]]:
+    """(pool, team) -> (factor, decayed usage, share) for every team with a quota or usage."""
+    usage = decayed_at(state, now)
+    keys = set(state.quotas) | {k for k, v in usage.items() if v > 0}
+    out: dict[tuple[str, str], tuple[float, float, float]] = {}
+    for pool in sorted({p for p, _ in keys}):
+        teams = sorted(t for p, t in keys if p == pool)
+        quotas = {t: state.quotas.get((pool, t)) for t in teams}
+        raw = {t: (q.weight * q.guaranteed if q else 0.0) for t, q in quotas.items()}
+        if not any(raw.values()):
+            raw = {t: (q.weight if q else 1.0) for t, q in quotas.items()}
+        total_raw = sum(raw.values()) or 1.0
+        total_use = sum(usage.get((pool, t), 0.0) for t in teams)
+        for t in teams:
+            share = raw[t] / total_raw
+            used = usage.get((pool, t), 0.0)
+            norm = used / total_use if total_use > 0 else 0.0
+            if norm == 0:
+                factor = 1.0
+            elif share <= 0:
+                factor = 0.0
+            else:
+                factor = 2.0 ** (-norm / share)
+            out[(pool, t)] = (round(factor, 6), used, share)
+    return out
+
+
+def decide(state: QuotaState, now: float) -> list[tuple[FairShareUpdated, str]]:
+    """FairShareUpdated for each team whose factor moved enough since it was last published."""
+    out = []
+    for (pool, team), (factor, used, share) in sorted(fair_shares(state, now).items()):
+        last = state.published.get((pool, team))
+        if last is None or abs(last - factor) >= PUBLISH_DELTA:
+            event = FairShareUpdated(team=team, pool=pool, at=now, factor=factor, decayed_usage_gpu_s=used, share=share)
+            out.append((event, stable_id("fair_share", pool, team, f"{now:.3f}")))
+    return out
+
+
+def rows(state: QuotaState, now: float) -> list[dict[str, Any]]:
+    """The `chamber quota list --json` rows."""
+    shares = fair_shares(state, now)
+    use = state.in_use()
+    out = []
+    for (pool, team), q in sorted(state.quotas.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        in_use = use.get((pool, team), 0)
+        out.append(
+            {
+                "team": team,
+                "pool": pool,
+                "guaranteed": q.guaranteed,
+                "borrow_limit": q.borrow_limit,
+                "lend_limit": q.lend_limit,
+                "weight": q.weight,
+                "in_use": in_use,
+                "borrowed": max(0, in_use - q.guaranteed),
+                "fair_share": shares.get((pool, team), (1.0, 0.0, 0.0))[0],
+            }
+        )
+    return out
+
+
+# -- commands --------------------------------------------------------------------------------------
+def set_quota(
+    state: QuotaState,
+    *,
+    team: str,
+    pool: str,
+    gpus: int,
+    borrow_limit: int | None,
+    lend_limit: int | None,
+    weight: float,
+    at: float,
+) -> TeamQuotaSet:
+    """Validate a quota command and return the event that records it; QuotaRefused if invalid."""
+    if not team.strip() or team.startswith("_"):
+        raise QuotaRefused("team must be a name that does not start with '_'", "team")
+    if pool != DEFAULT_POOL and pool not in state.pools:
+        known = ", ".join(sorted({DEFAULT_POOL, *state.pools}))
+        raise QuotaRefused(f"unknown pool {pool!r} (known: {known}); define it with `chamber quota pool set`", "pool")
+    for name, value in (("gpus", gpus), ("borrow_limit", borrow_limit), ("lend_limit", lend_limit)):
+        if value is not None and value < 0:
+            raise QuotaRefused(f"{name} must be 0 or more, got {value}", name)
+    if weight <= 0:
+        raise QuotaRefused(f"weight must be above 0, got {weight}", "weight")
+    if lend_limit is not None and lend_limit > gpus:
+        raise QuotaRefused(
+            f"lend_limit {lend_limit} is above the guarantee {gpus}: a team lends only its own", "lend_limit"
+        )
+    capacity = state.pool_capacity(pool)
+    others = sum(q.guaranteed for (p, t), q in state.quotas.items() if p == pool and t != team)
+    if others + gpus > capacity:
+        raise QuotaRefused(
+            f"guarantees in pool {pool} would total {others + gpus} GPUs, above its capacity of {capacity} "
+            f"(other teams hold {others}); lower --gpus to at most {max(capacity - others, 0)}",
+            "gpus",
+        )
+    return TeamQuotaSet(
+        team=team,
+        pool=pool,
+        at=at,
+        guaranteed_gpus=gpus,
+        borrow_limit=borrow_limit,
+        lend_limit=lend_limit,
+        weight=weight,
+    )
+
+
+def define_pool(
+    state: QuotaState, *, name: str, gpu_model: str | None, node_label: str | None, at: float
+) -> PoolDefined:
+    if not name.strip() or name.startswith("_"):
+        raise QuotaRefused("pool name must be a name that does not start with '_'", "name")
+    if name == DEFAULT_POOL:
+        raise QuotaRefused("the default pool spans every node no other pool selects; it takes no selector", "name")
+    if (gpu_model is None) == (node_label is None):
+        raise QuotaRefused("give exactly one of --gpu-model M or --node-label K=V", "gpu_model")
+    selector: dict[str, str] = {}
+    if node_label is not None:
+        key, sep, value = node_label.partition("=")
+        if not sep or not key.strip():
+            raise QuotaRefused(f"--node-label must look like KEY=VALUE, got {node_label!r}", "node_label")
+        selector = {key.strip(): value.strip()}
+    return PoolDefined(pool=name, at=at, gpu_model=gpu_model, node_selector=selector)

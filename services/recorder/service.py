@@ -1,0 +1,194 @@
+"""`chamber service recorder`: every stream into the warehouse, and read-only SQL over request/reply.
+
+One durable consumer per stream hands whole fetched batches (up to --batch-size messages, or what
+arrived within --flush-interval) to the writer; the runtime acks them only after the writer returns.
+It also answers `chamber.cmd.recorder.sql`, because with chDB only this process may open the
+warehouse directory while it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+from typing import Any
+
+import msgspec
+
+from events.streams import BILLING, FAULTS, FLEET, JOBS, QUOTA, TELEMETRY
+from services.cli.errors import UsageError
+from services.recorder.rows import Recorded
+from services.recorder.samples import SampleConsumer
+from services.recorder.writer import Writer
+from services.runtime import ConsumerOptions, Delivery
+from services.runtime.commands import CommandRefused
+from services.runtime.host import ServiceContext, serve
+from services.runtime.logs import get_logger
+from services.warehouse import (
+    ReadOnlyViolation,
+    Warehouse,
+    WarehouseError,
+    WarehouseUnavailable,
+    add_warehouse_options,
+    check_read_only,
+    migrate,
+    open_from_args,
+)
+
+NAME = "recorder"
+DESCRIPTION = "record telemetry and every domain event in the warehouse (ClickHouse or chDB); answer SQL"
+DURABLE = "recorder"
+STREAMS = (TELEMETRY, FAULTS, FLEET, JOBS, QUOTA, BILLING)
+MAX_REPLY_ROWS = 10_000
+MAX_REPLY_BYTES = 768 * 1024
+_json = msgspec.json.Encoder()
+log = get_logger("chamber.recorder")
+
+
+class SqlRequest(msgspec.Struct):
+    sql: str
+    max_rows: int = MAX_REPLY_ROWS
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_warehouse_options(parser)
+    parser.add_argument("--batch-size", type=int, default=2000, help="most messages stored per insert (2000)")
+    parser.add_argument(
+        "--flush-interval", type=float, default=1.0, help="longest wait in seconds for a batch to fill (1.0)"
+    )
+    parser.add_argument("--telemetry-consumers", type=int, default=3, help="parallel pull consumers on TELEMETRY (3)")
+    parser.add_argument(
+        "--ack-wait", type=float, default=60.0, help="seconds before an unacked batch is redelivered (60)"
+    )
+
+
+def to_recorded(stream: str, deliveries: list[Delivery]) -> list[Recorded]:
+    return [
+        Recorded(
+            event=d.envelope.event,
+            id=d.envelope.id,
+            source=d.envelope.source,
+            time=d.envelope.time,
+            stream=stream,
+            subject=d.subject,
+            stream_seq=d.stream_seq,
+        )
+        for d in deliveries
+    ]
+
+
+async def setup_recorder(
+    ctx: ServiceContext,
+    writer: Writer,
+    *,
+    batch_size: int = 2000,
+    flush_interval: float = 1.0,
+    ack_wait: float = 60.0,
+    telemetry_consumers: int = 1,
+) -> None:
+    """Consumers for every stream, and the `sql` command. TELEMETRY may get several pull consumers on
+    the same durable, so one decodes and acks while another's batch is being inserted."""
+    for spec in [TELEMETRY] * max(0, telemetry_consumers - 1) + list(STREAMS):
+
+        async def store(deliveries: list[Delivery], stream: str = spec.name) -> None:
+            # Delivered before: a predecessor may have stored it and died before acking.
+            suspect = any(d.num_delivered > 1 for d in deliveries)
+            await writer.store(to_recorded(stream, deliveries), suspect=suspect)
+
+        options = ConsumerOptions(
+            stream=spec.name,
+            durable=DURABLE,
+            batch=batch_size,
+            fetch_timeout_s=flush_interval,
+            ack_wait_s=ack_wait,
+            max_retry_delay_s=10.0,
+        )
+        if spec is TELEMETRY:  # the hot stream: node samples take the lean decode
+            consumer = SampleConsumer(ctx.js, options, batch_handler=store)
+            ctx.consumers.append(consumer)
+            ctx.task(lambda consumer=consumer: consumer.run(ctx.stop))
+        else:
+            ctx.consume(options, batch_handler=store)
+
+    async def sql(request: SqlRequest) -> dict[str, Any]:
+        return await answer_sql(writer, request.sql, request.max_rows)
+
+    ctx.command("sql", SqlRequest, sql)
+
+
+async def answer_sql(writer: Writer, sql: str, max_rows: int = MAX_REPLY_ROWS) -> dict[str, Any]:
+    try:
+        query = check_read_only(sql)
+    except ReadOnlyViolation as exc:
+        raise CommandRefused(str(exc), field="sql") from None
+    try:
+        result = await writer.query(query, readonly=True)
+    except WarehouseError as exc:
+        raise CommandRefused(f"the warehouse refused the query: {exc}", field="sql") from None
+    rows = result.rows[: max(0, max_rows)]
+    # A reply must fit in one NATS message (1 MiB by default): keep the first rows that fit.
+    while rows and len(_json.encode(rows)) > MAX_REPLY_BYTES:
+        rows = rows[: len(rows) // 2]
+    return {"columns": result.columns, "types": result.types, "rows": rows, "truncated": len(result.rows) > len(rows)}
+
+
+def open_and_migrate(args: argparse.Namespace) -> Warehouse:
+    warehouse = open_from_args(args)
+    applied = migrate(warehouse)
+    log.info("warehouse ready", backend=warehouse.kind, migrations_applied=applied)
+    return warehouse
+
+
+def _crash_hook() -> Any:
+    """CHAMBER_RECORDER_CRASH_AFTER_INSERT=TABLE: die (like kill -9) right after inserting into TABLE,
+    before the ack. Only the crash-recovery test sets it."""
+    table = os.environ.get("CHAMBER_RECORDER_CRASH_AFTER_INSERT")
+    if not table:
+        return None
+
+    def hook(name: str) -> None:
+        if name == table:
+            os._exit(137)
+
+    return hook
+
+
+async def open_when_ready(args: argparse.Namespace, stop: asyncio.Event) -> Warehouse | None:
+    """A held chDB directory is a mistake to report at once; a server that is not up yet (pods start in
+    any order) is waited for, with back-off, until it answers or the service is stopped."""
+    delay = 0.5
+    while not stop.is_set():
+        try:
+            return await asyncio.to_thread(open_and_migrate, args)
+        except WarehouseUnavailable as exc:
+            if not args.clickhouse_url:
+                raise UsageError(str(exc)) from None
+            log.warning("warehouse unavailable, retrying", error=str(exc), delay_s=delay)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=delay)
+            delay = min(delay * 2, 30.0)
+    return None
+
+
+async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
+    warehouse = await open_when_ready(args, stop)
+    if warehouse is None:
+        return
+    writer = Writer(warehouse, after_insert=_crash_hook())
+    try:
+
+        async def setup(ctx: ServiceContext) -> None:
+            await setup_recorder(
+                ctx,
+                writer,
+                batch_size=args.batch_size,
+                flush_interval=args.flush_interval,
+                ack_wait=args.ack_wait,
+                telemetry_consumers=args.telemetry_consumers,
+            )
+
+        await serve(NAME, args.nats, setup, stop)
+    finally:
+        writer.close()
+        warehouse.close()

@@ -1,0 +1,145 @@
+"""Liveness and readiness over plain HTTP, for Kubernetes probes (stdlib asyncio, no framework).
+
+- `GET /livez`  200 while the event loop answers (a hung loop times the probe out; a crashed consumer
+  or ticker ends the whole process, see host.serve). It does NOT look at NATS: a NATS outage must not
+  make Kubernetes restart every pod (nats-py reconnects).
+- `GET /readyz` 200 when NATS is connected and every consumer is bound to its stream; 503 otherwise.
+Both answer a small JSON report: NATS connectivity and each consumer's progress (handled, skipped,
+dead, retried, last acked stream sequence, seconds since it last acked).
+
+A service turns it on with `--health-port` / `CHAMBER_HEALTH_PORT` (see `port_from_env`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from services.runtime.logs import get_logger
+
+log = get_logger("chamber.runtime.health")
+
+ENV_PORT = "CHAMBER_HEALTH_PORT"
+ENV_HOST = "CHAMBER_HEALTH_HOST"
+_MAX_REQUEST_BYTES = 8192
+
+
+def port_from_env() -> int | None:
+    """The health port from $CHAMBER_HEALTH_PORT; unset, empty or 0 means no health server."""
+    raw = os.environ.get(ENV_PORT, "").strip()
+    if not raw:
+        return None
+    try:
+        port = int(raw)
+    except ValueError:
+        raise ValueError(f"{ENV_PORT} must be a port number, got {raw!r}") from None
+    return port or None
+
+
+@dataclass
+class HealthState:
+    """What the probes look at; the host fills in the connection and consumers as they appear."""
+
+    service: str
+    nc: Any = None  # a nats-py Client: only `is_connected` is read
+    consumers: Sequence[Any] = ()
+    started_at: float = field(default_factory=time.monotonic)
+    _progress: dict[str, tuple[int, float]] = field(default_factory=dict)
+
+    def report(self) -> tuple[bool, bool, dict[str, Any]]:
+        """(live, ready, body)."""
+        now = time.monotonic()
+        connected = bool(self.nc is not None and self.nc.is_connected)
+        consumers = [self._consumer_report(c, now) for c in self.consumers]
+        bound = all(c["bound"] for c in consumers)
+        live = True  # answering at all is the liveness signal
+        ready = connected and bound
+        body = {
+            "service": self.service,
+            "live": live,
+            "ready": ready,
+            "nats": "connected" if connected else "disconnected",
+            "uptime_s": round(now - self.started_at, 1),
+            "consumers": consumers,
+        }
+        return live, ready, body
+
+    def _consumer_report(self, consumer: Any, now: float) -> dict[str, Any]:
+        stats = consumer.stats
+        key = f"{consumer.options.stream}/{consumer.name}"
+        last_seq, since = self._progress.get(key, (-1, self.started_at))
+        if stats.last_acked_seq != last_seq:  # progress is noticed when probed; fine at probe rates
+            self._progress[key] = (stats.last_acked_seq, now)
+            since = now
+        return {
+            "stream": consumer.options.stream,
+            "consumer": consumer.name,
+            # bound to its stream (a private attribute: the consumer API has no public flag for it)
+            "bound": getattr(consumer, "_sub", None) is not None,
+            "handled": stats.handled,
+            "skipped": stats.skipped,
+            "dead": stats.dead,
+            "retried": stats.retried,
+            "last_acked_seq": stats.last_acked_seq,
+            "idle_s": round(now - since, 1),
+        }
+
+
+class HealthServer:
+    def __init__(self, state: HealthState, *, port: int, host: str | None = None) -> None:
+        self.state = state
+        self.port = port
+        self.host = host or os.environ.get(ENV_HOST, "0.0.0.0")  # probes come from the kubelet, not localhost
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._handle, self.host, self.port)
+        sock = self._server.sockets[0].getsockname()
+        self.port = int(sock[1])  # port 0 picks a free one (tests)
+        log.info("health server listening", host=self.host, port=self.port)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            with contextlib.suppress(Exception):
+                await self._server.wait_closed()
+            self._server = None
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5)
+            status, body = self._route(head[:_MAX_REQUEST_BYTES])
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ConnectionError):
+            status, body = 400, {"error": "bad request"}
+        payload = json.dumps(body).encode()
+        reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 503: "Unavailable"}
+        writer.write(
+            f"HTTP/1.1 {status} {reason.get(status, 'Error')}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\nConnection: close\r\n\r\n".encode()
+            + payload
+        )
+        with contextlib.suppress(ConnectionError):
+            await writer.drain()
+        writer.close()
+        with contextlib.suppress(ConnectionError):
+            await writer.wait_closed()
+
+    def _route(self, head: bytes) -> tuple[int, dict[str, Any]]:
+        parts = head.split(b"\r\n", 1)[0].split()
+        if len(parts) != 3:
+            return 400, {"error": "bad request line"}
+        method, target = parts[0].decode(errors="replace"), parts[1].decode(errors="replace")
+        if method not in ("GET", "HEAD"):
+            return 405, {"error": "use GET"}
+        path = target.split("?", 1)[0]
+        if path not in ("/livez", "/readyz", "/healthz"):
+            return 404, {"error": "try /livez or /readyz"}
+        live, ready, body = self.state.report()
+        ok = live if path == "/livez" else ready
+        return (200 if ok else 503), body

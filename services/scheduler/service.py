@@ -1,0 +1,275 @@
+"""`chamber service scheduler`: the shell around the scheduler core.
+
+Reads JOBS, FLEET and QUOTA from the start on every start (state is derived, never stored), waits
+until it has caught up, then runs a cycle every `--interval` seconds: decide -> publish the
+decisions' events (deterministic ids) -> fold them back when they arrive from the stream. It runs
+no new cycle while its own events are still on their way, so state only ever comes from the log,
+in the log's order, live and on replay alike. Commands: submit, cancel, queue, explain.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import re
+import secrets
+import time
+from typing import Annotated, Any
+
+import msgspec
+
+from events import JobCancelled, JobSpec, JobSubmitted, PriorityClass
+from events.codec import stable_id
+from services.cli.common import add_cluster_option
+from services.runtime import ConsumerOptions, Delivery
+from services.runtime.commands import CommandRefused
+from services.runtime.host import ServiceContext, serve
+from services.runtime.logs import get_logger
+from services.scheduler.core import (
+    FINISHED,
+    QUEUED,
+    CycleMark,
+    Policy,
+    SchedulerState,
+    events_for,
+    evolve,
+    explain,
+    queue_rows,
+    schedule,
+)
+from services.scheduler.core.cycle import PREEMPTION_SEARCHES
+from services.scheduler.core.state import DEFAULT_TOPOLOGY_KEY
+from services.scheduler.kubernetes import KubernetesJobs, reconcile
+from services.scheduler.replay import caught_up
+
+NAME = "scheduler"
+DESCRIPTION = "queue, place, preempt and resume jobs within team quotas"
+log = get_logger("chamber.scheduler")
+ECHO_TIMEOUT_S = 10.0
+
+
+class SubmitRequest(msgspec.Struct, kw_only=True):
+    """`gpus` is per replica; `gpus_per_replica` (JobSpec's name, used by HTTP clients) is an alias."""
+
+    team: str
+    gpus: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    gpus_per_replica: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    replicas: Annotated[int, msgspec.Meta(ge=1)] = 1
+    priority: PriorityClass = PriorityClass.NORMAL
+    name: str = ""
+    id: str | None = None
+    pool: str | None = None
+    cluster: str | None = None
+    gpu_model: str | None = None
+    preemptible: bool = True
+    checkpoint_interval_s: Annotated[float, msgspec.Meta(gt=0)] | None = None
+    expected_duration_s: Annotated[float, msgspec.Meta(gt=0)] | None = None
+    sim_duration_s: Annotated[float, msgspec.Meta(ge=0)] | None = None
+    topology_key: str | None = None
+
+
+class CancelRequest(msgspec.Struct, kw_only=True):
+    job: str | None = None
+    job_id: str | None = None  # alias of `job`
+    by: str = ""
+    reason: str = ""
+
+
+class QueueRequest(msgspec.Struct, kw_only=True):
+    all: bool = False
+
+
+class ExplainRequest(msgspec.Struct, kw_only=True):
+    job: str
+
+
+_SLUG = re.compile(r"[^a-z0-9-]+")
+
+
+def new_job_id(name: str, team: str) -> str:
+    base = _SLUG.sub("-", (name or team).lower()).strip("-")[:40] or "job"
+    return f"{base}-{secrets.token_hex(4)}"
+
+
+class Scheduler:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.state = SchedulerState(topology_key=args.topology_key)
+        self.interval = args.interval
+        self.full_every = args.full_every
+        self.policy = Policy(preemption_searches=args.preemption_searches)
+        self.mark: CycleMark | None = None
+        self.last_full = 0.0
+        self.waiting: dict[str, str] = {}
+        self.awaiting: set[str] = set()
+        self.awaiting_since = 0.0
+        self.ready = False
+        self.ctx: ServiceContext | None = None
+
+    async def on_event(self, delivery: Delivery) -> None:
+        evolve(self.state, delivery.envelope.event)  # type: ignore[arg-type]
+        self.awaiting.discard(delivery.envelope.id)
+
+    async def tick(self, now: float) -> None:
+        ctx = self.ctx
+        assert ctx is not None
+        if not self.ready:
+            self.ready = await caught_up(ctx.js, ctx.consumers)
+            if not self.ready:
+                return
+            log.info("state rebuilt from the log", jobs=len(self.state.jobs), nodes=len(self.state.nodes))
+            # The replayed state lives on: keep the collector from walking it during cycles.
+            gc.collect()
+            gc.freeze()
+        if self.awaiting:
+            if now - self.awaiting_since < ECHO_TIMEOUT_S:
+                return
+            log.warning("own events did not come back; scheduling again", missing=len(self.awaiting))
+            self.awaiting.clear()
+        since = self.mark if now - self.last_full < self.full_every else None
+        cycle = schedule(self.state, now, since, policy=self.policy)
+        self.mark = cycle.mark
+        if cycle.full:
+            self.last_full = now
+        self.waiting.update(cycle.waiting)
+        out = events_for(cycle.decisions, now)
+        if not out:
+            return
+        self.awaiting = {eid for _, eid in out}
+        self.awaiting_since = now
+        acks = await ctx.publisher.publish_many((event, eid, now) for event, eid in out)
+        for (_, eid), ack in zip(out, acks, strict=True):
+            if ack.duplicate:  # already in the log (a replayed decision): it will not come back
+                self.awaiting.discard(eid)
+        log.info("cycle", full=cycle.full, considered=cycle.considered, decisions=len(cycle.decisions))
+
+    # -- commands ------------------------------------------------------------------------------
+    async def submit(self, req: SubmitRequest) -> dict[str, Any]:
+        if not req.team.strip() or req.team.startswith("_"):
+            raise CommandRefused("team must be a name that does not start with '_'; pass --team T", field="team")
+        if req.gpus is not None and req.gpus_per_replica is not None and req.gpus != req.gpus_per_replica:
+            raise CommandRefused("gpus and gpus_per_replica differ; give one of them", field="gpus")
+        gpus = req.gpus if req.gpus is not None else req.gpus_per_replica
+        if gpus is None:
+            raise CommandRefused("how many GPUs per replica? pass --gpus N (N >= 1)", field="gpus")
+        job_id = req.id or new_job_id(req.name, req.team)
+        if job_id in self.state.jobs:
+            raise CommandRefused(f"job {job_id} exists already; pick another id", field="id")
+        spec = JobSpec(
+            team=req.team,
+            gpus_per_replica=gpus,
+            replicas=req.replicas,
+            priority=req.priority,
+            name=req.name,
+            pool=req.pool,
+            cluster=req.cluster,
+            gpu_model=req.gpu_model,
+            preemptible=req.preemptible,
+            checkpoint_interval_s=req.checkpoint_interval_s,
+            expected_duration_s=req.expected_duration_s,
+            sim_duration_s=req.sim_duration_s,
+            topology_key=req.topology_key,
+        )
+        event = JobSubmitted(job_id=job_id, at=time.time(), spec=spec)
+        assert self.ctx is not None
+        await self.ctx.publisher.publish(event, id=stable_id("submitted", job_id))
+        evolve(self.state, event)  # so `queue` right after `submit` shows it; the echo is a no-op
+        return {"id": job_id, "job_id": job_id}
+
+    async def cancel(self, req: CancelRequest) -> dict[str, Any]:
+        name = req.job or req.job_id
+        if not name:
+            raise CommandRefused("which job? give its id", field="job")
+        job = self.state.jobs.get(name)
+        if job is None:
+            raise CommandRefused(f"no job {name!r}; `chamber queue` lists the jobs", field="job")
+        if job.state in FINISHED:
+            raise CommandRefused(f"job {name} is already {job.state.value}", field="job")
+        event = JobCancelled(job_id=job.id, at=time.time(), by=req.by, reason=req.reason)
+        assert self.ctx is not None
+        await self.ctx.publisher.publish(event, id=stable_id("cancelled", job.id))
+        evolve(self.state, event)
+        return {"id": job.id, "state": "cancelled"}
+
+    async def queue(self, req: QueueRequest) -> dict[str, Any]:
+        waiting = {k: v for k, v in self.waiting.items() if k in self.state.jobs and self.state.jobs[k].state in QUEUED}
+        self.waiting = waiting
+        return {"jobs": queue_rows(self.state, waiting, include_finished=req.all)}
+
+    async def explain(self, req: ExplainRequest) -> dict[str, Any]:
+        found = explain(self.state, req.job, self.waiting)
+        if found is None:
+            raise CommandRefused(f"no job {req.job!r}; `chamber queue --all` lists the jobs", field="job")
+        return found
+
+
+class KubernetesActuator:
+    """Level-triggered reconciliation of this cluster's labeled Jobs with the scheduler's state."""
+
+    def __init__(self, scheduler: Scheduler, cluster: str) -> None:
+        from kubernetes import client, config
+
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            config.load_kube_config()
+        self.jobs = KubernetesJobs(client.BatchV1Api())
+        self.scheduler = scheduler
+        self.cluster = cluster
+
+    async def tick(self, now: float) -> None:
+        sched = self.scheduler
+        if not sched.ready or sched.ctx is None:
+            return
+        listed = await asyncio.to_thread(self.jobs.list)
+        events, actions = reconcile(sched.state, listed, self.cluster, now)
+        for event, event_id in events:
+            await sched.ctx.publisher.publish(event, id=event_id)
+        for action in actions:
+            await asyncio.to_thread(self.jobs.act, action)
+            log.info(
+                "kubernetes job updated", action=type(action).__name__, namespace=action.namespace, job=action.name
+            )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_cluster_option(parser)
+    parser.add_argument(
+        "--kubernetes",
+        action="store_true",
+        help="admit and suspend Kubernetes Jobs labeled chamber.io/team in this --cluster (in-cluster or kubeconfig)",
+    )
+    parser.add_argument("--kubernetes-interval", type=float, default=2.0, help="seconds between reconciliations")
+    parser.add_argument("--interval", type=float, default=0.5, help="seconds between cycles (default 0.5)")
+    parser.add_argument(
+        "--full-every", type=float, default=30.0, help="seconds between full cycles when nothing changed (default 30)"
+    )
+    parser.add_argument(
+        "--topology-key",
+        default=DEFAULT_TOPOLOGY_KEY,
+        help=f"node label naming a topology domain that gangs keep within (default {DEFAULT_TOPOLOGY_KEY})",
+    )
+    parser.add_argument(
+        "--preemption-searches",
+        type=int,
+        default=PREEMPTION_SEARCHES,
+        help=f"victim searches per cycle at most (default {PREEMPTION_SEARCHES})",
+    )
+
+
+async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
+    scheduler = Scheduler(args)
+
+    async def setup(ctx: ServiceContext) -> None:
+        scheduler.ctx = ctx
+        for stream in ("FLEET", "QUOTA", "JOBS"):
+            ctx.consume(ConsumerOptions(stream=stream, durable=None), handler=scheduler.on_event)
+        ctx.command("submit", SubmitRequest, scheduler.submit)
+        ctx.command("cancel", CancelRequest, scheduler.cancel)
+        ctx.command("queue", QueueRequest, scheduler.queue)
+        ctx.command("explain", ExplainRequest, scheduler.explain)
+        ctx.every(args.interval, scheduler.tick)
+        if args.kubernetes:
+            ctx.every(args.kubernetes_interval, KubernetesActuator(scheduler, args.cluster).tick)
+
+    await serve(NAME, args.nats, setup, stop)

@@ -1,0 +1,83 @@
+"""The warehouse interface: one small surface that both backends (chDB, ClickHouse server) implement.
+
+Results come back as ClickHouse's `JSONCompact` on both backends, so a query gives the same values
+(numbers as JSON numbers, dates and decimals as strings) whichever engine ran it.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+DATABASE = "chamber"
+
+
+class WarehouseError(Exception):
+    """A query or insert the warehouse rejected (bad SQL, wrong types): retrying will not help."""
+
+
+class WarehouseUnavailable(WarehouseError):
+    """The warehouse cannot be reached or opened now (server down, directory held): retry later."""
+
+
+@dataclass(frozen=True)
+class QueryResult:
+    columns: list[str]
+    types: list[str]
+    rows: list[list[Any]]
+
+    def as_dicts(self) -> list[dict[str, Any]]:
+        return [dict(zip(self.columns, row, strict=True)) for row in self.rows]
+
+    def scalar(self) -> Any:
+        return self.rows[0][0] if self.rows and self.rows[0] else None
+
+    @classmethod
+    def from_json_compact(cls, raw: bytes | str) -> QueryResult:
+        if not raw or not str(raw if isinstance(raw, str) else raw[:1]).strip():
+            return cls([], [], [])
+        doc = json.loads(raw)
+        meta = doc.get("meta", [])
+        return cls([m["name"] for m in meta], [m["type"] for m in meta], doc.get("data", []))
+
+
+# Settings every query runs with, on both backends, so results look the same.
+OUTPUT_SETTINGS: dict[str, Any] = {
+    "output_format_json_quote_64bit_integers": 0,
+    "output_format_json_quote_decimals": 0,
+    "output_format_json_quote_denormals": 0,
+}
+
+
+class Warehouse(ABC):
+    """Blocking calls; async callers run them on one worker thread (see `services.recorder.writer`)."""
+
+    kind: str = "?"
+
+    @abstractmethod
+    def command(self, sql: str) -> None:
+        """Run one statement that returns nothing of interest (DDL, INSERT ... SELECT, SYSTEM)."""
+
+    @abstractmethod
+    def query(self, sql: str, *, readonly: bool = False) -> QueryResult:
+        """Run one query; with `readonly` the engine itself refuses writes, as a second guard."""
+
+    @abstractmethod
+    def insert(self, table: str, data: pa.Table) -> None:
+        """Insert an Arrow table (column names match the table's); atomic for one block."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    def __enter__(self) -> Warehouse:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def count(self, table: str, where: str = "1") -> int:
+        return int(self.query(f"SELECT count() FROM {table} WHERE {where}").scalar() or 0)

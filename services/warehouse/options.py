@@ -1,0 +1,42 @@
+"""Where the warehouse is: `--clickhouse-url` (a server) or `--data-dir` (embedded chDB)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from services.warehouse.backend import Warehouse
+
+DEFAULT_DATA_DIR = ".chamber"
+
+
+def add_warehouse_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=Path(os.environ.get("CHAMBER_DATA_DIR", DEFAULT_DATA_DIR)),
+        help=f"embedded warehouse (chDB) lives under DIR/warehouse (default: $CHAMBER_DATA_DIR or {DEFAULT_DATA_DIR})",
+    )
+    parser.add_argument(
+        "--clickhouse-url",
+        metavar="URL",
+        default=os.environ.get("CHAMBER_CLICKHOUSE_URL") or None,
+        help="use this ClickHouse server (http://user:pass@host:8123) instead of chDB "
+        "(default: $CHAMBER_CLICKHOUSE_URL)",
+    )
+
+
+def open_warehouse(*, data_dir: Path | str | None = None, clickhouse_url: str | None = None) -> Warehouse:
+    """A server when a URL is given, else chDB under `data_dir`."""
+    if clickhouse_url:
+        from services.warehouse.server_backend import ServerWarehouse
+
+        return ServerWarehouse(clickhouse_url)
+    from services.warehouse.chdb_backend import ChdbWarehouse
+
+    return ChdbWarehouse(data_dir or DEFAULT_DATA_DIR)
+
+
+def open_from_args(args: argparse.Namespace) -> Warehouse:
+    return open_warehouse(data_dir=args.data_dir, clickhouse_url=args.clickhouse_url)

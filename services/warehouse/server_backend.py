@@ -1,0 +1,71 @@
+"""A ClickHouse server through clickhouse-connect (HTTP). Same DDL and queries as chDB."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlparse
+
+import pyarrow as pa
+
+from services.warehouse.backend import (
+    DATABASE,
+    OUTPUT_SETTINGS,
+    QueryResult,
+    Warehouse,
+    WarehouseError,
+    WarehouseUnavailable,
+)
+
+
+def _unavailable(exc: Exception) -> bool:
+    from clickhouse_connect.driver.exceptions import OperationalError
+
+    return isinstance(exc, OperationalError | ConnectionError | TimeoutError)
+
+
+class ServerWarehouse(Warehouse):
+    kind = "clickhouse"
+
+    def __init__(self, url: str, *, database: str = DATABASE) -> None:
+        import clickhouse_connect
+
+        parsed = urlparse(url)
+        self.url = url
+        self.database = database
+        kwargs: dict[str, Any] = {
+            "host": parsed.hostname or "127.0.0.1",
+            "port": parsed.port or (8443 if parsed.scheme == "https" else 8123),
+            "username": parsed.username or "default",
+            "password": parsed.password or "",
+            "secure": parsed.scheme == "https",
+        }
+        try:
+            bootstrap = clickhouse_connect.get_client(**kwargs)
+            bootstrap.command(f"CREATE DATABASE IF NOT EXISTS {database}")
+            bootstrap.close()
+            self._client = clickhouse_connect.get_client(**kwargs, database=database, settings=OUTPUT_SETTINGS)
+        except Exception as exc:
+            raise WarehouseUnavailable(f"cannot reach ClickHouse at {url}: {exc}") from None
+
+    def _call(self, what: str, fn: Any) -> Any:
+        try:
+            return fn()
+        except Exception as exc:
+            if _unavailable(exc):
+                raise WarehouseUnavailable(f"ClickHouse at {self.url} unavailable during {what}: {exc}") from None
+            raise WarehouseError(f"{what}: {exc}") from None
+
+    def command(self, sql: str) -> None:
+        self._call("command", lambda: self._client.command(sql))
+
+    def query(self, sql: str, *, readonly: bool = False) -> QueryResult:
+        # readonly=2: no writes or DDL, but the client may still set per-query settings.
+        settings = {**OUTPUT_SETTINGS, **({"readonly": 2} if readonly else {})}
+        raw = self._call("query", lambda: self._client.raw_query(sql, settings=settings, fmt="JSONCompact"))
+        return QueryResult.from_json_compact(raw)
+
+    def insert(self, table: str, data: pa.Table) -> None:
+        self._call(f"insert into {table}", lambda: self._client.insert_arrow(table, data))
+
+    def close(self) -> None:
+        self._client.close()

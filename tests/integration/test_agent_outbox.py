@@ -1,0 +1,73 @@
+"""The outbox with a real nats-server: spooling while NATS is unreachable, shedding samples before
+faults when the spool is full, flushing in order, and JetStream dropping what is sent twice."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from nats.js import JetStreamContext
+
+from events import FaultKind, GpuFaultDetected, Severity, subjects
+from node_agent.outbox import Outbox
+from node_agent.runner import envelope
+from node_agent.spool import Kind, Record, Spool
+from services.runtime import connect, ensure_streams
+from services.runtime.nats_server import NatsServerProcess
+from tests.builders import a_node_sample
+from tests.integration.test_agent_fleet import read_stream
+
+pytestmark = pytest.mark.integration
+
+
+def sample_record(seq: int) -> Record:
+    event = a_node_sample("n1", seq=seq, cluster="c1")
+    return Record(int(Kind.SAMPLE), subjects.sample("c1", "n1"), *envelope(event, "test", f"c1/n1/{seq}", 1.0 + seq))
+
+
+def fault_record(seq: int) -> Record:
+    fid = f"c1/n1/{seq}/fault/0"
+    event = GpuFaultDetected(
+        fault_id=fid, cluster="c1", node="n1", kind=FaultKind.ECC_DBE, severity=Severity.CRITICAL,
+        observed_at=1.0 + seq, gpu_index=0,
+    )  # fmt: skip
+    return Record(int(Kind.FAULT), subjects.faults("c1", "n1"), *envelope(event, "test", fid, 1.0 + seq))
+
+
+async def test_an_outage_that_overflows_the_spool_loses_old_samples_never_faults(
+    nats_server: NatsServerProcess, js: JetStreamContext, tmp_path: Path
+) -> None:
+    spool = Spool(tmp_path, max_bytes=60_000, segment_bytes=8192)
+    outbox = Outbox(spool, on_reconnect=lambda: ensure_streams(js))
+    stop = asyncio.Event()
+    pump = asyncio.create_task(outbox.run(stop, retry_s=0.05))
+    offered = []
+    for seq in range(120):  # NATS "unreachable": the outbox has no connection yet
+        offered.append(sample_record(seq))
+        if seq % 10 == 0:
+            offered.append(fault_record(seq))
+        outbox.submit(offered[-1:] if seq % 10 else offered[-2:])
+        await asyncio.sleep(0)
+    await asyncio.sleep(0.2)
+    assert outbox.published == 0 and not spool.empty()
+    assert spool.stats.dropped_samples > 0 and spool.stats.dropped_faults == 0
+
+    nc = await connect(nats_server.url, name="agent")
+    outbox.attach(nc)
+    assert await outbox.drained(15)
+    faults = await read_stream(js, "chamber.faults.c1.n1")
+    samples = await read_stream(js, "chamber.telemetry.sample.c1.n1")
+    assert [f.observed_at for f in faults] == [1.0 + s for s in range(0, 120, 10)]  # type: ignore[attr-defined]
+    seqs = [s.seq for s in samples]  # type: ignore[attr-defined]
+    assert seqs == list(range(120 - len(seqs), 120))  # the newest samples, in order
+    assert len(seqs) + spool.stats.dropped_samples == 120
+
+    published = [r for r in offered if r.kind == Kind.FAULT or int(r.msg_id.split("/")[2]) in seqs]
+    outbox.submit(published)  # sent again (acks that were lost): JetStream drops the duplicates
+    assert await outbox.drained(15)
+    assert len(await read_stream(js, "chamber.telemetry.sample.c1.n1")) == len(seqs)
+    assert len(await read_stream(js, "chamber.faults.c1.n1")) == 12
+    stop.set()
+    await pump
+    await nc.close()

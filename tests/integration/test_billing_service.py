@@ -1,0 +1,105 @@
+"""The billing service on a real nats-server: prices by command, costs published and recorded."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+
+from events import BudgetExceeded, BudgetSet, CostAccrued, NodeDiscovered, PoolDefined, decode
+from services.billing import service as billing_service
+from services.runtime import Publisher
+from services.runtime.commands import CommandRefused, request
+from services.runtime.nats_server import NatsServerProcess, free_port
+from services.warehouse import migrate
+from services.warehouse.chdb_backend import ChdbWarehouse
+from tests.integration.test_recorder_pipeline import start_recorder
+from tests.integration.test_runtime import eventually
+from tests.warehouse_builders import T0, an_inventory, completed, scheduled, submitted
+
+pytestmark = pytest.mark.integration
+
+
+async def billing_events(js: JetStreamContext) -> list[object]:
+    info = await js.stream_info("BILLING")
+    out: list[object] = []
+    if info.state.messages == 0:
+        return out
+    for seq in range(info.state.first_seq, info.state.last_seq + 1):
+        msg = await js.get_msg("BILLING", seq)
+        out.append(decode(msg.headers, msg.data).event)
+    return out
+
+
+async def test_billing_accrues_published_costs_that_the_recorder_records_and_the_report_shows(
+    nats_server: NatsServerProcess, nc: Client, js: JetStreamContext, tmp_path: Path
+) -> None:
+    warehouse = ChdbWarehouse(tmp_path)
+    migrate(warehouse)
+    rec_stop, rec_task, writer = await start_recorder(nats_server.url, warehouse)
+    stop = asyncio.Event()
+    args = argparse.Namespace(nats=nats_server.url, period=3600.0, settle=0.0, tick=0.2, price=["H100-80GB=2.0"])
+    task = asyncio.create_task(billing_service.run(args, stop))
+    try:
+        pub = Publisher(js, source="test")
+        inv = an_inventory("n1", gpus=2, at=T0)
+        await pub.publish(PoolDefined(pool="train", at=T0, gpu_model="H100-80GB"))
+        await pub.publish(BudgetSet(team="vision", at=T0, amount=1.0))
+        await pub.publish(NodeDiscovered(cluster="c1", node="n1", at=T0, gpus=inv.gpus))
+        await pub.publish(submitted("j1", "vision", 1, T0))
+        await pub.publish(scheduled("j1", "vision", "n1", [0], T0))
+        await pub.publish(completed("j1", T0 + 1800))  # 1800 GPU-s at $2/h = $1.00 (budget not passed)
+        await pub.publish(scheduled("j2", "vision", "n1", [1], T0 + 3600))
+        await pub.publish(completed("j2", T0 + 3600 + 360))  # 360 GPU-s = $0.20: vision spent $1.20 > $1.00
+
+        async def exceeded() -> bool:
+            return any(isinstance(e, BudgetExceeded) for e in await billing_events(js))
+
+        await eventually(exceeded, within=20)
+        events = await billing_events(js)
+        job_costs = {e.job_id: e.cost for e in events if isinstance(e, CostAccrued) and not e.idle}
+        assert job_costs == pytest.approx({"j1": 1.0, "j2": 0.2})
+        # First hour idle: 2 GPUs x 3600 s - 1800 s held = 5400 s = $3.00 in pool train.
+        first_idle = next(e for e in events if isinstance(e, CostAccrued) and e.idle and e.period_start == T0)
+        assert (first_idle.pool, first_idle.gpu_seconds, first_idle.cost) == ("train", 5400, pytest.approx(3.0))
+
+        reply = await request(nc, "billing", "price", {"gpu_model": "A100-40GB", "price_per_gpu_hour": 1.5})
+        assert reply["price_per_gpu_hour"] == 1.5
+        with pytest.raises(CommandRefused) as refused:
+            await request(nc, "billing", "price", {"gpu_model": "A100-40GB", "price_per_gpu_hour": -1})
+        assert refused.value.field == "price_per_gpu_hour"
+
+        await eventually(
+            lambda: (
+                warehouse.count("prices") == 2
+                and warehouse.count("cost_ledger") == len([e for e in events if isinstance(e, CostAccrued)])
+            ),
+            within=20,
+        )
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 15)
+        rec_stop.set()
+        await asyncio.wait_for(rec_task, 15)
+        writer.close()
+        warehouse.close()
+
+    report = json.loads(await asyncio.to_thread(billing_report, tmp_path))
+    vision = next(t for t in report["teams"] if t["team"] == "vision")
+    assert vision["cost"] == pytest.approx(1.2) and vision["jobs"] == 2 and vision["budget"] == 1.0
+    assert vision["gpu_hours"] == pytest.approx((1800 + 360) / 3600)
+    assert {i["pool"] for i in report["idle"]} == {"train"}
+
+
+def billing_report(data_dir: Path) -> str:
+    chamber = str(Path(sys.executable).parent / "chamber")
+    nats = f"nats://127.0.0.1:{free_port()}"  # nothing there: the CLI opens the data dir itself
+    args = ["billing", "report", "--since", "1d", "--json", "--data-dir", str(data_dir), "--nats", nats]
+    return subprocess.run([chamber, *args], capture_output=True, text=True, check=True).stdout

@@ -1,0 +1,204 @@
+"""NATS roles from `chamber nats-config`, enforced by a real nats-server started with the generated block."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import nats
+import nats.errors
+import pytest
+from nats.aio.client import Client
+from nats.js.api import StreamConfig
+
+from events import subjects
+from services.cli import main
+from services.runtime import Publisher, ensure_streams
+from services.runtime.nats_server import NatsServerProcess
+from tests.builders import a_job_submitted, a_node_sample
+from tests.integration.test_runtime import eventually
+
+pytestmark = pytest.mark.integration
+CLUSTER = "c1"
+
+
+@pytest.fixture
+def secured_server(tmp_path: Path) -> Iterator[tuple[NatsServerProcess, Path]]:
+    passwords = tmp_path / "passwords"
+    conf = tmp_path / "auth.conf"
+    argv = ["nats-config", "--cluster", CLUSTER, "--passwords", str(passwords), "--create-missing"]
+    argv += ["--agent-node", "n1", "--agent-node", "n2", "--shared-agent", "--simulator", "--out", str(conf)]
+    assert main(argv) == 0
+    server = NatsServerProcess(tmp_path / "js", log_file=tmp_path / "nats.log", extra_args=["-c", str(conf)])
+    server.start()
+    try:
+        yield server, passwords
+    finally:
+        server.kill()
+
+
+class Session:
+    """A client logged in as one user, keeping the asynchronous errors the server sends it."""
+
+    def __init__(self, nc: Client, errors: list[str]) -> None:
+        self.nc, self.errors = nc, errors
+
+    async def refused(self, fragment: str) -> bool:
+        await self.nc.flush()
+        # nats-py lower-cases the server's -ERR text
+        return any("permissions violation" in e.lower() and fragment.lower() in e.lower() for e in self.errors)
+
+
+@pytest.fixture
+async def login(secured_server: tuple[NatsServerProcess, Path]) -> AsyncIterator:
+    server, passwords = secured_server
+    sessions: list[Client] = []
+
+    async def as_user(user: str) -> Session:
+        errors: list[str] = []
+
+        async def on_error(exc: Exception) -> None:
+            errors.append(str(exc))
+
+        password = (passwords / user).read_text()
+        nc = await nats.connect(
+            f"nats://{user}:{password}@127.0.0.1:{server.port}", error_cb=on_error, allow_reconnect=False
+        )
+        sessions.append(nc)
+        return Session(nc, errors)
+
+    admin = await as_user("admin")
+    await ensure_streams(admin.nc.jetstream())
+    yield as_user
+    for nc in sessions:
+        await nc.close()
+
+
+async def stream_subjects(session: Session, stream: str) -> list[str]:
+    js = session.nc.jetstream()
+    info = await js.stream_info(stream)
+    out = []
+    for seq in range(info.state.first_seq, info.state.last_seq + 1):
+        out.append((await js.get_msg(stream, seq)).subject)
+    return out
+
+
+async def test_an_agent_publishes_its_own_node_and_is_refused_on_another_nodes_subjects(login) -> None:
+    admin, agent = await login("admin"), await login("agent-n1")
+    publisher = Publisher(agent.nc.jetstream(), source="agent/n1")
+
+    ack = await publisher.publish(a_node_sample("n1", cluster=CLUSTER))
+    assert ack.stream == "TELEMETRY"
+
+    with pytest.raises(nats.errors.TimeoutError):  # the server drops it: no stream ever acks it
+        await agent.nc.jetstream().publish(subjects.sample(CLUSTER, "n2"), b"{}", timeout=0.5)
+    await agent.nc.publish(subjects.faults(CLUSTER, "n2"), b"{}")
+    await eventually(lambda: agent.refused(subjects.sample(CLUSTER, "n2")))
+    await eventually(lambda: agent.refused(subjects.faults(CLUSTER, "n2")))
+
+    await agent.nc.publish(subjects.fleet(CLUSTER, "n1"), b"{}")  # not an agent's to say
+    await agent.nc.publish("chamber.cmd.scheduler.submit", b"{}")
+    await eventually(lambda: agent.refused(subjects.fleet(CLUSTER, "n1")))
+    await eventually(lambda: agent.refused("chamber.cmd.scheduler.submit"))
+
+    # it may check the streams (the agent runs ensure_streams) but not change them
+    assert await ensure_streams(agent.nc.jetstream()) == []
+    with pytest.raises(nats.errors.TimeoutError):
+        await agent.nc.jetstream(timeout=0.5).delete_stream("TELEMETRY")
+
+    assert await stream_subjects(admin, "TELEMETRY") == [subjects.sample(CLUSTER, "n1")]
+    assert (await admin.nc.jetstream().stream_info("FAULTS")).state.messages == 0
+    assert (await admin.nc.jetstream().stream_info("FLEET")).state.messages == 0
+
+
+async def test_the_shared_agent_stays_inside_its_cluster(login) -> None:
+    agent = await login("agent")
+    await agent.nc.jetstream().publish(subjects.sample(CLUSTER, "any-node"), b"{}")
+    await agent.nc.publish(subjects.sample("other-cluster", "n1"), b"{}")
+    await eventually(lambda: agent.refused(subjects.sample("other-cluster", "n1")))
+
+
+async def test_the_simulated_fleet_speaks_for_its_cluster_nodes_and_jobs_but_not_for_the_fleet(login) -> None:
+    sim = await login("simulator")
+    js = sim.nc.jetstream()
+    await js.publish(subjects.sample(CLUSTER, "sim-007"), b"{}")
+    await js.publish(subjects.jobs("j1"), b"{}")  # it stands in for the executor (started, completed)
+    sub = await js.subscribe("chamber.jobs.>", ordered_consumer=True)  # placements
+    assert (await sub.next_msg(timeout=5)).subject == subjects.jobs("j1")
+    # the executor's own durable consumer on JOBS, as the agent makes it
+    await js.add_consumer("JOBS", durable_name="sim-executor-c1-sim")
+    pull = await js.pull_subscribe_bind(consumer="sim-executor-c1-sim", stream="JOBS")
+    [msg] = await pull.fetch(1, timeout=5)
+    await msg.ack()
+    await js.delete_consumer("JOBS", "sim-executor-c1-sim")
+
+    async def answer(msg) -> None:  # type: ignore[no-untyped-def]
+        await msg.respond(b"injected")
+
+    await sim.nc.subscribe("chamber.cmd.sim.>", cb=answer)
+    await sim.nc.flush()
+    admin = await login("admin")
+    assert (await admin.nc.request("chamber.cmd.sim.inject", b"{}", timeout=2)).data == b"injected"
+    await sim.nc.publish(subjects.fleet(CLUSTER, "sim-007"), b"{}")
+    await eventually(lambda: sim.refused(subjects.fleet(CLUSTER, "sim-007")))
+
+
+async def test_services_publish_only_what_they_own_and_cannot_erase_history(login) -> None:
+    scheduler = await login("svc-scheduler")
+    publisher = Publisher(scheduler.nc.jetstream(), source="chamber/scheduler")
+    assert (await publisher.publish(a_job_submitted("j1"))).stream == "JOBS"
+
+    await scheduler.nc.publish(subjects.fleet(CLUSTER, "n1"), b"{}")
+    await eventually(lambda: scheduler.refused(subjects.fleet(CLUSTER, "n1")))
+    with pytest.raises(nats.errors.TimeoutError):
+        await scheduler.nc.jetstream(timeout=0.5).delete_stream("JOBS")
+    await eventually(lambda: scheduler.refused("$JS.API.STREAM.DELETE.JOBS"))
+    with pytest.raises(TimeoutError):  # delete_msg ignores the context's timeout: bound it here
+        await asyncio.wait_for(scheduler.nc.jetstream().delete_msg("JOBS", 1), 0.5)
+    await eventually(lambda: scheduler.refused("$JS.API.STREAM.MSG.DELETE.JOBS"))
+    assert (await scheduler.nc.jetstream().stream_info("JOBS")).state.messages == 1
+
+    # but it may keep its own state (KV buckets are streams too)
+    kv = await scheduler.nc.jetstream().create_key_value(bucket="chamber_scheduler_test")
+    await kv.put("k", b"v")
+    assert (await kv.get("k")).value == b"v"
+
+
+async def test_only_the_gateway_sends_commands_and_a_service_answers_its_own(login) -> None:
+    quota, gateway, billing = await login("svc-quota"), await login("svc-gateway"), await login("svc-billing")
+
+    async def answer(msg) -> None:  # type: ignore[no-untyped-def]
+        await msg.respond(b"ok")
+
+    await quota.nc.subscribe("chamber.cmd.quota.>", cb=answer)
+    await quota.nc.flush()
+    assert (await gateway.nc.request("chamber.cmd.quota.set", b"{}", timeout=2)).data == b"ok"
+
+    await billing.nc.publish("chamber.cmd.quota.set", b"{}")
+    await eventually(lambda: billing.refused("chamber.cmd.quota.set"))
+    await billing.nc.subscribe("chamber.cmd.quota.>")  # nor listen to another service's commands
+    await eventually(lambda: billing.refused("chamber.cmd.quota.>"))
+
+
+async def test_the_reader_follows_every_event_stream_and_publishes_nothing(login) -> None:
+    admin, reader = await login("admin"), await login("reader")
+    await Publisher(admin.nc.jetstream(), source="test").publish(a_job_submitted("j7"))
+
+    sub = await reader.nc.jetstream().subscribe("chamber.jobs.>", ordered_consumer=True)
+    msg = await sub.next_msg(timeout=5)
+    assert msg.subject == subjects.jobs("j7")
+
+    await reader.nc.publish(subjects.jobs("j8"), b"{}")
+    await eventually(lambda: reader.refused(subjects.jobs("j8")))
+    with pytest.raises(nats.errors.TimeoutError):
+        await reader.nc.jetstream(timeout=0.5).add_stream(StreamConfig(name="MINE", subjects=["mine.>"]))
+    with pytest.raises(nats.errors.TimeoutError):
+        await reader.nc.jetstream(timeout=0.5).purge_stream("JOBS")
+    assert (await admin.nc.jetstream().stream_info("JOBS")).state.messages == 1
+
+
+def test_a_missing_password_is_a_clear_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["nats-config", "--passwords", str(tmp_path / "none")]) == 2
+    err = capsys.readouterr().err
+    assert "no password for NATS user 'svc-discovery'" in err and "--create-missing" in err

@@ -1,0 +1,172 @@
+"""The scheduler and quota services against a real nats-server: commands, decisions, restart."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from collections.abc import AsyncIterator
+from types import ModuleType
+from typing import Any
+
+import pytest
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+
+from events import JobScheduled, decode
+from services.quota import service as quota_service
+from services.runtime import Publisher
+from services.runtime.commands import CommandRefused, CommandUnavailable, request
+from services.runtime.nats_server import NatsServerProcess
+from services.scheduler import service as scheduler_service
+from tests.integration.test_runtime import eventually
+from tests.scheduler_builders import a_node
+
+pytestmark = pytest.mark.integration
+
+ARGS: dict[ModuleType, dict[str, Any]] = {
+    scheduler_service: {
+        "interval": 0.1,
+        "full_every": 30.0,
+        "topology_key": "rack",
+        "preemption_searches": 4,
+        "kubernetes": False,
+        "cluster": "c1",
+    },
+    quota_service: {"half_life": 3600.0, "interval": 0.5},
+}
+
+
+class Running:
+    def __init__(self, module: ModuleType, url: str) -> None:
+        self.stop = asyncio.Event()
+        args = argparse.Namespace(nats=url, **ARGS[module])
+        self.task = asyncio.create_task(module.run(args, self.stop))
+
+    async def close(self) -> None:
+        self.stop.set()
+        await asyncio.wait_for(self.task, 15)
+
+
+async def answers(nc: Client, service: str, verb: str, payload: dict[str, Any]) -> bool:
+    try:
+        await request(nc, service, verb, payload, timeout=0.5)
+    except (CommandUnavailable, CommandRefused):
+        return False
+    return True
+
+
+class JobEvents:
+    def __init__(self) -> None:
+        self.events: list[Any] = []
+
+    async def handler(self, msg: Any) -> None:
+        self.events.append(decode(msg.headers, msg.data).event)
+
+    def of(self, kind: type, job: str) -> list[Any]:
+        return [e for e in self.events if isinstance(e, kind) and e.job_id == job]
+
+
+@pytest.fixture
+async def watched(nc: Client) -> AsyncIterator[JobEvents]:
+    seen = JobEvents()
+    sub = await nc.subscribe("chamber.jobs.>", cb=seen.handler)
+    yield seen
+    await sub.unsubscribe()
+
+
+async def test_submit_schedule_explain_cancel_and_a_restart_rebuilds_the_same_state(
+    nats_server: NatsServerProcess, nc: Client, js: JetStreamContext, watched: JobEvents
+) -> None:
+    publisher = Publisher(js, source="test/discovery")
+    await publisher.publish(a_node("n1", gpus=4))
+    sched = Running(scheduler_service, nats_server.url)
+    await eventually(lambda: answers(nc, "scheduler", "queue", {}))
+
+    with pytest.raises(CommandRefused) as refused:
+        await request(nc, "scheduler", "submit", {"team": "vision", "gpus": 0})
+    assert refused.value.field == "gpus"
+    first = await request(nc, "scheduler", "submit", {"team": "vision", "gpus": 3, "name": "train", "id": "train-1"})
+    assert first == {"id": "train-1", "job_id": "train-1"}
+    await request(nc, "scheduler", "submit", {"team": "vision", "gpus_per_replica": 2, "id": "wait-1"})
+    await eventually(lambda: bool(watched.of(JobScheduled, "train-1")))
+    [scheduled] = watched.of(JobScheduled, "train-1")
+    assert scheduled.placements[0].node == "n1" and scheduled.placements[0].gpu_indices == [0, 1, 2]
+
+    queue = (await request(nc, "scheduler", "queue", {}))["jobs"]
+    assert [(j["id"], j["state"]) for j in queue] == [("wait-1", "pending"), ("train-1", "running")]
+    assert set(queue[0]) == {
+        "id",
+        "name",
+        "team",
+        "priority",
+        "gpus",
+        "replicas",
+        "state",
+        "reason",
+        "placement",
+        "submitted_at",
+    }
+    assert "waiting for capacity" in queue[0]["reason"]
+    text = (await request(nc, "scheduler", "explain", {"job": "train-1"}))["text"]
+    assert "is running on n1[0,1,2]" in text
+    with pytest.raises(CommandRefused, match="no job"):
+        await request(nc, "scheduler", "explain", {"job": "nope"})
+
+    # restart: the state comes back from the log, and nothing is scheduled twice
+    await sched.close()
+    sched = Running(scheduler_service, nats_server.url)
+    await eventually(lambda: answers(nc, "scheduler", "queue", {}))
+    await eventually(lambda: _queue_is(nc, [("wait-1", "pending"), ("train-1", "running")]))
+    await asyncio.sleep(0.5)  # several cycles
+    assert len(watched.of(JobScheduled, "train-1")) == 1 and not watched.of(JobScheduled, "wait-1")
+
+    assert await request(nc, "scheduler", "cancel", {"job_id": "train-1"}) == {"id": "train-1", "state": "cancelled"}
+    await eventually(lambda: bool(watched.of(JobScheduled, "wait-1")))
+    with pytest.raises(CommandRefused, match="already cancelled"):
+        await request(nc, "scheduler", "cancel", {"job": "train-1"})
+    await sched.close()
+
+
+async def _queue_is(nc: Client, expected: list[tuple[str, str]]) -> bool:
+    jobs = (await request(nc, "scheduler", "queue", {}))["jobs"]
+    return [(j["id"], j["state"]) for j in jobs] == expected
+
+
+async def test_quota_commands_are_validated_and_listed_with_usage_and_fair_share(
+    nats_server: NatsServerProcess, nc: Client, js: JetStreamContext
+) -> None:
+    publisher = Publisher(js, source="test/discovery")
+    await publisher.publish(a_node("n1", gpus=8, model="H100"))
+    await publisher.publish(a_node("n2", gpus=8, model="A100"))
+    quota = Running(quota_service, nats_server.url)
+    await eventually(lambda: answers(nc, "quota", "list", {}))
+
+    await eventually(lambda: answers(nc, "quota", "set", {"team": "vision", "gpus": 10, "borrow_limit": 2}))
+    with pytest.raises(CommandRefused, match="above its capacity of 16") as refused:
+        await request(nc, "quota", "set", {"team": "nlp", "gpus": 7})
+    assert refused.value.field == "gpus"
+    with pytest.raises(CommandRefused, match="unknown pool 'hopper'"):
+        await request(nc, "quota", "set", {"team": "nlp", "gpus": 1, "pool": "hopper"})
+    assert (await request(nc, "quota", "pool_set", {"name": "hopper", "gpu_model": "H100"}))["pool"] == "hopper"
+    payload = {"team": "nlp", "guaranteed_gpus": 8, "pool": "hopper", "weight": 2, "budget": 5e4}
+    reply = await request(nc, "quota", "set", payload)
+    assert reply == {"team": "nlp", "pool": "hopper", "guaranteed": 8, "budget": 5e4}
+    rows = (await request(nc, "quota", "list", {}))["teams"]
+    assert [(r["team"], r["pool"], r["guaranteed"], r["borrow_limit"], r["weight"]) for r in rows] == [
+        ("nlp", "hopper", 8, None, 2.0),
+        ("vision", "default", 10, 2, 1.0),
+    ]
+    assert set(rows[0]) == {
+        "team", "pool", "guaranteed", "borrow_limit", "lend_limit", "weight", "in_use", "borrowed", "fair_share",
+    }  # fmt: skip
+    await eventually(lambda: _kv_has(js, "hopper.nlp"))
+    await quota.close()
+
+
+async def _kv_has(js: JetStreamContext, key: str) -> bool:
+    try:
+        kv = await js.key_value("chamber_quota")
+        await kv.get(key)
+    except Exception:
+        return False
+    return True
