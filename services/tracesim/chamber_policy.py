@@ -65,6 +65,7 @@ class ChamberPolicy:
     def __init__(self) -> None:
         self.decision_log: list[tuple[float, str, str]] = []  # (now, event type, job id) of each action
         self.folded: list[Event] = []  # every event folded, in order: the log a live scheduler would read
+        self.cycles: list[tuple[int, float]] = []  # (log position, now) of each cycle: replayable
 
     def setup(self, fleet: FleetSpec, quotas: dict[str, TeamQuota]) -> None:
         self.fleet = fleet
@@ -78,7 +79,8 @@ class ChamberPolicy:
         for n in range(fleet.nodes):
             labels = {"chamber.io/pool": pool_of_node[n]} if pool_of_node.get(n) else {}
             gpus = [
-                GpuInfo(index=i, uuid=f"GPU-{CLUSTER}-{n}-{i}", model=fleet.gpu_model) for i in range(fleet.node_size(n))
+                GpuInfo(index=i, uuid=f"GPU-{CLUSTER}-{n}-{i}", model=fleet.gpu_model)
+                for i in range(fleet.node_size(n))
             ]
             self._fold(NodeDiscovered(cluster=CLUSTER, node=node_name(n), at=0.0, gpus=gpus, labels=labels))
         for q in quotas.values():
@@ -123,6 +125,7 @@ class ChamberPolicy:
         self._fold(NodeRestored(cluster=CLUSTER, node=node_name(node), at=now, reason="repaired", by="operator"))
 
     def decide(self, now: float) -> list[Action]:
+        self.cycles.append((len(self.folded), now))
         cycle = schedule(self.state, now, self.mark)
         self.mark = cycle.mark
         actions: list[Action] = []

@@ -50,7 +50,9 @@ def load_quotas(path: Path, teams: list[str], gpus: int) -> dict[str, TeamQuota]
         weight = spec.get("weight", 1.0)
         if not isinstance(weight, int | float) or weight <= 0:
             raise TraceError(f"{where}: weight must be a number above 0")
-        quotas[team] = TeamQuota(team, pool, guaranteed, spec.get("borrow_limit"), spec.get("lend_limit"), float(weight))
+        quotas[team] = TeamQuota(
+            team, pool, guaranteed, spec.get("borrow_limit"), spec.get("lend_limit"), float(weight)
+        )
     total = sum(q.guaranteed for q in quotas.values())
     if total > gpus:
         raise TraceError(f"{path}: guarantees add up to {total} GPUs, more than the fleet's {gpus}")
