@@ -1,0 +1,62 @@
+"""`chamber sim` as a user runs it: the comparison table, the JSON contract, the plot, bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+CHAMBER = [sys.executable, "-m", "services.cli"]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def sim(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CHAMBER, "sim", *args], capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+
+def test_compare_prints_the_contract_json_for_every_policy(tmp_path: Path) -> None:
+    plot = tmp_path / "sim.png"
+    result = sim(
+        "--compare", "fifo,static-quota,chamber", "--gpus", "128", "--jobs", "300", "--json", "--plot", str(plot)
+    )
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert set(doc["policies"]) == {"fifo", "static-quota", "chamber"}
+    for metrics in doc["policies"].values():
+        for key in (
+            "utilization", "makespan_s", "jct_mean_s", "jct_p50_s", "jct_p95_s", "jct_p99_s", "wait_mean_s",
+            "wait_p99_s", "by_priority", "by_team", "jain_fairness", "preemptions", "lost_gpu_hours",
+            "stranded_gpu_hours", "jobs_completed",
+        ):  # fmt: skip
+            assert key in metrics
+        assert set(metrics["by_priority"]["normal"]) == {"wait_mean_s", "wait_p99_s", "jobs"}
+        team = next(iter(metrics["by_team"].values()))
+        assert {"share_received", "entitlement", "wait_mean_s"} <= set(team)
+    assert doc["policies"]["chamber"]["jobs_completed"] == 300
+    assert plot.stat().st_size > 10_000
+
+
+def test_the_table_names_the_policies_and_bad_rows_are_reported_with_line_numbers(tmp_path: Path) -> None:
+    trace = tmp_path / "t.csv"
+    trace.write_text(
+        "job_id,submit_time_s,duration_s,num_gpus,team,priority\n"
+        "a,0,100,4,x,high\nb,5,oops,1,y,normal\nc,10,50,2,y,low\n"
+    )
+    result = sim("--trace", str(trace), "--compare", "fifo,chamber", "--gpus", "8", "--fault-rate", "1")
+    assert result.returncode == 0, result.stderr
+    assert f"{trace}:3: skipped: duration_s is 'oops', not a number" in result.stderr
+    header = result.stdout.splitlines()[0]
+    assert "fifo" in header and "chamber" in header
+    strict = sim("--trace", str(trace), "--gpus", "8", "--strict")
+    assert strict.returncode == 2 and ":3: duration_s" in strict.stderr and "Traceback" not in strict.stderr
+
+
+def test_mistakes_are_one_clear_line() -> None:
+    missing = sim("--trace", "nope.csv", "--gpus", "8")
+    assert missing.returncode == 2 and "does not exist" in missing.stderr and "Traceback" not in missing.stderr
+    policy = sim("--policy", "magic", "--gpus", "8")
+    assert policy.returncode == 2 and "unknown policy magic" in policy.stderr
