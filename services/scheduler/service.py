@@ -217,12 +217,20 @@ class Scheduler:
         evolve(self.state, event)
         return {"id": job.id, "state": "cancelled"}
 
+    def _refresh_waiting(self) -> None:
+        """A standby runs no cycles, so its why-waiting answers would be stale: a dry cycle (the
+        core rolls its scratch work back; nothing is published) says what the leader's would."""
+        if not self.leading and self.ready:
+            self.waiting = dict(schedule(self.state, time.time(), None, policy=self.policy).waiting)
+
     async def queue(self, req: QueueRequest) -> dict[str, Any]:
+        self._refresh_waiting()
         waiting = {k: v for k, v in self.waiting.items() if k in self.state.jobs and self.state.jobs[k].state in QUEUED}
         self.waiting = waiting
         return {"jobs": queue_rows(self.state, waiting, include_finished=req.all)}
 
     async def explain(self, req: ExplainRequest) -> dict[str, Any]:
+        self._refresh_waiting()
         found = explain(self.state, req.job, self.waiting)
         if found is None:
             raise CommandRefused(f"no job {req.job!r}; `chamber queue --all` lists the jobs", field="job")
