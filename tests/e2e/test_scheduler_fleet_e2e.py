@@ -7,7 +7,7 @@ The test only drives the `chamber` CLI and watches the JOBS and FLEET subjects.
 
 Scenario on 4 nodes of 8 GPUs, three teams with 8 GPUs each: nlp runs its own job and a low-priority
 sweep that borrows every idle GPU; vision submits a high-priority job that reclaims its guarantee, so
-the sweep is suspended, then resumed when that job completes; the sweep finishes; a fatal XID under
+the sweep is suspended, then resumed when that job completes; the sweep is cancelled; a fatal XID under
 nlp's job isolates its node, and the job is requeued and resumes on another node.
 """
 
@@ -26,6 +26,7 @@ import pytest
 from nats.aio.client import Client
 
 from events import (
+    JobCancelled,
     JobCompleted,
     JobPreempted,
     JobRequeued,
@@ -121,9 +122,21 @@ async def test_borrow_reclaim_resume_and_a_fatal_xid_moves_the_job_on_the_simula
     # nlp runs its own job and a low-priority sweep that borrows every idle GPU of the fleet
     await achamber(url, "submit", "--team", "nlp", "--gpus", "8", "--id", "own")
     await achamber(
-        url, "submit", "--team", "nlp", "--gpus", "8", "--replicas", "3", "--priority", "low",
-        "--checkpoint-interval", "60", "--id", "sweep", "--sim-duration", "4",
-    )  # fmt: skip
+        url,
+        "submit",
+        "--team",
+        "nlp",
+        "--gpus",
+        "8",
+        "--replicas",
+        "3",
+        "--priority",
+        "low",
+        "--checkpoint-interval",
+        "60",
+        "--id",
+        "sweep",
+    )  # fmt: skip  (no --sim-duration: the sweep runs until it is cancelled)
     # the simulated executor, not the test, reports both running
     await eventually(lambda: {e.job_id for e in seen.of(JobStarted)} == {"own", "sweep"}, within=30)
     await eventually(lambda: _borrowed(url, "nlp", 24), within=15)  # 8 own within quota, the sweep's 24 borrowed
@@ -139,11 +152,13 @@ async def test_borrow_reclaim_resume_and_a_fatal_xid_moves_the_job_on_the_simula
     why = await achamber(url, "explain", "sweep")
     assert "suspended" in why and "preempted by urgent (reclaim" in why
 
-    # the executor completes the urgent job after its 2 s; the sweep resumes, then finishes its 4 s
+    # the executor completes the urgent job after its 2 s; the sweep resumes and runs again
     await eventually(lambda: bool(seen.of(JobCompleted, "urgent")), within=30)
     await eventually(lambda: bool(seen.of(JobResumed, "sweep")), within=30)
-    await eventually(lambda: bool(seen.of(JobCompleted, "sweep")), within=30)
+    await eventually(lambda: len(seen.of(JobStarted, "sweep")) == 2, within=30)
     assert [e.job_id for e in seen.of(JobResumed)] == ["sweep"]
+    await achamber(url, "cancel", "sweep")  # its nodes are free again
+    await eventually(lambda: bool(seen.of(JobCancelled, "sweep")), within=15)
 
     # a fatal XID under `own`: health isolates its node; the job is requeued and resumes elsewhere
     [scheduled] = seen.of(JobScheduled, "own")
