@@ -68,7 +68,8 @@ def fleet(nats_server: NatsServerProcess, tmp_path: Path) -> Iterator[None]:
         "scheduler": ["service", "scheduler", "--interval", "0.2"],
     }
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "CHAMBER_CLUSTER": CLUSTER}
-    env.pop("KUBECONFIG", None)  # health and discovery without Kubernetes: the fleet is simulated
+    for var in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST"):  # no Kubernetes, even in a CI pod: the fleet is simulated
+        env.pop(var, None)
     procs = []
     for name, argv in parts.items():
         log = (tmp_path / f"{name}.log").open("w")
