@@ -31,6 +31,7 @@ from node_agent.spool import Kind, Record, Spool
 from services.runtime.commands import CommandRefused, CommandServer
 from services.runtime.connection import connect
 from services.runtime.consumer import Consumer, ConsumerOptions, Delivery
+from services.runtime.health import HealthServer, HealthState
 from services.runtime.logs import get_logger
 from services.runtime.streams import ensure_streams
 
@@ -63,6 +64,7 @@ class AgentOptions:
     gpu_model: str = "H100-80GB"
     seed: int = 1
     ack_timeout_s: float = 5.0
+    health_port: int | None = None  # /livez and /readyz for Kubernetes probes (0: any free port)
 
 
 class Agent:
@@ -84,6 +86,10 @@ class Agent:
         self._replay_started = 0.0
         self.ticks = 0
         self.job_events = 0  # JobStarted / JobCompleted this process decided
+        # Live while the loop answers; ready once NATS is connected (and the simulated executor's
+        # JOBS consumer is bound). Sampling goes on into the spool either way.
+        self.health_state = HealthState(service="agent")
+        self.health: HealthServer | None = None
         if opts.simulate:
             self.fleet = SimFleet(
                 seed=opts.seed,
@@ -109,6 +115,9 @@ class Agent:
     # --- the loops ------------------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
+        if self.opts.health_port is not None:
+            self.health = HealthServer(self.health_state, port=self.opts.health_port)
+            await self.health.start()  # before NATS: the agent is live while it spools
         tasks = [
             asyncio.create_task(self.outbox.run(stop)),
             asyncio.create_task(self._connect(stop)),
@@ -214,6 +223,7 @@ class Agent:
         if self.nc is None:
             return
         self.outbox.attach(self.nc)
+        self.health_state.nc = self.nc
         if self.fleet is None:
             return
         await self._start_simulation_io(stop)
@@ -244,6 +254,7 @@ class Agent:
         info = await js.stream_info("JOBS")
         self._replay_started = time.monotonic()
         self._consumer = Consumer(js, ConsumerOptions(stream="JOBS", durable=durable), handler=self._on_job_event)
+        self.health_state.consumers = [self._consumer]
         self._replay_until = info.state.last_seq
         await self._consumer.run(stop)
 
@@ -261,6 +272,8 @@ class Agent:
         return result
 
     async def _close(self) -> None:
+        if self.health is not None:
+            await self.health.stop()
         if self._commands is not None:
             with contextlib.suppress(Exception):
                 await self._commands.stop()

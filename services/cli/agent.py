@@ -35,6 +35,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per simulated node (default 8)")
     p.add_argument("--gpu-model", default="H100-80GB", help="simulated GPU model (default H100-80GB)")
     p.add_argument("--seed", type=int, default=1, help="simulation seed (default 1)")
+    p.add_argument(
+        "--health-port",
+        type=int,
+        metavar="PORT",
+        help="serve /livez and /readyz on this port (default: $CHAMBER_HEALTH_PORT; unset: none; 0: any free port)",
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=run)
 
@@ -47,6 +53,16 @@ def options(args: argparse.Namespace) -> AgentOptions:
         raise UsageError(f"--interval must be more than 0 seconds, not {args.interval:g}")
     if args.spool_max_mb <= 0:
         raise UsageError("--spool-max-mb must be more than 0")
+    health_port = getattr(args, "health_port", None)
+    if health_port is None:
+        from services.runtime.health import port_from_env
+
+        try:
+            health_port = port_from_env()
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    elif not 0 <= health_port <= 65535:
+        raise UsageError(f"--health-port must be a port number (0-65535), not {health_port}")
     if args.simulate:
         if args.nodes < 1:
             raise UsageError(f"--nodes must be 1 or more, not {args.nodes}")
@@ -70,6 +86,7 @@ def options(args: argparse.Namespace) -> AgentOptions:
         gpus_per_node=args.gpus_per_node,
         gpu_model=model,
         seed=args.seed,
+        health_port=health_port,
     )
 
 

@@ -5,6 +5,13 @@ until it has caught up, then runs a cycle every `--interval` seconds: decide -> 
 decisions' events (deterministic ids) -> fold them back when they arrive from the stream. It runs
 no new cycle while its own events are still on their way, so state only ever comes from the log,
 in the log's order, live and on replay alike. Commands: submit, cancel, queue, explain.
+
+Hot standby: with `--leader-lease NAME` ($CHAMBER_LEADER_LEASE, which the chart sets) replicas share
+a NATS KV lease. Every replica folds the log and answers commands; only the lease holder runs cycles,
+publishes decisions and acts on Kubernetes. A replica that becomes leader first catches up with the
+streams again, so it decides from everything the previous leader published. Decision ids are stable
+(job, generation), so a decision both happen to publish is deduplicated by JetStream, and the core
+ignores a stale one: a job never holds two placements.
 """
 
 from __future__ import annotations
@@ -12,8 +19,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import os
 import re
 import secrets
+import socket
 import time
 from typing import Annotated, Any
 
@@ -25,6 +34,7 @@ from services.cli.common import add_cluster_option
 from services.runtime import ConsumerOptions, Delivery
 from services.runtime.commands import CommandRefused
 from services.runtime.host import ServiceContext, serve
+from services.runtime.lease import ENV_NAME, ENV_TTL, LeaderLease
 from services.runtime.logs import get_logger
 from services.scheduler.core import (
     FINISHED,
@@ -105,6 +115,12 @@ class Scheduler:
         self.awaiting_since = 0.0
         self.ready = False
         self.ctx: ServiceContext | None = None
+        self.lease: LeaderLease | None = None  # None: the only replica, always leading
+        self.synced = False  # leading, and caught up with the log since leadership began
+
+    @property
+    def leading(self) -> bool:
+        return self.lease is None or self.lease.is_leader
 
     async def on_event(self, delivery: Delivery) -> None:
         evolve(self.state, delivery.envelope.event)  # type: ignore[arg-type]
@@ -121,6 +137,16 @@ class Scheduler:
             # The replayed state lives on: keep the collector from walking it during cycles.
             gc.collect()
             gc.freeze()
+        if not self.leading:
+            self.synced = False
+            return
+        if not self.synced:
+            # A new leader: fold whatever the previous one published before deciding anything.
+            if not await caught_up(ctx.js, ctx.consumers):
+                return
+            self.synced = True
+            self.mark, self.awaiting = None, set()
+            log.info("leading: scheduling", jobs=len(self.state.jobs))
         if self.awaiting:
             if now - self.awaiting_since < ECHO_TIMEOUT_S:
                 return
@@ -133,7 +159,7 @@ class Scheduler:
             self.last_full = now
         self.waiting.update(cycle.waiting)
         out = events_for(cycle.decisions, now)
-        if not out:
+        if not out or not self.leading:  # the lease may have lapsed while the cycle ran
             return
         self.awaiting = {eid for _, eid in out}
         self.awaiting_since = now
@@ -191,12 +217,20 @@ class Scheduler:
         evolve(self.state, event)
         return {"id": job.id, "state": "cancelled"}
 
+    def _refresh_waiting(self) -> None:
+        """A standby runs no cycles, so its why-waiting answers would be stale: a dry cycle (the
+        core rolls its scratch work back; nothing is published) says what the leader's would."""
+        if not self.leading and self.ready:
+            self.waiting = dict(schedule(self.state, time.time(), None, policy=self.policy).waiting)
+
     async def queue(self, req: QueueRequest) -> dict[str, Any]:
+        self._refresh_waiting()
         waiting = {k: v for k, v in self.waiting.items() if k in self.state.jobs and self.state.jobs[k].state in QUEUED}
         self.waiting = waiting
         return {"jobs": queue_rows(self.state, waiting, include_finished=req.all)}
 
     async def explain(self, req: ExplainRequest) -> dict[str, Any]:
+        self._refresh_waiting()
         found = explain(self.state, req.job, self.waiting)
         if found is None:
             raise CommandRefused(f"no job {req.job!r}; `chamber queue --all` lists the jobs", field="job")
@@ -219,7 +253,7 @@ class KubernetesActuator:
 
     async def tick(self, now: float) -> None:
         sched = self.scheduler
-        if not sched.ready or sched.ctx is None:
+        if not sched.ready or sched.ctx is None or not sched.synced:
             return
         listed = await asyncio.to_thread(self.jobs.list)
         events, actions = reconcile(sched.state, listed, self.cluster, now)
@@ -255,6 +289,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=PREEMPTION_SEARCHES,
         help=f"victim searches per cycle at most (default {PREEMPTION_SEARCHES})",
     )
+    parser.add_argument(
+        "--leader-lease",
+        default=os.environ.get(ENV_NAME, ""),
+        help=f"NATS KV lease name shared by replicas: one leads, the others stand by (default ${ENV_NAME}; "
+        "empty: always lead)",
+    )
+    parser.add_argument(
+        "--leader-lease-ttl",
+        type=float,
+        default=float(os.environ.get(ENV_TTL) or 15.0),
+        help=f"seconds a lease lives without renewal (default ${ENV_TTL} or 15)",
+    )
 
 
 async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
@@ -262,6 +308,12 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
 
     async def setup(ctx: ServiceContext) -> None:
         scheduler.ctx = ctx
+        if args.leader_lease.strip():
+            # Unique per process (two replicas may share a host), readable in logs and the KV entry.
+            holder = f"{os.environ.get('POD_NAME') or socket.gethostname()}:{os.getpid()}"
+            lease = LeaderLease(ctx.js, args.leader_lease.strip(), holder, ttl_s=args.leader_lease_ttl)
+            scheduler.lease = lease
+            ctx.task(lambda: lease.run(ctx.stop))
         for stream in ("FLEET", "QUOTA", "JOBS"):
             ctx.consume(ConsumerOptions(stream=stream, durable=None), handler=scheduler.on_event)
         ctx.command("submit", SubmitRequest, scheduler.submit)

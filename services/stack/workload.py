@@ -33,15 +33,18 @@ def quota_requests(total_gpus: int) -> list[dict[str, Any]]:
     return out
 
 
-def arrivals(seed: int, start: float, total_gpus: int, load: float = 1.1) -> Iterator[Arrival]:
+def arrivals(seed: int, start: float, total_gpus: int, load: float = 1.1, warm_fill: float = 0.7) -> Iterator[Arrival]:
     """Poisson arrivals offering `load` x the fleet's GPU-seconds, so a queue forms and borrowing,
-    reclaim and preemption all happen."""
+    reclaim and preemption all happen. The first jobs come one a second until they ask for
+    `warm_fill` of the fleet, so a new dashboard shows a busy fleet within a minute."""
     rng = random.Random(seed)
     rate = load * total_gpus / (_MEAN_GPUS * _MEAN_DURATION_S)  # jobs per second
     at = start
     n = 0
+    warm_gpus = 0
     while True:
-        at += rng.expovariate(rate)
+        warming = warm_gpus < warm_fill * total_gpus
+        at += 1.0 if warming else rng.expovariate(rate)
         n += 1
         team = rng.choices([t for t, _ in TEAMS], weights=[s for _, s in TEAMS])[0]
         gpus = rng.choice(_SIZES)
@@ -59,4 +62,6 @@ def arrivals(seed: int, start: float, total_gpus: int, load: float = 1.1) -> Ite
             request.update(gpus_per_replica=8, replicas=gpus // 8)
         else:
             request["gpus"] = gpus
+        if warming:
+            warm_gpus += gpus
         yield Arrival(at, request)

@@ -268,12 +268,14 @@ def test_every_service_is_probed_on_the_runtime_health_port(rendered: dict[str, 
             assert c["livenessProbe"]["httpGet"] and c["readinessProbe"]["httpGet"], name
 
 
-def test_agent_probes_are_switched_on_by_a_value_until_the_agent_serves_them(helm: Path) -> None:
+def test_the_agent_is_probed_on_its_health_port_unless_switched_off(helm: Path) -> None:
     [agent] = kinds(render(helm, []), "DaemonSet")
     [c] = agent["spec"]["template"]["spec"]["containers"]
-    assert "livenessProbe" not in c and "readinessProbe" not in c  # the agent has no health server yet
-    [agent] = kinds(render(helm, [], "agent.probes=true"), "DaemonSet")
-    assert_runtime_probes("agent", agent["spec"]["template"]["spec"]["containers"][0])
+    assert_runtime_probes("agent", c)  # the agent serves /livez and /readyz on $CHAMBER_HEALTH_PORT
+    assert {"name": "CHAMBER_HEALTH_PORT", "value": str(c["ports"][0]["containerPort"])} in c["env"]
+    [agent] = kinds(render(helm, [], "agent.probes=false"), "DaemonSet")
+    [c] = agent["spec"]["template"]["spec"]["containers"]
+    assert "livenessProbe" not in c and "readinessProbe" not in c
 
 
 # --- the node agent ----------------------------------------------------------------------------------

@@ -31,6 +31,8 @@ ARGS: dict[ModuleType, dict[str, Any]] = {
         "preemption_searches": 4,
         "kubernetes": False,
         "cluster": "c1",
+        "leader_lease": "",
+        "leader_lease_ttl": 15.0,
     },
     quota_service: {"half_life": 3600.0, "interval": 0.5},
 }

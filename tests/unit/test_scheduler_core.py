@@ -148,12 +148,19 @@ def test_jobs_on_an_isolated_node_or_gpu_are_requeued_and_resume_elsewhere() -> 
     d = Driver().given(a_node("n1"), a_node("n2", gpus=4), a_job("big", gpus=6), a_job("small", gpus=3, at=2))
     d.cycle()
     assert set(d.where("big")) == {"n1"} and set(d.where("small")) == {"n2"}
-    d.given(NodeIsolated(cluster="c1", node="n1", at=20, reason="xid 79"))
+    d.given(NodeIsolated(cluster="c1", node="n1", at=20, reason="xid 79", fault_ids=["f1", "f2"]))
     cycle = d.cycle(now=21)
     assert [type(x) for x in cycle.decisions] == [Requeue]  # 6 GPUs do not fit on n2's 1 free one
+    [requeue] = cycle.decisions
+    assert isinstance(requeue, Requeue) and requeue.fault_ids == ("f1", "f2")  # the requeue says why
+    assert requeue.reason == "a GPU or node it ran on went out of service (n1: xid 79)"
     assert d.state_of("big") == "pending" and "requeued" in d.state.jobs["big"].reason
-    d.given(GpuIsolated(cluster="c1", node="n2", gpu_index=0, at=22, reason="ecc"))
-    d.cycle(now=23)
+    d.given(GpuIsolated(cluster="c1", node="n2", gpu_index=0, at=22, reason="ecc", fault_ids=["f3"]))
+    [requeue, _] = d.cycle(now=23).decisions
+    assert isinstance(requeue, Requeue) and (requeue.reason, requeue.fault_ids) == (
+        "a GPU or node it ran on went out of service (n2 GPU 0: ecc)",
+        ("f3",),
+    )
     assert d.where("small") == {"n2": [1, 2, 3]}  # requeued and resumed on the node's healthy GPUs
     d.given(a_node("n3"))
     d.cycle(now=30)

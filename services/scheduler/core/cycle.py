@@ -519,14 +519,16 @@ def _cycle(state: SchedulerState, work: Work, now: float, full: bool, since: Cyc
         if job.state != JobState.RUNNING:
             continue
         nodes = sorted({p.node for p in job.placements})
+        why, faults = _out_of_service(state, job)
         work.release(job)
         requeued[jid] = job
         decisions.append(
             Requeue(
                 jid,
-                f"a GPU or node it ran on went out of service ({', '.join(nodes)})",
+                f"a GPU or node it ran on went out of service ({'; '.join(why) or ', '.join(nodes)})",
                 nodes[0] if nodes else None,
                 job.generation,
+                faults,
             )
         )
 
@@ -670,3 +672,23 @@ def select_victims(state: SchedulerState, job_id: str, now: float) -> list[tuple
     finally:
         state.capacity.end()
     return None if found is None else [(v.id, r) for v, r in found]
+
+
+def _out_of_service(state: SchedulerState, job: Job) -> tuple[list[str], tuple[str, ...]]:
+    """What took the job's nodes or GPUs out of service ("node: reason"), and the fault ids behind it."""
+    why: list[str] = []
+    faults: list[str] = []
+    for p in sorted(job.placements, key=lambda p: (p.cluster, p.node)):
+        node = state.nodes.get((p.cluster, p.node))
+        if node is None:
+            continue
+        if node.isolated or node.lost:
+            if node.out_reason:
+                why.append(f"{node.name}: {node.out_reason}")
+            faults.extend(node.out_faults)
+            continue
+        for i in sorted(set(p.gpu_indices) & set(node.gpu_out)):
+            reason, ids = node.gpu_out[i]
+            why.append(f"{node.name} GPU {i}: {reason}")
+            faults.extend(ids)
+    return why, tuple(dict.fromkeys(faults))

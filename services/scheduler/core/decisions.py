@@ -45,6 +45,7 @@ class Requeue:
     reason: str
     node: str | None
     generation: int
+    fault_ids: tuple[str, ...] = ()
 
 
 Decision = Admit | Preempt | Requeue
@@ -129,7 +130,7 @@ def events_for(decisions: list[Decision], now: float) -> list[tuple[Event, str]]
         else:
             out.append(
                 (
-                    JobRequeued(job_id=d.job_id, at=now, reason=d.reason, node=d.node),
+                    JobRequeued(job_id=d.job_id, at=now, reason=d.reason, node=d.node, fault_ids=list(d.fault_ids)),
                     stable_id("requeued", d.job_id, d.generation),
                 )
             )

@@ -94,6 +94,10 @@ class Node:
     lost: bool = False
     bad_gpus: set[int] = field(default_factory=set)
     owners: dict[int, str] = field(default_factory=dict)  # gpu index -> job id holding it
+    # Why the node / a GPU went out of service, and the faults behind it: a requeued job says so.
+    out_reason: str = ""
+    out_faults: tuple[str, ...] = ()
+    gpu_out: dict[int, tuple[str, tuple[str, ...]]] = field(default_factory=dict)
     _model: str = ""
     _model_of: object = None
 
@@ -398,6 +402,7 @@ def _lost(s: SchedulerState, e: NodeLost) -> None:
     node = s.nodes.get((e.cluster, e.node))
     if node is not None:
         node.lost = True
+        node.out_reason, node.out_faults = e.reason or "node lost", ()
         _displace_holders(s, node)
         s.refresh_node(node)
 
@@ -406,6 +411,7 @@ def _node_isolated(s: SchedulerState, e: NodeIsolated) -> None:
     node = s.nodes.get((e.cluster, e.node))
     if node is not None:
         node.isolated = True
+        node.out_reason, node.out_faults = e.reason, tuple(e.fault_ids)
         _displace_holders(s, node)
         s.refresh_node(node)
 
@@ -414,6 +420,7 @@ def _node_restored(s: SchedulerState, e: NodeRestored) -> None:
     node = s.nodes.get((e.cluster, e.node))
     if node is not None:
         node.isolated = False
+        node.out_reason, node.out_faults = "", ()
         s.refresh_node(node)
         s.capacity_epoch += 1
 
@@ -422,6 +429,7 @@ def _gpu_isolated(s: SchedulerState, e: GpuIsolated) -> None:
     node = s.nodes.get((e.cluster, e.node))
     if node is not None:
         node.bad_gpus.add(e.gpu_index)
+        node.gpu_out[e.gpu_index] = (e.reason, tuple(e.fault_ids))
         _displace_holders(s, node, [e.gpu_index])
         s.refresh_node(node)
 
@@ -430,6 +438,7 @@ def _gpu_restored(s: SchedulerState, e: GpuRestored) -> None:
     node = s.nodes.get((e.cluster, e.node))
     if node is not None:
         node.bad_gpus.discard(e.gpu_index)
+        node.gpu_out.pop(e.gpu_index, None)
         s.refresh_node(node)
         s.capacity_epoch += 1
 
