@@ -84,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
 
 ROWS = (
     ("utilization", "GPU utilization (allocated)", "{:.1%}"),
+    ("utilization_while_submitting", "  while jobs arrive", "{:.1%}"),
     ("wait_mean_s", "queueing delay mean (h)", "h"),
     ("wait_p50_s", "queueing delay p50 (h)", "h"),
     ("wait_p95_s", "queueing delay p95 (h)", "h"),

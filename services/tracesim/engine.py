@@ -67,6 +67,8 @@ class Outcome:
     allocated_gpu_s: float
     stranded_gpu_s: float
     capacity_gpu_s: float
+    window_allocated_gpu_s: float = 0.0  # within first..last submit: while work keeps arriving
+    window_capacity_gpu_s: float = 0.0
     samples: list[Sample] = field(default_factory=list)
     unfinished: int = 0
 
@@ -194,6 +196,7 @@ class Simulation:
         last_submit = max((j.t.submit_s for j in self.jobs.values()), default=0.0)
         last_t = first
         allocated_gpu_s = stranded_gpu_s = capacity_gpu_s = 0.0
+        window_allocated = window_capacity = 0.0
         stranded = 0
         samples: list[Sample] = []
         next_sample = first
@@ -211,6 +214,9 @@ class Simulation:
             allocated_gpu_s += self.allocated * dt
             stranded_gpu_s += stranded * dt
             capacity_gpu_s += self._capacity() * dt
+            in_window = max(0.0, min(now, last_submit) - last_t)
+            window_allocated += self.allocated * in_window
+            window_capacity += self._capacity() * in_window
             last_t = now
             while self.heap and self.heap[0][0] == now:
                 _, kind, _, key, token = heapq.heappop(self.heap)
@@ -259,6 +265,8 @@ class Simulation:
             allocated_gpu_s=allocated_gpu_s,
             stranded_gpu_s=stranded_gpu_s,
             capacity_gpu_s=capacity_gpu_s,
+            window_allocated_gpu_s=window_allocated,
+            window_capacity_gpu_s=window_capacity,
             samples=samples,
             unfinished=unfinished,
         )

@@ -1,6 +1,8 @@
 """Metrics of a simulated run (pure). Times in seconds, GPU-time in GPU-hours where named so.
 
-- utilization: allocated GPU-time / healthy capacity GPU-time, over first submit .. last completion
+- utilization: allocated GPU-time / healthy capacity GPU-time, over first submit .. last completion;
+  utilization_while_submitting: the same over first .. last submit (the tail of the last long jobs
+  draining an empty fleet does not dilute it)
 - jct: completion - submit; wait (queueing delay): first start - submit
 - by_team.share_received: useful GPU-time the team ran within the contended window (first to last
   submit) over its entitlement there, min(guarantee x window, GPU-time it submitted in the window);
@@ -86,6 +88,9 @@ def summarize(outcome: Outcome) -> dict[str, Any]:
         }
     return {
         "utilization": round(outcome.allocated_gpu_s / outcome.capacity_gpu_s, 4) if outcome.capacity_gpu_s else 0.0,
+        "utilization_while_submitting": round(outcome.window_allocated_gpu_s / outcome.window_capacity_gpu_s, 4)
+        if outcome.window_capacity_gpu_s
+        else 0.0,
         "makespan_s": outcome.end - outcome.first_submit,
         "jct_mean_s": mean(jct),
         "jct_p50_s": percentile(jct, 50),

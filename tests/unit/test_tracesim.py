@@ -49,6 +49,7 @@ def test_fifo_blocks_behind_a_big_head_while_chamber_backfills() -> None:
     fifo = summarize(run("fifo", jobs, gpus=8))
     chamber_out = run("chamber", jobs, gpus=8, quotas={"a": TeamQuota("a", "default", 8)})
     assert fifo["wait_mean_s"] == pytest.approx((0 + 99 + 108) / 3)  # small waits for big: 2 -> 110
+    assert fifo["utilization_while_submitting"] == 0.75  # 6 of 8 GPUs busy from 0 to the last submit at 2
     assert chamber_out.jobs["small"].first_start == 2
     assert chamber_out.jobs["big"].first_start == 100  # backfill did not delay the reserved job
 
