@@ -14,7 +14,7 @@ from services.cli.errors import UsageError
 
 def run_whatif(args: argparse.Namespace) -> int:
     from services.tracesim.engine import FleetSpec
-    from services.tracesim.history import load_history, parse_since
+    from services.tracesim.history import load_history, one_model, parse_since
     from services.tracesim.quotas import TeamQuota, equal_shares, load_quotas
     from services.tracesim.run import compare
     from services.tracesim.trace import TraceError
@@ -46,6 +46,10 @@ def run_whatif(args: argparse.Namespace) -> int:
         per_node = args.gpus_per_node or history.gpus_per_node or 8
         teams = sorted({j.team for j in jobs})
         notes = list(history.loaded.notes)
+        model = history.gpu_model or FleetSpec.gpu_model
+        jobs, other = one_model(jobs, model)
+        if other:
+            notes.append(f"{other} job(s) asked for a GPU model other than {model}: the simulated fleet is all {model}")
         if history.quotas:
             current = dict(history.quotas)
             for team in teams:  # teams with no recorded quota had no guarantee: they only borrowed
@@ -56,7 +60,7 @@ def run_whatif(args: argparse.Namespace) -> int:
         proposed = load_quotas(args.quotas, teams, gpus)
     except TraceError as exc:
         raise UsageError(str(exc)) from None
-    fleet = FleetSpec(gpus=gpus, gpus_per_node=per_node)
+    fleet = FleetSpec(gpus=gpus, gpus_per_node=per_node, gpu_model=model)
     options = {"fault_rate_per_node_day": args.fault_rate, "seed": args.seed, "until": args.until}
     now_result, now_outcomes = compare(jobs, fleet, current, ["chamber"], **options)
     new_result, new_outcomes = compare(jobs, fleet, proposed, ["chamber"], **options)
@@ -64,7 +68,7 @@ def run_whatif(args: argparse.Namespace) -> int:
         "policies": {"current": now_result["policies"]["chamber"], "proposed": new_result["policies"]["chamber"]},
         "window": {"since": args.since, "start": history.loaded.window_start, "end": history.loaded.window_end},
         "trace": {"source": "warehouse", **history.loaded.summary(), "jobs": len(jobs), "teams": len(teams)},
-        "fleet": {"gpus": fleet.gpus, "gpus_per_node": fleet.gpus_per_node, "nodes": fleet.nodes},
+        "fleet": {"gpus": fleet.gpus, "gpus_per_node": fleet.gpus_per_node, "nodes": fleet.nodes, "gpu_model": model},
         "quotas": {"current": _quota_json(current), "proposed": _quota_json(proposed)},
         "notes": notes,
     }

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import msgspec
@@ -215,6 +215,7 @@ class History:
     quotas: dict[str, TeamQuota]
     fleet_gpus: int
     gpus_per_node: int
+    gpu_model: str | None = None  # the model most of the recorded fleet's GPUs are
 
 
 def load_history(query: Query, start: float, end: float) -> History:
@@ -272,4 +273,11 @@ def load_history(query: Query, start: float, end: float) -> History:
     fleet = query("SELECT cluster, node, count() FROM gpu_inventory FINAL GROUP BY cluster, node")[0]
     gpus = sum(int(r[2]) for r in fleet)
     per_node = max((int(r[2]) for r in fleet), default=0)
-    return History(loaded, quotas, gpus, per_node)
+    models = query("SELECT model, count() AS n FROM gpu_inventory FINAL GROUP BY model ORDER BY n DESC, model")[0]
+    return History(loaded, quotas, gpus, per_node, str(models[0][0]) if models and models[0][0] else None)
+
+
+def one_model(jobs: list[TraceJob], model: str) -> tuple[list[TraceJob], int]:
+    """The simulated fleet is one GPU model: a job that asked for another one runs on it (counted)."""
+    other = sum(1 for j in jobs if j.gpu_model and j.gpu_model != model)
+    return [replace(j, gpu_model=None) if j.gpu_model and j.gpu_model != model else j for j in jobs], other

@@ -46,7 +46,7 @@ async def publish_history(js: JetStreamContext) -> int:
     """One 8-GPU node; a week-old job outside the window; five jobs inside it. Returns events published."""
     pub = Publisher(js, source="test")
     script = [
-        (an_inventory("n1", gpus=8, at=T0 - 3600), "inv"),
+        (an_inventory("n1", gpus=8, model="B200", at=T0 - 3600), "inv"),
         (quota("vision", 8, T0 - 900), "q-v1"),
         (quota("vision", 6, T0 - 600), "q-v2"),  # the latest quota of a team is the one in force
         (quota("nlp", 0, T0 - 600, borrow_limit=0), "q-n1"),
@@ -54,7 +54,7 @@ async def publish_history(js: JetStreamContext) -> int:
         (scheduled("old", "vision", "n1", list(range(8)), T0 - 7 * 86400 + 1), "old-sched"),
         (completed("old", T0 - 7 * 86400 + 3600), "old-done"),
         # v1: ran one hour on 4 GPUs
-        (submitted("v1", "vision", 4, T0), "v1-sub"),
+        (submitted("v1", "vision", 4, T0, model="B200"), "v1-sub"),
         (scheduled("v1", "vision", "n1", [0, 1, 2, 3], T0 + 10), "v1-sched"),
         (completed("v1", T0 + 3610), "v1-done"),
         # v2: 290 s of progress (100 s thrown away by a preemption), then 590 s after resuming
@@ -69,7 +69,7 @@ async def publish_history(js: JetStreamContext) -> int:
         (resumed("v2", "n1", [4, 5], T0 + 5410), "v2-res"),
         (completed("v2", T0 + 6000), "v2-done"),
         # n1: ran 30 minutes, then failed (it held its GPUs that long)
-        (submitted("n1", "nlp", 4, T0 + 60), "n1-sub"),
+        (submitted("n1", "nlp", 4, T0 + 60, model="A100-40GB"), "n1-sub"),
         (scheduled("n1", "nlp", "n1", [4, 5, 6, 7], T0 + 6000), "n1-sched"),
         (JobFailed(job_id="n1", at=T0 + 7800, reason="OOM"), "n1-fail"),
         # n2: never started, with the user's estimate; n3: never started, no estimate (left out)
@@ -139,7 +139,8 @@ async def test_recorded_jobs_replay_under_current_and_proposed_quotas(
             "finished_without_running": 0,
         }
         assert {t: (q.guaranteed, q.borrow_limit) for t, q in h.quotas.items()} == {"vision": (6, None), "nlp": (0, 0)}
-        assert (h.fleet_gpus, h.gpus_per_node) == (8, 8)
+        assert (h.fleet_gpus, h.gpus_per_node, h.gpu_model) == (8, 8, "B200")
+        assert (jobs["v1"].gpu_model, jobs["n1"].gpu_model) == ("B200", "A100-40GB")
 
         # The command, while the recorder holds chDB: it asks the recorder over NATS.
         proposed = tmp_path / "proposed.toml"
@@ -150,7 +151,7 @@ async def test_recorded_jobs_replay_under_current_and_proposed_quotas(
         )  # fmt: skip
         assert rc == 0, err
         result = json.loads(out)
-        assert result["fleet"] == {"gpus": 8, "gpus_per_node": 8, "nodes": 1}
+        assert result["fleet"] == {"gpus": 8, "gpus_per_node": 8, "nodes": 1, "gpu_model": "B200"}
         assert result["trace"]["jobs"] == 5 and result["trace"]["running_at_end"] == 1
         assert result["quotas"]["current"]["vision"]["guaranteed"] == 6
         current, new = result["policies"]["current"], result["policies"]["proposed"]
@@ -161,7 +162,7 @@ async def test_recorded_jobs_replay_under_current_and_proposed_quotas(
         # Proposed: nlp is guaranteed half the node; everything runs.
         assert (new["jobs_completed"], new["jobs_unfinished"]) == (5, 0)
         assert new["by_team"]["nlp"]["entitlement"] > 0 and new["by_team"]["nlp"]["received_gpu_hours"] > 0
-        assert "still running" in err and "left out" in err
+        assert "still running" in err and "left out" in err and "1 job(s) asked for a GPU model other than B200" in err
 
         rc, out, _ = await chamber(
             "--from-warehouse", "--since", "2d", "--quotas", str(proposed), nats=nats_server.url, data_dir=tmp_path

@@ -75,9 +75,9 @@ def test_without_loss_the_duration_is_the_time_between_starts_and_stops(runs: li
     for gap, ran in runs:
         t += gap
         steps.append((RESUMED, t))
-        t += ran
+        started, t = t, t + ran
         steps.append((SUSPENDED, t))
-        total += ran
+        total += t - started
     loaded = fold_jobs([job(at=0)], life(*steps), 0, t + 1)
     if total > 0:
         assert loaded.jobs[0].duration_s == pytest.approx(total)
