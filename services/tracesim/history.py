@@ -228,7 +228,8 @@ def load_history(query: Query, start: float, end: float) -> History:
             "the warehouse holds no recorded events yet; run the stack (`chamber up`) so the recorder "
             "stores job history, or point --data-dir / --clickhouse-url at a warehouse that has some"
         )
-    window = f"at >= {_ms(start)} AND at < {_ms(end)}"
+    # `stream` leads the table's sort key, so naming it narrows the scan to the jobs' history.
+    window = f"stream = 'JOBS' AND at >= {_ms(start)} AND at < {_ms(end)}"
     sub_rows = _all(
         query,
         "SELECT job_id, toUnixTimestamp64Milli(at), JSONExtractRaw(body, 'spec') FROM events "
@@ -248,8 +249,8 @@ def load_history(query: Query, start: float, end: float) -> History:
     life_rows = _all(
         query,
         "SELECT job_id, type, toUnixTimestamp64Milli(at), JSONExtractFloat(body, 'lost_work_gpu_s') FROM events "
-        f"WHERE type IN ({types}) AND at >= {_ms(start)} AND at <= {_ms(end)} AND job_id IN (SELECT job_id FROM "
-        f"events WHERE type = {_str(JobSubmitted.ce_type())} AND {window}) "
+        f"WHERE stream = 'JOBS' AND type IN ({types}) AND at >= {_ms(start)} AND at <= {_ms(end)} "
+        "AND job_id IN (SELECT job_id FROM events WHERE type = {_str(JobSubmitted.ce_type())} AND {window}) "
         "ORDER BY job_id, at, stream_seq, event_id",
     )
     lifecycle, ids = [], set()
@@ -266,7 +267,7 @@ def load_history(query: Query, start: float, end: float) -> History:
         )
     quota_rows = _all(
         query,
-        f"SELECT body FROM events WHERE type = {_str(TeamQuotaSet.ce_type())} AND at < {_ms(end)} "
+        f"SELECT body FROM events WHERE stream = 'QUOTA' AND type = {_str(TeamQuotaSet.ce_type())} AND at < {_ms(end)} "
         "ORDER BY at, stream_seq, event_id",
     )
     quotas = current_quotas([r[0] for r in quota_rows])
