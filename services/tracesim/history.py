@@ -250,7 +250,7 @@ def load_history(query: Query, start: float, end: float) -> History:
         query,
         "SELECT job_id, type, toUnixTimestamp64Milli(at), JSONExtractFloat(body, 'lost_work_gpu_s') FROM events "
         f"WHERE stream = 'JOBS' AND type IN ({types}) AND at >= {_ms(start)} AND at <= {_ms(end)} "
-        "AND job_id IN (SELECT job_id FROM events WHERE type = {_str(JobSubmitted.ce_type())} AND {window}) "
+        f"AND job_id IN (SELECT job_id FROM events WHERE type = {_str(JobSubmitted.ce_type())} AND {window}) "
         "ORDER BY job_id, at, stream_seq, event_id",
     )
     lifecycle, ids = [], set()
