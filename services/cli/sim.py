@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from services.cli.common import add_nats_option
 from services.cli.errors import UsageError
 
 DEFAULT_TRACE = Path("data/traces/itp/jobs.csv")
@@ -18,8 +19,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--trace", type=Path, default=DEFAULT_TRACE, help=f"trace CSV (default {DEFAULT_TRACE})")
     p.add_argument("--policy", default="chamber", help="fifo, static-quota or chamber (default chamber)")
     p.add_argument("--compare", metavar="P1,P2,...", help="run these policies side by side on the same trace")
-    p.add_argument("--gpus", type=int, required=True, help="GPUs in the simulated fleet")
-    p.add_argument("--gpus-per-node", type=int, default=8)
+    p.add_argument("--gpus", type=int, help="GPUs in the simulated fleet (with --from-warehouse: the recorded fleet)")
+    p.add_argument("--gpus-per-node", type=int, help="GPUs per node (8; with --from-warehouse: the recorded most)")
     p.add_argument("--quotas", type=Path, help="TOML quota set (default: every team an equal share)")
     p.add_argument("--until", type=float, metavar="SECONDS", help="stop the clock this long after the first submit")
     p.add_argument("--jobs", type=int, metavar="N", help="only the first N jobs of the trace")
@@ -29,10 +30,29 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--strict", action="store_true", help="refuse the trace at its first bad row")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--plot", type=Path, metavar="OUT.png", help="draw utilization and queue length over time")
+    p.add_argument(
+        "--from-warehouse",
+        action="store_true",
+        help="what-if: replay the jobs recorded in the warehouse under the recorded quotas (current) "
+        "and under --quotas (proposed)",
+    )
+    p.add_argument("--since", default="7d", help="with --from-warehouse: jobs submitted this long ago (7d)")
+    add_nats_option(p)
+    from services.warehouse.options import add_warehouse_options
+
+    add_warehouse_options(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.from_warehouse:
+        from services.cli.sim_whatif import run_whatif
+
+        return run_whatif(args)
+    if args.gpus is None:
+        raise UsageError("--gpus is required: the number of GPUs in the simulated fleet (e.g. --gpus 512)")
+    if args.gpus_per_node is None:
+        args.gpus_per_node = 8
     from services.tracesim.engine import FleetSpec
     from services.tracesim.quotas import equal_shares, load_quotas
     from services.tracesim.run import POLICIES, compare
@@ -73,13 +93,17 @@ def run(args: argparse.Namespace) -> int:
 
         title = f"{args.trace.name}: {len(jobs)} jobs on {fleet.gpus} GPUs"
         plot(outcomes, args.plot, title)
+    show(args, result)
+    return 0
+
+
+def show(args: argparse.Namespace, result: dict[str, Any]) -> None:
     if args.json:
         print(json.dumps(result, indent=2))
     else:
         print(table(result))
         if args.plot:
             print(f"plot written to {args.plot}")
-    return 0
 
 
 ROWS = (
