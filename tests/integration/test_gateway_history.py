@@ -60,7 +60,8 @@ def five_minutes() -> list[Event]:
 
 
 async def recorded(nc: Client) -> bool:
-    sql = "SELECT (SELECT count() FROM gpu_samples), (SELECT count() FROM job_events), (SELECT count() FROM cost_ledger)"
+    tables = ("gpu_samples", "job_events", "cost_ledger")
+    sql = "SELECT " + ", ".join(f"(SELECT count() FROM {t})" for t in tables)
     try:
         answer = await request(nc, "recorder", "sql", {"sql": sql})
     except CommandUnavailable:  # still starting
