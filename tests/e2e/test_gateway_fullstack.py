@@ -147,6 +147,14 @@ async def test_chamber_up_shows_the_running_fleet_and_an_isolated_node(tmp_path:
         assert await asyncio.wait_for(up.wait(), 40) == 0, "".join(console)
         await asyncio.wait_for(reader, 10)
         assert "stopping" in "".join(console) and "nats       stopped" in "".join(console)
+        # no component logged an error along the way (a failed tick or handler is a bug to see here)
+        errors_logged = [
+            f"{log.name}: {line}"
+            for log in sorted((tmp_path / "stack" / "logs").glob("*.log"))
+            for line in log.read_text().splitlines()
+            if '"level": "error"' in line
+        ]
+        assert errors_logged == []
     finally:
         if up.returncode is None:
             with contextlib.suppress(ProcessLookupError):
