@@ -192,8 +192,13 @@ async def get_history(request: web.Request) -> web.Response:
     history = await ctx.history(since, now) if ctx.history is not None else None
     if history is not None:
         return json_response(history)
+    # the live fallback: the gateway's own series, and cost totals so far (the read model keeps no
+    # cost over time)
     live = [p for p in views.efficiency(ctx.state).history if p.at >= since]
     cost = views.cost(ctx.state)
+    totals = [TeamWindowCost(team=t.team, cost=t.cost, gpu_hours=t.gpu_hours) for t in cost.by_team if t.cost]
+    if cost.idle_cost:
+        totals.append(TeamWindowCost(team="idle", cost=cost.idle_cost, gpu_hours=cost.idle_gpu_hours))
     return json_response(
         HistoryView(
             source="live",
@@ -201,9 +206,7 @@ async def get_history(request: web.Request) -> web.Response:
             until=now,
             step_s=0,
             points=live,
-            cost_by_team=[
-                TeamWindowCost(team=t.team, cost=t.cost, gpu_hours=t.gpu_hours) for t in cost.by_team if t.cost
-            ],
+            cost_by_team=sorted(totals, key=lambda t: (-t.cost, t.team)),
         )
     )
 
