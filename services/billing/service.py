@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import time
 from typing import Any
 
@@ -43,7 +44,12 @@ def parse_prices(values: list[str]) -> dict[str, float]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--period", type=float, default=300.0, help="accrual period in seconds (300)")
+    parser.add_argument(
+        "--period",
+        type=float,
+        default=float(os.environ.get("CHAMBER_BILLING_PERIOD", 300.0)),
+        help="accrual period in seconds (default: $CHAMBER_BILLING_PERIOD or 300)",
+    )
     parser.add_argument("--settle", type=float, default=30.0, help="wait this long after a period ends (30)")
     parser.add_argument("--tick", type=float, default=5.0, help="seconds between accrual checks (5)")
     parser.add_argument(
@@ -66,6 +72,8 @@ class Billing:
         if self.caught_up:
             return True
         for consumer in self.consumers:
+            if not consumer.name:  # not created on the server yet (the first tick can come first)
+                return False
             info = await ctx.js.consumer_info(consumer.options.stream, consumer.name)
             if info.num_pending or info.num_ack_pending:
                 return False

@@ -23,6 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from services.gateway import metrics, openapi, views
 from services.gateway.core import GatewayState, JobState
+from services.gateway.history import HistoryView, TeamWindowCost
 from services.gateway.openapi import Operation, Param
 from services.runtime.commands import CommandRefused, CommandUnavailable
 from services.runtime.logs import get_logger
@@ -30,10 +31,10 @@ from services.runtime.logs import get_logger
 # Forward one command: (service, verb, payload) -> the service's result. Raises CommandRefused or
 # CommandUnavailable (services.runtime.commands.request, bound to the gateway's NATS connection).
 Forward = Callable[[str, str, dict[str, Any]], Awaitable[Any]]
-# The seam for historical efficiency: given `since` (Unix seconds), the series of points. The live
-# series comes from the read model; a warehouse-backed one (SQL over the recorder's ClickHouse) can be
-# passed in without touching the routes.
-HistorySource = Callable[[float], Awaitable[list[views.PointView]]]
+# The seam for history: given [since, until) (Unix seconds), the warehouse's series (efficiency, idle
+# share, queue depth, cost by team; services/gateway/history.py asks the recorder), or None when the
+# warehouse does not answer, and the live series from the read model is served instead.
+HistorySource = Callable[[float, float], Awaitable[HistoryView | None]]
 
 _encoder = msgspec.json.Encoder()
 log = get_logger("chamber.gateway.api")
@@ -157,20 +158,57 @@ async def get_teams(request: web.Request) -> web.Response:
     return json_response(views.teams(_ctx(request).state))
 
 
+def _since(request: web.Request) -> float | None:
+    if "since" not in request.query:
+        return None
+    try:
+        return float(request.query["since"])
+    except ValueError:
+        raise BadRequest("query parameter since must be Unix seconds", "since") from None
+
+
 async def get_efficiency(request: web.Request) -> web.Response:
     ctx = _ctx(request)
     view = views.efficiency(ctx.state, history=_flag(request, "history", True))
-    if "since" in request.query:
-        try:
-            since = float(request.query["since"])
-        except ValueError:
-            raise BadRequest("query parameter since must be Unix seconds", "since") from None
-        if ctx.history is not None:
-            view.history = await ctx.history(since)
+    since = _since(request)
+    if since is not None:
+        history = await ctx.history(since, ctx.clock()) if ctx.history is not None else None
+        if history is not None:
+            view.history = history.points
             view.source = "warehouse"
         else:
             view.history = [p for p in view.history if p.at >= since]
     return json_response(view)
+
+
+async def get_history(request: web.Request) -> web.Response:
+    """The warehouse's series over a window (default: the last hour); the live one if it does not answer."""
+    ctx = _ctx(request)
+    now = ctx.clock()
+    since = _since(request)
+    since = now - 3600 if since is None else since
+    if since >= now:
+        raise BadRequest("query parameter since must be in the past", "since")
+    history = await ctx.history(since, now) if ctx.history is not None else None
+    if history is not None:
+        return json_response(history)
+    # the live fallback: the gateway's own series, and cost totals so far (the read model keeps no
+    # cost over time)
+    live = [p for p in views.efficiency(ctx.state).history if p.at >= since]
+    cost = views.cost(ctx.state)
+    totals = [TeamWindowCost(team=t.team, cost=t.cost, gpu_hours=t.gpu_hours) for t in cost.by_team if t.cost]
+    if cost.idle_cost:
+        totals.append(TeamWindowCost(team="idle", cost=cost.idle_cost, gpu_hours=cost.idle_gpu_hours))
+    return json_response(
+        HistoryView(
+            source="live",
+            since=since,
+            until=now,
+            step_s=0,
+            points=live,
+            cost_by_team=sorted(totals, key=lambda t: (-t.cost, t.team)),
+        )
+    )
 
 
 async def get_cost(request: web.Request) -> web.Response:
@@ -390,6 +428,17 @@ ROUTES: list[tuple[Operation, Callable[[web.Request], Awaitable[web.StreamRespon
             ),
         ),
         get_efficiency,
+    ),
+    (
+        Operation(
+            "GET",
+            "/api/history",
+            "getHistory",
+            "Efficiency, idle share, queue depth and cost by team over time, from the warehouse",
+            HistoryView,
+            params=(Param("since", "query", {"type": "number"}, "from this Unix time (default: an hour ago)"),),
+        ),
+        get_history,
     ),
     (Operation("GET", "/api/cost", "getCost", "Cost by team, idle cost, prices", views.CostView), get_cost),
     (

@@ -19,6 +19,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 from events.streams import BILLING, FAULTS, FLEET, JOBS, QUOTA, TELEMETRY
 from services.gateway.api import GatewayContext, make_app
 from services.gateway.core import GatewayState, evolve, record_point
+from services.gateway.history import WarehouseHistory
 from services.runtime import Consumer, ConsumerOptions, Delivery
 from services.runtime.commands import request
 from services.runtime.host import ServiceContext, serve
@@ -44,6 +45,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--history-interval", type=float, default=5.0, help="seconds between efficiency points")
     parser.add_argument("--stream-interval", type=float, default=2.0, help="seconds between dashboard pushes")
     parser.add_argument("--command-timeout", type=float, default=5.0, help="seconds to wait for a command's answer")
+    parser.add_argument(
+        "--no-warehouse-history",
+        action="store_true",
+        help="serve only the live series (by default history comes from the recorder's warehouse, when it answers)",
+    )
 
 
 class LatestPerSubject(Consumer):
@@ -105,6 +111,7 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
             stop=stop,
             stream_interval_s=args.stream_interval,
             ready=ready,
+            history=None if args.no_warehouse_history else WarehouseHistory(forward).get,
         )
         ctx.every(args.history_interval, tick)
         ctx.task(lambda: serve_http(make_app(gateway), args.host, args.port, stop))

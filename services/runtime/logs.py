@@ -8,6 +8,17 @@ import sys
 import structlog
 
 
+class _Stderr:
+    """Whatever sys.stderr is when a line is written: a stream captured at configure time may be
+    closed later (pytest swaps it per test), and a log line must not fail the code that logs it."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def configure_logging(level: str = "info", *, json: bool | None = None) -> None:
     as_json = (not sys.stderr.isatty()) if json is None else json
     renderer: structlog.types.Processor = (
@@ -22,8 +33,7 @@ def configure_logging(level: str = "info", *, json: bool | None = None) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
-        # Resolve sys.stderr at each call, not now: tests and embedders swap it (and close the old one).
-        logger_factory=lambda *_: structlog.PrintLogger(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=_Stderr()),  # type: ignore[arg-type]
         cache_logger_on_first_use=False,
     )
 

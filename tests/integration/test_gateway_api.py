@@ -42,7 +42,9 @@ class Gateway:
             return r.status, await r.json()
 
 
-async def start_gateway(nats_url: str, *, token: str | None = TOKEN) -> tuple[asyncio.Event, asyncio.Task[None], str]:
+async def start_gateway(
+    nats_url: str, *, token: str | None = TOKEN, warehouse_history: bool = True
+) -> tuple[asyncio.Event, asyncio.Task[None], str]:
     port = free_port()
     args = argparse.Namespace(
         nats=nats_url,
@@ -52,6 +54,7 @@ async def start_gateway(nats_url: str, *, token: str | None = TOKEN) -> tuple[as
         history_interval=0.2,
         stream_interval=0.2,
         command_timeout=2.0,
+        no_warehouse_history=not warehouse_history,
     )
     stop = asyncio.Event()
     task = asyncio.create_task(service.run(args, stop))

@@ -128,8 +128,26 @@ function lineChart(svg, times, series, { yMax = 1, format = (v) => `${Math.round
   svg.innerHTML = out;
 }
 
-function renderCharts(e, q) {
-  const h = e.history;
+// The warehouse's series (per minute, the last hour) once it has a few whole minutes; the live one
+// (every few seconds, since the gateway started) until then or when the recorder does not answer.
+let warehouse = null;
+const HISTORY_WINDOW_S = 3600, HISTORY_REFRESH_MS = 30000, MIN_WAREHOUSE_POINTS = 3;
+
+function useWarehouse() {
+  return warehouse != null && warehouse.source === "warehouse" && warehouse.points.length >= MIN_WAREHOUSE_POINTS;
+}
+
+function fetchHistory() {
+  fetch(`/api/history?since=${Date.now() / 1000 - HISTORY_WINDOW_S}`).then((r) => (r.ok ? r.json() : null))
+    .then((h) => { warehouse = h; if (last) { renderCharts(last.efficiency); renderCostChart(last.cost); } })
+    .catch(() => { warehouse = null; })
+    .finally(() => setTimeout(fetchHistory, HISTORY_REFRESH_MS));
+}
+
+function renderCharts(e) {
+  const fromWarehouse = useWarehouse();
+  const h = fromWarehouse ? warehouse.points : e.history;
+  $("efficiency-source").textContent = fromWarehouse ? `warehouse · last hour, per ${warehouse.step_s / 60} min` : "live";
   const times = h.map((p) => p.at);
   const css = getComputedStyle(document.documentElement);
   const color = (v) => css.getPropertyValue(v).trim();
@@ -173,6 +191,29 @@ function renderCost(c) {
       <div class="who">${esc(r.who)}${r.over ? ' <span class="pill critical">over budget</span>' : ""}</div>
       <div class="track"><div class="fill ${r.cls}" style="width:${(r.cost / max) * 100}%"></div></div>
       <div class="nums">${money(r.cost, c.currency)}<br>${esc(r.note)}</div></div>`).join("") || `<div class="muted">No cost accrued yet.</div>`;
+}
+
+const TEAM_COLORS = ["--blue", "--violet", "--good", "--bad", "--u50"];
+
+// cost each team accrued over the window, cumulative, from the warehouse's billing ledger
+function renderCostChart(c) {
+  const svg = $("chart-cost");
+  const series = useWarehouse() ? warehouse.cost : [];
+  const times = [...new Set(series.map((p) => p.at))].sort((a, b) => a - b);
+  if (times.length < 2) { svg.style.display = "none"; $("cost-legend").innerHTML = ""; return; }
+  svg.style.display = "";
+  const css = getComputedStyle(document.documentElement);
+  const teams = [...new Set(series.map((p) => p.team))].sort((a, b) => (a === "idle") - (b === "idle") || a.localeCompare(b));
+  const colorOf = (t, i) => (t === "idle" ? css.getPropertyValue("--amber") : css.getPropertyValue(TEAM_COLORS[i % TEAM_COLORS.length])).trim();
+  const lines = teams.map((t, i) => {
+    let v = 0;
+    const at = new Map(series.filter((p) => p.team === t).map((p) => [p.at, p.cost]));
+    return { team: t, color: colorOf(t, i), values: times.map((x) => (v = at.get(x) ?? v)) };
+  });
+  const top = Math.max(1e-9, ...lines.flatMap((l) => l.values));
+  lineChart(svg, times, lines, { yMax: top, format: (v) => money(v, c.currency), ticks: [0, top / 2, top] });
+  $("cost-legend").innerHTML = `<span class="muted">cumulative, last hour</span>` + lines.map((l) =>
+    `<span><i class="line" style="background:${l.color}"></i>${esc(l.team)}</span>`).join("");
 }
 
 function renderPending(q, now) {
@@ -239,12 +280,16 @@ function drawStrip(svg, entries) {
   svg.innerHTML = out;
 }
 
+let last = null;
+
 function render(s) {
+  last = s;
   renderCards(s);
   renderHeatmap(s.fleet);
-  renderCharts(s.efficiency, s.queue);
+  renderCharts(s.efficiency);
   renderTeams(s.teams.teams);
   renderCost(s.cost);
+  renderCostChart(s.cost);
   renderPending(s.queue, s.at);
   renderRunning(s.running, s.at);
   renderFaults(s.faults);
@@ -270,3 +315,4 @@ function connect() {
 }
 
 connect();
+fetchHistory();
