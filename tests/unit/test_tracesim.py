@@ -196,3 +196,16 @@ def test_quota_files_are_validated(tmp_path: Path) -> None:
 def test_metric_helpers() -> None:
     assert percentile([5, 1, 4, 2, 3], 50) == 3 and percentile([], 99) == 0
     assert jain([1, 1, 1]) == 1.0 and jain([1, 0]) == 0.5
+
+
+def test_lower_priority_work_does_not_reclaim_from_a_critical_borrower_so_they_never_ping_pong() -> None:
+    # Were low work allowed to reclaim from the critical job, the critical job would preempt it
+    # back at once (critical beats lower classes), and the two would trade the GPUs forever.
+    quotas = {"a": TeamQuota("a", "default", 8), "b": TeamQuota("b", "default", 8)}
+    jobs = [
+        a_job("urgent", at=0, runs=100, gpus=16, team="a", priority=PriorityClass.CRITICAL),
+        a_job("sweep", at=10, runs=50, gpus=8, team="b", priority=PriorityClass.LOW),
+    ]
+    out = run("chamber", jobs, gpus=16, quotas=quotas)
+    assert out.jobs["urgent"].preemptions == 0 and out.jobs["urgent"].end == 100
+    assert out.jobs["sweep"].first_start == 100

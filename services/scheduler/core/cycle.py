@@ -259,7 +259,9 @@ class Work:
                 continue
             if t == team and r > rank:
                 return True
-            if t != team and ((rank == 0 and r > 0) or (reclaim and self.usage.get((p, t), 0) > self.guarantee(p, t))):
+            if t != team and (
+                (rank == 0 and r > 0) or (reclaim and r >= rank and self.usage.get((p, t), 0) > self.guarantee(p, t))
+            ):
                 return True
         return False
 
@@ -282,7 +284,10 @@ class Work:
             if (
                 p == pool
                 and gpus > 0
-                and ((t == team and r > rank) or (t != team and ((reclaim and borrowing) or (rank == 0 and r > 0))))
+                and (
+                    (t == team and r > rank)
+                    or (t != team and ((reclaim and borrowing and r >= rank) or (rank == 0 and r > 0)))
+                )
             ):
                 usage[(p, t)] = usage.get((p, t), 0) - gpus
                 freeable += gpus
@@ -319,7 +324,12 @@ class Work:
             flag = 0 if s.usage.get((p, t), 0) > self.guarantee(p, t) else 1
             for r in range(4):
                 # reclaim takes only from teams borrowing now (and their borrowing only shrinks)
-                if (t == team and r > rank) or (t != team and ((reclaim and flag == 0) or (rank == 0 and r > 0))):
+                # Reclaim never takes a more urgent job than the reclaimer (Kueue's reclaimWithinCohort
+                # LowerOrNewerEqualPriority): else reclaim and critical preemption could undo each
+                # other forever (a critical borrower reclaimed by low work, then preempting it back).
+                if (t == team and r > rank) or (
+                    t != team and ((reclaim and flag == 0 and r >= rank) or (rank == 0 and r > 0))
+                ):
                     by_class.setdefault((flag, -r), []).append((t, r))
         for key in sorted(by_class):
             lists = [self._group(pool, t, r) for t, r in sorted(by_class[key])]
@@ -449,7 +459,11 @@ class Work:
         if victim.spec.team == job.spec.team:
             return PreemptionReason.PRIORITY
         vt = victim.spec.team
-        if reclaim and usage.get((job.pool, vt), 0) > self.guarantee(job.pool, vt):
+        if (
+            reclaim
+            and victim.spec.priority.rank >= job.spec.priority.rank
+            and usage.get((job.pool, vt), 0) > self.guarantee(job.pool, vt)
+        ):
             return PreemptionReason.RECLAIM  # only while the victim's team is still borrowing
         if job.spec.priority.rank == 0 and victim.spec.priority.rank > 0:
             return PreemptionReason.CRITICAL
