@@ -331,3 +331,29 @@ async def test_a_fault_storm_is_held_until_an_operator_confirms_or_dismisses(
             assert stub.nodes[held_nodes[1]]["spec"]["unschedulable"] is False
             code, out = await run_cli("health", "held", "--nats", url)
             assert code == 0 and out.strip() == "nothing held"
+
+
+async def test_a_gpu_isolated_before_its_uuid_is_known_is_annotated_by_uuid_once_the_inventory_names_it(
+    nats_server: NatsServerProcess, nc: Client, js: JetStreamContext
+) -> None:
+    from msgspec.structs import replace
+
+    url = nats_server.url
+    agent = Publisher(js, source="chamber/agent-sim")
+    with KubeStub([a_k8s_node(n) for n in NODES]) as stub:
+
+        def annotation() -> str | None:
+            return stub.nodes["gpu-2"]["metadata"].get("annotations", {}).get("chamber.io/isolated-gpus")
+
+        async with running(url, nc, stub) as fleet:
+            # A detector that names only the index, before the node's inventory reached discovery.
+            fault = replace(
+                a_fault("gpu-2", kind=FaultKind.ECC_DBE, gpu=3, at=time.time(), cluster=CLUSTER), gpu_uuid=None
+            )
+            await agent.publish(fault)
+            await eventually(lambda: len(fleet.of(GpuIsolated)) == 1)
+            await eventually(lambda: annotation() == "index-3")
+            await agent.publish(an_inventory("gpu-2", cluster=CLUSTER, at=time.time()))
+            await eventually(lambda: annotation() == "GPU-gpu-2-03")  # what a device plugin matches
+            assert stub.nodes["gpu-2"]["metadata"]["labels"]["chamber.io/isolated-gpu-count"] == "1"
+            assert len(fleet.of(GpuIsolated)) == 1  # the annotation is rewritten; nothing is decided again
