@@ -139,12 +139,16 @@ def evolve(state: HealthState, item: object) -> HealthState:
             _on_isolated(state, (item.cluster, item.node, None), item.at, item.reason, item.fault_ids, item.until)
         case GpuIsolated():
             target = (item.cluster, item.node, item.gpu_index)
+            _learn_uuid(_node(state, item.cluster, item.node), item.gpu_index, item.gpu_uuid)
             _on_isolated(state, target, item.at, item.reason, item.fault_ids, item.until)
         case NodeRestored():
             _on_restored(state, (item.cluster, item.node, None), item.at)
         case GpuRestored():
+            _learn_uuid(_node(state, item.cluster, item.node), item.gpu_index, item.gpu_uuid)
             _on_restored(state, (item.cluster, item.node, item.gpu_index), item.at)
         case IsolationHeld():
+            if item.gpu_index is not None:
+                _learn_uuid(_node(state, item.cluster, item.node), item.gpu_index, item.gpu_uuid)
             state.held[(item.cluster, item.node, item.gpu_index)] = item
             _drop_pending(state, item.fault_ids)
             _mark_seen(state, item.fault_ids)
@@ -184,16 +188,26 @@ def _drop_pending(state: HealthState, fault_ids: list[str] | tuple[str, ...]) ->
         state.pending = [p for p in state.pending if p.fault.fault_id not in ids]
 
 
+def _learn_uuid(node: NodeHealth, index: int, uuid: str | None) -> None:
+    """A UUID named by a fault or a decision, for a GPU the inventory has not named (the inventory wins).
+
+    Learned whatever else the input does: a replay may fold FLEET before FAULTS (or before the
+    inventory), and the isolated GPU must still be known by the UUID its annotation was written with.
+    """
+    if uuid and index not in node.gpus:
+        node.gpus[index] = uuid
+
+
 def _on_fault(state: HealthState, fault: GpuFaultDetected) -> None:
+    node = _node(state, fault.cluster, fault.node)
+    gpu = fault.gpu_index if fault.gpu_index is not None else node.index_of(fault.gpu_uuid)
+    if gpu is not None:
+        _learn_uuid(node, gpu, fault.gpu_uuid)
     if fault.fault_id in state.seen_faults:
         return  # a detector retry or a replay: decided already
     state.seen_faults[fault.fault_id] = None
     while len(state.seen_faults) > SEEN_FAULTS_KEPT:
         state.seen_faults.popitem(last=False)
-    node = _node(state, fault.cluster, fault.node)
-    gpu = fault.gpu_index if fault.gpu_index is not None else node.index_of(fault.gpu_uuid)
-    if gpu is not None and fault.gpu_uuid and gpu not in node.gpus:
-        node.gpus[gpu] = fault.gpu_uuid
     rule = state.policy.rule_for(fault)
     action = rule.action
     reason = f"{rule.key}: {rule.description or rule.key}"

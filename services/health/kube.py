@@ -58,18 +58,23 @@ class KubeActuator:
         self.dry_run = dry_run
         self.sent: int = 0
 
-    def apply(self, event: Event, isolated_gpus: list[str] | None = None) -> list[dict[str, Any]]:
+    def apply(
+        self, event: Event, isolated_gpus: list[str] | None = None, *, read_first: bool = False
+    ) -> list[dict[str, Any]]:
         """Make the Node reflect one decision; returns the patches sent (or logged, in dry-run).
 
         `isolated_gpus`, for a GPU decision, is the full list of the node's GPUs Chamber holds isolated
-        (the annotation is Chamber's alone): then it is written without reading the node first.
+        (the annotation is Chamber's alone): then it is written without reading the node first, or,
+        with `read_first` (a reconcile), only when the node's annotation differs from it.
         """
         from kubernetes.client.exceptions import ApiException
 
-        if isolated_gpus is not None and isinstance(event, GpuIsolated | GpuRestored):
+        if isolated_gpus is not None and isinstance(event, GpuIsolated | GpuRestored) and not read_first:
             return self._gpu_list(event.node, sorted(isolated_gpus))
         for attempt in range(1, CONFLICT_RETRIES + 1):
             try:
+                if isolated_gpus is not None and isinstance(event, GpuIsolated | GpuRestored):
+                    return self._gpu_sync(event.node, sorted(isolated_gpus))
                 return self._apply_once(event)
             except ApiException as exc:
                 if exc.status == 409 and attempt < CONFLICT_RETRIES:
@@ -88,9 +93,9 @@ class KubeActuator:
             case NodeRestored():
                 return self._node(event.node, isolate=False, reason=event.reason, at=event.at)
             case GpuIsolated():
-                return self._gpu(event.node, event.gpu_uuid or f"index-{event.gpu_index}", isolate=True)
+                return self._gpu(event.node, event.gpu_index, event.gpu_uuid, isolate=True)
             case GpuRestored():
-                return self._gpu(event.node, event.gpu_uuid or f"index-{event.gpu_index}", isolate=False)
+                return self._gpu(event.node, event.gpu_index, event.gpu_uuid, isolate=False)
         return []
 
     # -- node -------------------------------------------------------------------------------------
@@ -155,11 +160,25 @@ class KubeActuator:
 
     # -- gpu --------------------------------------------------------------------------------------
 
-    def _gpu(self, name: str, uuid: str, *, isolate: bool) -> list[dict[str, Any]]:
+    def _gpu(self, name: str, index: int, uuid: str | None, *, isolate: bool) -> list[dict[str, Any]]:
         meta = self._read(name).get("metadata") or {}
-        current = [u for u in (meta.get("annotations") or {}).get(ISOLATED_GPUS, "").split(",") if u]
-        wanted = sorted({*current, uuid}) if isolate else [u for u in current if u != uuid]
-        if wanted == current:
+        current = _listed(meta)
+        # One GPU, one entry: its UUID when known replaces the `index-N` written before it was known.
+        placeholder = gpu_entry(index, None)
+        same = {placeholder, uuid} - {None}
+        others = [u for u in current if u not in same]
+        wanted = sorted({*others, gpu_entry(index, uuid)}) if isolate else others
+        return self._gpu_write(name, meta, current, wanted)
+
+    def _gpu_sync(self, name: str, wanted: list[str]) -> list[dict[str, Any]]:
+        """A reconcile: make the annotation the full list Chamber holds, if it is not that already."""
+        meta = self._read(name).get("metadata") or {}
+        return self._gpu_write(name, meta, _listed(meta), wanted)
+
+    def _gpu_write(
+        self, name: str, meta: dict[str, Any], current: list[str], wanted: list[str]
+    ) -> list[dict[str, Any]]:
+        if sorted(wanted) == sorted(current):
             return []
         body = {
             "metadata": {
@@ -197,6 +216,16 @@ class KubeActuator:
         self.sent += 1
         log.info("patched " + what, node=name, patch=body)
         return body
+
+
+def gpu_entry(index: int, uuid: str | None) -> str:
+    """A GPU's entry in the isolated-GPUs annotation: its UUID (what a device plugin matches), or a
+    placeholder naming its index while no inventory, fault or decision has named the UUID."""
+    return uuid or f"index-{index}"
+
+
+def _listed(meta: dict[str, Any]) -> list[str]:
+    return [u for u in (meta.get("annotations") or {}).get(ISOLATED_GPUS, "").split(",") if u]
 
 
 def _drain(response: Any) -> bytes:

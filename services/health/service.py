@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,10 +20,11 @@ import msgspec
 from nats.js.api import DeliverPolicy
 
 from events.base import Event
-from events.fleet import GpuIsolated, GpuRestored, NodeIsolated, NodeRestored
+from events.fleet import GpuIsolated, GpuRestored, NodeDiscovered, NodeIsolated, NodeRestored, NodeUpdated
 from services.cli.common import add_cluster_option
 from services.health import core
-from services.health.core import Decision, HealthRefusal, HealthState
+from services.health.core import Decision, HealthRefusal, HealthState, NodeHealth
+from services.health.kube import gpu_entry
 from services.health.policy import Policy, PolicyError, load_policy
 from services.health.replay import CatchUp, DeliverFrom
 from services.runtime.commands import CommandRefused
@@ -84,9 +86,22 @@ class HealthShell:
             for d in deliveries:
                 if live and d.envelope.source == SOURCE:
                     continue  # our own decision coming back: folded when it was made
+                if live and isinstance(d.event, NodeDiscovered | NodeUpdated):
+                    self._fold_inventory(d.event)
+                    continue
                 core.evolve(self.state, d.event)
             if live:
                 await self._decide(time.time())
+
+    def _fold_inventory(self, event: NodeDiscovered | NodeUpdated) -> None:
+        """Fold an inventory; if it names (or renames) an isolated GPU, rewrite the annotation, whose
+        entries are UUIDs for the device plugin, not the `index-N` written while none was known."""
+        node = self.state.nodes.get((event.cluster, event.node))
+        before = self._gpu_entries(node) if node is not None else []
+        core.evolve(self.state, event)
+        node = self.state.nodes[(event.cluster, event.node)]
+        if node.gpu_isolated and self._gpu_entries(node) != before:
+            self._actuate(self._gpu_isolated_event(node, min(node.gpu_isolated)))
 
     async def tick(self, now: float) -> None:
         if not self.catch_up.done:
@@ -127,10 +142,10 @@ class HealthShell:
             return
         if not isinstance(event, NodeIsolated | NodeRestored | GpuIsolated | GpuRestored):
             return
-        # A live GPU decision writes the node's full list (computed here, at decision time) without a
-        # read; a reconcile reads first, so only drift is patched.
-        isolated_gpus = None if reconcile else self._isolated_gpus(event)
-        task = asyncio.create_task(self._patch(event, isolated_gpus))
+        # A GPU decision writes the node's full list (computed here, at decision time): a live one
+        # without a read; a reconcile reads first, so only drift is patched.
+        isolated_gpus = self._isolated_gpus(event)
+        task = asyncio.create_task(self._patch(event, isolated_gpus, reconcile))
         self.actuations.add(task)
         task.add_done_callback(self.actuations.discard)
 
@@ -139,18 +154,34 @@ class HealthShell:
         if not isinstance(event, GpuIsolated | GpuRestored):
             return None
         node = self.state.nodes.get((event.cluster, event.node))
-        if node is None:
-            return []
-        return [node.gpus.get(i) or f"index-{i}" for i in sorted(node.gpu_isolated)]
+        return [] if node is None else self._gpu_entries(node)
 
-    async def _patch(self, event: Event, isolated_gpus: list[str] | None) -> None:
+    @staticmethod
+    def _gpu_entries(node: NodeHealth) -> list[str]:
+        # Isolations are keyed by index; the UUID is resolved only here, for the annotation.
+        return sorted(gpu_entry(i, node.gpus.get(i)) for i in node.gpu_isolated)
+
+    @staticmethod
+    def _gpu_isolated_event(node: NodeHealth, gpu: int) -> GpuIsolated:
+        iso = node.gpu_isolated[gpu]
+        return GpuIsolated(
+            cluster=node.cluster,
+            node=node.node,
+            gpu_index=gpu,
+            at=iso.at,
+            reason=iso.reason,
+            gpu_uuid=node.gpus.get(gpu),
+        )
+
+    async def _patch(self, event: Event, isolated_gpus: list[str] | None, read_first: bool = False) -> None:
         node = event.node  # type: ignore[attr-defined]
         lock = self.node_locks.setdefault(node, asyncio.Lock())
         async with lock:  # one node's patches in decision order; nodes in parallel
             for attempt in range(1, 6):
                 try:
                     loop = asyncio.get_running_loop()
-                    await loop.run_in_executor(self.kube_pool, self.actuator.apply, event, isolated_gpus)
+                    apply = functools.partial(self.actuator.apply, event, isolated_gpus, read_first=read_first)
+                    await loop.run_in_executor(self.kube_pool, apply)
                     return
                 except Exception as exc:
                     log.warning("kubernetes patch failed", node=node, attempt=attempt, error=repr(exc))
@@ -165,18 +196,8 @@ class HealthShell:
                 self._actuate(
                     NodeIsolated(cluster=node.cluster, node=node.node, at=iso.at, reason=iso.reason), reconcile=True
                 )
-            for gpu, iso in node.gpu_isolated.items():
-                self._actuate(
-                    GpuIsolated(
-                        cluster=node.cluster,
-                        node=node.node,
-                        gpu_index=gpu,
-                        at=iso.at,
-                        reason=iso.reason,
-                        gpu_uuid=node.gpus.get(gpu),
-                    ),
-                    reconcile=True,
-                )
+            if node.gpu_isolated:  # one read per node: the annotation holds all its isolated GPUs
+                self._actuate(self._gpu_isolated_event(node, min(node.gpu_isolated)), reconcile=True)
 
     def _isolated_count(self) -> int:
         return sum(1 for n in self.state.nodes.values() if n.isolated is not None)

@@ -254,8 +254,11 @@ async def test_a_restarted_health_service_rebuilds_its_isolations_and_re_emits_n
     agent = Publisher(js, source="chamber/agent-sim")
     with KubeStub([a_k8s_node(n) for n in NODES]) as stub:
         async with running(url, nc, stub) as first:
+            # gpu-1's inventory never arrives: only its fault and the decision name the GPU's UUID, and
+            # the restart below may replay the decision (FLEET) before the fault (FAULTS).
             for node in NODES:
-                await agent.publish(an_inventory(node, cluster=CLUSTER, at=time.time()))
+                if node != "gpu-1":
+                    await agent.publish(an_inventory(node, cluster=CLUSTER, at=time.time()))
             await agent.publish(a_fault("gpu-0", xid=79, at=time.time(), cluster=CLUSTER, fault_id="a"))
             await agent.publish(a_fault("gpu-1", kind=FaultKind.ECC_DBE, gpu=5, at=time.time(), cluster=CLUSTER))
             await eventually(lambda: len(first.of(NodeIsolated)) == 1 and len(first.of(GpuIsolated)) == 1)
@@ -278,11 +281,16 @@ async def test_a_restarted_health_service_rebuilds_its_isolations_and_re_emits_n
             )
 
         task = asyncio.create_task(serve("health", url, setup, stop))
-        await eventually(lambda: bool(shells) and shells[0].catch_up.done)
-        state = shells[0].state
+        await eventually(lambda: bool(shells) and shells[0].catch_up.done)  # the reconcile is under way
+        shell = shells[0]
+        state = shell.state
         assert state.nodes[(CLUSTER, "gpu-0")].isolated is not None
         assert list(state.nodes[(CLUSTER, "gpu-1")].gpu_isolated) == [5]
-        await asyncio.sleep(1.0)  # a few ticks and a reconcile pass
+        # Whichever of FAULTS and FLEET was replayed first, the isolated GPU is known by its UUID.
+        assert state.nodes[(CLUSTER, "gpu-1")].gpus.get(5) == "GPU-gpu-1-05"
+        for _ in range(3):  # decision passes over the rebuilt state (what the ticks do), then drain
+            await shell.tick(time.time())
+        await eventually(lambda: not shell.actuations)
         stop.set()
         await asyncio.wait_for(task, 15)
         await sub.unsubscribe()
@@ -294,6 +302,7 @@ async def test_a_restarted_health_service_rebuilds_its_isolations_and_re_emits_n
         assert reconciled.body["spec"] == {
             "taints": [{"key": "chamber.io/gpu-unhealthy", "value": "xid-79", "effect": "NoSchedule"}]
         }
+        assert stub.nodes["gpu-1"]["metadata"]["annotations"]["chamber.io/isolated-gpus"] == "GPU-gpu-1-05"
 
 
 async def test_a_fault_storm_is_held_until_an_operator_confirms_or_dismisses(
@@ -322,3 +331,29 @@ async def test_a_fault_storm_is_held_until_an_operator_confirms_or_dismisses(
             assert stub.nodes[held_nodes[1]]["spec"]["unschedulable"] is False
             code, out = await run_cli("health", "held", "--nats", url)
             assert code == 0 and out.strip() == "nothing held"
+
+
+async def test_a_gpu_isolated_before_its_uuid_is_known_is_annotated_by_uuid_once_the_inventory_names_it(
+    nats_server: NatsServerProcess, nc: Client, js: JetStreamContext
+) -> None:
+    from msgspec.structs import replace
+
+    url = nats_server.url
+    agent = Publisher(js, source="chamber/agent-sim")
+    with KubeStub([a_k8s_node(n) for n in NODES]) as stub:
+
+        def annotation() -> str | None:
+            return stub.nodes["gpu-2"]["metadata"].get("annotations", {}).get("chamber.io/isolated-gpus")
+
+        async with running(url, nc, stub) as fleet:
+            # A detector that names only the index, before the node's inventory reached discovery.
+            fault = replace(
+                a_fault("gpu-2", kind=FaultKind.ECC_DBE, gpu=3, at=time.time(), cluster=CLUSTER), gpu_uuid=None
+            )
+            await agent.publish(fault)
+            await eventually(lambda: len(fleet.of(GpuIsolated)) == 1)
+            await eventually(lambda: annotation() == "index-3")
+            await agent.publish(an_inventory("gpu-2", cluster=CLUSTER, at=time.time()))
+            await eventually(lambda: annotation() == "GPU-gpu-2-03")  # what a device plugin matches
+            assert stub.nodes["gpu-2"]["metadata"]["labels"]["chamber.io/isolated-gpu-count"] == "1"
+            assert len(fleet.of(GpuIsolated)) == 1  # the annotation is rewritten; nothing is decided again

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from msgspec.structs import replace
 
 from events import GpuIsolated, GpuRestored, NodeIsolated, NodeRestored
 from services.health.kube import KubeActuator, client_from, condition_reason, taint_value
@@ -232,3 +233,33 @@ def test_monitor_mode_means_report_only(monkeypatch: pytest.MonkeyPatch) -> None
     assert monitor_mode()
     monkeypatch.setenv("CHAMBER_MODE", "manage")
     assert not monitor_mode()
+
+
+def test_a_gpus_uuid_replaces_its_index_placeholder_so_one_gpu_is_one_entry() -> None:
+    with KubeStub([a_k8s_node("gpu-1")]) as api:
+        actuator = KubeActuator(api.client())
+        unknown = GpuIsolated(cluster="c1", node="gpu-1", gpu_index=5, at=AT, reason="ecc_dbe: DBE")
+        actuator.apply(unknown)
+        assert api.nodes["gpu-1"]["metadata"]["annotations"]["chamber.io/isolated-gpus"] == "index-5"
+        actuator.apply(with_uuid := replace(unknown, gpu_uuid="GPU-05"))  # the UUID is known now
+        meta = api.nodes["gpu-1"]["metadata"]
+        assert meta["annotations"]["chamber.io/isolated-gpus"] == "GPU-05"
+        assert meta["labels"]["chamber.io/isolated-gpu-count"] == "1"
+        writes = len(api.writes())
+        assert actuator.apply(with_uuid) == [] and len(api.writes()) == writes  # nothing drifted
+        actuator.apply(GpuRestored(cluster="c1", node="gpu-1", gpu_index=5, at=AT, reason="ok", gpu_uuid="GPU-05"))
+        assert "chamber.io/isolated-gpus" not in api.nodes["gpu-1"]["metadata"]["annotations"]
+
+
+def test_a_reconcile_writes_the_full_list_only_when_the_node_differs() -> None:
+    with KubeStub([a_k8s_node("gpu-1")]) as api:
+        actuator = KubeActuator(api.client())
+        event = GpuIsolated(cluster="c1", node="gpu-1", gpu_index=5, at=AT, reason="ecc_dbe: DBE", gpu_uuid="GPU-05")
+        actuator.apply(event, isolated_gpus=["index-5", "GPU-01"])  # written while GPU 5's UUID was unknown
+        writes = len(api.writes())
+        patches = actuator.apply(event, isolated_gpus=["GPU-05", "GPU-01"], read_first=True)
+        assert [p["metadata"]["annotations"] for p in patches] == [{"chamber.io/isolated-gpus": "GPU-01,GPU-05"}]
+        assert patches[0]["metadata"]["resourceVersion"]  # read first: a concurrent edit is refused (409)
+        assert len(api.writes()) == writes + 1
+        assert actuator.apply(event, isolated_gpus=["GPU-01", "GPU-05"], read_first=True) == []
+        assert len(api.writes()) == writes + 1

@@ -79,6 +79,23 @@ def test_a_dbe_on_one_gpu_isolates_only_that_gpu(default_policy: Policy) -> None
     assert state.nodes[("c1", "n002")].isolated is None
 
 
+@pytest.mark.parametrize("fleet_first", [True, False])
+def test_a_replay_without_the_inventory_knows_an_isolated_gpu_by_its_uuid_in_either_order(
+    default_policy: Policy, fleet_first: bool
+) -> None:
+    # Discovery had not published the node's GPUs yet: the fault and the decision are all that name
+    # the UUID, and a restarted service may fold FLEET (the decision) before FAULTS (the fault).
+    fault = a_fault("n002", kind=FaultKind.ECC_DBE, gpu=5)
+    [decision] = step(new_state(default_policy), fault, now=T0)
+    assert isinstance(decision.event, GpuIsolated) and decision.event.gpu_uuid == "GPU-n002-05"
+    rebuilt = new_state(default_policy)
+    for item in [decision.event, fault] if fleet_first else [fault, decision.event]:
+        evolve(rebuilt, item)
+    node = rebuilt.nodes[("c1", "n002")]
+    assert list(node.gpu_isolated) == [5] and node.gpus == {5: "GPU-n002-05"}
+    assert events_of(step(rebuilt, now=T0)) == []
+
+
 def test_an_application_xid_is_recorded_only_then_escalated_when_it_repeats_on_one_gpu(default_policy: Policy) -> None:
     state = a_health_engine(default_policy)
     first = step(state, a_fault("n000", xid=13, gpu=1, at=T0, severity=Severity.WARNING), now=T0)
