@@ -109,6 +109,8 @@ def _components(args: argparse.Namespace, url: str, data_dir: Path) -> list[obje
         "CHAMBER_NATS_URL": url,
         "CHAMBER_API_TOKEN": api_token(data_dir),  # in the environment, not argv: `ps` would show it
         "CHAMBER_AGENT_SPOOL": str(data_dir / "agent-spool"),
+        # one machine, a demo: cost lands on the dashboard each minute, not every five
+        "CHAMBER_BILLING_PERIOD": os.environ.get("CHAMBER_BILLING_PERIOD", "60"),
     }
     components = []
     for name in discover():
