@@ -11,6 +11,7 @@ from nats.js import JetStreamContext
 
 from services.recorder.samples import SampleConsumer
 from services.runtime import ConsumerOptions, Delivery, Publisher
+from tests.integration.test_runtime import eventually
 from tests.warehouse_builders import T0, a_sample
 
 pytestmark = pytest.mark.integration
@@ -64,10 +65,7 @@ async def test_messages_in_hand_at_stop_are_handed_back_not_left_to_time_out(js:
     # Delivered after a fetch gave up on its request (e.g. across a reconnect): in hand, not yet handled.
     assert first._inbox is not None
     await js._nc.publish(first._next_subject, b'{"batch": 5, "no_wait": true}', reply=first._inbox.subject)
-    deadline = time.monotonic() + 5
-    while len(first._ready) < 5 and time.monotonic() < deadline:
-        await asyncio.sleep(0.01)
-    assert len(first._ready) == 5
+    await eventually(lambda: len(first._ready) == 5, within=5)
     await first.unsubscribe()
 
     second = SampleConsumer(js, options(ack_wait_s=60.0), batch_handler=_nothing)
