@@ -33,7 +33,9 @@ SAMPLE_TYPE = NodeSample.ce_type()
 _lean = msgspec.json.Decoder(LeanNodeSample)
 _json = msgspec.json.Encoder()
 _STATUS = "Status"
+_DESCRIPTION = "Description"
 _HEARTBEAT = "100"
+_ENDED = ("404", "408")  # drained (no_wait), or the long poll expired
 # Grace beyond the pull's own expiry before a silent request is given up on (e.g. lost in a reconnect).
 _GRACE_S = 1.0
 
@@ -47,14 +49,19 @@ class SampleConsumer(Consumer):
         self._ready: list[Msg] = []
         self._asked = 0  # messages the open pull request may still deliver; 0: none open
         self._wake = asyncio.Event()
+        self._refused = ""
         self._next_subject = f"{self.js._prefix}.CONSUMER.MSG.NEXT.{self.options.stream}.{self.name}"
         self._inbox = await nc.subscribe(nc.new_inbox(), cb=self._collect)
 
     async def _collect(self, msg: Msg) -> None:
         if not msg.data and msg.headers and _STATUS in msg.headers:
-            if msg.headers[_STATUS] != _HEARTBEAT:  # 404 no messages, 408 expired, 409 refused: it is over
-                self._asked = 0
-                self._wake.set()
+            status = msg.headers[_STATUS]
+            if status == _HEARTBEAT:
+                return
+            if status not in _ENDED:  # 409 (consumer deleted, leader change...), 503 (JetStream away)
+                self._refused = f"{status} {msg.headers.get(_DESCRIPTION, '')}".strip()
+            self._asked = 0
+            self._wake.set()
             return
         self._ready.append(msg)
         self._asked = max(0, self._asked - 1)
@@ -78,6 +85,9 @@ class SampleConsumer(Consumer):
             except TimeoutError:
                 self._asked = 0  # the request was lost (reconnect): ask again next time
         msgs, self._ready = self._ready, []
+        refused, self._refused = self._refused, ""
+        if refused and not msgs:  # an error, so the run loop backs off instead of asking again at once
+            raise nats.errors.Error(f"pull request refused: {refused}")
         return msgs
 
     async def unsubscribe(self) -> None:

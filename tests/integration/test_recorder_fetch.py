@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import nats.errors
 import pytest
 from nats.js import JetStreamContext
 
@@ -76,3 +77,18 @@ async def test_messages_in_hand_at_stop_are_handed_back_not_left_to_time_out(js:
         assert all(m.metadata.num_delivered == 2 for m in msgs)
     finally:
         await second.unsubscribe()
+
+
+async def test_a_refused_pull_is_an_error_the_run_loop_backs_off_from_not_an_empty_batch(js: JetStreamContext) -> None:
+    await publish_samples(js, 1)
+    consumer = SampleConsumer(js, options(fetch_timeout_s=5.0), batch_handler=_nothing)
+    await consumer.start()
+    try:
+        assert len(await consumer.fetch()) == 1
+        waiting = asyncio.create_task(consumer.fetch())  # a long poll on a quiet stream
+        await asyncio.sleep(0.1)
+        await js.delete_consumer("TELEMETRY", "recorder")  # the server ends the poll with a 409
+        with pytest.raises(nats.errors.Error, match="409"):
+            await asyncio.wait_for(waiting, 3)
+    finally:
+        await consumer.unsubscribe()
