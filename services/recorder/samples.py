@@ -1,5 +1,13 @@
-"""A cheaper decode for the hottest subject: node samples go straight into the lean struct the
-warehouse needs, skipping the full event's nested fields (about 5x cheaper per message).
+"""The hottest stream, consumed cheaply: a batched pull and a lean decode.
+
+Fetch: nats-py's `fetch` waits for each message of a batch with its own task and timer (`next_msg`),
+which cost more than decoding and storing the message. Here one pull request asks the durable for a
+whole batch and a plain subscription callback collects the messages into a list; the batch is handed
+on when it is full or the request ends (drained, expired, or refused). Acks stay per message and
+after the store, exactly as in the runtime Consumer.
+
+Decode: node samples go straight into the lean struct the warehouse needs, skipping the full event's
+nested fields (about 5x cheaper per message).
 
 Everything else — acks after the batch is stored, in-process retries, dead letters — is the runtime
 Consumer's. A message that is not a well-formed sample (or fails the lean decode) takes the runtime's
@@ -8,8 +16,13 @@ full decode path, which dead-letters it with the reason.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+
 import msgspec
+import nats.errors
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 
 from events import NodeSample
 from events.codec import H_ID, H_SOURCE, H_SPECVERSION, H_TIME, H_TYPE, SPECVERSION, Envelope
@@ -18,9 +31,77 @@ from services.runtime.consumer import Consumer, Delivery
 
 SAMPLE_TYPE = NodeSample.ce_type()
 _lean = msgspec.json.Decoder(LeanNodeSample)
+_json = msgspec.json.Encoder()
+_STATUS = "Status"
+_DESCRIPTION = "Description"
+_HEARTBEAT = "100"
+_ENDED = ("404", "408")  # drained (no_wait), or the long poll expired
+# Grace beyond the pull's own expiry before a silent request is given up on (e.g. lost in a reconnect).
+_GRACE_S = 1.0
 
 
 class SampleConsumer(Consumer):
+    _inbox: Subscription | None = None
+
+    async def start(self) -> None:
+        await super().start()  # creates or finds the durable
+        nc = self.js._nc
+        self._ready: list[Msg] = []
+        self._asked = 0  # messages the open pull request may still deliver; 0: none open
+        self._wake = asyncio.Event()
+        self._refused = ""
+        self._next_subject = f"{self.js._prefix}.CONSUMER.MSG.NEXT.{self.options.stream}.{self.name}"
+        self._inbox = await nc.subscribe(nc.new_inbox(), cb=self._collect)
+
+    async def _collect(self, msg: Msg) -> None:
+        if not msg.data and msg.headers and _STATUS in msg.headers:
+            status = msg.headers[_STATUS]
+            if status == _HEARTBEAT:
+                return
+            if status not in _ENDED:  # 409 (consumer deleted, leader change...), 503 (JetStream away)
+                self._refused = f"{status} {msg.headers.get(_DESCRIPTION, '')}".strip()
+            self._asked = 0
+            self._wake.set()
+            return
+        self._ready.append(msg)
+        self._asked = max(0, self._asked - 1)
+        if self._asked == 0 or len(self._ready) >= self.options.batch:
+            self._wake.set()
+
+    async def fetch(self) -> list[Msg]:
+        """Up to about a batch: what one pull request brought within the fetch timeout."""
+        if self._inbox is None:
+            raise nats.errors.ConnectionClosedError
+        o = self.options
+        if len(self._ready) < o.batch and self._asked == 0:
+            self._asked = o.batch - len(self._ready)
+            self._wake.clear()
+            # no_wait with expires: what is there now (ended by a 404 once drained), or, when there is
+            # nothing, a long poll that ends at the fetch timeout (408).
+            request = {"batch": self._asked, "no_wait": True, "expires": int(o.fetch_timeout_s * 1e9)}
+            await self.js._nc.publish(self._next_subject, _json.encode(request), reply=self._inbox.subject)
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=o.fetch_timeout_s + _GRACE_S)
+            except TimeoutError:
+                self._asked = 0  # the request was lost (reconnect): ask again next time
+        msgs, self._ready = self._ready, []
+        refused, self._refused = self._refused, ""
+        if refused and not msgs:  # an error, so the run loop backs off instead of asking again at once
+            raise nats.errors.Error(f"pull request refused: {refused}")
+        return msgs
+
+    async def unsubscribe(self) -> None:
+        """Hand back what was delivered but not processed, so a successor gets it at once."""
+        inbox, self._inbox = self._inbox, None
+        if inbox is not None:
+            with contextlib.suppress(Exception):
+                await inbox.unsubscribe()
+            for msg in self._ready:
+                with contextlib.suppress(Exception):
+                    await msg.nak()
+            self._ready = []
+        await super().unsubscribe()
+
     async def _decode_or_divert(self, msg: Msg) -> Delivery | None:
         headers = msg.headers or {}
         meta = msg.metadata

@@ -1,0 +1,94 @@
+"""The recorder's batched TELEMETRY pull against a real nats-server: whole batches, a quiet stream,
+and messages in hand handed back at stop so the next consumer gets them at once."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import nats.errors
+import pytest
+from nats.js import JetStreamContext
+
+from services.recorder.samples import SampleConsumer
+from services.runtime import ConsumerOptions, Delivery, Publisher
+from tests.integration.test_runtime import eventually
+from tests.warehouse_builders import T0, a_sample
+
+pytestmark = pytest.mark.integration
+
+
+async def publish_samples(js: JetStreamContext, n: int) -> None:
+    pub = Publisher(js, source="test")
+    await pub.publish_many((a_sample("n1", T0 + i, [50.0], seq=i), f"s-{i}", None) for i in range(n))
+
+
+def options(**overrides: object) -> ConsumerOptions:
+    base = {"stream": "TELEMETRY", "durable": "recorder", "batch": 10, "fetch_timeout_s": 0.3, "ack_wait_s": 30.0}
+    return ConsumerOptions(**{**base, **overrides})  # type: ignore[arg-type]
+
+
+async def _nothing(_: list[Delivery]) -> None:
+    return None
+
+
+async def test_a_backlog_comes_in_whole_batches_and_a_quiet_stream_returns_empty_within_the_timeout(
+    js: JetStreamContext,
+) -> None:
+    await publish_samples(js, 25)
+    consumer = SampleConsumer(js, options(), batch_handler=_nothing)
+    await consumer.start()
+    try:
+        sizes = []
+        for _ in range(3):
+            msgs = await consumer.fetch()
+            sizes.append(len(msgs))
+            for msg in msgs:
+                await msg.ack()
+        assert sizes == [10, 10, 5]
+        started = time.perf_counter()
+        assert await consumer.fetch() == []
+        assert time.perf_counter() - started < 0.3 + 1.0 + 0.5  # the pull's expiry, not a hang
+        waiting = asyncio.create_task(consumer.fetch())  # a long poll, then a message arrives
+        await asyncio.sleep(0.05)
+        started = time.perf_counter()
+        await js.publish("chamber.telemetry.sample.c1.n1", b"{}")
+        assert len(await asyncio.wait_for(waiting, 5)) == 1
+        assert time.perf_counter() - started < 0.25  # handed on when it came, not at the 0.3 s expiry
+    finally:
+        await consumer.unsubscribe()
+
+
+async def test_messages_in_hand_at_stop_are_handed_back_not_left_to_time_out(js: JetStreamContext) -> None:
+    await publish_samples(js, 5)
+    first = SampleConsumer(js, options(ack_wait_s=60.0), batch_handler=_nothing)
+    await first.start()
+    # Delivered after a fetch gave up on its request (e.g. across a reconnect): in hand, not yet handled.
+    assert first._inbox is not None
+    await js._nc.publish(first._next_subject, b'{"batch": 5, "no_wait": true}', reply=first._inbox.subject)
+    await eventually(lambda: len(first._ready) == 5, within=5)
+    await first.unsubscribe()
+
+    second = SampleConsumer(js, options(ack_wait_s=60.0), batch_handler=_nothing)
+    await second.start()
+    try:
+        msgs = await second.fetch()  # at once, not after the 60 s ack wait
+        assert [m.metadata.sequence.stream for m in msgs] == [1, 2, 3, 4, 5]
+        assert all(m.metadata.num_delivered == 2 for m in msgs)
+    finally:
+        await second.unsubscribe()
+
+
+async def test_a_refused_pull_is_an_error_the_run_loop_backs_off_from_not_an_empty_batch(js: JetStreamContext) -> None:
+    await publish_samples(js, 1)
+    consumer = SampleConsumer(js, options(fetch_timeout_s=5.0), batch_handler=_nothing)
+    await consumer.start()
+    try:
+        assert len(await consumer.fetch()) == 1
+        waiting = asyncio.create_task(consumer.fetch())  # a long poll on a quiet stream
+        await asyncio.sleep(0.1)
+        await js.delete_consumer("TELEMETRY", "recorder")  # the server ends the poll with a 409
+        with pytest.raises(nats.errors.Error, match="409"):
+            await asyncio.wait_for(waiting, 3)
+    finally:
+        await consumer.unsubscribe()
