@@ -17,7 +17,6 @@ import asyncio
 import json
 import os
 import subprocess
-import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -39,22 +38,13 @@ from events import (
     decode,
 )
 from services.runtime.nats_server import NatsServerProcess
+from tests.e2e.test_scheduler_e2e import CHAMBER, achamber
 from tests.integration.test_runtime import eventually
 
 pytestmark = pytest.mark.e2e
-CHAMBER = str(Path(sys.executable).parent / "chamber")
+
 CLUSTER = "e2e"
 NODES = [f"sim-{i:03d}" for i in range(4)]
-
-
-def chamber(url: str, *args: str) -> str:
-    result = subprocess.run([CHAMBER, *args, "--nats", url], capture_output=True, text=True, timeout=60, check=False)
-    assert result.returncode == 0, result.stderr
-    return result.stdout
-
-
-async def achamber(url: str, *args: str) -> str:
-    return await asyncio.to_thread(chamber, url, *args)
 
 
 @pytest.fixture
