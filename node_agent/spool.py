@@ -168,16 +168,7 @@ class Spool:
         if not keep:
             self._remove(n)
             return
-        tmp = self._path(n).with_suffix(".tmp")
-        with open(tmp, "wb") as f:
-            for r in keep:
-                data = _enc.encode(r)
-                f.write(_LEN.pack(len(data)))
-                f.write(data)
-        os.replace(tmp, self._path(n))
-        self._sizes[n] = self._path(n).stat().st_size
-        self._count[n] = len(keep)
-        self._min_kind[n] = min(r.kind for r in keep)
+        self._rewrite(n, keep)
 
     # --- reading and acknowledging ----------------------------------------------------------------
 
@@ -200,16 +191,20 @@ class Spool:
         if not rest:
             self._remove(n)
             return
+        self._rewrite(n, rest)
+
+    def _rewrite(self, n: int, records: list[Record]) -> None:
+        """Replace segment n with `records` (non-empty), atomically."""
         tmp = self._path(n).with_suffix(".tmp")
         with open(tmp, "wb") as f:
-            for r in rest:
+            for r in records:
                 data = _enc.encode(r)
                 f.write(_LEN.pack(len(data)))
                 f.write(data)
         os.replace(tmp, self._path(n))
         self._sizes[n] = self._path(n).stat().st_size
-        self._count[n] = len(rest)
-        self._min_kind[n] = min(r.kind for r in rest)
+        self._count[n] = len(records)
+        self._min_kind[n] = min(r.kind for r in records)
 
     def _read(self, n: int) -> list[Record]:
         if n == self._writing and self._writer is not None:

@@ -140,17 +140,10 @@ def evolve(state: DiscoveryState, item: object) -> DiscoveryState:
             rec.version += 1
         case KubeNodesListed():
             _on_kube_listing(state, item)
-        case NodeDiscovered():
+        case NodeDiscovered() | NodeUpdated():
             rec = _record(state, item.cluster, item.node, item.at)
             rec.announced = True
-            rec.status = NodeStatus.HEALTHY
-            rec.announced_gpus = list(item.gpus)
-            rec.announced_labels = dict(item.labels)
-            rec.version += 1
-        case NodeUpdated():
-            rec = _record(state, item.cluster, item.node, item.at)
-            rec.announced = True
-            rec.status = item.status
+            rec.status = item.status if isinstance(item, NodeUpdated) else NodeStatus.HEALTHY
             rec.announced_gpus = list(item.gpus)
             rec.announced_labels = dict(item.labels)
             rec.version += 1
