@@ -45,7 +45,7 @@ ID_TABLES = ("gpu_samples", "job_events", "fleet_events", "prices", "budgets", "
 # Latest-state tables (ReplacingMergeTree with a version): a repeated row is harmless under FINAL.
 STATE_TABLES = ("gpu_inventory", "pools")
 
-_SAMPLE_FLOATS = (
+SAMPLE_FLOATS = (
     "utilization_pct",
     "memory_utilization_pct",
     "sm_activity_pct",
@@ -57,7 +57,7 @@ _SAMPLE_FLOATS = (
     "sm_clock_mhz",
     "mem_clock_mhz",
 )
-_SAMPLE_INTS = ("ecc_sbe_volatile", "ecc_dbe_volatile", "pcie_replay_count")
+SAMPLE_INTS = ("ecc_sbe_volatile", "ecc_dbe_volatile", "pcie_replay_count")
 
 _JOB_KINDS = {
     "io.chamber.jobs.submitted.v1": "submitted",
@@ -113,7 +113,7 @@ _GPU_FIELDS = (
     ("gpu_index", "index"),
     ("gpu_uuid", "uuid"),
     ("throttle_reasons", "throttle_reasons"),
-    *((name, name) for name in (*_SAMPLE_FLOATS, *_SAMPLE_INTS)),
+    *((name, name) for name in (*SAMPLE_FLOATS, *SAMPLE_INTS)),
 )
 
 
@@ -158,8 +158,8 @@ _SAMPLE_TYPES: dict[str, pa.DataType] = {
     "gpu_index": pa.uint16(),
     "gpu_uuid": pa.string(),
     "throttle_reasons": pa.list_(pa.string()),
-    **{name: F32 for name in _SAMPLE_FLOATS},
-    **{name: pa.int64() for name in _SAMPLE_INTS},
+    **{name: F32 for name in SAMPLE_FLOATS},
+    **{name: pa.int64() for name in SAMPLE_INTS},
 }
 
 

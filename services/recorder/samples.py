@@ -1,4 +1,4 @@
-"""The hottest stream, consumed cheaply: a batched pull and a lean decode.
+"""The hottest stream, consumed cheaply: a batched pull and a bulk decode.
 
 Fetch: nats-py's `fetch` waits for each message of a batch with its own task and timer (`next_msg`),
 which cost more than decoding and storing the message. Here one pull request asks the durable for a
@@ -6,28 +6,35 @@ whole batch and a plain subscription callback collects the messages into a list;
 on when it is full or the request ends (drained, expired, or refused). Acks stay per message and
 after the store, exactly as in the runtime Consumer.
 
-Decode: node samples go straight into the lean struct the warehouse needs, skipping the full event's
-nested fields (about 5x cheaper per message).
+Decode: the node samples of a batch are decoded together, straight into warehouse columns, on a
+worker thread (`bulk_samples`), and handed to `table_handler`; the loop only reads each message's
+headers and position. When the bulk decode refuses the batch (some sample is not well-formed), the
+batch takes the per-message path: each sample is decoded into the lean struct the warehouse needs,
+and one that fails takes the runtime's full decode path, which dead-letters it with the reason.
 
 Everything else — acks after the batch is stored, in-process retries, dead letters — is the runtime
-Consumer's. A message that is not a well-formed sample (or fails the lean decode) takes the runtime's
-full decode path, which dead-letters it with the reason.
+Consumer's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
 
 import msgspec
 import nats.errors
+import pyarrow as pa
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+from nats.js import JetStreamContext
 
 from events import NodeSample
 from events.codec import H_ID, H_SOURCE, H_SPECVERSION, H_TIME, H_TYPE, SPECVERSION, Envelope
+from services.recorder.bulk_samples import BatchRefused, sample_table
 from services.recorder.rows import LeanNodeSample
-from services.runtime.consumer import Consumer, Delivery
+from services.runtime.consumer import BatchHandler, Consumer, ConsumerOptions, Delivery
+from services.runtime.logs import get_logger
 
 SAMPLE_TYPE = NodeSample.ce_type()
 _lean = msgspec.json.Decoder(LeanNodeSample)
@@ -38,10 +45,36 @@ _HEARTBEAT = "100"
 _ENDED = ("404", "408")  # drained (no_wait), or the long poll expired
 # Grace beyond the pull's own expiry before a silent request is given up on (e.g. lost in a reconnect).
 _GRACE_S = 1.0
+log = get_logger("chamber.recorder.samples")
+
+# Stores a batch's GPU-sample rows; `suspect`: some message was delivered before (check stored ids).
+TableHandler = Callable[[pa.Table, bool], Awaitable[None]]
+
+
+def _position(msg: Msg) -> tuple[int, int]:
+    """(stream sequence, times delivered) from the ack subject, without nats-py's full metadata (a
+    frozen dataclass and a datetime per message): `$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>...`."""
+    tokens = msg.reply.split(".")
+    if len(tokens) == 9 and tokens[0] == "$JS" and tokens[1] == "ACK":
+        return int(tokens[5]), int(tokens[4])
+    meta = msg.metadata  # the longer form, with domain and account
+    return meta.sequence.stream, meta.num_delivered
 
 
 class SampleConsumer(Consumer):
     _inbox: Subscription | None = None
+
+    def __init__(
+        self,
+        js: JetStreamContext,
+        options: ConsumerOptions,
+        *,
+        batch_handler: BatchHandler,
+        table_handler: TableHandler,
+    ) -> None:
+        super().__init__(js, options, batch_handler=batch_handler)
+        self.table_handler = table_handler
+        self.bulk_refused = 0  # batches that took the per-message path
 
     async def start(self) -> None:
         await super().start()  # creates or finds the durable
@@ -101,6 +134,50 @@ class SampleConsumer(Consumer):
                     await msg.nak()
             self._ready = []
         await super().unsubscribe()
+
+    async def process(self, msgs: list[Msg], stop: asyncio.Event | None = None) -> None:
+        """Well-formed samples in bulk; anything else (other types, odd headers, redelivered too
+        often, a refused bulk decode) through the per-message path."""
+        o = self.options
+        bulk: list[tuple[Msg, int]] = []
+        bodies: list[bytes] = []
+        ids: list[str] = []
+        rest: list[Msg] = []
+        suspect = False
+        for msg in msgs:
+            headers = msg.headers
+            data = msg.data
+            if (
+                headers
+                and headers.get(H_TYPE) == SAMPLE_TYPE
+                and headers.get(H_SPECVERSION) == SPECVERSION
+                and headers.get(H_SOURCE)
+                and (event_id := headers.get(H_ID))
+                and len(data) <= o.max_bytes
+            ):
+                stream_seq, delivered = _position(msg)
+                if delivered <= o.max_redeliveries:
+                    bulk.append((msg, stream_seq))
+                    bodies.append(data)
+                    ids.append(event_id)
+                    suspect = suspect or delivered > 1
+                    continue
+            rest.append(msg)
+        if bulk:
+            try:
+                table = await asyncio.to_thread(sample_table, bodies, ids)
+            except BatchRefused as exc:
+                self.bulk_refused += 1
+                log.info("batch takes the per-message decode", reason=str(exc), messages=len(bulk))
+                rest = [msg for msg, _ in bulk] + rest
+            else:
+                handler = self.table_handler
+                if not await self._attempt(bulk, bulk, lambda: handler(table, suspect), stop):
+                    for msg in rest:  # stopping with the store failing: hand these back too
+                        await msg.nak()
+                    return
+        if rest:
+            await super().process(rest, stop)
 
     async def _decode_or_divert(self, msg: Msg) -> Delivery | None:
         headers = msg.headers or {}

@@ -15,6 +15,7 @@ import os
 from typing import Any
 
 import msgspec
+import pyarrow as pa
 
 from events.streams import BILLING, FAULTS, FLEET, JOBS, QUOTA, TELEMETRY
 from services.cli.errors import UsageError
@@ -89,6 +90,10 @@ async def setup_recorder(
 ) -> None:
     """Consumers for every stream, and the `sql` command. TELEMETRY may get several pull consumers on
     the same durable, so one decodes and acks while another's batch is being inserted."""
+
+    async def store_samples(table: pa.Table, suspect: bool) -> None:
+        await writer.store_tables({"gpu_samples": table}, suspect=suspect)
+
     for spec in [TELEMETRY] * max(0, telemetry_consumers - 1) + list(STREAMS):
 
         async def store(deliveries: list[Delivery], stream: str = spec.name) -> None:
@@ -105,7 +110,7 @@ async def setup_recorder(
             max_retry_delay_s=10.0,
         )
         if spec is TELEMETRY:  # the hot stream: node samples take the lean decode
-            consumer = SampleConsumer(ctx.js, options, batch_handler=store)
+            consumer = SampleConsumer(ctx.js, options, batch_handler=store, table_handler=store_samples)
             ctx.consumers.append(consumer)
             ctx.task(lambda consumer=consumer: consumer.run(ctx.stop))
         else:

@@ -31,6 +31,16 @@ T = TypeVar("T")
 _TIME_COLUMNS = {"gpu_samples": "ts", "events": "at", "cost_ledger": "period_start"}
 
 
+def _batch_key(tables: dict[str, pa.Table]) -> tuple[tuple[str, str, int], ...]:
+    """Names a batch by its first event id and row count per table."""
+    key = []
+    for name in ID_TABLES:
+        table = tables.get(name)
+        if table is not None and table.num_rows:
+            key.append((name, str(table.column("event_id")[0]), table.num_rows))
+    return tuple(key)
+
+
 def _quoted(values: list[str]) -> str:
     return ", ".join("'" + v.replace("\\", "\\\\").replace("'", "\\'") + "'" for v in values)
 
@@ -44,7 +54,9 @@ class Writer:
         self._after_insert = after_insert  # a test hook: crash between insert and ack
         self.rows_written: dict[str, int] = {}
         self.duplicates_dropped = 0
-        self.suspect_next = False
+        # Batches whose store failed, so part of them may be stored: their retry checks ids. Keyed by
+        # the batch itself (its tables come out the same on a retry), since consumers share a writer.
+        self._in_doubt: set[tuple[tuple[str, str, int], ...]] = set()
 
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
@@ -53,18 +65,22 @@ class Writer:
         return await self.call(lambda: self.warehouse.query(sql, readonly=readonly))
 
     async def store(self, items: list[Recorded], *, suspect: bool) -> None:
-        tables = build_tables(items)
-        suspect, self.suspect_next = suspect or self.suspect_next, False
+        await self.store_tables(build_tables(items), suspect=suspect)
+
+    async def store_tables(self, tables: dict[str, pa.Table], *, suspect: bool) -> None:
+        key = _batch_key(tables)
+        suspect = suspect or key in self._in_doubt
         try:
             await self.call(self._store, tables, suspect)
         except WarehouseUnavailable as exc:
-            self.suspect_next = True  # part of the batch may be stored: check ids on the retry
+            self._in_doubt.add(key)  # part of the batch may be stored: check ids on the retry
             raise TransientError(str(exc)) from exc
         except WarehouseError:
             # Rows the warehouse rejects will not pass on retry: the consumer retries a few times and
             # then dead-letters the batch (kept 30 days in DEAD, replayable), instead of stalling.
-            self.suspect_next = True
+            self._in_doubt.add(key)
             raise
+        self._in_doubt.discard(key)
 
     def _store(self, tables: dict[str, pa.Table], suspect: bool) -> None:
         for name in ID_TABLES + STATE_TABLES:

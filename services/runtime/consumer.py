@@ -168,10 +168,12 @@ class Consumer:
             return
         if self.batch_handler is not None:
             batch_handler = self.batch_handler
-            await self._attempt(good, good, lambda: batch_handler([d for _, d in good]), stop)
+            acks = [(msg, d.stream_seq) for msg, d in good]
+            await self._attempt(acks, acks, lambda: batch_handler([d for _, d in good]), stop)
             return
+        acks = [(msg, d.stream_seq) for msg, d in good]
         for i, (msg, delivery) in enumerate(good):
-            if not await self._attempt(good[i : i + 1], good[i:], self._traced_call(msg, delivery), stop):
+            if not await self._attempt(acks[i : i + 1], acks[i:], self._traced_call(msg, delivery), stop):
                 return
 
     def _traced_call(self, msg: Msg, delivery: Delivery) -> Callable[[], Awaitable[None]]:
@@ -188,12 +190,13 @@ class Consumer:
 
     async def _attempt(
         self,
-        current: list[tuple[Msg, Delivery]],
-        held: list[tuple[Msg, Delivery]],
+        current: list[tuple[Msg, int]],
+        held: list[tuple[Msg, int]],
         call: Callable[[], Awaitable[None]],
         stop: asyncio.Event | None,
     ) -> bool:
         """Run the handler for `current` until it succeeds, keeping the rest of the batch (`held`).
+        Both are (message, stream sequence) pairs.
 
         Retries happen here, in process, while the held messages' ack timers are extended: naking the
         rest of a batch would spend their delivery counts. Returns False when stopping with the held
@@ -233,8 +236,8 @@ class Consumer:
                 else:
                     await asyncio.sleep(delay)
                 continue
-            for msg, delivery in current:
-                await self._ack(msg, delivery)
+            for msg, stream_seq in current:
+                await self._ack(msg, stream_seq)
             return True
 
     async def _decode_or_divert(self, msg: Msg) -> Delivery | None:
@@ -254,10 +257,10 @@ class Consumer:
             return None
         return Delivery(envelope, msg.subject, meta.sequence.stream, meta.num_delivered)
 
-    async def _ack(self, msg: Msg, delivery: Delivery) -> None:
+    async def _ack(self, msg: Msg, stream_seq: int) -> None:
         await msg.ack()
         self.stats.handled += 1
-        self.stats.last_acked_seq = delivery.stream_seq
+        self.stats.last_acked_seq = stream_seq
 
     async def _dead(self, msg: Msg, reason: str, detail: str) -> None:
         log.warning("dead-lettering message", stream=self.options.stream, subject=msg.subject, reason=reason)

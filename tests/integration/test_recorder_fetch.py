@@ -11,7 +11,7 @@ import pytest
 from nats.js import JetStreamContext
 
 from services.recorder.samples import SampleConsumer
-from services.runtime import ConsumerOptions, Delivery, Publisher
+from services.runtime import ConsumerOptions, Publisher
 from tests.integration.test_runtime import eventually
 from tests.warehouse_builders import T0, a_sample
 
@@ -28,7 +28,7 @@ def options(**overrides: object) -> ConsumerOptions:
     return ConsumerOptions(**{**base, **overrides})  # type: ignore[arg-type]
 
 
-async def _nothing(_: list[Delivery]) -> None:
+async def _nothing(*_: object) -> None:
     return None
 
 
@@ -36,7 +36,7 @@ async def test_a_backlog_comes_in_whole_batches_and_a_quiet_stream_returns_empty
     js: JetStreamContext,
 ) -> None:
     await publish_samples(js, 25)
-    consumer = SampleConsumer(js, options(), batch_handler=_nothing)
+    consumer = SampleConsumer(js, options(), batch_handler=_nothing, table_handler=_nothing)
     await consumer.start()
     try:
         sizes = []
@@ -61,7 +61,7 @@ async def test_a_backlog_comes_in_whole_batches_and_a_quiet_stream_returns_empty
 
 async def test_messages_in_hand_at_stop_are_handed_back_not_left_to_time_out(js: JetStreamContext) -> None:
     await publish_samples(js, 5)
-    first = SampleConsumer(js, options(ack_wait_s=60.0), batch_handler=_nothing)
+    first = SampleConsumer(js, options(ack_wait_s=60.0), batch_handler=_nothing, table_handler=_nothing)
     await first.start()
     # Delivered after a fetch gave up on its request (e.g. across a reconnect): in hand, not yet handled.
     assert first._inbox is not None
@@ -69,7 +69,7 @@ async def test_messages_in_hand_at_stop_are_handed_back_not_left_to_time_out(js:
     await eventually(lambda: len(first._ready) == 5, within=5)
     await first.unsubscribe()
 
-    second = SampleConsumer(js, options(ack_wait_s=60.0), batch_handler=_nothing)
+    second = SampleConsumer(js, options(ack_wait_s=60.0), batch_handler=_nothing, table_handler=_nothing)
     await second.start()
     try:
         msgs = await second.fetch()  # at once, not after the 60 s ack wait
@@ -81,7 +81,7 @@ async def test_messages_in_hand_at_stop_are_handed_back_not_left_to_time_out(js:
 
 async def test_a_refused_pull_is_an_error_the_run_loop_backs_off_from_not_an_empty_batch(js: JetStreamContext) -> None:
     await publish_samples(js, 1)
-    consumer = SampleConsumer(js, options(fetch_timeout_s=5.0), batch_handler=_nothing)
+    consumer = SampleConsumer(js, options(fetch_timeout_s=5.0), batch_handler=_nothing, table_handler=_nothing)
     await consumer.start()
     try:
         assert len(await consumer.fetch()) == 1

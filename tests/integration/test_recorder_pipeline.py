@@ -15,6 +15,7 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from events import BudgetSet, CostAccrued, PriceSet, encode
+from services.recorder.samples import SampleConsumer
 from services.recorder.service import setup_recorder
 from services.recorder.writer import Writer
 from services.runtime import Publisher
@@ -31,16 +32,17 @@ pytestmark = pytest.mark.integration
 
 class Outage(Warehouse):
     """The real chDB warehouse behind a switch: while `down`, every insert fails as an unreachable
-    server would (the inserts of a batch before the failing one do land, as they would for real)."""
+    server would. The first `lost_replies` inserts of the outage do land but fail all the same, as
+    when the connection drops after the server stored the rows and before it answered."""
 
     kind = "chdb"
 
-    def __init__(self, inner: Warehouse, *, fail_after_tables: int = 0) -> None:
+    def __init__(self, inner: Warehouse, *, lost_replies: int = 0) -> None:
         self.inner = inner
         self.down = False
         self.failures = 0
-        self.fail_after_tables = fail_after_tables
-        self._inserted_in_outage = 0
+        self.lost_replies = lost_replies
+        self._landed_in_outage = 0
 
     def command(self, sql: str) -> None:
         self.inner.command(sql)
@@ -50,11 +52,11 @@ class Outage(Warehouse):
 
     def insert(self, table: str, data: pa.Table) -> None:
         if self.down:
-            if self._inserted_in_outage < self.fail_after_tables:
-                self._inserted_in_outage += 1
-                self.inner.insert(table, data)
-                return
             self.failures += 1
+            if self._landed_in_outage < self.lost_replies:
+                self._landed_in_outage += 1
+                self.inner.insert(table, data)
+                raise WarehouseUnavailable("connection reset (outage): the insert landed, its reply did not")
             raise WarehouseUnavailable("connection refused (outage)")
         self.inner.insert(table, data)
 
@@ -134,9 +136,10 @@ async def test_the_recorder_stores_samples_rollups_audit_log_and_answers_sql(
             await request(nc, "recorder", "sql", {"sql": "SELECT 1; INSERT INTO events SELECT * FROM events"})
     finally:
         stop.set()
-        await asyncio.wait_for(task, 15)
+        ctx = await asyncio.wait_for(task, 15)
         writer.close()
         warehouse.close()
+    assert bulk_refused(ctx) == 0  # well-formed samples took the bulk decode
 
 
 async def test_a_warehouse_outage_backs_off_then_stores_everything_exactly_once(
@@ -144,7 +147,7 @@ async def test_a_warehouse_outage_backs_off_then_stores_everything_exactly_once(
 ) -> None:
     real = ChdbWarehouse(tmp_path)
     migrate(real)
-    warehouse = Outage(real, fail_after_tables=1)  # the first insert of the outage lands, then it fails
+    warehouse = Outage(real, lost_replies=1)  # the first insert of the outage lands unconfirmed
     warehouse.down = True
     stop, task, writer = await start_recorder(nats_server.url, warehouse)
     try:
@@ -157,7 +160,7 @@ async def test_a_warehouse_outage_backs_off_then_stores_everything_exactly_once(
         await eventually(lambda: counts(real) == EXPECTED, within=30)
         await eventually(lambda: _all_acked(js), within=10)
         assert counts(real) == EXPECTED
-        assert writer.duplicates_dropped > 0  # the batch stored before the failure was not stored twice
+        assert writer.duplicates_dropped > 0  # the unconfirmed insert was not stored twice
     finally:
         stop.set()
         await asyncio.wait_for(task, 15)
@@ -246,9 +249,14 @@ async def test_a_broken_sample_is_dead_lettered_and_the_rest_of_its_batch_is_sto
         assert msg.headers is not None and msg.headers["chamber-dead-reason"] in ("invalid", "malformed")
     finally:
         stop.set()
-        await asyncio.wait_for(task, 15)
+        ctx = await asyncio.wait_for(task, 15)
         writer.close()
         warehouse.close()
+    assert bulk_refused(ctx) == 1  # the bulk decode refused the batch; the per-message path sorted it
+
+
+def bulk_refused(ctx: ServiceContext) -> int:
+    return sum(c.bulk_refused for c in ctx.consumers if isinstance(c, SampleConsumer))
 
 
 def cli_sql(url: str, data_dir: Path, query: str) -> str:
