@@ -166,9 +166,14 @@ class SampleConsumer(Consumer):
         if bulk:
             try:
                 table = await asyncio.to_thread(sample_table, bodies, ids)
-            except BatchRefused as exc:
+            except Exception as exc:  # BatchRefused, or anything unforeseen: the per-message path decides
                 self.bulk_refused += 1
-                log.info("batch takes the per-message decode", reason=str(exc), messages=len(bulk))
+                log.info(
+                    "batch takes the per-message decode",
+                    reason=str(exc),
+                    messages=len(bulk),
+                    exc_info=not isinstance(exc, BatchRefused),
+                )
                 rest = [msg for msg, _ in bulk] + rest
             else:
                 handler = self.table_handler
