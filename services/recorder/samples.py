@@ -51,6 +51,20 @@ log = get_logger("chamber.recorder.samples")
 TableHandler = Callable[[pa.Table, bool], Awaitable[None]]
 
 
+def _sample_id(msg: Msg, max_bytes: int) -> str | None:
+    """The event id of a message whose headers say it is a well-formed node sample, else None."""
+    headers = msg.headers
+    if (
+        headers
+        and headers.get(H_TYPE) == SAMPLE_TYPE
+        and headers.get(H_SPECVERSION) == SPECVERSION
+        and headers.get(H_SOURCE)
+        and len(msg.data) <= max_bytes
+    ):
+        return headers.get(H_ID) or None
+    return None
+
+
 def _position(msg: Msg) -> tuple[int, int]:
     """(stream sequence, times delivered) from the ack subject, without nats-py's full metadata (a
     frozen dataclass and a datetime per message): `$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>...`."""
@@ -145,20 +159,12 @@ class SampleConsumer(Consumer):
         rest: list[Msg] = []
         suspect = False
         for msg in msgs:
-            headers = msg.headers
-            data = msg.data
-            if (
-                headers
-                and headers.get(H_TYPE) == SAMPLE_TYPE
-                and headers.get(H_SPECVERSION) == SPECVERSION
-                and headers.get(H_SOURCE)
-                and (event_id := headers.get(H_ID))
-                and len(data) <= o.max_bytes
-            ):
+            event_id = _sample_id(msg, o.max_bytes)
+            if event_id is not None:
                 stream_seq, delivered = _position(msg)
                 if delivered <= o.max_redeliveries:
                     bulk.append((msg, stream_seq))
-                    bodies.append(data)
+                    bodies.append(msg.data)
                     ids.append(event_id)
                     suspect = suspect or delivered > 1
                     continue
@@ -185,16 +191,10 @@ class SampleConsumer(Consumer):
             await super().process(rest, stop)
 
     async def _decode_or_divert(self, msg: Msg) -> Delivery | None:
-        headers = msg.headers or {}
+        event_id = _sample_id(msg, self.options.max_bytes)
         meta = msg.metadata
-        if (
-            headers.get(H_TYPE) == SAMPLE_TYPE
-            and headers.get(H_SPECVERSION) == SPECVERSION
-            and headers.get(H_ID)
-            and headers.get(H_SOURCE)
-            and len(msg.data) <= self.options.max_bytes
-            and meta.num_delivered <= self.options.max_redeliveries
-        ):
+        if event_id is not None and meta.num_delivered <= self.options.max_redeliveries:
+            headers = msg.headers or {}
             try:
                 sample = _lean.decode(msg.data)
             except msgspec.DecodeError:
@@ -202,7 +202,7 @@ class SampleConsumer(Consumer):
             else:
                 envelope = Envelope(
                     event=sample,  # type: ignore[arg-type]
-                    id=headers[H_ID],
+                    id=event_id,
                     source=headers[H_SOURCE],
                     type=SAMPLE_TYPE,
                     time=headers.get(H_TIME, ""),

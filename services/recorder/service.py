@@ -109,7 +109,7 @@ async def setup_recorder(
             ack_wait_s=ack_wait,
             max_retry_delay_s=10.0,
         )
-        if spec is TELEMETRY:  # the hot stream: node samples take the lean decode
+        if spec is TELEMETRY:  # the hot stream: node samples take the bulk decode
             consumer = SampleConsumer(ctx.js, options, batch_handler=store, table_handler=store_samples)
             ctx.consumers.append(consumer)
             ctx.task(lambda consumer=consumer: consumer.run(ctx.stop))

@@ -166,12 +166,11 @@ class Consumer:
                 good.append((msg, delivery))
         if not good:
             return
+        acks = [(msg, d.stream_seq) for msg, d in good]
         if self.batch_handler is not None:
             batch_handler = self.batch_handler
-            acks = [(msg, d.stream_seq) for msg, d in good]
             await self._attempt(acks, acks, lambda: batch_handler([d for _, d in good]), stop)
             return
-        acks = [(msg, d.stream_seq) for msg, d in good]
         for i, (msg, delivery) in enumerate(good):
             if not await self._attempt(acks[i : i + 1], acks[i:], self._traced_call(msg, delivery), stop):
                 return
