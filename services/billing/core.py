@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 from events import (
     BudgetExceeded,
@@ -225,20 +226,22 @@ def period_costs(state: BillingState, p0: float, p1: float) -> list[tuple[CostAc
         if seconds > 0:
             held_s[(h.job_id, h.team, state.gpu_model.get(h.gpu, "unknown"))] += seconds
             held_by_gpu[h.gpu] += seconds
-    out: list[tuple[CostAccrued, str]] = []
-    for (job, team, model), seconds in sorted(held_s.items()):
+
+    def cost(model: str, seconds: float, **who: Any) -> CostAccrued:
         price = state.prices.get(model, 0.0)
-        event = CostAccrued(
+        return CostAccrued(
             period_start=p0,
             period_end=p1,
             gpu_model=model,
             gpu_seconds=seconds,
             cost=round(seconds / 3600 * price, 6),
             currency=state.currency,
-            team=team or None,
-            job_id=job,
-            pool=state.job_pool.get(job),
+            **who,
         )
+
+    out: list[tuple[CostAccrued, str]] = []
+    for (job, team, model), seconds in sorted(held_s.items()):
+        event = cost(model, seconds, team=team or None, job_id=job, pool=state.job_pool.get(job))
         out.append((event, stable_id("billing.cost", job, model, p0, p1)))
     idle_s: dict[tuple[str, str], float] = defaultdict(float)
     for s in state.service:
@@ -249,18 +252,7 @@ def period_costs(state: BillingState, p0: float, p1: float) -> list[tuple[CostAc
     for (pool, model), seconds in sorted(idle_s.items()):
         if seconds <= 0:
             continue
-        price = state.prices.get(model, 0.0)
-        event = CostAccrued(
-            period_start=p0,
-            period_end=p1,
-            gpu_model=model,
-            gpu_seconds=seconds,
-            cost=round(seconds / 3600 * price, 6),
-            currency=state.currency,
-            pool=pool,
-            idle=True,
-        )
-        out.append((event, stable_id("billing.idle", pool, model, p0, p1)))
+        out.append((cost(model, seconds, pool=pool, idle=True), stable_id("billing.idle", pool, model, p0, p1)))
     return out
 
 
