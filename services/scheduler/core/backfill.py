@@ -1,0 +1,64 @@
+"""Cycle phases 3 and 5 (EASY backfill): a pool's first job blocked for capacity reserves the GPUs
+it will get when running work ends (by runtime estimates); later jobs start only if they do not
+delay it (they end before the reservation, or use only GPUs it leaves over)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from services.scheduler.core.decisions import Reservation
+from services.scheduler.core.policy import QueueKey
+from services.scheduler.core.state import Job
+from services.scheduler.core.work import Work
+
+
+def estimate_s(job: Job) -> float | None:
+    """The runtime estimate used for backfill: the user's estimate, else the simulated duration."""
+    return job.spec.expected_duration_s or job.spec.sim_duration_s
+
+
+def check(
+    res: Reservation | None, job: Job, key: QueueKey, now: float, order: Callable[[QueueKey], QueueKey]
+) -> tuple[str | None, bool]:
+    """May `job` start now next to the pool's reservation? (why not, or None; and whether it
+    may only use the reserved job's leftover GPUs)."""
+    if res is None or not order(res.key) < order(key):
+        return None, False
+    est = estimate_s(job)
+    if est is not None and now + est <= res.shadow_at:
+        return None, False  # ends before the reserved job starts
+    if job.gpus > res.extra_gpus:
+        return (
+            f"backfill: would delay {res.job_id}, which has the GPUs reserved from about "
+            f"t={res.shadow_at:.0f} ({res.shadow_at - now:.0f}s from now)",
+            False,
+        )
+    return None, True
+
+
+def reservation(work: Work, job: Job, key: QueueKey) -> Reservation | None:
+    """EASY backfill: when will enough GPUs be free for `job`, judging by runtime estimates?"""
+    s = work.s
+    free = work.cap.free_in(work.classes(job))
+    ends: list[tuple[float, int]] = []
+    for (p, _), ids in s.running.items():
+        if p != job.pool:
+            continue
+        for jid in ids:
+            if jid in work.gone:
+                continue
+            r = s.jobs[jid]
+            est = estimate_s(r)
+            if est is not None and r.running_since is not None:
+                ends.append((max(work.now, r.running_since + est), r.gpus))
+    for jid in work.fresh:
+        r = s.jobs[jid]
+        est = estimate_s(r)
+        if est is not None and r.pool == job.pool:
+            ends.append((work.now + est, r.gpus))
+    ends.sort()
+    for end, gpus in ends:
+        free += gpus
+        if free >= job.gpus:
+            return Reservation(job.id, key, job.gpus, end, free - job.gpus)
+    return None  # running work has no estimates: nothing to reserve against

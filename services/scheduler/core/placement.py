@@ -1,0 +1,106 @@
+"""Cycle phase 3b: where a job's GPUs would come from (best fit, gangs whole, one topology domain first).
+
+`place` takes GPUs on the cycle's scratch index; the caller keeps them (admit) or rolls back.
+"""
+
+from __future__ import annotations
+
+from services.scheduler.core import quota
+from services.scheduler.core.state import Job
+from services.scheduler.core.work import Spot, Usage, Work
+
+
+def could_fit(work: Work, job: Job) -> bool:
+    """A cheap test from the index's counters, before the real placement."""
+    cap = work.cap
+    classes = work.classes(job)
+    n = job.gpus
+    if cap.free_in(classes) < n:
+        return False
+    if job.spec.replicas == 1:
+        return cap.max_free(classes) >= n
+    return cap.replicas_fit(classes, job.spec.gpus_per_replica) >= job.spec.replicas
+
+
+def place(work: Work, job: Job) -> Spot | None:
+    """Take GPUs for the job on the scratch index (the caller rolls back if it does not keep them).
+
+    A job that fits on one node stays on one node (best fit); a larger gang is placed replica
+    by replica, preferring one topology domain, then one cluster (a job never spans clusters)."""
+    cap = work.cap
+    classes = work.classes(job)
+    if not classes:
+        return None
+    per, replicas = job.spec.gpus_per_replica, job.spec.replicas
+    n = per * replicas
+    if n <= cap.max_gpus:
+        nid = cap.best_fit(classes, n)
+        if nid is not None:
+            return [(nid, cap.take(nid, n))]
+        if replicas == 1:
+            return None
+    if per > cap.max_gpus or cap.free_in(classes) < n:
+        return None
+    clusters: dict[str, list[int]] = {}
+    for c in classes:
+        clusters.setdefault(cap.class_keys[c][1], []).append(c)
+    key = job.spec.topology_key
+    if key and key != work.s.topology_key:
+        spot = _fill_by_label(work, job, clusters, key)
+        if spot is not None:
+            return spot
+    # Best fit among groups too: the emptiest-but-sufficient rack keeps big ones whole.
+    in_domain = []
+    dom_free = cap.dom_free
+    for cluster, cls in clusters.items():
+        if len(cls) == 1:
+            c = cls[0]
+            in_domain.extend((f, cluster, d, cls) for d in cap.class_domains[c] if (f := dom_free[(c, d)]) >= n)
+            continue
+        for domain in set().union(*(cap.class_domains[c] for c in cls)):
+            free = sum(dom_free.get((c, domain), 0) for c in cls)
+            if free >= n:
+                in_domain.append((free, cluster, domain, cls))
+    for _, _, domain, cls in sorted(in_domain):
+        spot = cap.fill(cls, per, replicas, domain)
+        if spot is not None:
+            return spot
+    for free, _, cls in sorted((cap.free_in(cls), cluster, cls) for cluster, cls in clusters.items()):
+        if free >= n:
+            spot = cap.fill(cls, per, replicas)
+            if spot is not None:
+                return spot
+    return None
+
+
+def _fill_by_label(work: Work, job: Job, clusters: dict[str, list[int]], key: str) -> Spot | None:
+    """A gang naming a topology label the index does not bucket by: group free nodes by that
+    label's value (a scan of the free nodes, for such gangs only), best-fit domain first."""
+    cap, nodes = work.cap, work.s.node_by_id
+    per, replicas = job.spec.gpus_per_replica, job.spec.replicas
+    for _, cls in sorted(clusters.items()):
+        groups: dict[str, tuple[int, set[int]]] = {}
+        for c in cls:
+            for k in range(per, cap.max_gpus + 1):
+                for nid in cap.buckets[c][k]:
+                    value = nodes[nid].labels.get(key)
+                    if value is not None:
+                        free, members = groups.get(value, (0, set()))
+                        members.add(nid)
+                        groups[value] = (free + (k // per) * per, members)
+        for free, _, members in sorted((f, v, m) for v, (f, m) in groups.items()):
+            if free >= job.gpus:
+                spot = cap.fill(cls, per, replicas, only=members)
+                if spot is not None:
+                    return spot
+    return None
+
+
+def fits(work: Work, job: Job, usage: Usage) -> bool:
+    """Quota and placement both allow the job (with `usage`), without keeping anything."""
+    if quota.block(work, job, usage) is not None:
+        return False
+    mark = work.cap.mark()
+    spot = place(work, job)
+    work.cap.rollback(mark)
+    return spot is not None

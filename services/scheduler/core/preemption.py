@@ -1,0 +1,255 @@
+"""Cycle phase 4: which running jobs a waiting job may preempt, and the cheapest set that makes it fit.
+
+Who may preempt whom is one pure rule, `eligible`; every search below asks it. The search only
+computes (Kueue's `GetTargets`): it leaves the scratch view as it found it, and the cycle turns
+its answer into `Preempt` decisions.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Iterator
+
+from events import PreemptionReason, PriorityClass
+from services.scheduler.core import placement, quota
+from services.scheduler.core.state import Job
+from services.scheduler.core.work import Usage, Work
+
+CRITICAL_RANK = PriorityClass.CRITICAL.rank
+RANKS = tuple(sorted(p.rank for p in PriorityClass))  # most urgent first
+
+Victims = list[tuple[Job, PreemptionReason]]
+
+
+def eligible(
+    team: str, rank: int, victim_team: str, victim_rank: int, *, reclaim: bool, victim_borrowing: bool
+) -> PreemptionReason | None:
+    """May a job of `team` at priority `rank` preempt a preemptible job of `victim_team` at
+    `victim_rank`, and why? (Lower rank is more urgent.)
+
+    - PRIORITY: a more urgent job of the same team;
+    - RECLAIM: the preemptor's team is within its guarantee (`reclaim`) and the victim's team is
+      borrowing; never a more urgent job than the reclaimer (Kueue's reclaimWithinCohort
+      LowerOrNewerEqualPriority): else reclaim and critical preemption could undo each other
+      forever (a critical borrower reclaimed by low work, then preempting it back);
+    - CRITICAL: critical work preempts less urgent work of any team.
+    """
+    if victim_team == team:
+        return PreemptionReason.PRIORITY if victim_rank > rank else None
+    if reclaim and victim_borrowing and victim_rank >= rank:
+        return PreemptionReason.RECLAIM
+    if rank == CRITICAL_RANK and victim_rank > rank:
+        return PreemptionReason.CRITICAL
+    return None
+
+
+def lost_work_gpu_s(job: Job, now: float) -> float:
+    """Work lost if preempted now: time since the last checkpoint (or start) x GPUs."""
+    since = job.started_at if job.started_at is not None else job.running_since
+    elapsed = max(0.0, now - since) if since is not None else 0.0
+    interval = job.spec.checkpoint_interval_s
+    if interval:
+        elapsed = elapsed % interval
+    return elapsed * job.gpus
+
+
+def _reclaims(work: Work, job: Job) -> bool:
+    """The job's team would stay within its guarantee with it: it may reclaim borrowed GPUs."""
+    q = work.s.quotas.get((job.pool, job.spec.team))
+    return q is not None and work.usage.get((job.pool, job.spec.team), 0) + job.gpus <= q.guaranteed
+
+
+def may_preempt(work: Work, job: Job) -> bool:
+    """A cheap test that some victim could exist, before the real search."""
+    pool, team, rank = job.pool, job.spec.team, job.spec.priority.rank
+    reclaim = _reclaims(work, job)
+    for (p, t, r), gpus in work.preemptible.items():
+        if p != pool or gpus <= 0:
+            continue
+        if eligible(team, rank, t, r, reclaim=reclaim, victim_borrowing=work.borrowing(p, t)):
+            return True
+    return False
+
+
+def select(work: Work, job: Job) -> Victims | None:
+    """The victims that let `job` fit, losing the least; None if no set does. Leaves no trace.
+
+    Victim order: borrowed capacity first, then lowest priority, then least work lost, then id.
+    A job that fits on one node frees one node (the one whose victims lose least); a larger
+    gang takes victims in order until it fits, then gives back the ones it did not need."""
+    cap, pool, team, rank = work.cap, job.pool, job.spec.team, job.spec.priority.rank
+    reclaim = _reclaims(work, job)
+    classes = set(work.classes(job))
+    # Bounds first, from counters: even with every eligible GPU freed, would quota and free
+    # GPUs allow the job? Most hopeless searches end here without looking at a single job.
+    usage = dict(work.usage)
+    freeable = 0
+    for (p, t, r), gpus in work.preemptible.items():
+        if (
+            p == pool
+            and gpus > 0
+            and eligible(team, rank, t, r, reclaim=reclaim, victim_borrowing=work.borrowing(p, t)) is not None
+        ):
+            usage[(p, t)] = usage.get((p, t), 0) - gpus
+            freeable += gpus
+    if quota.block(work, job, usage) is not None or cap.free_in(list(classes)) + freeable < job.gpus:
+        return None
+    gone, fresh = work.gone, work.fresh
+    candidates = (v for v in _in_order(work, pool, team, rank, reclaim) if v.id not in gone and v.id not in fresh)
+    usage = dict(work.usage)
+    mark = cap.mark()
+    try:
+        if job.spec.replicas == 1 and job.gpus <= cap.max_gpus:
+            return _free_one_node(work, job, candidates, classes, usage, reclaim)
+        ordered = list(candidates)
+        if job.gpus <= cap.max_gpus:
+            found = _free_one_node(work, job, ordered, classes, usage, reclaim)
+            if found is not None:
+                return found
+        return _free_nodes_for_gang(work, job, ordered, classes, usage, reclaim)
+    finally:
+        cap.rollback(mark)
+
+
+def _in_order(work: Work, pool: str, team: str, rank: int, reclaim: bool) -> Iterator[Job]:
+    """The jobs a preemptor of `team` at `rank` may preempt, in victim order: borrowed
+    capacity first, then lowest priority, then least work lost, then id (borrowing judged at
+    the start of the cycle: reclaim takes only from teams borrowing then, and their borrowing
+    only shrinks). Jobs are grouped by (team, priority) and a group is sorted only when the walk
+    reaches it, once per cycle: a search usually stops in its first group."""
+    s = work.s
+    by_class: dict[tuple[int, int], list[tuple[str, int]]] = {}
+    for p, t in s.running:
+        if p != pool:
+            continue
+        borrowing = work.borrowing(p, t, s.usage)
+        for r in RANKS:
+            if eligible(team, rank, t, r, reclaim=reclaim, victim_borrowing=borrowing):
+                by_class.setdefault((0 if borrowing else 1, -r), []).append((t, r))
+    for key in sorted(by_class):
+        lists = [_group(work, pool, t, r) for t, r in sorted(by_class[key])]
+        if len(lists) == 1:
+            yield from lists[0]
+        else:
+            lost = work.lost
+            yield from heapq.merge(*lists, key=lambda v: (lost[v.id], v.id))
+
+
+def _group(work: Work, pool: str, team: str, rank: int) -> list[Job]:
+    """Running preemptible jobs of one team and priority, least work lost first. A team's jobs
+    are split by priority once per cycle; a group is sorted when a walk first reaches it."""
+    key = (pool, team)
+    groups = work.groups.get(key)
+    if groups is None:
+        groups = work.groups[key] = [[] for _ in RANKS]
+        jobs = work.s.jobs
+        for jid in work.s.running.get(key, ()):
+            v = jobs[jid]
+            if v.spec.preemptible:
+                groups[v.spec.priority.rank].append(v)
+    group = groups[rank]
+    if (pool, team, rank) not in work.sorted:
+        now, lost = work.now, work.lost
+        for v in group:
+            lost[v.id] = lost_work_gpu_s(v, now)
+        group.sort(key=lambda v: (lost[v.id], v.id))
+        work.sorted.add((pool, team, rank))
+    return group
+
+
+def _reason(work: Work, job: Job, victim: Job, usage: Usage, reclaim: bool) -> PreemptionReason | None:
+    """Why this victim may be preempted, judging its team's borrowing by `usage` (the search's
+    running count: reclaim stops once the victim's team is back within its guarantee)."""
+    vt = victim.spec.team
+    return eligible(
+        job.spec.team,
+        job.spec.priority.rank,
+        vt,
+        victim.spec.priority.rank,
+        reclaim=reclaim,
+        victim_borrowing=work.borrowing(job.pool, vt, usage),
+    )
+
+
+def _free_one_node(
+    work: Work, job: Job, candidates: Iterable[Job], classes: set[int], usage: Usage, reclaim: bool
+) -> Victims | None:
+    """Walk victims in order, counting what each node would free; the first node with room
+    (and quota) wins: its victims are the cheapest that make the job fit on one node."""
+    slots, nodes = work.cap.slots, work.s.nodes
+    freed: dict[int, int] = {}
+    chosen: dict[int, Victims] = {}
+    delta: dict[int, Usage] = {}
+    for v in candidates:
+        for p in v.placements:
+            nid = nodes[(p.cluster, p.node)].nid
+            slot = slots[nid]
+            if slot.cls not in classes or not slot.usable:
+                continue
+            local = delta.setdefault(nid, {})
+            vkey = (v.pool, v.spec.team)
+            seen = usage.get(vkey, 0) + local.get(vkey, 0)
+            reason = _reason(work, job, v, {vkey: seen}, reclaim)
+            if reason is None:
+                continue
+            local[vkey] = local.get(vkey, 0) - v.gpus
+            chosen.setdefault(nid, []).append((v, reason))
+            freed[nid] = freed.get(nid, len(slot.free)) + len(p.gpu_indices)
+            if freed[nid] >= job.gpus and _fits_without(work, job, chosen[nid], usage):
+                return chosen[nid]
+    return None
+
+
+def _fits_without(work: Work, job: Job, chosen: Victims, usage: Usage) -> bool:
+    local = dict(usage)
+    for v, _ in chosen:
+        work.count(v, -1, local)
+    if quota.block(work, job, local) is not None:  # cheap, before touching the index
+        return False
+    mark = work.cap.mark()
+    for v, _ in chosen:
+        for nid, gpus in work.held(v):
+            work.cap.give(nid, gpus)
+    ok = placement.fits(work, job, local)
+    work.cap.rollback(mark)
+    return ok
+
+
+def _free_nodes_for_gang(
+    work: Work, job: Job, candidates: Iterable[Job], classes: set[int], usage: Usage, reclaim: bool
+) -> Victims | None:
+    """Walk victims in order, counting the replicas each node could then hold; once the gang
+    has room, keep only the victims on nodes that gained a replica."""
+    per, replicas = job.spec.gpus_per_replica, job.spec.replicas
+    slots, nodes = work.cap.slots, work.s.nodes
+    need = replicas - work.cap.replicas_fit(list(classes), per)
+    start: dict[int, int] = {}
+    freed: dict[int, int] = {}
+    on_node: dict[int, list[Job]] = {}
+    reasons: dict[str, PreemptionReason] = {}
+    local = dict(usage)
+    got = 0
+    for v in candidates:
+        reason = _reason(work, job, v, local, reclaim)
+        if reason is None:
+            continue
+        reasons[v.id] = reason
+        work.count(v, -1, local)
+        for p in v.placements:
+            nid = nodes[(p.cluster, p.node)].nid
+            slot = slots[nid]
+            if slot.cls not in classes or not slot.usable:
+                continue
+            before = freed.setdefault(nid, start.setdefault(nid, len(slot.free)))
+            freed[nid] = before + len(p.gpu_indices)
+            on_node.setdefault(nid, []).append(v)
+            got += freed[nid] // per - before // per
+        if got >= need:
+            chosen: dict[str, Job] = {}
+            for nid, vs in on_node.items():
+                if freed[nid] // per > start[nid] // per:
+                    chosen.update((x.id, x) for x in vs)
+            picked = [(x, reasons[x.id]) for x in chosen.values()]
+            if _fits_without(work, job, picked, usage):
+                return picked
+    return None
