@@ -27,6 +27,21 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--team", action="append", help="only this team's jobs (repeatable)")
     p.add_argument("--fault-rate", type=float, default=0.0, metavar="PER_NODE_DAY", help="node faults per node-day")
     p.add_argument("--seed", type=int, default=0, help="seed of the fault generator")
+    p.add_argument(
+        "--classes",
+        nargs="?",
+        const="default",
+        metavar="MIX",
+        help="give the jobs priority classes drawn at random (seeded): 'default' is "
+        "critical=0.1,high=58,normal=1.5,low=40.5, or any class=weight,... (weights are normalised)",
+    )
+    p.add_argument(
+        "--preemptible-classes",
+        default="low",
+        metavar="C1,C2",
+        help="with --classes: the classes whose jobs are preemptible, or 'none' (default low)",
+    )
+    p.add_argument("--class-seed", type=int, default=0, help="with --classes: seed of the class draw (default 0)")
     p.add_argument("--strict", action="store_true", help="refuse the trace at its first bad row")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--plot", type=Path, metavar="OUT.png", help="draw utilization and queue length over time")
@@ -74,6 +89,13 @@ def run(args: argparse.Namespace) -> int:
             jobs = jobs[: args.jobs]
         if not jobs:
             raise UsageError(f"{args.trace}: no jobs to simulate (check --team / --jobs)")
+        classes = None
+        if args.classes:
+            from services.tracesim.classes import DEFAULT_MIX, assign, parse_mix
+
+            mix_text = DEFAULT_MIX if args.classes == "default" else args.classes
+            classes = parse_mix(mix_text, args.preemptible_classes, args.class_seed)
+            jobs = assign(jobs, classes)
         teams = sorted({j.team for j in jobs})
         quotas = load_quotas(args.quotas, teams, args.gpus) if args.quotas else equal_shares(teams, args.gpus)
     except TraceError as exc:
@@ -87,6 +109,8 @@ def run(args: argparse.Namespace) -> int:
         jobs, fleet, quotas, policies, fault_rate_per_node_day=args.fault_rate, seed=args.seed, until=args.until
     )
     result["trace"] = {"file": str(args.trace), "jobs": len(jobs), "bad_rows": len(trace.bad_rows), "teams": len(teams)}
+    if classes is not None:
+        result["trace"]["classes"] = classes.describe()
     result["fleet"] = {"gpus": fleet.gpus, "gpus_per_node": fleet.gpus_per_node, "nodes": fleet.nodes}
     if args.plot:
         from services.tracesim.plot import plot
@@ -142,4 +166,32 @@ def table(result: dict[str, Any]) -> str:
     lines = [f"{'metric':<{width}}  " + "  ".join(f"{n:>14}" for n in names)]
     for key, label, how in ROWS:
         lines.append(f"{label:<{width}}  " + "  ".join(f"{_fmt(policies[n][key], how):>14}" for n in names))
+    classes = [p for p in PRIORITY_ORDER if any(p in policies[n]["by_priority"] for n in names)]
+    if len(classes) > 1 or "fifo" in names:
+        lines.append("")
+        lines.append(f"{'per class (wait in h)':<{width}}  " + "  ".join(f"{n:>14}" for n in names))
+        for prio in classes:
+            rows = [policies[n]["by_priority"].get(prio) for n in names]
+            lines.append(f"{prio + ': jobs':<{width}}  " + "  ".join(f"{r['jobs'] if r else '-':>14}" for r in rows))
+            lines.append(f"{'  wait mean / p50 / p99':<{width}}  " + "  ".join(f"{_waits(r):>14}" for r in rows))
+            if "fifo" in names:
+                lines.append(
+                    f"{'  ratio to fifo (mean / p99)':<{width}}  " + "  ".join(f"{_ratios(r):>14}" for r in rows)
+                )
     return "\n".join(lines)
+
+
+PRIORITY_ORDER = ("critical", "high", "normal", "low")
+
+
+def _waits(row: dict[str, Any] | None) -> str:
+    if not row:
+        return "-"
+    return "/".join(f"{row[k] / 3600:.1f}" for k in ("wait_mean_s", "wait_p50_s", "wait_p99_s"))
+
+
+def _ratios(row: dict[str, Any] | None) -> str:
+    ratio = (row or {}).get("ratio_to_fifo")
+    if not ratio:
+        return "-"
+    return " / ".join("n/a" if ratio[k] is None else f"{ratio[k]:.2f}" for k in ("mean", "p99"))

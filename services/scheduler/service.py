@@ -40,7 +40,6 @@ from services.scheduler.core import (
     FINISHED,
     QUEUED,
     CycleMark,
-    Policy,
     SchedulerState,
     events_for,
     evolve,
@@ -51,6 +50,7 @@ from services.scheduler.core import (
 from services.scheduler.core.cycle import PREEMPTION_SEARCHES
 from services.scheduler.core.state import DEFAULT_TOPOLOGY_KEY
 from services.scheduler.kubernetes import KubernetesJobs, reconcile
+from services.scheduler.policy_options import add_policy_arguments, policy_from_args
 from services.scheduler.replay import caught_up
 
 NAME = "scheduler"
@@ -107,7 +107,7 @@ class Scheduler:
         self.state = SchedulerState(topology_key=args.topology_key)
         self.interval = args.interval
         self.full_every = args.full_every
-        self.policy = Policy(preemption_searches=args.preemption_searches)
+        self.policy = policy_from_args(args, preemption_searches=args.preemption_searches)
         self.mark: CycleMark | None = None
         self.last_full = 0.0
         self.waiting: dict[str, str] = {}
@@ -231,7 +231,7 @@ class Scheduler:
 
     async def explain(self, req: ExplainRequest) -> dict[str, Any]:
         self._refresh_waiting()
-        found = explain(self.state, req.job, self.waiting)
+        found = explain(self.state, req.job, self.waiting, now=time.time(), policy=self.policy)
         if found is None:
             raise CommandRefused(f"no job {req.job!r}; `chamber queue --all` lists the jobs", field="job")
         return found
@@ -289,6 +289,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=PREEMPTION_SEARCHES,
         help=f"victim searches per cycle at most (default {PREEMPTION_SEARCHES})",
     )
+    add_policy_arguments(parser)
     parser.add_argument(
         "--leader-lease",
         default=os.environ.get(ENV_NAME, ""),

@@ -1,4 +1,5 @@
-"""The `chamber` policy: the scheduler's own pure core (not a copy), driven on the virtual clock.
+"""Every simulated policy is the scheduler's own pure core (not a copy), driven on the virtual clock
+with a `Policy` from the core's registry: `chamber` (the live scheduler's), `fifo` and `static-quota`.
 
 The simulator plays the rest of the system: it emits the events discovery, health, quota and the
 executor would (NodeDiscovered, NodeIsolated/NodeRestored, TeamQuotaSet, JobSubmitted, JobStarted,
@@ -25,7 +26,7 @@ from events import (
     TeamQuotaSet,
 )
 from events.telemetry import GpuInfo
-from services.scheduler.core import CycleMark, SchedulerState, events_for, evolve, schedule
+from services.scheduler.core import CHAMBER, CycleMark, Policy, SchedulerState, events_for, evolve, schedule
 from services.tracesim.engine import FleetSpec
 from services.tracesim.model import Action, SimJob, Start, Stop
 from services.tracesim.quotas import TeamQuota
@@ -59,10 +60,12 @@ def job_spec(job: SimJob, gpus_per_node: int) -> JobSpec:
     )
 
 
-class ChamberPolicy:
-    name = "chamber"
+class CorePolicy:
+    """A scheduling policy of the core as the simulator's policy."""
 
-    def __init__(self) -> None:
+    def __init__(self, policy: Policy = CHAMBER) -> None:
+        self.policy = policy
+        self.name = policy.name
         self.decision_log: list[tuple[float, str, str]] = []  # (now, event type, job id) of each action
         self.folded: list[Event] = []  # every event folded, in order: the log a live scheduler would read
         self.cycles: list[tuple[int, float]] = []  # (log position, now) of each cycle: replayable
@@ -126,7 +129,7 @@ class ChamberPolicy:
 
     def decide(self, now: float) -> list[Action]:
         self.cycles.append((len(self.folded), now))
-        cycle = schedule(self.state, now, self.mark)
+        cycle = schedule(self.state, now, self.mark, policy=self.policy)
         self.mark = cycle.mark
         actions: list[Action] = []
         started: list[str] = []
@@ -150,3 +153,10 @@ class ChamberPolicy:
         for job_id in started:  # the executor reports them started, after the decisions (as live)
             self._fold(JobStarted(job_id=job_id, at=now))
         return actions
+
+
+class ChamberPolicy(CorePolicy):
+    """The live scheduler's policy."""
+
+    def __init__(self) -> None:
+        super().__init__(CHAMBER)

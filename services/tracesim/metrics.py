@@ -65,6 +65,7 @@ def summarize(outcome: Outcome) -> dict[str, Any]:
         by_priority[prio] = {
             "jobs": sum(1 for j in jobs if j.t.priority.value == prio),
             "wait_mean_s": mean(w),
+            "wait_p50_s": percentile(w, 50),
             "wait_p99_s": percentile(w, 99),
         }
     window_start, window_end = outcome.first_submit, outcome.last_submit
@@ -110,3 +111,16 @@ def summarize(outcome: Outcome) -> dict[str, Any]:
         "jobs_completed": len(done),
         "jobs_unfinished": outcome.unfinished,
     }
+
+
+def ratios_to(baseline: dict[str, Any], other: dict[str, Any]) -> None:
+    """Add to each class of `other` its wait ratio to the same class under `baseline` (None when
+    the baseline's wait is 0: no ratio; a policy's class missing from the baseline gets none)."""
+    for prio, row in other["by_priority"].items():
+        base = baseline["by_priority"].get(prio)
+        if base is None:
+            continue
+        row["ratio_to_fifo"] = {
+            key: (round(row[f"wait_{key}_s"] / base[f"wait_{key}_s"], 3) if base[f"wait_{key}_s"] else None)
+            for key in ("mean", "p50", "p99")
+        }

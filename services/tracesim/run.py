@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.tracesim.baselines import Fifo, StaticQuota
 from services.tracesim.engine import FleetSpec, Outcome, Policy, Simulation
-from services.tracesim.metrics import summarize
+from services.tracesim.metrics import ratios_to, summarize
 from services.tracesim.quotas import TeamQuota
 from services.tracesim.trace import TraceJob
 
@@ -14,15 +13,13 @@ POLICIES = ("fifo", "static-quota", "chamber")
 
 
 def make_policy(name: str) -> Policy:
-    if name == "fifo":
-        return Fifo()
-    if name == "static-quota":
-        return StaticQuota()
-    if name == "chamber":
-        from services.tracesim.chamber_policy import ChamberPolicy
+    """Every policy runs through the scheduler's own core (`services.scheduler.core.POLICIES`)."""
+    from services.scheduler.core import POLICIES as CORE_POLICIES
+    from services.tracesim.chamber_policy import CorePolicy
 
-        return ChamberPolicy()
-    raise ValueError(f"unknown policy {name!r}; use one of {', '.join(POLICIES)}")
+    if name not in POLICIES:
+        raise ValueError(f"unknown policy {name!r}; use one of {', '.join(POLICIES)}")
+    return CorePolicy(CORE_POLICIES[name])
 
 
 def simulate(
@@ -39,4 +36,9 @@ def compare(
     jobs: list[TraceJob], fleet: FleetSpec, quotas: dict[str, TeamQuota], policies: list[str], **options: Any
 ) -> tuple[dict[str, Any], dict[str, Outcome]]:
     outcomes = {name: simulate(jobs, fleet, quotas, name, **options) for name in policies}
-    return {"policies": {name: summarize(o) for name, o in outcomes.items()}}, outcomes
+    summaries = {name: summarize(o) for name, o in outcomes.items()}
+    if "fifo" in summaries:  # per class, how each policy's waits compare with a plain FIFO cluster's
+        for name, summary in summaries.items():
+            if name != "fifo":
+                ratios_to(summaries["fifo"], summary)
+    return {"policies": summaries}, outcomes

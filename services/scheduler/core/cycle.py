@@ -17,6 +17,7 @@ decisions only take effect when their events are folded back by `evolve`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 from events import PreemptionReason
@@ -41,7 +42,13 @@ def schedule(state: SchedulerState, now: float, since: CycleMark | None = None, 
     Victim searches are the costly part of a cycle on a full fleet, so, as Kueue nominates one head
     per queue, only the first waiting job of each (pool, team, priority) searches per cycle, and at
     most `policy.preemption_searches` searches run per cycle (in queue order)."""
-    full = since is None or since.capacity_epoch != state.capacity_epoch or bool(state.displaced)
+    full = (
+        since is None
+        or since.capacity_epoch != state.capacity_epoch
+        or bool(state.displaced)
+        or now >= since.guard_at  # a queued job became protected by the starvation guard
+        or bool(policy.head_of_line)  # a blocked head holds back everything behind it, new or not
+    )
     work = Work(state, now, policy)
     state.capacity.begin()
     try:
@@ -51,7 +58,6 @@ def schedule(state: SchedulerState, now: float, since: CycleMark | None = None, 
 
 
 def _cycle(state: SchedulerState, work: Work, now: float, full: bool, since: CycleMark | None, policy: Policy) -> Cycle:
-    order = ORDERINGS[policy.order]
     decisions: list[Decision] = []
     waiting: dict[str, str] = {}
     jobs = state.jobs
@@ -76,7 +82,12 @@ def _cycle(state: SchedulerState, work: Work, now: float, full: bool, since: Cyc
             )
         )
 
-    # 2. heads, in queue order
+    # 2. heads, in queue order (multifactor priority with age; protected jobs first)
+    def queued_since(jid: str) -> float:
+        return now if jid in requeued else jobs[jid].queued_since
+
+    order = ORDERINGS[policy.order](policy, queued_since, now)
+    guard_at = since.guard_at if since is not None and not full else math.inf
     keys: Iterable[tuple[int, float, float, str]]
     reservations: dict[str, Reservation]
     if full or since is None:
@@ -90,12 +101,25 @@ def _cycle(state: SchedulerState, work: Work, now: float, full: bool, since: Cyc
     # 3-5. per job in order: nominate, preempt, admit (admissions change the scratch view at once)
     failed: dict[tuple[object, ...], str] = {}  # shapes that found no room this cycle: same answer
     considered = 0
+    blocked_heads: dict[str, str] = {}  # head-of-line policies: queue ("" or team) -> the head that waits
+    previous: tuple[str, str] | None = None
     searched: set[tuple[str, str, int]] = set()  # (pool, team, priority) heads that searched for victims
     for key in keys:
         jid = key[3]
         job = jobs[jid]
         considered += 1
         spec = job.spec
+        protected_at = policy.protected_since(queued_since(jid))
+        if protected_at is not None and protected_at > now:
+            guard_at = min(guard_at, protected_at)
+        if policy.head_of_line:
+            if previous is not None and previous[1] in waiting:
+                blocked_heads.setdefault(*previous)
+            line = "" if policy.head_of_line == "all" else spec.team
+            previous = (line, jid)
+            if line in blocked_heads:
+                waiting[jid] = f"first come, first served: waits behind {blocked_heads[line]}"
+                continue
         if job.pool != DEFAULT_POOL and job.pool not in state.pools:
             waiting[jid] = f"pool {job.pool} is not defined (define it with `chamber quota pool set`)"
             continue
@@ -172,12 +196,18 @@ def _cycle(state: SchedulerState, work: Work, now: float, full: bool, since: Cyc
                 failed.clear()  # freed capacity may fit shapes that failed before
                 continue
         # 5. wait: record why; the first job of a pool blocked for capacity reserves (EASY backfill)
+        guard = ""
+        if protected_at is not None and protected_at <= now:
+            guard = (
+                f"protected by the starvation guard since t={protected_at:.0f} "
+                f"(queued since t={queued_since(jid):.0f}); "
+            )
         if block is not None:
-            why = block
+            why = guard + block
         else:
             classes = work.classes(job)
             model = f" of model {spec.gpu_model}" if spec.gpu_model else ""
-            why = (
+            why = guard + (
                 f"waiting for capacity: needs {spec.replicas}x{spec.gpus_per_replica} GPUs{model} in pool {job.pool}; "
                 f"{work.cap.free_in(classes)} free, at most {work.cap.max_free(classes)} on one node"
             )
@@ -198,7 +228,7 @@ def _cycle(state: SchedulerState, work: Work, now: float, full: bool, since: Cyc
         failed[shape] = why
         waiting[jid] = why
 
-    mark = CycleMark(state.capacity_epoch, len(state.pending_log), tuple(sorted(reservations.items())))
+    mark = CycleMark(state.capacity_epoch, len(state.pending_log), tuple(sorted(reservations.items())), guard_at)
     return Cycle(decisions, waiting, mark, full, considered, reservations)
 
 

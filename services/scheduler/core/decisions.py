@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from events import (
@@ -69,6 +70,7 @@ class CycleMark:
     capacity_epoch: int
     pending_seq: int
     reservations: tuple[tuple[str, Reservation], ...] = ()
+    guard_at: float = math.inf  # when the next queued job becomes protected: the cycle then is full
 
 
 @dataclass

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from services.scheduler.core.policy import CHAMBER, Policy
 from services.scheduler.core.state import FINISHED, QUEUED, Job, JobState, SchedulerState
 
 
@@ -46,11 +47,29 @@ def queue_rows(
     ]
 
 
-def explain(state: SchedulerState, job_id: str, waiting: Mapping[str, str]) -> dict[str, Any] | None:
-    """Why a job is where it is, as a sentence plus the facts behind it; None for an unknown job."""
+def explain(
+    state: SchedulerState,
+    job_id: str,
+    waiting: Mapping[str, str],
+    *,
+    now: float | None = None,
+    policy: Policy = CHAMBER,
+) -> dict[str, Any] | None:
+    """Why a job is where it is, as a sentence plus the facts behind it; None for an unknown job.
+
+    With `now`, a queued job also says whether the starvation guard protects it, and since when
+    (or from when it will)."""
     job = state.jobs.get(job_id)
     if job is None:
         return None
+    guard: dict[str, Any] | None = None
+    protected_at = policy.protected_since(job.queued_since) if job.state in QUEUED else None
+    if protected_at is not None:
+        guard = {
+            "queued_since": job.queued_since,
+            "protected_since": protected_at,
+            "protected": now is not None and now >= protected_at,
+        }
     spec = job.spec
     ask = f"{spec.replicas}x{spec.gpus_per_replica} GPUs" + (f" of {spec.gpu_model}" if spec.gpu_model else "")
     head = f"job {job.id} ({spec.name or 'unnamed'}, team {spec.team}, {spec.priority.value} priority, {ask}"
@@ -64,6 +83,14 @@ def explain(state: SchedulerState, job_id: str, waiting: Mapping[str, str]) -> d
         position = next((i for i, k in enumerate(state.queue()) if k[3] == job.id), None)
         pos = f"position {position + 1} of {len(state.queue())} in the queue" if position is not None else "queued"
         why = waiting.get(job.id) or job.reason
+        if guard is not None and now is not None:
+            if guard["protected"] and "starvation guard" not in why:
+                why = (
+                    f"protected by the starvation guard since t={protected_at:.0f} (queued since "
+                    f"t={job.queued_since:.0f}): later jobs may not delay it; {why}"
+                )
+            elif not guard["protected"]:
+                why += f" (the starvation guard protects it from t={protected_at:.0f} if it still waits)"
         if job.state == JobState.SUSPENDED:
             text = (
                 f"{head} is suspended: {job.reason}; it resumes automatically when capacity frees ({pos}; now: {why})"
@@ -81,4 +108,5 @@ def explain(state: SchedulerState, job_id: str, waiting: Mapping[str, str]) -> d
         "preempted_by": job.preempted_by,
         "preempt_reason": job.preempt_reason,
         "preemptions": job.preemptions,
+        "starvation_guard": guard,
     }

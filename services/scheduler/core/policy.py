@@ -1,32 +1,39 @@
 """Scheduling policies as configuration: which queue order runs, and which rules are on.
 
-`chamber` is the real thing. The baselines let the simulator compare like with like through the
-same cycle code: `fifo` is what a plain cluster gives (submit order, no quotas, no preemption,
-anything that fits starts), `static-quota` is hard partitioning (each team confined to its
-guarantee, no borrowing, no preemption)."""
+`chamber` is the real thing. The baselines run through the same cycle code so the simulator compares
+like with like: `fifo` is what a plain cluster gives (one queue in submit order, head-of-line
+blocking, no quotas, no preemption), `static-quota` is hard partitioning (each team confined to its
+guarantee, first come first served within the team, no borrowing, no preemption).
+
+Queue order (`priority-fair-share`, after Slurm's multifactor priority): every factor is
+normalised to 0..1 and weighted,
+
+    priority = class_weight x class + fair_share_weight x fair share + age_weight x min(age / age_cap_s, 1)
+
+class is 1 (critical), 2/3 (high), 1/3 (normal), 0 (low); age counts from when the job last
+joined the queue. With the defaults one class step (1,000) outweighs fair share (at most 500), and
+age can lift a job by at most one class step: a normal job that has waited `age_cap_s` ranks with a
+fresh high one, never above critical work. Ties go to the earlier submit, then the job id.
+
+Starvation guard: a job queued longer than `starvation_bound_s` is protected. Protected jobs go
+first (the longest waiting first), so the first of them blocked for capacity in its pool holds the
+pool's EASY reservation: backfill and later arrivals start only if they do not delay it.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
+
+from events import PriorityClass
 
 QueueKey = tuple[int, float, float, str]  # priority rank, -fair share, submit time, job id
+OrderKey = tuple[float, float, float, str]  # smaller first
+QueuedSince = Callable[[str], float]  # job id -> when it last joined the queue
 
-
-def by_priority_then_fair_share(key: QueueKey) -> QueueKey:
-    """Priority class, then fair-share factor (higher first), then submit time, then job id."""
-    return key
-
-
-def by_submit_time(key: QueueKey) -> QueueKey:
-    """Submit time, then job id."""
-    return (0, 0.0, key[2], key[3])
-
-
-ORDERINGS: dict[str, Callable[[QueueKey], QueueKey]] = {
-    "priority-fair-share": by_priority_then_fair_share,
-    "fifo": by_submit_time,
-}
+RANKS = tuple(sorted(p.rank for p in PriorityClass))  # most urgent (critical) first
+LOWEST_RANK = RANKS[-1]
 
 
 @dataclass(frozen=True)
@@ -37,12 +44,74 @@ class Policy:
     borrowing: bool = True  # run beyond the guarantee on idle capacity of the pool
     preemption: bool = True  # priority, reclaim and critical preemption
     backfill: bool = True  # EASY reservations; off: anything that fits starts, in order
+    # Stop at the first job that does not start: "all" (one queue) or per "team"; "" never stops.
+    head_of_line: Literal["", "all", "team"] = ""
     preemption_searches: int = 4  # victim searches per cycle at most (the costly part)
+    class_weight: float = 3000.0
+    fair_share_weight: float = 500.0
+    age_weight: float = 1000.0
+    age_cap_s: float = 24 * 3600.0  # Slurm's PriorityMaxAge: age stops counting here
+    starvation_bound_s: float | None = 48 * 3600.0  # None: no guard
+
+    def __post_init__(self) -> None:
+        for name in ("class_weight", "fair_share_weight", "age_weight"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be 0 or more")
+        if self.age_cap_s <= 0:
+            raise ValueError("age_cap_s must be more than 0 seconds")
+        if self.starvation_bound_s is not None and self.starvation_bound_s <= 0:
+            raise ValueError("starvation_bound_s must be more than 0 seconds (or None: no guard)")
+
+    def protected_since(self, queued_since: float) -> float | None:
+        """When a job queued since `queued_since` is (or will be) protected by the starvation guard."""
+        return None if self.starvation_bound_s is None else queued_since + self.starvation_bound_s
+
+    def priority(self, key: QueueKey, age_s: float) -> float:
+        """The multifactor priority of a queued job (higher first)."""
+        rank, neg_share = key[0], key[1]
+        klass = (LOWEST_RANK - rank) / LOWEST_RANK
+        age = min(max(age_s, 0.0) / self.age_cap_s, 1.0)
+        return self.class_weight * klass + self.fair_share_weight * -neg_share + self.age_weight * age
+
+
+Order = Callable[[QueueKey], OrderKey]
+
+
+def by_multifactor_priority(policy: Policy, queued_since: QueuedSince, now: float) -> Order:
+    """Protected (starving) jobs first, longest waiting first; then multifactor priority (higher
+    first), then submit time, then job id."""
+    bound = policy.starvation_bound_s
+
+    def key(k: QueueKey) -> OrderKey:
+        since = queued_since(k[3])
+        if bound is not None and now - since >= bound:
+            return (0.0, since, k[2], k[3])
+        return (1.0, -policy.priority(k, now - since), k[2], k[3])
+
+    return key
+
+
+def by_submit_time(policy: Policy, queued_since: QueuedSince, now: float) -> Order:
+    """Submit time, then job id."""
+
+    def key(k: QueueKey) -> OrderKey:
+        return (0.0, 0.0, k[2], k[3])
+
+    return key
+
+
+ORDERINGS: dict[str, Callable[[Policy, QueuedSince, float], Order]] = {
+    "priority-fair-share": by_multifactor_priority,
+    "fifo": by_submit_time,
+}
 
 
 CHAMBER = Policy()
+STRICT_CLASSES = Policy(name="strict-classes", age_weight=0.0, starvation_bound_s=None)  # before issue 19
 POLICIES: dict[str, Policy] = {
     "chamber": CHAMBER,
-    "fifo": Policy(name="fifo", order="fifo", quotas=False, preemption=False, backfill=False),
-    "static-quota": Policy(name="static-quota", borrowing=False, preemption=False),
+    "fifo": Policy(name="fifo", order="fifo", quotas=False, preemption=False, backfill=False, head_of_line="all"),
+    "static-quota": Policy(
+        name="static-quota", order="fifo", borrowing=False, preemption=False, backfill=False, head_of_line="team"
+    ),
 }

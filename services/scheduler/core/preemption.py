@@ -12,17 +12,24 @@ from collections.abc import Iterable, Iterator
 
 from events import PreemptionReason, PriorityClass
 from services.scheduler.core import placement, quota
+from services.scheduler.core.policy import RANKS
 from services.scheduler.core.state import Job
 from services.scheduler.core.work import Usage, Work
 
 CRITICAL_RANK = PriorityClass.CRITICAL.rank
-RANKS = tuple(sorted(p.rank for p in PriorityClass))  # most urgent first
 
 Victims = list[tuple[Job, PreemptionReason]]
 
 
 def eligible(
-    team: str, rank: int, victim_team: str, victim_rank: int, *, reclaim: bool, victim_borrowing: bool
+    team: str,
+    rank: int,
+    victim_team: str,
+    victim_rank: int,
+    *,
+    reclaim: bool,
+    victim_borrowing: bool,
+    urgent: bool = False,
 ) -> PreemptionReason | None:
     """May a job of `team` at priority `rank` preempt a preemptible job of `victim_team` at
     `victim_rank`, and why? (Lower rank is more urgent.)
@@ -32,11 +39,16 @@ def eligible(
       borrowing; never a more urgent job than the reclaimer (Kueue's reclaimWithinCohort
       LowerOrNewerEqualPriority): else reclaim and critical preemption could undo each other
       forever (a critical borrower reclaimed by low work, then preempting it back);
+    - RECLAIM too: the preemptor is non-preemptible (`urgent`) and the victim is of a lower class
+      and its team is borrowing: urgent work that may not borrow is not held back by preemptible
+      borrowers of lower classes (no priority inversion). It takes only borrowed capacity, and
+      the quota rule keeps its team's non-preemptible GPUs within what nobody else is promised,
+      so every guarantee stays reclaimable (quota.py);
     - CRITICAL: critical work preempts less urgent work of any team.
     """
     if victim_team == team:
         return PreemptionReason.PRIORITY if victim_rank > rank else None
-    if reclaim and victim_borrowing and victim_rank >= rank:
+    if victim_borrowing and ((reclaim and victim_rank >= rank) or (urgent and victim_rank > rank)):
         return PreemptionReason.RECLAIM
     if rank == CRITICAL_RANK and victim_rank > rank:
         return PreemptionReason.CRITICAL
@@ -62,11 +74,11 @@ def _reclaims(work: Work, job: Job) -> bool:
 def may_preempt(work: Work, job: Job) -> bool:
     """A cheap test that some victim could exist, before the real search."""
     pool, team, rank = job.pool, job.spec.team, job.spec.priority.rank
-    reclaim = _reclaims(work, job)
+    reclaim, urgent = _reclaims(work, job), not job.spec.preemptible
     for (p, t, r), gpus in work.preemptible.items():
         if p != pool or gpus <= 0:
             continue
-        if eligible(team, rank, t, r, reclaim=reclaim, victim_borrowing=work.borrowing(p, t)):
+        if eligible(team, rank, t, r, reclaim=reclaim, victim_borrowing=work.borrowing(p, t), urgent=urgent):
             return True
     return False
 
@@ -78,7 +90,7 @@ def select(work: Work, job: Job) -> Victims | None:
     A job that fits on one node frees one node (the one whose victims lose least); a larger
     gang takes victims in order until it fits, then gives back the ones it did not need."""
     cap, pool, team, rank = work.cap, job.pool, job.spec.team, job.spec.priority.rank
-    reclaim = _reclaims(work, job)
+    reclaim, urgent = _reclaims(work, job), not job.spec.preemptible
     classes = set(work.classes(job))
     # Bounds first, from counters: even with every eligible GPU freed, would quota and free
     # GPUs allow the job? Most hopeless searches end here without looking at a single job.
@@ -88,14 +100,17 @@ def select(work: Work, job: Job) -> Victims | None:
         if (
             p == pool
             and gpus > 0
-            and eligible(team, rank, t, r, reclaim=reclaim, victim_borrowing=work.borrowing(p, t)) is not None
+            and eligible(team, rank, t, r, reclaim=reclaim, victim_borrowing=work.borrowing(p, t), urgent=urgent)
+            is not None
         ):
             usage[(p, t)] = usage.get((p, t), 0) - gpus
             freeable += gpus
     if quota.block(work, job, usage) is not None or cap.free_in(list(classes)) + freeable < job.gpus:
         return None
     gone, fresh = work.gone, work.fresh
-    candidates = (v for v in _in_order(work, pool, team, rank, reclaim) if v.id not in gone and v.id not in fresh)
+    candidates = (
+        v for v in _in_order(work, pool, team, rank, reclaim, urgent) if v.id not in gone and v.id not in fresh
+    )
     usage = dict(work.usage)
     mark = cap.mark()
     try:
@@ -111,7 +126,7 @@ def select(work: Work, job: Job) -> Victims | None:
         cap.rollback(mark)
 
 
-def _in_order(work: Work, pool: str, team: str, rank: int, reclaim: bool) -> Iterator[Job]:
+def _in_order(work: Work, pool: str, team: str, rank: int, reclaim: bool, urgent: bool) -> Iterator[Job]:
     """The jobs a preemptor of `team` at `rank` may preempt, in victim order: borrowed
     capacity first, then lowest priority, then least work lost, then id (borrowing judged at
     the start of the cycle: reclaim takes only from teams borrowing then, and their borrowing
@@ -124,7 +139,7 @@ def _in_order(work: Work, pool: str, team: str, rank: int, reclaim: bool) -> Ite
             continue
         borrowing = work.borrowing(p, t, s.usage)
         for r in RANKS:
-            if eligible(team, rank, t, r, reclaim=reclaim, victim_borrowing=borrowing):
+            if eligible(team, rank, t, r, reclaim=reclaim, victim_borrowing=borrowing, urgent=urgent):
                 by_class.setdefault((0 if borrowing else 1, -r), []).append((t, r))
     for key in sorted(by_class):
         lists = [_group(work, pool, t, r) for t, r in sorted(by_class[key])]
@@ -168,6 +183,7 @@ def _reason(work: Work, job: Job, victim: Job, usage: Usage, reclaim: bool) -> P
         victim.spec.priority.rank,
         reclaim=reclaim,
         victim_borrowing=work.borrowing(job.pool, vt, usage),
+        urgent=not job.spec.preemptible,
     )
 
 

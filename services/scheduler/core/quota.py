@@ -1,7 +1,20 @@
-"""Cycle phase 3a: may the team's quota hold this job now? (Guarantees, borrow limits, lend limits.)"""
+"""Cycle phase 3a: may the team's quota hold this job now? (Guarantees, borrow limits, lend limits.)
+
+Non-preemptible work and reclaim (issue 19): every GPU a team holds beyond its guarantee must be
+reclaimable, so it must be held by preemptible work. That holds while, in every pool,
+
+    sum over teams of max(guarantee, non-preemptible GPUs held) <= the pool's capacity
+
+so a non-preemptible job may start if its team's non-preemptible GPUs stay within the team's
+guarantee (its preemptible jobs, wherever they run, are then the part a lender can reclaim), or,
+beyond that, within the pool's capacity that nobody is guaranteed and no other team's
+non-preemptible work already takes. It never borrows a lender's guarantee. To make room it may
+preempt preemptible borrowers of a lower class (preemption.eligible: `urgent`).
+"""
 
 from __future__ import annotations
 
+from services.scheduler.core.policy import RANKS
 from services.scheduler.core.state import Job
 from services.scheduler.core.work import Usage, Work
 
@@ -23,11 +36,10 @@ def block(work: Work, job: Job, usage: Usage | None = None) -> str | None:
             f"quota: team {team} would hold {u + n} GPUs in pool {pool}, above its guarantee {g}"
             f" + borrow limit {q.borrow_limit}"
         )
-    if q is not None and not job.spec.preemptible and u + n > g:
-        return (
-            f"quota: non-preemptible jobs run within the guarantee (team {team} holds {u} of {g} "
-            f"in pool {pool}, needs {n})"
-        )
+    if not job.spec.preemptible:
+        why = nonpreemptible_block(work, job)
+        if why is not None:
+            return why
     held = 0  # what other teams hold or keep back (unlendable guarantee) in the pool
     teams = {t for (p, t) in s.quotas if p == pool} | {t for (p, t) in usage if p == pool}
     for other in teams:
@@ -48,3 +60,29 @@ def borrowed(work: Work, job: Job) -> int:
     g = work.guarantee(job.pool, job.spec.team)
     u = work.usage.get((job.pool, job.spec.team), 0)
     return max(0, u + job.gpus - g) - max(0, u - g)
+
+
+def nonpreemptible(work: Work, pool: str, team: str) -> int:
+    """GPUs the team's non-preemptible jobs hold in the pool (scratch view; preemption never changes it)."""
+    held = work.usage.get((pool, team), 0)
+    for rank in RANKS:
+        held -= work.preemptible.get((pool, team, rank), 0)
+    return held
+
+
+def nonpreemptible_block(work: Work, job: Job) -> str | None:
+    """Why a non-preemptible job may not start now (see the module's rule), or None."""
+    s, pool, team, n = work.s, job.pool, job.spec.team, job.gpus
+    mine = nonpreemptible(work, pool, team) + n
+    g = work.guarantee(pool, team)
+    if mine <= g:
+        return None
+    teams = {t for (p, t) in s.quotas if p == pool} | {t for (p, t) in work.usage if p == pool}
+    promised = sum(max(work.guarantee(pool, t), nonpreemptible(work, pool, t)) for t in teams if t != team)
+    spare = work.pool_capacity(pool) - promised
+    if mine <= spare:
+        return None
+    return (
+        f"quota: non-preemptible jobs never borrow a guarantee (team {team} would run {mine} non-preemptible "
+        f"GPUs in pool {pool}, guarantee {g}; the pool has {max(spare - g, 0)} unguaranteed GPUs more for such work)"
+    )

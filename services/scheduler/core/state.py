@@ -67,6 +67,7 @@ class Job:
     state: JobState = JobState.PENDING
     placements: list[Placement] = field(default_factory=list)
     running_since: float | None = None  # last scheduled/resumed
+    queued_since: float = 0.0  # when it last joined the queue (submitted, suspended, requeued): its age
     started_at: float | None = None  # the executor's JobStarted
     finished_at: float | None = None
     borrowed_gpus: int = 0
@@ -204,7 +205,7 @@ def evolve(state: SchedulerState, event: Event) -> SchedulerState:
 def _submitted(s: SchedulerState, e: JobSubmitted) -> None:
     if e.job_id in s.jobs:
         return
-    job = Job(id=e.job_id, spec=e.spec, submitted_at=e.at, pool=job_pool(e.spec, s.team_pools))
+    job = Job(id=e.job_id, spec=e.spec, submitted_at=e.at, pool=job_pool(e.spec, s.team_pools), queued_since=e.at)
     job.reason = "submitted; waiting for the next scheduling cycle"
     s.jobs[job.id] = job
     s._enqueue(job)
@@ -292,10 +293,11 @@ def _started(s: SchedulerState, e: JobStarted) -> None:
         job.started_at = e.at
 
 
-def _suspend(s: SchedulerState, job: Job, reason: str) -> None:
+def _suspend(s: SchedulerState, job: Job, reason: str, at: float) -> None:
     if job.state != JobState.RUNNING:
         return
     _release(s, job)
+    job.queued_since = at
     job.state = JobState.SUSPENDED
     job.generation += 1
     job.reason = reason
@@ -309,13 +311,13 @@ def _preempted(s: SchedulerState, e: JobPreempted) -> None:
     job.preempted_by = e.preemptor_job_id
     job.preempt_reason = e.reason.value
     job.preemptions += 1
-    _suspend(s, job, e.detail or f"preempted ({e.reason.value})")
+    _suspend(s, job, e.detail or f"preempted ({e.reason.value})", e.at)
 
 
 def _suspended(s: SchedulerState, e: JobSuspended) -> None:
     job = s.jobs.get(e.job_id)
     if job is not None:
-        _suspend(s, job, e.reason or "suspended")
+        _suspend(s, job, e.reason or "suspended", e.at)
 
 
 def _requeued(s: SchedulerState, e: JobRequeued) -> None:
@@ -323,6 +325,7 @@ def _requeued(s: SchedulerState, e: JobRequeued) -> None:
     if job is None or job.state != JobState.RUNNING:
         return
     _release(s, job)
+    job.queued_since = e.at
     job.state = JobState.PENDING
     job.generation += 1
     job.reason = f"requeued: {e.reason}"
