@@ -1,0 +1,251 @@
+"""Issue 19 in the scheduler core: one preemption rule, age in the queue order, the starvation guard,
+and non-preemptible work that never borrows a guarantee yet is not held back by lower classes."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from events import PreemptionReason, PriorityClass
+from services.scheduler.core import CHAMBER, Admit, Preempt, explain, schedule
+from services.scheduler.core.policy import STRICT_CLASSES, Policy
+from services.scheduler.core.preemption import eligible
+from services.scheduler.core.quota import nonpreemptible
+from services.scheduler.core.work import Work
+from tests.scheduler_builders import Driver, a_job, a_node, a_quota, done
+
+CRIT, HIGH, NORMAL, LOW = (p.rank for p in PriorityClass)
+HOUR = 3600.0
+
+
+# -- the preemption rule, as a table ---------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("rank", "victim_team", "victim_rank", "reclaim", "borrowing", "urgent", "expected"),
+    [
+        (HIGH, "a", LOW, False, False, False, PreemptionReason.PRIORITY),  # same team, less urgent
+        (HIGH, "a", HIGH, False, False, False, None),  # same team, same class: never
+        (LOW, "a", HIGH, True, True, False, None),  # same team, more urgent: never
+        (NORMAL, "b", NORMAL, True, True, False, PreemptionReason.RECLAIM),  # lender takes back
+        (NORMAL, "b", NORMAL, True, False, False, None),  # b is within its guarantee
+        (LOW, "b", HIGH, True, True, False, None),  # never reclaim from more urgent work
+        (NORMAL, "b", LOW, False, True, False, None),  # beyond its own guarantee: no reclaim
+        (HIGH, "b", LOW, False, True, True, PreemptionReason.RECLAIM),  # urgent: lower-class borrower
+        (HIGH, "b", HIGH, False, True, True, None),  # urgent, but not a lower class
+        (HIGH, "b", LOW, False, False, True, None),  # urgent, but b is not borrowing
+        (CRIT, "b", LOW, False, False, False, PreemptionReason.CRITICAL),
+        (CRIT, "b", CRIT, False, False, False, None),
+    ],
+)
+def test_one_rule_says_who_may_preempt_whom(
+    rank: int,
+    victim_team: str,
+    victim_rank: int,
+    reclaim: bool,
+    borrowing: bool,
+    urgent: bool,
+    expected: PreemptionReason | None,
+) -> None:
+    got = eligible("a", rank, victim_team, victim_rank, reclaim=reclaim, victim_borrowing=borrowing, urgent=urgent)
+    assert got == expected
+
+
+# -- age in the queue order ------------------------------------------------------------------------
+def _busy_then_free(policy: Policy, waited: float) -> str:
+    """One 8-GPU node, busy; a normal job queued at t=0 and a high one at t=`waited`; the node
+    frees: which of the two gets it?"""
+    fixed = {"gpus": 8, "preemptible": False}  # preemption goes by class alone: keep it out of this
+    d = Driver().given(a_node("n1"), a_job("busy", at=0, priority="low", **fixed))  # type: ignore[arg-type]
+    schedule_and_fold(d, 0.0, policy)
+    d.given(
+        a_job("old-normal", at=1.0, **fixed),  # type: ignore[arg-type]
+        a_job("new-high", at=waited, priority="high", **fixed),  # type: ignore[arg-type]
+    )
+    schedule_and_fold(d, waited, policy)
+    d.given(done("busy", at=waited + 1))
+    schedule_and_fold(d, waited + 1, policy)
+    return next(j for j in ("old-normal", "new-high") if d.state_of(j) == "running")
+
+
+def schedule_and_fold(d: Driver, now: float, policy: Policy) -> None:
+    from services.scheduler.core import events_for
+
+    cycle = schedule(d.state, now, None, policy=policy)
+    d.waiting.update(cycle.waiting)
+    for event, _ in events_for(cycle.decisions, now):
+        d.given(event)
+
+
+def test_a_job_that_waited_the_age_cap_ranks_with_fresh_work_one_class_up() -> None:
+    normal_aged = CHAMBER.priority((NORMAL, -1.0, 0.0, "n"), CHAMBER.age_cap_s * 5)  # age stops at the cap
+    high_fresh = CHAMBER.priority((HIGH, -1.0, 9.0, "h"), 0.0)
+    assert normal_aged == pytest.approx(high_fresh)
+    assert CHAMBER.priority((NORMAL, -1.0, 0.0, "n"), CHAMBER.age_cap_s / 2) < high_fresh
+
+
+def test_age_lets_a_long_waiting_job_pass_fresher_work_of_a_higher_class() -> None:
+    aging = replace(CHAMBER, starvation_bound_s=None, age_weight=1500.0)  # one and a half classes at the cap
+    assert _busy_then_free(aging, waited=CHAMBER.age_cap_s / 4) == "new-high"  # a little age: class wins
+    assert _busy_then_free(aging, waited=CHAMBER.age_cap_s + 10) == "old-normal"
+    assert _busy_then_free(STRICT_CLASSES, waited=CHAMBER.age_cap_s * 10) == "new-high"  # no age: strict classes
+
+
+def test_age_never_lifts_a_job_above_critical_work() -> None:
+    policy = replace(CHAMBER, starvation_bound_s=None)
+    key_low_aged = (LOW, -1.0, 0.0, "low")
+    key_high_fresh = (CRIT, -0.01, 100.0, "crit")
+    assert policy.priority(key_low_aged, 1e9) < policy.priority(key_high_fresh, 0.0)
+
+
+def test_policy_settings_are_checked() -> None:
+    with pytest.raises(ValueError, match="age_cap_s"):
+        Policy(age_cap_s=0)
+    with pytest.raises(ValueError, match="starvation_bound_s"):
+        Policy(starvation_bound_s=-1)
+
+
+# -- the starvation guard --------------------------------------------------------------------------
+def test_a_protected_job_holds_a_reservation_later_urgent_arrivals_cannot_pass() -> None:
+    policy = replace(CHAMBER, starvation_bound_s=100.0, age_weight=0.0)
+    d = Driver().given(
+        a_node("n1"),
+        a_node("n2"),
+        a_job("h0", gpus=8, at=0, priority="high", estimate=60),
+        a_job("gang", gpus=8, replicas=2, at=0, estimate=10),
+    )
+    schedule_and_fold(d, 0.0, policy)
+    assert d.state_of("h0") == "running" and d.state_of("gang") == "pending"
+    # Without the guard, each new high job takes the free node first and the gang never has two.
+    d.given(a_job("h1", gpus=8, at=50, priority="high", estimate=60))
+    schedule_and_fold(d, 50.0, policy)
+    assert d.state_of("h1") == "running"
+    d.given(done("h0", at=110), a_job("h2", gpus=8, at=110, priority="high", estimate=60))
+    schedule_and_fold(d, 110.0, policy)  # queued 110 s > bound: the gang is protected, first in line
+    assert d.state_of("h2") == "pending" and d.state_of("gang") == "pending"
+    assert "protected by the starvation guard since t=100" in d.waiting["gang"]
+    assert "backfill: would delay gang" in d.waiting["h2"]
+    d.given(done("h1", at=120))
+    schedule_and_fold(d, 120.0, policy)
+    assert d.state_of("gang") == "running"
+
+
+def test_explain_says_when_the_guard_protects_a_job_and_since_when() -> None:
+    d = Driver().given(a_node("n1", gpus=4), a_job("big", gpus=8, at=10))
+    schedule_and_fold(d, 20.0, CHAMBER)
+    early = explain(d.state, "big", d.waiting, now=20.0, policy=CHAMBER)
+    assert early is not None
+    bound = CHAMBER.starvation_bound_s
+    assert bound is not None
+    assert early["starvation_guard"] == {"queued_since": 10.0, "protected_since": 10 + bound, "protected": False}
+    assert f"protects it from t={10 + bound:.0f}" in early["text"]
+    late = explain(d.state, "big", d.waiting, now=10 + bound + 1, policy=CHAMBER)
+    assert late is not None and late["starvation_guard"]["protected"] is True
+    assert f"protected by the starvation guard since t={10 + bound:.0f}" in late["text"]
+
+
+def test_a_preempted_job_ages_from_when_it_rejoined_the_queue() -> None:
+    d = Driver().given(a_node("n1"), a_quota("a", 8), a_job("low", team="a", gpus=8, at=0, priority="low"))
+    d.cycle(now=0.0)
+    assert d.state_of("low") == "running"
+    d.given(a_job("hi", team="a", gpus=8, at=500, priority="high"))
+    d.cycle(now=500.0)
+    assert d.state_of("low") == "suspended"
+    assert d.state.jobs["low"].queued_since == 500.0
+
+
+# -- non-preemptible work --------------------------------------------------------------------------
+def test_a_team_without_quota_cannot_run_non_preemptible_work_on_others_guarantees() -> None:
+    d = Driver().given(
+        a_node("n1"), a_node("n2"), a_quota("vision", 16), a_job("np", team="nobody", gpus=8, preemptible=False)
+    )
+    d.cycle()
+    assert d.state_of("np") == "pending"
+    assert "non-preemptible jobs never borrow a guarantee" in d.waiting["np"]
+
+
+def test_non_preemptible_work_may_use_capacity_nobody_is_guaranteed() -> None:
+    d = Driver().given(
+        a_node("n1"),
+        a_node("n2"),
+        a_quota("vision", 8),
+        a_job("own", team="vision", gpus=8, preemptible=False, at=1),
+        a_job("beyond", team="vision", gpus=8, preemptible=False, at=2),
+        a_job("more", team="vision", gpus=1, preemptible=False, at=3),
+    )
+    d.cycle()
+    assert d.state_of("own") == "running" and d.state_of("beyond") == "running"  # 8 GPUs nobody is promised
+    d.given(a_node("n3", gpus=1), a_quota("nlp", 1))  # the new GPU is promised to nlp: still not for vision
+    d.cycle()
+    assert d.state_of("more") == "pending"
+
+
+def test_urgent_non_preemptible_work_preempts_a_lower_class_borrower_of_another_team() -> None:
+    d = Driver().given(
+        *(a_node(f"n{i}") for i in range(4)),  # 32 GPUs: 8 + 8 guaranteed, 16 nobody's
+        a_quota("vision", 8),
+        a_quota("nlp", 8),
+        a_job("v-hp", team="vision", gpus=8, priority="high", at=1),
+        a_job("v-hp2", team="vision", gpus=8, priority="high", at=2),  # vision borrows (preemptible)
+        a_job("n-low", team="nlp", gpus=8, priority="low", at=3),
+        a_job("n-low2", team="nlp", gpus=8, priority="low", at=4),  # nlp borrows
+    )
+    d.cycle(now=10.0)
+    assert all(d.state_of(j) == "running" for j in ("v-hp", "v-hp2", "n-low", "n-low2"))
+    # vision is beyond its guarantee (so no reclaim), but none of its GPUs are non-preemptible:
+    # its urgent job may take a lower class's borrowed GPUs, and its own high work stays borrowed.
+    d.given(a_job("v-train", team="vision", gpus=8, priority="high", preemptible=False, at=20))
+    cycle = d.cycle(now=30.0)
+    preempted = {x.job_id: x.reason for x in cycle.decisions if isinstance(x, Preempt)}
+    assert d.state_of("v-train") == "running"
+    assert len(preempted) == 1 and set(preempted) <= {"n-low", "n-low2"}
+    assert set(preempted.values()) == {PreemptionReason.RECLAIM}
+
+
+def test_urgent_work_leaves_borrowers_of_its_own_class_alone() -> None:
+    d = Driver().given(
+        a_node("n1"),
+        a_node("n2"),
+        a_node("n3"),
+        a_quota("vision", 8),
+        a_quota("nlp", 8),
+        a_job("v-own", team="vision", gpus=8, priority="low", at=1),
+        a_job("n-own", team="nlp", gpus=8, priority="high", at=2),
+        a_job("n-borrow", team="nlp", gpus=8, priority="high", at=3),  # nlp borrows, at high
+    )
+    d.cycle(now=10.0)
+    d.given(a_job("np", team="vision", gpus=8, priority="high", preemptible=False, at=20))
+    cycle = d.cycle(now=30.0)
+    preempted = [x.job_id for x in cycle.decisions if isinstance(x, Preempt)]
+    assert preempted == ["v-own"]  # its own team's low job (priority); nlp's high borrower stays
+    assert any(isinstance(x, Admit) and x.job_id == "np" for x in cycle.decisions)
+
+
+scenario = st.lists(
+    st.tuples(
+        st.sampled_from(["a", "b", "c"]),
+        st.sampled_from([1, 2, 4, 8]),
+        st.sampled_from(list(PriorityClass)),
+        st.booleans(),  # preemptible
+    ),
+    min_size=1,
+    max_size=14,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(scenario, st.sampled_from([(8, 8, 8), (4, 8, 0), (8, 0, 0), (2, 2, 2)]))
+def test_every_guarantee_stays_reclaimable_whatever_runs(jobs, guarantees) -> None:  # type: ignore[no-untyped-def]
+    """After any sequence of cycles, sum over teams of max(guarantee, non-preemptible GPUs held)
+    never exceeds the pool: whatever a team holds beyond its guarantee is preemptible."""
+    d = Driver().given(a_node("n1"), a_node("n2"), a_node("n3"))
+    for team, g in zip("abc", guarantees, strict=True):
+        if g:
+            d.given(a_quota(team, g))
+    for i, (team, gpus, prio, pre) in enumerate(jobs):
+        d.given(a_job(f"j{i}", team=team, gpus=gpus, priority=prio.value, preemptible=pre, at=float(i)))
+        d.cycle(now=float(i) + 0.5)
+        work = Work(d.state, 0.0)
+        promised = sum(max(work.guarantee("default", t), nonpreemptible(work, "default", t)) for t in ("a", "b", "c"))
+        assert promised <= 24
