@@ -17,14 +17,15 @@ decisions only take effect when their events are folded back by `evolve`.
 
 from __future__ import annotations
 
+import heapq
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from events import PreemptionReason
 from services.scheduler.core import backfill, placement, preemption, quota
 from services.scheduler.core.backfill import estimate_s
 from services.scheduler.core.decisions import Admit, Cycle, CycleMark, Decision, Preempt, Requeue, Reservation
-from services.scheduler.core.policy import CHAMBER, ORDERINGS, Policy
+from services.scheduler.core.policy import CHAMBER, ORDERINGS, Policy, QueueKey
 from services.scheduler.core.pools import DEFAULT_POOL
 from services.scheduler.core.preemption import lost_work_gpu_s
 from services.scheduler.core.state import QUEUED, Job, JobState, SchedulerState
@@ -90,7 +91,10 @@ def _cycle(state: SchedulerState, work: Work, now: float, full: bool, since: Cyc
     guard_at = since.guard_at if since is not None and not full else math.inf
     keys: Iterable[tuple[int, float, float, str]]
     reservations: dict[str, Reservation]
-    if full or since is None:
+    if policy.head_of_line:
+        keys = _first_come_first_served(state, requeued, policy, waiting)
+        reservations = {}
+    elif full or since is None:
         keys = sorted([*state.queue(), *(state.queue_key(j) for j in requeued.values())], key=order)
         reservations = {}
     else:
@@ -101,8 +105,6 @@ def _cycle(state: SchedulerState, work: Work, now: float, full: bool, since: Cyc
     # 3-5. per job in order: nominate, preempt, admit (admissions change the scratch view at once)
     failed: dict[tuple[object, ...], str] = {}  # shapes that found no room this cycle: same answer
     considered = 0
-    blocked_heads: dict[str, str] = {}  # head-of-line policies: queue ("" or team) -> the head that waits
-    previous: tuple[str, str] | None = None
     searched: set[tuple[str, str, int]] = set()  # (pool, team, priority) heads that searched for victims
     for key in keys:
         jid = key[3]
@@ -112,14 +114,6 @@ def _cycle(state: SchedulerState, work: Work, now: float, full: bool, since: Cyc
         protected_at = policy.protected_since(queued_since(jid))
         if protected_at is not None and protected_at > now:
             guard_at = min(guard_at, protected_at)
-        if policy.head_of_line:
-            if previous is not None and previous[1] in waiting:
-                blocked_heads.setdefault(*previous)
-            line = "" if policy.head_of_line == "all" else spec.team
-            previous = (line, jid)
-            if line in blocked_heads:
-                waiting[jid] = f"first come, first served: waits behind {blocked_heads[line]}"
-                continue
         if job.pool != DEFAULT_POOL and job.pool not in state.pools:
             waiting[jid] = f"pool {job.pool} is not defined (define it with `chamber quota pool set`)"
             continue
@@ -208,8 +202,9 @@ def _cycle(state: SchedulerState, work: Work, now: float, full: bool, since: Cyc
             classes = work.classes(job)
             model = f" of model {spec.gpu_model}" if spec.gpu_model else ""
             why = guard + (
-                f"waiting for capacity: needs {spec.replicas}x{spec.gpus_per_replica} GPUs{model} in pool {job.pool}; "
-                f"{work.cap.free_in(classes)} free, at most {work.cap.max_free(classes)} on one node"
+                f"waiting for capacity: needs {spec.replicas}x{spec.gpus_per_replica} GPUs{model} "
+                f"in pool {job.pool}; {work.cap.free_in(classes)} free, "
+                f"at most {work.cap.max_free(classes)} on one node"
             )
             if spec.gpus_per_replica > work.cap.max_gpus:
                 why += f"; no node has {spec.gpus_per_replica} GPUs (the largest has {work.cap.max_gpus})"
@@ -230,6 +225,30 @@ def _cycle(state: SchedulerState, work: Work, now: float, full: bool, since: Cyc
 
     mark = CycleMark(state.capacity_epoch, len(state.pending_log), tuple(sorted(reservations.items())), guard_at)
     return Cycle(decisions, waiting, mark, full, considered, reservations)
+
+
+def _first_come_first_served(
+    state: SchedulerState, requeued: dict[str, Job], policy: Policy, waiting: dict[str, str]
+) -> Iterator[QueueKey]:
+    """Head-of-line blocking (the fifo and static-quota baselines): jobs in submit order, in one
+    line ("all") or one per team, each line ending at its first job that waits (the cycle has put
+    it in `waiting` by the time the next key is asked for). Reads only the heads of the state's
+    per-team lines, so a long queue costs nothing per cycle."""
+    extra: dict[str, list[tuple[float, str]]] = {}
+    for job in requeued.values():  # still running in the state: not in its lines yet
+        extra.setdefault(job.spec.team, []).append((job.submitted_at, job.id))
+    teams = sorted(set(state.fifo_lines) | set(extra))
+
+    def line(team: str) -> Iterator[tuple[float, str]]:
+        return heapq.merge(state.fifo_lines.get(team, []), sorted(extra.get(team, [])))
+
+    lines = [heapq.merge(*(line(t) for t in teams))] if policy.head_of_line == "all" else [line(t) for t in teams]
+    jobs = state.jobs
+    for entries in lines:
+        for _, jid in entries:
+            yield state.queue_key(jobs[jid])
+            if jid in waiting:
+                break
 
 
 def select_victims(state: SchedulerState, job_id: str, now: float) -> list[tuple[str, PreemptionReason]] | None:

@@ -50,8 +50,8 @@ class Policy:
     class_weight: float = 3000.0
     fair_share_weight: float = 500.0
     age_weight: float = 1000.0
-    age_cap_s: float = 4 * 3600.0  # Slurm's PriorityMaxAge: age stops counting here
-    starvation_bound_s: float | None = 24 * 3600.0  # None: no guard
+    age_cap_s: float = 2 * 3600.0  # Slurm's PriorityMaxAge: age stops counting here
+    starvation_bound_s: float | None = 8 * 3600.0  # None: no guard
 
     def __post_init__(self) -> None:
         for name in ("class_weight", "fair_share_weight", "age_weight"):

@@ -21,6 +21,11 @@ from services.scheduler.core.work import Usage, Work
 
 def block(work: Work, job: Job, usage: Usage | None = None) -> str | None:
     """Why the team's quota does not allow this job now, or None if it does."""
+    return limits_block(work, job, usage) or room_block(work, job, usage)
+
+
+def limits_block(work: Work, job: Job, usage: Usage | None = None) -> str | None:
+    """The team's own limits: guarantee (static quota, non-preemptible work) and borrow limit."""
     if not work.policy.quotas:
         return None
     s = work.s
@@ -40,6 +45,18 @@ def block(work: Work, job: Job, usage: Usage | None = None) -> str | None:
         why = nonpreemptible_block(work, job)
         if why is not None:
             return why
+    return None
+
+
+def room_block(work: Work, job: Job, usage: Usage | None = None) -> str | None:
+    """The pool's room: what other teams hold or keep back (their unlendable guarantee). Held GPUs
+    free as work ends, so for the starvation guard this is a wait for capacity (it may reserve)."""
+    if not work.policy.quotas:
+        return None
+    s = work.s
+    usage = work.usage if usage is None else usage
+    pool, team, n = job.pool, job.spec.team, job.gpus
+    u = usage.get((pool, team), 0)
     held = 0  # what other teams hold or keep back (unlendable guarantee) in the pool
     teams = {t for (p, t) in s.quotas if p == pool} | {t for (p, t) in usage if p == pool}
     for other in teams:

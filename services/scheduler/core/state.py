@@ -151,6 +151,9 @@ class SchedulerState:
     capacity_epoch: int = 0  # bumped when capacity frees or the rules change: the next cycle is full
     pending_log: list[str] = field(default_factory=list)  # job ids as they (re)entered the queue
     _queue: list[tuple[int, float, float, str]] | None = None
+    # Queued jobs per team in submit order, (submit time, id): first-come-first-served lines for
+    # the head-of-line baselines (fifo, static-quota), so a cycle reads heads, not the whole queue.
+    fifo_lines: dict[str, list[tuple[float, str]]] = field(default_factory=dict)
 
     # -- the queue -----------------------------------------------------------------------------
     def queue_key(self, job: Job) -> tuple[int, float, float, str]:
@@ -165,11 +168,16 @@ class SchedulerState:
         return self._queue
 
     def _enqueue(self, job: Job) -> None:
+        insort(self.fifo_lines.setdefault(job.spec.team, []), (job.submitted_at, job.id))
         if self._queue is not None:
             insort(self._queue, self.queue_key(job))
         self.pending_log.append(job.id)
 
     def _dequeue(self, job: Job) -> None:
+        line = self.fifo_lines.get(job.spec.team, [])
+        i = bisect_left(line, (job.submitted_at, job.id))
+        if i < len(line) and line[i][1] == job.id:
+            del line[i]
         if self._queue is not None:
             key = self.queue_key(job)
             i = bisect_left(self._queue, key)
