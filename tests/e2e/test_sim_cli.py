@@ -33,10 +33,11 @@ def test_compare_prints_the_contract_json_for_every_policy(tmp_path: Path) -> No
             "stranded_gpu_hours", "jobs_completed",
         ):  # fmt: skip
             assert key in metrics
-        assert set(metrics["by_priority"]["normal"]) == {"wait_mean_s", "wait_p99_s", "jobs"}
+        assert {"wait_mean_s", "wait_p50_s", "wait_p99_s", "jobs"} <= set(metrics["by_priority"]["normal"])
         team = next(iter(metrics["by_team"].values()))
         assert {"share_received", "entitlement", "wait_mean_s"} <= set(team)
     assert doc["policies"]["chamber"]["jobs_completed"] == 300
+    assert "ratio_to_fifo" in doc["policies"]["chamber"]["by_priority"]["normal"]
     assert plot.stat().st_size > 10_000
 
 
@@ -60,3 +61,13 @@ def test_mistakes_are_one_clear_line() -> None:
     assert missing.returncode == 2 and "does not exist" in missing.stderr and "Traceback" not in missing.stderr
     policy = sim("--policy", "magic", "--gpus", "8")
     assert policy.returncode == 2 and "unknown policy magic" in policy.stderr
+
+
+def test_classes_given_on_the_command_line_are_reported_per_class_against_fifo() -> None:
+    result = sim("--compare", "fifo,chamber", "--gpus", "128", "--jobs", "300", "--classes", "high=1,low=1")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "high: jobs" in out and "low: jobs" in out and "ratio to fifo (mean / p99)" in out
+    assert "normal: jobs" not in out
+    bad = sim("--gpus", "8", "--classes", "urgent=1")
+    assert bad.returncode == 2 and "'urgent' is not a priority class" in bad.stderr and "Traceback" not in bad.stderr
