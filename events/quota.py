@@ -30,6 +30,7 @@ class TeamQuotaSet(Event, frozen=True, tag=event_type("quota", "team_quota_set")
     borrow_limit: NonNegative | None = None  # None: no limit beyond the pool
     lend_limit: NonNegative | None = None  # None: all idle guaranteed GPUs may be lent
     weight: Annotated[float, Meta(gt=0)] = 1.0
+    critical: bool = False  # may the team run `critical` work in this pool (preempting other teams)
 
 
 class FairShareUpdated(Event, frozen=True, tag=event_type("quota", "fair_share_updated")):

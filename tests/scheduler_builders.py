@@ -65,9 +65,17 @@ def a_job(
 
 
 def a_quota(
-    team: str, gpus: int, *, pool: str = "default", borrow: int | None = None, lend: int | None = None
+    team: str,
+    gpus: int,
+    *,
+    pool: str = "default",
+    borrow: int | None = None,
+    lend: int | None = None,
+    critical: bool = False,
 ) -> TeamQuotaSet:
-    return TeamQuotaSet(team=team, pool=pool, at=0.0, guaranteed_gpus=gpus, borrow_limit=borrow, lend_limit=lend)
+    return TeamQuotaSet(
+        team=team, pool=pool, at=0.0, guaranteed_gpus=gpus, borrow_limit=borrow, lend_limit=lend, critical=critical
+    )
 
 
 def done(job_id: str, at: float = 100.0) -> JobCompleted:

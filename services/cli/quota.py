@@ -30,6 +30,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     s.add_argument("--borrow-limit", type=int, help="GPUs it may borrow beyond its guarantee (default: no limit)")
     s.add_argument("--lend-limit", type=int, help="idle guaranteed GPUs it lends at most (default: all)")
     s.add_argument("--weight", type=float, default=1.0, help="fair-share weight (default 1)")
+    s.add_argument(
+        "--critical",
+        action="store_true",
+        help="the team may submit critical work in this pool (it preempts other teams' work); off by default",
+    )
     s.add_argument("--budget", type=float, metavar="AMOUNT", help="optional spending limit per month (USD)")
     s.set_defaults(func=set_quota)
 
@@ -60,6 +65,8 @@ def set_quota(args: argparse.Namespace) -> int:
     if args.weight <= 0:
         raise UsageError(f"--weight must be above 0, got {args.weight:g}")
     payload = {"team": args.team, "pool": args.pool, "gpus": args.gpus, "weight": args.weight}
+    if args.critical:
+        payload["critical"] = True
     if args.borrow_limit is not None:
         payload["borrow_limit"] = args.borrow_limit
     if args.lend_limit is not None:
@@ -70,7 +77,8 @@ def set_quota(args: argparse.Namespace) -> int:
         payload["budget"] = args.budget
     result = _send(args, "quota", "set", payload)
     budget = f", budget {result['budget']:g} USD/month" if "budget" in result else ""
-    print(f"team {result['team']}: {result['guaranteed']} GPUs guaranteed in pool {result['pool']}{budget}")
+    critical = ", may run critical work" if result.get("critical") else ""
+    print(f"team {result['team']}: {result['guaranteed']} GPUs guaranteed in pool {result['pool']}{critical}{budget}")
     return 0
 
 

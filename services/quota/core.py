@@ -120,7 +120,13 @@ def evolve(state: QuotaState, event: Event) -> QuotaState:
             state.pools[event.pool] = PoolDef(event.pool, event.gpu_model, dict(event.node_selector))
         case TeamQuotaSet():
             state.quotas[(event.pool, event.team)] = Quota(
-                event.team, event.pool, event.guaranteed_gpus, event.borrow_limit, event.lend_limit, event.weight
+                event.team,
+                event.pool,
+                event.guaranteed_gpus,
+                event.borrow_limit,
+                event.lend_limit,
+                event.weight,
+                event.critical,
             )
         case FairShareUpdated():
             state.published[(event.pool, event.team)] = event.factor
@@ -244,6 +250,7 @@ def set_quota(
     lend_limit: int | None,
     weight: float,
     at: float,
+    critical: bool = False,
 ) -> TeamQuotaSet:
     """Validate a quota command and return the event that records it; QuotaRefused if invalid."""
     if not team.strip() or team.startswith("_"):
@@ -276,6 +283,7 @@ def set_quota(
         borrow_limit=borrow_limit,
         lend_limit=lend_limit,
         weight=weight,
+        critical=critical,
     )
 
 

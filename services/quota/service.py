@@ -52,6 +52,7 @@ class SetQuotaRequest(msgspec.Struct, kw_only=True):
     borrow_limit: int | None = None
     lend_limit: int | None = None
     weight: float = 1.0
+    critical: bool = False  # may the team run critical work in this pool
     budget: float | None = None  # optional spending limit per period, recorded as BudgetSet
     currency: str = "USD"
     period: str = "month"
@@ -106,13 +107,19 @@ class QuotaService:
                 lend_limit=req.lend_limit,
                 weight=req.weight,
                 at=time.time(),
+                critical=req.critical,
             )
         except QuotaRefused as exc:
             raise CommandRefused(str(exc), field=exc.field) from None
         if req.budget is not None and req.budget < 0:
             raise CommandRefused(f"budget must be 0 or more, got {req.budget:g}", field="budget")
         await self._record(event, stable_id("quota", req.pool, req.team, event.at))
-        result: dict[str, Any] = {"team": event.team, "pool": event.pool, "guaranteed": event.guaranteed_gpus}
+        result: dict[str, Any] = {
+            "team": event.team,
+            "pool": event.pool,
+            "guaranteed": event.guaranteed_gpus,
+            "critical": event.critical,
+        }
         if req.budget is not None:
             budget = BudgetSet(team=req.team, at=event.at, amount=req.budget, currency=req.currency, period=req.period)
             await self._record(budget, stable_id("budget", req.team, event.at))

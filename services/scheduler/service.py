@@ -48,6 +48,8 @@ from services.scheduler.core import (
     schedule,
 )
 from services.scheduler.core.cycle import PREEMPTION_SEARCHES
+from services.scheduler.core.pools import job_pool
+from services.scheduler.core.quota import critical_block
 from services.scheduler.core.state import DEFAULT_TOPOLOGY_KEY
 from services.scheduler.kubernetes import KubernetesJobs, reconcile
 from services.scheduler.policy_options import add_policy_arguments, policy_from_args
@@ -196,6 +198,9 @@ class Scheduler:
             sim_duration_s=req.sim_duration_s,
             topology_key=req.topology_key,
         )
+        refused = critical_block(self.state, spec.team, job_pool(spec, self.state.team_pools), spec.priority)
+        if refused is not None:
+            raise CommandRefused(refused, field="priority")
         event = JobSubmitted(job_id=job_id, at=time.time(), spec=spec)
         assert self.ctx is not None
         await self.ctx.publisher.publish(event, id=stable_id("submitted", job_id))

@@ -96,6 +96,7 @@ class CorePolicy:
                     borrow_limit=q.borrow_limit,
                     lend_limit=q.lend_limit,
                     weight=q.weight,
+                    critical=q.critical,
                 )
             )
 

@@ -1,5 +1,7 @@
 """Quota sets for the simulator (TOML): `[pools.<name>] gpus = N`, `[teams.<name>] pool, guaranteed,
-borrow_limit, lend_limit, weight`. Without a file every team is guaranteed an equal share."""
+borrow_limit, lend_limit, weight, critical`. Without a file every team is guaranteed an equal share.
+Simulated teams may run critical work unless the file says `critical = false`: the simulator replays
+the classes the trace asks for."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ class TeamQuota:
     borrow_limit: int | None = None
     lend_limit: int | None = None
     weight: float = 1.0
+    critical: bool = True  # the simulator replays the classes the trace asks for (TOML: critical = false)
 
 
 def equal_shares(teams: list[str], gpus: int, pool: str = "default") -> dict[str, TeamQuota]:
@@ -50,8 +53,11 @@ def load_quotas(path: Path, teams: list[str], gpus: int) -> dict[str, TeamQuota]
         weight = spec.get("weight", 1.0)
         if not isinstance(weight, int | float) or weight <= 0:
             raise TraceError(f"{where}: weight must be a number above 0")
+        critical = spec.get("critical", True)
+        if not isinstance(critical, bool):
+            raise TraceError(f"{where}: critical must be true or false")
         quotas[team] = TeamQuota(
-            team, pool, guaranteed, spec.get("borrow_limit"), spec.get("lend_limit"), float(weight)
+            team, pool, guaranteed, spec.get("borrow_limit"), spec.get("lend_limit"), float(weight), critical
         )
     total = sum(q.guaranteed for q in quotas.values())
     if total > gpus:

@@ -137,7 +137,9 @@ def test_no_preemption_unless_the_preemptor_then_fits() -> None:
 
 
 def test_critical_work_preempts_lower_classes_of_other_teams() -> None:
-    d = Driver().given(a_node("n1"), a_quota("a", 8), a_job("a-normal", team="a", gpus=8))
+    d = Driver().given(
+        a_node("n1"), a_quota("a", 8), a_quota("b", 0, critical=True), a_job("a-normal", team="a", gpus=8)
+    )
     d.cycle()
     d.given(a_job("b-critical", team="b", gpus=8, priority="critical", at=3))
     cycle = d.cycle()

@@ -249,3 +249,46 @@ def test_every_guarantee_stays_reclaimable_whatever_runs(jobs, guarantees) -> No
         work = Work(d.state, 0.0)
         promised = sum(max(work.guarantee("default", t), nonpreemptible(work, "default", t)) for t in ("a", "b", "c"))
         assert promised <= 24
+
+
+# -- who may use critical --------------------------------------------------------------------------
+def test_critical_work_needs_the_teams_permission_in_its_pool() -> None:
+    d = Driver().given(
+        a_node("n1"),
+        a_quota("vision", 8),
+        a_quota("nlp", 0),
+        a_job("v-low", team="vision", gpus=8, priority="low"),
+    )
+    d.cycle(now=1.0)
+    d.given(a_job("n-crit", team="nlp", gpus=8, priority="critical", at=2))
+    d.cycle(now=3.0)
+    assert d.state_of("n-crit") == "pending" and d.state_of("v-low") == "running"
+    assert "team nlp may not run critical work in pool default" in d.waiting["n-crit"]
+    assert "--critical" in d.waiting["n-crit"]
+    d.given(a_quota("nlp", 0, critical=True))  # the operator allows it
+    d.cycle(now=4.0)
+    assert d.state_of("n-crit") == "running" and d.state_of("v-low") == "suspended"
+
+
+def test_a_pool_where_nobody_has_a_quota_keeps_no_critical_rule() -> None:
+    d = Driver().given(a_node("n1"), a_job("crit", gpus=8, priority="critical"))
+    d.cycle()
+    assert d.state_of("crit") == "running"
+
+
+def test_the_quota_command_records_the_critical_permission() -> None:
+    from services.quota.core import QuotaState, set_quota
+    from services.quota.core import evolve as quota_evolve
+
+    state = QuotaState(half_life_s=3600)
+    quota_evolve(state, a_node("n1"))
+    event = set_quota(
+        state, team="nlp", pool="default", gpus=4, borrow_limit=None, lend_limit=None, weight=1.0, at=1.0, critical=True
+    )
+    assert event.critical is True
+    assert (
+        set_quota(
+            state, team="cv", pool="default", gpus=4, borrow_limit=None, lend_limit=None, weight=1.0, at=1.0
+        ).critical
+        is False
+    )

@@ -130,6 +130,10 @@ def _cycle(state: SchedulerState, work: Work, now: float, full: bool, since: Cyc
         if shape in failed:
             waiting[jid] = failed[shape]
             continue
+        refused = quota.critical_block(state, spec.team, job.pool, spec.priority) if policy.quotas else None
+        if refused is not None:
+            waiting[jid] = refused
+            continue
         # 3. nominate: the pool's backfill reservation, the team's quota, then placement
         res = reservations.get(job.pool)
         behind, via_extra = backfill.check(res, job, key, now, order)

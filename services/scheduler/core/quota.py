@@ -14,8 +14,9 @@ preempt preemptible borrowers of a lower class (preemption.eligible: `urgent`).
 
 from __future__ import annotations
 
+from events import PriorityClass
 from services.scheduler.core.policy import RANKS
-from services.scheduler.core.state import Job
+from services.scheduler.core.state import Job, SchedulerState
 from services.scheduler.core.work import Usage, Work
 
 
@@ -77,6 +78,20 @@ def borrowed(work: Work, job: Job) -> int:
     g = work.guarantee(job.pool, job.spec.team)
     u = work.usage.get((job.pool, job.spec.team), 0)
     return max(0, u + job.gpus - g) - max(0, u - g)
+
+
+def critical_block(state: SchedulerState, team: str, pool: str, priority: PriorityClass) -> str | None:
+    """Why the team may not run critical work in the pool, or None. Who may is a per-team quota
+    setting (`TeamQuotaSet.critical`); a pool where nobody has a quota has no rules to keep."""
+    if priority != PriorityClass.CRITICAL or not any(p == pool for (p, _) in state.quotas):
+        return None
+    q = state.quotas.get((pool, team))
+    if q is not None and q.critical:
+        return None
+    return (
+        f"team {team} may not run critical work in pool {pool}: an operator allows it with "
+        f"`chamber quota set {team} --pool {pool} --gpus N --critical`; or resubmit it as high"
+    )
 
 
 def nonpreemptible(work: Work, pool: str, team: str) -> int:

@@ -124,6 +124,7 @@ class Quota:
     borrow_limit: int | None = None
     lend_limit: int | None = None
     weight: float = 1.0
+    critical: bool = False  # may the team run critical work in this pool
 
     @property
     def locked(self) -> int:
@@ -472,7 +473,9 @@ def _pool_defined(s: SchedulerState, e: PoolDefined) -> None:
 
 
 def _quota_set(s: SchedulerState, e: TeamQuotaSet) -> None:
-    s.quotas[(e.pool, e.team)] = Quota(e.team, e.pool, e.guaranteed_gpus, e.borrow_limit, e.lend_limit, e.weight)
+    s.quotas[(e.pool, e.team)] = Quota(
+        e.team, e.pool, e.guaranteed_gpus, e.borrow_limit, e.lend_limit, e.weight, e.critical
+    )
     s.team_pools[e.team] = sorted(p for (p, t) in s.quotas if t == e.team)
     _rules_changed(s)
 
