@@ -54,11 +54,13 @@ def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def policy_from_args(args: argparse.Namespace, **overrides: object) -> Policy:
-    """The chamber policy with the flags' settings (checked by argparse: no bad value gets here)."""
-    bound = args.starvation_bound
+    """The chamber policy with the flags' settings (checked by argparse: no bad value gets here);
+    a namespace built without these flags (embedding, tests) gets the defaults."""
+    d = CHAMBER
+    bound = getattr(args, "starvation_bound", None if d.starvation_bound_s is None else d.starvation_bound_s / HOUR)
     return Policy(
-        age_weight=args.age_weight,
-        age_cap_s=args.age_cap * HOUR,
+        age_weight=getattr(args, "age_weight", d.age_weight),
+        age_cap_s=getattr(args, "age_cap", d.age_cap_s / HOUR) * HOUR,
         starvation_bound_s=None if not bound else bound * HOUR,
         **overrides,  # type: ignore[arg-type]
     )
