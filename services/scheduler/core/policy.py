@@ -51,7 +51,7 @@ class Policy:
     fair_share_weight: float = 500.0
     age_weight: float = 1000.0
     age_cap_s: float = 2 * 3600.0  # Slurm's PriorityMaxAge: age stops counting here
-    starvation_bound_s: float | None = 8 * 3600.0  # None: no guard
+    starvation_bound_s: float | None = 24 * 3600.0  # None: no guard
 
     def __post_init__(self) -> None:
         for name in ("class_weight", "fair_share_weight", "age_weight"):
