@@ -53,7 +53,12 @@ def run(nodes: int, jobs: int, teams: int, samples: int, seed: int) -> dict[str,
         evolve(state, NodeDiscovered(cluster="c1", node=f"n{n:05d}", at=0.0, gpus=gpus, labels={"rack": f"r{n // 32}"}))
     share = nodes * 8 // teams
     for t in range(teams):
-        evolve(state, TeamQuotaSet(team=f"team{t}", pool="default", at=0.0, guaranteed_gpus=share, borrow_limit=share))
+        evolve(
+            state,
+            TeamQuotaSet(
+                team=f"team{t}", pool="default", at=0.0, guaranteed_gpus=share, borrow_limit=share, critical=True
+            ),
+        )
     for i in range(jobs):
         evolve(state, a_job(rng, i, teams, at=float(i) / 1000))
 
