@@ -5,10 +5,11 @@ are different facts to a health policy.
 
 The wire form of a sample is compact (see "Telemetry on the wire" in the README): a field at its
 default (None, [], False) is left out of the JSON rather than sent as null, NVLink links are listed
-only when one of their counters is non-zero (`nvlink_total` always carries the sums), and the slow
-fields (`SLOW_FIELDS`) are left out of a sample that says `slow_omitted`: they are then as in the
-node's last sample that carried them. A decoder fills left-out fields with their defaults, so a
-sample in the old, full form (every field, nulls included) decodes to the same value.
+only when one of their counters is non-zero and only once a minute (`nvlink_omitted` in between;
+`nvlink_total` always carries the current sums), and the slow fields (`SLOW_FIELDS`) are left out of a
+sample that says `slow_omitted`: they are then as in the node's last sample that carried them. A
+decoder fills left-out fields with their defaults, so a sample in the old, full form (every field,
+nulls included) decodes to the same value.
 """
 
 from __future__ import annotations
@@ -141,6 +142,9 @@ class NodeSample(Event, frozen=True, omit_defaults=True, tag=event_type("telemet
     changed since the node's last sample that carried them (one comes at least once a minute, and at
     once when any of them changes). False (the default, and every sample in the old form): each field
     is what the GPU reported, None when unknown.
+
+    `nvlink_omitted`: the per-link counters (`gpus[].nvlink`) are left out; they are as in the node's
+    last sample that carried them (at most a minute ago). `gpus[].nvlink_total` is always current.
     """
 
     cluster: Name
@@ -150,6 +154,7 @@ class NodeSample(Event, frozen=True, omit_defaults=True, tag=event_type("telemet
     interval_s: float
     gpus: list[GpuSample]
     slow_omitted: bool = False
+    nvlink_omitted: bool = False
 
 
 def nvlink_totals(links: list[NvLinkCounters]) -> NvLinkTotals | None:

@@ -1,4 +1,5 @@
-"""What a node's samples look like on the wire: compact, with the slow fields only when they change.
+"""What a node's samples look like on the wire: compact, with the slow fields only when they change
+and the per-link NVLink counters once a minute (their per-GPU totals every interval).
 
 Pure and per node: `WireForm` holds what the node last sent (the slow fields of its last full sample,
 and each GPU's last NVLink list with its compact form) and turns each local reading into the sample to
@@ -30,6 +31,7 @@ class WireForm:
         self.full_every_s = full_every_s
         self._slow: list[tuple[Any, ...]] | None = None  # per GPU, as in the last full sample
         self._full_at: float | None = None
+        self._links_at: float | None = None
         # GPU index -> (the local link list last seen, its compact form and totals): the simulator (and a
         # quiet GPU) hands the same list again, so compacting it again would be wasted work.
         self._links: dict[int, tuple[list[NvLinkCounters], list[NvLinkCounters], NvLinkTotals | None]] = {}
@@ -37,23 +39,27 @@ class WireForm:
         self.slow_omitted_samples = 0
 
     def __call__(self, sample: NodeSample) -> NodeSample:
+        now = sample.observed_at
         slow = [_slow(g) for g in sample.gpus]
-        full_at = self._full_at
-        full = (
-            slow != self._slow
-            or full_at is None
-            or sample.observed_at - full_at >= self.full_every_s
-            or sample.observed_at < full_at  # the clock went back: start over
-        )
+        full = slow != self._slow or self._due(self._full_at, now)
         if full:
-            self._slow, self._full_at = slow, sample.observed_at
+            self._slow, self._full_at = slow, now
             self.full_samples += 1
         else:
             self.slow_omitted_samples += 1
-        gpus = [self._gpu(g, full) for g in sample.gpus]
-        return msgspec.structs.replace(sample, gpus=gpus, slow_omitted=not full)
+        # Per-link counters ride once a minute whatever they do (the totals go every interval): a link
+        # storm on every link would otherwise make every sample six times bigger.
+        links = self._due(self._links_at, now)
+        if links:
+            self._links_at = now
+        gpus = [self._gpu(g, full, links) for g in sample.gpus]
+        return msgspec.structs.replace(sample, gpus=gpus, slow_omitted=not full, nvlink_omitted=not links)
 
-    def _gpu(self, g: GpuSample, full: bool) -> GpuSample:
+    def _due(self, last: float | None, now: float) -> bool:
+        # now < last: the clock went back, start over
+        return last is None or now - last >= self.full_every_s or now < last
+
+    def _gpu(self, g: GpuSample, full: bool, with_links: bool) -> GpuSample:
         links = g.nvlink
         changes: dict[str, Any] = {} if full else dict(_OMITTED)
         if links:
@@ -64,7 +70,7 @@ class WireForm:
                 compacted = compact_links(g)
                 kept, total = compacted.nvlink, compacted.nvlink_total
                 self._links[g.index] = (links, kept, total)
-            changes["nvlink"] = kept
+            changes["nvlink"] = kept if with_links else []
             changes["nvlink_total"] = total
         return msgspec.structs.replace(g, **changes) if changes else g
 
@@ -88,7 +94,7 @@ def _full(value: Any) -> Any:
 
 
 # Fields that came with the compact form; the old form did not have them.
-_NEW_FIELDS = frozenset({"nvlink_total", "slow_omitted"})
+_NEW_FIELDS = frozenset({"nvlink_total", "slow_omitted", "nvlink_omitted"})
 _encoder = msgspec.json.Encoder()
 
 

@@ -20,7 +20,7 @@ import pyarrow as pa
 from events.streams import BILLING, FAULTS, FLEET, JOBS, QUOTA, TELEMETRY
 from services.cli.errors import UsageError
 from services.recorder.rows import Recorded
-from services.recorder.samples import SampleConsumer
+from services.recorder.samples import FETCH_MAX_BYTES, MIN_FETCH_MAX_BYTES, SampleConsumer
 from services.recorder.writer import Writer
 from services.runtime import ConsumerOptions, Delivery
 from services.runtime.commands import CommandRefused
@@ -58,6 +58,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--flush-interval", type=float, default=1.0, help="longest wait in seconds for a batch to fill (1.0)"
     )
+    parser.add_argument(
+        "--fetch-max-mb",
+        type=float,
+        default=FETCH_MAX_BYTES / 2**20,
+        help=f"most MiB of samples per fetch, whatever --batch-size says ({FETCH_MAX_BYTES / 2**20:g})",
+    )
     parser.add_argument("--telemetry-consumers", type=int, default=3, help="parallel pull consumers on TELEMETRY (3)")
     parser.add_argument(
         "--ack-wait", type=float, default=60.0, help="seconds before an unacked batch is redelivered (60)"
@@ -87,6 +93,7 @@ async def setup_recorder(
     flush_interval: float = 1.0,
     ack_wait: float = 60.0,
     telemetry_consumers: int = 1,
+    fetch_max_bytes: int = FETCH_MAX_BYTES,
 ) -> None:
     """Consumers for every stream, and the `sql` command. TELEMETRY may get several pull consumers on
     the same durable, so one decodes and acks while another's batch is being inserted."""
@@ -110,7 +117,9 @@ async def setup_recorder(
             max_retry_delay_s=10.0,
         )
         if spec is TELEMETRY:  # the hot stream: node samples take the bulk decode
-            consumer = SampleConsumer(ctx.js, options, batch_handler=store, table_handler=store_samples)
+            consumer = SampleConsumer(
+                ctx.js, options, batch_handler=store, table_handler=store_samples, fetch_max_bytes=fetch_max_bytes
+            )
             ctx.consumers.append(consumer)
             ctx.task(lambda consumer=consumer: consumer.run(ctx.stop))
         else:
@@ -176,7 +185,18 @@ async def open_when_ready(args: argparse.Namespace, stop: asyncio.Event) -> Ware
     return None
 
 
+def fetch_max_bytes(args: argparse.Namespace) -> int:
+    value = int(args.fetch_max_mb * 2**20)
+    if value < MIN_FETCH_MAX_BYTES:
+        raise UsageError(
+            f"--fetch-max-mb {args.fetch_max_mb:g} is below the largest message a stream takes; "
+            f"use at least {MIN_FETCH_MAX_BYTES / 2**20:.2f}"
+        )
+    return value
+
+
 async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
+    max_bytes = fetch_max_bytes(args)  # a mistake in the options is reported before anything starts
     warehouse = await open_when_ready(args, stop)
     if warehouse is None:
         return
@@ -191,6 +211,7 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
                 flush_interval=args.flush_interval,
                 ack_wait=args.ack_wait,
                 telemetry_consumers=args.telemetry_consumers,
+                fetch_max_bytes=max_bytes,
             )
 
         await serve(NAME, args.nats, setup, stop)

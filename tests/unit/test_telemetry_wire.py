@@ -87,6 +87,19 @@ def test_slow_fields_come_when_they_change_and_at_least_every_minute() -> None:
     assert at_minute.slow_omitted is False and at_minute.gpus[2].ecc_dbe_volatile == 1
 
 
+def test_per_link_counters_come_once_a_minute_and_the_totals_every_interval() -> None:
+    node = a_busy_h100_node()
+    node.gpus[0].crc_rate = 1000.0  # a storm on link 0 of GPU 0: its counter moves every interval
+    form = WireForm()
+    sent = [form(node.read("c1", t, T0 + t, 1.0).sample) for t in range(0, 62)]
+    with_links = [t for t, s in enumerate(sent) if not s.nvlink_omitted]
+    assert with_links == [0, 60]
+    assert [link.link for link in sent[0].gpus[0].nvlink] == [0] and sent[1].gpus[0].nvlink == []
+    totals = [s.gpus[0].nvlink_total.crc_flit_errors for s in sent]  # type: ignore[union-attr]
+    assert totals == sorted(totals) and totals[0] < totals[30] < totals[61]  # current in every sample
+    assert sent[60].gpus[0].nvlink[0].crc_flit_errors == totals[60]
+
+
 def test_an_old_full_form_sample_decodes_like_the_compact_one_in_every_consumer() -> None:
     """A rolling upgrade: old agents still send every field, nulls and all links."""
     node = a_busy_h100_node()
@@ -176,6 +189,6 @@ def test_the_published_json_schema_accepts_the_compact_and_the_old_form() -> Non
     runner = NodeRunner("c1", node.name, node, NodeFacts())
     bodies = sample_bodies(runner, T0) + sample_bodies(runner, T0 + 1)
     bodies.append(old_form_body(node.read("c1", 9, T0 + 2, 1.0).sample))
-    assert b'"link":0' in bodies[1] and b'"slow_omitted":true' in bodies[1]
+    assert b'"link":0' in bodies[0] and b'"slow_omitted":true,"nvlink_omitted":true' in bodies[1]
     for body in bodies:
         validator.validate(json.loads(body))
