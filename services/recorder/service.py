@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from events.streams import BILLING, FAULTS, FLEET, JOBS, QUOTA, TELEMETRY
 from services.cli.errors import UsageError
+from services.recorder.retention import RAW_TTL_DAYS, ROLLUP_TTL_DAYS, apply_retention
 from services.recorder.rows import Recorded
 from services.recorder.samples import FETCH_MAX_BYTES, MIN_FETCH_MAX_BYTES, SampleConsumer
 from services.recorder.writer import Writer
@@ -67,6 +68,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--telemetry-consumers", type=int, default=3, help="parallel pull consumers on TELEMETRY (3)")
     parser.add_argument(
         "--ack-wait", type=float, default=60.0, help="seconds before an unacked batch is redelivered (60)"
+    )
+    parser.add_argument(
+        "--raw-ttl-days", type=int, default=RAW_TTL_DAYS, help=f"days raw GPU samples are kept ({RAW_TTL_DAYS})"
+    )
+    parser.add_argument(
+        "--rollup-ttl-days",
+        type=int,
+        default=ROLLUP_TTL_DAYS,
+        help=f"days the per-GPU minute rollups are kept ({ROLLUP_TTL_DAYS})",
     )
 
 
@@ -150,7 +160,10 @@ async def answer_sql(writer: Writer, sql: str, max_rows: int = MAX_REPLY_ROWS) -
 def open_and_migrate(args: argparse.Namespace) -> Warehouse:
     warehouse = open_from_args(args)
     applied = migrate(warehouse)
-    log.info("warehouse ready", backend=warehouse.kind, migrations_applied=applied)
+    raw_days = getattr(args, "raw_ttl_days", RAW_TTL_DAYS)
+    rollup_days = getattr(args, "rollup_ttl_days", ROLLUP_TTL_DAYS)
+    retention = apply_retention(warehouse, raw_days=raw_days, rollup_days=rollup_days)
+    log.info("warehouse ready", backend=warehouse.kind, migrations_applied=applied, retention_changed=retention)
     return warehouse
 
 
@@ -197,6 +210,9 @@ def fetch_max_bytes(args: argparse.Namespace) -> int:
 
 async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
     max_bytes = fetch_max_bytes(args)  # a mistake in the options is reported before anything starts
+    for name in ("raw_ttl_days", "rollup_ttl_days"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be at least 1 (days)")
     warehouse = await open_when_ready(args, stop)
     if warehouse is None:
         return
