@@ -34,7 +34,7 @@ import pyarrow as pa
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from events.telemetry import NvLinkCounters
+from events.telemetry import NodeSample, NvLinkCounters
 from node_agent.detectors import Reading
 from node_agent.runner import NodeFacts, NodeRunner
 from node_agent.sim.fleet import SimFleet, SimNode
@@ -90,15 +90,19 @@ class EveryLinkErrors:
         return self.node.limits()
 
 
-def agent_samples(n: int, now: float, *, worst: bool) -> tuple[list[Record], int]:
+def agent_samples(n: int, now: float, *, worst: bool, old_form: bool = False) -> tuple[list[Record], int]:
     """n node-sample records as the simulated agent publishes them (one interval of every node after
-    another), and the size the first one would have had in the old full form."""
+    another), and the size the first one would have had in the old full form. `old_form`: the bodies
+    as agents sent them before the compact form (the "before" of the README's table)."""
     fleet = SimFleet(seed=1, nodes=NODES, gpus_per_node=GPUS, model=gpu_model("H100-80GB"), prefix="bench")
     fleet.assign({name: {g: f"job-{name}-{g}" for g in range(GPUS)} for name in fleet.nodes})
     runners = [
         NodeRunner("bench", name, EveryLinkErrors(node) if worst else node, NodeFacts(simulated=True), source="bench")
         for name, node in fleet.nodes.items()
     ]
+    if old_form:
+        for runner in runners:
+            runner.wire = lambda sample: sample  # type: ignore[assignment,method-assign,return-value]
     out: list[Record] = []
     start = now - 3600
     tick = 0
@@ -106,6 +110,11 @@ def agent_samples(n: int, now: float, *, worst: bool) -> tuple[list[Record], int
         for runner in runners:
             out.extend(r for r in runner.tick(start + tick, 1.0) if r.kind == Kind.SAMPLE)
         tick += 1
+    if old_form:
+        out = [
+            msgspec.structs.replace(r, body=old_form_body(msgspec.json.decode(r.body, type=NodeSample)))
+            for r in out[:n]
+        ]
     first = runners[0].sampler.read("bench", 0, start, 1.0).sample
     return out[:n], len(old_form_body(first))
 
@@ -121,12 +130,20 @@ async def publish(js: JetStreamContext, records: list[Record], window: int = 100
 
 
 async def end_to_end(
-    url: str, data_dir: Path, n: int, batch: int, consumers: int, fetch_max_bytes: int, *, worst: bool
+    url: str,
+    data_dir: Path,
+    n: int,
+    batch: int,
+    consumers: int,
+    fetch_max_bytes: int,
+    *,
+    worst: bool,
+    old_form: bool = False,
 ) -> dict[str, object]:
     nc = await connect(url, name="bench")
     js = nc.jetstream()
     await ensure_streams(js)
-    records, old_size = agent_samples(n, time.time(), worst=worst)
+    records, old_size = agent_samples(n, time.time(), worst=worst, old_form=old_form)
     sizes = [len(r.body) for r in records]
     await publish(js, records)
     del records  # a running recorder holds no such list; keeping it would slow the garbage collector
@@ -170,7 +187,7 @@ async def end_to_end(
     warehouse.close()
     await nc.close()
     return {
-        "case": "worst" if worst else "typical",
+        "case": ("worst" if worst else "typical") + (", old form" if old_form else ""),
         "messages": n,
         "message_bytes": round(statistics.mean(sizes)),
         "message_bytes_max": max(sizes),
@@ -361,6 +378,9 @@ def main() -> None:
         "--fetch-max-bytes", type=int, default=FETCH_MAX_BYTES, help="recorder fetch batch, in bytes (the default)"
     )
     parser.add_argument("--case", choices=("typical", "worst", "both"), default="both")
+    parser.add_argument(
+        "--old-form", action="store_true", help="publish the samples in the old full form (before compaction)"
+    )
     parser.add_argument("--repeats", type=int, default=20, help="efficiency query runs")
     parser.add_argument("--consumers", type=int, default=3, help="recorder pull consumers on TELEMETRY")
     parser.add_argument("--skip-query", action="store_true", help="measure ingest only")
@@ -384,6 +404,7 @@ def main() -> None:
                         args.consumers,
                         args.fetch_max_bytes,
                         worst=case == "worst",
+                        old_form=args.old_form,
                     )
                 )
             finally:
