@@ -122,6 +122,7 @@ def sheet(measured: dict[str, float], keep_s: float, cap: int) -> list[dict[str,
                     "interval_s": interval,
                     "nats_mb_per_s": round(wire_per_s / 1e6, 3),
                     "nats_disk_mb": round(min(cap, stored_per_s * keep_s) / 1e6, 1),
+                    "nats_kept_min": round(min(keep_s, cap / stored_per_s) / 60, 1),  # the cap may bind first
                     "warehouse_raw_gb_per_day": round(raw_rows_day * measured["gpu_samples_bytes_per_row"] / 1e9, 3),
                     "warehouse_rollup_gb_per_day": round(
                         rollup_rows_day * measured["gpu_minute_bytes_per_row"] / 1e9, 4
@@ -134,13 +135,14 @@ def sheet(measured: dict[str, float], keep_s: float, cap: int) -> list[dict[str,
 def markdown(rows: list[dict[str, float]], keep_s: float, cap: int) -> str:
     lines = [
         f"| nodes (8 GPUs) | interval | NATS in | NATS disk (keep {keep_s / 60:g} min, cap {cap / 2**30:g} GiB) "
-        "| warehouse raw / day | rollups / day |",
-        "|---:|---:|---:|---:|---:|---:|",
+        "| minutes kept | warehouse raw / day | rollups / day |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
             f"| {r['nodes']:,} | {r['interval_s']:g} s | {_size(r['nats_mb_per_s'] * 1e6)}/s | "
-            f"{_size(r['nats_disk_mb'] * 1e6)} | {_size(r['warehouse_raw_gb_per_day'] * 1e9)} | "
+            f"{_size(r['nats_disk_mb'] * 1e6)} | {r['nats_kept_min']:g} | "
+            f"{_size(r['warehouse_raw_gb_per_day'] * 1e9)} | "
             f"{_size(r['warehouse_rollup_gb_per_day'] * 1e9)} |"
         )
     return "\n".join(lines)
