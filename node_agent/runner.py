@@ -107,6 +107,7 @@ class NodeRunner:
             )
             return record
         self.samples_refused += 1
+        self.wire.forget()  # what it carried did not go out
         self.refusals.append(
             f"sample {seq} not sent: {size} bytes, {len(record.body)} even without process lists and per-link "
             f"counters; the limit is {MAX_SAMPLE_BYTES}"

@@ -55,6 +55,10 @@ class WireForm:
         gpus = [self._gpu(g, full, links) for g in sample.gpus]
         return msgspec.structs.replace(sample, gpus=gpus, slow_omitted=not full, nvlink_omitted=not links)
 
+    def forget(self) -> None:
+        """The last sample never went out: the next one carries everything again."""
+        self._slow = self._full_at = self._links_at = None
+
     def _due(self, last: float | None, now: float) -> bool:
         # now < last: the clock went back, start over
         return last is None or now - last >= self.full_every_s or now < last
@@ -79,7 +83,9 @@ def reduced(sample: NodeSample) -> NodeSample:
     """A sample cut down to fit a message limit: no process lists and no per-link NVLink counters (the
     per-GPU totals stay). Used only when the full wire form is too big; the agent counts and logs it."""
     return msgspec.structs.replace(
-        sample, gpus=[msgspec.structs.replace(g, processes=[], nvlink=[]) for g in sample.gpus]
+        sample,
+        gpus=[msgspec.structs.replace(g, processes=[], nvlink=[]) for g in sample.gpus],
+        nvlink_omitted=True,  # the links are not "all zero", only not here
     )
 
 

@@ -138,16 +138,16 @@ def test_a_sample_without_its_slow_fields_stores_nulls_for_them_in_both_decodes(
 
 
 class _HugeSampler:
-    """A node whose samples do not fit a message: one with a million processes, or a giant uuid."""
+    """A node whose samples do not fit a message: with many processes, or giant throttle reasons."""
 
-    def __init__(self, *, processes: int = 0, uuid_bytes: int = 8) -> None:
-        self.processes, self.uuid = processes, "u" * uuid_bytes
+    def __init__(self, *, processes: int = 0, reason_bytes: int = 0) -> None:
+        self.processes, self.reasons = processes, ["r" * reason_bytes] if reason_bytes else []
 
     def read(self, cluster: str, seq: int, now: float, interval_s: float):  # type: ignore[no-untyped-def]
         from node_agent.detectors import Reading
 
         procs = [ProcessInfo(pid=p, name="worker-with-a-long-name") for p in range(self.processes)]
-        gpu = GpuSample(index=0, uuid=self.uuid, utilization_pct=50.0, processes=procs)
+        gpu = GpuSample(index=0, uuid="u", utilization_pct=50.0, processes=procs, throttle_reasons=self.reasons)
         return Reading(
             NodeSample(cluster=cluster, node="big", seq=seq, observed_at=now, interval_s=interval_s, gpus=[gpu])
         )
@@ -164,16 +164,19 @@ def test_a_sample_over_the_message_limit_is_cut_down_with_a_reason_and_counted()
     [body] = sample_bodies(runner, T0)
     assert len(body) <= MAX_SAMPLE_BYTES
     sample = msgspec.json.decode(body, type=NodeSample)
-    assert sample.gpus[0].processes == [] and sample.gpus[0].utilization_pct == 50.0
+    assert sample.gpus[0].processes == [] and sample.gpus[0].utilization_pct == 50.0 and sample.nvlink_omitted
     assert runner.samples_reduced == 1 and runner.samples_refused == 0
     assert "without process lists" in runner.refusals[0]
 
 
 def test_a_sample_that_cannot_be_cut_down_enough_is_refused_not_sent_and_counted() -> None:
-    runner = NodeRunner("c1", "big", _HugeSampler(uuid_bytes=MAX_SAMPLE_BYTES + 1), NodeFacts())
+    runner = NodeRunner("c1", "big", _HugeSampler(reason_bytes=MAX_SAMPLE_BYTES + 1), NodeFacts())
     assert sample_bodies(runner, T0) == []
     assert runner.samples_refused == 1 and "not sent" in runner.refusals[0]
     assert runner.seq == 1  # the next sample has the next sequence: consumers see the gap
+    runner.sampler = _HugeSampler()  # fits again, same slow fields: it carries them, not "unchanged"
+    [body] = sample_bodies(runner, T0 + 1)
+    assert msgspec.json.decode(body, type=NodeSample).slow_omitted is False
 
 
 def test_the_published_json_schema_accepts_the_compact_and_the_old_form() -> None:
