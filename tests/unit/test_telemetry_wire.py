@@ -195,3 +195,15 @@ def test_the_published_json_schema_accepts_the_compact_and_the_old_form() -> Non
     assert b'"link":0' in bodies[0] and b'"slow_omitted":true,"nvlink_omitted":true' in bodies[1]
     for body in bodies:
         validator.validate(json.loads(body))
+
+
+def test_faults_are_detected_on_the_full_local_reading_whatever_the_wire_leaves_out() -> None:
+    node = a_busy_h100_node()
+    runner = NodeRunner("c1", node.name, node, NodeFacts(simulated=True))
+    runner.tick(T0, 1.0)  # the first sample carries everything; from here links and slow fields are left out
+    node.inject(SimFaultKind.NVLINK, 3, None, T0 + 1)
+    records = [r for t in range(1, 6) for r in runner.tick(T0 + t, 1.0)]
+    faults = [decode(r.headers, r.body).event for r in records if r.kind == Kind.FAULT]
+    samples = [msgspec.json.decode(r.body, type=NodeSample) for r in records if r.kind == Kind.SAMPLE]
+    assert all(s.nvlink_omitted and s.gpus[3].nvlink == [] for s in samples)  # no per-link detail sent
+    assert any(getattr(f, "gpu_index", None) == 3 for f in faults)  # yet the NVLink fault was found
