@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -386,7 +387,8 @@ def main() -> None:
     parser.add_argument("--skip-query", action="store_true", help="measure ingest only")
     args = parser.parse_args()
     configure_logging("error")
-    out: dict[str, object] = {"cases": []}
+    # Other processes on the machine change every rate here: say how busy it was.
+    out: dict[str, object] = {"cases": [], "load_average_1m_at_start": round(os.getloadavg()[0], 2)}
     if args.skip_query:
         args.repeats = 0
     cases = ["typical", "worst"] if args.case == "both" else [args.case]
@@ -412,6 +414,8 @@ def main() -> None:
             out["cases"].append(result)  # type: ignore[attr-defined]
         if args.repeats:
             out.update(efficiency_query(Path(tmp) / "query", args.repeats))
+    out["load_average_1m_at_end"] = round(os.getloadavg()[0], 2)
+    out["cpus"] = os.cpu_count() or 0
     out["batch"] = args.batch
     out["fetch_max_bytes"] = args.fetch_max_bytes
     out["target_gpu_samples_per_s"] = 100_000
