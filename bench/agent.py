@@ -18,16 +18,23 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from node_agent.agent import Agent, AgentOptions
+from node_agent.spool import Kind
 from services.runtime.logs import configure_logging
 from services.runtime.nats_server import NatsServerProcess
 
 
-async def measure(url: str, spool: Path, nodes: int, gpus: int, ticks: int, model: str) -> dict[str, object]:
+async def measure(
+    url: str, spool: Path, nodes: int, gpus: int, ticks: int, model: str, busy: bool = True
+) -> dict[str, object]:
     opts = AgentOptions(
         nats=url, cluster="bench", node="sim", interval_s=1.0, spool_dir=spool, simulate=True,
         nodes=nodes, gpus_per_node=gpus, gpu_model=model, seed=1,
     )  # fmt: skip
     agent = Agent(opts)
+    if busy:  # a job on every GPU: processes, memory, power and clocks as under load
+        assert agent.fleet is not None and agent.executor is not None
+        agent.fleet.assign({name: {g: f"job-{name}-{g}" for g in range(gpus)} for name in agent.fleet.nodes})
+        agent._alloc_version = agent.executor.version  # the (empty) executor must not clear them
     stop = asyncio.Event()
     pump = asyncio.create_task(agent.outbox.run(stop))
     connector = asyncio.create_task(agent._connect(stop))
@@ -48,7 +55,9 @@ async def measure(url: str, spool: Path, nodes: int, gpus: int, ticks: int, mode
         assert await agent.outbox.drained(60), "publishing stalled"
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
     node_samples = ticks * nodes
-    bytes_per_sample = len(agent.runners[0].tick(now + ticks + 1, 1.0)[0].body)
+    sizes = [
+        len(r.body) for t in range(2, 62) for r in agent.runners[0].tick(now + ticks + t, 1.0) if r.kind == Kind.SAMPLE
+    ]
     stop.set()
     await pump
     connector.cancel()
@@ -65,7 +74,9 @@ async def measure(url: str, spool: Path, nodes: int, gpus: int, ticks: int, mode
         "intervals": ticks,
         "node_samples": node_samples,
         "published": agent.outbox.published,
-        "bytes_per_sample": bytes_per_sample,
+        "busy": busy,
+        "bytes_per_sample": round(sum(sizes) / len(sizes)),  # a minute of one node: full samples included
+        "bytes_per_sample_max": max(sizes),
         "wall_s_per_interval": round(wall / ticks, 4),
         "measures": "process CPU time of sample + detect + encode + publish (JetStream acks awaited) per node sample",
     }
@@ -77,6 +88,7 @@ def main() -> None:
     parser.add_argument("--gpus-per-node", type=int, default=8)
     parser.add_argument("--intervals", type=int, default=10)
     parser.add_argument("--gpu-model", default="H100-80GB")
+    parser.add_argument("--idle", action="store_true", help="no jobs on the GPUs (default: a job on every GPU)")
     args = parser.parse_args()
     configure_logging("error")
     with tempfile.TemporaryDirectory() as tmp:
@@ -84,7 +96,15 @@ def main() -> None:
         server.start()
         try:
             result = asyncio.run(
-                measure(server.url, Path(tmp) / "spool", args.nodes, args.gpus_per_node, args.intervals, args.gpu_model)
+                measure(
+                    server.url,
+                    Path(tmp) / "spool",
+                    args.nodes,
+                    args.gpus_per_node,
+                    args.intervals,
+                    args.gpu_model,
+                    busy=not args.idle,
+                )
             )
         finally:
             server.stop()

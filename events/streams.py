@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
+MINUTE = 60.0
 HOUR = 3600.0
 DAY = 24 * HOUR
+MIB = 1024 * 1024
+
+# TELEMETRY keeps what the live services need, not history (the warehouse is the history): minutes,
+# and a byte cap so a burst or a stalled recorder cannot fill the disk (the oldest go first).
+TELEMETRY_MAX_AGE_S = 15 * MINUTE
+TELEMETRY_MAX_BYTES = 1024 * MIB
+# Operators change both with these, set alike for every process (`chamber up` flags, Helm values).
+ENV_TELEMETRY_MAX_AGE = "CHAMBER_TELEMETRY_MAX_AGE_S"
+ENV_TELEMETRY_MAX_BYTES = "CHAMBER_TELEMETRY_MAX_BYTES"
 
 
 class Retention(StrEnum):
@@ -32,6 +44,7 @@ class StreamSpec:
     retention: Retention = Retention.LIMITS
     storage: Storage = Storage.FILE
     max_msg_size: int = 1024 * 1024
+    max_bytes: int | None = None  # None: no byte cap
 
     def covers(self, subject: str) -> bool:
         return any(_matches(pattern, subject) for pattern in self.subjects)
@@ -49,7 +62,14 @@ def _matches(pattern: str, subject: str) -> bool:
 
 # Decision streams keep a longer duplicate window so that a service that replays after a crash
 # re-emits its decisions with the same ids and JetStream drops them.
-TELEMETRY = StreamSpec("TELEMETRY", ("chamber.telemetry.>",), "GPU samples and node inventories from agents", DAY, 120)
+TELEMETRY = StreamSpec(
+    "TELEMETRY",
+    ("chamber.telemetry.>",),
+    "GPU samples and node inventories from agents",
+    TELEMETRY_MAX_AGE_S,
+    120,
+    max_bytes=TELEMETRY_MAX_BYTES,
+)
 FAULTS = StreamSpec("FAULTS", ("chamber.faults.>",), "GPU faults from on-node detectors", 30 * DAY, 600)
 FLEET = StreamSpec("FLEET", ("chamber.fleet.>",), "nodes discovered, updated, lost, isolated, restored", None, 600)
 JOBS = StreamSpec("JOBS", ("chamber.jobs.>",), "job lifecycle and scheduling decisions", None, 600)
@@ -62,3 +82,33 @@ STREAMS: tuple[StreamSpec, ...] = (TELEMETRY, FAULTS, FLEET, JOBS, QUOTA, BILLIN
 
 def stream_for(subject: str) -> StreamSpec | None:
     return next((s for s in STREAMS if s.covers(subject)), None)
+
+
+def telemetry_retention(environ: Mapping[str, str] = os.environ) -> tuple[float, int]:
+    """TELEMETRY's (max age in seconds, byte cap): the defaults, or what the environment sets.
+
+    Raises ValueError naming the variable when a value is not a positive number."""
+    age = _positive(environ, ENV_TELEMETRY_MAX_AGE, TELEMETRY_MAX_AGE_S)
+    cap = int(_positive(environ, ENV_TELEMETRY_MAX_BYTES, TELEMETRY_MAX_BYTES))
+    return age, cap
+
+
+def retention(spec: StreamSpec, environ: Mapping[str, str] = os.environ) -> tuple[float | None, int | None]:
+    """A stream's (max age, byte cap) as configured: TELEMETRY's (and its partitions') from
+    `telemetry_retention`, every other stream's from its spec."""
+    if spec.name.startswith(TELEMETRY.name):
+        return telemetry_retention(environ)
+    return spec.max_age_s, spec.max_bytes
+
+
+def _positive(environ: Mapping[str, str], name: str, default: float) -> float:
+    raw = environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise ValueError(f"{name}={raw!r}: expected a positive number (default {default:g})")
+    return value

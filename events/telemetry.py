@@ -2,6 +2,14 @@
 
 A field that the GPU or driver does not support is None (not zero): "unknown" and "none happened"
 are different facts to a health policy.
+
+The wire form of a sample is compact (see "Telemetry on the wire" in the README): a field at its
+default (None, [], False) is left out of the JSON rather than sent as null, NVLink links are listed
+only when one of their counters is non-zero and only once a minute (`nvlink_omitted` in between;
+`nvlink_total` always carries the current sums), and the slow fields (`SLOW_FIELDS`) are left out of a
+sample that says `slow_omitted`: they are then as in the node's last sample that carried them. A
+decoder fills left-out fields with their defaults, so a sample in the old, full form (every field,
+nulls included) decodes to the same value.
 """
 
 from __future__ import annotations
@@ -11,29 +19,47 @@ import msgspec
 from events.base import Event, Name, event_type
 
 
-class ProcessInfo(msgspec.Struct, frozen=True, kw_only=True):
+class ProcessInfo(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     pid: int
     name: str = ""
     used_memory_mib: float | None = None
 
 
-class NvLinkCounters(msgspec.Struct, frozen=True, kw_only=True):
-    """Cumulative NVLink error counters of one link (DCGM's NVLink health watch reads these)."""
+class NvLinkCounters(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Cumulative NVLink error counters of one link (DCGM's NVLink health watch reads these).
+
+    On the wire a sample lists only the links with a non-zero counter; the others are all zero. A
+    counter at 0 (the default) is left out of the JSON; null means the link does not report it."""
 
     link: int
-    crc_flit_errors: int | None = None
-    crc_data_errors: int | None = None
-    replay_errors: int | None = None
-    recovery_errors: int | None = None
+    crc_flit_errors: int | None = 0
+    crc_data_errors: int | None = 0
+    replay_errors: int | None = 0
+    recovery_errors: int | None = 0
 
 
-class RowRemapState(msgspec.Struct, frozen=True, kw_only=True):
-    """HBM row remapping (A100 and later): remapped rows and whether a remap is pending or failed."""
+class NvLinkTotals(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One GPU's NVLink error counters summed over its links (`nvlink_total`, sent with every sample).
 
-    correctable: int | None = None
-    uncorrectable: int | None = None
-    pending: bool | None = None
-    failure: bool | None = None
+    Here 0 is the default, so an error-free GPU sends `{}`; null means no link reports the counter.
+    """
+
+    crc_flit_errors: int | None = 0
+    crc_data_errors: int | None = 0
+    replay_errors: int | None = 0
+    recovery_errors: int | None = 0
+
+
+class RowRemapState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """HBM row remapping (A100 and later): remapped rows and whether a remap is pending or failed.
+
+    0 and false are the defaults, left out of the JSON (a healthy GPU sends `{}`); null is unknown.
+    The whole state is null (`row_remap`) where the GPU has no row remapping."""
+
+    correctable: int | None = 0
+    uncorrectable: int | None = 0
+    pending: bool | None = False
+    failure: bool | None = False
 
 
 class GpuInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -51,7 +77,7 @@ class GpuInfo(msgspec.Struct, frozen=True, kw_only=True):
     nvlink_links: int | None = None
 
 
-class GpuSample(msgspec.Struct, frozen=True, kw_only=True):
+class GpuSample(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     index: int
     uuid: str
     utilization_pct: float | None = None
@@ -72,8 +98,27 @@ class GpuSample(msgspec.Struct, frozen=True, kw_only=True):
     retired_pages_pending: bool | None = None
     row_remap: RowRemapState | None = None
     pcie_replay_count: int | None = None
+    # On the wire: only links with a non-zero counter (see `compact_links`); read locally: every link.
     nvlink: list[NvLinkCounters] = []
     processes: list[ProcessInfo] = []
+    nvlink_total: NvLinkTotals | None = None  # None: no NVLink counters known (no links, or old form)
+
+
+# Inventory-like fields: they change seldom, so a sample may leave them out while they stay the same
+# (`NodeSample.slow_omitted`). Everything that makes the health service call a GPU dirty is here, so
+# a change that matters always travels in a sample that carries these fields.
+SLOW_FIELDS = (
+    "memory_total_mib",
+    "power_limit_w",
+    "mem_clock_mhz",
+    "ecc_sbe_volatile",
+    "ecc_dbe_volatile",
+    "retired_pages_sbe",
+    "retired_pages_dbe",
+    "retired_pages_pending",
+    "row_remap",
+    "pcie_replay_count",
+)
 
 
 class NodeInventory(Event, frozen=True, tag=event_type("telemetry", "node_inventory")):
@@ -90,8 +135,17 @@ class NodeInventory(Event, frozen=True, tag=event_type("telemetry", "node_invent
     labels: dict[str, str] = {}
 
 
-class NodeSample(Event, frozen=True, tag=event_type("telemetry", "node_sample")):
-    """One sample of every GPU on a node; `seq` increases by one per interval (gaps mean loss)."""
+class NodeSample(Event, frozen=True, omit_defaults=True, tag=event_type("telemetry", "node_sample")):
+    """One sample of every GPU on a node; `seq` increases by one per interval (gaps mean loss).
+
+    `slow_omitted`: this sample leaves out the slow fields (`SLOW_FIELDS`) of every GPU because none
+    changed since the node's last sample that carried them (one comes at least once a minute, and at
+    once when any of them changes). False (the default, and every sample in the old form): each field
+    is what the GPU reported, None when unknown.
+
+    `nvlink_omitted`: the per-link counters (`gpus[].nvlink`) are left out; they are as in the node's
+    last sample that carried them (at most a minute ago). `gpus[].nvlink_total` is always current.
+    """
 
     cluster: Name
     node: Name
@@ -99,3 +153,39 @@ class NodeSample(Event, frozen=True, tag=event_type("telemetry", "node_sample"))
     observed_at: float
     interval_s: float
     gpus: list[GpuSample]
+    slow_omitted: bool = False
+    nvlink_omitted: bool = False
+
+
+def nvlink_totals(links: list[NvLinkCounters]) -> NvLinkTotals | None:
+    """Each counter summed over the links that report it (None when none does); None without links."""
+    if not links:
+        return None
+    sums: list[int | None] = [None, None, None, None]
+    for link in links:
+        for i, value in enumerate(
+            (link.crc_flit_errors, link.crc_data_errors, link.replay_errors, link.recovery_errors)
+        ):
+            if value is not None:
+                prev = sums[i]
+                sums[i] = value if prev is None else prev + value
+    return NvLinkTotals(
+        crc_flit_errors=sums[0], crc_data_errors=sums[1], replay_errors=sums[2], recovery_errors=sums[3]
+    )
+
+
+def _link_has_errors(link: NvLinkCounters) -> bool:
+    return bool(link.crc_flit_errors or link.crc_data_errors or link.replay_errors or link.recovery_errors)
+
+
+def compact_links(gpu: GpuSample) -> GpuSample:
+    """The wire form of a GPU's NVLink counters: the totals, and only the links with an error counted.
+
+    Also upcasts a GPU of the old form (every link, no totals): the result is what a new agent sends.
+    """
+    links = gpu.nvlink
+    if not links:
+        return gpu
+    total = gpu.nvlink_total if gpu.nvlink_total is not None else nvlink_totals(links)
+    kept = [link for link in links if _link_has_errors(link)]
+    return msgspec.structs.replace(gpu, nvlink=kept, nvlink_total=total)

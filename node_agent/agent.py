@@ -173,6 +173,16 @@ class Agent:
             if fleet is not None and fleet.nodes[runner.node].silent:
                 continue
             records.extend(runner.tick(now, interval))
+            if runner.refusals:  # a sample over the message limit: never dropped in silence
+                for detail in runner.refusals:
+                    log.error(
+                        "sample over the message limit",
+                        node=runner.node,
+                        detail=detail,
+                        samples_reduced=runner.samples_reduced,
+                        samples_refused=runner.samples_refused,
+                    )
+                runner.refusals.clear()
         self.seqs.save(self.runners)  # before publishing: a sequence is never used twice
         self.ticks += 1
         return records

@@ -16,14 +16,18 @@ import msgspec
 
 from events import subjects
 from events.base import Event
-from events.codec import H_ID, H_MSG_ID, H_TIME, encode, encode_body, rfc3339
-from events.telemetry import GpuInfo, NodeInventory
+from events.codec import DEFAULT_MAX_BYTES, H_ID, H_MSG_ID, H_TIME, encode, encode_body, rfc3339
+from events.streams import TELEMETRY
+from events.telemetry import GpuInfo, NodeInventory, NodeSample
 from node_agent.detectors import DetectorState, GpuLimits, Reading, detect
 from node_agent.spool import Kind, Record
+from node_agent.wire import WireForm, reduced
 
 INVENTORY_EVERY_S = 60.0
 INVENTORY_CHECK_S = 10.0
 AGENT_VERSION = "0.1.0"
+# The largest sample body the agent publishes: what the stream stores and what consumers decode.
+MAX_SAMPLE_BYTES = min(TELEMETRY.max_msg_size, DEFAULT_MAX_BYTES) - 4096  # headroom for the headers
 
 
 class Sampler(Protocol):
@@ -62,6 +66,10 @@ class NodeRunner:
         self._inventory_sent_at: float | None = None
         self._inventory_checked_at: float | None = None
         self.faults_found = 0
+        self.wire = WireForm()
+        self.samples_reduced = 0  # too big: sent without process lists and per-link counters
+        self.samples_refused = 0  # too big even so: not sent (logged)
+        self.refusals: list[str] = []  # why, for the shell to log (no I/O here)
 
     def tick(self, now: float, interval_s: float) -> list[Record]:
         """One interval: maybe the inventory, the sample, and the faults it shows."""
@@ -72,12 +80,39 @@ class NodeRunner:
         if inv is not None:
             out.append(self._record(Kind.INVENTORY, self._inventory_subject, inv, f"{self._id(seq)}/inventory", now))
         reading = self.sampler.read(self.cluster, seq, now, interval_s)
-        out.append(self._record(Kind.SAMPLE, self._sample_subject, reading.sample, self._id(seq), now))
+        record = self._sample_record(reading.sample, seq, now)
+        if record is not None:
+            out.append(record)
+        # The detectors read the full local sample, whatever went on the wire.
         self.detectors, faults = detect(self.detectors, reading, self.sampler.limits())
         for f in faults:
             out.append(self._record(Kind.FAULT, self._fault_subject, f, f.fault_id, now))
         self.faults_found += len(faults)
         return out
+
+    def _sample_record(self, local: NodeSample, seq: int, now: float) -> Record | None:
+        """The sample's wire form; cut down, or refused, when it would pass the message limit (the
+        server would refuse it, or consumers dead-letter it)."""
+        sample = self.wire(local)
+        record = self._record(Kind.SAMPLE, self._sample_subject, sample, self._id(seq), now)
+        if len(record.body) <= MAX_SAMPLE_BYTES:
+            return record
+        size = len(record.body)
+        record = self._record(Kind.SAMPLE, self._sample_subject, reduced(sample), self._id(seq), now)
+        if len(record.body) <= MAX_SAMPLE_BYTES:
+            self.samples_reduced += 1
+            self.refusals.append(
+                f"sample {seq} was {size} bytes (limit {MAX_SAMPLE_BYTES}): sent without process lists "
+                f"and per-link NVLink counters ({len(record.body)} bytes)"
+            )
+            return record
+        self.samples_refused += 1
+        self.wire.forget()  # what it carried did not go out
+        self.refusals.append(
+            f"sample {seq} not sent: {size} bytes, {len(record.body)} even without process lists and per-link "
+            f"counters; the limit is {MAX_SAMPLE_BYTES}"
+        )
+        return None
 
     def _id(self, seq: int) -> str:
         return f"{self.cluster}/{self.node}/{seq}"

@@ -28,6 +28,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--nodes", type=int, default=16, help="simulated nodes when no GPU is present (default 16)")
     p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per simulated node (default 8)")
     p.add_argument("--no-workload", action="store_true", help="do not generate jobs for the demo teams")
+    p.add_argument(
+        "--telemetry-keep-min",
+        type=float,
+        help="minutes TELEMETRY keeps samples (default 15; the warehouse is the history)",
+    )
+    p.add_argument("--telemetry-max-mb", type=float, help="most MiB TELEMETRY keeps on disk (default 1024)")
     p.set_defaults(func=run)
 
 
@@ -55,6 +61,26 @@ def _validate(args: argparse.Namespace) -> None:
     for name in ("port", "nats_port"):
         if not 0 < getattr(args, name) < 65536:
             raise UsageError(f"--{name.replace('_', '-')} must be a TCP port (1-65535)")
+    _telemetry_retention(args)
+
+
+def _telemetry_retention(args: argparse.Namespace) -> None:
+    """The flags become the environment every process of the stack reads (they must all agree)."""
+    from events.streams import ENV_TELEMETRY_MAX_AGE, ENV_TELEMETRY_MAX_BYTES, telemetry_retention
+
+    for flag, value, env, scale in (
+        ("--telemetry-keep-min", getattr(args, "telemetry_keep_min", None), ENV_TELEMETRY_MAX_AGE, 60),
+        ("--telemetry-max-mb", getattr(args, "telemetry_max_mb", None), ENV_TELEMETRY_MAX_BYTES, 2**20),
+    ):
+        if value is None:
+            continue
+        if not value > 0:
+            raise UsageError(f"{flag} must be more than 0, not {value:g}")
+        os.environ[env] = str(int(value * scale))
+    try:
+        telemetry_retention()
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -76,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
                 raise UsageError(f"{exc}; is port {args.nats_port} in use? pick another with --nats-port") from None
             url = server.url
         print(f"  {'nats':<11}ready   {url}  (JetStream store {data_dir / 'nats'})", flush=True)
+        _print_disk_budget(args)
         asyncio.run(_serve(args, url, data_dir))
     finally:
         if server is not None:
@@ -83,6 +110,15 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {'nats':<11}stopped", flush=True)
         os.close(lock)
     return 0
+
+
+def _print_disk_budget(args: argparse.Namespace) -> None:
+    from services.cli.disk_budget import describe
+
+    gpu_host = Path("/dev/nvidiactl").exists()  # a real agent: this one node
+    lines = describe(1 if gpu_host else args.nodes, 8 if gpu_host else args.gpus_per_node)
+    for i, line in enumerate(lines):
+        print(f"  {'disk' if i == 0 else '':<11}{line}", flush=True)
 
 
 def api_token(data_dir: Path) -> str:

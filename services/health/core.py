@@ -249,6 +249,8 @@ def _on_sample(state: HealthState, sample: NodeSample) -> None:
     for gpu in sample.gpus:
         if gpu.index not in node.gpus and gpu.uuid:
             node.gpus[gpu.index] = gpu.uuid
+        if sample.slow_omitted:  # the fields `_dirty` reads are as in the last sample that carried them
+            continue
         if _dirty(gpu):
             node.dirty_gpus.add(gpu.index)
             node.clean_since.pop(gpu.index, None)

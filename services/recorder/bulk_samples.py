@@ -8,9 +8,15 @@ The strict per-message decode (`LeanNodeSample`) stays the reference. Anything i
 the whole batch refused here (`BatchRefused`): a wrong type, a missing required field, a null where
 none is allowed, a body that is not one JSON object on one line. The caller then takes the
 per-message path, which stores the good samples and dead-letters the rest with the reason.
+
+Samples come in the compact wire form (fields at their defaults left out) or the old full form (nulls
+and empty lists written out); both give the same rows. A left-out slow field (`slow_omitted`) is a
+null in its column, as in the per-message path.
 """
 
 from __future__ import annotations
+
+import re
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -45,7 +51,11 @@ assert set(_SAMPLE.names) == set(LeanNodeSample.__struct_fields__)
 
 # Fields the strict decode requires (no default): a null or a missing one refuses the batch.
 _REQUIRED = ("cluster", "node", "seq", "observed_at", "interval_s", "gpus")
-_REQUIRED_GPU = ("index", "uuid", "throttle_reasons")  # throttle_reasons defaults to [], never null
+_REQUIRED_GPU = ("index", "uuid")
+# throttle_reasons defaults to [] (left out of the compact form) but may not be null: Arrow reads both
+# as null, so an explicit null is looked for in the text.
+_NULL_REASONS = re.compile(rb'"throttle_reasons"\s*:\s*null')
+_NO_REASONS = pa.scalar([], pa.list_(pa.string()))
 
 _PARSE = pj.ParseOptions(explicit_schema=_SAMPLE, unexpected_field_behavior="ignore", newlines_in_values=False)
 
@@ -67,6 +77,8 @@ def sample_table(bodies: list[bytes], ids: list[str]) -> pa.Table:
         if not body.startswith(b"{") or b"\n" in body or b"\r" in body:
             raise BatchRefused("a body is not one JSON object on one line")
     data = b"\n".join(bodies)
+    if _NULL_REASONS.search(data):
+        raise BatchRefused("gpus[].throttle_reasons is null")
     try:
         parsed = pj.read_json(
             pa.BufferReader(data),
@@ -107,7 +119,7 @@ def sample_table(bodies: list[bytes], ids: list[str]) -> pa.Table:
         "event_id": repeated(pa.array(ids, pa.string())),
         "gpu_index": per_gpu.field("index"),
         "gpu_uuid": per_gpu.field("uuid"),
-        "throttle_reasons": per_gpu.field("throttle_reasons"),
+        "throttle_reasons": pc.fill_null(per_gpu.field("throttle_reasons"), _NO_REASONS),
     }
     for name in (*SAMPLE_FLOATS, *SAMPLE_INTS):
         columns[name] = per_gpu.field(name)

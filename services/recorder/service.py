@@ -19,8 +19,9 @@ import pyarrow as pa
 
 from events.streams import BILLING, FAULTS, FLEET, JOBS, QUOTA, TELEMETRY
 from services.cli.errors import UsageError
+from services.recorder.retention import RAW_TTL_DAYS, ROLLUP_TTL_DAYS, apply_retention
 from services.recorder.rows import Recorded
-from services.recorder.samples import SampleConsumer
+from services.recorder.samples import FETCH_MAX_BYTES, MIN_FETCH_MAX_BYTES, SampleConsumer
 from services.recorder.writer import Writer
 from services.runtime import ConsumerOptions, Delivery
 from services.runtime.commands import CommandRefused
@@ -58,9 +59,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--flush-interval", type=float, default=1.0, help="longest wait in seconds for a batch to fill (1.0)"
     )
+    parser.add_argument(
+        "--fetch-max-mb",
+        type=float,
+        default=FETCH_MAX_BYTES / 2**20,
+        help=f"most MiB of samples per fetch, whatever --batch-size says ({FETCH_MAX_BYTES / 2**20:g})",
+    )
     parser.add_argument("--telemetry-consumers", type=int, default=3, help="parallel pull consumers on TELEMETRY (3)")
     parser.add_argument(
         "--ack-wait", type=float, default=60.0, help="seconds before an unacked batch is redelivered (60)"
+    )
+    parser.add_argument(
+        "--raw-ttl-days", type=int, default=RAW_TTL_DAYS, help=f"days raw GPU samples are kept ({RAW_TTL_DAYS})"
+    )
+    parser.add_argument(
+        "--rollup-ttl-days",
+        type=int,
+        default=ROLLUP_TTL_DAYS,
+        help=f"days the per-GPU minute rollups are kept ({ROLLUP_TTL_DAYS})",
     )
 
 
@@ -87,6 +103,7 @@ async def setup_recorder(
     flush_interval: float = 1.0,
     ack_wait: float = 60.0,
     telemetry_consumers: int = 1,
+    fetch_max_bytes: int = FETCH_MAX_BYTES,
 ) -> None:
     """Consumers for every stream, and the `sql` command. TELEMETRY may get several pull consumers on
     the same durable, so one decodes and acks while another's batch is being inserted."""
@@ -110,7 +127,9 @@ async def setup_recorder(
             max_retry_delay_s=10.0,
         )
         if spec is TELEMETRY:  # the hot stream: node samples take the bulk decode
-            consumer = SampleConsumer(ctx.js, options, batch_handler=store, table_handler=store_samples)
+            consumer = SampleConsumer(
+                ctx.js, options, batch_handler=store, table_handler=store_samples, fetch_max_bytes=fetch_max_bytes
+            )
             ctx.consumers.append(consumer)
             ctx.task(lambda consumer=consumer: consumer.run(ctx.stop))
         else:
@@ -141,7 +160,10 @@ async def answer_sql(writer: Writer, sql: str, max_rows: int = MAX_REPLY_ROWS) -
 def open_and_migrate(args: argparse.Namespace) -> Warehouse:
     warehouse = open_from_args(args)
     applied = migrate(warehouse)
-    log.info("warehouse ready", backend=warehouse.kind, migrations_applied=applied)
+    raw_days = getattr(args, "raw_ttl_days", RAW_TTL_DAYS)
+    rollup_days = getattr(args, "rollup_ttl_days", ROLLUP_TTL_DAYS)
+    retention = apply_retention(warehouse, raw_days=raw_days, rollup_days=rollup_days)
+    log.info("warehouse ready", backend=warehouse.kind, migrations_applied=applied, retention_changed=retention)
     return warehouse
 
 
@@ -176,7 +198,21 @@ async def open_when_ready(args: argparse.Namespace, stop: asyncio.Event) -> Ware
     return None
 
 
+def fetch_max_bytes(args: argparse.Namespace) -> int:
+    value = int(args.fetch_max_mb * 2**20)
+    if value < MIN_FETCH_MAX_BYTES:
+        raise UsageError(
+            f"--fetch-max-mb {args.fetch_max_mb:g} is below the largest message a stream takes; "
+            f"use at least {MIN_FETCH_MAX_BYTES / 2**20:.2f}"
+        )
+    return value
+
+
 async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
+    max_bytes = fetch_max_bytes(args)  # a mistake in the options is reported before anything starts
+    for name in ("raw_ttl_days", "rollup_ttl_days"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be at least 1 (days)")
     warehouse = await open_when_ready(args, stop)
     if warehouse is None:
         return
@@ -191,6 +227,7 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
                 flush_interval=args.flush_interval,
                 ack_wait=args.ack_wait,
                 telemetry_consumers=args.telemetry_consumers,
+                fetch_max_bytes=max_bytes,
             )
 
         await serve(NAME, args.nats, setup, stop)

@@ -66,6 +66,7 @@ def test_up_starts_nats_with_streams_refuses_a_second_instance_and_stops_on_ctrl
     try:
         out = _wait_for(proc, "chamber is up", timeout=90)
         assert "ready   nats:" in out and "added JOBS" in out
+        assert "disk       TELEMETRY keeps 15 min, at most 1 GiB: about" in out  # the disk it will use
         assert "gateway    running" in out and "agent      running" in out
         assert f"dashboard  ready   http://127.0.0.1:{web}/" in out
         second = run("up", "--nats-port", str(free_port()), env=env)
@@ -93,3 +94,10 @@ def test_up_starts_nats_with_streams_refuses_a_second_instance_and_stops_on_ctrl
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_up_refuses_a_telemetry_budget_that_is_not_positive_without_a_traceback(tmp_path: Path) -> None:
+    env = {**os.environ, "CHAMBER_DATA_DIR": str(tmp_path / "data")}
+    result = run("up", "--telemetry-keep-min", "0", env=env)
+    assert result.returncode == 2
+    assert "--telemetry-keep-min must be more than 0" in result.stderr and "Traceback" not in result.stderr

@@ -560,3 +560,16 @@ async def test_the_charts_nats_admits_each_pod_with_the_url_the_chart_gives_it(
             await nats_py.connect(f"nats://svc-gateway:wrong@127.0.0.1:{server.port}", allow_reconnect=False)
     finally:
         server.kill()
+
+
+def test_every_pod_gets_the_same_telemetry_retention(rendered: dict[str, list[Doc]]) -> None:
+    """Each service sets TELEMETRY's limits at start: they must all be told the same ones."""
+    seen = set()
+    for docs in rendered.values():
+        for doc in docs:
+            spec = doc.get("spec", {}).get("template", {}).get("spec", {})
+            for container in spec.get("containers", []):
+                env = {e["name"]: e.get("value") for e in container.get("env", [])}
+                if "CHAMBER_CLUSTER" in env:
+                    seen.add((env.get("CHAMBER_TELEMETRY_MAX_AGE_S"), env.get("CHAMBER_TELEMETRY_MAX_BYTES")))
+    assert seen == {("900", "1073741824")}

@@ -92,3 +92,34 @@ async def test_a_refused_pull_is_an_error_the_run_loop_backs_off_from_not_an_emp
             await asyncio.wait_for(waiting, 3)
     finally:
         await consumer.unsubscribe()
+
+
+async def test_a_fetch_stops_at_its_byte_bound_and_the_next_one_goes_on(js: JetStreamContext) -> None:
+    from services.recorder.samples import MIN_FETCH_MAX_BYTES
+
+    body = b"x" * 300_000  # large samples: a batch of 10 would be 3 MB
+    for i in range(10):
+        await js.publish(f"chamber.telemetry.sample.c1.n{i}", body)
+    consumer = SampleConsumer(
+        js, options(batch=10), batch_handler=_nothing, table_handler=_nothing, fetch_max_bytes=MIN_FETCH_MAX_BYTES
+    )
+    await consumer.start()
+    try:
+        sizes = []
+        while sum(sizes) < 10:
+            msgs = await consumer.fetch()  # the server's "409 Message Size Exceeds MaxBytes" ends it, no error
+            assert msgs, "a fetch came back empty with messages waiting"
+            sizes.append(len(msgs))
+            for msg in msgs:
+                await msg.ack()
+        assert max(sizes) * len(body) <= MIN_FETCH_MAX_BYTES and len(sizes) >= 3
+    finally:
+        await consumer.unsubscribe()
+
+
+def test_a_byte_bound_below_the_largest_message_is_refused(js: JetStreamContext) -> None:
+    from services.recorder.samples import MIN_FETCH_MAX_BYTES
+
+    with pytest.raises(ValueError, match="largest message"):
+        SampleConsumer(js, options(), batch_handler=_nothing, table_handler=_nothing, fetch_max_bytes=1024)
+    assert MIN_FETCH_MAX_BYTES > 1024 * 1024

@@ -80,7 +80,8 @@ async def dead_letters(js: JetStreamContext) -> list[tuple[str, dict[str, str], 
 async def test_streams_are_created_idempotently(js: JetStreamContext) -> None:
     assert await ensure_streams(js) == []  # the fixture created them; a second call changes nothing
     info = await js.stream_info("TELEMETRY")
-    assert info.config.max_age == 24 * 3600
+    assert info.config.max_age == 15 * 60  # minutes with a byte cap: the warehouse is the history
+    assert info.config.max_bytes == 1024 * 1024 * 1024
     assert info.config.duplicate_window == 120
 
 

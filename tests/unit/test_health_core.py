@@ -209,6 +209,17 @@ def test_a_gpu_is_restored_after_a_clean_probation(default_policy: Policy) -> No
     assert d.event.reason.startswith("clean probation after: ecc_dbe")
 
 
+def test_samples_without_their_slow_fields_neither_dirty_nor_clean_a_gpu(default_policy: Policy) -> None:
+    """The compact wire form leaves ECC counts and remap flags out while they stay the same."""
+    state = a_health_engine(default_policy)
+    step(state, a_fault("n000", kind=FaultKind.ECC_DBE, gpu=1, at=T0), a_sample("n000", at=T0, dbe={1: 2}), now=T0)
+    unchanged = with_(a_sample("n000", at=T0 + HOUR + 5), slow_omitted=True)
+    unchanged = with_(unchanged, gpus=[with_(g, ecc_dbe_volatile=None, row_remap=None) for g in unchanged.gpus])
+    assert step(state, unchanged, now=T0 + HOUR + 6) == []  # no proof the DBE is gone: not restored
+    [d] = step(state, a_sample("n000", at=T0 + HOUR + 10), now=T0 + HOUR + 11)
+    assert isinstance(d.event, GpuRestored) and d.event.gpu_index == 1
+
+
 def test_a_lost_node_is_not_restored_by_probation(default_policy: Policy) -> None:
     state = a_health_engine(default_policy)
     step(state, a_fault("n000", xid=79, at=T0), now=T0)

@@ -140,6 +140,10 @@ discovery health scheduler
   value: {{ .Values.healthPort | quote }}
 - name: CHAMBER_DATA_DIR
   value: /var/lib/chamber
+- name: CHAMBER_TELEMETRY_MAX_AGE_S
+  value: {{ .Values.telemetry.maxAgeSeconds | quote }}
+- name: CHAMBER_TELEMETRY_MAX_BYTES
+  value: {{ .Values.telemetry.maxBytes | int64 | quote }}
 - name: POD_NAME
   valueFrom:
     fieldRef:

@@ -1,0 +1,25 @@
+"""What `chamber up` says it will keep on disk, from the agent's own sample size and the limits set."""
+
+from __future__ import annotations
+
+import pytest
+
+from events.streams import ENV_TELEMETRY_MAX_AGE, ENV_TELEMETRY_MAX_BYTES
+from services.cli.disk_budget import describe, sample_bytes
+
+
+def test_the_stream_budget_follows_the_fleet_and_the_limits(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(ENV_TELEMETRY_MAX_AGE, raising=False)
+    monkeypatch.delenv(ENV_TELEMETRY_MAX_BYTES, raising=False)
+    small, _ = describe(16, 8)
+    assert small.startswith("TELEMETRY keeps 15 min, at most 1 GiB: about ") and "for 16 nodes x 8 GPUs" in small
+    monkeypatch.setenv(ENV_TELEMETRY_MAX_AGE, "120")
+    monkeypatch.setenv(ENV_TELEMETRY_MAX_BYTES, str(10 * 2**20))
+    capped, _ = describe(10_000, 8)
+    assert capped.startswith("TELEMETRY keeps 2 min, at most 10 MiB: about 10 MiB for 10000 nodes")
+
+
+def test_the_sample_size_is_the_agents_compact_one() -> None:
+    eight = sample_bytes(8)
+    assert 2000 < eight < 4096 + 400  # the compact 8-GPU sample with its envelope, not the old 17.5 KB
+    assert sample_bytes(2) < eight
