@@ -16,10 +16,11 @@ import msgspec
 
 from events import subjects
 from events.base import Event
-from events.codec import H_ID, H_MSG_ID, H_TIME, encode, encode_body, rfc3339
+from events.codec import H_ID, H_MSG_ID, H_TIME, H_TRACEPARENT, encode, encode_body, rfc3339
 from events.telemetry import GpuInfo, NodeInventory
 from node_agent.detectors import DetectorState, GpuLimits, Reading, detect
 from node_agent.spool import Kind, Record
+from services.runtime.tracing import publish_traceparent
 
 INVENTORY_EVERY_S = 60.0
 INVENTORY_CHECK_S = 10.0
@@ -128,6 +129,9 @@ def envelope(event: Event, source: str, msg_id: str, now: float) -> tuple[dict[s
             _times.clear()
         when = _times[now] = rfc3339(now)
     headers = {**static, H_ID: msg_id, H_TIME: when, H_MSG_ID: msg_id}
+    traceparent, _ = publish_traceparent()  # each sample starts its own trace (README: every event has one)
+    if traceparent:
+        headers[H_TRACEPARENT] = traceparent
     return headers, encode_body(event)
 
 
