@@ -95,6 +95,9 @@ def normalize_team(value: str, *, field: str = "team") -> str:
 def field_of(exc: msgspec.ValidationError) -> str | None:
     """The field a msgspec validation error is about (`$.spec.team` -> `spec.team`), if it says."""
     text = str(exc)
+    unknown = re.search(r"unknown field `([^`]*)`", text)
+    if unknown:
+        return unknown.group(1)
     marker = "at `$."
     if marker not in text:
         return None
