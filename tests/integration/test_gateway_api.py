@@ -55,6 +55,8 @@ async def start_gateway(
         stream_interval=0.2,
         command_timeout=2.0,
         no_warehouse_history=not warehouse_history,
+        reasons_interval=0.2,
+        protect_reads=False,
     )
     stop = asyncio.Event()
     task = asyncio.create_task(service.run(args, stop))
