@@ -121,7 +121,7 @@ async def test_a_scripted_fleet_is_served_as_json_and_metrics(gateway: Gateway, 
     status, text = await gateway.get("/metrics")
     assert status == 200
     values = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples if not s.labels}
-    assert values["chamber_gpus_total"] == 24
+    assert values["chamber_gpus"] == 24
     assert values["chamber_gpus_allocated"] == 14
     assert values["chamber_gpus_idle"] == 2
     assert values["chamber_gpus_isolated"] == 8
