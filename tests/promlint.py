@@ -26,7 +26,7 @@ NON_BASE_UNITS = {
     "pounds": "grams",
     "ounces": "grams",
 }
-UNIT_PREFIXES = [
+UNIT_PREFIXES = (
     "pico",
     "nano",
     "micro",
@@ -45,7 +45,7 @@ UNIT_PREFIXES = [
     "tebi",
     "peta",
     "pebi",
-]
+)
 ABBREVIATIONS = ("s", "ms", "us", "ns", "sec", "b", "kb", "mb", "gb", "tb", "pb", "m", "h", "d")
 TYPES = ("counter", "gauge", "summary", "histogram", "gaugehistogram", "info", "stateset")
 _CAMEL = re.compile(r"[a-z][A-Z]")
