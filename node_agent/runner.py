@@ -16,7 +16,7 @@ import msgspec
 
 from events import subjects
 from events.base import Event
-from events.codec import H_ID, H_MSG_ID, H_TIME, H_TRACEPARENT, encode, encode_body, rfc3339
+from events.codec import H_ID, H_MSG_ID, H_TIME, H_TRACEPARENT, ce_value, encode, encode_body, rfc3339
 from events.telemetry import GpuInfo, NodeInventory
 from node_agent.detectors import DetectorState, GpuLimits, Reading, detect
 from node_agent.spool import Kind, Record
@@ -128,6 +128,7 @@ def envelope(event: Event, source: str, msg_id: str, now: float) -> tuple[dict[s
         if len(_times) > 64:
             _times.clear()
         when = _times[now] = rfc3339(now)
+    msg_id = ce_value(msg_id)  # percent-encoded as the CloudEvents binding asks (a no-op for plain ids)
     headers = {**static, H_ID: msg_id, H_TIME: when, H_MSG_ID: msg_id}
     traceparent, _ = publish_traceparent()  # each sample starts its own trace (README: every event has one)
     if traceparent:
