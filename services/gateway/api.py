@@ -327,7 +327,8 @@ def _checked(service: str, verb: str, payload: dict[str, Any]) -> dict[str, Any]
         req = decode_request(payload, REQUESTS[service][verb])
     except InvalidName as exc:
         raise BadRequest(str(exc), exc.field, status=422) from None
-    return msgspec.to_builtins(req)
+    checked: dict[str, Any] = msgspec.to_builtins(req)
+    return {k: checked[k] for k in payload}  # the fields sent, normalised; the service applies its defaults
 
 
 async def _forward(request: web.Request, service: str, verb: str, payload: dict[str, Any]) -> web.Response:
