@@ -38,9 +38,13 @@ def with_nats(args: argparse.Namespace, body: Callable[[Any], Awaitable[T]], *, 
 
     async def main() -> T:
         from services.runtime import connect
-        from services.runtime.tracing import configure_tracing
 
-        configure_tracing("cli")
+        if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+            # the CLI's own span is worth its import time (~0.2 s) only when it is exported; without
+            # it the service starts the command's trace, which its events then continue
+            from services.runtime.tracing import configure_tracing
+
+            configure_tracing("cli")
 
         try:
             nc = await connect(args.nats, name=name, deadline_s=CONNECT_DEADLINE_S)
