@@ -140,6 +140,11 @@ async def request(nc: Client, service: str, verb: str, payload: Any, *, timeout:
         msg = await nc.request(subject, _encoder.encode(payload), timeout=timeout, headers=headers or None)
     except nats.errors.NoRespondersError:
         raise CommandUnavailable(f"no {service} service is answering on {subject}: is it running?") from None
+    except nats.errors.MaxPayloadError:
+        size = len(_encoder.encode(payload))
+        raise CommandRefused(
+            f"the request is {size} bytes, over the NATS server's max payload ({nc.max_payload}); send less"
+        ) from None
     except nats.errors.TimeoutError:
         raise CommandUnavailable(
             f"{service} did not answer {subject} within {timeout:g}s (it may be busy or stopped; "

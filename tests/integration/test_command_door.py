@@ -93,3 +93,34 @@ def test_a_page_of_rows_stays_under_the_budget_and_says_where_the_rest_starts() 
     assert [r["id"] for r in rest["jobs"]] == [f"j{i}" for i in range(page["next_offset"], page["next_offset"] + 5)]
     last = page_of_rows(rows, offset=9_998)
     assert len(last["jobs"]) == 2 and "next_offset" not in last
+
+
+async def test_an_answer_or_a_request_over_the_max_payload_is_refused_with_the_truth(
+    nats_server: NatsServerProcess, nc: Client
+) -> None:
+    import asyncio
+
+    import msgspec
+
+    from services.runtime.host import ServiceContext, serve
+
+    class Ask(msgspec.Struct):
+        rows: int
+
+    async def rows(ask: Ask) -> list[str]:
+        return ["r" * 1000] * ask.rows
+
+    async def setup(ctx: ServiceContext) -> None:
+        ctx.command("rows", Ask, rows)
+
+    stop = asyncio.Event()
+    task = asyncio.create_task(serve("bulky", nats_server.url, setup, stop))
+    try:
+        await eventually(lambda: answers(nc, "bulky", "rows", {"rows": 1}))
+        too_big = await refused(nc, "bulky", "rows", {"rows": 2000})  # ~2 MB: the server would drop it
+        assert "over NATS's max payload" in str(too_big) and too_big.field == "limit"
+        request_too_big = await refused(nc, "bulky", "rows", {"rows": 1, "pad": "x" * 2_000_000})
+        assert "over the NATS server's max payload" in str(request_too_big)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 15)
