@@ -23,7 +23,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from events.commands import REQUESTS, CancelJob, RestoreNode, SetTeamQuota, SubmitJob
-from events.names import InvalidName, decode_request
+from events.names import InvalidName, decode_request, normalize_team
 from services.gateway import metrics, openapi, views
 from services.gateway.core import GatewayState, JobState
 from services.gateway.history import HistoryView, TeamWindowCost
@@ -148,7 +148,13 @@ async def get_jobs(request: web.Request) -> web.Response:
         if unknown:
             raise BadRequest(f"unknown job state {sorted(unknown)[0]!r}; one of {', '.join(_JOB_STATES)}", "state")
     limit = _int(request, "limit", 500, lo=1, hi=10_000)
-    return json_response(views.jobs(_ctx(request).state, states=states, team=request.query.get("team"), limit=limit))
+    team = request.query.get("team")
+    if team is not None:
+        try:
+            team = normalize_team(team)  # the one team rule: ?team=Vision finds vision's jobs
+        except InvalidName as exc:
+            raise BadRequest(str(exc), "team") from None
+    return json_response(views.jobs(_ctx(request).state, states=states, team=team, limit=limit))
 
 
 async def get_job(request: web.Request) -> web.Response:

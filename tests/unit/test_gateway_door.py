@@ -134,3 +134,9 @@ async def test_the_document_gives_each_command_its_real_request_schema(client: T
     assert schemas["SubmitJob"]["properties"]["gpus"]["anyOf"][0]["maximum"] == 1024
     assert "borrow_limit" in schemas["SetTeamQuota"]["properties"]
     assert "replaces" in quota["description"] and "PATCH" in quota["description"]
+
+
+async def test_a_team_filter_follows_the_team_rule(client: TestClient[Any, Any]) -> None:
+    assert (await client.get("/api/jobs", params={"team": "Vision "})).status == 200
+    r = await client.get("/api/jobs", params={"team": "$SYS"})
+    assert r.status == 400 and (await r.json())["field"] == "team"
