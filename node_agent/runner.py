@@ -20,7 +20,7 @@ from events.codec import H_ID, H_MSG_ID, H_TIME, H_TRACEPARENT, ce_value, encode
 from events.telemetry import GpuInfo, NodeInventory
 from node_agent.detectors import DetectorState, GpuLimits, Reading, detect
 from node_agent.spool import Kind, Record
-from services.runtime.tracing import publish_traceparent
+from services.runtime.tracing import root_traceparent
 
 INVENTORY_EVERY_S = 60.0
 INVENTORY_CHECK_S = 10.0
@@ -130,9 +130,7 @@ def envelope(event: Event, source: str, msg_id: str, now: float) -> tuple[dict[s
         when = _times[now] = rfc3339(now)
     msg_id = ce_value(msg_id)  # percent-encoded as the CloudEvents binding asks (a no-op for plain ids)
     headers = {**static, H_ID: msg_id, H_TIME: when, H_MSG_ID: msg_id}
-    traceparent, _ = publish_traceparent()  # each sample starts its own trace (README: every event has one)
-    if traceparent:
-        headers[H_TRACEPARENT] = traceparent
+    headers[H_TRACEPARENT] = root_traceparent()  # each sample starts its own trace (README: every event has one)
     return headers, encode_body(event)
 
 

@@ -10,6 +10,7 @@ variables apply as usual); otherwise they only propagate.
 from __future__ import annotations
 
 import os
+import random
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
@@ -21,11 +22,12 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 _propagator = TraceContextTextMapPropagator()
 tracer = trace.get_tracer("chamber")
 _configured = False
+_exporting = False  # spans leave the process (OTLP); else only the trace context matters
 
 
 def configure_tracing(service: str) -> None:
     """Install the SDK tracer provider once per process (later calls do nothing)."""
-    global _configured
+    global _configured, _exporting
     if _configured:
         return
     _configured = True
@@ -39,6 +41,7 @@ def configure_tracing(service: str) -> None:
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        _exporting = True
     trace.set_tracer_provider(provider)
 
 
@@ -67,6 +70,13 @@ def produce_span(subject: str) -> Iterator[None]:
         f"send {subject}", kind=SpanKind.PRODUCER, attributes={"messaging.system": "nats"}
     ):
         yield
+
+
+def root_traceparent() -> str:
+    """A new trace's context without a span object: for the agent's samples, about 1 µs instead of
+    about 30 (a span per sample, 1,000 nodes a second, would cost more than the sample's encoding).
+    Random ids as OpenTelemetry's own RandomIdGenerator makes them; sampled flag set."""
+    return f"00-{random.getrandbits(128) or 1:032x}-{random.getrandbits(64) or 1:016x}-01"
 
 
 def publish_traceparent() -> tuple[str | None, str | None]:
@@ -106,6 +116,11 @@ def consume_span(
     parent = _propagator.extract(carrier=_lower(headers))
     token = otel_context.attach(parent)
     try:
+        if not _exporting:
+            # Nothing would see a span of ours: continue the producer's trace as it is (what this
+            # handler publishes carries its trace id), without the cost of a span per message.
+            yield trace.get_current_span()
+            return
         with tracer.start_as_current_span(
             f"process {stream}",
             kind=SpanKind.CONSUMER,

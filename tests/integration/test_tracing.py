@@ -76,3 +76,60 @@ async def test_an_event_published_outside_any_span_starts_a_trace(js: JetStreamC
     msg = await asyncio.wait_for(got.get(), 10)
     await sub.unsubscribe()
     assert trace_id(decode(msg.headers, msg.data).traceparent)
+
+
+async def test_an_event_a_consumer_publishes_while_handling_another_continues_its_trace(
+    nats_server: NatsServerProcess, nc: Client, js: JetStreamContext
+) -> None:
+    from events import JobCompleted
+    from services.runtime import ConsumerOptions, Delivery
+    from services.runtime.host import ServiceContext, serve
+
+    got: asyncio.Queue[Any] = asyncio.Queue()
+
+    async def on(msg: Any) -> None:
+        envelope = decode(msg.headers, msg.data)
+        if isinstance(envelope.event, JobCompleted):
+            await got.put(envelope)
+
+    sub = await nc.subscribe("chamber.jobs.>", cb=on)
+    stop = asyncio.Event()
+
+    async def setup(ctx: ServiceContext) -> None:
+        async def finish(delivery: Delivery) -> None:  # a process manager: submitted -> completed
+            event = delivery.envelope.event
+            if isinstance(event, JobSubmitted):
+                await ctx.publisher.publish(JobCompleted(job_id=event.job_id, at=2.0))
+
+        ctx.consume(ConsumerOptions(stream="JOBS", durable=None), handler=finish)
+
+    task = asyncio.create_task(serve("finisher", nats_server.url, setup, stop))
+    try:
+        submitted = await Publisher(js, source="test/cli").publish_many([(a_submitted("t-1"), "t-1", 1.0)])
+        assert submitted[0].seq >= 1
+        completed = await asyncio.wait_for(got.get(), 20)
+        [sent] = [m async for m in _jobs_of(js, "t-1") if isinstance(m.event, JobSubmitted)]
+        assert trace_id(completed.traceparent) == trace_id(sent.traceparent)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 15)
+        await sub.unsubscribe()
+
+
+async def _jobs_of(js: JetStreamContext, job: str) -> Any:
+    sub = await js.subscribe(f"chamber.jobs.{job}", ordered_consumer=True)
+    try:
+        while True:
+            try:
+                msg = await sub.next_msg(timeout=1)
+            except TimeoutError:
+                return
+            yield decode(msg.headers, msg.data)
+    finally:
+        await sub.unsubscribe()
+
+
+def a_submitted(job: str) -> JobSubmitted:
+    from events import JobSpec
+
+    return JobSubmitted(job_id=job, at=1.0, spec=JobSpec(team="vision", gpus_per_replica=1))
