@@ -140,3 +140,15 @@ async def test_a_team_filter_follows_the_team_rule(client: TestClient[Any, Any])
     assert (await client.get("/api/jobs", params={"team": "Vision "})).status == 200
     r = await client.get("/api/jobs", params={"team": "$SYS"})
     assert r.status == 400 and (await r.json())["field"] == "team"
+
+
+def test_the_environment_the_chart_sets_turns_protected_reads_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    import argparse
+
+    from services.gateway import service
+
+    for value, expected in (("true", True), ("", False)):
+        monkeypatch.setenv("CHAMBER_API_PROTECT_READS", value)
+        parser = argparse.ArgumentParser()
+        service.add_arguments(parser)
+        assert parser.parse_args([]).protect_reads is expected
