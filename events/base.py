@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import re
-from typing import Annotated
 
 import msgspec
 
+from events import names
+
 CE_TYPE_PREFIX = "io.chamber"
-# An identifier that becomes a subject token: cluster, node, job, team, pool, fault id.
-Name = Annotated[str, msgspec.Meta(min_length=1, max_length=253, pattern=r"\S")]
+# An identifier that becomes a subject token (cluster, node, job, pool, fault id); teams are `Team`.
+# Both, and every other limit, are defined once in events/names.py.
+Name = names.Name
 
 _CE_TYPE = re.compile(r"^io\.chamber\.(?P<domain>[a-z]+)\.(?P<name>[a-z_]+)\.v(?P<major>[1-9][0-9]*)$")
 

@@ -7,6 +7,7 @@ from typing import Annotated
 from msgspec import Meta
 
 from events.base import Event, Name, event_type
+from events.names import Team
 
 
 class PriceSet(Event, frozen=True, tag=event_type("billing", "price_set")):
@@ -25,14 +26,14 @@ class CostAccrued(Event, frozen=True, tag=event_type("billing", "cost_accrued"))
     gpu_seconds: float
     cost: float
     currency: str = "USD"
-    team: Name | None = None
+    team: Team | None = None
     job_id: Name | None = None
     pool: Name | None = None
     idle: bool = False
 
 
 class BudgetExceeded(Event, frozen=True, tag=event_type("billing", "budget_exceeded")):
-    team: Name
+    team: Team
     at: float
     budget: float
     spent: float

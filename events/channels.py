@@ -114,3 +114,65 @@ DEAD_LETTER = Channel(
     (),
     (("stream", "lower-case name of the stream the message came from"),),
 )
+
+
+@dataclass(frozen=True)
+class CommandChannel:
+    """`chamber.cmd.<service>.<verb>`: core NATS request/reply, served by one queue group per service."""
+
+    service: str
+    verb: str
+    description: str
+
+    @property
+    def id(self) -> str:
+        return "cmd" + "".join(p.capitalize() for p in f"{self.service}_{self.verb}".split("_"))
+
+    @property
+    def address(self) -> str:
+        return f"chamber.cmd.{self.service}.{self.verb}"
+
+
+COMMANDS: tuple[CommandChannel, ...] = (
+    CommandChannel("scheduler", "submit", "Submit a job (recorded as JobSubmitted)."),
+    CommandChannel("scheduler", "cancel", "Cancel a job (recorded as JobCancelled)."),
+    CommandChannel("scheduler", "queue", "Jobs in queue order with the scheduler's reasons, a page at a time."),
+    CommandChannel("scheduler", "explain", "Why a job is where it is."),
+    CommandChannel("quota", "set", "Replace a team's quota in a pool (recorded as TeamQuotaSet, BudgetSet)."),
+    CommandChannel("quota", "pool_set", "Define a pool by GPU model or node label (recorded as PoolDefined)."),
+    CommandChannel("quota", "list", "Quotas, usage, borrowing and fair share per team."),
+    CommandChannel("health", "restore", "Restore an isolated node or GPU."),
+    CommandChannel("health", "confirm", "Confirm a held isolation."),
+    CommandChannel("health", "dismiss", "Dismiss a held isolation."),
+    CommandChannel("health", "held", "Isolations held for an operator's decision."),
+    CommandChannel("health", "policy", "The effective health policy."),
+    CommandChannel("billing", "price", "Set the price of a GPU model (recorded as PriceSet)."),
+    CommandChannel("recorder", "sql", "Read-only analytics SQL over the warehouse."),
+    CommandChannel("sim", "inject", "Inject a fault into a simulated node (`chamber agent --simulate`)."),
+)
+
+
+@dataclass(frozen=True)
+class KvBucket:
+    """A JetStream key-value bucket: on the wire, messages on `$KV.<bucket>.<key>`."""
+
+    bucket: str
+    key: str  # the key pattern, with {parameters}
+    writer: str
+    description: str
+
+    @property
+    def id(self) -> str:
+        return "kv" + "".join(p.capitalize() for p in self.bucket.removeprefix("chamber_").split("_"))
+
+    @property
+    def address(self) -> str:
+        return f"$KV.{self.bucket}.{self.key}"
+
+
+KV_BUCKETS: tuple[KvBucket, ...] = (
+    KvBucket("chamber_fleet", "{cluster}.{node}", "discovery", "The current view of every node (JSON)."),
+    KvBucket("chamber_quota", "{pool}.{team}", "quota", "Each team's quota row in a pool, for dashboards (JSON)."),
+    KvBucket("chamber_snapshots", "{service}", "every service host", "Service state snapshots + stream positions."),
+    KvBucket("chamber_lease_{name}", "leader", "scheduler", "The leader lease of a replicated service (TTL)."),
+)

@@ -7,10 +7,12 @@ every failure raises `DecodeError` with a short machine-readable `reason` and a 
 from __future__ import annotations
 
 import hashlib
+import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from urllib.parse import quote, unquote
 
 import msgspec
 
@@ -33,6 +35,19 @@ H_MSG_ID = "Nats-Msg-Id"
 
 _encoder = msgspec.json.Encoder()
 _decoders: dict[type[Event], msgspec.json.Decoder] = {}
+# CloudEvents NATS (and HTTP) binding: in a `ce-` header value, space, '"', '%' and anything outside
+# printable ASCII are percent-encoded (UTF-8). Everything else travels as is.
+_CE_PLAIN = re.compile(r"^[\x21\x23\x24\x26-\x7e]*$")
+_CE_SAFE = "!#$&'()*+,-./:;<=>?@[\\]^_`{|}~"
+
+
+def ce_value(value: str) -> str:
+    """A `ce-` header value as the binding sends it (percent-encoded where it must be)."""
+    return value if _CE_PLAIN.match(value) else quote(value, safe=_CE_SAFE)
+
+
+def ce_unvalue(value: str) -> str:
+    return unquote(value) if "%" in value else value
 
 
 class DecodeError(ValueError):
@@ -95,16 +110,16 @@ def encode(
     tracestate: str | None = None,
 ) -> tuple[dict[str, str], bytes]:
     """Headers and body for one event. The id doubles as `Nats-Msg-Id` for JetStream dedup."""
-    event_id = id or new_id()
+    event_id = ce_value(id or new_id())
     when = time if time is not None else datetime.now(tz=UTC).timestamp()
     headers = {
         H_SPECVERSION: SPECVERSION,
         H_ID: event_id,
-        H_SOURCE: source,
+        H_SOURCE: ce_value(source),
         H_TYPE: type(event).ce_type(),
         H_TIME: rfc3339(when),
         H_CONTENT_TYPE: CONTENT_TYPE,
-        H_MSG_ID: event_id,
+        H_MSG_ID: event_id,  # the encoded id: what JetStream de-duplicates on is what consumers see
     }
     if traceparent:
         headers[H_TRACEPARENT] = traceparent
@@ -124,7 +139,8 @@ def decode(headers: Mapping[str, str] | None, body: bytes, *, max_bytes: int = D
     """Check and decode one message; raises DecodeError naming what was wrong."""
     if len(body) > max_bytes:
         raise DecodeError("oversized", f"body is {len(body)} bytes, the limit is {max_bytes}")
-    hdrs = headers or {}
+    # header names are case-insensitive in the binding (`CE-ID` is `ce-id`); values are percent-decoded
+    hdrs = {k.lower(): v for k, v in (headers or {}).items()}
     spec = hdrs.get(H_SPECVERSION)
     if spec != SPECVERSION:
         raise DecodeError("envelope", f"header {H_SPECVERSION} is {spec!r}, expected {SPECVERSION!r}")
@@ -154,10 +170,10 @@ def decode(headers: Mapping[str, str] | None, body: bytes, *, max_bytes: int = D
         raise DecodeError("malformed", f"body is not valid JSON: {exc}") from None
     return Envelope(
         event=event,
-        id=hdrs[H_ID],
-        source=hdrs[H_SOURCE],
+        id=ce_unvalue(hdrs[H_ID]),
+        source=ce_unvalue(hdrs[H_SOURCE]),
         type=ce_type,
-        time=hdrs.get(H_TIME, ""),
+        time=ce_unvalue(hdrs.get(H_TIME, "")),
         traceparent=hdrs.get(H_TRACEPARENT),
-        headers=dict(hdrs),
+        headers=dict(headers or {}),
     )

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated
 
 import msgspec
 
 from events.base import Event, Name, event_type
+from events.names import GpusPerReplica, Label, Model, Replicas, Seconds, SecondsOrZero, Team, Text
 
 
 class PriorityClass(StrEnum):
@@ -41,19 +41,19 @@ class PreemptionReason(StrEnum):
 class JobSpec(msgspec.Struct, frozen=True, kw_only=True):
     """What was asked for: a gang of `replicas` x `gpus_per_replica` GPUs, all or nothing."""
 
-    team: Name
-    gpus_per_replica: Annotated[int, msgspec.Meta(ge=1)]
-    replicas: Annotated[int, msgspec.Meta(ge=1)] = 1
+    team: Team
+    gpus_per_replica: GpusPerReplica
+    replicas: Replicas = 1
     priority: PriorityClass = PriorityClass.NORMAL
-    name: str = ""
+    name: Label = ""
     pool: Name | None = None
-    gpu_model: str | None = None
+    gpu_model: Model | None = None
     preemptible: bool = True
-    checkpoint_interval_s: float | None = None
-    expected_duration_s: float | None = None  # the user's estimate, used for backfill reservations
-    sim_duration_s: float | None = None  # simulated fleet only: completes after this much running time
-    namespace: str | None = None  # Kubernetes Job reference, when the job came from the cluster
-    topology_key: str | None = None  # node label whose value names a topology domain (e.g. rack)
+    checkpoint_interval_s: Seconds | None = None
+    expected_duration_s: Seconds | None = None  # the user's estimate, used for backfill reservations
+    sim_duration_s: SecondsOrZero | None = None  # simulated fleet only: completes after this much running time
+    namespace: Name | None = None  # Kubernetes Job reference, when the job came from the cluster
+    topology_key: Name | None = None  # node label whose value names a topology domain (e.g. rack)
     cluster: Name | None = None  # run within this cluster only (None: any one cluster of the fleet)
 
     @property
@@ -78,7 +78,7 @@ class JobSubmitted(Event, frozen=True, tag=event_type("jobs", "submitted")):
 class JobScheduled(Event, frozen=True, tag=event_type("jobs", "scheduled")):
     job_id: Name
     at: float
-    team: Name
+    team: Team
     placements: list[Placement]
     reason: str = ""
     borrowed_gpus: int = 0
@@ -92,7 +92,7 @@ class JobStarted(Event, frozen=True, tag=event_type("jobs", "started")):
 class JobPreempted(Event, frozen=True, tag=event_type("jobs", "preempted")):
     job_id: Name
     at: float
-    team: Name
+    team: Team
     reason: PreemptionReason
     preemptor_job_id: Name | None = None
     lost_work_gpu_s: float = 0.0
@@ -138,5 +138,5 @@ class JobFailed(Event, frozen=True, tag=event_type("jobs", "failed")):
 class JobCancelled(Event, frozen=True, tag=event_type("jobs", "cancelled")):
     job_id: Name
     at: float
-    by: str = ""
-    reason: str = ""
+    by: Text = ""
+    reason: Text = ""

@@ -7,8 +7,9 @@ from typing import Annotated
 from msgspec import Meta
 
 from events.base import Event, Name, event_type
+from events.names import GpuCount, Team
 
-NonNegative = Annotated[int, Meta(ge=0)]
+NonNegative = GpuCount
 
 
 class PoolDefined(Event, frozen=True, tag=event_type("quota", "pool_defined")):
@@ -23,7 +24,7 @@ class PoolDefined(Event, frozen=True, tag=event_type("quota", "pool_defined")):
 class TeamQuotaSet(Event, frozen=True, tag=event_type("quota", "team_quota_set")):
     """Guaranteed GPUs in a pool; how much more the team may borrow, and how much it lends."""
 
-    team: Name
+    team: Team
     pool: Name
     at: float
     guaranteed_gpus: NonNegative
@@ -36,7 +37,7 @@ class TeamQuotaSet(Event, frozen=True, tag=event_type("quota", "team_quota_set")
 class FairShareUpdated(Event, frozen=True, tag=event_type("quota", "fair_share_updated")):
     """Slurm-style factor in (0, 1]: 1 for a team that used nothing, lower as decayed usage grows."""
 
-    team: Name
+    team: Team
     pool: Name
     at: float
     factor: float
@@ -45,7 +46,7 @@ class FairShareUpdated(Event, frozen=True, tag=event_type("quota", "fair_share_u
 
 
 class BudgetSet(Event, frozen=True, tag=event_type("quota", "budget_set")):
-    team: Name
+    team: Team
     at: float
     amount: Annotated[float, Meta(ge=0)]
     currency: str = "USD"

@@ -13,8 +13,9 @@ from typing import Any
 import msgspec
 
 from events.catalog import ALL_EVENTS
-from events.channels import CHANNELS, DEAD_LETTER, Channel
+from events.channels import CHANNELS, COMMANDS, DEAD_LETTER, KV_BUCKETS, Channel
 from events.codec import CONTENT_TYPE
+from events.commands import REQUESTS
 
 JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 
@@ -37,7 +38,9 @@ def event_schema(cls: type[msgspec.Struct]) -> dict[str, Any]:
 def _ce_headers_schema() -> dict[str, Any]:
     return {
         "type": "object",
-        "description": "CloudEvents 1.0 attributes in binary content mode; ce-id is also Nats-Msg-Id.",
+        "description": "CloudEvents 1.0 attributes in binary content mode; ce-id is also Nats-Msg-Id. As the "
+        "CloudEvents NATS binding asks, ce- values holding a space, '\"', '%' or anything outside printable ASCII "
+        "are percent-encoded (UTF-8), and header names are case-insensitive.",
         "required": ["ce-specversion", "ce-id", "ce-source", "ce-type", "ce-time", "content-type"],
         "properties": {
             "ce-specversion": {"type": "string", "const": "1.0"},
@@ -97,14 +100,18 @@ def asyncapi_document() -> dict[str, Any]:
     }
     schemas["CloudEventsHeaders"] = _ce_headers_schema()
     channels = {ch.id: _channel_doc(ch) for ch in (*CHANNELS, DEAD_LETTER)}
-    operations = {
-        f"receive_{ch.id}": {
-            "action": "receive",
+    # Operations say what Chamber does: it sends every event (external tools subscribe to receive
+    # them), receives commands and replies to them, and writes its KV buckets.
+    operations: dict[str, Any] = {
+        f"send_{ch.id}": {
+            "action": "send",
             "channel": {"$ref": f"#/channels/{ch.id}"},
-            "summary": f"Subscribe to {ch.pattern()} (stream {ch.stream.name}).",
+            "summary": f"Chamber publishes on {ch.pattern()} (stream {ch.stream.name}); subscribe to receive.",
         }
         for ch in (*CHANNELS, DEAD_LETTER)
     }
+    _add_commands(channels, operations, messages, schemas)
+    _add_kv_buckets(channels, operations, messages)
     return {
         "asyncapi": "3.0.0",
         "info": {
@@ -121,6 +128,88 @@ def asyncapi_document() -> dict[str, Any]:
         "operations": operations,
         "components": {"messages": messages, "schemas": schemas},
     }
+
+
+def _add_commands(
+    channels: dict[str, Any], operations: dict[str, Any], messages: dict[str, Any], schemas: dict[str, Any]
+) -> None:
+    typed = [t for verbs in REQUESTS.values() for t in verbs.values()]
+    _, request_schemas = msgspec.json.schema_components(typed, ref_template="#/components/schemas/{name}")
+    for t in typed:
+        if t.__struct_config__.forbid_unknown_fields:
+            request_schemas[t.__name__]["additionalProperties"] = False
+    schemas.update(request_schemas)
+    schemas["CommandReply"] = {
+        "type": "object",
+        "required": ["ok"],
+        "properties": {
+            "ok": {"type": "boolean"},
+            "result": {"description": "the answer, when ok"},
+            "error": {"type": "string", "description": "why it was refused, when not ok"},
+            "field": {"type": "string", "description": "the request field to fix, when one is to blame"},
+        },
+    }
+    messages["CommandReply"] = {
+        "name": "command-reply",
+        "title": "CommandReply",
+        "summary": "Every command's answer: ok and a result, or an error naming the field to fix.",
+        "contentType": CONTENT_TYPE,
+        "payload": {"$ref": "#/components/schemas/CommandReply"},
+    }
+    channels["commandReply"] = {
+        "address": None,  # the requester's inbox, chosen per request (NATS request/reply)
+        "description": "The reply to a command, on the requester's inbox.",
+        "messages": {"CommandReply": {"$ref": "#/components/messages/CommandReply"}},
+    }
+    for cmd in COMMANDS:
+        request = REQUESTS.get(cmd.service, {}).get(cmd.verb)
+        name = f"{cmd.id[3:]}Request"
+        messages[name] = {
+            "name": cmd.address,
+            "title": name,
+            "summary": cmd.description,
+            "contentType": CONTENT_TYPE,
+            "headers": {
+                "type": "object",
+                "properties": {"traceparent": {"type": "string", "description": "W3C trace context"}},
+            },
+            "payload": {"$ref": f"#/components/schemas/{request.__name__}"} if request else {"type": "object"},
+        }
+        channels[cmd.id] = {
+            "address": cmd.address,
+            "description": f"{cmd.description} Core NATS request/reply, no stream.",
+            "messages": {name: {"$ref": f"#/components/messages/{name}"}},
+            "x-nats-queue-group": f"chamber-{cmd.service}",
+        }
+        operations[f"receive_{cmd.id}"] = {
+            "action": "receive",
+            "channel": {"$ref": f"#/channels/{cmd.id}"},
+            "summary": f"The {cmd.service} service answers {cmd.address}.",
+            "reply": {"channel": {"$ref": "#/channels/commandReply"}},
+        }
+
+
+def _add_kv_buckets(channels: dict[str, Any], operations: dict[str, Any], messages: dict[str, Any]) -> None:
+    messages["KvEntry"] = {
+        "name": "kv-entry",
+        "title": "KvEntry",
+        "summary": "A JetStream KV entry (JSON); a delete or purge is an empty body with a KV-Operation header.",
+        "payload": {},
+    }
+    for kv in KV_BUCKETS:
+        params = sorted({p.split("}")[0] for p in kv.address.split("{")[1:]})
+        channels[kv.id] = {
+            "address": kv.address,
+            "description": f"KV bucket `{kv.bucket}`, key `{kv.key}`: {kv.description}",
+            "parameters": {p: {"description": f"{p} token"} for p in params},
+            "messages": {"KvEntry": {"$ref": "#/components/messages/KvEntry"}},
+            "x-nats-kv-bucket": kv.bucket,
+        }
+        operations[f"send_{kv.id}"] = {
+            "action": "send",
+            "channel": {"$ref": f"#/channels/{kv.id}"},
+            "summary": f"Written by {kv.writer}; read with any NATS KV client (watch the bucket).",
+        }
 
 
 def generate() -> dict[str, str]:

@@ -34,6 +34,7 @@ from services.runtime.consumer import Consumer, ConsumerOptions, Delivery
 from services.runtime.health import HealthServer, HealthState
 from services.runtime.logs import get_logger
 from services.runtime.streams import ensure_streams
+from services.runtime.tracing import configure_tracing, publish_traceparent
 
 log = get_logger("chamber.agent")
 
@@ -70,6 +71,7 @@ class AgentOptions:
 class Agent:
     def __init__(self, opts: AgentOptions, *, clock: Callable[[], float] = time.time, nvml: Any = None) -> None:
         """`nvml` is the pynvml module (None: import the real one); tests pass a fake of it."""
+        configure_tracing("agent")
         self.opts = opts
         self.clock = clock
         spool_dir = opts.spool_dir / _safe(opts.cluster) / _safe(opts.node)
@@ -196,7 +198,10 @@ class Agent:
         for event, msg_id in decisions:
             ex.evolve(state, event)  # the outbox will publish it: do not decide it again
             self.job_events += 1
-            headers, body = encode(event, source="chamber/agent/sim-executor", id=msg_id, time=now)
+            traceparent, _ = publish_traceparent()
+            headers, body = encode(
+                event, source="chamber/agent/sim-executor", id=msg_id, time=now, traceparent=traceparent
+            )
             out.append(Record(int(Kind.JOB), subjects.subject_for(event), headers, body))
         if state.version != self._alloc_version:
             self._alloc_version = state.version

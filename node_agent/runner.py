@@ -16,12 +16,23 @@ import msgspec
 
 from events import subjects
 from events.base import Event
-from events.codec import DEFAULT_MAX_BYTES, H_ID, H_MSG_ID, H_TIME, encode, encode_body, rfc3339
+from events.codec import (
+    DEFAULT_MAX_BYTES,
+    H_ID,
+    H_MSG_ID,
+    H_TIME,
+    H_TRACEPARENT,
+    ce_value,
+    encode,
+    encode_body,
+    rfc3339,
+)
 from events.streams import TELEMETRY
 from events.telemetry import GpuInfo, NodeInventory, NodeSample
 from node_agent.detectors import DetectorState, GpuLimits, Reading, detect
 from node_agent.spool import Kind, Record
 from node_agent.wire import WireForm, reduced
+from services.runtime.tracing import root_traceparent
 
 INVENTORY_EVERY_S = 60.0
 INVENTORY_CHECK_S = 10.0
@@ -162,7 +173,9 @@ def envelope(event: Event, source: str, msg_id: str, now: float) -> tuple[dict[s
         if len(_times) > 64:
             _times.clear()
         when = _times[now] = rfc3339(now)
+    msg_id = ce_value(msg_id)  # percent-encoded as the CloudEvents binding asks (a no-op for plain ids)
     headers = {**static, H_ID: msg_id, H_TIME: when, H_MSG_ID: msg_id}
+    headers[H_TRACEPARENT] = root_traceparent()  # each sample starts its own trace (README: every event has one)
     return headers, encode_body(event)
 
 

@@ -22,12 +22,18 @@ def for_type(tp: Any) -> st.SearchStrategy[Any]:
         base, *metas = args
         meta = next((m for m in metas if isinstance(m, msgspec.Meta)), None)
         if meta is not None and base is int:
-            return st.integers(min_value=meta.ge if meta.ge is not None else None, max_value=2**53)
+            high = meta.le if meta.le is not None else 2**53
+            return st.integers(min_value=meta.ge if meta.ge is not None else None, max_value=high)
         if meta is not None and base is float:
             low = meta.ge if meta.ge is not None else meta.gt
-            return st.floats(min_value=low, exclude_min=meta.gt is not None, allow_nan=False, allow_infinity=False)
+            return st.floats(
+                min_value=low, max_value=meta.le, exclude_min=meta.gt is not None, allow_nan=False, allow_infinity=False
+            )
         if meta is not None and base is str:
-            return st.text(min_size=meta.min_length or 0, max_size=20).filter(lambda s: s.strip())
+            low, high = meta.min_length or 0, min(meta.max_length or 20, 20)
+            if meta.pattern:
+                return st.from_regex(meta.pattern).filter(lambda s: low <= len(s) <= high)
+            return st.text(min_size=low, max_size=high).filter(lambda s: s.strip() or not low)
         return for_type(base)
     if origin in (typing.Union, types.UnionType):
         return st.one_of(*(for_type(a) for a in args))

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
+import signal
 import sys
 from collections.abc import Sequence
 from types import ModuleType
@@ -50,12 +52,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     # mix into it. Long-running commands raise their own level.
     configure_logging("error", json=False)
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # inside the try: a reader that went away (`| head`) is not an error of ours
+        return code
     except UsageError as exc:
         print(f"chamber {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader stopped reading (`chamber queue | head`): stop quietly, as `cat` would. Point stdout
+        # at /dev/null so that Python's own flush at exit does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from services.cli.errors import UsageError
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 DEFAULT_CLUSTER = "local"
+CONNECT_DEADLINE_S = 2.0  # the first connection fails within this, naming the URL (never hangs)
 T = TypeVar("T")
 
 
@@ -38,12 +39,20 @@ def with_nats(args: argparse.Namespace, body: Callable[[Any], Awaitable[T]], *, 
     async def main() -> T:
         from services.runtime import connect
 
+        if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+            # the CLI's own span is worth its import time (~0.2 s) only when it is exported; without
+            # it the service starts the command's trace, which its events then continue
+            from services.runtime.tracing import configure_tracing
+
+            configure_tracing("cli")
+
         try:
-            nc = await connect(args.nats, name=name, attempts=2, first_delay_s=0.2)
+            nc = await connect(args.nats, name=name, deadline_s=CONNECT_DEADLINE_S)
         except Exception as exc:
+            why = "no answer within 2 s" if isinstance(exc, TimeoutError) else (str(exc) or type(exc).__name__)
             raise UsageError(
-                f"cannot reach NATS at {args.nats} ({type(exc).__name__}); start it with `chamber up` "
-                "or point --nats / CHAMBER_NATS_URL at a running server"
+                f"cannot reach NATS at {args.nats} ({why}); start Chamber with `chamber up`, "
+                "or point --nats URL or CHAMBER_NATS_URL at a running server"
             ) from None
         try:
             return await body(nc)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from services.cli.common import add_nats_option, send_command
@@ -56,6 +57,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("queue", help="pending, suspended and running jobs, in queue order, with reasons")
     add_nats_option(p)
     p.add_argument("--all", action="store_true", help="include finished jobs")
+    p.add_argument(
+        "--limit", type=int, metavar="N", help="show at most N jobs (default: all, fetched a page at a time)"
+    )
+    p.add_argument("--offset", type=int, default=0, metavar="N", help="skip the first N jobs (default 0)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=queue)
 
@@ -99,6 +104,8 @@ def submit(args: argparse.Namespace) -> int:
     }
     payload.update({k: v for k, v in optional.items() if v is not None})
     result = _send(args, "scheduler", "submit", payload)
+    for warning in result.get("warnings", []):
+        print(f"chamber submit: warning: {warning}", file=sys.stderr)
     print(json.dumps({"id": result["id"]}) if args.json else result["id"])
     return 0
 
@@ -109,8 +116,25 @@ def cancel(args: argparse.Namespace) -> int:
     return 0
 
 
+def _queue_pages(args: argparse.Namespace) -> dict[str, Any]:
+    """Every job asked for, a page at a time: one reply stays under NATS's max payload."""
+    if args.offset < 0 or (args.limit is not None and args.limit < 1):
+        raise UsageError("--offset must be 0 or more and --limit 1 or more")
+    request: dict[str, Any] = {"all": args.all, "offset": args.offset}
+    jobs: list[dict[str, Any]] = []
+    while True:
+        if args.limit is not None:
+            request["limit"] = args.limit - len(jobs)
+        page = _send(args, "scheduler", "queue", request)
+        jobs.extend(page["jobs"])
+        nxt = page.get("next_offset")
+        if nxt is None or (args.limit is not None and len(jobs) >= args.limit) or not page["jobs"]:
+            return {"jobs": jobs, "total": page.get("total", len(jobs))}
+        request["offset"] = nxt
+
+
 def queue(args: argparse.Namespace) -> int:
-    result = _send(args, "scheduler", "queue", {"all": args.all})
+    result = _queue_pages(args)
     if args.json:
         print(json.dumps(result))
         return 0

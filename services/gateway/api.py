@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import hmac
 import json
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -21,6 +22,8 @@ import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from events.commands import REQUESTS, CancelJob, RestoreNode, SetTeamQuota, SubmitJob
+from events.names import InvalidName, decode_request, normalize_team
 from services.gateway import metrics, openapi, views
 from services.gateway.core import GatewayState, JobState
 from services.gateway.history import HistoryView, TeamWindowCost
@@ -52,6 +55,7 @@ class GatewayContext:
     stream_interval_s: float = 2.0
     clock: Callable[[], float] = time.time
     ready: Callable[[], dict[str, Any]] = field(default=lambda: {})  # extra /healthz facts (stream positions)
+    protect_reads: bool = False  # reads under /api/ and /metrics need the bearer token too
     _summary: tuple[float, bytes] | None = None
 
     def summary_body(self) -> bytes:
@@ -144,7 +148,13 @@ async def get_jobs(request: web.Request) -> web.Response:
         if unknown:
             raise BadRequest(f"unknown job state {sorted(unknown)[0]!r}; one of {', '.join(_JOB_STATES)}", "state")
     limit = _int(request, "limit", 500, lo=1, hi=10_000)
-    return json_response(views.jobs(_ctx(request).state, states=states, team=request.query.get("team"), limit=limit))
+    team = request.query.get("team")
+    if team is not None:
+        try:
+            team = normalize_team(team)  # the one team rule: ?team=Vision finds vision's jobs
+        except InvalidName as exc:
+            raise BadRequest(str(exc), "team") from None
+    return json_response(views.jobs(_ctx(request).state, states=states, team=team, limit=limit))
 
 
 async def get_job(request: web.Request) -> web.Response:
@@ -158,13 +168,20 @@ async def get_teams(request: web.Request) -> web.Response:
     return json_response(views.teams(_ctx(request).state))
 
 
+SINCE_MAX = 4102444800.0  # 2100-01-01: beyond it no series has points (and dates overflow)
+
+
 def _since(request: web.Request) -> float | None:
     if "since" not in request.query:
         return None
+    raw = request.query["since"]
     try:
-        return float(request.query["since"])
+        value = float(raw)
     except ValueError:
-        raise BadRequest("query parameter since must be Unix seconds", "since") from None
+        raise BadRequest(f"query parameter since must be Unix seconds, not {raw!r}", "since") from None
+    if not math.isfinite(value) or not 0 <= value <= SINCE_MAX:
+        raise BadRequest(f"query parameter since must be Unix seconds between 0 and {SINCE_MAX:.0f}", "since")
+    return value
 
 
 async def get_efficiency(request: web.Request) -> web.Response:
@@ -267,16 +284,22 @@ async def static(request: web.Request) -> web.Response:
 # --- commands --------------------------------------------------------------------------------------
 
 
+def unauthorized(error: str) -> web.Response:
+    response = problem(401, error)
+    response.headers["WWW-Authenticate"] = 'Bearer realm="chamber"'
+    return response
+
+
 def _authorize(request: web.Request) -> web.Response | None:
     token = _ctx(request).token
     header = request.headers.get("Authorization", "")
     scheme, _, given = header.partition(" ")
     if not token:
-        return problem(401, "commands are disabled: start the gateway with --token or CHAMBER_API_TOKEN")
+        return unauthorized("commands are disabled: start the gateway with --token or CHAMBER_API_TOKEN")
     if scheme.lower() != "bearer" or not given:
-        return problem(401, "missing bearer token: send 'Authorization: Bearer <token>'")
+        return unauthorized("missing bearer token: send 'Authorization: Bearer <token>'")
     if not hmac.compare_digest(given.strip().encode(), token.encode()):
-        return problem(401, "wrong bearer token")
+        return unauthorized("wrong bearer token")
     return None
 
 
@@ -298,12 +321,24 @@ async def _body(request: web.Request, *, required: bool) -> dict[str, Any]:
 def _pin(body: dict[str, Any], **path: Any) -> dict[str, Any]:
     """Path parameters win; a body that names a different value is a mistake worth saying."""
     for name, value in path.items():
-        if name in body and body[name] != value:
+        if body.get(name) is not None and body[name] != value:
             raise BadRequest(f"{name} in the body ({body[name]!r}) differs from the path ({value!r})", name)
     return {**body, **path}
 
 
+def _checked(service: str, verb: str, payload: dict[str, Any]) -> dict[str, Any]:
+    """The body as the owning service will decode it (events/commands.py): refused here, naming the
+    field, with the same words the service would use; what goes on is the normalised request."""
+    try:
+        req = decode_request(payload, REQUESTS[service][verb])
+    except InvalidName as exc:
+        raise BadRequest(str(exc), exc.field, status=422) from None
+    checked: dict[str, Any] = msgspec.to_builtins(req)
+    return {k: checked[k] for k in payload}  # the fields sent, normalised; the service applies its defaults
+
+
 async def _forward(request: web.Request, service: str, verb: str, payload: dict[str, Any]) -> web.Response:
+    payload = _checked(service, verb, payload)
     try:
         result = await _ctx(request).forward(service, verb, payload)
     except CommandRefused as exc:
@@ -354,6 +389,7 @@ _CLUSTER_NODE = (
     Param("node", "path", {"type": "string"}),
 )
 _BOOL = {"type": "boolean"}
+_SINCE = {"type": "number", "minimum": 0, "maximum": SINCE_MAX}
 
 ROUTES: list[tuple[Operation, Callable[[web.Request], Awaitable[web.StreamResponse]]]] = [
     (
@@ -424,7 +460,7 @@ ROUTES: list[tuple[Operation, Callable[[web.Request], Awaitable[web.StreamRespon
             views.EfficiencyView,
             params=(
                 Param("history", "query", _BOOL, "include the series (default true)"),
-                Param("since", "query", {"type": "number"}, "series from this Unix time"),
+                Param("since", "query", _SINCE, "series from this Unix time"),
             ),
         ),
         get_efficiency,
@@ -436,7 +472,7 @@ ROUTES: list[tuple[Operation, Callable[[web.Request], Awaitable[web.StreamRespon
             "getHistory",
             "Efficiency, idle share, queue depth and cost by team over time, from the warehouse",
             HistoryView,
-            params=(Param("since", "query", {"type": "number"}, "from this Unix time (default: an hour ago)"),),
+            params=(Param("since", "query", _SINCE, "from this Unix time (default: an hour ago)"),),
         ),
         get_history,
     ),
@@ -465,7 +501,16 @@ ROUTES: list[tuple[Operation, Callable[[web.Request], Awaitable[web.StreamRespon
     ),
     (
         Operation(
-            "POST", "/api/jobs", "submitJob", "Submit a job", views.CommandAnswer, command="scheduler.submit", body=True
+            "POST",
+            "/api/jobs",
+            "submitJob",
+            "Submit a job",
+            views.CommandAnswer,
+            command="scheduler.submit",
+            body=True,
+            request=SubmitJob,
+            description="The team must have a quota (0 is allowed). A job larger than the fleet is accepted with "
+            "`warnings` in the result.",
         ),
         submit_job,
     ),
@@ -478,6 +523,7 @@ ROUTES: list[tuple[Operation, Callable[[web.Request], Awaitable[web.StreamRespon
             views.CommandAnswer,
             command="scheduler.cancel",
             params=(Param("job_id", "path", {"type": "string"}),),
+            request=CancelJob,
         ),
         cancel_job,
     ),
@@ -486,11 +532,15 @@ ROUTES: list[tuple[Operation, Callable[[web.Request], Awaitable[web.StreamRespon
             "PUT",
             "/api/teams/{team}/quota",
             "setQuota",
-            "Set a team's quota",
+            "Set (replace) a team's quota in a pool",
             views.CommandAnswer,
             command="quota.set",
             params=(Param("team", "path", {"type": "string"}),),
             body=True,
+            request=SetTeamQuota,
+            description="PUT replaces the whole quota of the team in the pool: a field left out takes its default "
+            "(no borrow limit, no lend limit, weight 1), it does not keep its old value. There is no PATCH; send "
+            "every field you want to keep. `team` in the body is optional and must match the path.",
         ),
         set_quota,
     ),
@@ -503,6 +553,7 @@ ROUTES: list[tuple[Operation, Callable[[web.Request], Awaitable[web.StreamRespon
             views.CommandAnswer,
             command="health.restore",
             params=_CLUSTER_NODE,
+            request=RestoreNode,
         ),
         restore_node,
     ),
@@ -523,17 +574,56 @@ async def json_errors(request: web.Request, handler: Callable[[web.Request], Awa
         if exc.status < 400 or not (request.path.startswith("/api/") or request.path in ("/healthz", "/openapi.json")):
             raise
         text = {404: f"no route {request.path}", 405: f"{request.method} is not allowed on {request.path}"}
-        return problem(exc.status, text.get(exc.status, exc.reason))
+        response = problem(exc.status, text.get(exc.status, exc.reason))
+        if isinstance(exc, web.HTTPMethodNotAllowed):
+            response.headers["Allow"] = ", ".join(sorted(exc.allowed_methods))
+        return response
     except Exception as exc:  # a bug answers JSON too, and is logged; the server keeps serving
         log.exception("request failed", method=request.method, path=request.path)
         return problem(500, f"internal error: {type(exc).__name__}: {exc}")
 
 
+# The dashboard uses inline style attributes (bars, swatches), never inline scripts.
+CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+    "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+)
+SECURITY_HEADERS = {
+    "X-Content-Type-Options": "nosniff",
+    "Content-Security-Policy": CSP,
+    "X-Frame-Options": "DENY",  # frame-ancestors for browsers that predate CSP 2
+    "Referrer-Policy": "no-referrer",
+}
+
+
+async def _security_headers(request: web.Request, response: web.StreamResponse) -> None:
+    for name, value in SECURITY_HEADERS.items():
+        response.headers.setdefault(name, value)
+
+
+def _is_read(request: web.Request) -> bool:
+    return request.method in ("GET", "HEAD") and (request.path.startswith("/api/") or request.path == "/metrics")
+
+
+@web.middleware
+async def read_auth(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> Any:
+    """With `protect_reads`, reads need the bearer token as commands do (/healthz, the dashboard's page
+    and /openapi.json stay open: the page asks for the token, probes and tools need the others)."""
+    if _ctx(request).protect_reads and _is_read(request):
+        denied = _authorize(request)
+        if denied is not None:
+            return denied
+    return await handler(request)
+
+
 def make_app(ctx: GatewayContext) -> web.Application:
-    app = web.Application(middlewares=[json_errors], client_max_size=1024 * 1024)
+    app = web.Application(middlewares=[json_errors, read_auth], client_max_size=1024 * 1024)
+    app.on_response_prepare.append(_security_headers)
     app[STATE] = ctx
     app[REGISTRY] = metrics.registry_for(lambda: ctx.state)
-    app[OPENAPI] = openapi.build([op for op, _ in ROUTES], title="Chamber gateway", version=_version())
+    app[OPENAPI] = openapi.build(
+        [op for op, _ in ROUTES], title="Chamber gateway", version=_version(), protect_reads=ctx.protect_reads
+    )
     for op, handler in ROUTES:
         app.router.add_route(op.method, op.path, handler)
     app.router.add_get("/", index)

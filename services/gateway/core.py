@@ -217,6 +217,9 @@ class GatewayState:
     timeline: deque[TimelineEntry] = field(default_factory=lambda: deque(maxlen=MAX_TIMELINE))
     history: deque[Point] = field(default_factory=lambda: deque(maxlen=MAX_HISTORY))
     events_seen: int = 0
+    # Why each waiting job waits, in the scheduler's own words (its `queue` answer, asked every few
+    # seconds): the read model alone cannot know about quotas, fair share or reservations.
+    waiting_reasons: dict[str, str] = field(default_factory=dict)
 
     def team(self, name: str) -> Team:
         team = self.teams.get(name)
@@ -607,3 +610,10 @@ def record_point(state: GatewayState, now: float) -> Point:
     point = Point(now, eff.capacity, eff.allocated, round(eff.busy, 4), eff.idle, len(queue(state)), cost_total(state))
     state.history.append(point)
     return point
+
+
+def scheduler_said(state: GatewayState, rows: list[dict[str, object]]) -> None:
+    """Fold the scheduler's `queue` answer: the reason it gives for each job that is not running."""
+    state.waiting_reasons = {
+        str(r["id"]): str(r.get("reason") or "") for r in rows if r.get("state") != "running" and r.get("reason")
+    }

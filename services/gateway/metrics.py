@@ -16,7 +16,7 @@ from services.gateway.core import GatewayState, JobState
 
 # (name, help) of the headline gauges; tests and the OpenAPI description list them from here.
 FLEET_GAUGES: tuple[tuple[str, str], ...] = (
-    ("chamber_gpus_total", "GPUs known to the fleet, in service or not"),
+    ("chamber_gpus", "GPUs known to the fleet, in service or not (was chamber_gpus_total before 0.2)"),
     ("chamber_gpus_in_service", "GPUs that are healthy capacity: node in service, GPU not isolated"),
     ("chamber_gpus_allocated", "GPUs in service held by a job"),
     ("chamber_gpus_idle", "GPUs in service held by no job"),
@@ -44,7 +44,7 @@ def fleet_values(state: GatewayState) -> dict[str, float]:
         if core.gpu_in_service(n, g) and g.utilization_pct is not None
     ]
     return {
-        "chamber_gpus_total": eff.total,
+        "chamber_gpus": eff.total,
         "chamber_gpus_in_service": eff.capacity,
         "chamber_gpus_allocated": eff.allocated,
         "chamber_gpus_idle": eff.idle,

@@ -31,19 +31,31 @@ class Operation:
     content_type: str = "application/json"
     params: tuple[Param, ...] = ()
     command: str | None = None  # "service.verb" the request is forwarded to; needs the bearer token
-    body: bool = False  # takes a JSON object body
+    body: bool = False  # a JSON object body is required
     errors: tuple[int, ...] = field(default=())
+    request: Any = None  # the Struct type of the JSON body (events/commands.py), also when optional
+    description: str = ""
 
 
-def build(operations: list[Operation], *, title: str, version: str) -> dict[str, Any]:
-    types = [op.response for op in operations if op.response is not None] + [Problem]
-    schemas_list, components = msgspec.json.schema_components(types, ref_template=REF)
+def build(operations: list[Operation], *, title: str, version: str, protect_reads: bool = False) -> dict[str, Any]:
+    """`protect_reads`: the reads under /api/ and /metrics need the bearer token too."""
+    responses_types = [op.response for op in operations if op.response is not None]
+    request_types = [op.request for op in operations if op.request is not None]
+    schemas_list, components = msgspec.json.schema_components(
+        [*responses_types, *request_types, Problem], ref_template=REF
+    )
+    for t in request_types:  # msgspec's schema does not say that unknown fields are refused
+        if t.__struct_config__.forbid_unknown_fields:
+            components[t.__name__]["additionalProperties"] = False
     problem = schemas_list[-1]
-    answers = iter(schemas_list)
+    answers = iter(schemas_list[: len(responses_types)])
+    bodies = iter(schemas_list[len(responses_types) : -1])
     paths: dict[str, dict[str, Any]] = {}
     for op in operations:
         schema = next(answers) if op.response is not None else None
         entry: dict[str, Any] = {"operationId": op.operation_id, "summary": op.summary}
+        if op.description:
+            entry["description"] = op.description
         if op.params:
             entry["parameters"] = [
                 {
@@ -63,18 +75,31 @@ def build(operations: list[Operation], *, title: str, version: str) -> dict[str,
         responses: dict[str, Any] = {"200": ok}
         if op.command is not None:
             entry["security"] = [{"bearer": []}]
-            entry["description"] = (
-                f"Forwarded to `{op.command}` over NATS request/reply; the owning service validates the payload."
+            forwarded = (
+                f"Forwarded to `{op.command}` over NATS request/reply. The body is checked first against the "
+                "same type the owning service decodes (unknown fields are refused)."
             )
-            responses["401"] = {"description": "missing or wrong bearer token; nothing changed"}
-            responses["422"] = {"description": "refused by the owning service (`field` names the part to fix)"}
-            responses["503"] = {"description": "the owning service is not answering"}
-        if op.body:
-            entry["requestBody"] = {
-                "required": True,
-                "content": {"application/json": {"schema": {"type": "object"}}},
+            entry["description"] = f"{op.description}\n\n{forwarded}" if op.description else forwarded
+            responses["401"] = {
+                "description": "missing or wrong bearer token; nothing changed",
+                "headers": {"WWW-Authenticate": {"schema": {"type": "string"}}},
             }
-        for code in (*op.errors, *((400,) if op.body or op.params else ())):
+            responses["422"] = {"description": "refused (`field` names the part to fix); nothing changed"}
+            responses["503"] = {"description": "the owning service is not answering"}
+        elif protect_reads and (op.path.startswith("/api/") or op.path == "/metrics"):
+            entry["security"] = [{"bearer": []}]
+            responses["401"] = {
+                "description": "missing or wrong bearer token",
+                "headers": {"WWW-Authenticate": {"schema": {"type": "string"}}},
+            }
+        if op.request is not None:
+            entry["requestBody"] = {
+                "required": op.body,
+                "content": {"application/json": {"schema": next(bodies)}},
+            }
+        elif op.body:
+            entry["requestBody"] = {"required": True, "content": {"application/json": {"schema": {"type": "object"}}}}
+        for code in (*op.errors, *((400,) if op.body or op.params or op.request is not None else ())):
             responses.setdefault(str(code), {"description": "bad request"})
         for code, resp in responses.items():
             if code != "200" and "content" not in resp:

@@ -18,10 +18,10 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from events.streams import BILLING, FAULTS, FLEET, JOBS, QUOTA, TELEMETRY
 from services.gateway.api import GatewayContext, make_app
-from services.gateway.core import GatewayState, evolve, record_point
+from services.gateway.core import GatewayState, evolve, record_point, scheduler_said
 from services.gateway.history import WarehouseHistory
 from services.runtime import Consumer, ConsumerOptions, Delivery
-from services.runtime.commands import request
+from services.runtime.commands import CommandRefused, CommandUnavailable, request
 from services.runtime.host import ServiceContext, serve
 from services.runtime.logs import get_logger
 
@@ -42,8 +42,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="bearer token for commands (default: $CHAMBER_API_TOKEN, which keeps it out of `ps`; without one, "
         "commands answer 401)",
     )
+    parser.add_argument(
+        "--protect-reads",
+        action=argparse.BooleanOptionalAction,
+        default=os.environ.get("CHAMBER_API_PROTECT_READS", "").lower() in ("1", "true", "yes"),
+        help="reads under /api/ and /metrics need the bearer token too (default: $CHAMBER_API_PROTECT_READS, "
+        "off; the Helm chart turns it on)",
+    )
     parser.add_argument("--history-interval", type=float, default=5.0, help="seconds between efficiency points")
     parser.add_argument("--stream-interval", type=float, default=2.0, help="seconds between dashboard pushes")
+    parser.add_argument(
+        "--reasons-interval", type=float, default=2.0, help="seconds between asking the scheduler why jobs wait"
+    )
     parser.add_argument("--command-timeout", type=float, default=5.0, help="seconds to wait for a command's answer")
     parser.add_argument(
         "--no-warehouse-history",
@@ -111,9 +121,23 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
             stop=stop,
             stream_interval_s=args.stream_interval,
             ready=ready,
+            protect_reads=args.protect_reads,
             history=None if args.no_warehouse_history else WarehouseHistory(forward).get,
         )
+
+        async def ask_scheduler(now: float) -> None:
+            """The scheduler's reasons for waiting jobs, for the dashboard and /api/queue (finding 9)."""
+            if not any(j.state.queued for j in state.jobs.values()):
+                state.waiting_reasons = {}
+                return
+            try:
+                answer = await request(ctx.nc, "scheduler", "queue", {"limit": 2000}, timeout=args.command_timeout)
+            except (CommandRefused, CommandUnavailable):
+                return  # keep the last answer; the fleet-based guess covers jobs it did not name
+            scheduler_said(state, answer.get("jobs", []))
+
         ctx.every(args.history_interval, tick)
+        ctx.every(args.reasons_interval, ask_scheduler)
         ctx.task(lambda: serve_http(make_app(gateway), args.host, args.port, stop))
         if not args.token:
             log.warning("no API token: commands will answer 401; set --token or CHAMBER_API_TOKEN")

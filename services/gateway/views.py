@@ -370,11 +370,16 @@ def _free_gpus(state: GatewayState) -> dict[core.NodeKey, list[core.Gpu]]:
     return free
 
 
-def pending_reason(job: Job, free: dict[core.NodeKey, list[core.Gpu]], free_nodes: list[Node]) -> str:
-    """Why a queued job waits: the scheduler's last word if it said one, else what the fleet shows.
+def pending_reason(
+    job: Job, free: dict[core.NodeKey, list[core.Gpu]], free_nodes: list[Node], said: dict[str, str] | None = None
+) -> str:
+    """Why a queued job waits: the scheduler's own reason (`said`, from its queue answer) if it gave one,
+    else the last event's, else what the fleet shows.
 
     `free_nodes` are the nodes in service (their size bounds what must fit on one node).
     """
+    if said and said.get(job.job_id):
+        return said[job.job_id]
     if job.reason:
         return job.reason
     spec = job.spec
@@ -393,7 +398,7 @@ def pending_reason(job: Job, free: dict[core.NodeKey, list[core.Gpu]], free_node
             f"waiting for {spec.replicas} x {spec.gpus_per_replica} {what} on single nodes; "
             f"largest free block is {max(per_node, default=0)}"
         )
-    return "capacity is free; waiting for the scheduler's next cycle"
+    return "the scheduler has not said why yet (`chamber explain` asks it)"
 
 
 def queue(state: GatewayState) -> QueueView:
@@ -407,7 +412,7 @@ def queue(state: GatewayState) -> QueueView:
         depth=len(waiting),
         gpus_requested=sum(j.total_gpus for j in waiting),
         by_team=by_team,
-        jobs=[job_view(j, pending_reason(j, free, nodes)) for j in waiting],
+        jobs=[job_view(j, pending_reason(j, free, nodes, state.waiting_reasons)) for j in waiting],
     )
 
 

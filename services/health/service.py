@@ -20,6 +20,7 @@ import msgspec
 from nats.js.api import DeliverPolicy
 
 from events.base import Event
+from events.commands import RestoreNode
 from events.fleet import GpuIsolated, GpuRestored, NodeDiscovered, NodeIsolated, NodeRestored, NodeUpdated
 from services.cli.common import add_cluster_option
 from services.health import core
@@ -39,11 +40,7 @@ log = get_logger("chamber.health")
 KUBE_WORKERS = 16
 
 
-class TargetRequest(msgspec.Struct, kw_only=True):
-    node: str
-    cluster: str = "local"
-    gpu: int | None = None
-    by: str = "operator"
+TargetRequest = RestoreNode  # shared with the gateway and the API documents (events/commands.py)
 
 
 class Empty(msgspec.Struct):

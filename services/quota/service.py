@@ -20,6 +20,8 @@ from nats.js.kv import KeyValue
 
 from events import BudgetSet
 from events.codec import stable_id
+from events.commands import SetTeamQuota
+from events.names import check_event
 from events.subjects import token
 from services.quota.core import (
     DEFAULT_HALF_LIFE_S,
@@ -34,7 +36,6 @@ from services.quota.core import (
 from services.runtime import ConsumerOptions, Delivery
 from services.runtime.commands import CommandRefused
 from services.runtime.host import ServiceContext, serve
-from services.scheduler.core.pools import DEFAULT_POOL
 from services.scheduler.replay import caught_up
 
 NAME = "quota"
@@ -42,20 +43,7 @@ DESCRIPTION = "pools, team quotas (guarantee, borrow and lend limits) and decaye
 KV_BUCKET = "chamber_quota"
 
 
-class SetQuotaRequest(msgspec.Struct, kw_only=True):
-    """`gpus` is the guarantee; `guaranteed_gpus` (TeamQuotaSet's name) is an alias."""
-
-    team: str
-    gpus: int | None = None
-    guaranteed_gpus: int | None = None
-    pool: str = DEFAULT_POOL
-    borrow_limit: int | None = None
-    lend_limit: int | None = None
-    weight: float = 1.0
-    critical: bool = False  # may the team run critical work in this pool
-    budget: float | None = None  # optional spending limit per period, recorded as BudgetSet
-    currency: str = "USD"
-    period: str = "month"
+SetQuotaRequest = SetTeamQuota  # shared with the gateway and the API documents (events/commands.py)
 
 
 class PoolSetRequest(msgspec.Struct, kw_only=True):
@@ -113,6 +101,7 @@ class QuotaService:
             raise CommandRefused(str(exc), field=exc.field) from None
         if req.budget is not None and req.budget < 0:
             raise CommandRefused(f"budget must be 0 or more, got {req.budget:g}", field="budget")
+        check_event(event)  # what the consumers' decoders will say, said now (InvalidName: refused)
         await self._record(event, stable_id("quota", req.pool, req.team, event.at))
         result: dict[str, Any] = {
             "team": event.team,
@@ -122,6 +111,7 @@ class QuotaService:
         }
         if req.budget is not None:
             budget = BudgetSet(team=req.team, at=event.at, amount=req.budget, currency=req.currency, period=req.period)
+            check_event(budget)
             await self._record(budget, stable_id("budget", req.team, event.at))
             result["budget"] = req.budget
         return result

@@ -36,7 +36,7 @@ from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 
 from events import NodeSample
-from events.codec import H_ID, H_SOURCE, H_SPECVERSION, H_TIME, H_TYPE, SPECVERSION, Envelope
+from events.codec import H_ID, H_SOURCE, H_SPECVERSION, H_TIME, H_TYPE, SPECVERSION, Envelope, ce_unvalue
 from events.streams import TELEMETRY
 from services.recorder.bulk_samples import BatchRefused, sample_table
 from services.recorder.rows import LeanNodeSample
@@ -72,7 +72,7 @@ def _sample_id(msg: Msg, max_bytes: int) -> str | None:
         and headers.get(H_SOURCE)
         and len(msg.data) <= max_bytes
     ):
-        return headers.get(H_ID) or None
+        return ce_unvalue(headers.get(H_ID) or "") or None
     return None
 
 

@@ -18,7 +18,9 @@ from faststream.nats import NatsBroker, NatsMessage
 from nats.aio.client import Client
 
 from events import subjects
+from events.names import InvalidName, decode_request
 from services.runtime.logs import get_logger
+from services.runtime.tracing import client_span, command_span, current_traceparent
 
 log = get_logger("chamber.runtime.commands")
 
@@ -45,18 +47,41 @@ class CommandReply(msgspec.Struct, omit_defaults=True):
 
 
 _encoder = msgspec.json.Encoder()
+# NATS's default max_payload is 1 MiB; a reply above it is dropped by the server and the requester
+# would only see a timeout. Replies stay under this, or say why they cannot.
+MAX_REPLY_BYTES = 1024 * 1024 - 4096
 
 
 def _reply(**kw: Any) -> bytes:
     return _encoder.encode(CommandReply(**kw))
 
 
-def _field_of(exc: msgspec.ValidationError) -> str | None:
-    text = str(exc)
-    marker = "at `$."
-    if marker in text:
-        return text.split(marker, 1)[1].rstrip("`").split("[")[0].split(".")[0]
-    return None
+def page_of_rows(
+    rows: list[Any], *, offset: int = 0, limit: int | None = None, key: str = "jobs", budget: int = MAX_REPLY_BYTES // 2
+) -> dict[str, Any]:
+    """One page of rows that fits in a reply: at most `limit` rows from `offset`, and never more than
+    `budget` encoded bytes. `next_offset` is set when rows are left, so a client can ask for the rest."""
+    page: list[Any] = []
+    size = 0
+    end = len(rows) if limit is None else min(len(rows), offset + limit)
+    for row in rows[offset:end]:
+        size += len(_encoder.encode(row)) + 1
+        if page and size > budget:
+            break
+        page.append(row)
+    answer: dict[str, Any] = {key: page, "total": len(rows), "offset": offset}
+    if offset + len(page) < len(rows):
+        answer["next_offset"] = offset + len(page)
+    return answer
+
+
+def reply_too_large(service: str, verb: str, size: int) -> bytes:
+    return _reply(
+        ok=False,
+        error=f"the answer of {service}.{verb} is {size} bytes, over NATS's max payload ({MAX_REPLY_BYTES}); "
+        "ask for less (a smaller --limit, or a page with --offset)",
+        field="limit",
+    )
 
 
 class CommandServer:
@@ -67,26 +92,32 @@ class CommandServer:
         self.broker = NatsBroker(url, name=f"chamber-{service}-commands", logger=None, max_reconnect_attempts=-1)
 
     def register(self, verb: str, request_type: type[T], handler: Callable[[T], Awaitable[Any]]) -> None:
-        decoder = msgspec.json.Decoder(request_type)
+        async def raw_body(msg: NatsMessage) -> Any:
+            return msg.body, dict(msg.headers or {})
 
-        async def raw_body(msg: NatsMessage) -> bytes:
-            return msg.body
+        async def serve(message: Any) -> bytes:
+            body, headers = message
+            with command_span(headers, service=self.service, verb=verb):
+                return await answer(body)
 
-        async def serve(body: bytes) -> bytes:
+        async def answer(body: bytes) -> bytes:
             try:
-                request = decoder.decode(body or b"{}")
-            except msgspec.ValidationError as exc:
-                return _reply(ok=False, error=f"invalid request: {exc}", field=_field_of(exc))
-            except msgspec.DecodeError as exc:
-                return _reply(ok=False, error=f"request is not valid JSON: {exc}")
+                request = decode_request(body, request_type)
+            except InvalidName as exc:
+                return _reply(ok=False, error=str(exc), field=exc.field)
             try:
                 result = await handler(request)
+            except InvalidName as exc:  # a handler's own check of the event it would publish
+                return _reply(ok=False, error=str(exc), field=exc.field)
             except CommandRefused as exc:
                 return _reply(ok=False, error=str(exc), field=exc.field)
             except Exception as exc:  # a bug must still answer, and not kill the server
                 log.exception("command failed", service=self.service, verb=verb)
                 return _reply(ok=False, error=f"internal error in {self.service}.{verb}: {type(exc).__name__}: {exc}")
-            return _reply(ok=True, result=result)
+            encoded = _reply(ok=True, result=result)
+            if len(encoded) > MAX_REPLY_BYTES:
+                return reply_too_large(self.service, verb, len(encoded))
+            return encoded
 
         self.broker.subscriber(subjects.command(self.service, verb), queue=f"chamber-{self.service}", decoder=raw_body)(
             serve
@@ -102,12 +133,23 @@ class CommandServer:
 async def request(nc: Client, service: str, verb: str, payload: Any, *, timeout: float = 5.0) -> Any:
     """Send a command and return its result; raises CommandRefused or CommandUnavailable."""
     subject = subjects.command(service, verb)
+    with client_span(service, verb):  # the command's trace; the events it causes continue it
+        traceparent, tracestate = current_traceparent()
+    headers = {k: v for k, v in (("traceparent", traceparent), ("tracestate", tracestate)) if v}
     try:
-        msg = await nc.request(subject, _encoder.encode(payload), timeout=timeout)
+        msg = await nc.request(subject, _encoder.encode(payload), timeout=timeout, headers=headers or None)
     except nats.errors.NoRespondersError:
         raise CommandUnavailable(f"no {service} service is answering on {subject}: is it running?") from None
+    except nats.errors.MaxPayloadError:
+        size = len(_encoder.encode(payload))
+        raise CommandRefused(
+            f"the request is {size} bytes, over the NATS server's max payload ({nc.max_payload}); send less"
+        ) from None
     except nats.errors.TimeoutError:
-        raise CommandUnavailable(f"{service} did not answer {subject} within {timeout:g}s") from None
+        raise CommandUnavailable(
+            f"{service} did not answer {subject} within {timeout:g}s (it may be busy or stopped; "
+            "`chamber health` shows what is running)"
+        ) from None
     reply = msgspec.json.decode(msg.data, type=CommandReply)
     if not reply.ok:
         raise CommandRefused(reply.error or "refused", field=reply.field)

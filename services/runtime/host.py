@@ -20,6 +20,7 @@ from services.runtime.health import HealthServer, HealthState, port_from_env
 from services.runtime.logs import get_logger
 from services.runtime.publisher import Publisher
 from services.runtime.streams import ensure_streams
+from services.runtime.tracing import configure_tracing
 
 log = get_logger("chamber.runtime.host")
 T = TypeVar("T")
@@ -83,6 +84,7 @@ async def serve(
     health_port: int | None = None,
 ) -> ServiceContext:
     """`health_port` (default $CHAMBER_HEALTH_PORT, 0 = any free port) serves /livez and /readyz."""
+    configure_tracing(name)
     health_state = HealthState(service=name)
     port = health_port if health_port is not None else port_from_env()
     health = HealthServer(health_state, port=port) if port is not None else None

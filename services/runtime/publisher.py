@@ -9,13 +9,15 @@ from nats.js import JetStreamContext
 from nats.js.api import PubAck
 
 from events import Event, encode, subject_for
-from services.runtime.tracing import current_traceparent
+from services.runtime.tracing import configure_tracing, current_traceparent, produce_span, tracing_configured
 
 
 class Publisher:
     def __init__(self, js: JetStreamContext, *, source: str) -> None:
         self.js = js
         self.source = source
+        if not tracing_configured():  # every process that publishes gets a provider: events carry traceparent
+            configure_tracing(source.rsplit("/", 1)[-1] or "publisher")
 
     async def publish(
         self,
@@ -27,10 +29,12 @@ class Publisher:
         expected_last_subject_seq: int | None = None,
     ) -> PubAck:
         """Publish one event and wait for the stream's ack (deduplicated by id within the window)."""
-        headers, body = self._encode(event, id, time)
+        subject = subject or subject_for(event)
+        with produce_span(subject):
+            headers, body = self._encode(event, id, time)
         if expected_last_subject_seq is not None:
             headers["Nats-Expected-Last-Subject-Sequence"] = str(expected_last_subject_seq)
-        return await self.js.publish(subject or subject_for(event), body, headers=headers)
+        return await self.js.publish(subject, body, headers=headers)
 
     async def publish_many(
         self, events: Iterable[tuple[Event, str | None, float | None]], *, window: int = 1000
@@ -39,8 +43,10 @@ class Publisher:
         futures: list[asyncio.Future[PubAck]] = []
         acks: list[PubAck] = []
         for event, event_id, when in events:
-            headers, body = self._encode(event, event_id, when)
-            futures.append(await self.js.publish_async(subject_for(event), body, headers=headers))
+            subject = subject_for(event)
+            with produce_span(subject):
+                headers, body = self._encode(event, event_id, when)
+            futures.append(await self.js.publish_async(subject, body, headers=headers))
             if len(futures) >= window:
                 acks.extend(await asyncio.gather(*futures))
                 futures.clear()

@@ -15,6 +15,7 @@ from typing import Any
 
 from events import Event, JobCompleted, JobFailed, JobSpec, JobSubmitted, PriorityClass
 from events.codec import stable_id
+from events.names import InvalidName, normalize_team
 from services.scheduler.core import FINISHED, JobState, SchedulerState
 
 TEAM_LABEL = "chamber.io/team"
@@ -67,6 +68,10 @@ def spec_of(job: dict[str, Any], cluster: str) -> JobSpec | None:
     spec = job.get("spec") or {}
     gpus = _gpus(((spec.get("template") or {}).get("spec")) or {})
     if not team or gpus < 1:
+        return None
+    try:
+        team = normalize_team(team)  # the one team rule: `Vision` is vision; `../..` is no team
+    except InvalidName:
         return None
     try:
         priority = PriorityClass(labels.get(PRIORITY_LABEL, "normal"))

@@ -24,15 +24,14 @@ import re
 import secrets
 import socket
 import time
-from typing import Annotated, Any
+from typing import Any
 
-import msgspec
-
-from events import JobCancelled, JobSpec, JobSubmitted, PriorityClass
+from events import JobCancelled
 from events.codec import stable_id
+from events.commands import CancelJob, ExplainJob, ListQueue, SubmitJob
 from services.cli.common import add_cluster_option
 from services.runtime import ConsumerOptions, Delivery
-from services.runtime.commands import CommandRefused
+from services.runtime.commands import CommandRefused, page_of_rows
 from services.runtime.host import ServiceContext, serve
 from services.runtime.lease import ENV_NAME, ENV_TTL, LeaderLease
 from services.runtime.logs import get_logger
@@ -48,6 +47,7 @@ from services.scheduler.core import (
     schedule,
 )
 from services.scheduler.core.cycle import PREEMPTION_SEARCHES
+from services.scheduler.core.door import size_warnings, submitted
 from services.scheduler.core.pools import job_pool
 from services.scheduler.core.quota import critical_block
 from services.scheduler.core.state import DEFAULT_TOPOLOGY_KEY
@@ -61,39 +61,11 @@ log = get_logger("chamber.scheduler")
 ECHO_TIMEOUT_S = 10.0
 
 
-class SubmitRequest(msgspec.Struct, kw_only=True):
-    """`gpus` is per replica; `gpus_per_replica` (JobSpec's name, used by HTTP clients) is an alias."""
-
-    team: str
-    gpus: Annotated[int, msgspec.Meta(ge=1)] | None = None
-    gpus_per_replica: Annotated[int, msgspec.Meta(ge=1)] | None = None
-    replicas: Annotated[int, msgspec.Meta(ge=1)] = 1
-    priority: PriorityClass = PriorityClass.NORMAL
-    name: str = ""
-    id: str | None = None
-    pool: str | None = None
-    cluster: str | None = None
-    gpu_model: str | None = None
-    preemptible: bool = True
-    checkpoint_interval_s: Annotated[float, msgspec.Meta(gt=0)] | None = None
-    expected_duration_s: Annotated[float, msgspec.Meta(gt=0)] | None = None
-    sim_duration_s: Annotated[float, msgspec.Meta(ge=0)] | None = None
-    topology_key: str | None = None
-
-
-class CancelRequest(msgspec.Struct, kw_only=True):
-    job: str | None = None
-    job_id: str | None = None  # alias of `job`
-    by: str = ""
-    reason: str = ""
-
-
-class QueueRequest(msgspec.Struct, kw_only=True):
-    all: bool = False
-
-
-class ExplainRequest(msgspec.Struct, kw_only=True):
-    job: str
+# The request types are shared with the gateway and the API documents (events/commands.py).
+SubmitRequest = SubmitJob
+CancelRequest = CancelJob
+QueueRequest = ListQueue
+ExplainRequest = ExplainJob
 
 
 _SLUG = re.compile(r"[^a-z0-9-]+")
@@ -173,39 +145,34 @@ class Scheduler:
 
     # -- commands ------------------------------------------------------------------------------
     async def submit(self, req: SubmitRequest) -> dict[str, Any]:
-        if not req.team.strip() or req.team.startswith("_"):
-            raise CommandRefused("team must be a name that does not start with '_'; pass --team T", field="team")
-        if req.gpus is not None and req.gpus_per_replica is not None and req.gpus != req.gpus_per_replica:
-            raise CommandRefused("gpus and gpus_per_replica differ; give one of them", field="gpus")
-        gpus = req.gpus if req.gpus is not None else req.gpus_per_replica
-        if gpus is None:
-            raise CommandRefused("how many GPUs per replica? pass --gpus N (N >= 1)", field="gpus")
+        if not await self._caught_up():
+            raise CommandRefused("the scheduler is still reading its log; try again in a moment")
         job_id = req.id or new_job_id(req.name, req.team)
-        if job_id in self.state.jobs:
-            raise CommandRefused(f"job {job_id} exists already; pick another id", field="id")
-        spec = JobSpec(
-            team=req.team,
-            gpus_per_replica=gpus,
-            replicas=req.replicas,
-            priority=req.priority,
-            name=req.name,
-            pool=req.pool,
-            cluster=req.cluster,
-            gpu_model=req.gpu_model,
-            preemptible=req.preemptible,
-            checkpoint_interval_s=req.checkpoint_interval_s,
-            expected_duration_s=req.expected_duration_s,
-            sim_duration_s=req.sim_duration_s,
-            topology_key=req.topology_key,
+        event = submitted(self.state, req, job_id, time.time())  # InvalidName: refused, naming the field
+        refused = critical_block(
+            self.state, event.spec.team, job_pool(event.spec, self.state.team_pools), event.spec.priority
         )
-        refused = critical_block(self.state, spec.team, job_pool(spec, self.state.team_pools), spec.priority)
         if refused is not None:
             raise CommandRefused(refused, field="priority")
-        event = JobSubmitted(job_id=job_id, at=time.time(), spec=spec)
         assert self.ctx is not None
         await self.ctx.publisher.publish(event, id=stable_id("submitted", job_id))
         evolve(self.state, event)  # so `queue` right after `submit` shows it; the echo is a no-op
-        return {"id": job_id, "job_id": job_id}
+        answer: dict[str, Any] = {"id": job_id, "job_id": job_id}
+        warnings = size_warnings(self.state, event.spec)
+        if warnings:
+            answer["warnings"] = warnings
+        return answer
+
+    async def _caught_up(self, within_s: float = 3.0) -> bool:
+        """A submit is checked against the quotas and jobs in the log: wait (briefly) until they are read."""
+        assert self.ctx is not None
+        deadline = time.monotonic() + within_s
+        while not self.ready:
+            self.ready = await caught_up(self.ctx.js, self.ctx.consumers)
+            if self.ready or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.05)
+        return self.ready
 
     async def cancel(self, req: CancelRequest) -> dict[str, Any]:
         name = req.job or req.job_id
@@ -232,7 +199,8 @@ class Scheduler:
         self._refresh_waiting()
         waiting = {k: v for k, v in self.waiting.items() if k in self.state.jobs and self.state.jobs[k].state in QUEUED}
         self.waiting = waiting
-        return {"jobs": queue_rows(self.state, waiting, include_finished=req.all)}
+        rows = queue_rows(self.state, waiting, include_finished=req.all)
+        return page_of_rows(rows, offset=req.offset, limit=req.limit)
 
     async def explain(self, req: ExplainRequest) -> dict[str, Any]:
         self._refresh_waiting()

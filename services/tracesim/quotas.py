@@ -31,9 +31,11 @@ def equal_shares(teams: list[str], gpus: int, pool: str = "default") -> dict[str
 
 def load_quotas(path: Path, teams: list[str], gpus: int) -> dict[str, TeamQuota]:
     try:
-        doc = tomllib.loads(path.read_text())
+        doc = tomllib.loads(path.read_text(encoding="utf-8-sig"))
     except FileNotFoundError:
         raise TraceError(f"quotas file {path} does not exist") from None
+    except UnicodeDecodeError:
+        raise TraceError(f"quotas file {path} is not UTF-8 text (TOML)") from None
     except tomllib.TOMLDecodeError as exc:
         raise TraceError(f"quotas file {path} is not valid TOML: {exc}") from None
     pools = doc.get("pools", {"default": {"gpus": gpus}})

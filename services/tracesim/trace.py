@@ -125,11 +125,21 @@ def parse(lines: Iterable[str], *, strict: bool = False, source: str = "trace") 
 
 def load(path: Path, *, strict: bool = False, limit: int | None = None) -> Trace:
     try:
-        with path.open(newline="") as f:
+        # utf-8-sig: a spreadsheet's byte-order mark is not part of the first column's name;
+        # newline="": the csv module handles CRLF line ends itself
+        with path.open(newline="", encoding="utf-8-sig") as f:
             lines = f if limit is None else _head(f, limit + 1)
             return parse(lines, strict=strict, source=str(path))
     except FileNotFoundError:
         raise TraceError(f"trace file {path} does not exist") from None
+    except UnicodeDecodeError as exc:
+        raise TraceError(
+            f"{path} is not a UTF-8 text (CSV) file: byte {exc.object[exc.start]:#04x} at offset {exc.start}"
+        ) from None
+    except (IsADirectoryError, PermissionError) as exc:
+        raise TraceError(f"cannot read trace file {path}: {exc.strerror}") from None
+    except csv.Error as exc:
+        raise TraceError(f"{path} is not a CSV file: {exc}") from None
 
 
 def _head(f: Iterable[str], n: int) -> Iterable[str]:

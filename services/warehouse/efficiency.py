@@ -34,13 +34,18 @@ def parse_since(text: str, now: float) -> float:
     """`24h`, `7d`, `90m`, `30s`, `2w` before `now`, or an ISO 8601 time (UTC when no zone)."""
     match = _DURATION.match(text.strip())
     if match:
-        return now - float(match["n"]) * _UNITS[match["unit"]]
+        ts = now - float(match["n"]) * _UNITS[match["unit"]]
+        if ts < 0:
+            raise ValueError(f"{text!r} reaches back before 1970; give a shorter window or an ISO time")
+        return ts
     try:
         when = datetime.fromisoformat(text.strip())
     except ValueError:
         raise ValueError(f"{text!r} is neither a duration like 24h / 7d / 90m nor an ISO time") from None
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
+    if when.year < 1970:
+        raise ValueError(f"{text!r} is before 1970")
     return when.timestamp()
 
 

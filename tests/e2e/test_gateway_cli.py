@@ -51,7 +51,7 @@ def test_the_gateway_command_serves_the_api_and_stops_on_sigterm(nats_server: Na
                 time.sleep(0.1)
         assert status == 200 and json.loads(body)["nats_connected"] is True
         assert _get(base + "/")[0] == 200
-        assert b"chamber_gpus_total 0.0" in _get(base + "/metrics")[1]
+        assert b"chamber_gpus 0.0" in _get(base + "/metrics")[1]
         request = urllib.request.Request(base + "/api/jobs/x/cancel", method="POST")
         request.add_header("Authorization", "Bearer from-the-environment")
         try:  # the token came from CHAMBER_API_TOKEN; no scheduler runs, so the answer is 503

@@ -55,6 +55,8 @@ async def start_gateway(
         stream_interval=0.2,
         command_timeout=2.0,
         no_warehouse_history=not warehouse_history,
+        reasons_interval=0.2,
+        protect_reads=False,
     )
     stop = asyncio.Event()
     task = asyncio.create_task(service.run(args, stop))
@@ -119,7 +121,7 @@ async def test_a_scripted_fleet_is_served_as_json_and_metrics(gateway: Gateway, 
     status, text = await gateway.get("/metrics")
     assert status == 200
     values = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples if not s.labels}
-    assert values["chamber_gpus_total"] == 24
+    assert values["chamber_gpus"] == 24
     assert values["chamber_gpus_allocated"] == 14
     assert values["chamber_gpus_idle"] == 2
     assert values["chamber_gpus_isolated"] == 8
@@ -193,13 +195,16 @@ async def test_commands_need_the_token_and_change_nothing_without_it(
         assert status == 200 and received[-1] == {"job_id": "job-1"}
         status, body = await gateway.send("PUT", "/api/teams/nlp/quota", json={"pool": "default", "guaranteed_gpus": 4})
         assert status == 200 and received[-1] == {"pool": "default", "guaranteed_gpus": 4, "team": "nlp"}
-        status, body = await gateway.send("POST", "/api/nodes/local/n3/restore", json={"reason": "replaced"})
-        assert status == 200 and received[-1] == {"reason": "replaced", "cluster": "local", "node": "n3"}
+        status, body = await gateway.send("POST", "/api/nodes/local/n3/restore", json={"by": "replaced"})
+        assert status == 200 and received[-1] == {"by": "replaced", "cluster": "local", "node": "n3"}
 
         # refused by the owning service: its message and field come back as a 422
-        status, body = await gateway.send("POST", "/api/jobs", json={"team": "vision", "gpus_per_replica": 0})
-        assert (status, body["field"]) == (422, "gpus_per_replica") and "at least 1" in body["error"]
+        status, body = await gateway.send("POST", "/api/jobs", json={"team": "closed", "gpus_per_replica": 1})
+        assert (status, body["field"]) == (422, "team") and "no new work" in body["error"]
         count = len(received)
+        # refused at the door with the same types and limits as the service: never forwarded
+        status, body = await gateway.send("POST", "/api/jobs", json={"team": "vision", "gpus_per_replica": 0})
+        assert (status, body["field"]) == (422, "gpus_per_replica") and ">= 1" in body["error"]
         # bad requests never reach a service
         async with gateway.http.post(gateway.url + "/api/jobs", data=b"{nope", headers=_auth()) as r:
             assert r.status == 400 and "not valid JSON" in (await r.json())["error"]
@@ -298,8 +303,8 @@ async def _fake_owners(url: str, received: list[dict[str, Any]]) -> tuple[asynci
     stop = asyncio.Event()
 
     async def submit(cmd: _Submit) -> dict[str, str]:
-        if cmd.gpus_per_replica < 1:
-            raise CommandRefused("gpus_per_replica must be at least 1", field="gpus_per_replica")
+        if cmd.team == "closed":
+            raise CommandRefused("team closed takes no new work", field="team")
         received.append(msgspec.structs.asdict(cmd))
         return {"job_id": "job-1"}
 

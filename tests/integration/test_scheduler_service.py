@@ -19,7 +19,7 @@ from services.runtime.commands import CommandRefused, CommandUnavailable, reques
 from services.runtime.nats_server import NatsServerProcess
 from services.scheduler import service as scheduler_service
 from tests.integration.test_runtime import eventually
-from tests.scheduler_builders import a_node
+from tests.scheduler_builders import a_node, a_quota
 
 pytestmark = pytest.mark.integration
 
@@ -81,6 +81,7 @@ async def test_submit_schedule_explain_cancel_and_a_restart_rebuilds_the_same_st
 ) -> None:
     publisher = Publisher(js, source="test/discovery")
     await publisher.publish(a_node("n1", gpus=4))
+    await publisher.publish(a_quota("vision", 0))  # a team may submit once it has a quota (0 borrows only)
     sched = Running(scheduler_service, nats_server.url)
     await eventually(lambda: answers(nc, "scheduler", "queue", {}))
 

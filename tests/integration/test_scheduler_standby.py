@@ -22,7 +22,7 @@ from services.runtime import Publisher
 from services.runtime.commands import CommandRefused, CommandUnavailable, request
 from services.runtime.nats_server import NatsServerProcess
 from tests.integration.test_runtime import eventually
-from tests.scheduler_builders import a_node
+from tests.scheduler_builders import a_node, a_quota
 
 pytestmark = pytest.mark.integration
 CHAMBER = str(Path(sys.executable).parent / "chamber")
@@ -111,6 +111,7 @@ async def test_the_standby_takes_over_when_the_leader_dies_or_stops_and_nothing_
     nats_server: NatsServerProcess, nc: Client, js: JetStreamContext, replicas: Replicas, scheduled: list[JobScheduled]
 ) -> None:
     await Publisher(js, source="test/discovery").publish(a_node("n1", gpus=8))
+    await Publisher(js, source="test/quota").publish(a_quota("vision", 8))  # teams without a quota are refused
     pids = {replicas.start(), replicas.start()}
 
     async def elected() -> int | None:

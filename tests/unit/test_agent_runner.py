@@ -53,6 +53,7 @@ def test_message_ids_are_node_and_sequence_and_the_envelope_is_the_codecs() -> N
         and records[1].subject == "chamber.telemetry.sample.c1.sim-000"
     )
     headers, body = envelope(sample, "src", "c1/sim-000/41", 1000.0)
+    assert headers.pop("traceparent").startswith("00-")  # each sample starts a trace of its own
     assert (headers, body) == encode(sample, source="src", id="c1/sim-000/41", time=1000.0)
 
 

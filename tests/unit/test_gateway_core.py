@@ -243,7 +243,23 @@ def test_gpus_are_never_counted_twice_nor_held_by_a_job_that_is_not_holding(seed
 def test_a_job_larger_than_any_node_only_needs_enough_free_gpus_in_total() -> None:
     state = fold([a_node_discovered("n1"), a_node_discovered("n2"), a_submitted("x", gpus=2)])
     fold([a_scheduled("x", "n1", [0, 1]), a_submitted("big", gpus=12, at=T0 + 9)], state)
-    assert views.queue(state).jobs[0].reason == "capacity is free; waiting for the scheduler's next cycle"
+    assert views.queue(state).jobs[0].reason == "the scheduler has not said why yet (`chamber explain` asks it)"
+
+
+def test_a_waiting_job_shows_the_schedulers_own_reason_not_a_guess_from_free_capacity() -> None:
+    # issue 16, finding 9: capacity is free, but the scheduler holds the job back for its team's quota
+    state = fold([a_node_discovered("n1"), a_submitted("x", gpus=2)])
+    core.scheduler_said(
+        state,
+        [
+            {"id": "x", "state": "pending", "reason": "team vision is at its borrow limit (0 GPUs)"},
+            {"id": "other", "state": "running", "reason": "placed"},
+        ],
+    )
+    assert views.queue(state).jobs[0].reason == "team vision is at its borrow limit (0 GPUs)"
+    assert "other" not in state.waiting_reasons
+    core.scheduler_said(state, [])  # the scheduler no longer names it: the read model's view again
+    assert views.queue(state).jobs[0].reason != "team vision is at its borrow limit (0 GPUs)"
 
 
 def test_a_job_that_holds_gpus_without_using_them_is_counted_as_held_idle() -> None:

@@ -10,6 +10,16 @@ const COMPACT_NODES = 64; // beyond this, smaller cells without numbers keep the
 const HELD_IDLE_PCT = 5; // the gateway's BUSY_THRESHOLD_PCT: held by a job, doing nothing
 const int = (x) => (x == null ? "–" : Number(x).toLocaleString("en-US"));
 
+// When the gateway protects reads (--protect-reads; on in the Helm chart), open the dashboard as
+// /#token=<API token>: the token is kept for this tab only and sent as a bearer token. EventSource
+// cannot send headers, so the dashboard then polls.
+const TOKEN = (() => {
+  const m = location.hash.match(/token=([^&]+)/);
+  if (m) { sessionStorage.setItem("chamber-token", decodeURIComponent(m[1])); history.replaceState(null, "", location.pathname); }
+  return sessionStorage.getItem("chamber-token");
+})();
+const api = (url) => fetch(url, TOKEN ? { headers: { Authorization: `Bearer ${TOKEN}` } } : {});
+
 function money(x, currency) {
   if (x == null) return "–";
   const sym = currency === "USD" ? "$" : currency === "EUR" ? "€" : "";
@@ -138,7 +148,7 @@ function useWarehouse() {
 }
 
 function fetchHistory() {
-  fetch(`/api/history?since=${Date.now() / 1000 - HISTORY_WINDOW_S}`).then((r) => (r.ok ? r.json() : null))
+  api(`/api/history?since=${Date.now() / 1000 - HISTORY_WINDOW_S}`).then((r) => (r.ok ? r.json() : null))
     .then((h) => { warehouse = h; if (last) { renderCharts(last.efficiency); renderCostChart(last.cost); } })
     .catch(() => { warehouse = null; })
     .finally(() => setTimeout(fetchHistory, HISTORY_REFRESH_MS));
@@ -303,8 +313,8 @@ function setLive(on) {
 
 // Server-sent events, reconnecting on their own; polling if the browser has no EventSource.
 function connect() {
-  if (!window.EventSource) {
-    const poll = () => fetch("/api/summary").then((r) => r.json()).then((s) => { setLive(true); render(s); })
+  if (!window.EventSource || TOKEN) {
+    const poll = () => api("/api/summary").then((r) => r.json()).then((s) => { setLive(true); render(s); })
       .catch(() => setLive(false)).finally(() => setTimeout(poll, 3000));
     poll();
     return;

@@ -1,0 +1,123 @@
+"""Command requests (`chamber.cmd.<service>.<verb>` over NATS request/reply), typed once.
+
+The command handlers decode with these types, the gateway checks HTTP bodies with them before it
+forwards (so a bad body is a 422 naming the field), and /openapi.json and asyncapi.json publish their
+JSON Schemas. The limits come from events/names.py, the same as the events they become, so a request
+these types accept is never refused by a consumer afterwards. Unknown fields are refused: a typo such
+as `borrow` for `borrow_limit` must not silently reset a limit.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+
+from events.jobs import PriorityClass
+from events.names import (
+    TEAM_MAX,
+    GpuCount,
+    GpusPerReplica,
+    Label,
+    Model,
+    Name,
+    Replicas,
+    Seconds,
+    SecondsOrZero,
+    Text,
+    normalize_team,
+)
+
+DEFAULT_POOL = "default"
+# Accepted before normalisation (`Vision ` is the team `vision`); `normalize_team` applies the rule.
+TeamInput = Annotated[
+    str,
+    msgspec.Meta(
+        min_length=1,
+        max_length=TEAM_MAX + 8,
+        description="team name; trimmed and lower-cased, then it must be lower-case letters, digits and '-'",
+    ),
+]
+
+
+class SubmitJob(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """`chamber.cmd.scheduler.submit`. `gpus` is per replica; `gpus_per_replica` is an alias."""
+
+    team: TeamInput
+    gpus: GpusPerReplica | None = None
+    gpus_per_replica: GpusPerReplica | None = None
+    replicas: Replicas = 1
+    priority: PriorityClass = PriorityClass.NORMAL
+    name: Label = ""
+    id: Name | None = None
+    pool: Name | None = None
+    cluster: Name | None = None
+    gpu_model: Model | None = None
+    preemptible: bool = True
+    checkpoint_interval_s: Seconds | None = None
+    expected_duration_s: Seconds | None = None
+    sim_duration_s: SecondsOrZero | None = None
+    topology_key: Name | None = None
+
+    def __post_init__(self) -> None:
+        self.team = normalize_team(self.team)
+
+
+class CancelJob(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """`chamber.cmd.scheduler.cancel`. `job_id` is an alias of `job`."""
+
+    job: Name | None = None
+    job_id: Name | None = None
+    by: Text = ""
+    reason: Text = ""
+
+
+class ListQueue(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """`chamber.cmd.scheduler.queue`: the waiting jobs (and, with `all`, the finished ones), a page at a time."""
+
+    all: bool = False
+    offset: Annotated[int, msgspec.Meta(ge=0)] = 0
+    limit: Annotated[int, msgspec.Meta(ge=1, le=10_000)] | None = None
+
+
+class ExplainJob(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """`chamber.cmd.scheduler.explain`."""
+
+    job: Name
+
+
+class SetTeamQuota(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """`chamber.cmd.quota.set`: replaces the team's quota in the pool (fields left out take their
+    defaults: no borrow or lend limit, weight 1). `gpus` is the guarantee; `guaranteed_gpus` an alias."""
+
+    team: TeamInput
+    gpus: GpuCount | None = None
+    guaranteed_gpus: GpuCount | None = None
+    pool: Name = DEFAULT_POOL
+    borrow_limit: GpuCount | None = None
+    lend_limit: GpuCount | None = None
+    weight: Annotated[float, msgspec.Meta(gt=0, le=1000)] = 1.0
+    critical: bool = False  # may the team run critical work in this pool
+    budget: Annotated[float, msgspec.Meta(ge=0, le=1e15)] | None = None  # spending limit per period
+    currency: Annotated[str, msgspec.Meta(min_length=1, max_length=8)] = "USD"
+    period: Annotated[str, msgspec.Meta(min_length=1, max_length=16)] = "month"
+
+    def __post_init__(self) -> None:
+        self.team = normalize_team(self.team)
+
+
+class RestoreNode(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """`chamber.cmd.health.restore` (and `confirm`, `dismiss`): a node, or one GPU of it."""
+
+    node: Name
+    cluster: Name = "local"
+    gpu: Annotated[int, msgspec.Meta(ge=0, le=1023)] | None = None
+    by: Text = "operator"
+
+
+# service -> verb -> request type, for the API documents and the gateway's checks.
+REQUESTS: dict[str, dict[str, type[msgspec.Struct]]] = {
+    "scheduler": {"submit": SubmitJob, "cancel": CancelJob, "queue": ListQueue, "explain": ExplainJob},
+    "quota": {"set": SetTeamQuota},
+    "health": {"restore": RestoreNode, "confirm": RestoreNode, "dismiss": RestoreNode},
+}
