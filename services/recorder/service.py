@@ -36,6 +36,7 @@ from services.warehouse import (
     migrate,
     open_from_args,
 )
+from services.warehouse.confine import confined_query
 
 NAME = "recorder"
 DESCRIPTION = "record telemetry and every domain event in the warehouse (ClickHouse or chDB); answer SQL"
@@ -128,7 +129,9 @@ async def answer_sql(writer: Writer, sql: str, max_rows: int = MAX_REPLY_ROWS) -
     except ReadOnlyViolation as exc:
         raise CommandRefused(str(exc), field="sql") from None
     try:
-        result = await writer.query(query, readonly=True)
+        result = await writer.call(lambda: confined_query(writer.warehouse, query, max_rows=max(0, max_rows)))
+    except ReadOnlyViolation as exc:
+        raise CommandRefused(str(exc), field="sql") from None
     except WarehouseError as exc:
         raise CommandRefused(f"the warehouse refused the query: {exc}", field="sql") from None
     rows = result.rows[: max(0, max_rows)]

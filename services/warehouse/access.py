@@ -13,6 +13,7 @@ from typing import Any
 
 from services.cli.errors import UsageError
 from services.warehouse.backend import WarehouseError, WarehouseUnavailable
+from services.warehouse.confine import confined_query
 from services.warehouse.readonly import ReadOnlyViolation, check_read_only
 
 MAX_ROWS = 10_000
@@ -57,7 +58,9 @@ def _direct(args: argparse.Namespace, sql: str, max_rows: int) -> dict[str, Any]
     except WarehouseUnavailable as exc:
         raise UsageError(f"{exc}; and no recorder answered on {args.nats} to run the query for us") from None
     try:
-        result = warehouse.query(sql, readonly=True)
+        result = confined_query(warehouse, sql, max_rows=max_rows)
+    except ReadOnlyViolation as exc:
+        raise UsageError(str(exc)) from None
     except WarehouseError as exc:
         raise UsageError(f"the warehouse refused the query: {exc}") from None
     finally:
