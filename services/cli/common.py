@@ -37,9 +37,12 @@ def with_nats(args: argparse.Namespace, body: Callable[[Any], Awaitable[T]], *, 
 
     async def main() -> T:
         from services.runtime import connect
+        from services.runtime.credentials import CredentialsError
 
         try:
             nc = await connect(args.nats, name=name, attempts=2, first_delay_s=0.2)
+        except CredentialsError as exc:
+            raise UsageError(str(exc)) from None
         except Exception as exc:
             raise UsageError(
                 f"cannot reach NATS at {args.nats} ({type(exc).__name__}); start it with `chamber up` "

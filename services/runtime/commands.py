@@ -15,9 +15,11 @@ from typing import Any, TypeVar
 import msgspec
 import nats.errors
 from faststream.nats import NatsBroker, NatsMessage
+from faststream.security import SASLPlaintext
 from nats.aio.client import Client
 
 from events import subjects
+from services.runtime.credentials import login
 from services.runtime.logs import get_logger
 
 log = get_logger("chamber.runtime.commands")
@@ -64,7 +66,11 @@ class CommandServer:
 
     def __init__(self, url: str, service: str) -> None:
         self.service = service
-        self.broker = NatsBroker(url, name=f"chamber-{service}-commands", logger=None, max_reconnect_attempts=-1)
+        credentials = login([url])
+        security = SASLPlaintext(credentials["user"], credentials["password"]) if credentials else None
+        self.broker = NatsBroker(
+            url, name=f"chamber-{service}-commands", logger=None, max_reconnect_attempts=-1, security=security
+        )
 
     def register(self, verb: str, request_type: type[T], handler: Callable[[T], Awaitable[Any]]) -> None:
         decoder = msgspec.json.Decoder(request_type)
