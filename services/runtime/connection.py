@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 from typing import Any
 
 import nats
@@ -86,18 +87,20 @@ class _Throttled:
     """The same warning at most once per `every_s` (a dead bus makes nats-py call back twice a second),
     with how many were left out since."""
 
-    def __init__(self, event: str, every_s: float = 30.0) -> None:
-        self.event, self.every_s = event, every_s
+    def __init__(self, event: str, every_s: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.event, self.every_s, self.clock = event, every_s, clock
         self.last = -float("inf")
         self.left_out = 0
+        self.logged = 0
 
     def __call__(self, **fields: Any) -> None:
-        now = time.monotonic()
+        now = self.clock()
         if now - self.last < self.every_s:
             self.left_out += 1
             return
         log.warning(self.event, left_out=self.left_out, every_s=self.every_s, **fields)
         self.last, self.left_out = now, 0
+        self.logged += 1
 
 
 _error = _Throttled("nats error")

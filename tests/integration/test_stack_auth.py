@@ -82,7 +82,7 @@ async def test_anonymous_clients_are_refused_at_once_with_a_clear_message(
 ) -> None:
     with pytest.raises(CredentialsError, match="refused an anonymous client"):
         await asyncio.wait_for(connect(bus.url, name="anonymous", attempts=1), 10)
-    with pytest.raises(Exception, match="(?i)authorization"):
+    with pytest.raises(Exception, match=r"(?i)authorization"):
         await asyncio.wait_for(nats.connect(bus.url, allow_reconnect=False), 10)
 
 

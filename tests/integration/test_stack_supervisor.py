@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import sys
 from pathlib import Path
 
 from services.stack.backoff import RestartPolicy
 from services.stack.supervisor import Component, Supervisor
+from tests.integration.test_runtime import eventually
 
 
 async def test_a_dying_process_is_restarted_with_back_off_and_stop_ends_every_child(tmp_path: Path) -> None:
@@ -32,3 +35,48 @@ async def test_a_dying_process_is_restarted_with_back_off_and_stop_ends_every_ch
     assert sleeper.restarts == 0
     for proc in supervisor._procs.values():
         assert proc.returncode is not None
+
+
+async def test_a_killed_nats_server_is_restarted_on_its_port_and_store_and_clients_come_back(tmp_path: Path) -> None:
+    """Issue 16, finding 7: kill -9 of the embedded nats-server under `chamber up`."""
+    from services.runtime import connect
+    from services.runtime.nats_server import NatsServerProcess
+
+    lines: list[str] = []
+    supervisor = Supervisor(tmp_path / "logs", policy=RestartPolicy(first_delay_s=0.1), say=lines.append)
+    server = NatsServerProcess(tmp_path / "js")
+    nats = Component("nats", server.argv(), stop_last=True)
+    supervisor.add(nats)
+    await supervisor.start()
+    try:
+        await eventually(server.ready, within=15)
+        nc = await connect(server.url, name="survivor")
+        js = nc.jetstream()
+        await js.add_stream(name="KEPT", subjects=["kept.>"])
+        await js.publish("kept.1", b"before")
+        first = nats.pid
+        assert first is not None
+        os.kill(first, signal.SIGKILL)
+        await eventually(lambda: nats.restarts == 1 and nats.pid != first, within=15)
+        await eventually(server.ready, within=15)
+        await eventually(lambda: nc.is_connected, within=15)
+        await js.publish("kept.2", b"after")  # same store: the stream is still there
+        assert (await js.stream_info("KEPT")).state.messages == 2
+        assert any("nats       exited with -9; restarting" in line for line in lines)
+        await nc.close()
+    finally:
+        await asyncio.wait_for(supervisor.stop(timeout_s=5), 15)
+    assert not supervisor.running("nats")
+
+
+def test_reconnect_warnings_are_rate_limited() -> None:
+    from services.runtime.connection import _Throttled
+
+    now = [0.0]
+    warn = _Throttled("nats error", every_s=30.0, clock=lambda: now[0])
+    for _ in range(60):  # a dead bus: nats-py calls back twice a second for 30 s
+        warn(error="connection refused")
+        now[0] += 0.5
+    assert warn.logged == 1 and warn.left_out == 59
+    warn(error="connection refused")
+    assert warn.logged == 2 and warn.left_out == 0
