@@ -114,11 +114,11 @@ def run(args: argparse.Namespace) -> int:
     from services.runtime.logs import configure_logging
 
     _validate(args)
-    check_ports(args)
     configure_logging("error")  # the console shows component readiness; details are in the logs
     data_dir = args.data_dir.resolve()
-    lock = _lock(data_dir)
+    lock = _lock(data_dir)  # first: "already running on this data dir" says more than "port in use"
     try:
+        check_ports(args)
         asyncio.run(_serve(args, data_dir))
     finally:
         os.close(lock)

@@ -39,7 +39,7 @@ def test_up_refuses_a_port_in_use_before_starting_anything(
         assert main(["up", "--data-dir", str(data), option, str(port), other, str(free_port)]) == 2
     err = capsys.readouterr().err
     assert f"port {port}" in err and "already in use" in err and option in err and "Traceback" not in err
-    assert not data.exists()  # nothing started, nothing written
+    assert sorted(p.name for p in data.iterdir()) == ["up.lock"]  # nothing started, nothing written
 
 
 def test_the_demo_sets_up_only_on_a_new_data_directory(tmp_path: Path) -> None:
@@ -118,3 +118,40 @@ async def test_healthz_answers_503_while_the_bus_is_down(nats_server: NatsServer
 
 async def _is(status: Any, code: int) -> bool:
     return bool((await status())[0] == code)
+
+
+async def test_a_gpu_model_that_matches_no_gpu_of_the_fleet_is_warned_about(
+    nats_server: NatsServerProcess, js: Any, tmp_path: Path
+) -> None:
+    """Issue 16, finding 17: `--gpu-model H100` on a fleet of H100-80GB matched nothing, silently."""
+    import json
+    import sys
+
+    kv = await js.create_key_value(bucket="chamber_fleet")
+    node = {"cluster": "local", "node": "sim-000", "status": "ready", "gpus": [{"index": 0, "model": "H100-80GB"}]}
+    await kv.put("local.sim-000", json.dumps(node).encode())
+    scheduler = CommandServer(nats_server.url, "scheduler")
+
+    async def submit(request: dict[str, Any]) -> dict[str, str]:
+        return {"id": "j-1"}
+
+    scheduler.register("submit", dict, submit)
+    await scheduler.start()
+
+    async def chamber_submit(model: str) -> str:
+        proc = await asyncio.create_subprocess_exec(
+            *[sys.executable, "-m", "services.cli", "submit", "--team", "vision", "--gpus", "1"],
+            *["--gpu-model", model, "--nats", nats_server.url],
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+        assert proc.returncode == 0 and out.decode().strip() == "j-1", err.decode()
+        return err.decode()
+
+    try:
+        warned = await chamber_submit("H100")
+        assert "no GPU in the fleet is a 'H100'" in warned and "H100-80GB" in warned
+        assert "warning" not in await chamber_submit("h100-80gb")
+    finally:
+        await scheduler.stop()
