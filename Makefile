@@ -14,8 +14,9 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# `make up PORT=8081 NATS_PORT=4223` when the default ports (8080, 4222) are taken
 up: $(STAMP)
-	$(BIN)/chamber up
+	$(BIN)/chamber up $(if $(PORT),--port $(PORT)) $(if $(NATS_PORT),--nats-port $(NATS_PORT))
 
 test: $(STAMP)
 	sh scripts/ensure-chromium.sh
