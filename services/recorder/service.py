@@ -37,6 +37,7 @@ from services.warehouse import (
     open_from_args,
 )
 from services.warehouse.confine import confined_query
+from services.warehouse.options import open_for_analytics
 
 NAME = "recorder"
 DESCRIPTION = "record telemetry and every domain event in the warehouse (ClickHouse or chDB); answer SQL"
@@ -88,6 +89,7 @@ async def setup_recorder(
     flush_interval: float = 1.0,
     ack_wait: float = 60.0,
     telemetry_consumers: int = 1,
+    analytics: Warehouse | None = None,
 ) -> None:
     """Consumers for every stream, and the `sql` command. TELEMETRY may get several pull consumers on
     the same durable, so one decodes and acks while another's batch is being inserted."""
@@ -118,18 +120,22 @@ async def setup_recorder(
             ctx.consume(options, batch_handler=store)
 
     async def sql(request: SqlRequest) -> dict[str, Any]:
-        return await answer_sql(writer, request.sql, request.max_rows)
+        return await answer_sql(writer, request.sql, request.max_rows, analytics=analytics)
 
     ctx.command("sql", SqlRequest, sql)
 
 
-async def answer_sql(writer: Writer, sql: str, max_rows: int = MAX_REPLY_ROWS) -> dict[str, Any]:
+async def answer_sql(
+    writer: Writer, sql: str, max_rows: int = MAX_REPLY_ROWS, *, analytics: Warehouse | None = None
+) -> dict[str, Any]:
+    """`analytics`: a restricted user's connection to the same server (--clickhouse-sql-url)."""
+    target = analytics or writer.warehouse
     try:
         query = check_read_only(sql)
     except ReadOnlyViolation as exc:
         raise CommandRefused(str(exc), field="sql") from None
     try:
-        result = await writer.call(lambda: confined_query(writer.warehouse, query, max_rows=max(0, max_rows)))
+        result = await writer.call(lambda: confined_query(target, query, max_rows=max(0, max_rows)))
     except ReadOnlyViolation as exc:
         raise CommandRefused(str(exc), field="sql") from None
     except WarehouseError as exc:
@@ -184,6 +190,9 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
     if warehouse is None:
         return
     writer = Writer(warehouse, after_insert=_crash_hook())
+    analytics = None
+    if args.clickhouse_url and args.clickhouse_sql_url:
+        analytics = await asyncio.to_thread(open_for_analytics, args)
     try:
 
         async def setup(ctx: ServiceContext) -> None:
@@ -194,9 +203,12 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
                 flush_interval=args.flush_interval,
                 ack_wait=args.ack_wait,
                 telemetry_consumers=args.telemetry_consumers,
+                analytics=analytics,
             )
 
         await serve(NAME, args.nats, setup, stop)
     finally:
         writer.close()
         warehouse.close()
+        if analytics is not None:
+            analytics.close()

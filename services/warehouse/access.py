@@ -50,7 +50,7 @@ async def _via_recorder(url: str, sql: str, max_rows: int) -> dict[str, Any] | N
 
 
 def _direct(args: argparse.Namespace, sql: str, max_rows: int) -> dict[str, Any]:
-    from services.warehouse.options import open_from_args
+    from services.warehouse.options import open_for_analytics
 
     if not args.clickhouse_url and not (args.data_dir / "warehouse").exists():
         raise UsageError(
@@ -58,7 +58,7 @@ def _direct(args: argparse.Namespace, sql: str, max_rows: int) -> dict[str, Any]
             "(`chamber service recorder`), or point --data-dir / --clickhouse-url at one"
         )
     try:
-        warehouse = open_from_args(args)
+        warehouse = open_for_analytics(args)
     except WarehouseUnavailable as exc:
         raise UsageError(f"{exc}; and no recorder answered on {args.nats} to run the query for us") from None
     try:
