@@ -155,3 +155,35 @@ async def test_a_gpu_model_that_matches_no_gpu_of_the_fleet_is_warned_about(
         assert "warning" not in await chamber_submit("h100-80gb")
     finally:
         await scheduler.stop()
+
+
+async def test_up_does_not_call_another_process_answering_on_its_port_ready(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 16, finding 10: the readiness check wants *our* gateway (its pid), not any /healthz."""
+    import http.server
+    import json
+    import threading
+
+    from services.cli.up import _wait_for_gateway
+    from services.stack.supervisor import Component
+
+    class Other(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps({"ok": True, "pid": 1}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Other)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    ours = argparse.Namespace(components=[Component("gateway", [], pid=424242)])
+    try:
+        await _wait_for_gateway(server.server_address[1], asyncio.Event(), ours, Path("api-token"), timeout_s=10)
+    finally:
+        server.shutdown()
+        server.server_close()
+    out = capsys.readouterr().out
+    assert "NOT ready: another process answers" in out and "dashboard  ready" not in out
