@@ -44,6 +44,8 @@ def create_secret(path: Path, value: str | None = None) -> str:
             pass  # another process created it first: use theirs
         finally:
             tmp.unlink()
+    elif path.stat().st_mode & 0o077:
+        path.chmod(0o600)  # made wider by an older version or by hand
     return path.read_text().strip()
 
 

@@ -129,6 +129,9 @@ def check_tree(nodes: list[Node], catalog: Catalog, words: list[str]) -> None:
         raise OutsideTheWarehouse(
             f"refused: of the SHOW statements only SHOW TABLES (this database) is accepted; {_ACCEPTED}"
         )
+    if root.kind == "SelectWithUnionQuery" and [n.kind for n in nodes if n.depth == 1] != ["ExpressionList"]:
+        # what follows the selects at the top: a FORMAT name or an INTO OUTFILE path
+        raise OutsideTheWarehouse("refused: FORMAT and INTO OUTFILE are not accepted; the tool formats the results")
     external = catalog.table_functions - SAFE_TABLE_FUNCTIONS - _SCALAR_NAMESAKES
     parents: list[Node] = []
     for node in nodes:

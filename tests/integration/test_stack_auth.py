@@ -75,6 +75,8 @@ def test_a_wider_data_dir_is_narrowed_and_an_existing_secret_is_not_replaced(tmp
     assert mode(private_dir(wide)) == 0o700
     assert create_secret(wide / "s", "first") == "first"
     assert create_secret(wide / "s", "second") == "first"
+    (wide / "s").chmod(0o644)  # an api-token an older `chamber up` wrote, then chmod-ed
+    assert create_secret(wide / "s") == "first" and mode(wide / "s") == 0o600
 
 
 async def test_anonymous_clients_are_refused_at_once_with_a_clear_message(

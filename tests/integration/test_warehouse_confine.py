@@ -137,7 +137,7 @@ async def test_queries_on_the_chamber_database_still_run(warehouse: ChdbWarehous
             "SELECT count() FROM chamber.gpu_samples FINAL",
             efficiency_sql(0.0, 3600.0, 60),  # the gateway's history: a parameterized view
             "SELECT number FROM numbers(3)",
-            "SELECT concat('a', 'b')",
+            "SELECT concat('a', 'b'), format('{} of {}', 'a', 'b')",
             "DESCRIBE TABLE events",
             "EXISTS TABLE events",
             "SHOW TABLES",
@@ -188,8 +188,18 @@ def test_every_query_runs_within_rows_time_and_memory(warehouse: ChdbWarehouse) 
     assert confined_query(warehouse, "SELECT 7 AS x", max_rows=1).rows == [[7]]
 
 
+CATALOG = Catalog(frozenset({"file", "numbers"}), frozenset({"system"}), frozenset({"events"}))
+
+
 def test_a_name_with_a_line_break_cannot_forge_nodes_of_the_tree() -> None:
-    catalog = Catalog(frozenset({"file", "numbers"}), frozenset({"system"}), frozenset({"events"}))
     forged = ["SelectWithUnionQuery (children 1)", " ExpressionList (children 1)", "  Identifier a", "Function x"]
     with pytest.raises(OutsideTheWarehouse, match="line breaks"):
-        check_tree(parse_tree(forged), catalog, ["SELECT"])
+        check_tree(parse_tree(forged), CATALOG, ["SELECT"])
+
+
+def test_format_and_into_outfile_are_refused_on_the_tree_too() -> None:
+    """What the engine parses for `SELECT 1 INTO OUTFILE '/tmp/x'`, should the text check miss it."""
+    tree = ["SelectWithUnionQuery (children 2)", " ExpressionList (children 1)", "  SelectQuery (children 1)"]
+    tree += ["   ExpressionList (children 1)", "    Literal UInt64_1", " Literal '/tmp/x'"]
+    with pytest.raises(OutsideTheWarehouse, match="INTO OUTFILE"):
+        check_tree(parse_tree(tree), CATALOG, ["SELECT"])
