@@ -83,12 +83,15 @@ async def _refused_login_fails_fast(credentials: dict[str, str], *, servers: lis
     )
 
 
-class _Throttled:
+class Throttled:
     """The same warning at most once per `every_s` (a dead bus makes nats-py call back twice a second),
     with how many were left out since."""
 
-    def __init__(self, event: str, every_s: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, event: str, every_s: float = 30.0, clock: Callable[[], float] = time.monotonic, logger: Any = None
+    ) -> None:
         self.event, self.every_s, self.clock = event, every_s, clock
+        self.log = logger or log
         self.last = -float("inf")
         self.left_out = 0
         self.logged = 0
@@ -98,13 +101,13 @@ class _Throttled:
         if now - self.last < self.every_s:
             self.left_out += 1
             return
-        log.warning(self.event, left_out=self.left_out, every_s=self.every_s, **fields)
+        self.log.warning(self.event, left_out=self.left_out, every_s=self.every_s, **fields)
         self.last, self.left_out = now, 0
         self.logged += 1
 
 
-_error = _Throttled("nats error")
-_disconnected = _Throttled("nats disconnected")
+_error = Throttled("nats error")
+_disconnected = Throttled("nats disconnected")
 
 
 async def _on_error(exc: Exception) -> None:

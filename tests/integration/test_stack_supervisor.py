@@ -70,10 +70,10 @@ async def test_a_killed_nats_server_is_restarted_on_its_port_and_store_and_clien
 
 
 def test_reconnect_warnings_are_rate_limited() -> None:
-    from services.runtime.connection import _Throttled
+    from services.runtime.connection import Throttled
 
     now = [0.0]
-    warn = _Throttled("nats error", every_s=30.0, clock=lambda: now[0])
+    warn = Throttled("nats error", every_s=30.0, clock=lambda: now[0])
     for _ in range(60):  # a dead bus: nats-py calls back twice a second for 30 s
         warn(error="connection refused")
         now[0] += 0.5
