@@ -60,7 +60,7 @@ class ServiceContext:
                 try:
                     await tick(time.time())
                 except Exception as exc:  # with the bus down every tick fails: one line per 30 s
-                    tick_failed(service=self.name, error=repr(exc), exc_info=True)
+                    tick_failed(service=self.name, error=repr(exc))
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.stop.wait(), timeout=seconds)
 
