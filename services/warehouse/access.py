@@ -37,7 +37,12 @@ async def _via_recorder(url: str, sql: str, max_rows: int) -> dict[str, Any] | N
             ),
             2.0,
         )
-    except Exception:
+    except Exception as exc:
+        if "authorization violation" in str(exc).lower():  # the bus is there and wants a password
+            raise UsageError(
+                f"NATS at {url} refused the login; run where the data directory of `chamber up` is (.chamber) "
+                "or set CHAMBER_DATA_DIR to it"
+            ) from None
         return None
     try:
         return await request(nc, "recorder", "sql", {"sql": sql, "max_rows": max_rows}, timeout=30)

@@ -94,6 +94,9 @@ def test_the_cli_says_how_to_log_in_instead_of_hanging(
     assert main(["fleet", "--nats", bus.url]) == 2
     err = capsys.readouterr().err
     assert "refused an anonymous client" in err and "CHAMBER_DATA_DIR" in err and "Traceback" not in err
+    assert main(["sql", "SELECT 1", "--nats", bus.url]) == 2
+    err = capsys.readouterr().err
+    assert "refused the login" in err and "CHAMBER_DATA_DIR" in err
 
 
 async def test_each_process_logs_in_as_its_role_from_its_file_and_stays_inside_it(
