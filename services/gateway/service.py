@@ -41,8 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--token",
         default=os.environ.get("CHAMBER_API_TOKEN"),
-        help="bearer token for commands (default: $CHAMBER_API_TOKEN, which keeps it out of `ps`; without one, "
-        "commands answer 401)",
+        help="bearer token for commands (default: $CHAMBER_API_TOKEN, which keeps it out of `ps`, else the file "
+        "$CHAMBER_API_TOKEN_FILE names; without one, commands answer 401)",
     )
     parser.add_argument("--history-interval", type=float, default=5.0, help="seconds between efficiency points")
     parser.add_argument("--stream-interval", type=float, default=2.0, help="seconds between dashboard pushes")
