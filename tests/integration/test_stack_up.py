@@ -72,7 +72,7 @@ async def _run_workload(url: str, marker: Path) -> dict[str, list[Any]]:
     stop = asyncio.Event()
     task = asyncio.create_task(workload(args, stop))
     try:
-        await eventually(lambda: bool(seen["submit"]), within=20)
+        await eventually(lambda: bool(seen["submit"]), within=60)
     finally:
         stop.set()
         await asyncio.wait_for(task, 10)
@@ -103,14 +103,14 @@ async def test_healthz_answers_503_while_the_bus_is_down(nats_server: NatsServer
             return 0, {}
 
     try:
-        await eventually(lambda: _is(status, 200), within=20)
+        await eventually(lambda: _is(status, 200), within=60)
         nats_server.kill()
-        await eventually(lambda: _is(status, 503), within=20)
+        await eventually(lambda: _is(status, 503), within=60)
         code, body = await status()
         assert code == 503
         assert body["ok"] is False and body["nats_connected"] is False
         nats_server.start()
-        await eventually(lambda: _is(status, 200), within=30)
+        await eventually(lambda: _is(status, 200), within=60)
     finally:
         stop.set()
         await asyncio.wait_for(task, 15)
