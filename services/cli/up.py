@@ -19,11 +19,16 @@ import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from services.cli.errors import UsageError
 
+if TYPE_CHECKING:
+    from services.stack.supervisor import Component
+
 GATEWAY_HOST = "127.0.0.1"
 DEMO_SETUP_MARKER = "demo-setup-pending"  # the demo's quotas are still to be set (a new data dir)
+SECRETS = ("CHAMBER_API_TOKEN",)  # kept from the children that have no use for them
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -150,7 +155,7 @@ def _login(data_dir: Path, user: str) -> dict[str, str]:
     return {"CHAMBER_NATS_USER": user, "CHAMBER_NATS_PASSWORD_FILE": str(password_file(data_dir, user))}
 
 
-def _components(args: argparse.Namespace, url: str, data_dir: Path, *, secured: bool) -> list[object]:
+def _components(args: argparse.Namespace, url: str, data_dir: Path, *, secured: bool) -> list[Component]:
     from services.cli import command_modules
     from services.cli.service import discover
     from services.stack.supervisor import Component
@@ -167,7 +172,7 @@ def _components(args: argparse.Namespace, url: str, data_dir: Path, *, secured: 
     def login(user: str) -> dict[str, str]:
         return _login(data_dir, user) if secured else {}
 
-    components = []
+    components: list[Component] = []
     for name in discover():
         extra: dict[str, str] = {}
         argv = [*chamber, "service", name, "--nats", url]
@@ -188,6 +193,9 @@ def _components(args: argparse.Namespace, url: str, data_dir: Path, *, secured: 
         argv = [*chamber, "workload", "--nats", url, "--gpus", gpus]
         argv += ["--setup-marker", str(data_dir / DEMO_SETUP_MARKER)]
         components.append(Component("workload", argv, {**env, **login("workload")}))
+    for component in components:
+        if component.name != "gateway":  # a token exported in this shell is the gateway's alone
+            component.unset = SECRETS
     return components
 
 
@@ -218,7 +226,7 @@ async def _serve(args: argparse.Namespace, data_dir: Path) -> None:
         conf = nats_auth(data_dir, _cluster(), list(discover()))
         server = NatsServerProcess(store, port=args.nats_port, monitor_port=free_port(), extra_args=["-c", str(conf)])
         # supervised like every component: a killed nats-server is restarted on the same store and port
-        supervisor.add(Component("nats", server.argv(), stop_last=True))
+        supervisor.add(Component("nats", server.argv(), stop_last=True, unset=SECRETS))
         url = server.url
     api_token(data_dir)  # created now, before the gateway reads it
 
@@ -245,7 +253,7 @@ async def _serve(args: argparse.Namespace, data_dir: Path) -> None:
                 await nc.close()
             print(f"  {'streams':<11}ready   ({', '.join(changed) or 'all present'})", flush=True)
             for component in _components(args, url, data_dir, secured=server is not None):
-                supervisor.add(component)  # type: ignore[arg-type]
+                supervisor.add(component)
             await supervisor.start()
             if supervisor.running("gateway"):
                 await _wait_for_gateway(args.port, stop, supervisor, data_dir / "api-token")

@@ -20,6 +20,7 @@ class Component:
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
     stop_last: bool = False  # infrastructure (the embedded NATS): stopped after everything that uses it
+    unset: tuple[str, ...] = ()  # variables of our environment this child must not inherit (secrets)
     restarts: int = 0
     pid: int | None = None
 
@@ -63,7 +64,7 @@ class Supervisor:
                 stdout=log,
                 stderr=asyncio.subprocess.STDOUT,
                 stdin=asyncio.subprocess.DEVNULL,
-                env={**os.environ, **component.env},
+                env={k: v for k, v in {**os.environ, **component.env}.items() if k not in component.unset},
                 start_new_session=True,  # Ctrl-C goes to us; we stop children in order
             )
         finally:

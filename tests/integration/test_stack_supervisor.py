@@ -8,6 +8,8 @@ import signal
 import sys
 from pathlib import Path
 
+import pytest
+
 from services.stack.backoff import RestartPolicy
 from services.stack.supervisor import Component, Supervisor
 from tests.integration.test_runtime import eventually
@@ -80,3 +82,33 @@ def test_reconnect_warnings_are_rate_limited() -> None:
     assert warn.logged == 1 and warn.left_out == 59
     warn(error="connection refused")
     assert warn.logged == 2 and warn.left_out == 0
+
+
+async def test_a_child_does_not_inherit_the_secrets_it_has_no_use_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 16, finding 2: an API token exported in the shell of `chamber up` reaches the gateway only."""
+    import argparse
+
+    from services.cli.up import _components
+
+    monkeypatch.setenv("CHAMBER_API_TOKEN", "exported-in-the-shell")
+    args = argparse.Namespace(port=8080, nodes=1, gpus_per_node=1, no_workload=False)
+    components = {c.name: c for c in _components(args, "nats://127.0.0.1:4222", tmp_path, secured=True)}
+    assert components["gateway"].unset == () and components["scheduler"].unset == ("CHAMBER_API_TOKEN",)
+    assert "CHAMBER_API_TOKEN" not in components["scheduler"].env
+    assert components["scheduler"].env["CHAMBER_NATS_USER"] == "svc-scheduler"
+    assert components["workload"].env["CHAMBER_NATS_USER"] == "workload"
+    assert not any(
+        "exported" in v or ("password" in k.lower() and "FILE" not in k)
+        for c in components.values()
+        for k, v in c.env.items()
+    )
+
+    supervisor = Supervisor(tmp_path / "logs", say=lambda line: None)
+    show = [sys.executable, "-c", "import os; print('token:', os.environ.get('CHAMBER_API_TOKEN'))"]
+    supervisor.add(Component("child", show, unset=("CHAMBER_API_TOKEN",)))
+    await supervisor.start()
+    await eventually(lambda: "token:" in (tmp_path / "logs" / "child.log").read_text(), within=60)
+    await supervisor.stop(timeout_s=5)
+    assert "token: None" in (tmp_path / "logs" / "child.log").read_text()
