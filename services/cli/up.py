@@ -199,17 +199,19 @@ def _components(args: argparse.Namespace, url: str, data_dir: Path, *, secured: 
     return components
 
 
-def mark_demo_setup(data_dir: Path, store: Path) -> bool:
-    """On a new data directory (no JetStream store yet) the demo sets its price and quotas, once:
-    a later start must not overwrite what the user set since. The marker survives an interrupted
-    first start, so the setup is finished the next time. True when the demo will set up."""
+def mark_demo_setup(data_dir: Path, quota_events: int) -> bool:
+    """On a new data directory (nothing in QUOTA yet, on the embedded NATS or on `--nats`) the demo
+    sets its price and quotas, once: a later start must not overwrite what the user set since. The
+    marker survives an interrupted first start, so the setup is finished the next time. True when
+    the demo will set up."""
     marker = data_dir / DEMO_SETUP_MARKER
-    if not store.exists() or not any(store.iterdir()):
+    if quota_events == 0:
         marker.touch(mode=0o600)
     return marker.exists()
 
 
 async def _serve(args: argparse.Namespace, data_dir: Path) -> None:
+    from events.streams import QUOTA
     from services.cli.service import discover
     from services.runtime import connect, ensure_streams, run_until_stopped
     from services.runtime.nats_server import NatsServerProcess, free_port
@@ -219,8 +221,6 @@ async def _serve(args: argparse.Namespace, data_dir: Path) -> None:
     supervisor = Supervisor(data_dir / "logs")
     url = args.nats
     store = data_dir / "nats"
-    if not args.no_workload:
-        mark_demo_setup(data_dir, store)
     server: NatsServerProcess | None = None
     if url is None:
         conf = nats_auth(data_dir, _cluster(), list(discover()))
@@ -249,6 +249,8 @@ async def _serve(args: argparse.Namespace, data_dir: Path) -> None:
             nc = await connect(url, name="chamber-up", credentials=operator)
             try:
                 changed = await ensure_streams(nc.jetstream())
+                if not args.no_workload:
+                    mark_demo_setup(data_dir, (await nc.jetstream().stream_info(QUOTA.name)).state.messages)
             finally:
                 await nc.close()
             print(f"  {'streams':<11}ready   ({', '.join(changed) or 'all present'})", flush=True)

@@ -43,14 +43,11 @@ def test_up_refuses_a_port_in_use_before_starting_anything(
 
 
 def test_the_demo_sets_up_only_on_a_new_data_directory(tmp_path: Path) -> None:
-    store = tmp_path / "nats"
-    assert mark_demo_setup(tmp_path, store)  # new: the demo will set its price and quotas
+    assert mark_demo_setup(tmp_path, quota_events=0)  # new: the demo will set its price and quotas
     (tmp_path / DEMO_SETUP_MARKER).unlink()  # ... which it did
-    store.mkdir()
-    (store / "jetstream").mkdir()
-    assert not mark_demo_setup(tmp_path, store)  # a restart: the user's quotas stay
+    assert not mark_demo_setup(tmp_path, quota_events=4)  # a restart: the user's quotas stay
     (tmp_path / DEMO_SETUP_MARKER).touch()  # a first start interrupted before the setup was done
-    assert mark_demo_setup(tmp_path, store)
+    assert mark_demo_setup(tmp_path, quota_events=1)
 
 
 async def _run_workload(url: str, marker: Path) -> dict[str, list[Any]]:
