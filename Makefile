@@ -14,8 +14,11 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# `make up PORT=8081 NATS_PORT=4223` when the default ports (8080, 4222) are taken (from the command
+# line only: a PORT in the environment is often meant for something else)
+cli_var = $(if $(filter command line,$(origin $(1))),$(2) $($(1)))
 up: $(STAMP)
-	$(BIN)/chamber up
+	$(BIN)/chamber up $(call cli_var,PORT,--port) $(call cli_var,NATS_PORT,--nats-port)
 
 test: $(STAMP)
 	sh scripts/ensure-chromium.sh

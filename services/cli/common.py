@@ -38,6 +38,7 @@ def with_nats(args: argparse.Namespace, body: Callable[[Any], Awaitable[T]], *, 
 
     async def main() -> T:
         from services.runtime import connect
+        from services.runtime.credentials import CredentialsError
 
         if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
             # the CLI's own span is worth its import time (~0.2 s) only when it is exported; without
@@ -48,6 +49,8 @@ def with_nats(args: argparse.Namespace, body: Callable[[Any], Awaitable[T]], *, 
 
         try:
             nc = await connect(args.nats, name=name, deadline_s=CONNECT_DEADLINE_S)
+        except CredentialsError as exc:
+            raise UsageError(str(exc)) from None
         except Exception as exc:
             why = "no answer within 2 s" if isinstance(exc, TimeoutError) else (str(exc) or type(exc).__name__)
             raise UsageError(

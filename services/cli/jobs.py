@@ -9,6 +9,7 @@ from typing import Any
 
 from services.cli.common import add_nats_option, send_command
 from services.cli.errors import UsageError
+from services.cli.model_check import warn_unknown_model
 
 
 def _send(args: argparse.Namespace, service: str, verb: str, payload: dict[str, Any]) -> Any:
@@ -29,7 +30,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--gpus", type=int, required=True, help="GPUs per replica")
     p.add_argument("--replicas", type=int, default=1, help="replicas, placed all or nothing (default 1)")
     p.add_argument("--priority", default="normal", choices=PRIORITIES)
-    p.add_argument("--gpu-model", help="run only on this GPU model (e.g. H100)")
+    p.add_argument(
+        "--gpu-model",
+        help="run only on this GPU model, as `chamber fleet` names it (e.g. H100-80GB; case does not matter)",
+    )
     p.add_argument(
         "--preemptible",
         action=argparse.BooleanOptionalAction,
@@ -107,6 +111,7 @@ def submit(args: argparse.Namespace) -> int:
     for warning in result.get("warnings", []):
         print(f"chamber submit: warning: {warning}", file=sys.stderr)
     print(json.dumps({"id": result["id"]}) if args.json else result["id"])
+    warn_unknown_model(args, args.gpu_model, f"job {result['id']}")
     return 0
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from services.cli.common import add_nats_option, send_command
 from services.cli.errors import UsageError
+from services.cli.model_check import warn_unknown_model
 
 
 def _send(args: argparse.Namespace, service: str, verb: str, payload: dict[str, Any]) -> Any:
@@ -107,6 +108,7 @@ def list_quotas(args: argparse.Namespace) -> int:
 def set_pool(args: argparse.Namespace) -> int:
     payload = {"name": args.name, "gpu_model": args.gpu_model, "node_label": args.node_label}
     result = _send(args, "quota", "pool_set", payload)
+    warn_unknown_model(args, args.gpu_model, f"pool {args.name}")
     what = f"GPU model {result['gpu_model']}" if result["gpu_model"] else f"nodes labeled {result['node_selector']}"
     print(f"pool {result['pool']}: {what}")
     return 0

@@ -1,17 +1,34 @@
 """`chamber up`: the whole stack on one machine — embedded NATS, every service as a supervised
-process, and a real NVML agent when a GPU is present or else a simulated fleet."""
+process, and a real NVML agent when a GPU is present or else a simulated fleet.
+
+The data directory is private (0700). The embedded NATS refuses anonymous clients: each process
+logs in as its role's user (`chamber nats-config` roles), its password read from a 0600 file under
+`DATA_DIR/nats-users/`; the environment names the user and the file, never the secret.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import fcntl
+import json
 import os
+import socket
 import sys
+import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from services.cli.errors import UsageError
+
+if TYPE_CHECKING:
+    from services.stack.supervisor import Component
+
+GATEWAY_HOST = "127.0.0.1"
+DEMO_SETUP_MARKER = "demo-setup-pending"  # the demo's quotas are still to be set (a new data dir)
+SECRETS = ("CHAMBER_API_TOKEN",)  # kept from the children that have no use for them
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -23,8 +40,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="where streams and the warehouse live (default: $CHAMBER_DATA_DIR or .chamber)",
     )
     p.add_argument("--nats", metavar="URL", help="use this NATS instead of starting an embedded one")
-    p.add_argument("--nats-port", type=int, default=4222, help="port of the embedded NATS (default 4222)")
-    p.add_argument("--port", type=int, default=8080, help="dashboard and HTTP API port (default 8080)")
+    p.add_argument(
+        "--nats-port",
+        type=int,
+        default=int(os.environ.get("CHAMBER_NATS_PORT", "4222")),
+        help="port of the embedded NATS (default: $CHAMBER_NATS_PORT or 4222)",
+    )
+    p.add_argument(
+        "--port",
+        type=int,
+        default=int(os.environ.get("CHAMBER_PORT", "8080")),
+        help="dashboard and HTTP API port (default: $CHAMBER_PORT or 8080)",
+    )
     p.add_argument("--nodes", type=int, default=16, help="simulated nodes when no GPU is present (default 16)")
     p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per simulated node (default 8)")
     p.add_argument("--no-workload", action="store_true", help="do not generate jobs for the demo teams")
@@ -38,9 +65,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _lock(data_dir: Path) -> int:
-    data_dir.mkdir(parents=True, exist_ok=True)
+    from services.stack.credentials import private_dir
+
+    private_dir(data_dir)
     path = data_dir / "up.lock"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -61,6 +90,8 @@ def _validate(args: argparse.Namespace) -> None:
     for name in ("port", "nats_port"):
         if not 0 < getattr(args, name) < 65536:
             raise UsageError(f"--{name.replace('_', '-')} must be a TCP port (1-65535)")
+    if args.nats is None and args.port == args.nats_port:
+        raise UsageError(f"--port and --nats-port are both {args.port}; give them different ports")
     _telemetry_retention(args)
 
 
@@ -83,31 +114,45 @@ def _telemetry_retention(args: argparse.Namespace) -> None:
         raise UsageError(str(exc)) from None
 
 
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    """Would a server fail to listen on host:port? (SO_REUSEADDR as servers set it, so a port left in
+    TIME_WAIT by the last run counts as free, and any listener, on this address or all, as taken.)"""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+                return True
+            raise
+    return False
+
+
+def check_ports(args: argparse.Namespace) -> None:
+    """Refuse to start over another server (another `chamber up`, say): it would answer our checks."""
+    wanted = [("--port", args.port, "the dashboard")]
+    if args.nats is None:
+        wanted.append(("--nats-port", args.nats_port, "the embedded NATS"))
+    for option, port, what in wanted:
+        if port_in_use(port):
+            raise UsageError(
+                f"port {port} ({what}) is already in use, perhaps by another `chamber up`; stop that, or "
+                f"choose another with {option} (make up: `make up PORT=8081 NATS_PORT=4223`)"
+            )
+
+
 def run(args: argparse.Namespace) -> int:
     from services.runtime.logs import configure_logging
-    from services.runtime.nats_server import NatsServerError, NatsServerProcess
 
     _validate(args)
     configure_logging("error")  # the console shows component readiness; details are in the logs
     data_dir = args.data_dir.resolve()
-    lock = _lock(data_dir)
-    server: NatsServerProcess | None = None
+    lock = _lock(data_dir)  # first: "already running on this data dir" says more than "port in use"
     try:
-        url = args.nats
-        if url is None:
-            server = NatsServerProcess(data_dir / "nats", port=args.nats_port, log_file=data_dir / "nats-server.log")
-            try:
-                server.start()
-            except NatsServerError as exc:
-                raise UsageError(f"{exc}; is port {args.nats_port} in use? pick another with --nats-port") from None
-            url = server.url
-        print(f"  {'nats':<11}ready   {url}  (JetStream store {data_dir / 'nats'})", flush=True)
+        check_ports(args)
         _print_disk_budget(args)
-        asyncio.run(_serve(args, url, data_dir))
+        asyncio.run(_serve(args, data_dir))
     finally:
-        if server is not None:
-            server.stop()
-            print(f"  {'nats':<11}stopped", flush=True)
         os.close(lock)
     return 0
 
@@ -122,19 +167,31 @@ def _print_disk_budget(args: argparse.Namespace) -> None:
 
 
 def api_token(data_dir: Path) -> str:
-    """The gateway's bearer token for commands: $CHAMBER_API_TOKEN, else one kept in the data dir."""
+    """The gateway's bearer token for commands: $CHAMBER_API_TOKEN, else one kept in the data dir
+    (created 0600, whole, at the first start)."""
     if os.environ.get("CHAMBER_API_TOKEN"):
         return os.environ["CHAMBER_API_TOKEN"]
-    path = data_dir / "api-token"
-    if not path.exists():
-        import secrets
+    import secrets
 
-        path.write_text(secrets.token_urlsafe(24))
-        path.chmod(0o600)
-    return path.read_text().strip()
+    from services.stack.credentials import create_secret
+
+    return create_secret(data_dir / "api-token", secrets.token_urlsafe(24))
 
 
-def _components(args: argparse.Namespace, url: str, data_dir: Path) -> list[object]:
+def _cluster() -> str:
+    from services.cli.common import DEFAULT_CLUSTER
+
+    return os.environ.get("CHAMBER_CLUSTER", DEFAULT_CLUSTER)
+
+
+def _login(data_dir: Path, user: str) -> dict[str, str]:
+    """The environment that makes a child log in as `user` (the password stays in its file)."""
+    from services.stack.credentials import password_file
+
+    return {"CHAMBER_NATS_USER": user, "CHAMBER_NATS_PASSWORD_FILE": str(password_file(data_dir, user))}
+
+
+def _components(args: argparse.Namespace, url: str, data_dir: Path, *, secured: bool) -> list[Component]:
     from services.cli import command_modules
     from services.cli.service import discover
     from services.stack.supervisor import Component
@@ -143,72 +200,161 @@ def _components(args: argparse.Namespace, url: str, data_dir: Path) -> list[obje
     env = {
         "CHAMBER_DATA_DIR": str(data_dir),
         "CHAMBER_NATS_URL": url,
-        "CHAMBER_API_TOKEN": api_token(data_dir),  # in the environment, not argv: `ps` would show it
         "CHAMBER_AGENT_SPOOL": str(data_dir / "agent-spool"),
         # one machine, a demo: cost lands on the dashboard each minute, not every five
         "CHAMBER_BILLING_PERIOD": os.environ.get("CHAMBER_BILLING_PERIOD", "60"),
     }
-    components = []
+
+    def login(user: str) -> dict[str, str]:
+        return _login(data_dir, user) if secured else {}
+
+    components: list[Component] = []
     for name in discover():
-        extra = ["--port", str(args.port)] if name == "gateway" else []
-        components.append(Component(name, [*chamber, "service", name, "--nats", url, *extra], env))
+        extra: dict[str, str] = {}
+        argv = [*chamber, "service", name, "--nats", url]
+        if name == "gateway":
+            argv += ["--port", str(args.port), "--host", GATEWAY_HOST]
+            extra["CHAMBER_API_TOKEN_FILE"] = str(data_dir / "api-token")  # only the gateway reads it
+        components.append(Component(name, argv, {**env, **login(f"svc-{name}"), **extra}))
     commands = {m.__name__.rsplit(".", 1)[-1] for m in command_modules()}
     if "agent" in commands:
         if Path("/dev/nvidiactl").exists():
-            agent = ["agent", "--nats", url]
+            agent, user = ["agent", "--nats", url], "agent"
         else:
             agent = ["agent", "--simulate", "--nodes", str(args.nodes), "--gpus-per-node", str(args.gpus_per_node)]
-            agent += ["--nats", url]
-        components.append(Component("agent", [*chamber, *agent], env))
+            agent, user = [*agent, "--nats", url], "simulator"
+        components.append(Component("agent", [*chamber, *agent], {**env, **login(user)}))
     if "workload" in commands and not args.no_workload:
         gpus = str(args.nodes * args.gpus_per_node)
-        components.append(Component("workload", [*chamber, "workload", "--nats", url, "--gpus", gpus], env))
+        argv = [*chamber, "workload", "--nats", url, "--gpus", gpus]
+        argv += ["--setup-marker", str(data_dir / DEMO_SETUP_MARKER)]
+        components.append(Component("workload", argv, {**env, **login("workload")}))
+    for component in components:
+        if component.name != "gateway":  # a token exported in this shell is the gateway's alone
+            component.unset = SECRETS
     return components
 
 
-async def _serve(args: argparse.Namespace, url: str, data_dir: Path) -> None:
-    from services.runtime import connect, ensure_streams, run_until_stopped
-    from services.stack.supervisor import Supervisor
+def mark_demo_setup(data_dir: Path, quota_events: int) -> bool:
+    """On a new data directory (nothing in QUOTA yet, on the embedded NATS or on `--nats`) the demo
+    sets its price and quotas, once: a later start must not overwrite what the user set since. The
+    marker survives an interrupted first start, so the setup is finished the next time. True when
+    the demo will set up."""
+    marker = data_dir / DEMO_SETUP_MARKER
+    if quota_events == 0:
+        marker.touch(mode=0o600)
+    return marker.exists()
 
-    nc = await connect(url, name="chamber-up")
-    try:
-        changed = await ensure_streams(nc.jetstream())
-    finally:
-        await nc.close()
-    print(f"  {'streams':<11}ready   ({', '.join(changed) or 'all present'})", flush=True)
+
+async def _serve(args: argparse.Namespace, data_dir: Path) -> None:
+    from events.streams import QUOTA
+    from services.cli.service import discover
+    from services.runtime import connect, ensure_streams, run_until_stopped
+    from services.runtime.nats_server import NatsServerProcess, free_port
+    from services.stack.credentials import nats_auth, password_file
+    from services.stack.supervisor import Component, Supervisor
 
     supervisor = Supervisor(data_dir / "logs")
-    components = _components(args, url, data_dir)
-    for component in components:
-        supervisor.add(component)  # type: ignore[arg-type]
+    url = args.nats
+    store = data_dir / "nats"
+    server: NatsServerProcess | None = None
+    if url is None:
+        conf = nats_auth(data_dir, _cluster(), list(discover()))
+        server = NatsServerProcess(store, port=args.nats_port, monitor_port=free_port(), extra_args=["-c", str(conf)])
+        # supervised like every component: a killed nats-server is restarted on the same store and port
+        supervisor.add(Component("nats", server.argv(), stop_last=True, unset=SECRETS))
+        url = server.url
+    api_token(data_dir)  # created now, before the gateway reads it
 
     async def until_stopped(stop: asyncio.Event) -> None:
-        await supervisor.start()
-        if any(c.name == "gateway" for c in supervisor.components):
-            await _wait_for_gateway(args.port, stop, data_dir / "api-token")
-        print("chamber is up; press Ctrl-C to stop", flush=True)  # signal handlers are in place now
-        await stop.wait()
-        print("stopping ...", flush=True)
-        await supervisor.stop()
+        try:
+            if server is not None:
+                store.mkdir(parents=True, exist_ok=True)
+                await supervisor.start()
+                if not await _wait_for_nats(server, supervisor, stop):
+                    return
+                print(
+                    f"  {'nats':<11}ready   {url}  (JetStream store {store}; no anonymous clients: "
+                    f"users and passwords in {data_dir / 'nats-users'}; monitoring on "
+                    f"127.0.0.1:{server.monitor_port})",
+                    flush=True,
+                )
+            operator = None
+            if server is not None:
+                operator = {"user": "admin", "password": password_file(data_dir).read_text().strip()}
+            nc = await connect(url, name="chamber-up", credentials=operator)
+            try:
+                changed = await ensure_streams(nc.jetstream())
+                if not args.no_workload:
+                    mark_demo_setup(data_dir, (await nc.jetstream().stream_info(QUOTA.name)).state.messages)
+            finally:
+                await nc.close()
+            print(f"  {'streams':<11}ready   ({', '.join(changed) or 'all present'})", flush=True)
+            for component in _components(args, url, data_dir, secured=server is not None):
+                supervisor.add(component)
+            await supervisor.start()
+            if supervisor.running("gateway"):
+                await _wait_for_gateway(args.port, stop, supervisor, data_dir / "api-token")
+            print("chamber is up; press Ctrl-C to stop", flush=True)  # signal handlers are in place now
+            await stop.wait()
+        finally:
+            print("stopping ...", flush=True)
+            await supervisor.stop()
+            if server is not None:
+                print(f"  {'nats':<11}stopped", flush=True)
 
     await run_until_stopped(until_stopped)
 
 
-async def _wait_for_gateway(port: int, stop: asyncio.Event, token_file: Path, timeout_s: float = 60.0) -> None:
-    url = f"http://127.0.0.1:{port}"
-
-    def ready() -> bool:
-        try:
-            with urllib.request.urlopen(f"{url}/healthz", timeout=1) as resp:
-                return resp.status == 200
-        except OSError:
-            return False
-
+async def _wait_for_nats(server: object, supervisor: object, stop: asyncio.Event, timeout_s: float = 30.0) -> bool:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     while not stop.is_set() and loop.time() < deadline:
-        if await asyncio.to_thread(ready):
-            print(f"  {'dashboard':<11}ready   {url}/   (API token for commands in {token_file})", flush=True)
+        if await asyncio.to_thread(server.ready):  # type: ignore[attr-defined]
+            return True
+        await asyncio.sleep(0.1)
+    if stop.is_set():
+        return False
+    log = Path(supervisor.log_dir) / "nats.log"  # type: ignore[attr-defined]
+    raise UsageError(f"the embedded nats-server was not ready after {timeout_s:g}s; see {log}")
+
+
+def _healthz(url: str) -> dict[str, object] | None:
+    try:
+        with urllib.request.urlopen(f"{url}/healthz", timeout=1) as resp:
+            return dict(json.loads(resp.read()))
+    except urllib.error.HTTPError as exc:  # 503 while the gateway's bus is not connected yet
+        try:
+            return dict(json.loads(exc.read()))
+        except ValueError:
+            return None
+    except (OSError, ValueError):
+        return None
+
+
+async def _wait_for_gateway(
+    port: int, stop: asyncio.Event, supervisor: object, token_file: Path, timeout_s: float = 60.0
+) -> None:
+    """Ready when *our* gateway answers: the pid in its /healthz is the one we started."""
+    url = f"http://{GATEWAY_HOST}:{port}"
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    gateway = next(c for c in supervisor.components if c.name == "gateway")  # type: ignore[attr-defined]
+    while not stop.is_set() and loop.time() < deadline:
+        answer = await asyncio.to_thread(_healthz, url)
+        if answer is not None and answer.get("pid") == gateway.pid and answer.get("ok"):
+            print(f"  {'dashboard':<11}ready   {url}/", flush=True)
+            if os.environ.get("CHAMBER_API_TOKEN"):
+                print(f"  {'api token':<11}$CHAMBER_API_TOKEN (from this shell)", flush=True)
+            else:
+                print(
+                    f"  {'api token':<11}in {token_file}; for commands over HTTP: "
+                    f'export CHAMBER_API_TOKEN="$(cat {token_file})"',
+                    flush=True,
+                )
+            return
+        if answer is not None and answer.get("pid") not in (None, gateway.pid):
+            print(f"  {'dashboard':<11}NOT ready: another process answers on port {port}", flush=True)
             return
         await asyncio.sleep(0.5)
     print(f"  {'dashboard':<11}not ready after {timeout_s:g}s; see the gateway log", flush=True)

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import time
+from pathlib import Path
 from typing import Any
 
 from services.cli.common import add_nats_option
@@ -19,6 +20,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--price", type=float, default=3.50, help="price per GPU-hour set at start (3.50)")
     p.add_argument("--load", type=float, default=1.1, help="offered load as a multiple of the fleet (1.1)")
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument(
+        "--setup-marker",
+        type=Path,
+        metavar="FILE",
+        help="set the price and quotas only while FILE exists, and remove it once done (`chamber up` makes it "
+        "on a new data directory, so a restart keeps the quotas the user set); default: always set them",
+    )
     p.set_defaults(func=run)
 
 
@@ -57,9 +65,16 @@ async def _main(args: argparse.Namespace, stop: asyncio.Event) -> None:
     log = get_logger("chamber.workload")
     nc = await connect(args.nats, name="chamber-workload")
     try:
-        await _until_done(nc, stop, "billing", "price", {"gpu_model": args.gpu_model, "price_per_gpu_hour": args.price})
-        for quota in quota_requests(args.gpus):
-            await _until_done(nc, stop, "quota", "set", quota)
+        marker = args.setup_marker
+        if marker is None or marker.exists():
+            price = {"gpu_model": args.gpu_model, "price_per_gpu_hour": args.price}
+            await _until_done(nc, stop, "billing", "price", price)
+            for quota in quota_requests(args.gpus):
+                await _until_done(nc, stop, "quota", "set", quota)
+            if marker is not None and not stop.is_set():
+                marker.unlink(missing_ok=True)
+        else:
+            log.info("setup skipped: the data directory was set up before", marker=str(marker))
         for arrival in arrivals(args.seed, time.time(), args.gpus, args.load):
             delay = arrival.at - time.time()
             if delay > 0:

@@ -254,8 +254,11 @@ async def get_stream(request: web.Request) -> web.StreamResponse:
 
 
 async def healthz(request: web.Request) -> web.Response:
+    """503 while the bus is down: the numbers served are frozen then, and commands cannot be sent."""
     ctx = _ctx(request)
-    return json_response({"ok": True, "events_seen": ctx.state.events_seen, **ctx.ready()})
+    facts = ctx.ready()
+    ok = facts.get("nats_connected") is not False
+    return json_response({"ok": ok, "events_seen": ctx.state.events_seen, **facts}, 200 if ok else 503)
 
 
 async def get_metrics(request: web.Request) -> web.Response:

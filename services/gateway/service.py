@@ -11,12 +11,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from events.streams import BILLING, FAULTS, FLEET, JOBS, QUOTA, TELEMETRY
+from services.cli.errors import UsageError
 from services.gateway.api import GatewayContext, make_app
 from services.gateway.core import GatewayState, evolve, record_point, scheduler_said
 from services.gateway.history import WarehouseHistory
@@ -39,8 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--token",
         default=os.environ.get("CHAMBER_API_TOKEN"),
-        help="bearer token for commands (default: $CHAMBER_API_TOKEN, which keeps it out of `ps`; without one, "
-        "commands answer 401)",
+        help="bearer token for commands (default: $CHAMBER_API_TOKEN, which keeps it out of `ps`, else the file "
+        "$CHAMBER_API_TOKEN_FILE names; without one, commands answer 401)",
     )
     parser.add_argument(
         "--protect-reads",
@@ -100,6 +102,7 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
         def ready() -> dict[str, Any]:
             return {
                 "nats_connected": ctx.nc.is_connected,
+                "pid": os.getpid(),  # `chamber up` checks that the gateway answering is the one it started
                 "streams": {c.options.stream: c.stats.last_acked_seq for c in consumers},
             }
 
@@ -117,7 +120,7 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
         gateway = GatewayContext(
             state=state,
             forward=forward,
-            token=args.token or None,
+            token=args.token or token_from_file(os.environ.get("CHAMBER_API_TOKEN_FILE")),
             stop=stop,
             stream_interval_s=args.stream_interval,
             ready=ready,
@@ -139,10 +142,21 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
         ctx.every(args.history_interval, tick)
         ctx.every(args.reasons_interval, ask_scheduler)
         ctx.task(lambda: serve_http(make_app(gateway), args.host, args.port, stop))
-        if not args.token:
+        if not gateway.token:
             log.warning("no API token: commands will answer 401; set --token or CHAMBER_API_TOKEN")
 
     await serve(NAME, args.nats, setup, stop)
+
+
+def token_from_file(path: str | None) -> str | None:
+    """$CHAMBER_API_TOKEN_FILE: the token in a file (what `chamber up` passes, so the secret itself is
+    not in the environment of every process)."""
+    if not path:
+        return None
+    try:
+        return Path(path).read_text().strip() or None
+    except OSError as exc:
+        raise UsageError(f"CHAMBER_API_TOKEN_FILE={path}: {exc.strerror}") from None
 
 
 async def serve_http(app: web.Application, host: str, port: int, stop: asyncio.Event) -> None:

@@ -37,6 +37,8 @@ from services.warehouse import (
     migrate,
     open_from_args,
 )
+from services.warehouse.confine import confined_query
+from services.warehouse.options import open_for_analytics
 
 NAME = "recorder"
 DESCRIPTION = "record telemetry and every domain event in the warehouse (ClickHouse or chDB); answer SQL"
@@ -104,6 +106,7 @@ async def setup_recorder(
     ack_wait: float = 60.0,
     telemetry_consumers: int = 1,
     fetch_max_bytes: int = FETCH_MAX_BYTES,
+    analytics: Warehouse | None = None,
 ) -> None:
     """Consumers for every stream, and the `sql` command. TELEMETRY may get several pull consumers on
     the same durable, so one decodes and acks while another's batch is being inserted."""
@@ -136,18 +139,24 @@ async def setup_recorder(
             ctx.consume(options, batch_handler=store)
 
     async def sql(request: SqlRequest) -> dict[str, Any]:
-        return await answer_sql(writer, request.sql, request.max_rows)
+        return await answer_sql(writer, request.sql, request.max_rows, analytics=analytics)
 
     ctx.command("sql", SqlRequest, sql)
 
 
-async def answer_sql(writer: Writer, sql: str, max_rows: int = MAX_REPLY_ROWS) -> dict[str, Any]:
+async def answer_sql(
+    writer: Writer, sql: str, max_rows: int = MAX_REPLY_ROWS, *, analytics: Warehouse | None = None
+) -> dict[str, Any]:
+    """`analytics`: a restricted user's connection to the same server (--clickhouse-sql-url)."""
+    target = analytics or writer.warehouse
     try:
         query = check_read_only(sql)
     except ReadOnlyViolation as exc:
         raise CommandRefused(str(exc), field="sql") from None
     try:
-        result = await writer.query(query, readonly=True)
+        result = await writer.call(lambda: confined_query(target, query, max_rows=max(0, max_rows)))
+    except ReadOnlyViolation as exc:
+        raise CommandRefused(str(exc), field="sql") from None
     except WarehouseError as exc:
         raise CommandRefused(f"the warehouse refused the query: {exc}", field="sql") from None
     rows = result.rows[: max(0, max_rows)]
@@ -217,6 +226,9 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
     if warehouse is None:
         return
     writer = Writer(warehouse, after_insert=_crash_hook())
+    analytics = None
+    if args.clickhouse_url and args.clickhouse_sql_url:
+        analytics = await asyncio.to_thread(open_for_analytics, args)
     try:
 
         async def setup(ctx: ServiceContext) -> None:
@@ -228,9 +240,12 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
                 ack_wait=args.ack_wait,
                 telemetry_consumers=args.telemetry_consumers,
                 fetch_max_bytes=max_bytes,
+                analytics=analytics,
             )
 
         await serve(NAME, args.nats, setup, stop)
     finally:
         writer.close()
         warehouse.close()
+        if analytics is not None:
+            analytics.close()

@@ -15,10 +15,12 @@ from typing import Any, TypeVar
 import msgspec
 import nats.errors
 from faststream.nats import NatsBroker, NatsMessage
+from faststream.security import SASLPlaintext
 from nats.aio.client import Client
 
 from events import subjects
 from events.names import InvalidName, decode_request
+from services.runtime.credentials import login
 from services.runtime.logs import get_logger
 from services.runtime.tracing import client_span, command_span, current_traceparent
 
@@ -89,7 +91,11 @@ class CommandServer:
 
     def __init__(self, url: str, service: str) -> None:
         self.service = service
-        self.broker = NatsBroker(url, name=f"chamber-{service}-commands", logger=None, max_reconnect_attempts=-1)
+        credentials = login([url])
+        security = SASLPlaintext(credentials["user"], credentials["password"]) if credentials else None
+        self.broker = NatsBroker(
+            url, name=f"chamber-{service}-commands", logger=None, max_reconnect_attempts=-1, security=security
+        )
 
     def register(self, verb: str, request_type: type[T], handler: Callable[[T], Awaitable[Any]]) -> None:
         async def raw_body(msg: NatsMessage) -> Any:

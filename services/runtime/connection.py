@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from typing import Any
 
 import nats
 from nats.aio.client import Client
 
+from services.runtime.credentials import CredentialsError, login
 from services.runtime.logs import get_logger
 
 log = get_logger("chamber.runtime.connection")
@@ -20,6 +25,7 @@ async def connect(
     first_delay_s: float = 0.2,
     max_delay_s: float = 5.0,
     user_credentials: str | None = None,
+    credentials: dict[str, str] | None = None,
     deadline_s: float | None = None,
 ) -> Client:
     """A connected client. A server that is down at start is retried `attempts` times.
@@ -27,15 +33,19 @@ async def connect(
     With `deadline_s` (the CLI's choice) the first connection gives up after that many seconds with
     TimeoutError: nats-py alone, told to reconnect forever, would retry an unreachable server forever.
     """
+    servers = [url] if isinstance(url, str) else url
+    if credentials is None:
+        credentials = login(servers)  # this process's NATS user, password read from its file
     if deadline_s is not None:
         return await asyncio.wait_for(
-            _connect_once(url, name=name, user_credentials=user_credentials), timeout=deadline_s
+            _connect_once(servers, name=name, user_credentials=user_credentials, credentials=credentials),
+            timeout=deadline_s,
         )
-    servers = [url] if isinstance(url, str) else url
     delay = first_delay_s
     for attempt in range(1, attempts + 1):
         try:
-            return await nats.connect(
+            return await _refused_login_fails_fast(
+                credentials,
                 servers=servers,
                 name=name,
                 allow_reconnect=True,
@@ -43,7 +53,7 @@ async def connect(
                 reconnect_time_wait=0.5,
                 connect_timeout=2,
                 user_credentials=user_credentials,
-                error_cb=_on_error,
+                **credentials,
                 disconnected_cb=_on_disconnect,
                 reconnected_cb=_on_reconnect,
             )
@@ -56,7 +66,9 @@ async def connect(
     raise AssertionError("unreachable")
 
 
-async def _connect_once(url: str | list[str], *, name: str, user_credentials: str | None) -> Client:
+async def _connect_once(
+    url: str | list[str], *, name: str, user_credentials: str | None, credentials: dict[str, str]
+) -> Client:
     """Two tries at every server, no reconnects: for short-lived clients (the CLI). The error raised
     says what went wrong with the last try (refused, unknown host...)."""
     errors: list[Exception] = []
@@ -74,19 +86,85 @@ async def _connect_once(url: str | list[str], *, name: str, user_credentials: st
             connect_timeout=2,
             user_credentials=user_credentials,
             error_cb=remember,
+            **credentials,
         )
     except nats.errors.NoServersError:
+        if any("authorization violation" in str(e).lower() for e in errors):
+            who = f"user {credentials['user']!r}" if credentials else "an anonymous client"
+            raise CredentialsError(_refused_message(servers_of(url), who)) from None
         if errors:
             raise ConnectionError(str(errors[-1]) or type(errors[-1]).__name__) from None
         raise
 
 
+async def _refused_login_fails_fast(credentials: dict[str, str], *, servers: list[str], **options: Any) -> Client:
+    """nats.connect, except that a server refusing the login is an error at once: nats-py would
+    retry a refused password forever."""
+    refused = asyncio.Event()
+
+    async def on_error(exc: Exception) -> None:
+        if "authorization violation" in str(exc).lower():
+            refused.set()
+        await _on_error(exc)
+
+    connecting = asyncio.ensure_future(nats.connect(servers=servers, error_cb=on_error, **options))
+    waiting = asyncio.ensure_future(refused.wait())
+    await asyncio.wait({connecting, waiting}, return_when=asyncio.FIRST_COMPLETED)
+    waiting.cancel()
+    if connecting.done():
+        return connecting.result()
+    connecting.cancel()
+    with contextlib.suppress(BaseException):
+        await connecting
+    who = f"user {credentials['user']!r}" if credentials else "an anonymous client"
+    raise CredentialsError(_refused_message(servers, who))
+
+
+def servers_of(url: str | list[str]) -> list[str]:
+    return [url] if isinstance(url, str) else url
+
+
+def _refused_message(servers: list[str], who: str) -> str:
+    return (
+        f"NATS at {', '.join(servers)} refused {who}. The bus of `chamber up` asks each client for its password: "
+        "run the CLI where its data directory is (.chamber) or set CHAMBER_DATA_DIR to it; for another server put "
+        "user:password in the URL (--nats / CHAMBER_NATS_URL)"
+    )
+
+
+class Throttled:
+    """The same warning at most once per `every_s` (a dead bus makes nats-py call back twice a second),
+    with how many were left out since."""
+
+    def __init__(
+        self, event: str, every_s: float = 30.0, clock: Callable[[], float] = time.monotonic, logger: Any = None
+    ) -> None:
+        self.event, self.every_s, self.clock = event, every_s, clock
+        self.log = logger or log
+        self.last = -float("inf")
+        self.left_out = 0
+        self.logged = 0
+
+    def __call__(self, **fields: Any) -> None:
+        now = self.clock()
+        if now - self.last < self.every_s:
+            self.left_out += 1
+            return
+        self.log.warning(self.event, left_out=self.left_out, every_s=self.every_s, **fields)
+        self.last, self.left_out = now, 0
+        self.logged += 1
+
+
+_error = Throttled("nats error")
+_disconnected = Throttled("nats disconnected")
+
+
 async def _on_error(exc: Exception) -> None:
-    log.warning("nats error", error=repr(exc))
+    _error(error=repr(exc))
 
 
 async def _on_disconnect() -> None:
-    log.warning("nats disconnected")
+    _disconnected()
 
 
 async def _on_reconnect() -> None:

@@ -25,11 +25,13 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from events.codec import DEFAULT_MAX_BYTES, DecodeError, Envelope, UnknownEventType, decode
+from services.runtime.connection import Throttled
 from services.runtime.dead_letter import dead_letter
 from services.runtime.logs import get_logger
 from services.runtime.tracing import consume_span
 
 log = get_logger("chamber.runtime.consumer")
+_fetch_failed = Throttled("fetch failed", logger=log)  # a dead bus fails every fetch of every consumer
 
 
 class TransientError(Exception):
@@ -143,7 +145,7 @@ class Consumer:
             except (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError):
                 return
             except nats.errors.Error as exc:  # server restarting: keep trying
-                log.warning("fetch failed", stream=self.options.stream, error=repr(exc))
+                _fetch_failed(stream=self.options.stream, error=repr(exc))  # at most one line per 30 s
                 backoff = min(max(backoff * 2, 0.2), 5.0)
                 continue
             backoff = 0.0

@@ -14,7 +14,7 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from services.runtime.commands import CommandServer
-from services.runtime.connection import connect
+from services.runtime.connection import Throttled, connect
 from services.runtime.consumer import BatchHandler, Consumer, ConsumerOptions, Handler
 from services.runtime.health import HealthServer, HealthState, port_from_env
 from services.runtime.logs import get_logger
@@ -54,12 +54,14 @@ class ServiceContext:
     def every(self, seconds: float, tick: Callable[[float], Awaitable[None]]) -> None:
         """Call `tick(now)` every `seconds` (wall clock, read here in the shell) until stopped."""
 
+        tick_failed = Throttled("tick failed", logger=log)
+
         async def loop() -> None:
             while not self.stop.is_set():
                 try:
                     await tick(time.time())
-                except Exception:
-                    log.exception("tick failed", service=self.name)
+                except Exception as exc:  # with the bus down every tick fails: one line per 30 s
+                    tick_failed(service=self.name, error=repr(exc))
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.stop.wait(), timeout=seconds)
 

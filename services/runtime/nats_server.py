@@ -67,7 +67,14 @@ class NatsServerProcess:
         if self.proc is not None and self.proc.poll() is None:
             return
         self.store_dir.mkdir(parents=True, exist_ok=True)
-        args = [
+        out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL  # noqa: SIM115
+        self.proc = subprocess.Popen(self.argv(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        self._wait_ready(timeout_s)
+
+    def argv(self) -> list[str]:
+        """The command line (`chamber up` hands it to its supervisor, which restarts it like any process).
+        The monitoring port listens on `host` only; it serves server statistics, not messages."""
+        return [
             find_binary(),
             "-js",
             "-a", self.host,
@@ -76,22 +83,23 @@ class NatsServerProcess:
             "-sd", str(self.store_dir),
             *self.extra_args,
         ]  # fmt: skip
-        out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL  # noqa: SIM115
-        self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        self._wait_ready(timeout_s)
+
+    def ready(self) -> bool:
+        """JetStream answers on the monitoring port."""
+        url = f"http://{self.host}:{self.monitor_port}/healthz?js-enabled-only=true"
+        try:
+            with urllib.request.urlopen(url, timeout=0.5) as resp:
+                return bool(resp.status == 200)
+        except OSError:
+            return False
 
     def _wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
-        url = f"http://{self.host}:{self.monitor_port}/healthz?js-enabled-only=true"
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
                 raise NatsServerError(f"nats-server exited with {self.proc.returncode} (port {self.port} taken?)")
-            try:
-                with urllib.request.urlopen(url, timeout=0.5) as resp:
-                    if resp.status == 200:
-                        return
-            except OSError:
-                pass
+            if self.ready():
+                return
             time.sleep(0.05)
         raise NatsServerError(f"nats-server on port {self.port} not ready after {timeout_s}s")
 

@@ -19,6 +19,8 @@ class Component:
     name: str
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
+    stop_last: bool = False  # infrastructure (the embedded NATS): stopped after everything that uses it
+    unset: tuple[str, ...] = ()  # variables of our environment this child must not inherit (secrets)
     restarts: int = 0
     pid: int | None = None
 
@@ -38,13 +40,18 @@ class Supervisor:
         self._procs: dict[str, asyncio.subprocess.Process] = {}
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self._started: set[str] = set()
 
     def add(self, component: Component) -> None:
         self.components.append(component)
 
     async def start(self) -> None:
+        """Start every component added since the last call, in order."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         for component in self.components:
+            if component.name in self._started:
+                continue
+            self._started.add(component.name)
             started = asyncio.Event()
             self._tasks.append(asyncio.create_task(self._keep_running(component, started)))
             await started.wait()
@@ -57,7 +64,7 @@ class Supervisor:
                 stdout=log,
                 stderr=asyncio.subprocess.STDOUT,
                 stdin=asyncio.subprocess.DEVNULL,
-                env={**os.environ, **component.env},
+                env={k: v for k, v in {**os.environ, **component.env}.items() if k not in component.unset},
                 start_new_session=True,  # Ctrl-C goes to us; we stop children in order
             )
         finally:
@@ -83,21 +90,33 @@ class Supervisor:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), timeout=delay)
 
+    def running(self, name: str) -> bool:
+        proc = self._procs.get(name)
+        return proc is not None and proc.returncode is None
+
     async def stop(self, timeout_s: float = 15.0) -> None:
-        """SIGTERM every child (they drain), then SIGKILL what is left after the timeout."""
+        """SIGTERM every child (they drain), then SIGKILL what is left after the timeout; the
+        `stop_last` ones (the bus the others drain into) only once the others are gone."""
         self._stopping.set()
-        for proc in self._procs.values():
-            if proc.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.send_signal(signal.SIGTERM)
-        waits = [proc.wait() for proc in self._procs.values() if proc.returncode is None]
-        if waits:
-            await asyncio.wait([asyncio.ensure_future(w) for w in waits], timeout=timeout_s)
-            for proc in self._procs.values():
-                if proc.returncode is None:
-                    with contextlib.suppress(ProcessLookupError):
-                        proc.kill()
-                    await proc.wait()
+        last = {c.name for c in self.components if c.stop_last}
+        for phase in (False, True):
+            procs = [p for name, p in self._procs.items() if (name in last) == phase]
+            await _terminate(procs, timeout_s)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+async def _terminate(procs: list[asyncio.subprocess.Process], timeout_s: float) -> None:
+    for proc in procs:
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+    waits = [proc.wait() for proc in procs if proc.returncode is None]
+    if waits:
+        await asyncio.wait([asyncio.ensure_future(w) for w in waits], timeout=timeout_s)
+        for proc in procs:
+            if proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                await proc.wait()

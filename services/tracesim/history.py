@@ -221,7 +221,7 @@ class History:
 def load_history(query: Query, start: float, end: float) -> History:
     """Jobs submitted in [start, end), the quotas in force at `end` and the recorded fleet."""
     # A warehouse never migrated has no `events` table; an idle one has no rows: both are "no data".
-    tables = query("SELECT count() FROM system.tables WHERE database = currentDatabase() AND name = 'events'")[0]
+    tables = query("EXISTS TABLE events")[0]  # analytics SQL may not read `system`
     recorded = query("SELECT count() FROM events")[0] if tables and int(tables[0][0]) else []
     if not recorded or not int(recorded[0][0]):
         raise TraceError(

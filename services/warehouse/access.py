@@ -13,6 +13,7 @@ from typing import Any
 
 from services.cli.errors import UsageError
 from services.warehouse.backend import WarehouseError, WarehouseUnavailable
+from services.warehouse.confine import confined_query
 from services.warehouse.readonly import ReadOnlyViolation, check_read_only
 
 MAX_ROWS = 10_000
@@ -23,6 +24,7 @@ async def _via_recorder(url: str, sql: str, max_rows: int) -> dict[str, Any] | N
     import nats
 
     from services.runtime.commands import CommandRefused, CommandUnavailable, request
+    from services.runtime.credentials import login
 
     async def quiet(exc: Exception) -> None:
         pass  # no NATS is an expected case here: we fall back to opening the warehouse directly
@@ -30,9 +32,17 @@ async def _via_recorder(url: str, sql: str, max_rows: int) -> dict[str, Any] | N
     try:
         # nats-py keeps retrying a refused first connection; a one-shot query must not stall on it.
         nc = await asyncio.wait_for(
-            nats.connect(url, name="chamber-sql", allow_reconnect=False, connect_timeout=1, error_cb=quiet), 2.0
+            nats.connect(
+                url, name="chamber-sql", allow_reconnect=False, connect_timeout=1, error_cb=quiet, **login([url])
+            ),
+            2.0,
         )
-    except Exception:
+    except Exception as exc:
+        if "authorization violation" in str(exc).lower():  # the bus is there and wants a password
+            raise UsageError(
+                f"NATS at {url} refused the login; run where the data directory of `chamber up` is (.chamber) "
+                "or set CHAMBER_DATA_DIR to it"
+            ) from None
         return None
     try:
         return await request(nc, "recorder", "sql", {"sql": sql, "max_rows": max_rows}, timeout=30)
@@ -45,7 +55,7 @@ async def _via_recorder(url: str, sql: str, max_rows: int) -> dict[str, Any] | N
 
 
 def _direct(args: argparse.Namespace, sql: str, max_rows: int) -> dict[str, Any]:
-    from services.warehouse.options import open_from_args
+    from services.warehouse.options import open_for_analytics
 
     if not args.clickhouse_url and not (args.data_dir / "warehouse").exists():
         raise UsageError(
@@ -53,11 +63,13 @@ def _direct(args: argparse.Namespace, sql: str, max_rows: int) -> dict[str, Any]
             "(`chamber service recorder`), or point --data-dir / --clickhouse-url at one"
         )
     try:
-        warehouse = open_from_args(args)
+        warehouse = open_for_analytics(args)
     except WarehouseUnavailable as exc:
         raise UsageError(f"{exc}; and no recorder answered on {args.nats} to run the query for us") from None
     try:
-        result = warehouse.query(sql, readonly=True)
+        result = confined_query(warehouse, sql, max_rows=max_rows)
+    except ReadOnlyViolation as exc:
+        raise UsageError(str(exc)) from None
     except WarehouseError as exc:
         raise UsageError(f"the warehouse refused the query: {exc}") from None
     finally:

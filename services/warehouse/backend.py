@@ -53,6 +53,12 @@ OUTPUT_SETTINGS: dict[str, Any] = {
 }
 
 
+def settings_clause(settings: dict[str, Any]) -> str:
+    """`SETTINGS a = 1, b = 'x'` for a per-query settings dict (names and values are ours, not a user's)."""
+    values = ", ".join(f"{k} = {v!r}" if isinstance(v, str) else f"{k} = {int(v)}" for k, v in settings.items())
+    return f"SETTINGS {values}"
+
+
 class Warehouse(ABC):
     """Blocking calls; async callers run them on one worker thread (see `services.recorder.writer`)."""
 
@@ -63,8 +69,9 @@ class Warehouse(ABC):
         """Run one statement that returns nothing of interest (DDL, INSERT ... SELECT, SYSTEM)."""
 
     @abstractmethod
-    def query(self, sql: str, *, readonly: bool = False) -> QueryResult:
-        """Run one query; with `readonly` the engine itself refuses writes, as a second guard."""
+    def query(self, sql: str, *, readonly: bool = False, settings: dict[str, Any] | None = None) -> QueryResult:
+        """Run one query; with `readonly` the engine itself refuses writes, as a second guard.
+        `settings` apply to this query only (limits, a stricter `readonly`)."""
 
     @abstractmethod
     def insert(self, table: str, data: pa.Table) -> None:

@@ -6,10 +6,12 @@ time. The recorder owns it while the stack runs; other tools ask the recorder (r
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import threading
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 
@@ -20,6 +22,7 @@ from services.warehouse.backend import (
     Warehouse,
     WarehouseError,
     WarehouseUnavailable,
+    settings_clause,
 )
 
 
@@ -82,17 +85,22 @@ class ChdbWarehouse(Warehouse):
             try:
                 result = self._session.query(sql, fmt)
             except Exception as exc:
+                # chDB hands what a query wrote before failing (a timeout, a memory limit) to the next
+                # call's result; a throwaway query takes it, so the next caller gets only its own rows.
+                with contextlib.suppress(Exception):
+                    self._session.query("SELECT 1", "CSV")
                 raise WarehouseError(str(exc)) from None
         return result.bytes() if result is not None else b""
 
     def command(self, sql: str) -> None:
         self._run(sql)
 
-    def query(self, sql: str, *, readonly: bool = False) -> QueryResult:
-        if readonly:
+    def query(self, sql: str, *, readonly: bool = False, settings: dict[str, Any] | None = None) -> QueryResult:
+        chosen = {**({"readonly": 2} if readonly else {}), **(settings or {})}
+        if chosen:
             # A session-wide `SET readonly` would also lock the recorder out, so the engine guard is
             # a per-query SETTINGS clause; `sql` was already checked to be one query (readonly.py).
-            sql = f"{sql.rstrip().rstrip(';')}\nSETTINGS readonly = 2"
+            sql = f"{sql.rstrip().rstrip(';')}\n{settings_clause(chosen)}"
         return QueryResult.from_json_compact(self._run(sql, "JSONCompact"))
 
     def insert(self, table: str, data: pa.Table) -> None:

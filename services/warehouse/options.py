@@ -25,6 +25,13 @@ def add_warehouse_options(parser: argparse.ArgumentParser) -> None:
         help="use this ClickHouse server (http://user:pass@host:8123) instead of chDB "
         "(default: $CHAMBER_CLICKHOUSE_URL)",
     )
+    parser.add_argument(
+        "--clickhouse-sql-url",
+        metavar="URL",
+        default=os.environ.get("CHAMBER_CLICKHOUSE_SQL_URL") or None,
+        help="run analytics SQL as this more restricted user of the same server (SELECT on `chamber` only; "
+        "charts/chamber/files/clickhouse-sql-user.xml); default: $CHAMBER_CLICKHOUSE_SQL_URL, else --clickhouse-url",
+    )
 
 
 def open_warehouse(*, data_dir: Path | str | None = None, clickhouse_url: str | None = None) -> Warehouse:
@@ -40,3 +47,9 @@ def open_warehouse(*, data_dir: Path | str | None = None, clickhouse_url: str | 
 
 def open_from_args(args: argparse.Namespace) -> Warehouse:
     return open_warehouse(data_dir=args.data_dir, clickhouse_url=args.clickhouse_url)
+
+
+def open_for_analytics(args: argparse.Namespace) -> Warehouse:
+    """Where analytics SQL runs: the restricted user's URL when one is given."""
+    url = getattr(args, "clickhouse_sql_url", None) or args.clickhouse_url
+    return open_warehouse(data_dir=args.data_dir, clickhouse_url=url)

@@ -29,6 +29,11 @@ def _skeleton(sql: str) -> str:
     return out
 
 
+def statement_words(sql: str, n: int = 3) -> list[str]:
+    """The statement's first `n` words, upper-cased, outside comments and literals."""
+    return [w.upper().lstrip("(") for w in _skeleton(sql).split(None, n)[:n]]
+
+
 def check_read_only(sql: str) -> str:
     """Return the query (without a trailing `;`) or raise ReadOnlyViolation."""
     skeleton = _skeleton(sql).strip()
@@ -46,7 +51,7 @@ def check_read_only(sql: str) -> str:
         )
     upper = " ".join(skeleton.upper().split())
     for clause, why in _FORBIDDEN_CLAUSES.items():
-        if re.search(rf"\b{clause}\b", upper):
+        if re.search(rf"\b{clause}\b(?!\s*\()", upper):  # `format(...)` is a string function
             raise ReadOnlyViolation(f"refused: {why}")
     text = sql.strip()
     while text.endswith(";"):

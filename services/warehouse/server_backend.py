@@ -58,10 +58,10 @@ class ServerWarehouse(Warehouse):
     def command(self, sql: str) -> None:
         self._call("command", lambda: self._client.command(sql))
 
-    def query(self, sql: str, *, readonly: bool = False) -> QueryResult:
+    def query(self, sql: str, *, readonly: bool = False, settings: dict[str, Any] | None = None) -> QueryResult:
         # readonly=2: no writes or DDL, but the client may still set per-query settings.
-        settings = {**OUTPUT_SETTINGS, **({"readonly": 2} if readonly else {})}
-        raw = self._call("query", lambda: self._client.raw_query(sql, settings=settings, fmt="JSONCompact"))
+        chosen = {**OUTPUT_SETTINGS, **({"readonly": 2} if readonly else {}), **(settings or {})}
+        raw = self._call("query", lambda: self._client.raw_query(sql, settings=chosen, fmt="JSONCompact"))
         return QueryResult.from_json_compact(raw)
 
     def insert(self, table: str, data: pa.Table) -> None:

@@ -128,7 +128,7 @@ async def test_chamber_up_shows_the_running_fleet_and_an_isolated_node(tmp_path:
                         nats_url,
                     ],
                     cwd=ROOT,
-                    env=env,
+                    env={**env, "CHAMBER_DATA_DIR": str(tmp_path / "stack")},  # the bus asks for the admin password
                     stdout=asyncio.subprocess.PIPE,
                     stderr=asyncio.subprocess.STDOUT,
                 )

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -47,8 +48,8 @@ class Outage(Warehouse):
     def command(self, sql: str) -> None:
         self.inner.command(sql)
 
-    def query(self, sql: str, *, readonly: bool = False) -> QueryResult:
-        return self.inner.query(sql, readonly=readonly)
+    def query(self, sql: str, *, readonly: bool = False, settings: dict[str, Any] | None = None) -> QueryResult:
+        return self.inner.query(sql, readonly=readonly, settings=settings)
 
     def insert(self, table: str, data: pa.Table) -> None:
         if self.down:

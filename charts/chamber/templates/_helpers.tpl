@@ -117,6 +117,13 @@ discovery health scheduler
       key: password
 - name: CHAMBER_CLICKHOUSE_URL
   value: {{ printf "http://%s:$(CHAMBER_CLICKHOUSE_PASSWORD)@%s.%s.svc:8123" .Values.clickhouse.user (include "chamber.component" (list . "clickhouse")) .Release.Namespace | quote }}
+- name: CHAMBER_CLICKHOUSE_SQL_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "chamber.component" (list . "clickhouse") }}-sql
+      key: password
+- name: CHAMBER_CLICKHOUSE_SQL_URL
+  value: {{ printf "http://chamber_sql:$(CHAMBER_CLICKHOUSE_SQL_PASSWORD)@%s.%s.svc:8123" (include "chamber.component" (list . "clickhouse")) .Release.Namespace | quote }}
 {{- else if .Values.clickhouse.url }}
 {{- if .Values.clickhouse.existingSecret }}
 - name: CHAMBER_CLICKHOUSE_PASSWORD
@@ -127,6 +134,17 @@ discovery health scheduler
 {{- end }}
 - name: CHAMBER_CLICKHOUSE_URL
   value: {{ .Values.clickhouse.url | quote }}
+{{- if .Values.clickhouse.sqlExistingSecret }}
+- name: CHAMBER_CLICKHOUSE_SQL_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.clickhouse.sqlExistingSecret }}
+      key: password
+{{- end }}
+{{- with .Values.clickhouse.sqlUrl }}
+- name: CHAMBER_CLICKHOUSE_SQL_URL
+  value: {{ . | quote }}
+{{- end }}
 {{- end }}
 {{- end -}}
 

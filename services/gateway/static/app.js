@@ -304,11 +304,33 @@ function render(s) {
   renderRunning(s.running, s.at);
   renderFaults(s.faults);
   $("live-text").textContent = `live · ${int(s.events_seen)} events · ${clock(s.at)}`;
+  showBus();
 }
 
 function setLive(on) {
   $("live-dot").className = on ? "dot" : "dot off";
   if (!on) $("live-text").textContent = "reconnecting…";
+  else showBus();
+}
+
+// The gateway keeps pushing while its bus (NATS) is down, but the numbers are frozen then: /healthz
+// answers 503, and the header says "bus down" instead of a green live dot.
+let busDownSince = null;
+function showBus() {
+  if (busDownSince === null) return;
+  $("live-dot").className = "dot off";
+  $("live-text").textContent = `bus down since ${clock(busDownSince)} · numbers frozen`;
+}
+function checkBus() {
+  fetch("/healthz")
+    .then((r) => r.json().then((h) => !r.ok || h.nats_connected === false))
+    .then((down) => {
+      if (down && busDownSince === null) busDownSince = Date.now() / 1000;
+      if (!down) busDownSince = null;
+      showBus();
+    })
+    .catch(() => {})
+    .finally(() => setTimeout(checkBus, 5000));
 }
 
 // Server-sent events, reconnecting on their own; polling if the browser has no EventSource.
@@ -325,4 +347,5 @@ function connect() {
 }
 
 connect();
+checkBus();
 fetchHistory();
