@@ -88,10 +88,12 @@ async def _connect_once(
             error_cb=remember,
             **credentials,
         )
-    except nats.errors.NoServersError:
-        if any("authorization violation" in str(e).lower() for e in errors):
+    except Exception as exc:
+        if any("authorization violation" in str(e).lower() for e in [*errors, exc]):
             who = f"user {credentials['user']!r}" if credentials else "an anonymous client"
             raise CredentialsError(_refused_message(servers_of(url), who)) from None
+        if not isinstance(exc, nats.errors.NoServersError):
+            raise
         if errors:
             raise ConnectionError(str(errors[-1]) or type(errors[-1]).__name__) from None
         raise
