@@ -11,6 +11,7 @@ import sys
 import urllib.request
 from pathlib import Path
 
+from services.cli.common import add_replicas_option, apply_replicas_option
 from services.cli.errors import UsageError
 
 
@@ -22,7 +23,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=Path(os.environ.get("CHAMBER_DATA_DIR", ".chamber")),
         help="where streams and the warehouse live (default: $CHAMBER_DATA_DIR or .chamber)",
     )
-    p.add_argument("--nats", metavar="URL", help="use this NATS instead of starting an embedded one")
+    p.add_argument(
+        "--nats", metavar="URL", help="use this NATS (one URL or a comma-separated list) instead of an embedded one"
+    )
+    add_replicas_option(p)
     p.add_argument("--nats-port", type=int, default=4222, help="port of the embedded NATS (default 4222)")
     p.add_argument("--port", type=int, default=8080, help="dashboard and HTTP API port (default 8080)")
     p.add_argument("--nodes", type=int, default=16, help="simulated nodes when no GPU is present (default 16)")
@@ -62,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
     from services.runtime.nats_server import NatsServerError, NatsServerProcess
 
     _validate(args)
+    apply_replicas_option(args)  # children inherit $CHAMBER_NATS_REPLICAS
     configure_logging("error")  # the console shows component readiness; details are in the logs
     data_dir = args.data_dir.resolve()
     lock = _lock(data_dir)

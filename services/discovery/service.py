@@ -24,6 +24,7 @@ from services.health.replay import CatchUp, DeliverFrom
 from services.runtime.consumer import ConsumerOptions, Delivery
 from services.runtime.host import ServiceContext, serve
 from services.runtime.logs import get_logger
+from services.runtime.replicas import replicas_for
 
 NAME = "discovery"
 DESCRIPTION = "fleet inventory from agents and Kubernetes: nodes discovered, updated, suspect, lost"
@@ -104,7 +105,9 @@ async def open_bucket(js: Any) -> KeyValue:
     try:
         return await js.key_value(BUCKET)
     except BucketNotFoundError:
-        return await js.create_key_value(bucket=BUCKET, history=1, description="current fleet view (discovery)")
+        return await js.create_key_value(
+            bucket=BUCKET, history=1, description="current fleet view (discovery)", replicas=replicas_for(js)
+        )
 
 
 def list_kube_nodes(api: Any, cluster: str, now: float) -> KubeNodesListed:

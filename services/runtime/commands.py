@@ -18,6 +18,7 @@ from faststream.nats import NatsBroker, NatsMessage
 from nats.aio.client import Client
 
 from events import subjects
+from services.runtime.connection import server_urls
 from services.runtime.logs import get_logger
 
 log = get_logger("chamber.runtime.commands")
@@ -64,7 +65,9 @@ class CommandServer:
 
     def __init__(self, url: str, service: str) -> None:
         self.service = service
-        self.broker = NatsBroker(url, name=f"chamber-{service}-commands", logger=None, max_reconnect_attempts=-1)
+        self.broker = NatsBroker(
+            server_urls(url), name=f"chamber-{service}-commands", logger=None, max_reconnect_attempts=-1
+        )
 
     def register(self, verb: str, request_type: type[T], handler: Callable[[T], Awaitable[Any]]) -> None:
         decoder = msgspec.json.Decoder(request_type)

@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Awaitable, Iterable
 
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
-from nats.js.errors import NotFoundError
+from nats.js.errors import APIError, NotFoundError
 
 from events.streams import STREAMS, StreamSpec
 from services.runtime.logs import get_logger
+from services.runtime.replicas import ReplicasUnavailable, replicas_for
 
 log = get_logger("chamber.runtime.streams")
 
 
-def stream_config(spec: StreamSpec) -> StreamConfig:
+# JetStream's answers when a stream's replicas cannot be placed: "replicas > 1 not supported in
+# non-clustered mode", "no suitable peers for placement", "insufficient resources".
+_PLACEMENT_ERRORS = {10074, 10005, 10023}
+
+
+def stream_config(spec: StreamSpec, replicas: int = 1) -> StreamConfig:
     return StreamConfig(
         name=spec.name,
         description=spec.description,
@@ -25,30 +31,53 @@ def stream_config(spec: StreamSpec) -> StreamConfig:
         duplicate_window=spec.duplicate_window_s,
         max_msg_size=spec.max_msg_size,
         discard=DiscardPolicy.OLD,
+        num_replicas=replicas,
     )
 
 
-async def ensure_streams(js: JetStreamContext, specs: Iterable[StreamSpec] = STREAMS) -> list[str]:
-    """Add missing streams and update drifted ones; returns what changed ("added X", "updated X")."""
+async def ensure_streams(
+    js: JetStreamContext, specs: Iterable[StreamSpec] = STREAMS, *, replicas: int | None = None
+) -> list[str]:
+    """Add missing streams and update drifted ones; returns what changed ("added X", "updated X").
+
+    `replicas` (default: `replicas_for(js)`, from configuration and the cluster) is a floor: a stream
+    with fewer is raised to it, one an operator raised higher keeps its count (never lowered)."""
+    if replicas is None:
+        replicas = replicas_for(js)
     changed: list[str] = []
     for spec in specs:
-        wanted = stream_config(spec)
+        wanted = stream_config(spec, replicas)
         try:
             info = await js.stream_info(spec.name)
         except NotFoundError:
-            await js.add_stream(wanted)
+            await _placed(js.add_stream(wanted), spec.name, replicas)
             changed.append(f"added {spec.name}")
             continue
         have = info.config
+        wanted.num_replicas = max(replicas, have.num_replicas or 1)
         if (
             sorted(have.subjects or []) != sorted(wanted.subjects or [])
             or (have.max_age or 0) != wanted.max_age
             or have.duplicate_window != wanted.duplicate_window
             or have.max_msg_size != wanted.max_msg_size
             or have.description != wanted.description
+            or (have.num_replicas or 1) != wanted.num_replicas
         ):
-            await js.update_stream(wanted)
+            await _placed(js.update_stream(wanted), spec.name, wanted.num_replicas)
             changed.append(f"updated {spec.name}")
     if changed:
-        log.info("streams ensured", changed=changed)
+        log.info("streams ensured", changed=changed, replicas=replicas)
     return changed
+
+
+async def _placed(call: Awaitable[object], stream: str, replicas: int) -> None:
+    """Run a stream add/update; a placement refusal becomes a message naming the numbers."""
+    try:
+        await call
+    except APIError as exc:
+        if exc.err_code in _PLACEMENT_ERRORS:
+            raise ReplicasUnavailable(
+                f"stream {stream} needs {replicas} replicas but the NATS cluster cannot place them "
+                f"({exc.description}); run at least {replicas} JetStream servers or lower --replicas"
+            ) from None
+        raise

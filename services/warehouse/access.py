@@ -23,6 +23,7 @@ async def _via_recorder(url: str, sql: str, max_rows: int) -> dict[str, Any] | N
     import nats
 
     from services.runtime.commands import CommandRefused, CommandUnavailable, request
+    from services.runtime.connection import server_urls
 
     async def quiet(exc: Exception) -> None:
         pass  # no NATS is an expected case here: we fall back to opening the warehouse directly
@@ -30,7 +31,10 @@ async def _via_recorder(url: str, sql: str, max_rows: int) -> dict[str, Any] | N
     try:
         # nats-py keeps retrying a refused first connection; a one-shot query must not stall on it.
         nc = await asyncio.wait_for(
-            nats.connect(url, name="chamber-sql", allow_reconnect=False, connect_timeout=1, error_cb=quiet), 2.0
+            nats.connect(
+                server_urls(url), name="chamber-sql", allow_reconnect=False, connect_timeout=1, error_cb=quiet
+            ),
+            2.0,
         )
     except Exception:
         return None

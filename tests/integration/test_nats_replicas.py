@@ -1,0 +1,54 @@
+"""On one real nats-server: more replicas than servers is refused at start with both numbers, by
+the runtime and by `chamber service` (one line, no traceback, no hang); a list of URLs connects."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from nats.js import JetStreamContext
+
+from events.streams import FAULTS
+from services.runtime import connect, ensure_streams
+from services.runtime.nats_server import NatsServerProcess, free_port
+from services.runtime.replicas import ReplicasUnavailable
+
+pytestmark = pytest.mark.integration
+CHAMBER = str(Path(sys.executable).parent / "chamber")
+
+
+async def test_three_replicas_on_one_server_are_refused_naming_both_numbers(
+    js: JetStreamContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CHAMBER_NATS_REPLICAS", "3")
+    with pytest.raises(ReplicasUnavailable, match=r"3 stream replicas requested .* has 1 JetStream server"):
+        await ensure_streams(js)
+    # the placement answer of the server itself is translated too (when the count is not known first)
+    await js.delete_stream(FAULTS.name)
+    with pytest.raises(ReplicasUnavailable, match=r"FAULTS needs 3 replicas .* non-clustered"):
+        await ensure_streams(js, [FAULTS], replicas=3)
+
+
+def test_the_service_refuses_to_start_with_one_line(nats_server: NatsServerProcess) -> None:
+    result = subprocess.run(
+        [CHAMBER, "service", "billing", "--nats", nats_server.url, "--replicas", "3"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "3 stream replicas requested" in result.stderr and "has 1 JetStream server" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+async def test_a_comma_separated_list_survives_a_dead_first_server(nats_server: NatsServerProcess) -> None:
+    dead = f"nats://127.0.0.1:{free_port()}"
+    nc = await connect(f"{dead},{nats_server.url}", name="test", attempts=3)
+    try:
+        assert nc.is_connected and nc.connected_url is not None
+        assert nc.connected_url.port == nats_server.port
+    finally:
+        await nc.close()
