@@ -12,13 +12,16 @@ import argparse
 import asyncio
 import contextlib
 import os
+import socket
 from typing import Any
 
 import msgspec
 import pyarrow as pa
 
+from events.partitions import partition_stream
 from events.streams import BILLING, FAULTS, FLEET, JOBS, QUOTA, TELEMETRY
 from services.cli.errors import UsageError
+from services.recorder.partitions import PartitionOwnership
 from services.recorder.rows import Recorded
 from services.recorder.samples import SampleConsumer
 from services.recorder.writer import Writer
@@ -26,6 +29,7 @@ from services.runtime import ConsumerOptions, Delivery
 from services.runtime.commands import CommandRefused
 from services.runtime.host import ServiceContext, serve
 from services.runtime.logs import get_logger
+from services.runtime.partitions import existing_partitions
 from services.warehouse import (
     ReadOnlyViolation,
     Warehouse,
@@ -62,6 +66,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--ack-wait", type=float, default=60.0, help="seconds before an unacked batch is redelivered (60)"
     )
+    parser.add_argument(
+        "--partition-lease-ttl",
+        type=float,
+        default=15.0,
+        help="seconds a telemetry partition's lease lives without renewal; recorders rebalance within it (15)",
+    )
 
 
 def to_recorded(stream: str, deliveries: list[Delivery]) -> list[Recorded]:
@@ -87,12 +97,31 @@ async def setup_recorder(
     flush_interval: float = 1.0,
     ack_wait: float = 60.0,
     telemetry_consumers: int = 1,
+    holder: str | None = None,
+    partition_ttl_s: float = 15.0,
 ) -> None:
     """Consumers for every stream, and the `sql` command. TELEMETRY may get several pull consumers on
-    the same durable, so one decodes and acks while another's batch is being inserted."""
+    the same durable, so one decodes and acks while another's batch is being inserted. Telemetry
+    partition streams are shared out among the live recorders (`holder` names this one)."""
 
     async def store_samples(table: pa.Table, suspect: bool) -> None:
         await writer.store_tables({"gpu_samples": table}, suspect=suspect)
+
+    def options(stream: str) -> ConsumerOptions:
+        return ConsumerOptions(
+            stream=stream,
+            durable=DURABLE,
+            batch=batch_size,
+            fetch_timeout_s=flush_interval,
+            ack_wait_s=ack_wait,
+            max_retry_delay_s=10.0,
+        )
+
+    def sample_consumer(stream: str) -> SampleConsumer:  # the hot streams: node samples take the bulk decode
+        async def store(deliveries: list[Delivery]) -> None:
+            await writer.store(to_recorded(stream, deliveries), suspect=any(d.num_delivered > 1 for d in deliveries))
+
+        return SampleConsumer(ctx.js, options(stream), batch_handler=store, table_handler=store_samples)
 
     for spec in [TELEMETRY] * max(0, telemetry_consumers - 1) + list(STREAMS):
 
@@ -101,20 +130,33 @@ async def setup_recorder(
             suspect = any(d.num_delivered > 1 for d in deliveries)
             await writer.store(to_recorded(stream, deliveries), suspect=suspect)
 
-        options = ConsumerOptions(
-            stream=spec.name,
-            durable=DURABLE,
-            batch=batch_size,
-            fetch_timeout_s=flush_interval,
-            ack_wait_s=ack_wait,
-            max_retry_delay_s=10.0,
-        )
-        if spec is TELEMETRY:  # the hot stream: node samples take the bulk decode
-            consumer = SampleConsumer(ctx.js, options, batch_handler=store, table_handler=store_samples)
+        if spec is TELEMETRY:
+            consumer = sample_consumer(spec.name)
             ctx.consumers.append(consumer)
             ctx.task(lambda consumer=consumer: consumer.run(ctx.stop))
         else:
-            ctx.consume(options, batch_handler=store)
+            ctx.consume(options(spec.name), batch_handler=store)
+
+    partitions = [partition_stream(i) for i in await existing_partitions(ctx.js)]
+    if partitions:  # each recorder runs the partitions it owns (see services/recorder/partitions.py)
+        running: dict[str, tuple[SampleConsumer, asyncio.Event, asyncio.Task[None]]] = {}
+
+        async def start(stream: str) -> None:
+            consumer, stopped = sample_consumer(stream), asyncio.Event()
+            ctx.consumers.append(consumer)
+            running[stream] = (consumer, stopped, asyncio.create_task(consumer.run(stopped)))
+
+        async def stop(stream: str) -> None:
+            consumer, stopped, task = running.pop(stream)
+            stopped.set()  # the batch in hand is stored and acked first
+            with contextlib.suppress(Exception):
+                await task
+                await consumer.unsubscribe()
+            ctx.consumers.remove(consumer)
+
+        holder = holder or f"{os.environ.get('POD_NAME') or socket.gethostname()}:{os.getpid()}"
+        ownership = PartitionOwnership(ctx.js, partitions, holder, start=start, stop=stop, ttl_s=partition_ttl_s)
+        ctx.task(lambda: ownership.run(ctx.stop))
 
     async def sql(request: SqlRequest) -> dict[str, Any]:
         return await answer_sql(writer, request.sql, request.max_rows)
@@ -191,6 +233,7 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
                 flush_interval=args.flush_interval,
                 ack_wait=args.ack_wait,
                 telemetry_consumers=args.telemetry_consumers,
+                partition_ttl_s=args.partition_lease_ttl,
             )
 
         await serve(NAME, args.nats, setup, stop)

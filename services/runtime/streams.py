@@ -8,8 +8,10 @@ from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import APIError, NotFoundError
 
-from events.streams import STREAMS, StreamSpec
+from events.partitions import stream_specs
+from events.streams import TELEMETRY, StreamSpec
 from services.runtime.logs import get_logger
+from services.runtime.partitions import configured_partitions, existing_partitions, explain_change
 from services.runtime.replicas import ReplicasUnavailable, replicas_for
 
 log = get_logger("chamber.runtime.streams")
@@ -36,14 +38,18 @@ def stream_config(spec: StreamSpec, replicas: int = 1) -> StreamConfig:
 
 
 async def ensure_streams(
-    js: JetStreamContext, specs: Iterable[StreamSpec] = STREAMS, *, replicas: int | None = None
+    js: JetStreamContext, specs: Iterable[StreamSpec] | None = None, *, replicas: int | None = None
 ) -> list[str]:
     """Add missing streams and update drifted ones; returns what changed ("added X", "updated X").
 
+    `specs` default: the design's streams, TELEMETRY split into the configured partitions (keeping
+    partition streams of an earlier, larger count: see `events.partitions`).
     `replicas` (default: `replicas_for(js)`, from configuration and the cluster) is a floor: a stream
     with fewer is raised to it, one an operator raised higher keeps its count (never lowered)."""
     if replicas is None:
         replicas = replicas_for(js)
+    if specs is None:
+        specs = await _design_streams(js)
     changed: list[str] = []
     for spec in specs:
         wanted = stream_config(spec, replicas)
@@ -68,6 +74,23 @@ async def ensure_streams(
     if changed:
         log.info("streams ensured", changed=changed, replicas=replicas)
     return changed
+
+
+async def _design_streams(js: JetStreamContext) -> tuple[StreamSpec, ...]:
+    configured = configured_partitions()
+    existing = await existing_partitions(js)
+    change = explain_change(configured, existing)
+    if change and (existing or await _exists(js, TELEMETRY.name)):  # a fresh install changes nothing
+        log.warning("telemetry partitions", detail=change, configured=configured, existing=len(existing))
+    return stream_specs(configured, existing=len(existing))
+
+
+async def _exists(js: JetStreamContext, stream: str) -> bool:
+    try:
+        await js.stream_info(stream)
+    except NotFoundError:
+        return False
+    return True
 
 
 async def _placed(call: Awaitable[object], stream: str, replicas: int) -> None:
