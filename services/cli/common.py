@@ -34,6 +34,24 @@ def add_replicas_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_partitions_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--telemetry-partitions",
+        metavar="N",
+        help="node-sample partition streams (default: $CHAMBER_TELEMETRY_PARTITIONS, else 1); the NATS "
+        "server must map chamber.telemetry.sample.*.* with the same N (the chart and `chamber up` do)",
+    )
+
+
+def apply_partitions_option(args: argparse.Namespace) -> int:
+    """Validate `--telemetry-partitions` and pass it on through the environment; returns the count."""
+    from services.runtime.partitions import ENV, configured_partitions, parse_partitions
+
+    if getattr(args, "telemetry_partitions", None) is not None:
+        os.environ[ENV] = str(parse_partitions(args.telemetry_partitions))
+    return configured_partitions()
+
+
 def apply_replicas_option(args: argparse.Namespace) -> None:
     """Validate `--replicas` and hand it to the runtime through the environment (as the chart does),
     so child processes and every stream/KV creation see the same number."""

@@ -11,7 +11,12 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from services.cli.common import add_replicas_option, apply_replicas_option
+from services.cli.common import (
+    add_partitions_option,
+    add_replicas_option,
+    apply_partitions_option,
+    apply_replicas_option,
+)
 from services.cli.errors import UsageError
 
 
@@ -27,6 +32,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--nats", metavar="URL", help="use this NATS (one URL or a comma-separated list) instead of an embedded one"
     )
     add_replicas_option(p)
+    add_partitions_option(p)
     p.add_argument("--nats-port", type=int, default=4222, help="port of the embedded NATS (default 4222)")
     p.add_argument("--port", type=int, default=8080, help="dashboard and HTTP API port (default 8080)")
     p.add_argument("--nodes", type=int, default=16, help="simulated nodes when no GPU is present (default 16)")
@@ -67,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
 
     _validate(args)
     apply_replicas_option(args)  # children inherit $CHAMBER_NATS_REPLICAS
+    partitions = apply_partitions_option(args)  # and $CHAMBER_TELEMETRY_PARTITIONS
     configure_logging("error")  # the console shows component readiness; details are in the logs
     data_dir = args.data_dir.resolve()
     lock = _lock(data_dir)
@@ -74,7 +81,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         url = args.nats
         if url is None:
-            server = NatsServerProcess(data_dir / "nats", port=args.nats_port, log_file=data_dir / "nats-server.log")
+            server = NatsServerProcess(
+                data_dir / "nats",
+                port=args.nats_port,
+                log_file=data_dir / "nats-server.log",
+                extra_args=_mapping_args(data_dir, partitions),
+            )
             try:
                 server.start()
             except NatsServerError as exc:
@@ -88,6 +100,15 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {'nats':<11}stopped", flush=True)
         os.close(lock)
     return 0
+
+
+def _mapping_args(data_dir: Path, partitions: int) -> list[str]:
+    """The embedded server's configuration: the telemetry partition mapping, when there is one."""
+    from events.partitions import server_mapping_conf
+
+    conf = data_dir / "nats.conf"
+    conf.write_text(server_mapping_conf(partitions) or "# one telemetry partition: no subject mapping\n")
+    return ["-c", str(conf)]
 
 
 def api_token(data_dir: Path) -> str:

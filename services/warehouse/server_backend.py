@@ -14,6 +14,7 @@ from services.warehouse.backend import (
     Warehouse,
     WarehouseError,
     WarehouseUnavailable,
+    dedup_settings,
 )
 
 
@@ -64,8 +65,9 @@ class ServerWarehouse(Warehouse):
         raw = self._call("query", lambda: self._client.raw_query(sql, settings=settings, fmt="JSONCompact"))
         return QueryResult.from_json_compact(raw)
 
-    def insert(self, table: str, data: pa.Table) -> None:
-        self._call(f"insert into {table}", lambda: self._client.insert_arrow(table, data))
+    def insert(self, table: str, data: pa.Table, *, dedup_token: str | None = None) -> None:
+        settings = dedup_settings(dedup_token) if dedup_token else None
+        self._call(f"insert into {table}", lambda: self._client.insert_arrow(table, data, settings=settings))
 
     def close(self) -> None:
         self._client.close()
