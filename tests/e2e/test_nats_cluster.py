@@ -11,6 +11,7 @@ goes on placing jobs, submitted through a CLI whose first server in `--nats` is 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -188,6 +189,11 @@ async def test_the_leader_of_jobs_and_telemetry_dies_and_nothing_acked_is_lost_o
     # 1. streams and KV buckets are R3 with nothing configured: the cluster has three servers
     await eventually(lambda: replicated(js, [s.name for s in STREAMS]), within=60)
     await eventually(lambda: replicated(js, list(KV_BUCKETS)), within=30)
+    listed = await asyncio.to_thread(
+        subprocess.run, [CHAMBER, "streams", "--json", "--nats", url], capture_output=True, text=True, check=True
+    )
+    by_name = {s["name"]: s for s in json.loads(listed.stdout)["streams"]}
+    assert all(by_name[s.name]["replicas"] == 3 and len(by_name[s.name]["followers"]) == 2 for s in STREAMS)
 
     # 2. the fleet is seen and a job is placed
     await eventually(lambda: lease_holder(js), within=30)

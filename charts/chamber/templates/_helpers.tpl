@@ -101,6 +101,10 @@ discovery health scheduler
 - name: CHAMBER_NATS_URL
   value: {{ printf "%s://%s" (include "chamber.natsScheme" $root) (include "chamber.natsHostPort" $root) | quote }}
 {{- end }}
+- name: CHAMBER_NATS_REPLICAS
+  value: {{ min 5 (int $root.Values.nats.replicas) | quote }}
+- name: CHAMBER_TELEMETRY_PARTITIONS
+  value: {{ int $root.Values.nats.telemetryPartitions | quote }}
 {{- end -}}
 
 {{/* ClickHouse */}}
@@ -127,6 +131,10 @@ discovery health scheduler
 {{- end }}
 - name: CHAMBER_CLICKHOUSE_URL
   value: {{ .Values.clickhouse.url | quote }}
+{{- with .Values.clickhouse.cluster }}
+- name: CHAMBER_CLICKHOUSE_CLUSTER
+  value: {{ . | quote }}
+{{- end }}
 {{- end }}
 {{- end -}}
 
