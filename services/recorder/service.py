@@ -146,13 +146,26 @@ async def setup_recorder(
             ctx.consumers.append(consumer)
             running[stream] = (consumer, stopped, asyncio.create_task(consumer.run(stopped)))
 
+        handing_over: set[asyncio.Task[None]] = set()
+
         async def stop(stream: str) -> None:
             consumer, stopped, task = running.pop(stream)
             stopped.set()  # the batch in hand is stored and acked first
-            with contextlib.suppress(Exception):
-                await task
-                await consumer.unsubscribe()
-            ctx.consumers.remove(consumer)
+
+            async def hand_over() -> None:
+                with contextlib.suppress(Exception):
+                    await task
+                    # A pull request still open delivers until it expires: let it, then give what
+                    # came back to the next owner at once (nak) instead of after the ack wait.
+                    await asyncio.sleep(consumer.options.fetch_timeout_s + 0.2)
+                    for msg in getattr(consumer, "_ready", []):
+                        await msg.nak()
+                    await consumer.unsubscribe()
+                ctx.consumers.remove(consumer)
+
+            pending = asyncio.create_task(hand_over())  # in the background: lease rounds stay short
+            handing_over.add(pending)
+            pending.add_done_callback(handing_over.discard)
 
         holder = holder or f"{os.environ.get('POD_NAME') or socket.gethostname()}:{os.getpid()}"
         ownership = PartitionOwnership(ctx.js, partitions, holder, start=start, stop=stop, ttl_s=partition_ttl_s)

@@ -80,13 +80,16 @@ class NatsCluster:
                 if server.proc is None:
                     continue
                 try:
-                    leader = (self.jsz(server).get("meta_cluster") or {}).get("leader")
+                    meta = self.jsz(server).get("meta_cluster") or {}
                 except OSError:
                     continue
-                if leader:
-                    return str(leader)
+                peers = meta.get("replicas") or []
+                # settled: a leader, and (in its view) every other server a current peer
+                leads = meta.get("leader") == server.extra_args[1]
+                if leads and len(peers) == len(self.servers) - 1 and all(p.get("current") for p in peers):
+                    return str(meta["leader"])
             time.sleep(0.1)
-        raise NatsServerError(f"no JetStream meta leader in cluster {self.name} after {timeout_s}s")
+        raise NatsServerError(f"JetStream meta group of cluster {self.name} not settled after {timeout_s}s")
 
     def stop(self) -> None:
         for server in self.servers:

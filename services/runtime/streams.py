@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Iterable
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Iterable
 
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
@@ -19,7 +21,8 @@ log = get_logger("chamber.runtime.streams")
 
 # JetStream's answers when a stream's replicas cannot be placed: "replicas > 1 not supported in
 # non-clustered mode", "no suitable peers for placement", "insufficient resources".
-_PLACEMENT_ERRORS = {10074, 10005, 10023}
+_NOT_CLUSTERED = 10074
+_PLACEMENT_ERRORS = {_NOT_CLUSTERED, 10005, 10023}
 
 
 def stream_config(spec: StreamSpec, replicas: int = 1) -> StreamConfig:
@@ -56,7 +59,7 @@ async def ensure_streams(
         try:
             info = await js.stream_info(spec.name)
         except NotFoundError:
-            await _placed(js.add_stream(wanted), spec.name, replicas)
+            await _placed(lambda w=wanted: js.add_stream(w), spec.name, replicas)
             changed.append(f"added {spec.name}")
             continue
         have = info.config
@@ -69,7 +72,7 @@ async def ensure_streams(
             or have.description != wanted.description
             or (have.num_replicas or 1) != wanted.num_replicas
         ):
-            await _placed(js.update_stream(wanted), spec.name, wanted.num_replicas)
+            await _placed(lambda w=wanted: js.update_stream(w), spec.name, wanted.num_replicas)
             changed.append(f"updated {spec.name}")
     if changed:
         log.info("streams ensured", changed=changed, replicas=replicas)
@@ -93,14 +96,24 @@ async def _exists(js: JetStreamContext, stream: str) -> bool:
     return True
 
 
-async def _placed(call: Awaitable[object], stream: str, replicas: int) -> None:
-    """Run a stream add/update; a placement refusal becomes a message naming the numbers."""
-    try:
-        await call
-    except APIError as exc:
-        if exc.err_code in _PLACEMENT_ERRORS:
+async def _placed(call: Callable[[], Awaitable[object]], stream: str, replicas: int, *, wait_s: float = 30.0) -> None:
+    """Run a stream add/update; a placement refusal becomes a message naming the numbers. A cluster
+    still forming (servers not yet peers) refuses placement for a moment: that is retried."""
+    deadline = time.monotonic() + wait_s
+    delay = 0.2
+    while True:
+        try:
+            await call()
+            return
+        except APIError as exc:
+            if exc.err_code not in _PLACEMENT_ERRORS:
+                raise
+            if exc.err_code != _NOT_CLUSTERED and time.monotonic() < deadline:
+                log.info("stream placement refused, retrying", stream=stream, replicas=replicas, error=exc.description)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+                continue
             raise ReplicasUnavailable(
                 f"stream {stream} needs {replicas} replicas but the NATS cluster cannot place them "
                 f"({exc.description}); run at least {replicas} JetStream servers or lower --replicas"
             ) from None
-        raise
