@@ -81,10 +81,12 @@ def test_the_rendered_cluster_config_is_accepted_by_nats_server(clustered: list[
         timeout=30,
     )
     assert check.returncode == 0, check.stdout + check.stderr
+    auth = (tmp_path / "auth" / "auth.conf").read_text()  # the reader may read every partition stream
+    assert "$JS.API.CONSUMER.CREATE.TELEMETRY_P3" in auth and "$JS.API.STREAM.DELETE.TELEMETRY_P3" in auth
 
 
-def test_every_service_gets_the_replicas_and_the_partitions(clustered: list[Doc]) -> None:
-    for name in ("discovery", "health", "scheduler", "recorder", "gateway"):
+def test_every_service_and_agent_gets_the_replicas_and_the_partitions(clustered: list[Doc]) -> None:
+    for name in ("discovery", "health", "scheduler", "recorder", "gateway", "agent"):
         env = env_of(clustered, name)
         assert env["CHAMBER_NATS_REPLICAS"] == "3" and env["CHAMBER_TELEMETRY_PARTITIONS"] == "4", name
 

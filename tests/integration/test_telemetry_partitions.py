@@ -17,7 +17,8 @@ import pytest
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from events.partitions import partition_of, partition_stream, server_mapping_conf
+from events.partitions import partition_of, partition_stream, partition_subject, server_mapping_conf
+from services.cli import main as chamber
 from services.recorder.partitions import PartitionOwnership, fair_share
 from services.runtime import Publisher, connect, ensure_streams
 from services.runtime.nats_server import NatsServerProcess
@@ -174,3 +175,42 @@ async def test_a_partition_count_changed_between_restarts_is_explained_and_loses
         await nc.close()
     finally:
         two.kill()
+
+
+async def test_with_roles_an_agent_publishes_into_its_partition_and_the_reader_reads_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CHAMBER_TELEMETRY_PARTITIONS", "4")
+    passwords = tmp_path / "passwords"
+    argv = ["nats-config", "--cluster", "c1", "--passwords", str(passwords), "--create-missing"]
+    argv += ["--agent-node", "node-03", "--telemetry-partitions", "4", "--out", str(tmp_path / "auth.conf")]
+    assert chamber(argv) == 0
+    (tmp_path / "nats.conf").write_text(server_mapping_conf(4) + 'include "auth.conf"\n')
+    server = NatsServerProcess(tmp_path / "js", extra_args=["-c", str(tmp_path / "nats.conf")])
+    server.start()
+
+    def url(user: str) -> str:
+        return f"nats://{user}:{(passwords / user).read_text()}@127.0.0.1:{server.port}"
+
+    try:
+        admin = await connect(url("admin"), name="admin")
+        await ensure_streams(admin.jetstream())
+        reader = await connect(url("reader"), name="reader")
+        seen: list[str] = []
+
+        async def on(msg: Any) -> None:
+            seen.append(msg.subject)
+
+        await reader.subscribe("chamber.telemetry.sample.>", cb=on)
+        agent = await connect(url("agent-node-03"), name="agent")
+        ack = await Publisher(agent.jetstream(), source="agent").publish(sample("node-03", 0))
+        p = partition_of("node-03", 4)
+        assert ack.stream == partition_stream(p)
+        await eventually(lambda: seen == [f"chamber.telemetry.sample.c1.node-03.{p}"])
+        pull = await reader.jetstream().pull_subscribe(partition_subject(p), durable=None, stream=partition_stream(p))
+        [msg] = await pull.fetch(1, timeout=5)
+        assert msg.subject.endswith(f".node-03.{p}")
+        for nc in (agent, reader, admin):
+            await nc.close()
+    finally:
+        server.kill()

@@ -101,10 +101,6 @@ discovery health scheduler
 - name: CHAMBER_NATS_URL
   value: {{ printf "%s://%s" (include "chamber.natsScheme" $root) (include "chamber.natsHostPort" $root) | quote }}
 {{- end }}
-- name: CHAMBER_NATS_REPLICAS
-  value: {{ min 5 (int $root.Values.nats.replicas) | quote }}
-- name: CHAMBER_TELEMETRY_PARTITIONS
-  value: {{ int $root.Values.nats.telemetryPartitions | quote }}
 {{- end -}}
 
 {{/* ClickHouse */}}
@@ -142,6 +138,11 @@ discovery health scheduler
 {{- define "chamber.commonEnv" -}}
 - name: CHAMBER_CLUSTER
   value: {{ .Values.cluster.name | quote }}
+# every process that sets up streams (services and agents) asks for the same replicas and partitions
+- name: CHAMBER_NATS_REPLICAS
+  value: {{ min 5 (int .Values.nats.replicas) | quote }}
+- name: CHAMBER_TELEMETRY_PARTITIONS
+  value: {{ int .Values.nats.telemetryPartitions | quote }}
 - name: CHAMBER_MODE
   value: {{ .Values.mode | quote }}
 - name: CHAMBER_HEALTH_PORT
