@@ -1,10 +1,13 @@
 """On one real nats-server: more replicas than servers is refused at start with both numbers, by
-the runtime and by `chamber service` (one line, no traceback, no hang); a list of URLs connects."""
+the runtime and by `chamber service` (one line, no traceback, no hang); a list of URLs connects.
+On three (routes, loopback): config repair raises replicas to the configured count, never lowers
+one an operator raised."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,6 +15,7 @@ from nats.js import JetStreamContext
 
 from events.streams import FAULTS
 from services.runtime import connect, ensure_streams
+from services.runtime.nats_cluster import NatsCluster
 from services.runtime.nats_server import NatsServerProcess, free_port
 from services.runtime.replicas import ReplicasUnavailable
 
@@ -50,5 +54,40 @@ async def test_a_comma_separated_list_survives_a_dead_first_server(nats_server: 
     try:
         assert nc.is_connected and nc.connected_url is not None
         assert nc.connected_url.port == nats_server.port
+    finally:
+        await nc.close()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[NatsCluster]:
+    with NatsCluster(tmp_path / "cluster") as running:
+        yield running
+
+
+async def test_on_three_servers_repair_raises_replicas_but_never_lowers_them(
+    cluster: NatsCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    nc = await connect(cluster.url, name="test")
+    js = nc.jetstream()
+    try:
+        monkeypatch.setenv("CHAMBER_NATS_REPLICAS", "1")
+        await ensure_streams(js)
+        assert (await js.stream_info("JOBS")).config.num_replicas == 1
+        # the operator raises JOBS by hand; a service configured for 1 replica leaves it at 3
+        config = (await js.stream_info("JOBS")).config
+        config.num_replicas = 3
+        await js.update_stream(config)
+        assert await ensure_streams(js) == []
+        assert (await js.stream_info("JOBS")).config.num_replicas == 3
+        # unconfigured on a cluster of three: every stream is raised to 3
+        monkeypatch.delenv("CHAMBER_NATS_REPLICAS")
+        changed = await ensure_streams(js)
+        assert "updated JOBS" not in changed and "updated TELEMETRY" in changed
+        for name in ("TELEMETRY", "JOBS", "FLEET", "DEAD"):
+            assert (await js.stream_info(name)).config.num_replicas == 3
+        # five on three servers: refused with both numbers, at once
+        monkeypatch.setenv("CHAMBER_NATS_REPLICAS", "5")
+        with pytest.raises(ReplicasUnavailable, match=r"5 stream replicas requested .* has 3 JetStream server"):
+            await ensure_streams(js)
     finally:
         await nc.close()
