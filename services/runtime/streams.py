@@ -79,6 +79,25 @@ async def ensure_streams(
     return changed
 
 
+async def ensure_bucket_replicas(js: JetStreamContext, *, replicas: int | None = None) -> list[str]:
+    """Raise Chamber's KV buckets (leases, snapshots, views: streams `KV_chamber_*`) to the configured
+    replicas, never lowering one; a bucket made on one server keeps working when the fleet grows into a
+    cluster. Needs the stream list, so services run it, not agents."""
+    if replicas is None:
+        replicas = replicas_for(js)
+    changed: list[str] = []
+    for info in await js.streams_info():
+        config = info.config
+        if not (config.name or "").startswith("KV_chamber_") or (config.num_replicas or 1) >= replicas:
+            continue
+        config.num_replicas = replicas
+        await _placed(lambda c=config: js.update_stream(c), config.name, replicas)
+        changed.append(f"updated {config.name}")
+    if changed:
+        log.info("bucket replicas raised", changed=changed, replicas=replicas)
+    return changed
+
+
 async def _design_streams(js: JetStreamContext) -> tuple[StreamSpec, ...]:
     configured = configured_partitions()
     existing = await existing_partitions(js)

@@ -18,6 +18,7 @@ from services.runtime import connect, ensure_streams
 from services.runtime.nats_cluster import NatsCluster
 from services.runtime.nats_server import NatsServerProcess, free_port
 from services.runtime.replicas import ReplicasUnavailable
+from services.runtime.streams import ensure_bucket_replicas
 
 pytestmark = pytest.mark.integration
 CHAMBER = str(Path(sys.executable).parent / "chamber")
@@ -85,6 +86,11 @@ async def test_on_three_servers_repair_raises_replicas_but_never_lowers_them(
         assert "updated JOBS" not in changed and "updated TELEMETRY" in changed
         for name in ("TELEMETRY", "JOBS", "FLEET", "DEAD"):
             assert (await js.stream_info(name)).config.num_replicas == 3
+        # a KV bucket made while the fleet had one server is raised too
+        await js.create_key_value(bucket="chamber_lease_old", history=1)
+        assert await ensure_bucket_replicas(js) == ["updated KV_chamber_lease_old"]
+        assert (await js.stream_info("KV_chamber_lease_old")).config.num_replicas == 3
+        assert await ensure_bucket_replicas(js) == []
         # five on three servers: refused with both numbers, at once
         monkeypatch.setenv("CHAMBER_NATS_REPLICAS", "5")
         with pytest.raises(ReplicasUnavailable, match=r"5 stream replicas requested .* has 3 JetStream server"):
