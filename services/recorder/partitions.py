@@ -17,6 +17,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import os
+import socket
 import zlib
 from collections.abc import Awaitable, Callable
 
@@ -25,9 +27,13 @@ from nats.js import JetStreamContext
 from nats.js.errors import BucketNotFoundError, NoKeysError
 from nats.js.kv import KeyValue
 
+from events.partitions import partition_stream
 from events.subjects import token
+from services.runtime.consumer import Consumer
+from services.runtime.host import ServiceContext
 from services.runtime.lease import LeaderLease
 from services.runtime.logs import get_logger
+from services.runtime.partitions import existing_partitions
 from services.runtime.replicas import replicas_for
 
 log = get_logger("chamber.recorder.partitions")
@@ -128,3 +134,48 @@ class PartitionOwnership:
             if self._kv is not None:
                 with contextlib.suppress(Exception):
                     await self._kv.delete(token(self.holder))
+
+
+async def own_partitions(
+    ctx: ServiceContext,
+    make_consumer: Callable[[str], Consumer],
+    *,
+    holder: str | None = None,
+    ttl_s: float = 15.0,
+) -> PartitionOwnership | None:
+    """Run, in the service `ctx`, a consumer (`make_consumer(stream)`) on every telemetry partition
+    this recorder owns, starting and stopping them as the ownership moves. None: no partitions."""
+    streams = [partition_stream(i) for i in await existing_partitions(ctx.js)]
+    if not streams:
+        return None
+    running: dict[str, tuple[Consumer, asyncio.Event, asyncio.Task[None]]] = {}
+    handing_over: set[asyncio.Task[None]] = set()
+
+    async def start(stream: str) -> None:
+        consumer, stopped = make_consumer(stream), asyncio.Event()
+        ctx.consumers.append(consumer)
+        running[stream] = (consumer, stopped, asyncio.create_task(consumer.run(stopped)))
+
+    async def stop(stream: str) -> None:
+        consumer, stopped, task = running.pop(stream)
+        stopped.set()  # the batch in hand is stored and acked first
+
+        async def hand_over() -> None:
+            with contextlib.suppress(Exception):
+                await task
+                # A pull request still open delivers until it expires: let it, then give what came
+                # back to the next owner at once (nak) instead of after the ack wait.
+                await asyncio.sleep(consumer.options.fetch_timeout_s + 0.2)
+                for msg in getattr(consumer, "_ready", []):
+                    await msg.nak()
+                await consumer.unsubscribe()
+            ctx.consumers.remove(consumer)
+
+        pending = asyncio.create_task(hand_over())  # in the background: lease rounds stay short
+        handing_over.add(pending)
+        pending.add_done_callback(handing_over.discard)
+
+    holder = holder or f"{os.environ.get('POD_NAME') or socket.gethostname()}:{os.getpid()}"
+    ownership = PartitionOwnership(ctx.js, streams, holder, start=start, stop=stop, ttl_s=ttl_s)
+    ctx.task(lambda: ownership.run(ctx.stop))
+    return ownership

@@ -12,16 +12,14 @@ import argparse
 import asyncio
 import contextlib
 import os
-import socket
 from typing import Any
 
 import msgspec
 import pyarrow as pa
 
-from events.partitions import partition_stream
 from events.streams import BILLING, FAULTS, FLEET, JOBS, QUOTA, TELEMETRY
 from services.cli.errors import UsageError
-from services.recorder.partitions import PartitionOwnership
+from services.recorder.partitions import own_partitions
 from services.recorder.rows import Recorded
 from services.recorder.samples import SampleConsumer
 from services.recorder.writer import Writer
@@ -29,7 +27,6 @@ from services.runtime import ConsumerOptions, Delivery
 from services.runtime.commands import CommandRefused
 from services.runtime.host import ServiceContext, serve
 from services.runtime.logs import get_logger
-from services.runtime.partitions import existing_partitions
 from services.warehouse import (
     ReadOnlyViolation,
     Warehouse,
@@ -107,22 +104,6 @@ async def setup_recorder(
     async def store_samples(table: pa.Table, suspect: bool) -> None:
         await writer.store_tables({"gpu_samples": table}, suspect=suspect)
 
-    def options(stream: str) -> ConsumerOptions:
-        return ConsumerOptions(
-            stream=stream,
-            durable=DURABLE,
-            batch=batch_size,
-            fetch_timeout_s=flush_interval,
-            ack_wait_s=ack_wait,
-            max_retry_delay_s=10.0,
-        )
-
-    def sample_consumer(stream: str) -> SampleConsumer:  # the hot streams: node samples take the bulk decode
-        async def store(deliveries: list[Delivery]) -> None:
-            await writer.store(to_recorded(stream, deliveries), suspect=any(d.num_delivered > 1 for d in deliveries))
-
-        return SampleConsumer(ctx.js, options(stream), batch_handler=store, table_handler=store_samples)
-
     for spec in [TELEMETRY] * max(0, telemetry_consumers - 1) + list(STREAMS):
 
         async def store(deliveries: list[Delivery], stream: str = spec.name) -> None:
@@ -130,46 +111,37 @@ async def setup_recorder(
             suspect = any(d.num_delivered > 1 for d in deliveries)
             await writer.store(to_recorded(stream, deliveries), suspect=suspect)
 
-        if spec is TELEMETRY:
-            consumer = sample_consumer(spec.name)
+        options = ConsumerOptions(
+            stream=spec.name,
+            durable=DURABLE,
+            batch=batch_size,
+            fetch_timeout_s=flush_interval,
+            ack_wait_s=ack_wait,
+            max_retry_delay_s=10.0,
+        )
+        if spec is TELEMETRY:  # the hot stream: node samples take the bulk decode
+            consumer = SampleConsumer(ctx.js, options, batch_handler=store, table_handler=store_samples)
             ctx.consumers.append(consumer)
             ctx.task(lambda consumer=consumer: consumer.run(ctx.stop))
         else:
-            ctx.consume(options(spec.name), batch_handler=store)
+            ctx.consume(options, batch_handler=store)
 
-    partitions = [partition_stream(i) for i in await existing_partitions(ctx.js)]
-    if partitions:  # each recorder runs the partitions it owns (see services/recorder/partitions.py)
-        running: dict[str, tuple[SampleConsumer, asyncio.Event, asyncio.Task[None]]] = {}
+    def partition_consumer(stream: str) -> SampleConsumer:  # a partition of samples: the bulk decode too
+        async def store(deliveries: list[Delivery]) -> None:
+            suspect = any(d.num_delivered > 1 for d in deliveries)
+            await writer.store(to_recorded(stream, deliveries), suspect=suspect)
 
-        async def start(stream: str) -> None:
-            consumer, stopped = sample_consumer(stream), asyncio.Event()
-            ctx.consumers.append(consumer)
-            running[stream] = (consumer, stopped, asyncio.create_task(consumer.run(stopped)))
+        options = ConsumerOptions(
+            stream=stream,
+            durable=DURABLE,
+            batch=batch_size,
+            fetch_timeout_s=flush_interval,
+            ack_wait_s=ack_wait,
+            max_retry_delay_s=10.0,
+        )
+        return SampleConsumer(ctx.js, options, batch_handler=store, table_handler=store_samples)
 
-        handing_over: set[asyncio.Task[None]] = set()
-
-        async def stop(stream: str) -> None:
-            consumer, stopped, task = running.pop(stream)
-            stopped.set()  # the batch in hand is stored and acked first
-
-            async def hand_over() -> None:
-                with contextlib.suppress(Exception):
-                    await task
-                    # A pull request still open delivers until it expires: let it, then give what
-                    # came back to the next owner at once (nak) instead of after the ack wait.
-                    await asyncio.sleep(consumer.options.fetch_timeout_s + 0.2)
-                    for msg in getattr(consumer, "_ready", []):
-                        await msg.nak()
-                    await consumer.unsubscribe()
-                ctx.consumers.remove(consumer)
-
-            pending = asyncio.create_task(hand_over())  # in the background: lease rounds stay short
-            handing_over.add(pending)
-            pending.add_done_callback(handing_over.discard)
-
-        holder = holder or f"{os.environ.get('POD_NAME') or socket.gethostname()}:{os.getpid()}"
-        ownership = PartitionOwnership(ctx.js, partitions, holder, start=start, stop=stop, ttl_s=partition_ttl_s)
-        ctx.task(lambda: ownership.run(ctx.stop))
+    await own_partitions(ctx, partition_consumer, holder=holder, ttl_s=partition_ttl_s)
 
     async def sql(request: SqlRequest) -> dict[str, Any]:
         return await answer_sql(writer, request.sql, request.max_rows)
