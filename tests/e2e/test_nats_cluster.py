@@ -200,13 +200,26 @@ async def test_the_leader_of_jobs_and_telemetry_dies_and_nothing_acked_is_lost_o
     assert await asyncio.to_thread(submit, url, "before")
     scheduled: dict[str, JobScheduled] = {}
 
-    async def on_job(msg: Any) -> None:
-        event = decode(msg.headers, msg.data).event
-        if isinstance(event, JobScheduled):
-            scheduled[event.job_id] = event
+    async def placed(job: str) -> bool:
+        """Read JOBS from the start (a fresh consumer each time: one that lived on a killed server
+        would be gone) and keep every placement."""
+        try:
+            sub = await js.pull_subscribe("chamber.jobs.>", stream="JOBS")
+            try:
+                while msgs := await sub.fetch(500, timeout=1):
+                    for msg in msgs:
+                        event = decode(msg.headers, msg.data).event
+                        if isinstance(event, JobScheduled):
+                            scheduled[event.job_id] = event
+            except TimeoutError:
+                pass
+            finally:
+                await sub.unsubscribe()
+        except Exception:  # an election in progress
+            return False
+        return job in scheduled
 
-    await js.subscribe("chamber.jobs.>", cb=on_job, ordered_consumer=True)
-    await eventually(lambda: "before" in scheduled, within=60)
+    await eventually(lambda: placed("before"), within=60)
 
     # 3. one server leads both JOBS and TELEMETRY; the lease holder runs beside it
     victim = await stream_leader(js, "JOBS")
@@ -233,7 +246,7 @@ async def test_the_leader_of_jobs_and_telemetry_dies_and_nothing_acked_is_lost_o
     # the CLI is given the dead server first: it goes on to the next one
     survivors_first = ",".join([dead.url, *(s.url for s in cluster.servers if s is not dead)])
     assert await asyncio.to_thread(submit, survivors_first, "during")
-    await eventually(lambda: "during" in scheduled, within=60)
+    await eventually(lambda: placed("during"), within=60)
     assert await lease_holder(js) == standby
     assert await stream_leader(js, "JOBS") != victim and await stream_leader(js, "TELEMETRY") != victim
 
@@ -241,7 +254,7 @@ async def test_the_leader_of_jobs_and_telemetry_dies_and_nothing_acked_is_lost_o
     await asyncio.to_thread(dead.start)
     scheduler(procs, url, holder)
     assert await asyncio.to_thread(submit, url, "after")
-    await eventually(lambda: "after" in scheduled, within=60)
+    await eventually(lambda: placed("after"), within=60)
     await eventually(lambda: replicated(js, [s.name for s in STREAMS] + list(KV_BUCKETS)), within=60)
     stop_probe.set()
     await probing
@@ -257,8 +270,8 @@ async def test_the_leader_of_jobs_and_telemetry_dies_and_nothing_acked_is_lost_o
     assert events == distinct_events
     jobs = {row[0] for row in await sql(client, "SELECT DISTINCT job_id FROM job_events")}
     assert {"before", "during", "after"} <= jobs
-    placed = [p for e in scheduled.values() for p in e.placements]
-    gpus = [(p.node, i) for p in placed for i in p.gpu_indices]
+    placements = [p for e in scheduled.values() for p in e.placements]
+    gpus = [(p.node, i) for p in placements for i in p.gpu_indices]
     assert len(gpus) == len(set(gpus))  # no GPU given out twice across the leader change
     print(
         f"\ncluster kill: first accepted publish {first_publish_s:.2f}s after kill -9; "
