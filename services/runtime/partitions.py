@@ -71,7 +71,7 @@ def explain_change(configured: int, existing: list[int]) -> str | None:
     have = len(existing)
     if (configured == 1 and have == 0) or have == configured:
         return None
-    extra = [partition_stream(i) for i in existing if i >= configured]
+    extra = [partition_stream(i) for i in existing if i >= configured or configured == 1]  # 1: no mapping
     if configured > 1 and have < configured:
         return (
             f"telemetry partitions changed from {have or 1} to {configured}: adding partition streams. The "

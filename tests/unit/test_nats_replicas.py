@@ -50,3 +50,13 @@ def test_a_comma_separated_list_names_every_server() -> None:
     assert server_urls(["nats://a:1,nats://b:2"]) == ["nats://a:1", "nats://b:2"]
     with pytest.raises(ValueError, match="no NATS server"):
         server_urls(" , ")
+
+
+def test_a_changed_partition_count_is_explained() -> None:
+    from services.runtime.partitions import explain_change
+
+    assert explain_change(1, []) is None and explain_change(4, [0, 1, 2, 3]) is None
+    assert "from 2 to 4: adding partition streams" in (explain_change(4, [0, 1]) or "")
+    fewer = explain_change(2, [0, 1, 2, 3]) or ""
+    assert "TELEMETRY_P2, TELEMETRY_P3 receive no new samples" in fewer and "nothing is lost" in fewer
+    assert "TELEMETRY_P0, TELEMETRY_P1 receive no new samples" in (explain_change(1, [0, 1]) or "")
