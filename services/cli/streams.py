@@ -43,8 +43,9 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"streams": streams}, indent=2))
         return 0
-    print(f"{'stream':<34} {'R':>2} {'leader':<20} {'followers (current?)':<34} {'messages':>10}")
+    width = max([len("stream"), *(len(s["name"]) for s in streams)])
+    print(f"{'stream':<{width}} {'R':>2} {'leader':<16} {'followers (behind?)':<32} {'messages':>10}")
     for s in streams:
         followers = ", ".join(f"{f['name']}{'' if f['current'] else ' (behind)'}" for f in s["followers"]) or "-"
-        print(f"{s['name']:<34} {s['replicas']:>2} {s['leader'] or '-':<20} {followers:<34} {s['messages']:>10}")
+        print(f"{s['name']:<{width}} {s['replicas']:>2} {s['leader'] or '-':<16} {followers:<32} {s['messages']:>10}")
     return 0
