@@ -52,10 +52,14 @@ def cluster_size(server_info: dict[str, Any]) -> int | None:
     return len(urls) or None
 
 
-def resolve_replicas(server_info: dict[str, Any], requested: int | None) -> int:
+def resolve_replicas(server_info: dict[str, Any], requested: int | None, *, known_peers: int = 0) -> int:
     """The replica count to ask for: the configured one if the cluster can hold it, else a refusal;
-    unconfigured, 3 on a cluster of 3 or more, else 1."""
+    unconfigured, 3 on a cluster of 3 or more, else 1. `known_peers`: servers the cluster evidently
+    has (an existing stream's replicas), which counts while one of them is down and so not advertised
+    (a rolling restart must not make services refuse to start)."""
     size = cluster_size(server_info)
+    if size is not None and server_info.get("cluster"):
+        size = max(size, known_peers)
     if requested is None:
         return 3 if size is not None and size >= 3 else 1
     if size is not None and requested > size:
@@ -67,8 +71,25 @@ def resolve_replicas(server_info: dict[str, Any], requested: int | None) -> int:
     return requested
 
 
-def replicas_for(js_or_nc: Any) -> int:
-    """The replica count for a JetStream context or client (reads the server's INFO, no I/O)."""
-    nc = getattr(js_or_nc, "_nc", js_or_nc)
+def _client(js_or_nc: Any) -> Any:
+    return getattr(js_or_nc, "_nc", js_or_nc)
+
+
+def replicas_for(js_or_nc: Any, *, known_peers: int = 0, fresh: bool = False) -> int:
+    """The replica count for a JetStream context or client: the one `remember`ed for this connection
+    (what `ensure_streams` settled on) unless `fresh`, else from configuration and the server's INFO
+    (no I/O)."""
+    nc = _client(js_or_nc)
+    remembered = getattr(nc, _REMEMBERED, None)
+    if remembered is not None and not fresh:
+        return int(remembered)
     info = getattr(nc, "_server_info", None) or {}
-    return resolve_replicas(info, requested_replicas())
+    return resolve_replicas(info, requested_replicas(), known_peers=known_peers)
+
+
+def remember(js_or_nc: Any, replicas: int) -> None:
+    """Keep the count for this connection, so KV buckets created later agree with the streams."""
+    setattr(_client(js_or_nc), _REMEMBERED, replicas)
+
+
+_REMEMBERED = "_chamber_replicas"

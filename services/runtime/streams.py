@@ -14,7 +14,7 @@ from events.partitions import stream_specs
 from events.streams import TELEMETRY, StreamSpec
 from services.runtime.logs import get_logger
 from services.runtime.partitions import configured_partitions, existing_partitions, explain_change
-from services.runtime.replicas import ReplicasUnavailable, replicas_for
+from services.runtime.replicas import ReplicasUnavailable, remember, replicas_for
 
 log = get_logger("chamber.runtime.streams")
 
@@ -50,7 +50,8 @@ async def ensure_streams(
     `replicas` (default: `replicas_for(js)`, from configuration and the cluster) is a floor: a stream
     with fewer is raised to it, one an operator raised higher keeps its count (never lowered)."""
     if replicas is None:
-        replicas = replicas_for(js)
+        replicas = replicas_for(js, known_peers=await _known_peers(js), fresh=True)
+        remember(js, replicas)
     if specs is None:
         specs = await _design_streams(js)
     changed: list[str] = []
@@ -105,6 +106,17 @@ async def _design_streams(js: JetStreamContext) -> tuple[StreamSpec, ...]:
     if change and (existing or await _exists(js, TELEMETRY.name)):  # a fresh install changes nothing
         log.warning("telemetry partitions", detail=change, configured=configured, existing=len(existing))
     return stream_specs(configured, existing=len(existing))
+
+
+async def _known_peers(js: JetStreamContext) -> int:
+    """Servers the cluster evidently has: the replicas of the design's existing streams."""
+    known = 0
+    for name in ("JOBS", TELEMETRY.name):
+        try:
+            known = max(known, (await js.stream_info(name)).config.num_replicas or 1)
+        except NotFoundError:
+            continue
+    return known
 
 
 async def _exists(js: JetStreamContext, stream: str) -> bool:

@@ -60,3 +60,12 @@ def test_a_changed_partition_count_is_explained() -> None:
     fewer = explain_change(2, [0, 1, 2, 3]) or ""
     assert "TELEMETRY_P2, TELEMETRY_P3 receive no new samples" in fewer and "nothing is lost" in fewer
     assert "TELEMETRY_P0, TELEMETRY_P1 receive no new samples" in (explain_change(1, [0, 1]) or "")
+
+
+def test_a_server_down_in_a_rolling_restart_does_not_make_three_replicas_refused() -> None:
+    two_advertised = {"cluster": "c", "connect_urls": ["10.0.0.1:4222", "10.0.0.2:4222"]}
+    with pytest.raises(ReplicasUnavailable):
+        resolve_replicas(two_advertised, 3)  # a fresh cluster missing a server: refused, with numbers
+    assert resolve_replicas(two_advertised, 3, known_peers=3) == 3  # R3 streams exist: it has three
+    assert resolve_replicas(two_advertised, None, known_peers=3) == 3
+    assert resolve_replicas(SINGLE, None, known_peers=3) == 1  # not clustered: known peers do not count
