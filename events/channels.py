@@ -31,7 +31,9 @@ CHANNELS: tuple[Channel, ...] = (
         "telemetrySample",
         "chamber.telemetry.sample.{cluster}.{node}",
         TELEMETRY,
-        "One sample of all GPUs of a node per interval.",
+        "One sample of all GPUs of a node per interval. With N telemetry partitions the server's subject "
+        "mapping appends the node's partition (chamber.telemetry.sample.{cluster}.{node}.{p}, stream "
+        "TELEMETRY_P{p}): subscribe with chamber.telemetry.sample.> to receive every sample either way.",
         (telemetry.NodeSample,),
         _NODE,
     ),

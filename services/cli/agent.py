@@ -9,7 +9,7 @@ import socket
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from services.cli.common import add_cluster_option, add_nats_option
+from services.cli.common import add_cluster_option, add_nats_option, add_replicas_option, apply_replicas_option
 from services.cli.errors import UsageError
 
 if TYPE_CHECKING:  # imported lazily at run time: `chamber --help` stays fast
@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # imported lazily at run time: `chamber --help` stays fast
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("agent", help="run the node agent (NVML sampling, or --simulate a fleet)")
     add_nats_option(p)
+    add_replicas_option(p)
     add_cluster_option(p)
     p.add_argument("--node", help="this node's name (default: the hostname; with --simulate, the name prefix 'sim')")
     p.add_argument("--interval", type=float, default=1.0, metavar="SECONDS", help="seconds between samples (default 1)")
@@ -97,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
     from services.runtime.logs import configure_logging
 
     configure_logging(args.log_level)
+    apply_replicas_option(args)
     opts = options(args)
     try:
         agent = Agent(opts)

@@ -21,8 +21,47 @@ def add_nats_option(parser: argparse.ArgumentParser) -> None:
         "--nats",
         metavar="URL",
         default=os.environ.get("CHAMBER_NATS_URL", DEFAULT_NATS_URL),
-        help=f"NATS server (default: $CHAMBER_NATS_URL or {DEFAULT_NATS_URL})",
+        help=f"NATS server, or several separated by commas (default: $CHAMBER_NATS_URL or {DEFAULT_NATS_URL})",
     )
+
+
+def add_replicas_option(parser: argparse.ArgumentParser) -> None:
+    """`--replicas N`: copies of each stream and KV bucket (processes that create them)."""
+    parser.add_argument(
+        "--replicas",
+        metavar="N",
+        help="stream and KV replicas (default: $CHAMBER_NATS_REPLICAS, else 3 on a JetStream cluster "
+        "of 3 or more servers, else 1); never lowers a stream an operator raised",
+    )
+
+
+def add_partitions_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--telemetry-partitions",
+        metavar="N",
+        help="node-sample partition streams (default: $CHAMBER_TELEMETRY_PARTITIONS, else 1); the NATS "
+        "server must map chamber.telemetry.sample.*.* with the same N (the chart and `chamber up` do)",
+    )
+
+
+def apply_partitions_option(args: argparse.Namespace) -> int:
+    """Validate `--telemetry-partitions` and pass it on through the environment; returns the count."""
+    from services.runtime.partitions import ENV, configured_partitions, parse_partitions
+
+    if getattr(args, "telemetry_partitions", None) is not None:
+        os.environ[ENV] = str(parse_partitions(args.telemetry_partitions))
+    return configured_partitions()
+
+
+def apply_replicas_option(args: argparse.Namespace) -> None:
+    """Validate `--replicas` and hand it to the runtime through the environment (as the chart does),
+    so child processes and every stream/KV creation see the same number."""
+    from services.runtime.replicas import ENV, parse_replicas, requested_replicas
+
+    if getattr(args, "replicas", None) is not None:
+        os.environ[ENV] = str(parse_replicas(args.replicas))
+    else:
+        requested_replicas()  # a bad $CHAMBER_NATS_REPLICAS is refused here, before connecting
 
 
 def add_cluster_option(parser: argparse.ArgumentParser) -> None:

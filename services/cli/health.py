@@ -66,12 +66,14 @@ def _reachable(url: str) -> bool:
     import socket
     from urllib.parse import urlparse
 
-    parsed = urlparse(url if "://" in url else f"nats://{url}")
-    try:
-        with socket.create_connection((parsed.hostname or "127.0.0.1", parsed.port or 4222), timeout=0.5):
-            return True
-    except OSError:
-        return False
+    for one in url.split(","):  # a comma-separated list: any server that answers will do
+        parsed = urlparse(one.strip() if "://" in one else f"nats://{one.strip()}")
+        try:
+            with socket.create_connection((parsed.hostname or "127.0.0.1", parsed.port or 4222), timeout=0.5):
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def run_policy(args: argparse.Namespace) -> int:

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from events import subjects
+from events.partitions import partition_stream
 from events.streams import STREAMS
 from services.cli.common import add_cluster_option
 from services.cli.errors import UsageError
@@ -97,14 +98,20 @@ def _read_streams(streams: Iterable[str]) -> list[str]:
     return out
 
 
-def _protect_streams() -> tuple[str, ...]:
+def _partition_streams(partitions: int) -> list[str]:
+    """TELEMETRY_P0..N-1 when telemetry is partitioned (see events/partitions.py), else none."""
+    return [partition_stream(i) for i in range(partitions)] if partitions > 1 else []
+
+
+def _protect_streams(partitions: int = 1) -> tuple[str, ...]:
     """No service deletes, purges or deletes messages from the event history (KV buckets, also
     streams, stay manageable). Stream UPDATE stays allowed: every service ensures the streams' config."""
     verbs = ("DELETE", "PURGE", "MSG.DELETE")
-    return tuple(f"$JS.API.STREAM.{verb}.{s.name}" for s in STREAMS for verb in verbs)
+    names = [s.name for s in STREAMS] + _partition_streams(partitions)
+    return tuple(f"$JS.API.STREAM.{verb}.{name}" for name in names for verb in verbs)
 
 
-def service_user(service: str, cluster: str) -> User:
+def service_user(service: str, cluster: str, partitions: int = 1) -> User:
     publish = [*owned_subjects(service, cluster), "chamber.dead.>", "$JS.API.>", "$JS.ACK.>", "$JS.FC.>", "$KV.>"]
     if service == "gateway":
         publish.append("chamber.cmd.>")
@@ -114,18 +121,26 @@ def service_user(service: str, cluster: str) -> User:
         Permissions(
             publish=tuple(publish),
             subscribe=(INBOX, f"chamber.cmd.{subjects.token(service)}.>"),
-            deny_publish=_protect_streams(),
+            deny_publish=_protect_streams(partitions),
             allow_responses=True,
         ),
     )
 
 
 def _node_subjects(cluster: str, node: str | None) -> list[str]:
-    """One node's telemetry and fault subjects; `None`: any node of the cluster (a `*` wildcard)."""
+    """One node's telemetry and fault subjects; `None`: any node of the cluster (a `*` wildcard).
+    nats-server checks publish permissions on the subject after its mappings, so a node's samples
+    are also allowed with the partition token the telemetry mapping appends (events/partitions.py)."""
     if node is not None:
-        return [subjects.sample(cluster, node), subjects.inventory(cluster, node), subjects.faults(cluster, node)]
+        sample = subjects.sample(cluster, node)
+        return [sample, f"{sample}.*", subjects.inventory(cluster, node), subjects.faults(cluster, node)]
     c = subjects.token(cluster)
-    return [f"chamber.telemetry.sample.{c}.*", f"chamber.telemetry.inventory.{c}.*", f"chamber.faults.{c}.*"]
+    return [
+        f"chamber.telemetry.sample.{c}.*",
+        f"chamber.telemetry.sample.{c}.*.*",
+        f"chamber.telemetry.inventory.{c}.*",
+        f"chamber.faults.{c}.*",
+    ]
 
 
 def _stream_exists_checks() -> list[str]:
@@ -169,12 +184,12 @@ def simulator_user(cluster: str) -> User:
     )
 
 
-def reader_user() -> User:
+def reader_user(partitions: int = 1) -> User:
     return User(
         "reader",
         "reader",
         Permissions(
-            publish=tuple(_read_streams(EVENT_STREAMS)),
+            publish=tuple(_read_streams([*EVENT_STREAMS, *_partition_streams(partitions)])),
             subscribe=(INBOX, *(p for s in STREAMS if s.name in EVENT_STREAMS for p in s.subjects)),
         ),
     )
@@ -187,14 +202,15 @@ def users(
     agent_nodes: Sequence[str] = (),
     shared_agent: bool = False,
     simulator: bool = False,
+    telemetry_partitions: int = 1,
 ) -> list[User]:
-    out = [service_user(s, cluster) for s in services]
+    out = [service_user(s, cluster, telemetry_partitions) for s in services]
     out += [agent_user(cluster, n) for n in agent_nodes]
     if shared_agent:
         out.append(shared_agent_user(cluster))
     if simulator:
         out.append(simulator_user(cluster))
-    out += [reader_user(), User("admin", "admin", None)]
+    out += [reader_user(telemetry_partitions), User("admin", "admin", None)]
     return out
 
 
@@ -246,10 +262,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--shared-agent", action="store_true", help="one agent user for any node of the cluster")
     p.add_argument("--simulator", action="store_true", help="a user for the simulated fleet")
     p.add_argument("--out", type=Path, help="write here (default: stdout)")
+    p.add_argument(
+        "--telemetry-partitions",
+        default=os.environ.get("CHAMBER_TELEMETRY_PARTITIONS") or "1",
+        metavar="N",
+        help="node-sample partition streams the reader may read and services may not delete (default 1)",
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from services.runtime.partitions import parse_partitions
+
     for node in args.agent_node:
         if not node or any(c.isspace() for c in node):
             raise UsageError(f"--agent-node {node!r}: give a Kubernetes node name")
@@ -259,6 +283,7 @@ def run(args: argparse.Namespace) -> int:
         agent_nodes=args.agent_node,
         shared_agent=args.shared_agent,
         simulator=args.simulator,
+        telemetry_partitions=parse_partitions(args.telemetry_partitions),
     )
     text = render(chosen, PasswordSource(args.passwords, create_missing=args.create_missing))
     if args.out is None:

@@ -11,7 +11,13 @@ import pkgutil
 from types import ModuleType
 
 import services
-from services.cli.common import add_nats_option
+from services.cli.common import (
+    add_nats_option,
+    add_partitions_option,
+    add_replicas_option,
+    apply_partitions_option,
+    apply_replicas_option,
+)
 
 
 def discover() -> dict[str, ModuleType]:
@@ -35,6 +41,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     for name, module in discover().items():
         sp = services_sub.add_parser(name, help=getattr(module, "DESCRIPTION", ""))
         add_nats_option(sp)
+        add_replicas_option(sp)
+        add_partitions_option(sp)
         sp.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
         sp.add_argument(
             "--health-port",
@@ -52,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
     from services.runtime.logs import configure_logging
 
     configure_logging(args.log_level)
+    apply_replicas_option(args)
+    apply_partitions_option(args)
     if args.health_port is not None:  # the host reads it from the environment (services never see it)
         os.environ["CHAMBER_HEALTH_PORT"] = str(args.health_port)
     asyncio.run(run_until_stopped(lambda stop: args.module.run(args, stop)))

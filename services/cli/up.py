@@ -21,6 +21,12 @@ import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from services.cli.common import (
+    add_partitions_option,
+    add_replicas_option,
+    apply_partitions_option,
+    apply_replicas_option,
+)
 from services.cli.errors import UsageError
 
 if TYPE_CHECKING:
@@ -39,7 +45,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=Path(os.environ.get("CHAMBER_DATA_DIR", ".chamber")),
         help="where streams and the warehouse live (default: $CHAMBER_DATA_DIR or .chamber)",
     )
-    p.add_argument("--nats", metavar="URL", help="use this NATS instead of starting an embedded one")
+    p.add_argument(
+        "--nats", metavar="URL", help="use this NATS (one URL or a comma-separated list) instead of an embedded one"
+    )
+    add_replicas_option(p)
+    add_partitions_option(p)
     p.add_argument(
         "--nats-port",
         type=int,
@@ -145,13 +155,15 @@ def run(args: argparse.Namespace) -> int:
     from services.runtime.logs import configure_logging
 
     _validate(args)
+    apply_replicas_option(args)  # children inherit $CHAMBER_NATS_REPLICAS
+    partitions = apply_partitions_option(args)  # and $CHAMBER_TELEMETRY_PARTITIONS
     configure_logging("error")  # the console shows component readiness; details are in the logs
     data_dir = args.data_dir.resolve()
     lock = _lock(data_dir)  # first: "already running on this data dir" says more than "port in use"
     try:
         check_ports(args)
         _print_disk_budget(args)
-        asyncio.run(_serve(args, data_dir))
+        asyncio.run(_serve(args, data_dir, partitions))
     finally:
         os.close(lock)
     return 0
@@ -246,7 +258,7 @@ def mark_demo_setup(data_dir: Path, quota_events: int) -> bool:
     return marker.exists()
 
 
-async def _serve(args: argparse.Namespace, data_dir: Path) -> None:
+async def _serve(args: argparse.Namespace, data_dir: Path, partitions: int = 1) -> None:
     from events.streams import QUOTA
     from services.cli.service import discover
     from services.runtime import connect, ensure_streams, run_until_stopped
@@ -259,7 +271,10 @@ async def _serve(args: argparse.Namespace, data_dir: Path) -> None:
     store = data_dir / "nats"
     server: NatsServerProcess | None = None
     if url is None:
-        conf = nats_auth(data_dir, _cluster(), list(discover()))
+        from events.partitions import server_mapping_conf
+
+        mapping = server_mapping_conf(partitions)  # the telemetry partition mapping, when there is one
+        conf = nats_auth(data_dir, _cluster(), list(discover()), extra=mapping)
         server = NatsServerProcess(store, port=args.nats_port, monitor_port=free_port(), extra_args=["-c", str(conf)])
         # supervised like every component: a killed nats-server is restarted on the same store and port
         supervisor.add(Component("nats", server.argv(), stop_last=True, unset=SECRETS))

@@ -24,6 +24,8 @@ from services.health.replay import CatchUp, DeliverFrom
 from services.runtime.consumer import ConsumerOptions, Delivery
 from services.runtime.host import ServiceContext, serve
 from services.runtime.logs import get_logger
+from services.runtime.partitions import telemetry_inputs
+from services.runtime.replicas import replicas_for
 
 NAME = "discovery"
 DESCRIPTION = "fleet inventory from agents and Kubernetes: nodes discovered, updated, suspect, lost"
@@ -104,7 +106,9 @@ async def open_bucket(js: Any) -> KeyValue:
     try:
         return await js.key_value(BUCKET)
     except BucketNotFoundError:
-        return await js.create_key_value(bucket=BUCKET, history=1, description="current fleet view (discovery)")
+        return await js.create_key_value(
+            bucket=BUCKET, history=1, description="current fleet view (discovery)", replicas=replicas_for(js)
+        )
 
 
 def list_kube_nodes(api: Any, cluster: str, now: float) -> KubeNodesListed:
@@ -139,14 +143,15 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
 async def setup(ctx: ServiceContext, args: argparse.Namespace, kube_api: Any = None) -> DiscoveryShell:
     state = core.new_state(suspect_after_intervals=args.suspect_intervals, lost_after_s=args.lost_after)
     shell = DiscoveryShell(ctx, state, await open_bucket(ctx.js), args.view_every)
-    inputs = (
-        ("TELEMETRY", DeliverPolicy.LAST_PER_SUBJECT),  # the current picture of every node, then live
-        ("FLEET", DeliverPolicy.ALL),  # what was announced, and isolations for the view
-    )
-    for stream, policy in inputs:
+    inputs = [
+        # the current picture of every node, then live: TELEMETRY and each of its partitions
+        *((stream, subject, DeliverPolicy.LAST_PER_SUBJECT) for stream, subject in await telemetry_inputs(ctx.js)),
+        ("FLEET", "chamber.fleet.>", DeliverPolicy.ALL),  # what was announced, and isolations for the view
+    ]
+    for stream, subject, policy in inputs:
         consumer = DeliverFrom(
             ctx.js,
-            ConsumerOptions(stream=stream, durable=None, filter_subjects=(f"chamber.{stream.lower()}.>",)),
+            ConsumerOptions(stream=stream, durable=None, filter_subjects=(subject,)),
             policy=policy,
             batch_handler=shell.on_batch,
         )

@@ -26,6 +26,7 @@ from services.runtime import Consumer, ConsumerOptions, Delivery
 from services.runtime.commands import CommandRefused, CommandUnavailable, request
 from services.runtime.host import ServiceContext, serve
 from services.runtime.logs import get_logger
+from services.runtime.partitions import telemetry_inputs
 
 NAME = "gateway"
 DESCRIPTION = "HTTP API, dashboard and Prometheus /metrics (default http://127.0.0.1:8080)"
@@ -73,7 +74,13 @@ class LatestPerSubject(Consumer):
         return config
 
 
-def consume_all(ctx: ServiceContext, state: GatewayState) -> list[Consumer]:
+def consume_all(
+    ctx: ServiceContext, state: GatewayState, telemetry: list[tuple[str, str]] | None = None
+) -> list[Consumer]:
+    """`telemetry`: (stream, filter) of TELEMETRY and its partitions (`telemetry_inputs`)."""
+    if telemetry is None:
+        telemetry = [(TELEMETRY.name, TELEMETRY.subjects[0])]
+
     async def fold(batch: list[Delivery]) -> None:
         for delivery in batch:
             evolve(state, delivery.envelope.event)
@@ -82,19 +89,22 @@ def consume_all(ctx: ServiceContext, state: GatewayState) -> list[Consumer]:
         ctx.consume(ConsumerOptions(stream=spec.name, durable=None), batch_handler=fold)
         for spec in (FLEET, JOBS, QUOTA, BILLING, FAULTS)
     ]
-    # the server needs a filter subject to deliver the last message per subject
-    options = ConsumerOptions(stream=TELEMETRY.name, durable=None, filter_subjects=TELEMETRY.subjects)
-    telemetry = LatestPerSubject(ctx.js, options, batch_handler=fold)
-    ctx.consumers.append(telemetry)
-    ctx.task(lambda: telemetry.run(ctx.stop))
-    return [*consumers, telemetry]
+    # the server needs a filter subject to deliver the last message per subject; every partition
+    latest = []
+    for stream, subject in telemetry:
+        options = ConsumerOptions(stream=stream, durable=None, filter_subjects=(subject,))
+        consumer = LatestPerSubject(ctx.js, options, batch_handler=fold)
+        ctx.consumers.append(consumer)
+        ctx.task(lambda consumer=consumer: consumer.run(ctx.stop))  # type: ignore[misc]
+        latest.append(consumer)
+    return [*consumers, *latest]
 
 
 async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
     state = GatewayState()
 
     async def setup(ctx: ServiceContext) -> None:
-        consumers = consume_all(ctx, state)
+        consumers = consume_all(ctx, state, await telemetry_inputs(ctx.js))
 
         async def forward(service: str, verb: str, payload: dict[str, Any]) -> Any:
             return await request(ctx.nc, service, verb, payload, timeout=args.command_timeout)

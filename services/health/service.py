@@ -32,6 +32,7 @@ from services.runtime.commands import CommandRefused
 from services.runtime.consumer import ConsumerOptions, Delivery
 from services.runtime.host import ServiceContext, serve
 from services.runtime.logs import get_logger
+from services.runtime.partitions import telemetry_inputs
 
 NAME = "health"
 DESCRIPTION = "isolate failing GPUs and nodes by policy (XID, ECC, remap, thermal, power, NVLink, PCIe)"
@@ -252,13 +253,14 @@ async def setup(ctx: ServiceContext, args: argparse.Namespace, policy: Policy, a
         )
         shell.catch_up.watch(consumer)
         _add(ctx, consumer)
-    samples = DeliverFrom(
-        ctx.js,
-        ConsumerOptions(stream="TELEMETRY", durable=None, filter_subjects=("chamber.telemetry.sample.>",)),
-        policy=DeliverPolicy.NEW,
-        batch_handler=shell.on_batch,
-    )
-    _add(ctx, samples)
+    for stream, subject in await telemetry_inputs(ctx.js, samples_only=True):  # every partition
+        samples = DeliverFrom(
+            ctx.js,
+            ConsumerOptions(stream=stream, durable=None, filter_subjects=(subject,)),
+            policy=DeliverPolicy.NEW,
+            batch_handler=shell.on_batch,
+        )
+        _add(ctx, samples)
     ctx.every(args.tick, shell.tick)
     ctx.command("restore", TargetRequest, shell.restore)
     ctx.command("confirm", TargetRequest, shell.confirm)

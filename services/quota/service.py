@@ -36,6 +36,7 @@ from services.quota.core import (
 from services.runtime import ConsumerOptions, Delivery
 from services.runtime.commands import CommandRefused
 from services.runtime.host import ServiceContext, serve
+from services.runtime.replicas import replicas_for
 from services.scheduler.replay import caught_up
 
 NAME = "quota"
@@ -151,7 +152,7 @@ class QuotaService:
                 self._kv = await self.ctx.js.key_value(KV_BUCKET)
             except BucketNotFoundError:
                 with contextlib.suppress(Exception):
-                    await self.ctx.js.create_key_value(bucket=KV_BUCKET, history=1)
+                    await self.ctx.js.create_key_value(bucket=KV_BUCKET, history=1, replicas=replicas_for(self.ctx.js))
                 self._kv = await self.ctx.js.key_value(KV_BUCKET)
         return self._kv
 

@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from events.streams import BILLING, FAULTS, FLEET, JOBS, QUOTA, TELEMETRY
 from services.cli.errors import UsageError
+from services.recorder.partitions import own_partitions
 from services.recorder.retention import RAW_TTL_DAYS, ROLLUP_TTL_DAYS, apply_retention
 from services.recorder.rows import Recorded
 from services.recorder.samples import FETCH_MAX_BYTES, MIN_FETCH_MAX_BYTES, SampleConsumer
@@ -80,6 +81,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=ROLLUP_TTL_DAYS,
         help=f"days the per-GPU minute rollups are kept ({ROLLUP_TTL_DAYS})",
     )
+    parser.add_argument(
+        "--partition-lease-ttl",
+        type=float,
+        default=15.0,
+        help="seconds a telemetry partition's lease lives without renewal; recorders rebalance within it (15)",
+    )
 
 
 def to_recorded(stream: str, deliveries: list[Delivery]) -> list[Recorded]:
@@ -107,9 +114,12 @@ async def setup_recorder(
     telemetry_consumers: int = 1,
     fetch_max_bytes: int = FETCH_MAX_BYTES,
     analytics: Warehouse | None = None,
+    holder: str | None = None,
+    partition_ttl_s: float = 15.0,
 ) -> None:
     """Consumers for every stream, and the `sql` command. TELEMETRY may get several pull consumers on
-    the same durable, so one decodes and acks while another's batch is being inserted."""
+    the same durable, so one decodes and acks while another's batch is being inserted. Telemetry
+    partition streams are shared out among the live recorders (`holder` names this one)."""
 
     async def store_samples(table: pa.Table, suspect: bool) -> None:
         await writer.store_tables({"gpu_samples": table}, suspect=suspect)
@@ -137,6 +147,25 @@ async def setup_recorder(
             ctx.task(lambda consumer=consumer: consumer.run(ctx.stop))
         else:
             ctx.consume(options, batch_handler=store)
+
+    def partition_consumer(stream: str) -> SampleConsumer:  # a partition of samples: the bulk decode too
+        async def store(deliveries: list[Delivery]) -> None:
+            suspect = any(d.num_delivered > 1 for d in deliveries)
+            await writer.store(to_recorded(stream, deliveries), suspect=suspect)
+
+        options = ConsumerOptions(
+            stream=stream,
+            durable=DURABLE,
+            batch=batch_size,
+            fetch_timeout_s=flush_interval,
+            ack_wait_s=ack_wait,
+            max_retry_delay_s=10.0,
+        )
+        return SampleConsumer(
+            ctx.js, options, batch_handler=store, table_handler=store_samples, fetch_max_bytes=fetch_max_bytes
+        )
+
+    await own_partitions(ctx, partition_consumer, holder=holder, ttl_s=partition_ttl_s)
 
     async def sql(request: SqlRequest) -> dict[str, Any]:
         return await answer_sql(writer, request.sql, request.max_rows, analytics=analytics)
@@ -241,6 +270,7 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
                 telemetry_consumers=args.telemetry_consumers,
                 fetch_max_bytes=max_bytes,
                 analytics=analytics,
+                partition_ttl_s=args.partition_lease_ttl,
             )
 
         await serve(NAME, args.nats, setup, stop)

@@ -11,6 +11,7 @@ batch in process and nothing is lost or acked early.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -39,6 +40,16 @@ def _batch_key(tables: dict[str, pa.Table]) -> tuple[tuple[str, str, int], ...]:
         if table is not None and table.num_rows:
             key.append((name, str(table.column("event_id")[0]), table.num_rows))
     return tuple(key)
+
+
+def insert_token(name: str, table: pa.Table) -> str:
+    """Names an insert by what it holds (table, rows, every event id), so the same rows inserted again
+    (a retry after a lost reply, a redelivered batch) are dropped by ClickHouse, rollups included."""
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(f"{name}:{table.num_rows}:".encode())
+    for event_id in table.column("event_id").to_pylist() if "event_id" in table.column_names else []:
+        digest.update(event_id.encode() + b"\0")
+    return digest.hexdigest()
 
 
 def _quoted(values: list[str]) -> str:
@@ -91,7 +102,7 @@ class Writer:
                 table = self._drop_stored(name, table)
                 if table.num_rows == 0:
                     continue
-            self.warehouse.insert(name, table)
+            self.warehouse.insert(name, table, dedup_token=insert_token(name, table))
             self.rows_written[name] = self.rows_written.get(name, 0) + table.num_rows
             if self._after_insert is not None:
                 self._after_insert(name)

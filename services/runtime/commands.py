@@ -20,6 +20,7 @@ from nats.aio.client import Client
 
 from events import subjects
 from events.names import InvalidName, decode_request
+from services.runtime.connection import server_urls
 from services.runtime.credentials import login
 from services.runtime.logs import get_logger
 from services.runtime.tracing import client_span, command_span, current_traceparent
@@ -91,10 +92,11 @@ class CommandServer:
 
     def __init__(self, url: str, service: str) -> None:
         self.service = service
-        credentials = login([url])
+        servers = server_urls(url)
+        credentials = login(servers)
         security = SASLPlaintext(credentials["user"], credentials["password"]) if credentials else None
         self.broker = NatsBroker(
-            url, name=f"chamber-{service}-commands", logger=None, max_reconnect_attempts=-1, security=security
+            servers, name=f"chamber-{service}-commands", logger=None, max_reconnect_attempts=-1, security=security
         )
 
     def register(self, verb: str, request_type: type[T], handler: Callable[[T], Awaitable[Any]]) -> None:

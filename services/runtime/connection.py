@@ -1,4 +1,8 @@
-"""Connect to NATS: retry the first connection with back-off, then let nats-py reconnect forever."""
+"""Connect to NATS: retry the first connection with back-off, then let nats-py reconnect forever.
+
+`--nats` / $CHAMBER_NATS_URL may name several servers separated by commas (the NATS convention,
+`nats://a:4222,nats://b:4222`); the client tries them all and, once connected, also learns the
+rest of the cluster from the server, so a process survives the loss of the one it first reached."""
 
 from __future__ import annotations
 
@@ -17,6 +21,15 @@ from services.runtime.logs import get_logger
 log = get_logger("chamber.runtime.connection")
 
 
+def server_urls(url: str | list[str]) -> list[str]:
+    """One URL, a comma-separated list, or a list: the servers to try, in order."""
+    items = [url] if isinstance(url, str) else list(url)
+    servers = [part.strip() for item in items for part in item.split(",") if part.strip()]
+    if not servers:
+        raise ValueError("no NATS server given")
+    return servers
+
+
 async def connect(
     url: str | list[str],
     *,
@@ -33,7 +46,7 @@ async def connect(
     With `deadline_s` (the CLI's choice) the first connection gives up after that many seconds with
     TimeoutError: nats-py alone, told to reconnect forever, would retry an unreachable server forever.
     """
-    servers = [url] if isinstance(url, str) else url
+    servers = server_urls(url)
     if credentials is None:
         credentials = login(servers)  # this process's NATS user, password read from its file
     if deadline_s is not None:

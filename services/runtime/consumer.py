@@ -127,10 +127,18 @@ class Consumer:
         if o.durable is not None:
             with contextlib.suppress(NotFoundError):
                 existing = await self.js.consumer_info(o.stream, o.durable)
-        info = existing or await self.js.add_consumer(o.stream, self._config())
+        if existing is None:
+            config = self._config()
+            if o.durable is None:  # an ephemeral consumer is R1 unless asked: on a cluster it would die
+                config.num_replicas = await self._stream_replicas()  # with its server (durables inherit)
+            existing = await self.js.add_consumer(o.stream, config)
+        info = existing
         self.name = info.name
         self._sub = await self.js.pull_subscribe_bind(consumer=info.name, stream=o.stream)
         log.info("consumer started", stream=o.stream, consumer=info.name, pending=info.num_pending)
+
+    async def _stream_replicas(self) -> int:
+        return (await self.js.stream_info(self.options.stream)).config.num_replicas or 1
 
     async def run(self, stop: asyncio.Event) -> None:
         """Fetch and handle until `stop` is set; the batch in hand is finished first."""

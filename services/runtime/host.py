@@ -19,7 +19,7 @@ from services.runtime.consumer import BatchHandler, Consumer, ConsumerOptions, H
 from services.runtime.health import HealthServer, HealthState, port_from_env
 from services.runtime.logs import get_logger
 from services.runtime.publisher import Publisher
-from services.runtime.streams import ensure_streams
+from services.runtime.streams import ensure_bucket_replicas, ensure_streams
 from services.runtime.tracing import configure_tracing
 
 log = get_logger("chamber.runtime.host")
@@ -104,6 +104,7 @@ async def serve(
     health_state.nc, health_state.consumers = nc, ctx.consumers
     try:
         await ensure_streams(js)
+        await ensure_bucket_replicas(js)
         await setup(ctx)
         if ctx._commands is not None:
             await ctx._commands.start()

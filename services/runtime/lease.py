@@ -28,6 +28,7 @@ from nats.js.kv import KeyValue
 
 from events.subjects import token
 from services.runtime.logs import get_logger
+from services.runtime.replicas import replicas_for
 
 log = get_logger("chamber.runtime.lease")
 
@@ -60,7 +61,9 @@ class LeaderLease:
             try:
                 self._kv = await self.js.key_value(self.bucket)
             except BucketNotFoundError:
-                self._kv = await self.js.create_key_value(bucket=self.bucket, history=1, ttl=self.ttl_s)
+                self._kv = await self.js.create_key_value(
+                    bucket=self.bucket, history=1, ttl=self.ttl_s, replicas=replicas_for(self.js)
+                )
         return self._kv
 
     async def try_acquire_or_renew(self) -> bool:

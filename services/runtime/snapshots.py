@@ -12,6 +12,7 @@ from nats.js.errors import BucketNotFoundError, KeyNotFoundError
 from nats.js.kv import KeyValue
 
 from events.subjects import token
+from services.runtime.replicas import replicas_for
 
 BUCKET = "chamber_snapshots"
 
@@ -35,7 +36,7 @@ class SnapshotStore:
             try:
                 self._kv = await self.js.key_value(self.bucket)
             except BucketNotFoundError:
-                self._kv = await self.js.create_key_value(bucket=self.bucket, history=3)
+                self._kv = await self.js.create_key_value(bucket=self.bucket, history=3, replicas=replicas_for(self.js))
         return self._kv
 
     async def save(self, snapshot: Snapshot) -> int:

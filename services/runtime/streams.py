@@ -2,20 +2,33 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Iterable
 
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
-from nats.js.errors import NotFoundError
+from nats.js.errors import APIError, NotFoundError
 
-from events.streams import STREAMS, StreamSpec, retention
+from events.partitions import stream_specs
+from events.streams import TELEMETRY, StreamSpec, retention
 from services.runtime.logs import get_logger
+from services.runtime.partitions import configured_partitions, existing_partitions, explain_change
+from services.runtime.replicas import ReplicasUnavailable, remember, replicas_for
 
 log = get_logger("chamber.runtime.streams")
 
 
-def stream_config(spec: StreamSpec) -> StreamConfig:
+# JetStream's answers when a stream's replicas cannot be placed: "replicas > 1 not supported in
+# non-clustered mode", "no suitable peers for placement", "insufficient resources".
+_NOT_CLUSTERED = 10074
+_PLACEMENT_ERRORS = {_NOT_CLUSTERED, 10005, 10023}
+
+
+def stream_config(spec: StreamSpec, replicas: int = 1) -> StreamConfig:
     max_age, max_bytes = retention(spec)  # TELEMETRY's may be set by the operator
+    if max_bytes and spec.name.startswith(f"{TELEMETRY.name}_P"):
+        max_bytes = max(1, max_bytes // configured_partitions())  # the cap is TELEMETRY's whole budget
     return StreamConfig(
         name=spec.name,
         description=spec.description,
@@ -27,21 +40,35 @@ def stream_config(spec: StreamSpec) -> StreamConfig:
         duplicate_window=spec.duplicate_window_s,
         max_msg_size=spec.max_msg_size,
         discard=DiscardPolicy.OLD,
+        num_replicas=replicas,
     )
 
 
-async def ensure_streams(js: JetStreamContext, specs: Iterable[StreamSpec] = STREAMS) -> list[str]:
-    """Add missing streams and update drifted ones; returns what changed ("added X", "updated X")."""
+async def ensure_streams(
+    js: JetStreamContext, specs: Iterable[StreamSpec] | None = None, *, replicas: int | None = None
+) -> list[str]:
+    """Add missing streams and update drifted ones; returns what changed ("added X", "updated X").
+
+    `specs` default: the design's streams, TELEMETRY split into the configured partitions (keeping
+    partition streams of an earlier, larger count: see `events.partitions`).
+    `replicas` (default: `replicas_for(js)`, from configuration and the cluster) is a floor: a stream
+    with fewer is raised to it, one an operator raised higher keeps its count (never lowered)."""
+    if replicas is None:
+        replicas = replicas_for(js, known_peers=await _known_peers(js), fresh=True)
+        remember(js, replicas)
+    if specs is None:
+        specs = await _design_streams(js)
     changed: list[str] = []
     for spec in specs:
-        wanted = stream_config(spec)
+        wanted = stream_config(spec, replicas)
         try:
             info = await js.stream_info(spec.name)
         except NotFoundError:
-            await js.add_stream(wanted)
+            await _placed(lambda w=wanted: js.add_stream(w), spec.name, replicas)
             changed.append(f"added {spec.name}")
             continue
         have = info.config
+        wanted.num_replicas = max(replicas, have.num_replicas or 1)
         if (
             sorted(have.subjects or []) != sorted(wanted.subjects or [])
             or (have.max_age or 0) != wanted.max_age
@@ -49,9 +76,80 @@ async def ensure_streams(js: JetStreamContext, specs: Iterable[StreamSpec] = STR
             or have.duplicate_window != wanted.duplicate_window
             or have.max_msg_size != wanted.max_msg_size
             or have.description != wanted.description
+            or (have.num_replicas or 1) != wanted.num_replicas
         ):
-            await js.update_stream(wanted)
+            await _placed(lambda w=wanted: js.update_stream(w), spec.name, wanted.num_replicas)
             changed.append(f"updated {spec.name}")
     if changed:
-        log.info("streams ensured", changed=changed)
+        log.info("streams ensured", changed=changed, replicas=replicas)
     return changed
+
+
+async def ensure_bucket_replicas(js: JetStreamContext, *, replicas: int | None = None) -> list[str]:
+    """Raise Chamber's KV buckets (leases, snapshots, views: streams `KV_chamber_*`) to the configured
+    replicas, never lowering one; a bucket made on one server keeps working when the fleet grows into a
+    cluster. Needs the stream list, so services run it, not agents."""
+    if replicas is None:
+        replicas = replicas_for(js)
+    changed: list[str] = []
+    for info in await js.streams_info():
+        config = info.config
+        if not (config.name or "").startswith("KV_chamber_") or (config.num_replicas or 1) >= replicas:
+            continue
+        config.num_replicas = replicas
+        await _placed(lambda c=config: js.update_stream(c), config.name, replicas)
+        changed.append(f"updated {config.name}")
+    if changed:
+        log.info("bucket replicas raised", changed=changed, replicas=replicas)
+    return changed
+
+
+async def _design_streams(js: JetStreamContext) -> tuple[StreamSpec, ...]:
+    configured = configured_partitions()
+    existing = await existing_partitions(js)
+    change = explain_change(configured, existing)
+    if change and (existing or await _exists(js, TELEMETRY.name)):  # a fresh install changes nothing
+        log.warning("telemetry partitions", detail=change, configured=configured, existing=len(existing))
+    return stream_specs(configured, existing=len(existing))
+
+
+async def _known_peers(js: JetStreamContext) -> int:
+    """Servers the cluster evidently has: the replicas of the design's existing streams."""
+    known = 0
+    for name in ("JOBS", TELEMETRY.name):
+        try:
+            known = max(known, (await js.stream_info(name)).config.num_replicas or 1)
+        except NotFoundError:
+            continue
+    return known
+
+
+async def _exists(js: JetStreamContext, stream: str) -> bool:
+    try:
+        await js.stream_info(stream)
+    except NotFoundError:
+        return False
+    return True
+
+
+async def _placed(call: Callable[[], Awaitable[object]], stream: str, replicas: int, *, wait_s: float = 30.0) -> None:
+    """Run a stream add/update; a placement refusal becomes a message naming the numbers. A cluster
+    still forming (servers not yet peers) refuses placement for a moment: that is retried."""
+    deadline = time.monotonic() + wait_s
+    delay = 0.2
+    while True:
+        try:
+            await call()
+            return
+        except APIError as exc:
+            if exc.err_code not in _PLACEMENT_ERRORS:
+                raise
+            if exc.err_code != _NOT_CLUSTERED and time.monotonic() < deadline:
+                log.info("stream placement refused, retrying", stream=stream, replicas=replicas, error=exc.description)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+                continue
+            raise ReplicasUnavailable(
+                f"stream {stream} needs {replicas} replicas but the NATS cluster cannot place them "
+                f"({exc.description}); run at least {replicas} JetStream servers or lower --replicas"
+            ) from None

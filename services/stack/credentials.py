@@ -67,14 +67,15 @@ def stack_users(cluster: str, services: list[str]) -> list[User]:
     return [*users(cluster, services=services, shared_agent=True, simulator=True), workload_user()]
 
 
-def nats_auth(data_dir: Path, cluster: str, services: list[str]) -> Path:
-    """Passwords for every user (kept across restarts) and the server's configuration; returns its path."""
+def nats_auth(data_dir: Path, cluster: str, services: list[str], *, extra: str = "") -> Path:
+    """Passwords for every user (kept across restarts) and the server's configuration; returns its path.
+    `extra` is more server configuration (the telemetry partition mapping)."""
     folder = private_dir(users_dir(data_dir))
     chosen = stack_users(cluster, services)
     for user in chosen:
         create_secret(folder / user.name)
     conf = data_dir / "nats-auth.conf"
-    replace_private(conf, render(chosen, PasswordSource(folder)))
+    replace_private(conf, render(chosen, PasswordSource(folder)) + extra)
     return conf
 
 

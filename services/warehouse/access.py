@@ -24,6 +24,7 @@ async def _via_recorder(url: str, sql: str, max_rows: int) -> dict[str, Any] | N
     import nats
 
     from services.runtime.commands import CommandRefused, CommandUnavailable, request
+    from services.runtime.connection import server_urls
     from services.runtime.credentials import login
 
     async def quiet(exc: Exception) -> None:
@@ -33,7 +34,12 @@ async def _via_recorder(url: str, sql: str, max_rows: int) -> dict[str, Any] | N
         # nats-py keeps retrying a refused first connection; a one-shot query must not stall on it.
         nc = await asyncio.wait_for(
             nats.connect(
-                url, name="chamber-sql", allow_reconnect=False, connect_timeout=1, error_cb=quiet, **login([url])
+                server_urls(url),
+                name="chamber-sql",
+                allow_reconnect=False,
+                connect_timeout=1,
+                error_cb=quiet,
+                **login(server_urls(url)),
             ),
             2.0,
         )

@@ -59,6 +59,13 @@ def settings_clause(settings: dict[str, Any]) -> str:
     return f"SETTINGS {values}"
 
 
+def dedup_settings(token: str) -> dict[str, str | int]:
+    """ClickHouse's insert de-duplication by token, carried into dependent materialized views (the
+    minute rollup). Tables opt in with `non_replicated_deduplication_window` (replicated tables
+    de-duplicate by default); see schemas/clickhouse/0015_insert_dedup.sql."""
+    return {"insert_deduplication_token": token, "deduplicate_blocks_in_dependent_materialized_views": 1}
+
+
 class Warehouse(ABC):
     """Blocking calls; async callers run them on one worker thread (see `services.recorder.writer`)."""
 
@@ -74,8 +81,12 @@ class Warehouse(ABC):
         `settings` apply to this query only (limits, a stricter `readonly`)."""
 
     @abstractmethod
-    def insert(self, table: str, data: pa.Table) -> None:
-        """Insert an Arrow table (column names match the table's); atomic for one block."""
+    def insert(self, table: str, data: pa.Table, *, dedup_token: str | None = None) -> None:
+        """Insert an Arrow table (column names match the table's); atomic for one block.
+
+        `dedup_token` names the block: the engine drops a second insert with the same token, in the
+        table and in the materialized views fed from it (`DEDUP_SETTINGS`), so a retried insert
+        cannot count twice in a rollup."""
 
     @abstractmethod
     def close(self) -> None: ...

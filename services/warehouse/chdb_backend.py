@@ -22,8 +22,15 @@ from services.warehouse.backend import (
     Warehouse,
     WarehouseError,
     WarehouseUnavailable,
+    dedup_settings,
     settings_clause,
 )
+
+
+def _sql_value(value: str | int) -> str:
+    if isinstance(value, int):
+        return str(value)
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def _is_lock_error(message: str) -> bool:
@@ -103,14 +110,18 @@ class ChdbWarehouse(Warehouse):
             sql = f"{sql.rstrip().rstrip(';')}\n{settings_clause(chosen)}"
         return QueryResult.from_json_compact(self._run(sql, "JSONCompact"))
 
-    def insert(self, table: str, data: pa.Table) -> None:
+    def insert(self, table: str, data: pa.Table, *, dedup_token: str | None = None) -> None:
         columns = ", ".join(f"`{c}`" for c in data.column_names)
         arrow = data  # noqa: F841 (chDB's Python() table function finds this local by name)
+        settings = ""
+        if dedup_token:
+            pairs = dedup_settings(dedup_token).items()
+            settings = " SETTINGS " + ", ".join(f"{k} = {_sql_value(v)}" for k, v in pairs)
         with self._lock:
             if self._session is None:
                 raise WarehouseUnavailable("the chDB session is closed")
             try:
-                self._session.query(f"INSERT INTO {table} ({columns}) SELECT {columns} FROM Python(arrow)")
+                self._session.query(f"INSERT INTO {table} ({columns}){settings} SELECT {columns} FROM Python(arrow)")
             except Exception as exc:
                 raise WarehouseError(f"insert into {table}: {exc}") from None
 

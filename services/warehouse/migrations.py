@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from services.warehouse.backend import Warehouse, WarehouseError
+from services.warehouse.cluster import on_cluster
 
 _FILE = re.compile(r"^(?P<version>\d{4})_(?P<name>[a-z0-9_]+)\.sql$")
 
@@ -58,8 +59,12 @@ def load(directory: Path | None = None) -> list[Migration]:
     return found
 
 
-def migrate(warehouse: Warehouse, directory: Path | None = None) -> list[str]:
-    """Apply the migrations not yet applied; returns their names (empty when up to date)."""
+def migrate(warehouse: Warehouse, directory: Path | None = None, *, cluster: str | None = None) -> list[str]:
+    """Apply the migrations not yet applied; returns their names (empty when up to date). On a
+    ClickHouse cluster (`cluster`, default the warehouse's own) every statement runs ON CLUSTER,
+    rewritten by `services.warehouse.cluster`; `schema_migrations` stays per node (the DDL is
+    idempotent, so a node that has not recorded a file re-runs it harmlessly)."""
+    cluster = cluster or getattr(warehouse, "cluster", None)
     warehouse.command(
         "CREATE TABLE IF NOT EXISTS schema_migrations (version UInt32, name String, checksum String, "
         "applied_at DateTime64(3, 'UTC') DEFAULT now64(3)) ENGINE = ReplacingMergeTree ORDER BY version"
@@ -69,7 +74,8 @@ def migrate(warehouse: Warehouse, directory: Path | None = None) -> list[str]:
     for migration in load(directory):
         if migration.version in done:
             continue
-        for statement in migration.statements:
+        statements = on_cluster(migration.statements, cluster) if cluster else migration.statements
+        for statement in statements:
             try:
                 warehouse.command(statement)
             except WarehouseError as exc:

@@ -14,6 +14,7 @@ from services.warehouse.backend import (
     Warehouse,
     WarehouseError,
     WarehouseUnavailable,
+    dedup_settings,
 )
 
 
@@ -26,8 +27,12 @@ def _unavailable(exc: Exception) -> bool:
 class ServerWarehouse(Warehouse):
     kind = "clickhouse"
 
-    def __init__(self, url: str, *, database: str = DATABASE) -> None:
+    def __init__(self, url: str, *, database: str = DATABASE, cluster: str | None = None) -> None:
         import clickhouse_connect
+
+        from services.warehouse.cluster import check_cluster_name
+
+        self.cluster = check_cluster_name(cluster) if cluster else None
 
         parsed = urlparse(url)
         self.url = url
@@ -41,7 +46,8 @@ class ServerWarehouse(Warehouse):
         }
         try:
             bootstrap = clickhouse_connect.get_client(**kwargs)
-            bootstrap.command(f"CREATE DATABASE IF NOT EXISTS {database}")
+            on_cluster = f" ON CLUSTER {self.cluster}" if self.cluster else ""
+            bootstrap.command(f"CREATE DATABASE IF NOT EXISTS {database}{on_cluster}")
             bootstrap.close()
             self._client = clickhouse_connect.get_client(**kwargs, database=database, settings=OUTPUT_SETTINGS)
         except Exception as exc:
@@ -64,8 +70,11 @@ class ServerWarehouse(Warehouse):
         raw = self._call("query", lambda: self._client.raw_query(sql, settings=chosen, fmt="JSONCompact"))
         return QueryResult.from_json_compact(raw)
 
-    def insert(self, table: str, data: pa.Table) -> None:
-        self._call(f"insert into {table}", lambda: self._client.insert_arrow(table, data))
+    def insert(self, table: str, data: pa.Table, *, dedup_token: str | None = None) -> None:
+        settings: dict[str, Any] = dict(dedup_settings(dedup_token)) if dedup_token else {}
+        if self.cluster:  # an insert into a Distributed table returns once every shard has its rows
+            settings["insert_distributed_sync"] = 1
+        self._call(f"insert into {table}", lambda: self._client.insert_arrow(table, data, settings=settings or None))
 
     def close(self) -> None:
         self._client.close()

@@ -51,15 +51,15 @@ class Outage(Warehouse):
     def query(self, sql: str, *, readonly: bool = False, settings: dict[str, Any] | None = None) -> QueryResult:
         return self.inner.query(sql, readonly=readonly, settings=settings)
 
-    def insert(self, table: str, data: pa.Table) -> None:
+    def insert(self, table: str, data: pa.Table, *, dedup_token: str | None = None) -> None:
         if self.down:
             self.failures += 1
             if self._landed_in_outage < self.lost_replies:
                 self._landed_in_outage += 1
-                self.inner.insert(table, data)
+                self.inner.insert(table, data, dedup_token=dedup_token)
                 raise WarehouseUnavailable("connection reset (outage): the insert landed, its reply did not")
             raise WarehouseUnavailable("connection refused (outage)")
-        self.inner.insert(table, data)
+        self.inner.insert(table, data, dedup_token=dedup_token)
 
     def close(self) -> None:
         self.inner.close()

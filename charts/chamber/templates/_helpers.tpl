@@ -145,6 +145,10 @@ discovery health scheduler
 - name: CHAMBER_CLICKHOUSE_SQL_URL
   value: {{ . | quote }}
 {{- end }}
+{{- with .Values.clickhouse.cluster }}
+- name: CHAMBER_CLICKHOUSE_CLUSTER
+  value: {{ . | quote }}
+{{- end }}
 {{- end }}
 {{- end -}}
 
@@ -152,6 +156,11 @@ discovery health scheduler
 {{- define "chamber.commonEnv" -}}
 - name: CHAMBER_CLUSTER
   value: {{ .Values.cluster.name | quote }}
+# every process that sets up streams (services and agents) asks for the same replicas and partitions
+- name: CHAMBER_NATS_REPLICAS
+  value: {{ min 5 (int .Values.nats.replicas) | quote }}
+- name: CHAMBER_TELEMETRY_PARTITIONS
+  value: {{ int .Values.nats.telemetryPartitions | quote }}
 - name: CHAMBER_MODE
   value: {{ .Values.mode | quote }}
 - name: CHAMBER_HEALTH_PORT

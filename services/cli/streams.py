@@ -1,0 +1,51 @@
+"""`chamber streams`: every JetStream stream and KV bucket with its replicas, leader and followers
+(are they current?), messages and bytes: what an operator checks on a NATS cluster."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from services.cli.common import add_nats_option, with_nats
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("streams", help="streams and KV buckets: replicas, leader, followers, messages")
+    add_nats_option(p)
+    p.add_argument("--json", action="store_true", help='print {"streams": [...]} for scripts')
+    p.set_defaults(func=run)
+
+
+def describe(info: Any) -> dict[str, Any]:
+    cluster = info.cluster
+    followers = [
+        {"name": p.name, "current": bool(p.current), "offline": bool(p.offline), "lag": p.lag or 0}
+        for p in (cluster.replicas or [] if cluster else [])
+    ]
+    return {
+        "name": info.config.name,
+        "replicas": info.config.num_replicas or 1,
+        "leader": cluster.leader if cluster else None,
+        "followers": followers,
+        "messages": info.state.messages,
+        "bytes": info.state.bytes,
+    }
+
+
+async def read_streams(nc: Any) -> list[dict[str, Any]]:
+    infos = await nc.jetstream().streams_info()
+    return sorted((describe(i) for i in infos), key=lambda s: s["name"])
+
+
+def run(args: argparse.Namespace) -> int:
+    streams = with_nats(args, read_streams)
+    if args.json:
+        print(json.dumps({"streams": streams}, indent=2))
+        return 0
+    width = max([len("stream"), *(len(s["name"]) for s in streams)])
+    print(f"{'stream':<{width}} {'R':>2} {'leader':<16} {'followers (behind?)':<32} {'messages':>10}")
+    for s in streams:
+        followers = ", ".join(f"{f['name']}{'' if f['current'] else ' (behind)'}" for f in s["followers"]) or "-"
+        print(f"{s['name']:<{width}} {s['replicas']:>2} {s['leader'] or '-':<16} {followers:<32} {s['messages']:>10}")
+    return 0

@@ -1,0 +1,216 @@
+"""Partitioned telemetry on a real nats-server whose configuration maps node samples to partitions
+(`{{partition(4, node)}}`): each node lands in the stream nats-server's hash picks, subscribers of
+`chamber.telemetry.sample.>` still see every sample, the recorder stores every partition once,
+recorders share the partitions through leases, and a partition count changed between restarts
+is explained and loses nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+
+from events.partitions import partition_of, partition_stream, partition_subject, server_mapping_conf
+from services.cli import main as chamber
+from services.recorder.partitions import PartitionOwnership, fair_share
+from services.runtime import Publisher, connect, ensure_streams
+from services.runtime.nats_server import NatsServerProcess
+from services.runtime.partitions import existing_partitions, explain_change, telemetry_inputs
+from services.warehouse.chdb_backend import ChdbWarehouse
+from services.warehouse.migrations import migrate
+from tests.builders import a_node_sample
+from tests.integration.test_recorder_pipeline import start_recorder
+from tests.integration.test_runtime import eventually
+
+pytestmark = pytest.mark.integration
+NODES = [f"node-{i:02d}" for i in range(12)]
+
+
+def mapped_server(tmp_path: Path, partitions: int, store: Path) -> NatsServerProcess:
+    conf = tmp_path / f"mapping-{partitions}.conf"
+    conf.write_text(server_mapping_conf(partitions) or "# no mapping\n")
+    return NatsServerProcess(store, log_file=tmp_path / "nats-server.log", extra_args=["-c", str(conf)])
+
+
+@pytest.fixture
+def four(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[NatsServerProcess]:
+    monkeypatch.setenv("CHAMBER_TELEMETRY_PARTITIONS", "4")
+    server = mapped_server(tmp_path, 4, tmp_path / "jetstream")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.kill()
+
+
+@pytest.fixture
+async def pnc(four: NatsServerProcess) -> AsyncIterator[Client]:
+    nc = await connect(four.url, name="test")
+    try:
+        yield nc
+    finally:
+        await nc.close()
+
+
+NOW = time.time()
+
+
+def sample(node: str, seq: int) -> Any:
+    """A recent sample (the raw table keeps 30 days), one second apart per node."""
+    return msgspec.structs.replace(a_node_sample(node, seq=seq, gpus=2, cluster="c1"), observed_at=NOW + seq)
+
+
+async def test_each_node_lands_in_its_partition_and_plain_subscribers_still_see_every_sample(pnc: Client) -> None:
+    js = pnc.jetstream()
+    changed = await ensure_streams(js)
+    assert {f"added {partition_stream(i)}" for i in range(4)} <= set(changed)
+    seen: list[str] = []
+
+    async def on(msg: Any) -> None:
+        seen.append(msg.subject)
+
+    await pnc.subscribe("chamber.telemetry.sample.>", cb=on)
+    publisher = Publisher(js, source="test")
+    for node in NODES:
+        ack = await publisher.publish(sample(node, 0))
+        assert ack.stream == partition_stream(partition_of(node, 4)), node
+    await eventually(lambda: len(seen) == len(NODES))
+    assert {s.rsplit(".", 2)[1] for s in seen} == set(NODES)
+    assert len({partition_of(n, 4) for n in NODES}) > 1  # the nodes really are spread
+    assert [s for s, _ in await telemetry_inputs(js)] == ["TELEMETRY", *(partition_stream(i) for i in range(4))]
+
+
+async def test_the_recorder_stores_every_partition_once(pnc: Client, four: NatsServerProcess, tmp_path: Path) -> None:
+    js = pnc.jetstream()
+    await ensure_streams(js)
+    publisher = Publisher(js, source="test")
+    await publisher.publish_many((sample(node, seq), f"{node}-{seq}", None) for node in NODES for seq in range(5))
+    warehouse = ChdbWarehouse(tmp_path)
+    migrate(warehouse)
+    stop, task, writer = await start_recorder(four.url, warehouse)
+    try:
+        await eventually(lambda: warehouse.count("gpu_samples") == len(NODES) * 5 * 2, within=30)
+        assert warehouse.query("SELECT uniqExact(node) FROM gpu_samples").scalar() == len(NODES)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 15)
+        writer.close()
+        warehouse.close()
+
+
+async def test_recorders_share_the_partitions_and_take_over_a_dead_ones(pnc: Client) -> None:
+    js = pnc.jetstream()
+    await ensure_streams(js)
+    streams = [partition_stream(i) for i in await existing_partitions(js)]
+    owners: dict[str, set[str]] = {"a": set(), "b": set()}
+
+    def ownership(holder: str) -> PartitionOwnership:
+        async def start(stream: str) -> None:
+            owners[holder].add(stream)
+
+        async def stop(stream: str) -> None:
+            owners[holder].discard(stream)
+
+        return PartitionOwnership(js, streams, holder, start=start, stop=stop, ttl_s=1.5)
+
+    a, b = ownership("a"), ownership("b")
+    stop_a, stop_b = asyncio.Event(), asyncio.Event()
+    running_a = asyncio.create_task(a.run(stop_a))
+    await eventually(lambda: owners["a"] == set(streams), within=10)  # alone: all of them
+    running_b = asyncio.create_task(b.run(stop_b))
+
+    def balanced() -> bool:
+        return len(owners["a"]) == len(owners["b"]) == 2 and owners["a"].isdisjoint(owners["b"])
+
+    await eventually(balanced, within=15)
+    stop_a.set()  # a stops: it gives its leases back, b takes them
+    await running_a
+    await eventually(lambda: owners["b"] == set(streams) and not owners["a"], within=10)
+    stop_b.set()
+    await running_b
+    assert fair_share(4, 3) == 2 and fair_share(4, 1) == 4
+
+
+async def test_a_partition_count_changed_between_restarts_is_explained_and_loses_nothing(
+    four: NatsServerProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    nc = await connect(four.url, name="test")
+    js = nc.jetstream()
+    await ensure_streams(js)
+    publisher = Publisher(js, source="test")
+    await publisher.publish_many((sample(node, 0), f"{node}-before", None) for node in NODES)
+    await nc.close()
+    four.kill()
+
+    # the operator goes to 2 partitions: the server's mapping and the services' count change together
+    monkeypatch.setenv("CHAMBER_TELEMETRY_PARTITIONS", "2")
+    two = mapped_server(tmp_path, 2, four.store_dir)
+    two.port, two.monitor_port = four.port, four.monitor_port
+    two.start()
+    try:
+        nc = await connect(two.url, name="test")
+        js: JetStreamContext = nc.jetstream()
+        assert await ensure_streams(js) == []  # no stream dropped or narrowed: P2 and P3 are kept
+        existing = await existing_partitions(js)
+        assert existing == [0, 1, 2, 3]
+        note = explain_change(2, existing)
+        assert note is not None and "TELEMETRY_P2, TELEMETRY_P3 receive no new samples" in note
+        assert "nothing is lost" in note
+        publisher = Publisher(js, source="test")
+        for node in NODES:  # new samples follow the new mapping
+            ack = await publisher.publish(sample(node, 1), id=f"{node}-after")
+            assert ack.stream == partition_stream(partition_of(node, 2))
+        # every consumer reads all four partition streams: all samples, before and after, are there
+        total = 0
+        for stream, _ in await telemetry_inputs(js, samples_only=True):
+            total += (await js.stream_info(stream)).state.messages
+        assert total == 2 * len(NODES)
+        await nc.close()
+    finally:
+        two.kill()
+
+
+async def test_with_roles_an_agent_publishes_into_its_partition_and_the_reader_reads_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CHAMBER_TELEMETRY_PARTITIONS", "4")
+    passwords = tmp_path / "passwords"
+    argv = ["nats-config", "--cluster", "c1", "--passwords", str(passwords), "--create-missing"]
+    argv += ["--agent-node", "node-03", "--telemetry-partitions", "4", "--out", str(tmp_path / "auth.conf")]
+    assert chamber(argv) == 0
+    (tmp_path / "nats.conf").write_text(server_mapping_conf(4) + 'include "auth.conf"\n')
+    server = NatsServerProcess(tmp_path / "js", extra_args=["-c", str(tmp_path / "nats.conf")])
+    server.start()
+
+    def url(user: str) -> str:
+        return f"nats://{user}:{(passwords / user).read_text()}@127.0.0.1:{server.port}"
+
+    try:
+        admin = await connect(url("admin"), name="admin")
+        await ensure_streams(admin.jetstream())
+        reader = await connect(url("reader"), name="reader")
+        seen: list[str] = []
+
+        async def on(msg: Any) -> None:
+            seen.append(msg.subject)
+
+        await reader.subscribe("chamber.telemetry.sample.>", cb=on)
+        agent = await connect(url("agent-node-03"), name="agent")
+        ack = await Publisher(agent.jetstream(), source="agent").publish(sample("node-03", 0))
+        p = partition_of("node-03", 4)
+        assert ack.stream == partition_stream(p)
+        await eventually(lambda: seen == [f"chamber.telemetry.sample.c1.node-03.{p}"])
+        pull = await reader.jetstream().pull_subscribe(partition_subject(p), durable=None, stream=partition_stream(p))
+        [msg] = await pull.fetch(1, timeout=5)
+        assert msg.subject.endswith(f".node-03.{p}")
+        for nc in (agent, reader, admin):
+            await nc.close()
+    finally:
+        server.kill()
