@@ -27,8 +27,6 @@ _PLACEMENT_ERRORS = {_NOT_CLUSTERED, 10005, 10023}
 
 def stream_config(spec: StreamSpec, replicas: int = 1) -> StreamConfig:
     max_age, max_bytes = retention(spec)  # TELEMETRY's may be set by the operator
-    if max_bytes and spec.name.startswith(f"{TELEMETRY.name}_P"):
-        max_bytes = max(1, max_bytes // configured_partitions())  # the cap is TELEMETRY's whole budget
     return StreamConfig(
         name=spec.name,
         description=spec.description,
