@@ -17,8 +17,10 @@ import msgspec
 from events import subjects
 from events.base import Event
 from events.codec import H_ID, H_MSG_ID, H_TIME, encode, encode_body, rfc3339
+from events.fabric import FabricSample
 from events.telemetry import GpuInfo, NodeInventory
 from node_agent.detectors import DetectorState, GpuLimits, Reading, detect
+from node_agent.fabric_detectors import FabricDetectorState, detect_nic
 from node_agent.spool import Kind, Record
 
 INVENTORY_EVERY_S = 60.0
@@ -36,6 +38,12 @@ class Sampler(Protocol):
     def limits(self) -> Mapping[int, GpuLimits]: ...
 
 
+class FabricReader(Protocol):
+    """The node's NICs: `fabric_adapter.FabricAdapter` (sysfs) or a simulated node's `SimNicReader`."""
+
+    def read(self, cluster: str, node: str, seq: int, now: float, interval_s: float) -> FabricSample | None: ...
+
+
 @dataclass
 class NodeFacts:
     driver_version: str | None = None
@@ -46,7 +54,15 @@ class NodeFacts:
 
 class NodeRunner:
     def __init__(
-        self, cluster: str, node: str, sampler: Sampler, facts: NodeFacts, *, seq: int = 0, source: str = ""
+        self,
+        cluster: str,
+        node: str,
+        sampler: Sampler,
+        facts: NodeFacts,
+        *,
+        seq: int = 0,
+        source: str = "",
+        fabric: FabricReader | None = None,
     ) -> None:
         self.cluster = cluster
         self.node = node
@@ -55,6 +71,9 @@ class NodeRunner:
         self.seq = seq
         self.source = source or f"chamber/agent/{node}"
         self.detectors = DetectorState()
+        self.fabric = fabric
+        self.fabric_detectors = FabricDetectorState()
+        self._fabric_subject = subjects.fabric(cluster, node)
         self._sample_subject = subjects.sample(cluster, node)
         self._fault_subject = subjects.faults(cluster, node)
         self._inventory_subject = subjects.inventory(cluster, node)
@@ -74,6 +93,11 @@ class NodeRunner:
         reading = self.sampler.read(self.cluster, seq, now, interval_s)
         out.append(self._record(Kind.SAMPLE, self._sample_subject, reading.sample, self._id(seq), now))
         self.detectors, faults = detect(self.detectors, reading, self.sampler.limits())
+        if self.fabric is not None:
+            fabric = self.fabric.read(self.cluster, self.node, seq, now, interval_s)
+            if fabric is not None:
+                out.append(self._record(Kind.SAMPLE, self._fabric_subject, fabric, f"{self._id(seq)}/fabric", now))
+                faults = [*faults, *detect_nic(self.fabric_detectors, fabric)]
         for f in faults:
             out.append(self._record(Kind.FAULT, self._fault_subject, f, f.fault_id, now))
         self.faults_found += len(faults)

@@ -4,7 +4,7 @@ Roles (least privilege, one NATS user each):
 - `svc-<service>`  publishes only the subjects its service owns (design table), plus dead letters and
                    the JetStream API it needs (never deleting or purging the event streams); serves its
                    own commands. Only the gateway may send commands to other services.
-- `agent-<node>`   publishes only `chamber.telemetry.{sample,inventory}.<cluster>.<node>` and
+- `agent-<node>`   publishes only `chamber.telemetry.{sample,inventory,fabric}.<cluster>.<node>` and
                    `chamber.faults.<cluster>.<node>`; may read stream info (it runs `ensure_streams`),
                    nothing else: it cannot create, change or delete streams.
 - `agent`          (--shared-agent) one user for every node agent of the cluster, when nodes are not
@@ -50,6 +50,7 @@ def owned_subjects(service: str, cluster: str) -> list[str]:
         "quota": ["chamber.quota.>"],
         "scheduler": ["chamber.jobs.>"],
         "billing": ["chamber.billing.>"],
+        "perf": ["chamber.jobs.*.perf", f"chamber.faults.{subjects.token(cluster)}.*"],
     }.get(service, [])
 
 
@@ -123,9 +124,19 @@ def service_user(service: str, cluster: str) -> User:
 def _node_subjects(cluster: str, node: str | None) -> list[str]:
     """One node's telemetry and fault subjects; `None`: any node of the cluster (a `*` wildcard)."""
     if node is not None:
-        return [subjects.sample(cluster, node), subjects.inventory(cluster, node), subjects.faults(cluster, node)]
+        return [
+            subjects.sample(cluster, node),
+            subjects.inventory(cluster, node),
+            subjects.fabric(cluster, node),
+            subjects.faults(cluster, node),
+        ]
     c = subjects.token(cluster)
-    return [f"chamber.telemetry.sample.{c}.*", f"chamber.telemetry.inventory.{c}.*", f"chamber.faults.{c}.*"]
+    return [
+        f"chamber.telemetry.sample.{c}.*",
+        f"chamber.telemetry.inventory.{c}.*",
+        f"chamber.telemetry.fabric.{c}.*",
+        f"chamber.faults.{c}.*",
+    ]
 
 
 def _stream_exists_checks() -> list[str]:
