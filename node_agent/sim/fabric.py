@@ -34,7 +34,7 @@ STORM_PAUSE_PER_S = 20_000.0  # pause frames per NIC per second under a storm
 BACKGROUND_PAUSE_PER_S = 2.0  # a healthy fabric pauses now and then
 FLAP_PERIOD_S = 8.0  # a flapping link is down FLAP_DOWN_S of every FLAP_PERIOD_S
 FLAP_DOWN_S = 3.0
-COMM_SHARE = 0.3  # at full link speed, communication is 30 % of an iteration
+COMM_SHARE = 0.4  # at full link speed, communication is 40 % of an iteration
 OPS_PER_ITERATION = 64  # NCCL collectives per training iteration
 NOISE = 0.02  # per-rank jitter of compute time per interval
 

@@ -34,6 +34,7 @@ from events import (
     PoolDefined,
     PriceSet,
 )
+from events.fabric import FabricSample
 from events.jobs import JobResumed
 
 TS = pa.timestamp("ms", tz="UTC")
@@ -342,7 +343,7 @@ def build_tables(items: list[Recorded]) -> dict[str, pa.Table]:
         e = item.event
         if isinstance(e, NodeSample | LeanNodeSample):
             continue
-        if not isinstance(e, NodeInventory):  # telemetry, repeated every minute: not an audit fact
+        if not isinstance(e, NodeInventory | FabricSample):  # telemetry, repeated: not an audit fact
             _audit_row(cols["events"], item)
         if type(e).ce_type() in _JOB_KINDS:
             _job_row(cols["job_events"], item)
