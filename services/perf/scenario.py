@@ -47,6 +47,7 @@ class Scenario:
     fault_at: float = 90.0
     after_s: float = 150.0  # how long to run after the fault
     fleet_nodes: int | None = None  # default: the gang plus one leaf of bystanders
+    clear_after_s: float | None = None  # the fault ends (repaired) this long after it began
 
     @property
     def faulty(self) -> bool:
@@ -128,6 +129,8 @@ def run(sc: Scenario) -> Outcome:
     while t <= end:
         if t == sc.fault_at:
             out.target = _inject(fleet, sc, victim, gpu, nic, t)
+        if sc.clear_after_s is not None and t == sc.fault_at + sc.clear_after_s:
+            fleet.inject(victim, "clear", None, None, t)
         if sc.kind == "healthy_phase" and sc.fault_at <= t < sc.fault_at + 60:
             rhythm.phase = 1.6  # an eval pass: every rank computes longer
         else:
@@ -162,8 +165,9 @@ def run(sc: Scenario) -> Outcome:
             if d.action in ("isolate_gpu", "isolate_node", "hold"):
                 out.isolations.append(d)
         t += 1.0
-    before = iters_at[sc.fault_at] - iters_at[sc.fault_at - 60]
-    during = iters_at[min(end, sc.fault_at + 60)] - iters_at[sc.fault_at]
+    span = min(60.0, sc.fault_at - perf.WARMUP_S, sc.after_s)
+    before = iters_at[sc.fault_at] - iters_at[sc.fault_at - span]
+    during = iters_at[sc.fault_at + span] - iters_at[sc.fault_at]
     out.speed_during = during / before if before > 0 else 1.0
     return out
 
