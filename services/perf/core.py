@@ -130,6 +130,7 @@ class PerfState:
     last_episode: dict[str, int] = field(default_factory=dict)
     closed: dict[str, float] = field(default_factory=dict)  # job -> when its last episode ended
     stopped: dict[str, float] = field(default_factory=dict)  # open episodes of jobs that stopped
+    history: dict[str, list[str]] = field(default_factory=dict)  # what happened, for `chamber explain`
 
 
 def _node(state: PerfState, cluster: str, node: str) -> NodeView:
@@ -160,6 +161,9 @@ def evolve(state: PerfState, event: Event) -> PerfState:
         case JobPreempted() | JobSuspended() | JobRequeued() | JobCompleted() | JobFailed() | JobCancelled():
             if state.jobs.pop(event.job_id, None) is not None and event.job_id in state.episodes:
                 state.stopped[event.job_id] = event.at
+                if isinstance(event, JobRequeued | JobPreempted):
+                    why = getattr(event, "reason", "")
+                    _note(state, event.job_id, f"{event.at:.0f}: moved off its GPUs ({why}); resumes elsewhere")
         case JobSlowdownDetected():
             state.last_episode[event.job_id] = max(event.episode, state.last_episode.get(event.job_id, 0))
             track = state.jobs.get(event.job_id)
@@ -169,17 +173,53 @@ def evolve(state: PerfState, event: Event) -> PerfState:
             elif event.node is not None and event.cluster is not None:
                 culprit = Culprit(event.culprit, (event.cluster, event.node), event.gpu_index, event.nic, event.leaf)
             state.episodes[event.job_id] = Episode(event.episode, event.since, culprit)
+            where = " ".join(
+                str(x)
+                for x in (
+                    event.node,
+                    f"GPU {event.gpu_index}" if event.gpu_index is not None else None,
+                    event.nic and f"NIC {event.nic}",
+                    event.leaf,
+                )
+                if x
+            )
+            _note(
+                state,
+                event.job_id,
+                f"{event.at:.0f}: slow (episode {event.episode}, {event.score:.0%} of its best since "
+                f"{event.since:.0f}), culprit {event.culprit.value} {where}: {event.reason}",
+            )
         case JobSlowdownCleared():
             if (ep := state.episodes.get(event.job_id)) is not None and ep.number == event.episode:
                 del state.episodes[event.job_id]
                 state.closed[event.job_id] = event.at
+            _note(state, event.job_id, f"{event.at:.0f}: episode {event.episode} cleared ({event.reason})")
             state.stopped.pop(event.job_id, None)
         case GpuFaultDetected() if event.kind is FaultKind.STRAGGLER:
             job = event.detail.partition(" ")[0]
             if (ep := state.episodes.get(job)) is not None:
                 ep.confirms += 1
                 ep.last_confirm = event.observed_at
+                _note(state, job, f"{event.observed_at:.0f}: culprit reported to health ({ep.confirms}x: straggler)")
     return state
+
+
+HISTORY_KEPT = 20
+
+
+def _note(state: PerfState, job: str, line: str) -> None:
+    lines = state.history.setdefault(job, [])
+    lines.append(line)
+    del lines[:-HISTORY_KEPT]
+
+
+def explain_lines(state: PerfState, job: str) -> list[str]:
+    """Why the job is slow (or was), and what Chamber did about it: for `chamber explain JOB`."""
+    lines = list(state.history.get(job, []))
+    track = state.jobs.get(job)
+    if track is not None:
+        lines.append(f"now: {track.verdict}, {track.score:.0%} of its best speed over {len(track.ranks())} ranks")
+    return lines
 
 
 def _on_fabric(state: PerfState, s: FabricSample) -> None:

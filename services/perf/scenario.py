@@ -63,6 +63,7 @@ class Outcome:
     cleared: list[JobSlowdownCleared] = field(default_factory=list)
     isolations: list[health.Decision] = field(default_factory=list)
     speed_during: float = 1.0  # iterations per second during the fault / before it
+    perf_state: perf.PerfState | None = None
 
     @property
     def detection_s(self) -> float | None:
@@ -120,7 +121,7 @@ def run(sc: Scenario) -> Outcome:
     placements = [Placement(cluster=CLUSTER, node=n, gpu_indices=list(range(GPUS))) for n in gang]
     perf.evolve(pstate, JobScheduled(job_id=job, at=0.0, team="t", placements=placements))
 
-    out = Outcome(sc)
+    out = Outcome(sc, perf_state=pstate)
     victim, gpu, nic = rng.choice(gang), rng.randrange(GPUS), rng.randrange(GPUS)
     iters_at: dict[float, float] = {}
     end = sc.fault_at + sc.after_s

@@ -34,6 +34,10 @@ class Empty(msgspec.Struct):
     pass
 
 
+class ExplainRequest(msgspec.Struct):
+    job: str
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tick", type=float, default=1.0, help="seconds between decisions (1)")
 
@@ -63,6 +67,9 @@ class PerfShell:
     async def status(self, _: Empty) -> dict[str, Any]:
         return {"jobs": core.verdicts(self.state)}
 
+    async def explain(self, req: ExplainRequest) -> dict[str, Any]:
+        return {"job": req.job, "lines": core.explain_lines(self.state, req.job)}
+
     async def fabric(self, _: Empty) -> dict[str, Any]:
         return {"nodes": fabric_view(self.state)}
 
@@ -85,6 +92,7 @@ async def setup(ctx: ServiceContext, args: argparse.Namespace) -> PerfShell:
     ctx.every(args.tick, shell.tick)
     ctx.command("status", Empty, shell.status)
     ctx.command("fabric", Empty, shell.fabric)
+    ctx.command("explain", ExplainRequest, shell.explain)
     return shell
 
 

@@ -39,6 +39,9 @@ def test_each_fault_kind_is_detected_within_30s_and_blamed_on_the_right_part(kin
 
 def test_a_straggler_confirmed_twice_is_isolated_but_shared_congestion_isolates_nothing() -> None:
     slow = run(scenario("gpu_slow"))
+    assert slow.perf_state is not None
+    lines = perf.explain_lines(slow.perf_state, slow.detected.job_id)  # type: ignore[union-attr]
+    assert "culprit gpu" in lines[0] and "reported to health (2x" in " ".join(lines)
     moved = [d for d in slow.isolations if d.action == "isolate_gpu"]
     assert [(d.node, d.gpu_index) for d in moved] == [(slow.target["node"], slow.target["gpu"])]
     assert "straggler" in moved[0].reason and "seen 2 times" in moved[0].reason
