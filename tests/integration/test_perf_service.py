@@ -1,0 +1,111 @@
+"""`chamber service perf` against a real nats-server and the simulated fleet: a GPU slowed through the
+`sim.inject` command slows the gang, and the service publishes the verdict, the straggler fault, and
+answers `status`, `fabric` and `explain`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+
+from events import GpuFaultDetected, JobScheduled, JobSpec, JobSubmitted, Placement
+from events.fabric import CulpritKind, JobSlowdownDetected
+from node_agent.agent import Agent, AgentOptions
+from services.perf import service as perf_service
+from services.perf.scenario import busy_job_id
+from services.runtime import Publisher
+from services.runtime.commands import CommandRefused, CommandUnavailable, request
+from services.runtime.nats_server import NatsServerProcess
+from tests.integration.test_agent_fleet import read_stream
+from tests.integration.test_runtime import eventually
+
+pytestmark = pytest.mark.integration
+SEED = 3
+
+
+@pytest.fixture
+async def fleet(nats_server: NatsServerProcess, tmp_path: Path) -> AsyncIterator[Agent]:
+    opts = AgentOptions(
+        nats=nats_server.url, cluster="c1", node="sim", interval_s=0.25, spool_dir=tmp_path / "spool",
+        simulate=True, nodes=2, gpus_per_node=4, gpu_model="H100-80GB", seed=SEED,
+    )  # fmt: skip
+    agent = Agent(opts)
+    stop = asyncio.Event()
+    task = asyncio.create_task(agent.run(stop))
+    try:
+        yield agent
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 15)
+
+
+@pytest.fixture
+async def perf(nats_server: NatsServerProcess) -> AsyncIterator[None]:
+    stop = asyncio.Event()
+    args = argparse.Namespace(nats=nats_server.url, tick=0.25)
+    task = asyncio.create_task(perf_service.run(args, stop))
+    try:
+        yield None
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 15)
+
+
+async def answers(nc: Client, service: str, verb: str, payload: dict) -> bool:
+    try:
+        await request(nc, service, verb, payload, timeout=0.5)
+    except CommandUnavailable:
+        return False
+    return True
+
+
+async def test_a_slowed_gpu_is_found_as_the_culprit_of_its_gang(
+    fleet: Agent, perf: None, nc: Client, js: JetStreamContext
+) -> None:
+    await eventually(lambda: answers(nc, "sim", "inject", {"node": "sim-000", "kind": "clear"}))
+    await eventually(lambda: answers(nc, "perf", "status", {}))
+    job = busy_job_id(SEED)
+    publisher = Publisher(js, source="test-scheduler")
+    await publisher.publish(
+        JobSubmitted(job_id=job, at=time.time(), spec=JobSpec(team="t", gpus_per_replica=4, replicas=2))
+    )
+    placements = [Placement(cluster="c1", node=n, gpu_indices=[0, 1, 2, 3]) for n in ("sim-000", "sim-001")]
+    await publisher.publish(JobScheduled(job_id=job, at=time.time(), team="t", placements=placements))
+
+    async def healthy() -> bool:
+        jobs = (await request(nc, "perf", "status", {}))["jobs"]
+        return bool(jobs) and jobs[0]["verdict"] == "healthy"
+
+    await eventually(healthy, within=40)
+    with pytest.raises(CommandRefused) as refused:
+        await request(nc, "sim", "inject", {"node": "sim-001", "kind": "nic_down", "nic": 4})
+    assert refused.value.field == "nic" and "NICs 0..3" in str(refused.value)
+    await request(nc, "sim", "inject", {"node": "sim-001", "kind": "gpu_slow", "gpu": 2})
+
+    async def verdict() -> list[JobSlowdownDetected]:
+        return [e for e in await read_stream(js, f"chamber.jobs.{job}.perf") if isinstance(e, JobSlowdownDetected)]
+
+    await eventually(lambda: _nonempty(verdict()), within=40)
+    (found,) = await verdict()
+    assert (found.culprit, found.node, found.gpu_index) == (CulpritKind.GPU, "sim-001", 2)
+    faults = [f for f in await read_stream(js, "chamber.faults.c1.sim-001") if isinstance(f, GpuFaultDetected)]
+    assert [(f.kind, f.gpu_index) for f in faults if f.kind == "straggler"] == [("straggler", 2)]
+    status = (await request(nc, "perf", "status", {}))["jobs"][0]
+    assert status["verdict"] == "slow" and status["culprit"] == "gpu"
+    nodes = (await request(nc, "perf", "fabric", {}))["nodes"]
+    assert [(n["node"], len(n["nics"]), n["leaf"]) for n in nodes] == [
+        ("sim-000", 4, "leaf-0"),
+        ("sim-001", 4, "leaf-0"),
+    ]
+    lines = (await request(nc, "perf", "explain", {"job": job}))["lines"]
+    assert "culprit gpu sim-001 GPU 2" in lines[0]
+
+
+async def _nonempty(found: object) -> bool:
+    return bool(await found)  # type: ignore[misc]
