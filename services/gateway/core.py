@@ -51,7 +51,9 @@ from events import (
     PriceSet,
     TeamQuotaSet,
 )
+from events.fabric import FabricSample
 from events.telemetry import GpuInfo
+from services.gateway.fabric import FabricView, fold
 
 MAX_FINISHED_JOBS = 2_000  # finished jobs kept for the API; their history lives in the warehouse
 MAX_TIMELINE = 1_000  # faults, isolations, restores and losses kept for the timeline
@@ -217,6 +219,7 @@ class GatewayState:
     timeline: deque[TimelineEntry] = field(default_factory=lambda: deque(maxlen=MAX_TIMELINE))
     history: deque[Point] = field(default_factory=lambda: deque(maxlen=MAX_HISTORY))
     events_seen: int = 0
+    fabric: FabricView = field(default_factory=FabricView)  # latest NICs per node (services/gateway/fabric.py)
 
     def team(self, name: str) -> Team:
         team = self.teams.get(name)
@@ -243,6 +246,8 @@ def evolve(state: GatewayState, event: Event) -> GatewayState:
     match event:
         case NodeSample() | NodeInventory():
             _telemetry(state, event)
+        case FabricSample():
+            fold(state.fabric, event)
         case NodeDiscovered() | NodeUpdated() | NodeLost() | NodeIsolated() | NodeRestored():
             _fleet(state, event)
         case GpuIsolated() | GpuRestored():
