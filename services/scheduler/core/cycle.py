@@ -25,6 +25,7 @@ from services.scheduler.core.decisions import Admit, Cycle, CycleMark, Decision,
 from services.scheduler.core.policy import CHAMBER, ORDERINGS, Policy
 from services.scheduler.core.pools import DEFAULT_POOL
 from services.scheduler.core.state import QUEUED, Job, JobState, SchedulerState
+from services.scheduler.core.topology import fewest_domains
 
 Spot = list[tuple[int, list[int]]]  # (node id, GPU indices) per node
 
@@ -238,6 +239,10 @@ class Work:
                     spot = cap.fill(cls, per, replicas, only=members)
                     if spot is not None:
                         return spot
+            # No one domain has room: the fewest domains that do (fewest leaf switches crossed).
+            spread = fewest_domains(groups, job.gpus)
+            if spread is not None and (spot := cap.fill(cls, per, replicas, only=spread)) is not None:
+                return spot
         return None
 
     def fits(self, job: Job, usage: dict[tuple[str, str], int]) -> bool:
