@@ -66,7 +66,7 @@ class AgentOptions:
     seed: int = 1
     ack_timeout_s: float = 5.0
     health_port: int | None = None  # /livez and /readyz for Kubernetes probes (0: any free port)
-    sysfs_root: Path | None = Path("/")  # where the NICs are read (None: no fabric sample)
+    sysfs_root: Path | None = Path("/")  # where the NICs are read (None: no fabric samples, simulated too)
     nccl_ras: bool = False  # also ask NCCL's RAS service on localhost:28028 for collective progress
     labels: dict[str, str] = field(default_factory=dict)  # topology (rack, leaf, spine) for this node
 
@@ -111,7 +111,7 @@ class Agent:
                     NodeFacts(**{**facts.__dict__, "labels": self.fleet.fabric.labels[name]}),
                     seq=self.seqs.get(name),
                     source="chamber/agent/sim",
-                    fabric=node.fabric_reader(),
+                    fabric=node.fabric_reader() if opts.sysfs_root is not None else None,
                 )
                 for name, node in self.fleet.nodes.items()
             ]
