@@ -22,10 +22,12 @@ from services.runtime.logs import configure_logging
 from services.runtime.nats_server import NatsServerProcess
 
 
-async def measure(url: str, spool: Path, nodes: int, gpus: int, ticks: int, model: str) -> dict[str, object]:
+async def measure(
+    url: str, spool: Path, nodes: int, gpus: int, ticks: int, model: str, fabric: bool = True
+) -> dict[str, object]:
     opts = AgentOptions(
         nats=url, cluster="bench", node="sim", interval_s=1.0, spool_dir=spool, simulate=True,
-        nodes=nodes, gpus_per_node=gpus, gpu_model=model, seed=1,
+        nodes=nodes, gpus_per_node=gpus, gpu_model=model, seed=1, sysfs_root=Path("/") if fabric else None,
     )  # fmt: skip
     agent = Agent(opts)
     stop = asyncio.Event()
@@ -77,6 +79,7 @@ def main() -> None:
     parser.add_argument("--gpus-per-node", type=int, default=8)
     parser.add_argument("--intervals", type=int, default=10)
     parser.add_argument("--gpu-model", default="H100-80GB")
+    parser.add_argument("--no-fabric", action="store_true", help="without the companion fabric samples")
     args = parser.parse_args()
     configure_logging("error")
     with tempfile.TemporaryDirectory() as tmp:
@@ -84,7 +87,15 @@ def main() -> None:
         server.start()
         try:
             result = asyncio.run(
-                measure(server.url, Path(tmp) / "spool", args.nodes, args.gpus_per_node, args.intervals, args.gpu_model)
+                measure(
+                    server.url,
+                    Path(tmp) / "spool",
+                    args.nodes,
+                    args.gpus_per_node,
+                    args.intervals,
+                    args.gpu_model,
+                    not args.no_fabric,
+                )
             )
         finally:
             server.stop()

@@ -31,6 +31,7 @@ class PortState:
     was_up: bool = False
     best_rate: float = 0.0
     errors: deque[tuple[float, int]] = field(default_factory=deque)
+    errors_in_window: int = 0
     down_raised: bool = False
     downshift_raised: bool = False
     errors_raised: bool = False
@@ -76,9 +77,10 @@ def _check(st: PortState, nic: NicSample, t: float, peer_rate: float) -> list[tu
             st.best_rate = max(st.best_rate, rate)
     if nic.errors:
         st.errors.append((t, nic.errors))
+        st.errors_in_window += nic.errors
     while st.errors and st.errors[0][0] <= t - WINDOW_S:
-        st.errors.popleft()
-    total = sum(n for _, n in st.errors)
+        st.errors_in_window -= st.errors.popleft()[1]
+    total = st.errors_in_window
     if total >= ERRORS_PER_WINDOW and not st.errors_raised:
         found.append((FaultKind.NIC_ERRORS, Severity.WARNING, f"NIC {nic.name}: {total} errors in {WINDOW_S:g}s"))
         st.errors_raised = True

@@ -156,6 +156,7 @@ class SimFabric:
         self.slow_gpus: dict[tuple[str, int], float] = {}  # (node, gpu) -> clock factor
         self.rhythms: dict[str, JobRhythm] = {}
         self.ranks: dict[str, list[tuple[str, int]]] = {}  # job -> (node, gpu), sorted
+        self.local: dict[str, list[tuple[str, str, int]]] = {}
         self.loads: dict[tuple[str, int], GpuLoad] = {}
         self._last: float | None = None
 
@@ -213,6 +214,14 @@ class SimFabric:
                 if active.get(job, False):
                     ranks.setdefault(job, []).append((node, gpu))
         self.ranks = {job: sorted(r) for job, r in ranks.items()}
+        self.local = {}  # node -> [(job, communicator id, ranks here)]: what NCCL RAS shows there
+        for job in sorted(self.ranks):
+            comm = hashlib.sha256(job.encode()).hexdigest()[:16]
+            counts: dict[str, int] = {}
+            for node, _ in self.ranks[job]:
+                counts[node] = counts.get(node, 0) + 1
+            for node, n in counts.items():
+                self.local.setdefault(node, []).append((job, comm, n))
         for job in self.ranks:
             if job not in self.rhythms:
                 self.rhythms[job] = JobRhythm.of(self.seed, job)
@@ -291,14 +300,10 @@ class SimFabric:
 
     def comms(self, node: str) -> list[CommProgress]:
         """NCCL RAS's view on this node: one communicator per job with ranks here."""
-        out = []
-        for job in sorted(self.ranks):
-            local = sum(1 for n, _ in self.ranks[job] if n == node)
-            if local:
-                ops = int(self.rhythms[job].iterations * OPS_PER_ITERATION)
-                comm = hashlib.sha256(job.encode()).hexdigest()[:16]
-                out.append(CommProgress(comm=comm, job=job, ops=ops, ranks=local))
-        return out
+        return [
+            CommProgress(comm=comm, job=job, ops=int(self.rhythms[job].iterations * OPS_PER_ITERATION), ranks=n)
+            for job, comm, n in self.local.get(node, ())
+        ]
 
 
 @dataclass
