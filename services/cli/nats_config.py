@@ -36,7 +36,7 @@ from events.streams import STREAMS
 from services.cli.common import add_cluster_option
 from services.cli.errors import UsageError
 
-DEFAULT_SERVICES = ("discovery", "health", "quota", "scheduler", "billing", "recorder", "gateway")
+DEFAULT_SERVICES = ("discovery", "health", "quota", "scheduler", "billing", "recorder", "gateway", "perf")
 EVENT_STREAMS = tuple(s.name for s in STREAMS if s.name != "DEAD")
 INBOX = "_INBOX.>"
 
