@@ -21,7 +21,7 @@ import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from services.gateway import metrics, openapi, views
+from services.gateway import fabric, metrics, openapi, views
 from services.gateway.core import GatewayState, JobState
 from services.gateway.history import HistoryView, TeamWindowCost
 from services.gateway.openapi import Operation, Param
@@ -221,6 +221,12 @@ async def get_faults(request: web.Request) -> web.Response:
 
 async def get_summary(request: web.Request) -> web.Response:
     return web.Response(body=_ctx(request).summary_body(), content_type="application/json")
+
+
+async def get_fabric(request: web.Request) -> web.Response:
+    """The fabric panel: each node's latest NICs with flags, and the jobs' slowdown episodes."""
+    body = _encoder.encode(fabric.answer(_ctx(request).state.fabric))
+    return web.Response(body=body, content_type="application/json")
 
 
 async def get_stream(request: web.Request) -> web.StreamResponse:
@@ -453,6 +459,7 @@ ROUTES: list[tuple[Operation, Callable[[web.Request], Awaitable[web.StreamRespon
         get_faults,
     ),
     (Operation("GET", "/api/summary", "getSummary", "Everything the dashboard shows", views.Summary), get_summary),
+    (Operation("GET", "/api/fabric", "getFabric", "NICs per node and job slowdowns", fabric.FabricAnswer), get_fabric),
     (
         Operation(
             "GET",

@@ -51,9 +51,9 @@ from events import (
     PriceSet,
     TeamQuotaSet,
 )
-from events.fabric import FabricSample
+from events.fabric import FabricSample, JobSlowdownCleared, JobSlowdownDetected
 from events.telemetry import GpuInfo
-from services.gateway.fabric import FabricView, fold
+from services.gateway.fabric import FabricView, fold, fold_verdict
 
 MAX_FINISHED_JOBS = 2_000  # finished jobs kept for the API; their history lives in the warehouse
 MAX_TIMELINE = 1_000  # faults, isolations, restores and losses kept for the timeline
@@ -248,6 +248,8 @@ def evolve(state: GatewayState, event: Event) -> GatewayState:
             _telemetry(state, event)
         case FabricSample():
             fold(state.fabric, event)
+        case JobSlowdownDetected() | JobSlowdownCleared():
+            fold_verdict(state.fabric, event)
         case NodeDiscovered() | NodeUpdated() | NodeLost() | NodeIsolated() | NodeRestored():
             _fleet(state, event)
         case GpuIsolated() | GpuRestored():

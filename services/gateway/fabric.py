@@ -7,12 +7,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+import msgspec
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from events.fabric import FabricSample, LinkState, NicSample
+from events.fabric import FabricSample, JobSlowdownCleared, JobSlowdownDetected, LinkState, NicSample
 
 NodeKey = tuple[str, str]
+MAX_SLOWDOWNS = 500  # episodes kept for the panel; the warehouse keeps them all
 
 
 @dataclass
@@ -26,6 +28,7 @@ class NicTotals:
 class FabricView:
     latest: dict[NodeKey, FabricSample] = field(default_factory=dict)
     totals: dict[tuple[str, str, str], NicTotals] = field(default_factory=dict)  # (cluster, node, nic)
+    slowdowns: dict[str, Slowdown] = field(default_factory=dict)  # by job: its latest episode
 
 
 def fold(view: FabricView, sample: FabricSample) -> None:
@@ -63,9 +66,13 @@ class FabricCollector(Collector):
         helps = dict(NIC_SERIES)
         up, rate, tx, rx = (
             GaugeMetricFamily(name, helps[name], labels=labels)
-            for name in ("chamber_nic_up", "chamber_nic_rate_gbps", "chamber_nic_tx_bytes_per_second",
-                         "chamber_nic_rx_bytes_per_second")
-        )  # fmt: skip
+            for name in (
+                "chamber_nic_up",
+                "chamber_nic_rate_gbps",
+                "chamber_nic_tx_bytes_per_second",
+                "chamber_nic_rx_bytes_per_second",
+            )
+        )
         errors, pause, flaps = (
             CounterMetricFamily(name, helps[name], labels=labels)
             for name in ("chamber_nic_errors", "chamber_nic_pause_frames", "chamber_nic_flaps")
@@ -109,3 +116,124 @@ def _nic(n: NicSample) -> dict[str, object]:
         "pause": n.pause,
         "flaps": n.flaps,
     }
+
+
+# --- the dashboard's fabric panel (`GET /api/fabric`) ---------------------------------------------
+
+PAUSE_FLAG_PER_S = 1000.0  # pause frames per second on one NIC: congestion worth showing
+
+
+class NicRow(msgspec.Struct, kw_only=True):
+    nic: str
+    gpu: int | None
+    state: str
+    rate_gbps: float | None
+    tx_gbps: float | None
+    errors: int | None
+    pause: int | None
+    flaps: int | None
+    flags: list[str]
+
+
+class FabricNode(msgspec.Struct, kw_only=True):
+    cluster: str
+    node: str
+    leaf: str | None
+    observed_at: float
+    nics: list[NicRow]
+    flagged: int
+
+
+class Slowdown(msgspec.Struct, kw_only=True):
+    job_id: str
+    episode: int
+    since: float
+    at: float
+    culprit: str
+    score: float
+    node: str | None = None
+    gpu_index: int | None = None
+    nic: str | None = None
+    leaf: str | None = None
+    reason: str = ""
+    cleared_at: float | None = None
+    cleared_reason: str = ""
+
+
+class FabricAnswer(msgspec.Struct, kw_only=True):
+    nodes: list[FabricNode]
+    slowdowns: list[Slowdown]  # open episodes first, then the latest cleared ones
+
+
+def fold_verdict(view: FabricView, event: JobSlowdownDetected | JobSlowdownCleared) -> None:
+    if isinstance(event, JobSlowdownDetected):
+        view.slowdowns[event.job_id] = Slowdown(
+            job_id=event.job_id,
+            episode=event.episode,
+            since=event.since,
+            at=event.at,
+            culprit=event.culprit.value,
+            score=event.score,
+            node=event.node,
+            gpu_index=event.gpu_index,
+            nic=event.nic,
+            leaf=event.leaf,
+            reason=event.reason,
+        )
+        return
+    s = view.slowdowns.get(event.job_id)
+    if s is not None and s.episode == event.episode:
+        s.cleared_at, s.cleared_reason = event.at, event.reason
+    while len(view.slowdowns) > MAX_SLOWDOWNS:  # forget the oldest cleared ones
+        oldest = min((s for s in view.slowdowns.values() if s.cleared_at is not None), key=lambda s: s.at, default=None)
+        if oldest is None:
+            break
+        del view.slowdowns[oldest.job_id]
+
+
+def _flags(n: NicSample, typical: float | None, interval_s: float) -> list[str]:
+    flags = []
+    if n.state is LinkState.DOWN:
+        flags.append("down")
+    if n.flaps:
+        flags.append("flap")
+    if n.rate_gbps and typical and n.rate_gbps < 0.75 * typical:
+        flags.append("downshift")
+    if n.errors:
+        flags.append("errors")
+    if n.pause and n.pause / max(interval_s, 1e-9) >= PAUSE_FLAG_PER_S:
+        flags.append("pause")
+    return flags
+
+
+def answer(view: FabricView) -> FabricAnswer:
+    nodes = []
+    for (cluster, node), s in sorted(view.latest.items()):
+        rates = sorted(n.rate_gbps for n in s.nics if n.rate_gbps)
+        typical = rates[len(rates) // 2] if rates else None
+        rows = [
+            NicRow(
+                nic=n.name,
+                gpu=n.gpu_index,
+                state=n.state.value,
+                rate_gbps=n.rate_gbps,
+                tx_gbps=None if n.tx_bytes_per_s is None else round(n.tx_bytes_per_s * 8 / 1e9, 2),
+                errors=n.errors,
+                pause=n.pause,
+                flaps=n.flaps,
+                flags=_flags(n, typical, s.interval_s),
+            )
+            for n in s.nics
+        ]
+        nodes.append(
+            FabricNode(
+                cluster=cluster,
+                node=node,
+                leaf=s.labels.get("leaf"),
+                observed_at=s.observed_at,
+                nics=rows,
+                flagged=sum(1 for r in rows if r.flags),
+            )
+        )
+    slow = sorted(view.slowdowns.values(), key=lambda s: (s.cleared_at is not None, -s.at, s.job_id))
+    return FabricAnswer(nodes=nodes, slowdowns=slow)

@@ -314,5 +314,36 @@ function connect() {
   source.onerror = () => setLive(false);
 }
 
+// The fabric panel: its own document (/api/fabric), refreshed every few seconds.
+const FABRIC_EVERY_MS = 5000;
+const MAX_FABRIC_NODES = 256;
+
+function renderFabric(f) {
+  const now = Date.now() / 1000;
+  const open = f.slowdowns.filter((s) => s.cleared_at == null).length;
+  const flagged = f.nodes.filter((n) => n.flagged).length;
+  $("fabric-summary").textContent = `${plural(open, "slow job")} · ${plural(flagged, "node")} with flagged links`;
+  $("slowdowns").tBodies[0].innerHTML = f.slowdowns.slice(0, 30).map((s) => {
+    const where = [s.node, s.gpu_index == null ? null : `GPU ${s.gpu_index}`, s.nic, s.leaf].filter((x) => x != null && x !== "").join(" · ");
+    const state = s.cleared_at == null ? "slow" : `cleared (${s.cleared_reason})`;
+    return `<tr class="${s.cleared_at == null ? "" : "cleared"}"><td>${esc(s.job_id)}</td><td>${esc(state)}</td>
+      <td><b>${esc(s.culprit)}</b></td><td>${esc(where)}</td><td class="num">${Math.round(s.score * 100)} %</td>
+      <td class="num">${ago(now - s.since)}</td><td class="reason">${esc(s.reason)}</td></tr>`;
+  }).join("") || `<tr class="empty"><td colspan="7">No job is slow.</td></tr>`;
+  const nodes = [...f.nodes].sort((a, b) => b.flagged - a.flagged).slice(0, MAX_FABRIC_NODES);
+  $("fabric").innerHTML = nodes.map((n) => `<span class="node" title="${esc(n.leaf ?? "")}"><span class="name">${esc(n.node)}</span>` +
+    n.nics.map((c) => {
+      const cls = c.state === "down" ? "down" : c.flags.length ? "flag" : "ok";
+      const tip = `${c.nic} ${c.state} ${c.rate_gbps ?? "?"} Gb/s tx ${c.tx_gbps ?? "?"} Gb/s ${c.flags.join(", ")}`;
+      return `<i class="n ${cls}" title="${esc(tip)}"></i>`;
+    }).join("") + "</span>").join("") || `<span class="muted">No fabric samples yet.</span>`;
+}
+
+function pollFabric() {
+  fetch("/api/fabric").then((r) => (r.ok ? r.json() : null)).then((f) => { if (f) renderFabric(f); })
+    .catch(() => {}).finally(() => setTimeout(pollFabric, FABRIC_EVERY_MS));
+}
+
 connect();
 fetchHistory();
+pollFabric();
