@@ -8,8 +8,9 @@ run with noise (rank jitter, 2 s stalls), a phase change (an eval pass: every ra
 longer for 60 s), or load imbalance (ranks up to 12 % slower, always).
 
 Prints one JSON object: scenarios, detection_p50_s / p99_s, precision, recall, attribution_accuracy
-(right kind and right node+GPU/NIC, or right leaf), false_isolations (on healthy controls), and the
-work lost per fault, moving the job off the culprit when health isolates it versus waiting for failure.
+(right kind and right node+GPU/NIC, or right leaf), false_isolations (on healthy controls), the work
+lost per fault, moving the job off the culprit when health isolates it versus waiting for failure, and
+the perf core's CPU cost per node sample (GPU sample + fabric sample folded, decisions included).
 
 Work-lost model (GPU-hours, per fault; the assumptions are printed with the result):
 - proactive: the job runs at the measured slowed speed until health takes the culprit out of service,
@@ -133,6 +134,9 @@ def main() -> None:
             "nccl_timeout_s": NCCL_TIMEOUT_S,
             "unnoticed_slowdown_s": WAIT_S,
         },
+        "perf_core_us_per_node_sample": round(
+            1e6 * sum(o.perf_cpu_s for o in outcomes) / max(1, sum(o.node_samples for o in outcomes)), 1
+        ),
         "wall_s": round(time.perf_counter() - started, 1),
     }
     print(json.dumps(result, indent=2))

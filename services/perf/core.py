@@ -131,6 +131,7 @@ class PerfState:
     closed: dict[str, float] = field(default_factory=dict)  # job -> when its last episode ended
     stopped: dict[str, float] = field(default_factory=dict)  # open episodes of jobs that stopped
     history: dict[str, list[str]] = field(default_factory=dict)  # what happened, for `chamber explain`
+    node_jobs: dict[NodeKey, set[str]] = field(default_factory=dict)  # index: the jobs running on a node
 
 
 def _node(state: PerfState, cluster: str, node: str) -> NodeView:
@@ -157,9 +158,12 @@ def evolve(state: PerfState, event: Event) -> PerfState:
                 _node(state, event.cluster, event.node).labels.update(event.labels)
         case JobScheduled() | JobResumed():
             placements = {(p.cluster, p.node): tuple(sorted(p.gpu_indices)) for p in event.placements}
+            _untrack(state, event.job_id)
             state.jobs[event.job_id] = JobTrack(event.job_id, placements, started=event.at, t=event.at)
+            for key in placements:
+                state.node_jobs.setdefault(key, set()).add(event.job_id)
         case JobPreempted() | JobSuspended() | JobRequeued() | JobCompleted() | JobFailed() | JobCancelled():
-            if state.jobs.pop(event.job_id, None) is not None and event.job_id in state.episodes:
+            if _untrack(state, event.job_id) is not None and event.job_id in state.episodes:
                 state.stopped[event.job_id] = event.at
                 if isinstance(event, JobRequeued | JobPreempted):
                     why = getattr(event, "reason", "")
@@ -207,6 +211,18 @@ def evolve(state: PerfState, event: Event) -> PerfState:
 HISTORY_KEPT = 20
 
 
+def _untrack(state: PerfState, job: str) -> JobTrack | None:
+    track = state.jobs.pop(job, None)
+    if track is not None:
+        for key in track.placements:
+            jobs = state.node_jobs.get(key)
+            if jobs is not None:
+                jobs.discard(job)
+                if not jobs:
+                    del state.node_jobs[key]
+    return track
+
+
 def _note(state: PerfState, job: str, line: str) -> None:
     lines = state.history.setdefault(job, [])
     lines.append(line)
@@ -251,8 +267,9 @@ def _on_fabric(state: PerfState, s: FabricSample) -> None:
         q.append((t, c.ops))
         while len(q) > 2 and q[1][0] <= t - WINDOW_S:
             q.popleft()
-    for track in state.jobs.values():
-        if key in track.placements and t - track.last_eval >= 0.9 * s.interval_s:
+    for job in sorted(state.node_jobs.get(key, ())):
+        track = state.jobs[job]
+        if t - track.last_eval >= 0.9 * s.interval_s:
             _evaluate(state, track, t)
 
 

@@ -9,6 +9,7 @@ random rank (or nothing, for healthy controls: noise, a phase change, load imbal
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import dataclass, field
 
 from events.base import Event
@@ -64,6 +65,8 @@ class Outcome:
     isolations: list[health.Decision] = field(default_factory=list)
     speed_during: float = 1.0  # iterations per second during the fault / before it
     perf_state: perf.PerfState | None = None
+    perf_cpu_s: float = 0.0  # time spent in the perf core (evolve + decide), for its cost per sample
+    node_samples: int = 0
 
     @property
     def detection_s(self) -> float | None:
@@ -143,12 +146,18 @@ def run(sc: Scenario) -> Outcome:
         for n in names:
             reading = fleet.nodes[n].read(CLUSTER, int(t), t, 1.0)
             fabric = readers[n].read(CLUSTER, n, int(t), t, 1.0)
+            started = time.process_time()
             perf.evolve(pstate, reading.sample)
             perf.evolve(pstate, fabric)
+            out.perf_cpu_s += time.process_time() - started
+            out.node_samples += 1
             health.evolve(hstate, reading.sample)
             gpu_det[n], found = detect(gpu_det[n], reading, limits[n])
             faults += [*found, *detect_nic(nic_det[n], fabric)]
-        for event, _ in perf.decide(pstate, t):
+        started = time.process_time()
+        decided = perf.decide(pstate, t)
+        out.perf_cpu_s += time.process_time() - started
+        for event, _ in decided:
             perf.evolve(pstate, event)
             if isinstance(event, JobSlowdownDetected):
                 if sc.faulty and t >= sc.fault_at and out.detected is None:
