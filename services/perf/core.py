@@ -171,6 +171,11 @@ def evolve(state: PerfState, event: Event) -> PerfState:
         case JobSlowdownDetected():
             state.last_episode[event.job_id] = max(event.episode, state.last_episode.get(event.job_id, 0))
             track = state.jobs.get(event.job_id)
+            best = event.evidence.get("best_rate")
+            if track is not None and isinstance(best, int | float):
+                # A restarted service learns the job's best from its own verdict, not from the slow
+                # samples it sees now (which would look "as good as ever" and clear the episode).
+                track.best = max(track.best, float(best))
             culprit = None
             if track is not None and track.ready is not None:
                 culprit = track.ready

@@ -81,3 +81,32 @@ def test_a_job_that_stops_during_an_episode_is_cleared_as_stopped() -> None:
     assert [(type(e), e.reason, e.at) for e, _ in decided] == [(JobSlowdownCleared, "stopped", 9.0)]  # type: ignore[attr-defined]
     perf.evolve(state, decided[0][0])
     assert perf.decide(state, 11.0) == []
+
+
+def test_a_restarted_service_keeps_an_open_episode_while_the_job_stays_slow() -> None:
+    """After a restart, the JOBS log gives the open episode (and the job's best speed in its evidence);
+    the slow samples that follow must not look like a recovery."""
+    from events.fabric import CommProgress, FabricSample, JobSlowdownDetected, NicSample
+
+    state = perf.PerfState()
+    nodes = ["n0", "n1"]
+    placements = [Placement(cluster="c", node=n, gpu_indices=[0]) for n in nodes]
+    perf.evolve(state, JobScheduled(job_id="j", at=0.0, team="t", placements=placements))
+    perf.evolve(
+        state,
+        JobSlowdownDetected(
+            job_id="j", episode=1, at=100.0, since=95.0, culprit=CulpritKind.UNKNOWN, score=0.5, confidence=0.4,
+            evidence={"best_rate": 100.0},
+        ),
+    )  # fmt: skip
+    decided = []
+    for t in range(200, 260):
+        for n in nodes:
+            comms = [CommProgress(comm="x", job="j", ops=50 * t)]  # half its best speed
+            nic = NicSample(name="mlx5_0/1", index=0, gpu_index=0, rate_gbps=400.0)
+            sample = FabricSample(
+                cluster="c", node=n, seq=t, observed_at=float(t), interval_s=1.0, nics=[nic], comms=comms
+            )
+            perf.evolve(state, sample)
+        decided += perf.decide(state, float(t))
+    assert decided == [] and state.jobs["j"].score < 0.6
