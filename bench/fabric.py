@@ -67,10 +67,11 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=2, help="scenarios per fault kind and gang size (2)")
     ap.add_argument("--gangs", default="8,64", help="gang sizes in nodes, comma-separated (8,64)")
     ap.add_argument("--fault-at", type=float, default=90.0, help="seconds of healthy running before the fault")
+    ap.add_argument("--no-ras", action="store_true", help="nodes without NCCL RAS: progress from NIC traffic")
     ap.add_argument("--verbose", action="store_true", help="one line per scenario on stderr")
     args = ap.parse_args()
     gangs = tuple(int(g) for g in args.gangs.split(","))
-    scenarios: list[Scenario] = plan(args.seeds, gangs, args.fault_at)
+    scenarios: list[Scenario] = plan(args.seeds, gangs, args.fault_at, ras=not args.no_ras)
     started = time.perf_counter()
     outcomes = []
     for sc in scenarios:
@@ -118,6 +119,7 @@ def main() -> None:
         "healthy_controls": len(healthy),
         "gang_nodes": list(gangs),
         "sampling_hz": 1.0,
+        "nccl_ras": not args.no_ras,
         "detection_p50_s": pct(delays, 50),
         "detection_p99_s": pct(delays, 99),
         "precision": round(len(detected) / (len(detected) + false_positives), 3) if detected else 0.0,

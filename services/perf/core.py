@@ -104,6 +104,7 @@ class JobTrack:
     placements: dict[NodeKey, tuple[int, ...]]
     started: float
     progress: dict[NodeKey, deque[tuple[float, int]]] = field(default_factory=dict)
+    traffic: deque[tuple[float, float]] = field(default_factory=deque)  # (t, the ranks' tx bytes/s): no RAS
     last_eval: float = float("-inf")
     rate: float | None = None
     best: float = 0.0
@@ -298,7 +299,16 @@ def _job_rate(state: PerfState, track: JobTrack, t: float) -> float | None:
         if v is None or t - v.fabric_t > STALE_S:
             continue
         traffic += [v.nics[g].tx_bytes_per_s or 0.0 for g in gpus if g in v.nics]
-    return sum(traffic) if traffic else None
+    if not traffic:
+        return None
+    # Averaged over the same window as RAS progress: a flapping link's traffic comes and goes.
+    q = track.traffic
+    q.append((t, sum(traffic)))
+    while q and q[0][0] <= t - WINDOW_S:
+        q.popleft()
+    if t - q[0][0] < WINDOW_S * 0.6:
+        return None
+    return sum(v for _, v in q) / len(q)
 
 
 def _mean_util(state: PerfState, track: JobTrack) -> float | None:

@@ -12,6 +12,8 @@ import random
 import time
 from dataclasses import dataclass, field
 
+import msgspec
+
 from events.base import Event
 from events.fabric import CulpritKind, JobSlowdownCleared, JobSlowdownDetected
 from events.faults import GpuFaultDetected
@@ -49,6 +51,7 @@ class Scenario:
     after_s: float = 150.0  # how long to run after the fault
     fleet_nodes: int | None = None  # default: the gang plus one leaf of bystanders
     clear_after_s: float | None = None  # the fault ends (repaired) this long after it began
+    ras: bool = True  # False: no NCCL RAS on the nodes; progress is read from NIC traffic instead
 
     @property
     def faulty(self) -> bool:
@@ -146,6 +149,8 @@ def run(sc: Scenario) -> Outcome:
         for n in names:
             reading = fleet.nodes[n].read(CLUSTER, int(t), t, 1.0)
             fabric = readers[n].read(CLUSTER, n, int(t), t, 1.0)
+            if not sc.ras:
+                fabric = msgspec.structs.replace(fabric, comms=[])
             started = time.process_time()
             perf.evolve(pstate, reading.sample)
             perf.evolve(pstate, fabric)
@@ -212,11 +217,13 @@ def _hiccups(
     return current
 
 
-def plan(seeds: int = 2, gang_sizes: tuple[int, ...] = (8, 64), fault_at: float = 90.0) -> list[Scenario]:
+def plan(
+    seeds: int = 2, gang_sizes: tuple[int, ...] = (8, 64), fault_at: float = 90.0, ras: bool = True
+) -> list[Scenario]:
     """The labelled set: every fault kind and every healthy control, per gang size and seed."""
     out = []
     for size in gang_sizes:
         for seed in range(1, seeds + 1):
             for kind in (*FAULTS, *CONTROLS):
-                out.append(Scenario(f"{kind}-{size}n-s{seed}", kind, size, seed, fault_at=fault_at))
+                out.append(Scenario(f"{kind}-{size}n-s{seed}", kind, size, seed, fault_at=fault_at, ras=ras))
     return out

@@ -110,3 +110,12 @@ def test_a_restarted_service_keeps_an_open_episode_while_the_job_stays_slow() ->
             perf.evolve(state, sample)
         decided += perf.decide(state, float(t))
     assert decided == [] and state.jobs["j"].score < 0.6
+
+
+@pytest.mark.parametrize("kind", ["nic_flap", "gpu_slow", "healthy_phase"])
+def test_without_nccl_ras_the_ranks_nic_traffic_stands_in_for_progress(kind: str) -> None:
+    out = run(scenario(kind, ras=False))
+    if kind.startswith("healthy"):
+        assert out.detected is None and out.early == []
+    else:
+        assert out.attributed and out.detection_s is not None and out.detection_s <= 30
