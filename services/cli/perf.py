@@ -13,7 +13,8 @@ from services.cli.common import add_nats_option, send_command
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("perf", help="running multi-node jobs: healthy or slow, the culprit and the evidence")
     add_nats_option(p)
-    p.add_argument("--json", action="store_true", help='print {"jobs": [...]} for scripts')
+    p.add_argument("job", nargs="?", metavar="JOB", help="one job's view: per-rank GPU activity over time")
+    p.add_argument("--json", action="store_true", help='print {"jobs": [...]} (with JOB: the heat) for scripts')
     p.set_defaults(func=run_perf)
     f = sub.add_parser("fabric", help="per node: NICs, link state, rate, traffic, error/pause rates, flagged links")
     add_nats_option(f)
@@ -28,8 +29,13 @@ def _quiet() -> None:
     configure_logging("error")
 
 
+SHADES = " .:-=+*#%@"  # activity 0..100 % as one character per rank and time column
+
+
 def run_perf(args: argparse.Namespace) -> int:
     _quiet()
+    if args.job:
+        return _job_view(args)
     result: dict[str, Any] = send_command(args, "perf", "status", {})
     jobs = result.get("jobs", [])
     if args.json:
@@ -70,3 +76,31 @@ def run_fabric(args: argparse.Namespace) -> int:
                 f"err {nic['errors'] or 0:<5} pause {nic['pause'] or 0:<7} {flags}"
             )
     return 0
+
+
+def _job_view(args: argparse.Namespace) -> int:
+    heat: dict[str, Any] = send_command(args, "perf", "ranks", {"job": args.job})
+    if args.json:
+        print(json.dumps(heat, indent=2))
+        return 0
+    culprit = heat.get("culprit") or {}
+    rows = heat["activity_pct"][-60:]  # the last 60 evaluations, oldest left
+    print(
+        f"{heat['job']}  {heat['verdict'].upper()}  GPU activity per rank, "
+        f"last {len(rows)} samples (' ' 0 % .. '@' 100 %)"
+    )
+    for i, rank in enumerate(heat["ranks"]):
+        line = "".join(_shade(r[i] if i < len(r) else None) for r in rows)
+        mark = ""
+        if culprit.get("node") == rank["node"] and culprit.get("gpu") == rank["gpu"]:
+            mark = f"  <- culprit ({culprit['kind']}{' ' + culprit['nic'] if culprit.get('nic') else ''})"
+        print(f"  {rank['node']:>12} gpu {rank['gpu']:<2} |{line}|{mark}")
+    if culprit.get("kind") == "fabric":
+        print(f"  culprit: shared congestion under {culprit.get('leaf')}")
+    return 0
+
+
+def _shade(value: float | None) -> str:
+    if value is None:
+        return "?"
+    return SHADES[min(len(SHADES) - 1, max(0, int(value / 100 * (len(SHADES) - 1) + 0.5)))]

@@ -58,6 +58,7 @@ ERRORS_PER_S = 5.0
 FLAP_MEMORY_S = 30.0
 PAUSE_PER_S = 1000.0  # pause frames per second per NIC (mean over the node's NICs): congestion
 STALE_S = 5.0  # a node sample older than this does not speak for the node
+HEAT_KEPT = 300  # per-rank activity kept per job (one per evaluation): `chamber perf JOB`
 
 NodeKey = tuple[str, str]  # (cluster, node)
 
@@ -105,6 +106,7 @@ class JobTrack:
     started: float
     progress: dict[NodeKey, deque[tuple[float, int]]] = field(default_factory=dict)
     traffic: deque[tuple[float, float]] = field(default_factory=deque)  # (t, the ranks' tx bytes/s): no RAS
+    heat: deque[tuple[float, tuple[float | None, ...]]] = field(default_factory=lambda: deque(maxlen=HEAT_KEPT))
     last_eval: float = float("-inf")
     rate: float | None = None
     best: float = 0.0
@@ -323,6 +325,7 @@ def _gpu(state: PerfState, key: NodeKey, gpu: int) -> tuple[float | None, float 
 
 def _evaluate(state: PerfState, track: JobTrack, t: float) -> None:
     track.last_eval = track.t = t
+    track.heat.append((t, tuple(_gpu(state, key, g)[0] for key, g in track.ranks())))
     rate = _job_rate(state, track, t)
     track.rate = rate
     if rate is None:
@@ -591,6 +594,25 @@ def _straggler(track: JobTrack, c: Culprit, episode: int, n: int) -> tuple[Event
 def _cleared(job: str, ep: Episode, at: float, reason: str) -> tuple[Event, str]:
     event = JobSlowdownCleared(job_id=job, episode=ep.number, at=at, since=ep.since, reason=reason)
     return event, stable_id("perf", "cleared", job, ep.number)
+
+
+def rank_heat(state: PerfState, job: str) -> dict[str, object] | None:
+    """Per-rank GPU activity over the last evaluations, and the culprit: the job view."""
+    track = state.jobs.get(job)
+    if track is None:
+        return None
+    ep = state.episodes.get(job)
+    c = ep.culprit if ep is not None and ep.culprit is not None else track.ready
+    return {
+        "job": job,
+        "ranks": [{"node": key[1], "gpu": g} for key, g in track.ranks()],
+        "times": [t for t, _ in track.heat],
+        "activity_pct": [list(row) for _, row in track.heat],
+        "culprit": None
+        if c is None
+        else {"kind": c.kind.value, "node": c.node[1] if c.node else None, "gpu": c.gpu, "nic": c.nic, "leaf": c.leaf},
+        "verdict": "slow" if ep is not None else track.verdict,
+    }
 
 
 def verdicts(state: PerfState) -> list[dict[str, object]]:

@@ -20,6 +20,7 @@ from events.base import Event
 from services.health.replay import CatchUp, DeliverFrom
 from services.perf import core
 from services.perf.views import fabric_view
+from services.runtime.commands import CommandRefused
 from services.runtime.consumer import ConsumerOptions, Delivery
 from services.runtime.host import ServiceContext, serve
 from services.runtime.logs import get_logger
@@ -70,6 +71,12 @@ class PerfShell:
     async def explain(self, req: ExplainRequest) -> dict[str, Any]:
         return {"job": req.job, "lines": core.explain_lines(self.state, req.job)}
 
+    async def ranks(self, req: ExplainRequest) -> dict[str, Any]:
+        heat = core.rank_heat(self.state, req.job)
+        if heat is None:
+            raise CommandRefused(f"job {req.job!r} is not a running job the perf service tracks", field="job")
+        return heat
+
     async def fabric(self, _: Empty) -> dict[str, Any]:
         return {"nodes": fabric_view(self.state)}
 
@@ -93,6 +100,7 @@ async def setup(ctx: ServiceContext, args: argparse.Namespace) -> PerfShell:
     ctx.command("status", Empty, shell.status)
     ctx.command("fabric", Empty, shell.fabric)
     ctx.command("explain", ExplainRequest, shell.explain)
+    ctx.command("ranks", ExplainRequest, shell.ranks)
     return shell
 
 

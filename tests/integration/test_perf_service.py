@@ -105,6 +105,13 @@ async def test_a_slowed_gpu_is_found_as_the_culprit_of_its_gang(
     ]
     lines = (await request(nc, "perf", "explain", {"job": job}))["lines"]
     assert "culprit gpu sim-001 GPU 2" in lines[0]
+    heat = await request(nc, "perf", "ranks", {"job": job})
+    assert len(heat["ranks"]) == 8 and heat["culprit"]["gpu"] == 2 and heat["activity_pct"]
+    straggler = heat["ranks"].index({"node": "sim-001", "gpu": 2})
+    last = heat["activity_pct"][-1]
+    assert last[straggler] > max(v for i, v in enumerate(last) if i != straggler)  # busy while its peers wait
+    with pytest.raises(CommandRefused):
+        await request(nc, "perf", "ranks", {"job": "no-such-job"})
 
 
 async def _nonempty(found: object) -> bool:
