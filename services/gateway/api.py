@@ -229,6 +229,11 @@ async def get_fabric(request: web.Request) -> web.Response:
     return web.Response(body=body, content_type="application/json")
 
 
+async def get_job_ranks(request: web.Request) -> web.Response:
+    """Read-only: the perf service's job view (no token: it changes nothing)."""
+    return await _forward(request, "perf", "ranks", {"job": request.match_info["job_id"]})
+
+
 async def get_stream(request: web.Request) -> web.StreamResponse:
     """Server-sent events: the summary now, then every `stream_interval_s`, until the client leaves."""
     ctx = _ctx(request)
@@ -460,6 +465,18 @@ ROUTES: list[tuple[Operation, Callable[[web.Request], Awaitable[web.StreamRespon
     ),
     (Operation("GET", "/api/summary", "getSummary", "Everything the dashboard shows", views.Summary), get_summary),
     (Operation("GET", "/api/fabric", "getFabric", "NICs per node and job slowdowns", fabric.FabricAnswer), get_fabric),
+    (
+        Operation(
+            "GET",
+            "/api/jobs/{job_id}/ranks",
+            "getJobRanks",
+            "A running job's per-rank GPU activity over time and its slowdown culprit (from the perf service)",
+            views.CommandAnswer,
+            params=(Param("job_id", "path", {"type": "string"}),),
+            errors=(422, 503),
+        ),
+        get_job_ranks,
+    ),
     (
         Operation(
             "GET",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -29,11 +30,12 @@ pytestmark = pytest.mark.integration
 SEED = 3
 
 
-@pytest.fixture
-async def fleet(nats_server: NatsServerProcess, tmp_path: Path) -> AsyncIterator[Agent]:
+@contextlib.asynccontextmanager
+async def running_fleet(url: str, spool: Path) -> AsyncIterator[Agent]:
+    """Two simulated nodes x 4 GPUs sampling every 0.25 s."""
     opts = AgentOptions(
-        nats=nats_server.url, cluster="c1", node="sim", interval_s=0.25, spool_dir=tmp_path / "spool",
-        simulate=True, nodes=2, gpus_per_node=4, gpu_model="H100-80GB", seed=SEED,
+        nats=url, cluster="c1", node="sim", interval_s=0.25, spool_dir=spool, simulate=True, nodes=2,
+        gpus_per_node=4, gpu_model="H100-80GB", seed=SEED,
     )  # fmt: skip
     agent = Agent(opts)
     stop = asyncio.Event()
@@ -45,16 +47,27 @@ async def fleet(nats_server: NatsServerProcess, tmp_path: Path) -> AsyncIterator
         await asyncio.wait_for(task, 15)
 
 
-@pytest.fixture
-async def perf(nats_server: NatsServerProcess) -> AsyncIterator[None]:
+@contextlib.asynccontextmanager
+async def running_perf(url: str) -> AsyncIterator[None]:
     stop = asyncio.Event()
-    args = argparse.Namespace(nats=nats_server.url, tick=0.25)
-    task = asyncio.create_task(perf_service.run(args, stop))
+    task = asyncio.create_task(perf_service.run(argparse.Namespace(nats=url, tick=0.25), stop))
     try:
         yield None
     finally:
         stop.set()
         await asyncio.wait_for(task, 15)
+
+
+@pytest.fixture
+async def fleet(nats_server: NatsServerProcess, tmp_path: Path) -> AsyncIterator[Agent]:
+    async with running_fleet(nats_server.url, tmp_path / "spool") as agent:
+        yield agent
+
+
+@pytest.fixture
+async def perf(nats_server: NatsServerProcess) -> AsyncIterator[None]:
+    async with running_perf(nats_server.url):
+        yield None
 
 
 async def answers(nc: Client, service: str, verb: str, payload: dict) -> bool:
