@@ -24,11 +24,18 @@ from services.runtime.nats_server import NatsServerProcess
 
 
 async def measure(
-    url: str, spool: Path, nodes: int, gpus: int, ticks: int, model: str, busy: bool = True
+    url: str,
+    spool: Path,
+    nodes: int,
+    gpus: int,
+    ticks: int,
+    model: str,
+    busy: bool = True,
+    fabric: bool = True,
 ) -> dict[str, object]:
     opts = AgentOptions(
         nats=url, cluster="bench", node="sim", interval_s=1.0, spool_dir=spool, simulate=True,
-        nodes=nodes, gpus_per_node=gpus, gpu_model=model, seed=1,
+        nodes=nodes, gpus_per_node=gpus, gpu_model=model, seed=1, sysfs_root=Path("/") if fabric else None,
     )  # fmt: skip
     agent = Agent(opts)
     if busy:  # a job on every GPU: processes, memory, power and clocks as under load
@@ -89,6 +96,7 @@ def main() -> None:
     parser.add_argument("--intervals", type=int, default=10)
     parser.add_argument("--gpu-model", default="H100-80GB")
     parser.add_argument("--idle", action="store_true", help="no jobs on the GPUs (default: a job on every GPU)")
+    parser.add_argument("--no-fabric", action="store_true", help="without the companion fabric samples")
     args = parser.parse_args()
     configure_logging("error")
     with tempfile.TemporaryDirectory() as tmp:
@@ -104,6 +112,7 @@ def main() -> None:
                     args.intervals,
                     args.gpu_model,
                     busy=not args.idle,
+                    fabric=not args.no_fabric,
                 )
             )
         finally:

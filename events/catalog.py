@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from events.base import Event
 from events.billing import BudgetExceeded, CostAccrued, PriceSet
+from events.fabric import FabricSample, JobSlowdownCleared, JobSlowdownDetected
 from events.faults import GpuFaultDetected
 from events.fleet import (
     GpuIsolated,
@@ -34,6 +35,7 @@ from events.telemetry import NodeInventory, NodeSample
 ALL_EVENTS: tuple[type[Event], ...] = (
     NodeInventory,
     NodeSample,
+    FabricSample,
     GpuFaultDetected,
     NodeDiscovered,
     NodeUpdated,
@@ -61,6 +63,8 @@ ALL_EVENTS: tuple[type[Event], ...] = (
     PriceSet,
     CostAccrued,
     BudgetExceeded,
+    JobSlowdownDetected,
+    JobSlowdownCleared,
 )
 
 _BY_TYPE: dict[str, type[Event]] = {cls.ce_type(): cls for cls in ALL_EVENTS}

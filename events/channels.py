@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from events import billing, faults, fleet, jobs, quota, telemetry
+from events import billing, fabric, faults, fleet, jobs, quota, telemetry
 from events.base import Event
 from events.streams import BILLING, DEAD, FAULTS, FLEET, JOBS, QUOTA, TELEMETRY, StreamSpec
 
@@ -43,6 +43,14 @@ CHANNELS: tuple[Channel, ...] = (
         TELEMETRY,
         "What a node has: GPUs, models, driver, labels (at start, on change, every 60 s).",
         (telemetry.NodeInventory,),
+        _NODE,
+    ),
+    Channel(
+        "telemetryFabric",
+        "chamber.telemetry.fabric.{cluster}.{node}",
+        TELEMETRY,
+        "One sample of a node's NICs per interval (link state, rate, traffic, error/pause/flap deltas).",
+        (fabric.FabricSample,),
         _NODE,
     ),
     Channel(
@@ -88,6 +96,14 @@ CHANNELS: tuple[Channel, ...] = (
             jobs.JobFailed,
             jobs.JobCancelled,
         ),
+        (("job", "job id token"),),
+    ),
+    Channel(
+        "jobPerf",
+        "chamber.jobs.{job}.perf",
+        JOBS,
+        "The job-performance service's verdicts: a running job slowed down (and who is to blame), or recovered.",
+        (fabric.JobSlowdownDetected, fabric.JobSlowdownCleared),
         (("job", "job id token"),),
     ),
     Channel(

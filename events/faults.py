@@ -1,4 +1,4 @@
-"""Faults detected on a node by the agent's detectors (XID, ECC, row remap, thermal, links...)."""
+"""Faults detected on a node by the agent's detectors (XID, ECC, row remap, thermal, links, NICs...)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,13 @@ class FaultKind(StrEnum):
     PCIE = "pcie"
     GPU_LOST = "gpu_lost"
     AGENT_SILENT = "agent_silent"
+    # NIC faults (fabric detectors, node_agent/fabric_detectors.py); gpu_index names the GPU the NIC serves
+    NIC_DOWN = "nic_down"
+    NIC_FLAP = "nic_flap"
+    NIC_DOWNSHIFT = "nic_downshift"
+    NIC_ERRORS = "nic_errors"
+    # A job-performance culprit (services/perf): a GPU or NIC that slows its gang's collectives
+    STRAGGLER = "straggler"
     OTHER = "other"
 
 

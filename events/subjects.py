@@ -12,6 +12,7 @@ import re
 
 from events.base import Event
 from events.billing import BudgetExceeded, CostAccrued, PriceSet
+from events.fabric import FabricSample, JobSlowdownCleared, JobSlowdownDetected
 from events.faults import GpuFaultDetected
 from events.quota import BudgetSet, FairShareUpdated, PoolDefined, TeamQuotaSet
 from events.telemetry import NodeInventory, NodeSample
@@ -38,6 +39,16 @@ def sample(cluster: str, node: str) -> str:
 
 def inventory(cluster: str, node: str) -> str:
     return f"{ROOT}.telemetry.inventory.{token(cluster)}.{token(node)}"
+
+
+def fabric(cluster: str, node: str) -> str:
+    return f"{ROOT}.telemetry.fabric.{token(cluster)}.{token(node)}"
+
+
+def perf(job_id: str) -> str:
+    """A job's slowdown verdicts: in the JOBS stream beside the job's lifecycle, on a subject of their
+    own so that the scheduler's per-job subject sequence (optimistic appends) is not disturbed."""
+    return f"{ROOT}.jobs.{token(job_id)}.perf"
 
 
 def faults(cluster: str, node: str) -> str:
@@ -75,6 +86,10 @@ def subject_for(event: Event) -> str:
             return sample(event.cluster, event.node)
         case NodeInventory():
             return inventory(event.cluster, event.node)
+        case FabricSample():
+            return fabric(event.cluster, event.node)
+        case JobSlowdownDetected() | JobSlowdownCleared():
+            return perf(event.job_id)
         case GpuFaultDetected():
             return faults(event.cluster, event.node)
         case PoolDefined():

@@ -49,6 +49,7 @@ class InjectFault(msgspec.Struct, kw_only=True):
     kind: str
     gpu: int | None = None
     xid: int | None = None
+    nic: int | None = None
 
 
 @dataclass
@@ -66,6 +67,9 @@ class AgentOptions:
     seed: int = 1
     ack_timeout_s: float = 5.0
     health_port: int | None = None  # /livez and /readyz for Kubernetes probes (0: any free port)
+    sysfs_root: Path | None = Path("/")  # where the NICs are read (None: no fabric samples, simulated too)
+    nccl_ras: bool = False  # also ask NCCL's RAS service on localhost:28028 for collective progress
+    labels: dict[str, str] = field(default_factory=dict)  # topology (rack, leaf, spine) for this node
 
 
 class Agent:
@@ -102,7 +106,15 @@ class Agent:
             )
             facts = NodeFacts(driver_version="sim", cuda_version="sim", simulated=True)
             self.runners = [
-                NodeRunner(opts.cluster, name, node, facts, seq=self.seqs.get(name), source="chamber/agent/sim")
+                NodeRunner(
+                    opts.cluster,
+                    name,
+                    node,
+                    NodeFacts(**{**facts.__dict__, "labels": self.fleet.fabric.labels[name]}),
+                    seq=self.seqs.get(name),
+                    source="chamber/agent/sim",
+                    fabric=node.fabric_reader() if opts.sysfs_root is not None else None,
+                )
                 for name, node in self.fleet.nodes.items()
             ]
             self.executor = ex.ExecutorState(cluster=opts.cluster, nodes=frozenset(self.fleet.nodes))
@@ -110,8 +122,19 @@ class Agent:
             from node_agent.nvml_adapter import NvmlSampler
 
             sampler = NvmlSampler.open(nvml, node=opts.node)
-            facts = NodeFacts(driver_version=sampler.driver_version, cuda_version=sampler.cuda_version)
-            self.runners = [NodeRunner(opts.cluster, opts.node, sampler, facts, seq=self.seqs.get(opts.node))]
+            facts = NodeFacts(
+                driver_version=sampler.driver_version, cuda_version=sampler.cuda_version, labels=dict(opts.labels)
+            )
+            fabric = None
+            if opts.sysfs_root is not None:
+                from node_agent.fabric_adapter import FabricAdapter, read_nccl_ras
+
+                fabric = FabricAdapter(
+                    root=opts.sysfs_root, labels=dict(opts.labels), ras=read_nccl_ras if opts.nccl_ras else None
+                )
+            self.runners = [
+                NodeRunner(opts.cluster, opts.node, sampler, facts, seq=self.seqs.get(opts.node), fabric=fabric)
+            ]
             self._nvml = sampler
 
     # --- the loops ------------------------------------------------------------------------------
@@ -171,6 +194,7 @@ class Agent:
         fleet = self.fleet
         if fleet is not None and self.executor is not None:
             records.extend(self._execute(now))
+            fleet.step(now)
         for runner in self.runners:
             if fleet is not None and fleet.nodes[runner.node].silent:
                 continue
@@ -280,7 +304,7 @@ class Agent:
     async def _inject(self, cmd: InjectFault) -> dict[str, object]:
         assert self.fleet is not None
         try:
-            result = self.fleet.inject(cmd.node, cmd.kind, cmd.gpu, cmd.xid, self.clock())
+            result = self.fleet.inject(cmd.node, cmd.kind, cmd.gpu, cmd.xid, self.clock(), nic=cmd.nic)
         except SimError as exc:
             raise CommandRefused(str(exc), field=exc.field) from None
         log.info("fault injected", **{k: v for k, v in result.items() if v is not None})

@@ -27,9 +27,11 @@ from events.codec import (
     encode_body,
     rfc3339,
 )
+from events.fabric import FabricSample
 from events.streams import TELEMETRY
 from events.telemetry import GpuInfo, NodeInventory, NodeSample
 from node_agent.detectors import DetectorState, GpuLimits, Reading, detect
+from node_agent.fabric_detectors import FabricDetectorState, detect_nic
 from node_agent.spool import Kind, Record
 from node_agent.wire import WireForm, reduced
 from services.runtime.tracing import root_traceparent
@@ -51,6 +53,12 @@ class Sampler(Protocol):
     def limits(self) -> Mapping[int, GpuLimits]: ...
 
 
+class FabricReader(Protocol):
+    """The node's NICs: `fabric_adapter.FabricAdapter` (sysfs) or a simulated node's `SimNicReader`."""
+
+    def read(self, cluster: str, node: str, seq: int, now: float, interval_s: float) -> FabricSample | None: ...
+
+
 @dataclass
 class NodeFacts:
     driver_version: str | None = None
@@ -61,7 +69,15 @@ class NodeFacts:
 
 class NodeRunner:
     def __init__(
-        self, cluster: str, node: str, sampler: Sampler, facts: NodeFacts, *, seq: int = 0, source: str = ""
+        self,
+        cluster: str,
+        node: str,
+        sampler: Sampler,
+        facts: NodeFacts,
+        *,
+        seq: int = 0,
+        source: str = "",
+        fabric: FabricReader | None = None,
     ) -> None:
         self.cluster = cluster
         self.node = node
@@ -70,6 +86,9 @@ class NodeRunner:
         self.seq = seq
         self.source = source or f"chamber/agent/{node}"
         self.detectors = DetectorState()
+        self.fabric = fabric
+        self.fabric_detectors = FabricDetectorState()
+        self._fabric_subject = subjects.fabric(cluster, node)
         self._sample_subject = subjects.sample(cluster, node)
         self._fault_subject = subjects.faults(cluster, node)
         self._inventory_subject = subjects.inventory(cluster, node)
@@ -96,6 +115,11 @@ class NodeRunner:
             out.append(record)
         # The detectors read the full local sample, whatever went on the wire.
         self.detectors, faults = detect(self.detectors, reading, self.sampler.limits())
+        if self.fabric is not None:
+            fabric = self.fabric.read(self.cluster, self.node, seq, now, interval_s)
+            if fabric is not None:
+                out.append(self._record(Kind.SAMPLE, self._fabric_subject, fabric, f"{self._id(seq)}/fabric", now))
+                faults = [*faults, *detect_nic(self.fabric_detectors, fabric)]
         for f in faults:
             out.append(self._record(Kind.FAULT, self._fault_subject, f, f.fault_id, now))
         self.faults_found += len(faults)

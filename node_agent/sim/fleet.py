@@ -16,6 +16,7 @@ from enum import StrEnum
 
 from events.telemetry import GpuInfo, GpuSample, NodeSample, NvLinkCounters, ProcessInfo, RowRemapState
 from node_agent.detectors import GpuLimits, Reading, XidEvent, pcie_replay_limit
+from node_agent.sim.fabric import FabricFault, GpuLoad, SimFabric, SimNicReader, Topology
 from node_agent.sim.models import GpuModel
 
 IDLE_JOB_FRACTION = 0.15  # jobs that hold GPUs (and some memory) but compute nothing
@@ -37,6 +38,12 @@ class SimFaultKind(StrEnum):
     PCIE_REPLAY = "pcie_replay"
     GPU_LOST = "gpu_lost"
     AGENT_SILENT = "agent_silent"
+    NIC_DOWN = "nic_down"
+    NIC_FLAP = "nic_flap"
+    NIC_DEGRADED = "nic_degraded"
+    NIC_ERRORS = "nic_errors"
+    PFC_STORM = "pfc_storm"
+    GPU_SLOW = "gpu_slow"
     CLEAR = "clear"
 
 
@@ -52,6 +59,7 @@ PCIE_REPLAY_PER_S = 10.0
 _THERMAL_REASONS = ["sw_thermal_slowdown", "hw_thermal_slowdown"]
 _BRAKE_REASONS = ["hw_slowdown", "hw_power_brake_slowdown"]
 _IDLE_REASONS = ["gpu_idle"]
+_CAPPED_REASONS = ["sw_power_cap"]  # a straggler's clocks held down (gpu_slow)
 _NO_REASONS: list[str] = []
 
 
@@ -156,6 +164,7 @@ class SimNode:
         self.rng = random.Random(f"{seed}:node:{name}")
         self.gpus = [SimGpu(name, i) for i in range(gpus)]
         self.silent = False
+        self.fabric: SimFabric | None = None  # set by the fleet: the jobs' rhythm and the NICs
         self._last: float | None = None
         self._inventory: list[GpuInfo] | None = None
         m = model
@@ -220,16 +229,24 @@ class SimNode:
         rnd = self.rng.random
         noise = (rnd() + rnd() - 1.0) * 4.0  # triangular, +-4 points
         p = g.profile
+        load = self.fabric.load(self.name, g.index) if self.fabric is not None else None
         if p is None:
             util = 0.0
             mem = 0.0
         else:
             util = min(100.0, max(0.0, p.utilization_pct + (noise * 0.25 if p.idle else noise)))
             mem = float(int(p.memory_fraction * m.memory_mib))
+            if load is not None:  # the iteration rhythm: a rank that waits for its peers is not busy
+                util = min(100.0, max(0.0, (p.utilization_pct + noise * 0.25) * load.duty))
         reasons = _IDLE_REASONS if util < 1.0 else _NO_REASONS
         power = m.idle_w + (m.tdp_w - m.idle_w) * (0.1 + 0.85 * util / 100.0 if util >= 1.0 else 0.0)
         power += noise * 0.01 * m.tdp_w
         clock = m.max_sm_clock_mhz if util >= 1.0 else 345.0
+        capped = self._clock_factor(g.index, load)
+        if capped < 1.0:
+            clock *= capped
+            power *= capped
+            reasons = _CAPPED_REASONS
         if g.power_brake:
             reasons = _BRAKE_REASONS
             power = min(power, 0.5 * m.tdp_w)
@@ -247,6 +264,7 @@ class SimNode:
             uuid=g.uuid,
             utilization_pct=_tenth(util),
             memory_utilization_pct=_tenth(util * 0.45),
+            sm_activity_pct=_tenth(util) if load is not None else None,
             memory_used_mib=mem,
             memory_total_mib=m.memory_mib,
             power_w=_tenth(max(power, 0.5 * m.idle_w)),
@@ -263,6 +281,15 @@ class SimNode:
             nvlink=self._links(g),
             processes=g._procs,
         )
+
+    def _clock_factor(self, index: int, load: GpuLoad | None) -> float:
+        if load is not None:
+            return load.clock
+        return self.fabric.slow_gpus.get((self.name, index), 1.0) if self.fabric is not None else 1.0
+
+    def fabric_reader(self) -> SimNicReader:
+        assert self.fabric is not None
+        return SimNicReader(self.fabric, self.name)
 
     def _count_errors(self, g: SimGpu, dt: float) -> None:
         def take(rate: float) -> int:
@@ -370,12 +397,25 @@ class SimNode:
 class SimFleet:
     """All simulated nodes of one agent process, named `<prefix>-<nnnn>`."""
 
-    def __init__(self, *, seed: int, nodes: int, gpus_per_node: int, model: GpuModel, prefix: str = "sim") -> None:
+    def __init__(
+        self,
+        *,
+        seed: int,
+        nodes: int,
+        gpus_per_node: int,
+        model: GpuModel,
+        prefix: str = "sim",
+        topology: Topology | None = None,
+    ) -> None:
         width = max(3, len(str(nodes - 1)))
         self.nodes = {
             name: SimNode(seed, name, gpus_per_node, model)
             for name in (f"{prefix}-{i:0{width}d}" for i in range(nodes))
         }
+        # One NIC per GPU (rail-optimised), topology labels by position; see node_agent/sim/fabric.py.
+        self.fabric = SimFabric(seed, list(self.nodes), nics_per_node=gpus_per_node, topology=topology)
+        for node in self.nodes.values():
+            node.fabric = self.fabric
 
     def node(self, name: str) -> SimNode:
         node = self.nodes.get(name)
@@ -384,16 +424,36 @@ class SimFleet:
             raise SimError(f"no simulated node {name!r} here (nodes are named like {some}, ...)", "node")
         return node
 
-    def inject(self, node: str, kind: str, gpu: int | None, xid: int | None, now: float) -> dict[str, object]:
+    def inject(
+        self, node: str, kind: str, gpu: int | None, xid: int | None, now: float, nic: int | None = None
+    ) -> dict[str, object]:
         try:
             fault = SimFaultKind(kind)
         except ValueError:
             raise SimError(
                 f"unknown fault kind {kind!r}; one of: {', '.join(k.value for k in SimFaultKind)}", "kind"
             ) from None
-        return self.node(node).inject(fault, gpu, xid, now)
+        target = self.node(node)
+        if nic is not None and not 0 <= nic < len(self.fabric.nics[node]):
+            valid = len(self.fabric.nics[node]) - 1
+            raise SimError(f"node {node} has NICs 0..{valid}; --nic {nic} is not one", "nic")
+        if fault.value in {f.value for f in FabricFault}:
+            if gpu is not None:
+                target._gpu(gpu)  # refuses an index the node does not have
+            return self.fabric.inject(node, FabricFault(fault.value), nic, gpu, now)
+        result = target.inject(fault, gpu, xid, now)
+        if fault is SimFaultKind.CLEAR:
+            self.fabric.clear(node, gpu, nic)
+            result["nic"] = nic
+        return result
 
     def assign(self, allocations: Mapping[str, Mapping[int, str]]) -> None:
         """The executor's view: node -> GPU index -> job id, for every node of this fleet."""
         for name, node in self.nodes.items():
             node.assign(allocations.get(name, {}))
+        active = {g.job: not g.profile.idle for n in self.nodes.values() for g in n.gpus if g.job and g.profile}
+        self.fabric.assign(allocations, active)
+
+    def step(self, now: float) -> None:
+        """Advance the jobs' rhythm and the NICs to `now` (before the nodes are read)."""
+        self.fabric.step(now)

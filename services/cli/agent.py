@@ -42,6 +42,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="PORT",
         help="serve /livez and /readyz on this port (default: $CHAMBER_HEALTH_PORT; unset: none; 0: any free port)",
     )
+    p.add_argument(
+        "--sysfs-root",
+        default="/",
+        metavar="DIR",
+        help="read NICs under DIR/sys/class/{infiniband,net} (default /; 'none': no fabric samples, simulated too)",
+    )
+    p.add_argument("--nccl-ras", action="store_true", help="also read NCCL's RAS service on localhost:28028")
+    p.add_argument(
+        "--label",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="topology label, e.g. leaf=leaf-3 (repeatable)",
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=run)
 
@@ -75,6 +89,13 @@ def options(args: argparse.Namespace) -> AgentOptions:
             raise UsageError(f"--gpu-model: {exc.args[0]}") from None
     else:
         model = args.gpu_model
+    labels = {}
+    for item in getattr(args, "label", []):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise UsageError(f"--label {item!r}: expected KEY=VALUE, e.g. --label leaf=leaf-3")
+        labels[key.strip()] = value.strip()
+    root = getattr(args, "sysfs_root", "/")
     return AgentOptions(
         nats=args.nats,
         cluster=args.cluster,
@@ -88,6 +109,9 @@ def options(args: argparse.Namespace) -> AgentOptions:
         gpu_model=model,
         seed=args.seed,
         health_port=health_port,
+        sysfs_root=None if root == "none" else Path(root),
+        nccl_ras=getattr(args, "nccl_ras", False),
+        labels=labels,
     )
 
 

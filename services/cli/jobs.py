@@ -158,5 +158,19 @@ def queue(args: argparse.Namespace) -> int:
 
 def explain(args: argparse.Namespace) -> int:
     result = _send(args, "scheduler", "explain", {"job": args.job})
-    print(json.dumps(result) if args.json else result["text"])
+    slowdown = _slowdown_lines(args)
+    if args.json:
+        print(json.dumps({**result, "slowdown": slowdown}) if slowdown else json.dumps(result))
+        return 0
+    print(result["text"])
+    for line in slowdown:
+        print(f"  perf: {line}")
     return 0
+
+
+def _slowdown_lines(args: argparse.Namespace) -> list[str]:
+    """The perf service's account of the job's slowdowns (none when that service is not running)."""
+    try:
+        return list(_send(args, "perf", "explain", {"job": args.job}).get("lines", []))
+    except UsageError:
+        return []

@@ -4,7 +4,7 @@ Roles (least privilege, one NATS user each):
 - `svc-<service>`  publishes only the subjects its service owns (design table), plus dead letters and
                    the JetStream API it needs (never deleting or purging the event streams); serves its
                    own commands. Only the gateway may send commands to other services.
-- `agent-<node>`   publishes only `chamber.telemetry.{sample,inventory}.<cluster>.<node>` and
+- `agent-<node>`   publishes only `chamber.telemetry.{sample,inventory,fabric}.<cluster>.<node>` and
                    `chamber.faults.<cluster>.<node>`; may read stream info (it runs `ensure_streams`),
                    nothing else: it cannot create, change or delete streams.
 - `agent`          (--shared-agent) one user for every node agent of the cluster, when nodes are not
@@ -37,7 +37,7 @@ from events.streams import STREAMS
 from services.cli.common import add_cluster_option
 from services.cli.errors import UsageError
 
-DEFAULT_SERVICES = ("discovery", "health", "quota", "scheduler", "billing", "recorder", "gateway")
+DEFAULT_SERVICES = ("discovery", "health", "quota", "scheduler", "billing", "recorder", "gateway", "perf")
 EVENT_STREAMS = tuple(s.name for s in STREAMS if s.name != "DEAD")
 INBOX = "_INBOX.>"
 
@@ -51,6 +51,7 @@ def owned_subjects(service: str, cluster: str) -> list[str]:
         "quota": ["chamber.quota.>"],
         "scheduler": ["chamber.jobs.>"],
         "billing": ["chamber.billing.>"],
+        "perf": ["chamber.jobs.*.perf", f"chamber.faults.{subjects.token(cluster)}.*"],
     }.get(service, [])
 
 
@@ -133,12 +134,19 @@ def _node_subjects(cluster: str, node: str | None) -> list[str]:
     are also allowed with the partition token the telemetry mapping appends (events/partitions.py)."""
     if node is not None:
         sample = subjects.sample(cluster, node)
-        return [sample, f"{sample}.*", subjects.inventory(cluster, node), subjects.faults(cluster, node)]
+        return [
+            sample,
+            f"{sample}.*",
+            subjects.inventory(cluster, node),
+            subjects.fabric(cluster, node),
+            subjects.faults(cluster, node),
+        ]
     c = subjects.token(cluster)
     return [
         f"chamber.telemetry.sample.{c}.*",
         f"chamber.telemetry.sample.{c}.*.*",
         f"chamber.telemetry.inventory.{c}.*",
+        f"chamber.telemetry.fabric.{c}.*",
         f"chamber.faults.{c}.*",
     ]
 

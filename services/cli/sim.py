@@ -145,6 +145,7 @@ ROWS = (
     ("preemptions", "preemptions", "{:,}"),
     ("requeues", "requeues after faults", "{:,}"),
     ("lost_gpu_hours", "GPU-hours lost (preempt+fault)", "{:,.0f}"),
+    ("lost_to_faults_gpu_hours", "  of which to node faults", "{:,.0f}"),
     ("stranded_gpu_hours", "stranded GPU-hours", "{:,.0f}"),
     ("jobs_completed", "jobs completed", "{:,}"),
     ("jobs_unfinished", "jobs never finished", "{:,}"),

@@ -10,7 +10,8 @@ from services.cli.errors import UsageError
 
 KINDS = (
     "xid", "ecc_dbe", "sbe_storm", "row_remap_failure", "row_remap_pending", "thermal", "power_brake",
-    "nvlink", "pcie_replay", "gpu_lost", "agent_silent", "clear",
+    "nvlink", "pcie_replay", "gpu_lost", "agent_silent",
+    "nic_down", "nic_flap", "nic_degraded", "nic_errors", "pfc_storm", "gpu_slow", "clear",
 )  # fmt: skip
 
 
@@ -24,6 +25,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("kind", metavar="KIND", help=f"one of: {', '.join(KINDS)}")
     p.add_argument("--gpu", type=int, metavar="I", help="GPU index (default 0; with clear: only this GPU)")
     p.add_argument("--xid", type=int, metavar="N", help="XID code (required with KIND xid)")
+    p.add_argument(
+        "--nic", type=int, metavar="I", help="NIC index for the nic_* kinds (default 0; with clear: only this NIC)"
+    )
     add_nats_option(p)
     p.set_defaults(func=run)
 
@@ -35,10 +39,12 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("KIND xid needs the XID code: add --xid N (e.g. --xid 79)")
     if args.gpu is not None and args.gpu < 0:
         raise UsageError(f"--gpu must be 0 or more, not {args.gpu}")
+    if args.nic is not None and args.nic < 0:
+        raise UsageError(f"--nic must be 0 or more, not {args.nic}")
     from services.runtime.logs import configure_logging
 
     configure_logging("error")  # stdout carries the JSON result only; the client's close is not news
-    payload = {"node": args.node, "kind": args.kind, "gpu": args.gpu, "xid": args.xid}
+    payload = {"node": args.node, "kind": args.kind, "gpu": args.gpu, "xid": args.xid, "nic": args.nic}
     result = send_command(args, "sim", "inject", payload)
     print(json.dumps(result))
     return 0

@@ -24,7 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from events.commands import REQUESTS, CancelJob, RestoreNode, SetTeamQuota, SubmitJob
 from events.names import InvalidName, decode_request, normalize_team
-from services.gateway import metrics, openapi, views
+from services.gateway import fabric, metrics, openapi, views
 from services.gateway.core import GatewayState, JobState
 from services.gateway.history import HistoryView, TeamWindowCost
 from services.gateway.openapi import Operation, Param
@@ -238,6 +238,17 @@ async def get_faults(request: web.Request) -> web.Response:
 
 async def get_summary(request: web.Request) -> web.Response:
     return web.Response(body=_ctx(request).summary_body(), content_type="application/json")
+
+
+async def get_fabric(request: web.Request) -> web.Response:
+    """The fabric panel: each node's latest NICs with flags, and the jobs' slowdown episodes."""
+    body = _encoder.encode(fabric.answer(_ctx(request).state.fabric))
+    return web.Response(body=body, content_type="application/json")
+
+
+async def get_job_ranks(request: web.Request) -> web.Response:
+    """Read-only: the perf service's job view (no token: it changes nothing)."""
+    return await _forward(request, "perf", "ranks", {"job": request.match_info["job_id"]})
 
 
 async def get_stream(request: web.Request) -> web.StreamResponse:
@@ -492,6 +503,19 @@ ROUTES: list[tuple[Operation, Callable[[web.Request], Awaitable[web.StreamRespon
         get_faults,
     ),
     (Operation("GET", "/api/summary", "getSummary", "Everything the dashboard shows", views.Summary), get_summary),
+    (Operation("GET", "/api/fabric", "getFabric", "NICs per node and job slowdowns", fabric.FabricAnswer), get_fabric),
+    (
+        Operation(
+            "GET",
+            "/api/jobs/{job_id}/ranks",
+            "getJobRanks",
+            "A running job's per-rank GPU activity over time and its slowdown culprit (from the perf service)",
+            views.CommandAnswer,
+            params=(Param("job_id", "path", {"type": "string"}),),
+            errors=(422, 503),
+        ),
+        get_job_ranks,
+    ),
     (
         Operation(
             "GET",

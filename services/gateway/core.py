@@ -51,7 +51,9 @@ from events import (
     PriceSet,
     TeamQuotaSet,
 )
+from events.fabric import FabricSample, JobSlowdownCleared, JobSlowdownDetected
 from events.telemetry import GpuInfo
+from services.gateway.fabric import FabricView, fold, fold_verdict
 
 MAX_FINISHED_JOBS = 2_000  # finished jobs kept for the API; their history lives in the warehouse
 MAX_TIMELINE = 1_000  # faults, isolations, restores and losses kept for the timeline
@@ -220,6 +222,7 @@ class GatewayState:
     # Why each waiting job waits, in the scheduler's own words (its `queue` answer, asked every few
     # seconds): the read model alone cannot know about quotas, fair share or reservations.
     waiting_reasons: dict[str, str] = field(default_factory=dict)
+    fabric: FabricView = field(default_factory=FabricView)  # latest NICs per node (services/gateway/fabric.py)
 
     def team(self, name: str) -> Team:
         team = self.teams.get(name)
@@ -246,6 +249,10 @@ def evolve(state: GatewayState, event: Event) -> GatewayState:
     match event:
         case NodeSample() | NodeInventory():
             _telemetry(state, event)
+        case FabricSample():
+            fold(state.fabric, event)
+        case JobSlowdownDetected() | JobSlowdownCleared():
+            fold_verdict(state.fabric, event)
         case NodeDiscovered() | NodeUpdated() | NodeLost() | NodeIsolated() | NodeRestored():
             _fleet(state, event)
         case GpuIsolated() | GpuRestored():

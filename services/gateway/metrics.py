@@ -13,6 +13,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from services.gateway import core, views
 from services.gateway.core import GatewayState, JobState
+from services.gateway.fabric import FabricCollector
 
 # (name, help) of the headline gauges; tests and the OpenAPI description list them from here.
 FLEET_GAUGES: tuple[tuple[str, str], ...] = (
@@ -127,4 +128,5 @@ class ReadModelCollector(Collector):
 def registry_for(state: Callable[[], GatewayState]) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ReadModelCollector(state))
+    registry.register(FabricCollector(lambda: state().fabric))
     return registry

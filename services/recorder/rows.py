@@ -34,7 +34,9 @@ from events import (
     PoolDefined,
     PriceSet,
 )
+from events.fabric import FabricSample
 from events.jobs import JobResumed
+from services.recorder.fabric_rows import NIC_SAMPLES, add_nic_rows
 
 TS = pa.timestamp("ms", tz="UTC")
 F32 = pa.float32()
@@ -334,6 +336,9 @@ _SCHEMAS: dict[str, pa.Schema] = {
 }
 
 
+_SCHEMAS["nic_samples"] = NIC_SAMPLES  # fabric samples (services/recorder/fabric_rows.py)
+
+
 def build_tables(items: list[Recorded]) -> dict[str, pa.Table]:
     """Every table's new rows for one consumed batch (tables with no rows are left out)."""
     samples = [i for i in items if isinstance(i.event, NodeSample | LeanNodeSample)]
@@ -342,9 +347,11 @@ def build_tables(items: list[Recorded]) -> dict[str, pa.Table]:
         e = item.event
         if isinstance(e, NodeSample | LeanNodeSample):
             continue
-        if not isinstance(e, NodeInventory):  # telemetry, repeated every minute: not an audit fact
+        if not isinstance(e, NodeInventory | FabricSample):  # telemetry, repeated: not an audit fact
             _audit_row(cols["events"], item)
-        if type(e).ce_type() in _JOB_KINDS:
+        if isinstance(e, FabricSample):
+            add_nic_rows(cols["nic_samples"], e, item.id)
+        elif type(e).ce_type() in _JOB_KINDS:
             _job_row(cols["job_events"], item)
         elif isinstance(e, NodeIsolated | NodeRestored | GpuIsolated | GpuRestored):
             cols["fleet_events"].add(

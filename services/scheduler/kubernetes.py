@@ -23,6 +23,9 @@ PRIORITY_LABEL = "chamber.io/priority"
 PREEMPTIBLE_LABEL = "chamber.io/preemptible"
 GPU_RESOURCE = "nvidia.com/gpu"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
+# Set on a Job as it is suspended: the job should checkpoint now (its pods then get SIGTERM and their
+# grace period: the job's own signal); it resumes from that checkpoint wherever it is placed next.
+CHECKPOINT_ANNOTATION = "chamber.io/checkpoint-requested"
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,7 @@ class Admit:
 class Suspend:
     namespace: str
     name: str
+    reason: str = ""  # why (preempted, requeued off an isolated GPU or a slowdown culprit)
 
 
 Action = Admit | Suspend
@@ -122,7 +126,7 @@ def reconcile(
             nodes = tuple(sorted({p.node for p in known.placements if p.cluster == cluster}))
             actions.append(Admit(ns, name, nodes))
         elif known.state != JobState.RUNNING and not suspended:
-            actions.append(Suspend(ns, name))
+            actions.append(Suspend(ns, name, known.reason))
     return events, actions
 
 
@@ -159,4 +163,7 @@ class KubernetesJobs:
             )
             self.api.patch_namespaced_job(action.name, action.namespace, {"spec": {"suspend": False}})
         else:
-            self.api.patch_namespaced_job(action.name, action.namespace, {"spec": {"suspend": True}})
+            patch: dict[str, Any] = {"spec": {"suspend": True}}
+            if action.reason:
+                patch["metadata"] = {"annotations": {CHECKPOINT_ANNOTATION: action.reason[:1000]}}
+            self.api.patch_namespaced_job(action.name, action.namespace, patch)

@@ -149,6 +149,8 @@ class Simulation:
         job.done_work_s += kept
         job.run_gpu_s += ran * job.t.gpus
         job.lost_gpu_s += (ran - kept) * job.t.gpus
+        if cause != "preempted":  # a node fault: a move on warning (checkpoint on the signal) keeps this
+            job.lost_to_faults_gpu_s += (ran - kept) * job.t.gpus
         self._release(job)
         job.token += 1
         if cause == "preempted":

@@ -19,6 +19,7 @@ class SimJob:
     requeues: int = 0
     run_gpu_s: float = 0.0  # GPU-seconds consumed, including work later lost
     lost_gpu_s: float = 0.0
+    lost_to_faults_gpu_s: float = 0.0  # the part lost when a node failed under the job
     token: int = 0  # bumps on every stop, so a stale finish event is ignored
 
     @property

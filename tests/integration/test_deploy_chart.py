@@ -29,7 +29,7 @@ VALUES = {
     "gpu-cluster": [CHART / "ci" / "gpu-cluster-values.yaml"],
     "dev": [CHART / "values-dev.yaml"],
 }
-ALL_SERVICES = {"discovery", "health", "quota", "scheduler", "billing", "recorder", "gateway"}
+ALL_SERVICES = {"discovery", "health", "quota", "scheduler", "billing", "recorder", "gateway", "perf"}
 WORKLOADS = {"Deployment", "DaemonSet", "StatefulSet"}
 
 Doc = dict[str, Any]
@@ -127,7 +127,7 @@ def test_manage_installs_every_service_and_monitor_only_what_observes(rendered: 
     manage = components(rendered["default"], "Deployment")
     assert manage == ALL_SERVICES
     monitor = rendered["monitor"]
-    assert components(monitor, "Deployment") == {"discovery", "health", "recorder", "gateway"}
+    assert components(monitor, "Deployment") == {"discovery", "health", "recorder", "gateway", "perf"}
     assert components(monitor, "DaemonSet") == {"agent"}
     assert {"nats", "clickhouse"} <= components(monitor, "StatefulSet")
     for _, spec in pod_specs(monitor):
@@ -481,7 +481,7 @@ def test_each_skaffold_profile_installs_a_valid_chart(helm: Path, profile: str) 
     agents = {d["kind"] for d in docs if d["metadata"]["name"] == "chamber-agent" and d["kind"] in WORKLOADS}
     assert agents == ({"Deployment"} if profile == "dev" else {"DaemonSet"})  # simulated fleet only in dev
     if profile == "gpu-monitor":
-        assert components(docs, "Deployment") == {"discovery", "health", "recorder", "gateway"}
+        assert components(docs, "Deployment") == {"discovery", "health", "recorder", "gateway", "perf"}
     if profile != "dev":
         assert config["build"]["local"]["push"] is True
 

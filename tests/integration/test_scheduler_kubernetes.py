@@ -16,7 +16,7 @@ import pytest
 from kubernetes import client
 
 from events import JobCompleted, JobSubmitted
-from services.scheduler.kubernetes import Admit, KubernetesJobs, Suspend, reconcile
+from services.scheduler.kubernetes import CHECKPOINT_ANNOTATION, Admit, KubernetesJobs, Suspend, reconcile
 from tests.scheduler_builders import Driver, a_job, a_node
 
 pytestmark = pytest.mark.integration
@@ -161,10 +161,13 @@ def test_a_suspended_labeled_job_is_admitted_preempted_and_completed(api: ApiStu
     d.cycle(now=15.0)
     assert d.state_of("k8s-c1-ml-train") == "suspended"
     _, actions = reconcile(d.state, jobs.list(), "c1", now=16.0)
-    assert actions == [Suspend("ml", "train")]
+    assert [(a.namespace, a.name) for a in actions] == [("ml", "train")]
+    assert isinstance(actions[0], Suspend) and "urgent" in actions[0].reason
     api.requests.clear()
     jobs.act(actions[0])
-    assert api.requests == [("PATCH", path, "application/strategic-merge-patch+json", {"spec": {"suspend": True}})]
+    # suspended with a checkpoint request (the annotation says why); the pods' SIGTERM is the job's signal
+    body = {"spec": {"suspend": True}, "metadata": {"annotations": {CHECKPOINT_ANNOTATION: actions[0].reason}}}
+    assert api.requests == [("PATCH", path, "application/strategic-merge-patch+json", body)]
 
     # resumed and finished: the Job's Complete condition becomes JobCompleted
     d.given(JobCompleted(job_id="urgent", at=17.0))

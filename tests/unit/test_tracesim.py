@@ -108,6 +108,9 @@ def test_work_is_conserved_every_job_runs_its_duration_plus_what_was_lost(rows, 
         if job.end is None:
             continue
         assert job.run_gpu_s == pytest.approx(job.t.duration_s * job.t.gpus + job.lost_gpu_s)
+        assert 0.0 <= job.lost_to_faults_gpu_s <= job.lost_gpu_s + 1e-6
+        if fault_rate == 0.0:
+            assert job.lost_to_faults_gpu_s == 0.0  # without faults, only preemption loses work
     if policy != "static-quota":  # a job larger than its team's partition never runs there
         assert out.unfinished == 0
 

@@ -47,7 +47,7 @@ helm.sh/chart: {{ printf "%s-%s" $root.Chart.Name $root.Chart.Version | replace 
 
 {{/* Services that run in the chosen mode (and are enabled). monitor only observes. */}}
 {{- define "chamber.monitorServices" -}}
-discovery health recorder gateway
+discovery health recorder gateway perf
 {{- end -}}
 
 {{- define "chamber.serviceRuns" -}}

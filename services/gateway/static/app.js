@@ -346,6 +346,77 @@ function connect() {
   source.onerror = () => setLive(false);
 }
 
+// The fabric panel: its own document (/api/fabric), refreshed every few seconds.
+const FABRIC_EVERY_MS = 5000;
+const MAX_FABRIC_NODES = 256;
+
+function renderFabric(f) {
+  const now = Date.now() / 1000;
+  const open = f.slowdowns.filter((s) => s.cleared_at == null).length;
+  const flagged = f.nodes.filter((n) => n.flagged).length;
+  $("fabric-summary").textContent = `${plural(open, "slow job")} · ${plural(flagged, "node")} with flagged links`;
+  $("slowdowns").tBodies[0].innerHTML = f.slowdowns.slice(0, 30).map((s) => {
+    const where = [s.node, s.gpu_index == null ? null : `GPU ${s.gpu_index}`, s.nic, s.leaf].filter((x) => x != null && x !== "").join(" · ");
+    const state = s.cleared_at == null ? "slow" : `cleared (${s.cleared_reason})`;
+    return `<tr data-job="${esc(s.job_id)}" class="${s.cleared_at == null ? "" : "cleared"}"><td>${esc(s.job_id)}</td><td>${esc(state)}</td>
+      <td><b>${esc(s.culprit)}</b></td><td>${esc(where)}</td><td class="num">${Math.round(s.score * 100)} %</td>
+      <td class="num">${ago(now - s.since)}</td><td class="reason">${esc(s.reason)}</td></tr>`;
+  }).join("") || `<tr class="empty"><td colspan="7">No job is slow.</td></tr>`;
+  const nodes = [...f.nodes].sort((a, b) => b.flagged - a.flagged).slice(0, MAX_FABRIC_NODES);
+  $("fabric").innerHTML = nodes.map((n) => `<span class="node" title="${esc(n.leaf ?? "")}"><span class="name">${esc(n.node)}</span>` +
+    n.nics.map((c) => {
+      const cls = c.state === "down" ? "down" : c.flags.length ? "flag" : "ok";
+      const tip = `${c.nic} ${c.state} ${c.rate_gbps ?? "?"} Gb/s tx ${c.tx_gbps ?? "?"} Gb/s ${c.flags.join(", ")}`;
+      return `<i class="n ${cls}" title="${esc(tip)}"></i>`;
+    }).join("") + "</span>").join("") || `<span class="muted">No fabric samples yet.</span>`;
+}
+
+// The job view: click a slow job to see each rank's GPU activity over time (the culprit outlined).
+let shownJob = null;
+
+function showJob(job) {
+  shownJob = job;
+  fetch(`/api/jobs/${encodeURIComponent(job)}/ranks`).then((r) => r.json()).then((a) => {
+    if (!a.ok) { $("job-view").hidden = true; return; }
+    renderJobHeat(a.result);
+  }).catch(() => {});
+}
+
+function renderJobHeat(h) {
+  const svg = $("job-heat");
+  const rows = h.ranks.length, cols = h.activity_pct.length;
+  const L = 120, W = Math.max(300, Math.round(svg.clientWidth || 900)), rowH = rows > 64 ? 3 : 10;
+  const cw = (W - L) / Math.max(1, cols), H = rows * rowH + 4;
+  svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
+  svg.setAttribute("height", H);
+  const c = h.culprit || {};
+  let out = "";
+  h.ranks.forEach((rank, i) => {
+    if (rows <= 64) out += `<text x="0" y="${i * rowH + rowH - 1}" font-size="9" fill="#9ca3af">${esc(rank.node)} gpu ${rank.gpu}</text>`;
+    h.activity_pct.forEach((row, j) => {
+      const v = row[i];
+      out += `<rect x="${(L + j * cw).toFixed(1)}" y="${i * rowH}" width="${(cw + 0.5).toFixed(1)}" height="${rowH - 1}" fill="${v == null ? "#374151" : utilColor(v)}"/>`;
+    });
+    if (c.node === rank.node && c.gpu === rank.gpu) out += `<rect class="culprit" x="${L}" y="${i * rowH}" width="${W - L}" height="${rowH - 1}"/>`;
+  });
+  svg.innerHTML = out;
+  const where = c.kind ? ` · culprit ${c.kind}${c.node ? ` ${c.node}` : ""}${c.gpu == null ? "" : ` GPU ${c.gpu}`}${c.leaf ? ` ${c.leaf}` : ""}` : "";
+  $("job-view-title").textContent = `${h.job} · ${h.verdict}${where}`;
+  $("job-view").hidden = false;
+}
+
+document.addEventListener("click", (ev) => {
+  const row = ev.target.closest && ev.target.closest("#slowdowns tr[data-job]");
+  if (row) showJob(row.dataset.job);
+});
+
+function pollFabric() {
+  fetch("/api/fabric").then((r) => (r.ok ? r.json() : null)).then((f) => { if (f) renderFabric(f); })
+    .catch(() => {}).finally(() => setTimeout(pollFabric, FABRIC_EVERY_MS));
+  if (shownJob) showJob(shownJob);
+}
+
 connect();
 checkBus();
 fetchHistory();
+pollFabric();

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from services.scheduler.core import quota
 from services.scheduler.core.state import Job
+from services.scheduler.core.topology import fewest_domains
 from services.scheduler.core.work import Spot, Usage, Work
 
 
@@ -93,6 +94,10 @@ def _fill_by_label(work: Work, job: Job, clusters: dict[str, list[int]], key: st
                 spot = cap.fill(cls, per, replicas, only=members)
                 if spot is not None:
                     return spot
+        # No one domain has room: the fewest domains that do (fewest leaf switches crossed).
+        spread = fewest_domains(groups, job.gpus)
+        if spread is not None and (spot := cap.fill(cls, per, replicas, only=spread)) is not None:
+            return spot
     return None
 
 
