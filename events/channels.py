@@ -166,6 +166,10 @@ COMMANDS: tuple[CommandChannel, ...] = (
     CommandChannel("health", "policy", "The effective health policy."),
     CommandChannel("billing", "price", "Set the price of a GPU model (recorded as PriceSet)."),
     CommandChannel("recorder", "sql", "Read-only analytics SQL over the warehouse."),
+    CommandChannel("perf", "status", "Running multi-node jobs with their slowdown verdicts."),
+    CommandChannel("perf", "fabric", "NICs per node: state, rate, error and pause rates, flagged links."),
+    CommandChannel("perf", "explain", "Why a job is slow: its slowdown episodes, culprit and evidence."),
+    CommandChannel("perf", "ranks", "Per-rank activity over time of one job (the dashboard's job view)."),
     CommandChannel("sim", "inject", "Inject a fault into a simulated node (`chamber agent --simulate`)."),
 )
 

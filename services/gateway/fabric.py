@@ -62,6 +62,8 @@ class FabricCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         view = self._view()
+        if not view.latest:  # no fabric samples (yet): no NIC series, not empty families
+            return
         labels = ["cluster", "node", "nic", "leaf"]
         helps = dict(NIC_SERIES)
         up, rate, tx, rx = (
