@@ -50,7 +50,7 @@ from services.scheduler.core import (
 )
 from services.scheduler.core.cycle import PREEMPTION_SEARCHES
 from services.scheduler.core.state import DEFAULT_TOPOLOGY_KEY
-from services.scheduler.kubernetes import KubernetesJobs, reconcile
+from services.scheduler.kubernetes import Refuse, reconcile
 from services.scheduler.replay import caught_up
 
 NAME = "scheduler"
@@ -238,31 +238,67 @@ class Scheduler:
 
 
 class KubernetesActuator:
-    """Level-triggered reconciliation of this cluster's labeled Jobs with the scheduler's state."""
+    """Level-triggered reconciliation of this cluster's workloads with the scheduler's state."""
 
-    def __init__(self, scheduler: Scheduler, cluster: str) -> None:
+    def __init__(self, scheduler: Scheduler, cluster: str, bindings_file: str | None = None) -> None:
         from kubernetes import client, config
+
+        from services.kube.bindings import Bindings
+        from services.kube.cluster import KubernetesWorkloads
 
         try:
             config.load_incluster_config()
         except config.ConfigException:
             config.load_kube_config()
-        self.jobs = KubernetesJobs(client.BatchV1Api())
+        self.bindings = Bindings.load(bindings_file)
+        if self.bindings.open:
+            log.warning("no --bindings file: any namespace may charge any team")
+        self.workloads = KubernetesWorkloads(client.ApiClient())
+        self.detected = False
+        self.refused: set[str] = set()  # uids already given their Event
         self.scheduler = scheduler
         self.cluster = cluster
+
+    def _skipped(self, kind: Any) -> None:
+        log.info("workload kind skipped: its CRD is not installed", kind=kind.kind, api_version=kind.api_version)
 
     async def tick(self, now: float) -> None:
         sched = self.scheduler
         if not sched.ready or sched.ctx is None or not sched.synced:
             return
-        listed = await asyncio.to_thread(self.jobs.list)
-        events, actions = reconcile(sched.state, listed, self.cluster, now)
+        if not self.detected:
+            await asyncio.to_thread(self.workloads.detect, self._skipped)
+            self.detected = True
+        listed = await asyncio.to_thread(self.workloads.list)
+        events, actions = reconcile(sched.state, listed, self.cluster, now, self.bindings)
         for event, event_id in events:
             await sched.ctx.publisher.publish(event, id=event_id)
+        kinds = {k.kind: k for k in self.workloads.kinds}
         for action in actions:
-            await asyncio.to_thread(self.jobs.act, action)
+            if isinstance(action, Refuse):
+                if action.uid in self.refused:
+                    continue
+                await asyncio.to_thread(
+                    self.workloads.event,
+                    kinds[action.kind],
+                    action.namespace,
+                    action.name,
+                    action.uid,
+                    "ChamberRefused",
+                    action.reason,
+                    now,
+                )
+                self.refused.add(action.uid)
+            else:
+                await asyncio.to_thread(
+                    self.workloads.patch, kinds[action.kind], action.namespace, action.name, list(action.ops)
+                )
             log.info(
-                "kubernetes job updated", action=type(action).__name__, namespace=action.namespace, job=action.name
+                "kubernetes workload updated",
+                action=type(action).__name__,
+                kind=action.kind,
+                namespace=action.namespace,
+                name=action.name,
             )
 
 
@@ -271,7 +307,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--kubernetes",
         action="store_true",
-        help="admit and suspend Kubernetes Jobs labeled chamber.io/team in this --cluster (in-cluster or kubeconfig)",
+        help="admit and suspend Kubernetes workloads labeled chamber.io/team or kueue.x-k8s.io/queue-name in this "
+        "--cluster (in-cluster or kubeconfig)",
+    )
+    parser.add_argument(
+        "--bindings",
+        default=os.environ.get("CHAMBER_KUBE_BINDINGS") or None,
+        metavar="FILE",
+        help="namespace -> team bindings and Kueue names (YAML; default $CHAMBER_KUBE_BINDINGS; none: any "
+        "namespace may charge any team)",
     )
     parser.add_argument("--kubernetes-interval", type=float, default=2.0, help="seconds between reconciliations")
     parser.add_argument("--interval", type=float, default=0.5, help="seconds between cycles (default 0.5)")
@@ -322,6 +366,6 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
         ctx.command("explain", ExplainRequest, scheduler.explain)
         ctx.every(args.interval, scheduler.tick)
         if args.kubernetes:
-            ctx.every(args.kubernetes_interval, KubernetesActuator(scheduler, args.cluster).tick)
+            ctx.every(args.kubernetes_interval, KubernetesActuator(scheduler, args.cluster, args.bindings).tick)
 
     await serve(NAME, args.nats, setup, stop)
