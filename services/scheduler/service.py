@@ -307,8 +307,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--kubernetes",
         action="store_true",
+        default=os.environ.get("CHAMBER_SCHEDULER_KUBERNETES", "").strip().lower() in ("1", "true", "yes"),
         help="admit and suspend Kubernetes workloads labeled chamber.io/team or kueue.x-k8s.io/queue-name in this "
-        "--cluster (in-cluster or kubeconfig)",
+        "--cluster (in-cluster or kubeconfig; default $CHAMBER_SCHEDULER_KUBERNETES, which the chart sets)",
     )
     parser.add_argument(
         "--bindings",

@@ -19,6 +19,7 @@ from typing import Any
 from aiohttp import web
 
 from services.kube.bindings import Bindings, BindingsError
+from services.runtime.health import HealthServer, HealthState, port_from_env
 from services.runtime.logs import get_logger
 from services.webhook.core import MAX_BODY, BadReview, mutate, parse, validate
 
@@ -122,8 +123,14 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
         log.warning("no --bindings file: any namespace may charge any team")
     runner = web.AppRunner(app(files), access_log=None, shutdown_timeout=2.0)
     await runner.setup()
+    listening = _Listening()
+    health_port = port_from_env()
+    health = HealthServer(HealthState(NAME, nc=listening), port=health_port) if health_port else None
     try:
+        if health is not None:
+            await health.start()
         await web.TCPSite(runner, args.host, args.port, ssl_context=files.ssl).start()
+        listening.is_connected = True
         log.info("webhook listening", host=args.host, port=args.port)
         while not stop.is_set():
             try:
@@ -131,7 +138,15 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
             except TimeoutError:
                 _reload(files)
     finally:
+        if health is not None:
+            await health.stop()
         await runner.cleanup()
+
+
+class _Listening:
+    """What the runtime's readiness probe reads (it has no NATS here): ready once HTTPS listens."""
+
+    is_connected = False
 
 
 def _reload(files: Files) -> Any:
