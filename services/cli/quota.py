@@ -38,6 +38,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=list_quotas)
 
+    from services.cli import kueue
+
+    kueue.register(qs)
+
     pool = qs.add_parser("pool", help="pools of capacity")
     ps = pool.add_subparsers(dest="pool_command", metavar="COMMAND", required=True)
     s = ps.add_parser("set", help="define a pool by GPU model or node label")
