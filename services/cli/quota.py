@@ -31,6 +31,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     s.add_argument("--lend-limit", type=int, help="idle guaranteed GPUs it lends at most (default: all)")
     s.add_argument("--weight", type=float, default=1.0, help="fair-share weight (default 1)")
     s.add_argument("--budget", type=float, metavar="AMOUNT", help="optional spending limit per month (USD)")
+    s.add_argument(
+        "--on-budget",
+        choices=["demote", "hold", "notify"],
+        help="once the budget is exceeded, new work runs preemptible at low priority (demote), waits (hold), "
+        "or only an event and a dashboard flag (notify, the default)",
+    )
     s.set_defaults(func=set_quota)
 
     s = qs.add_parser("list", help="quotas, usage, borrowing and fair share per team")
@@ -72,8 +78,14 @@ def set_quota(args: argparse.Namespace) -> int:
         if args.budget < 0:
             raise UsageError(f"--budget must be 0 or more, got {args.budget:g}")
         payload["budget"] = args.budget
+        if args.on_budget:
+            payload["on_budget"] = args.on_budget
+    elif args.on_budget:
+        raise UsageError("--on-budget needs --budget AMOUNT")
     result = _send(args, "quota", "set", payload)
     budget = f", budget {result['budget']:g} USD/month" if "budget" in result else ""
+    if "on_budget" in result:
+        budget += f" (over it: {result['on_budget']})"
     print(f"team {result['team']}: {result['guaranteed']} GPUs guaranteed in pool {result['pool']}{budget}")
     return 0
 

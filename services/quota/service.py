@@ -18,7 +18,7 @@ import msgspec
 from nats.js.errors import BucketNotFoundError
 from nats.js.kv import KeyValue
 
-from events import BudgetSet
+from events import BudgetAction, BudgetSet
 from events.codec import stable_id
 from events.subjects import token
 from services.quota.core import (
@@ -55,6 +55,7 @@ class SetQuotaRequest(msgspec.Struct, kw_only=True):
     budget: float | None = None  # optional spending limit per period, recorded as BudgetSet
     currency: str = "USD"
     period: str = "month"
+    on_budget: BudgetAction = BudgetAction.NOTIFY  # what the scheduler does once the budget is exceeded
 
 
 class PoolSetRequest(msgspec.Struct, kw_only=True):
@@ -114,9 +115,17 @@ class QuotaService:
         await self._record(event, stable_id("quota", req.pool, req.team, event.at))
         result: dict[str, Any] = {"team": event.team, "pool": event.pool, "guaranteed": event.guaranteed_gpus}
         if req.budget is not None:
-            budget = BudgetSet(team=req.team, at=event.at, amount=req.budget, currency=req.currency, period=req.period)
+            budget = BudgetSet(
+                team=req.team,
+                at=event.at,
+                amount=req.budget,
+                currency=req.currency,
+                period=req.period,
+                on_budget=req.on_budget,
+            )
             await self._record(budget, stable_id("budget", req.team, event.at))
             result["budget"] = req.budget
+            result["on_budget"] = req.on_budget.value
         return result
 
     async def pool_set(self, req: PoolSetRequest) -> dict[str, Any]:

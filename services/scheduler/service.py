@@ -1,6 +1,6 @@
 """`chamber service scheduler`: the shell around the scheduler core.
 
-Reads JOBS, FLEET and QUOTA from the start on every start (state is derived, never stored), waits
+Reads JOBS, FLEET, QUOTA and BILLING from the start on every start (state is derived, never stored), waits
 until it has caught up, then runs a cycle every `--interval` seconds: decide -> publish the
 decisions' events (deterministic ids) -> fold them back when they arrive from the stream. It runs
 no new cycle while its own events are still on their way, so state only ever comes from the log,
@@ -231,7 +231,7 @@ class Scheduler:
 
     async def explain(self, req: ExplainRequest) -> dict[str, Any]:
         self._refresh_waiting()
-        found = explain(self.state, req.job, self.waiting)
+        found = explain(self.state, req.job, self.waiting, now=time.time())
         if found is None:
             raise CommandRefused(f"no job {req.job!r}; `chamber queue --all` lists the jobs", field="job")
         return found
@@ -359,7 +359,7 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
             lease = LeaderLease(ctx.js, args.leader_lease.strip(), holder, ttl_s=args.leader_lease_ttl)
             scheduler.lease = lease
             ctx.task(lambda: lease.run(ctx.stop))
-        for stream in ("FLEET", "QUOTA", "JOBS"):
+        for stream in ("FLEET", "QUOTA", "JOBS", "BILLING"):  # BILLING: BudgetExceeded (budgets act)
             ctx.consume(ConsumerOptions(stream=stream, durable=None), handler=scheduler.on_event)
         ctx.command("submit", SubmitRequest, scheduler.submit)
         ctx.command("cancel", CancelRequest, scheduler.cancel)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from services.scheduler.core.budget import note as budget_note
 from services.scheduler.core.state import FINISHED, QUEUED, Job, JobState, SchedulerState
 
 
@@ -46,7 +47,9 @@ def queue_rows(
     ]
 
 
-def explain(state: SchedulerState, job_id: str, waiting: Mapping[str, str]) -> dict[str, Any] | None:
+def explain(
+    state: SchedulerState, job_id: str, waiting: Mapping[str, str], now: float | None = None
+) -> dict[str, Any] | None:
     """Why a job is where it is, as a sentence plus the facts behind it; None for an unknown job."""
     job = state.jobs.get(job_id)
     if job is None:
@@ -72,6 +75,10 @@ def explain(state: SchedulerState, job_id: str, waiting: Mapping[str, str]) -> d
             text = f"{head} is pending ({pos}): {why}"
     else:
         text = f"{head} is {job.state.value}: {job.reason}"
+    if job.note:
+        text += f". Note: {job.note}"
+    elif now is not None and job.state not in FINISHED and (budget := budget_note(state, spec.team, now)):
+        text += f". Note: {budget}"
     return {
         "id": job.id,
         "state": job.state.value,
