@@ -104,6 +104,10 @@ class WorkloadKind:
     def held(self, obj: dict[str, Any]) -> bool:
         return bool(resolve(obj, self.suspend_pointer or ""))
 
+    def check(self, obj: dict[str, Any]) -> str | None:
+        """Why the kind's own controller would refuse it suspended, if it would (and the fix)."""
+        return None
+
     def finished(self, obj: dict[str, Any]) -> str | None:
         for cond in (obj.get("status") or {}).get("conditions") or []:
             if cond.get("status") == "True" and cond.get("type") in self.done_conditions:
@@ -212,6 +216,14 @@ class MPIJob(ReplicaSpecsJob):
 
 class RayJob(WorkloadKind):
     kind, group, version, plural = "RayJob", "ray.io", "v1", "rayjobs"
+
+    def check(self, obj: dict[str, Any]) -> str | None:
+        if resolve(obj, "/spec/shutdownAfterJobFinishes") is not True:
+            return (
+                "KubeRay suspends a RayJob only with spec.shutdownAfterJobFinishes: true (its cluster must go "
+                "when the job ends); set it"
+            )
+        return None
 
     def groups(self, obj: dict[str, Any]) -> list[PodGroup]:
         found = [_template(obj, "/spec/rayClusterSpec/headGroupSpec/template/spec", 1)]

@@ -81,6 +81,8 @@ def spec_of(kind: WorkloadKind, obj: dict[str, Any], cluster: str, bindings: Bin
         return str(exc)
     if demand is None:
         return None
+    if (why := kind.check(obj)) is not None:
+        return why
     return JobSpec(
         team=claimed.team,
         gpus_per_replica=demand.gpus_per_pod,

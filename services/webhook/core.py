@@ -131,6 +131,8 @@ def refusal(req: Request, kind: WorkloadKind | None, bindings: Bindings) -> str 
         return str(exc)
     except (TypeError, AttributeError, KeyError) as exc:
         return f"the {req.kind} is malformed where Chamber reads it ({type(exc).__name__}: {exc})"
+    if (why := kind.check(req.obj)) is not None:
+        return why
     if demand is None:
         return (
             f"the {req.kind} asks for no nvidia.com/gpu; Chamber schedules GPU work: set nvidia.com/gpu limits on "

@@ -10,7 +10,7 @@ import pytest
 
 from services.kube.bindings import Bindings, NamespaceBinding
 from services.webhook.core import BadReview, mutate, parse, validate
-from tests.kube_workloads import a_batch_job, a_pod
+from tests.kube_workloads import a_batch_job, a_pod, a_rayjob
 
 BOUND = Bindings(namespaces={"ml": NamespaceBinding(teams=["vision"])})
 
@@ -90,3 +90,11 @@ def test_updates_are_checked_only_when_the_team_or_priority_labels_change() -> N
     relabeled = a_batch_job(labels={"chamber.io/team": "research"})
     answer = validate(parse(review(relabeled, "UPDATE", a_batch_job())), BOUND)["response"]
     assert answer["allowed"] is False and "may not charge team 'research'" in answer["status"]["message"]
+
+
+def test_a_rayjob_that_kuberay_would_not_suspend_is_refused_with_the_fix() -> None:
+    ray = a_rayjob()
+    ray["spec"]["shutdownAfterJobFinishes"] = False
+    answer = validate(parse(review(ray)), BOUND)["response"]
+    assert answer["allowed"] is False and "spec.shutdownAfterJobFinishes: true" in answer["status"]["message"]
+    assert validate(parse(review(a_rayjob())), BOUND)["response"]["allowed"] is True
