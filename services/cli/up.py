@@ -113,7 +113,9 @@ def _components(args: argparse.Namespace, url: str, data_dir: Path) -> list[obje
         "CHAMBER_BILLING_PERIOD": os.environ.get("CHAMBER_BILLING_PERIOD", "60"),
     }
     components = []
-    for name in discover():
+    for name, module in discover().items():
+        if not getattr(module, "RUNS_IN_UP", True):
+            continue  # e.g. the admission webhook: only a Kubernetes API server calls it
         extra = ["--port", str(args.port)] if name == "gateway" else []
         components.append(Component(name, [*chamber, "service", name, "--nats", url, *extra], env))
     commands = {m.__name__.rsplit(".", 1)[-1] for m in command_modules()}

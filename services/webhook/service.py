@@ -27,6 +27,7 @@ NAME = "webhook"
 DESCRIPTION = "admission webhook: hold team workloads for Chamber, refuse what a namespace may not use"
 log = get_logger("chamber.webhook")
 DEFAULT_TLS_DIR = "/etc/chamber/webhook-tls"
+RUNS_IN_UP = False  # `chamber up` has no API server to call it (and no certificate to serve)
 
 
 class Files:
