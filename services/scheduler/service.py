@@ -243,14 +243,20 @@ class KubernetesActuator:
     def __init__(self, scheduler: Scheduler, cluster: str, bindings_file: str | None = None) -> None:
         from kubernetes import client, config
 
-        from services.kube.bindings import Bindings
+        from services.kube.bindings import Bindings, BindingsError
         from services.kube.cluster import KubernetesWorkloads
 
         try:
             config.load_incluster_config()
         except config.ConfigException:
-            config.load_kube_config()
-        self.bindings = Bindings.load(bindings_file)
+            try:
+                config.load_kube_config()
+            except config.ConfigException as exc:
+                raise SystemExit(f"chamber scheduler --kubernetes: no cluster to talk to ({exc})") from None
+        try:
+            self.bindings = Bindings.load(bindings_file)
+        except BindingsError as exc:
+            raise SystemExit(f"chamber scheduler: {exc}") from None
         if self.bindings.open:
             log.warning("no --bindings file: any namespace may charge any team")
         self.workloads = KubernetesWorkloads(client.ApiClient())
@@ -350,6 +356,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
     scheduler = Scheduler(args)
+    # Bad bindings or no cluster: said at start, before anything connects.
+    actuator = KubernetesActuator(scheduler, args.cluster, args.bindings) if args.kubernetes else None
 
     async def setup(ctx: ServiceContext) -> None:
         scheduler.ctx = ctx
@@ -366,7 +374,7 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
         ctx.command("queue", QueueRequest, scheduler.queue)
         ctx.command("explain", ExplainRequest, scheduler.explain)
         ctx.every(args.interval, scheduler.tick)
-        if args.kubernetes:
-            ctx.every(args.kubernetes_interval, KubernetesActuator(scheduler, args.cluster, args.bindings).tick)
+        if actuator is not None:
+            ctx.every(args.kubernetes_interval, actuator.tick)
 
     await serve(NAME, args.nats, setup, stop)

@@ -118,7 +118,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
     try:
         files = Files(Path(args.cert), Path(args.key), Path(args.bindings) if args.bindings else None)
-    except (OSError, ssl.SSLError, BindingsError) as exc:
+    except (OSError, ssl.SSLError) as exc:
+        raise SystemExit(
+            f"chamber webhook: certificate: {exc} (give --cert and --key, or $CHAMBER_WEBHOOK_TLS_DIR with "
+            "tls.crt and tls.key)"
+        ) from None
+    except BindingsError as exc:
         raise SystemExit(f"chamber webhook: {exc}") from None
     if files.bindings.open:
         log.warning("no --bindings file: any namespace may charge any team")
