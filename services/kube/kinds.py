@@ -145,9 +145,13 @@ class WorkloadKind:
         saved = saved_affinities(obj)
         if saved is None:
             return ops
+        try:
+            templates = {g.pointer for g in self.groups(obj)}
+        except WorkloadError:
+            templates = set()
         for pointer, affinity in sorted(saved.items()):
-            if resolve(obj, pointer) is None:
-                continue  # the template is gone (edited while suspended): nothing to restore
+            if pointer not in templates or resolve(obj, pointer) is None:
+                continue  # not a pod template of this object (any more): nothing to restore there
             if affinity is None:
                 if resolve(obj, f"{pointer}/affinity") is not None:
                     ops.append({"op": "remove", "path": f"{pointer}/affinity"})
