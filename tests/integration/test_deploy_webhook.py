@@ -36,16 +36,25 @@ def test_the_webhook_never_sees_kube_system_or_its_own_namespace_and_takes_polic
         helm,
         [],
         "webhook.failurePolicy=Ignore",
+        "webhook.podFailurePolicy=Fail",
         "webhook.excludeNamespaces[0]=monitoring",
         "webhook.namespaceSelector.matchLabels.gpu=yes",
         namespace="gpu-system",
     )
     hooks = webhooks(docs)
-    assert sorted(h["name"] for h in hooks) == [
-        "check-queue.chamber.io", "check-team.chamber.io", "hold-queue.chamber.io", "hold-team.chamber.io",
-    ]  # fmt: skip
+    assert sorted(h["name"] for h in hooks) == sorted(
+        f"{verb}-{what}-{label}.chamber.io"
+        for verb in ("hold", "check")
+        for what in ("workloads", "pods")
+        for label in ("team", "queue")
+    )
     for hook in hooks:
-        assert hook["failurePolicy"] == "Ignore" and hook["sideEffects"] == "None"
+        pods = "-pods-" in hook["name"]
+        assert hook["failurePolicy"] == ("Fail" if pods else "Ignore") and hook["sideEffects"] == "None"
+        resources = {r for rule in hook["rules"] for r in rule["resources"]}
+        assert resources == (
+            {"pods"} if pods else {"jobs", "jobsets", "trainjobs", "pytorchjobs", "mpijobs", "rayjobs"}
+        )
         selector = hook["namespaceSelector"]
         assert selector["matchLabels"] == {"gpu": "yes"}
         assert selector["matchExpressions"][0] == {
@@ -60,6 +69,12 @@ def test_the_webhook_never_sees_kube_system_or_its_own_namespace_and_takes_polic
         assert ops == ({("CREATE",)} if hook["name"].startswith("hold") else {("CREATE", "UPDATE")})
     for doc in docs:
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_by_default_workloads_fail_closed_and_pods_fail_open(helm: Path) -> None:
+    # a Job's own pods carry its team label: Fail on pods would stop them while the webhook is down
+    policies = {("-pods-" in h["name"], h["failurePolicy"]) for h in webhooks(render(helm, []))}
+    assert policies == {(False, "Fail"), (True, "Ignore")}
 
 
 def test_without_cert_manager_the_chart_makes_a_ca_that_signs_the_serving_certificate(
