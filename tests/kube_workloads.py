@@ -103,6 +103,24 @@ def a_pytorchjob(
     }
 
 
+def an_mpijob(
+    name: str = "mpi", *, gpus: int = 8, workers: int = 2, labels: dict[str, str] | None = None
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "kubeflow.org/v2beta1",
+        "kind": "MPIJob",
+        "metadata": meta(name, labels),
+        "spec": {
+            "slotsPerWorker": gpus,
+            "runPolicy": {"suspend": True, "cleanPodPolicy": "Running"},
+            "mpiReplicaSpecs": {
+                "Launcher": {"replicas": 1, "template": {"spec": pod_spec(None)}},  # no GPU: left to Kubernetes
+                "Worker": {"replicas": workers, "template": {"spec": pod_spec(gpus)}},
+            },
+        },
+    }
+
+
 def a_rayjob(
     name: str = "ray", *, gpus: int = 8, workers: int = 2, labels: dict[str, str] | None = None
 ) -> dict[str, Any]:

@@ -29,12 +29,19 @@ from tests.kube_workloads import (
     a_pytorchjob,
     a_rayjob,
     a_trainjob,
+    an_mpijob,
 )
 from tests.scheduler_builders import Driver, a_job, a_node
 
 pytestmark = pytest.mark.integration
 
-CRDS = [("jobset.x-k8s.io", "v1alpha2"), ("trainer.kubeflow.org", "v1alpha1"), ("kubeflow.org", "v1"), ("ray.io", "v1")]
+CRDS = [
+    ("jobset.x-k8s.io", "v1alpha2"),
+    ("trainer.kubeflow.org", "v1alpha1"),
+    ("kubeflow.org", "v1"),
+    ("kubeflow.org", "v2beta1"),
+    ("ray.io", "v1"),
+]
 JSON_PATCH = "application/json-patch+json"
 SEL_TEAM, SEL_QUEUE = "labelSelector=chamber.io/team", "labelSelector=kueue.x-k8s.io/queue-name"
 
@@ -168,6 +175,8 @@ CASES = [
      {"conditions": [{"type": "Succeeded", "status": "True"}]}),
     (a_rayjob(), (8, 2), ["/spec/rayClusterSpec/workerGroupSpecs/0/template/spec"], "/spec/suspend",
      {"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED"}),
+    (an_mpijob(), (8, 2), ["/spec/mpiReplicaSpecs/Worker/template/spec"], "/spec/runPolicy/suspend",
+     {"conditions": [{"type": "Succeeded", "status": "True"}]}),
 ]  # fmt: skip
 
 
