@@ -269,6 +269,8 @@ class KubernetesActuator:
         log.info("workload kind skipped: its CRD is not installed", kind=kind.kind, api_version=kind.api_version)
 
     async def tick(self, now: float) -> None:
+        from kubernetes.client.exceptions import ApiException
+
         sched = self.scheduler
         if not sched.ready or sched.ctx is None or not sched.synced:
             return
@@ -296,9 +298,21 @@ class KubernetesActuator:
                 )
                 self.refused.add(action.uid)
             else:
-                await asyncio.to_thread(
-                    self.workloads.patch, kinds[action.kind], action.namespace, action.name, list(action.ops)
-                )
+                try:
+                    await asyncio.to_thread(
+                        self.workloads.patch, kinds[action.kind], action.namespace, action.name, list(action.ops)
+                    )
+                except ApiException as exc:  # one workload the API server refuses must not stall the others
+                    log.warning(
+                        "kubernetes workload patch refused",
+                        kind=action.kind,
+                        namespace=action.namespace,
+                        name=action.name,
+                        status=exc.status,
+                        reason=str(exc.reason),
+                        body=str(exc.body)[:500],
+                    )
+                    continue
             log.info(
                 "kubernetes workload updated",
                 action=type(action).__name__,
