@@ -286,33 +286,43 @@ class KubernetesActuator:
             if isinstance(action, Refuse):
                 if action.uid in self.refused:
                     continue
-                await asyncio.to_thread(
-                    self.workloads.event,
-                    kinds[action.kind],
-                    action.namespace,
-                    action.name,
-                    action.uid,
-                    "ChamberRefused",
-                    action.reason,
-                    now,
+                self.refused.add(action.uid)  # said once, in the log at least, even if the Event fails
+                log.warning(
+                    "kubernetes workload refused",
+                    kind=action.kind,
+                    namespace=action.namespace,
+                    name=action.name,
+                    reason=action.reason,
                 )
-                self.refused.add(action.uid)
-            else:
                 try:
                     await asyncio.to_thread(
-                        self.workloads.patch, kinds[action.kind], action.namespace, action.name, list(action.ops)
+                        self.workloads.event,
+                        kinds[action.kind],
+                        action.namespace,
+                        action.name,
+                        action.uid,
+                        "ChamberRefused",
+                        action.reason,
+                        now,
                     )
-                except ApiException as exc:  # one workload the API server refuses must not stall the others
-                    log.warning(
-                        "kubernetes workload patch refused",
-                        kind=action.kind,
-                        namespace=action.namespace,
-                        name=action.name,
-                        status=exc.status,
-                        reason=str(exc.reason),
-                        body=str(exc.body)[:500],
-                    )
-                    continue
+                except ApiException as exc:
+                    log.warning("could not post the Event", name=action.name, status=exc.status)
+                continue
+            try:
+                await asyncio.to_thread(
+                    self.workloads.patch, kinds[action.kind], action.namespace, action.name, list(action.ops)
+                )
+            except ApiException as exc:  # one workload the API server refuses must not stall the others
+                log.warning(
+                    "kubernetes workload patch refused",
+                    kind=action.kind,
+                    namespace=action.namespace,
+                    name=action.name,
+                    status=exc.status,
+                    reason=str(exc.reason),
+                    body=str(exc.body)[:500],
+                )
+                continue
             log.info(
                 "kubernetes workload updated",
                 action=type(action).__name__,
