@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 
 from services.webhook.service import Files, app
-from tests.e2e.test_webhook_e2e import make_certificates
+from tests.tls_certs import make_certificates
 
 pytestmark = pytest.mark.integration
 
