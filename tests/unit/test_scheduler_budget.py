@@ -73,3 +73,19 @@ def test_notify_changes_nothing_but_explain_says_so() -> None:
     assert d.state_of("j1") == "running" and d.state.jobs["j1"].spec.priority == PriorityClass.HIGH
     text = explain(d.state, "j1", d.waiting, now=NOV + 3)["text"]  # type: ignore[index]
     assert "Note: team vision is over its budget" in text and "--on-budget notify" in text
+
+
+def test_demotion_depends_on_the_times_not_on_which_stream_was_folded_first() -> None:
+    # BILLING and JOBS are read side by side: the job may be folded before the BudgetExceeded that preceded it
+    events = [
+        a_node("n1"),
+        BudgetSet(team="vision", at=NOV - 100, amount=1000.0, on_budget=BudgetAction.DEMOTE),
+        BudgetExceeded(team="vision", at=NOV, budget=1000.0, spent=1250.5),
+        a_job("after", gpus=2, priority="high", at=NOV + 1),
+        a_job("before", gpus=2, priority="high", at=NOV - 1),
+    ]
+    for order in (events, [events[0], events[1], events[3], events[4], events[2]]):
+        d = Driver().given(*order)
+        assert d.state.jobs["after"].spec.priority == PriorityClass.LOW
+        assert d.state.jobs["before"].spec.priority == PriorityClass.HIGH
+        assert [k[3] for k in d.state.queue()] == ["before", "after"]

@@ -30,6 +30,7 @@ class BudgetRule:
     action: BudgetAction
     currency: str = "USD"
     exceeded_month: str | None = None  # the month billing reported it exceeded
+    exceeded_at: float = 0.0  # when (work submitted before then is not the budget's business)
     spent: float = 0.0
 
 
@@ -41,20 +42,35 @@ def fold_budget_set(s: SchedulerState, e: BudgetSet) -> None:
     previous = s.budgets.get(e.team)
     rule = BudgetRule(e.amount, e.on_budget, e.currency)
     if previous is not None and previous.exceeded_month is not None and previous.spent > e.amount:
-        rule.exceeded_month, rule.spent = previous.exceeded_month, previous.spent  # still over the new amount
+        # still over the new amount: the action goes on (billing reports a month's excess only once)
+        rule.exceeded_month, rule.exceeded_at, rule.spent = (
+            previous.exceeded_month,
+            previous.exceeded_at,
+            previous.spent,
+        )
     s.budgets[e.team] = rule
     s.capacity_epoch += 1  # a hold may lift: the next cycle looks at every waiting job
 
 
 def fold_budget_exceeded(s: SchedulerState, e: BudgetExceeded) -> None:
+    from services.scheduler.core.state import QUEUED  # state imports this module
+
     rule = s.budgets.setdefault(e.team, BudgetRule(e.budget, BudgetAction.NOTIFY, e.currency))
-    rule.exceeded_month, rule.spent = month_of(e.at), e.spent
+    rule.exceeded_month, rule.exceeded_at, rule.spent = month_of(e.at), e.at, e.spent
+    # Work submitted after the budget ran out but folded before this event (BILLING and JOBS are read
+    # side by side) is demoted too, so the outcome depends on the events' times, not on fold order.
+    for job in s.jobs.values():
+        if job.spec.team == e.team and job.state in QUEUED and job.submitted_at >= e.at and not job.note:
+            job.spec, job.note = demoted(s, job.spec, job.submitted_at)
+            s._queue = None  # the queue order follows the priority
     s.capacity_epoch += 1
 
 
 def over_budget(s: SchedulerState, team: str, at: float) -> BudgetRule | None:
     rule = s.budgets.get(team)
-    return rule if rule is not None and rule.exceeded_month == month_of(at) else None
+    if rule is None or rule.exceeded_month != month_of(at) or at < rule.exceeded_at:
+        return None
+    return rule
 
 
 def _what(team: str, rule: BudgetRule) -> str:
