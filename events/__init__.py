@@ -31,7 +31,7 @@ from events.jobs import (
     PreemptionReason,
     PriorityClass,
 )
-from events.quota import BudgetSet, FairShareUpdated, PoolDefined, TeamQuotaSet
+from events.quota import BudgetAction, BudgetSet, FairShareUpdated, PoolDefined, TeamQuotaSet
 from events.streams import STREAMS, StreamSpec
 from events.subjects import subject_for
 from events.telemetry import (
@@ -47,6 +47,7 @@ from events.telemetry import (
 __all__ = [
     "ALL_EVENTS",
     "STREAMS",
+    "BudgetAction",
     "BudgetExceeded",
     "BudgetSet",
     "CostAccrued",

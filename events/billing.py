@@ -11,10 +11,16 @@ from events.names import Team
 
 
 class PriceSet(Event, frozen=True, tag=event_type("billing", "price_set")):
+    """The price of a GPU-hour on nodes of one instance type, in one cluster (an on-premises amortised
+    rate) or of one GPU model; billing uses the first that applies to a GPU, in that order. An
+    instance-type or cluster price leaves `gpu_model` empty."""
+
     gpu_model: str
     at: float
     price_per_gpu_hour: Annotated[float, Meta(ge=0)]
     currency: str = "USD"
+    instance_type: str | None = None  # node.kubernetes.io/instance-type, e.g. p5.48xlarge
+    cluster: Name | None = None  # every GPU of this cluster
 
 
 class CostAccrued(Event, frozen=True, tag=event_type("billing", "cost_accrued")):
@@ -30,6 +36,9 @@ class CostAccrued(Event, frozen=True, tag=event_type("billing", "cost_accrued"))
     job_id: Name | None = None
     pool: Name | None = None
     idle: bool = False
+    cluster: Name | None = None  # where the GPUs were (cost reports by cluster, provider, region)
+    provider: str | None = None  # chamber.io/provider of the nodes: aws, gcp, azure, on-prem...
+    region: str | None = None  # chamber.io/region of the nodes
 
 
 class BudgetExceeded(Event, frozen=True, tag=event_type("billing", "budget_exceeded")):

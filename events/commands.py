@@ -27,6 +27,7 @@ from events.names import (
     Text,
     normalize_team,
 )
+from events.quota import BudgetAction
 
 DEFAULT_POOL = "default"
 # Accepted before normalisation (`Vision ` is the team `vision`); `normalize_team` applies the rule.
@@ -101,6 +102,7 @@ class SetTeamQuota(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     budget: Annotated[float, msgspec.Meta(ge=0, le=1e15)] | None = None  # spending limit per period
     currency: Annotated[str, msgspec.Meta(min_length=1, max_length=8)] = "USD"
     period: Annotated[str, msgspec.Meta(min_length=1, max_length=16)] = "month"
+    on_budget: BudgetAction = BudgetAction.NOTIFY  # what the scheduler does once the budget is exceeded
 
     def __post_init__(self) -> None:
         self.team = normalize_team(self.team)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Annotated
 
 from msgspec import Meta
@@ -45,9 +46,18 @@ class FairShareUpdated(Event, frozen=True, tag=event_type("quota", "fair_share_u
     share: float
 
 
+class BudgetAction(StrEnum):
+    """What the scheduler does with a team's new work once the team is over its budget."""
+
+    DEMOTE = "demote"  # new work runs preemptible at low priority
+    HOLD = "hold"  # new work waits until the budget is raised or the month ends
+    NOTIFY = "notify"  # only BudgetExceeded and the dashboard flag
+
+
 class BudgetSet(Event, frozen=True, tag=event_type("quota", "budget_set")):
     team: Team
     at: float
     amount: Annotated[float, Meta(ge=0)]
     currency: str = "USD"
     period: str = "month"
+    on_budget: BudgetAction = BudgetAction.NOTIFY

@@ -7,8 +7,11 @@ BudgetExceeded when a team's spending in a month passes its budget.
   publishes them and folds them back in with `evolve`. Ids are deterministic (`stable_id`), so a
   replay re-emits the same ids and JetStream drops them.
 A period [p, p + period_s) is accrued once it ended `settle_s` ago (late events still count).
-Known simplifications: the current price of a model applies to the whole period; budgets are
-monthly (UTC calendar months) whatever their `period` says.
+A GPU's price is its node's instance type's, else its cluster's (an on-premises amortised rate),
+else its model's (`price_of`). Costs are grouped by job (idle: by pool) and by GPU model, cluster,
+provider and region (discovery's `chamber.io/` node labels), so reports can split them by cloud.
+Known simplifications: the current price applies to the whole period; budgets are monthly (UTC
+calendar months) whatever their `period` says.
 """
 
 from __future__ import annotations
@@ -73,6 +76,8 @@ class BillingState:
     currency: str = "USD"
     prices: dict[str, float] = field(default_factory=dict)
     price_at: dict[str, float] = field(default_factory=dict)
+    instance_prices: dict[str, float] = field(default_factory=dict)
+    cluster_prices: dict[str, float] = field(default_factory=dict)
     gpu_model: dict[GpuKey, str] = field(default_factory=dict)
     node_labels: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
     pools: dict[str, PoolDefined] = field(default_factory=dict)
@@ -141,9 +146,10 @@ def evolve(state: BillingState, event: Event, event_id: str = "") -> BillingStat
         state.accrued_until = _floor(float(at), state.period_s)
     match event:
         case PriceSet():
-            if event.at >= state.price_at.get(event.gpu_model, float("-inf")):
-                state.prices[event.gpu_model] = event.price_per_gpu_hour
-                state.price_at[event.gpu_model] = event.at
+            table, key, at_key = _price_table(state, event)
+            if event.at >= state.price_at.get(at_key, float("-inf")):
+                table[key] = event.price_per_gpu_hour
+                state.price_at[at_key] = event.at
         case PoolDefined():
             state.pools[event.pool] = event
         case BudgetSet():
@@ -200,6 +206,33 @@ def evolve(state: BillingState, event: Event, event_id: str = "") -> BillingStat
     return state
 
 
+def _price_table(state: BillingState, event: PriceSet) -> tuple[dict[str, float], str, str]:
+    """Which table a price goes to, its key there, and its key in `price_at` (a model's is bare)."""
+    if event.instance_type:
+        return state.instance_prices, event.instance_type, f"instance:{event.instance_type}"
+    if event.cluster:
+        return state.cluster_prices, event.cluster, f"cluster:{event.cluster}"
+    return state.prices, event.gpu_model, event.gpu_model
+
+
+PROVIDER_LABEL, REGION_LABEL, INSTANCE_LABEL = "chamber.io/provider", "chamber.io/region", "chamber.io/instance-type"
+
+
+def price_of(state: BillingState, gpu: GpuKey) -> float:
+    """Per GPU-hour: the node's instance type, else its cluster, else its GPU model, else 0."""
+    instance = state.node_labels.get(gpu[:2], {}).get(INSTANCE_LABEL)
+    if instance is not None and instance in state.instance_prices:
+        return state.instance_prices[instance]
+    if gpu[0] in state.cluster_prices:
+        return state.cluster_prices[gpu[0]]
+    return state.prices.get(state.gpu_model.get(gpu, "unknown"), 0.0)
+
+
+def _where(state: BillingState, gpu: GpuKey) -> tuple[str, str | None, str | None]:
+    labels = state.node_labels.get(gpu[:2], {})
+    return gpu[0], labels.get(PROVIDER_LABEL), labels.get(REGION_LABEL)
+
+
 def _stop_job(state: BillingState, job_id: str, at: float) -> None:
     state.held = [
         Held(h.job_id, h.team, h.gpu, h.start, at) if h.job_id == job_id and h.end is None else h for h in state.held
@@ -218,42 +251,62 @@ def _overlap(start: float, end: float | None, p0: float, p1: float) -> float:
 
 
 def period_costs(state: BillingState, p0: float, p1: float) -> list[tuple[CostAccrued, str]]:
-    """Cost per (job, model) and idle cost per (pool, model) for [p0, p1)."""
-    held_s: dict[tuple[str, str, str], float] = defaultdict(float)  # job, team, model
+    """Cost per (job, model, where) and idle cost per (pool, model, where) for [p0, p1); where is the
+    cluster, provider and region, and each GPU-second costs its own GPU's price (`price_of`)."""
+    Where = tuple[str, str | None, str | None]
+    held: dict[tuple[str, str, str, Where], list[float]] = defaultdict(lambda: [0.0, 0.0])  # seconds, cost
     held_by_gpu: dict[GpuKey, float] = defaultdict(float)
     for h in state.held:
         seconds = _overlap(h.start, h.end, p0, p1)
         if seconds > 0:
-            held_s[(h.job_id, h.team, state.gpu_model.get(h.gpu, "unknown"))] += seconds
+            acc = held[(h.job_id, h.team, state.gpu_model.get(h.gpu, "unknown"), _where(state, h.gpu))]
+            acc[0] += seconds
+            acc[1] += seconds / 3600 * price_of(state, h.gpu)
             held_by_gpu[h.gpu] += seconds
 
-    def cost(model: str, seconds: float, **who: Any) -> CostAccrued:
-        price = state.prices.get(model, 0.0)
+    def cost(model: str, where: Where, seconds: float, amount: float, **who: Any) -> CostAccrued:
+        cluster, provider, region = where
         return CostAccrued(
             period_start=p0,
             period_end=p1,
             gpu_model=model,
             gpu_seconds=seconds,
-            cost=round(seconds / 3600 * price, 6),
+            cost=round(amount, 6),
             currency=state.currency,
+            cluster=cluster or None,
+            provider=provider,
+            region=region,
             **who,
         )
 
     out: list[tuple[CostAccrued, str]] = []
-    for (job, team, model), seconds in sorted(held_s.items()):
-        event = cost(model, seconds, team=team or None, job_id=job, pool=state.job_pool.get(job))
-        out.append((event, stable_id("billing.cost", job, model, p0, p1)))
-    idle_s: dict[tuple[str, str], float] = defaultdict(float)
+    for (job, team, model, where), (seconds, amount) in sorted(held.items(), key=lambda kv: _sort_key(kv[0])):
+        event = cost(model, where, seconds, amount, team=team or None, job_id=job, pool=state.job_pool.get(job))
+        out.append((event, stable_id("billing.cost", job, model, p0, p1, *_id_parts(where))))
+    idle: dict[tuple[str, str, Where], list[float]] = defaultdict(lambda: [0.0, 0.0])
     for s in state.service:
         capacity = _overlap(s.start, s.end, p0, p1)
         if capacity > 0:
             unheld = max(0.0, capacity - held_by_gpu.get(s.gpu, 0.0))
-            idle_s[(pool_of(state, s.gpu), state.gpu_model.get(s.gpu, "unknown"))] += unheld
-    for (pool, model), seconds in sorted(idle_s.items()):
+            acc = idle[(pool_of(state, s.gpu), state.gpu_model.get(s.gpu, "unknown"), _where(state, s.gpu))]
+            acc[0] += unheld
+            acc[1] += unheld / 3600 * price_of(state, s.gpu)
+    for (pool, model, where), (seconds, amount) in sorted(idle.items(), key=lambda kv: _sort_key(kv[0])):
         if seconds <= 0:
             continue
-        out.append((cost(model, seconds, pool=pool, idle=True), stable_id("billing.idle", pool, model, p0, p1)))
+        event = cost(model, where, seconds, amount, pool=pool, idle=True)
+        out.append((event, stable_id("billing.idle", pool, model, p0, p1, *_id_parts(where))))
     return out
+
+
+def _sort_key(key: tuple[Any, ...]) -> tuple[Any, ...]:
+    return tuple(tuple(x or "" for x in k) if isinstance(k, tuple) else k for k in key)
+
+
+def _id_parts(where: tuple[str, str | None, str | None]) -> tuple[str, ...]:
+    """The place joins the id only when the nodes say where they are, so ids from before stay stable."""
+    cluster, provider, region = where
+    return (cluster, provider or "", region or "") if provider or region else ()
 
 
 def decide(state: BillingState, now: float) -> list[tuple[Event, str]]:

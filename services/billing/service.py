@@ -25,9 +25,13 @@ log = get_logger("chamber.billing")
 
 
 class SetPrice(msgspec.Struct):
-    gpu_model: str
+    """One of gpu_model, instance_type or cluster names what is priced (per GPU-hour)."""
+
     price_per_gpu_hour: float
+    gpu_model: str = ""
     currency: str = "USD"
+    instance_type: str | None = None
+    cluster: str | None = None
 
 
 def parse_prices(values: list[str]) -> dict[str, float]:
@@ -101,16 +105,24 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
     async def set_price(request: SetPrice) -> dict[str, Any]:
         if request.price_per_gpu_hour < 0 or request.price_per_gpu_hour != request.price_per_gpu_hour:
             raise CommandRefused("the price must be 0 or more per GPU-hour", field="price_per_gpu_hour")
-        if not request.gpu_model.strip():
-            raise CommandRefused("name the GPU model, e.g. H100-80GB", field="gpu_model")
+        named = [(k, v.strip()) for k, v in (("gpu_model", request.gpu_model), ("instance_type", request.instance_type),
+                                              ("cluster", request.cluster)) if v and v.strip()]  # fmt: skip
+        if len(named) != 1:
+            raise CommandRefused(
+                "name exactly one of gpu_model (e.g. H100-80GB), instance_type (e.g. p5.48xlarge) or cluster",
+                field="gpu_model",
+            )
+        [(scope, name)] = named
         event = PriceSet(
-            gpu_model=request.gpu_model.strip(),
+            gpu_model=name if scope == "gpu_model" else "",
             at=time.time(),
             price_per_gpu_hour=request.price_per_gpu_hour,
             currency=request.currency,
+            instance_type=name if scope == "instance_type" else None,
+            cluster=name if scope == "cluster" else None,
         )
         await billing.publish(ctx_ref[0], event, None)
-        return {"gpu_model": event.gpu_model, "price_per_gpu_hour": event.price_per_gpu_hour, "at": event.at}
+        return {scope: name, "price_per_gpu_hour": event.price_per_gpu_hour, "at": event.at}
 
     ctx_ref: list[ServiceContext] = []
 

@@ -22,10 +22,23 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     setp.add_argument("--currency", default="USD")
     add_nats_option(setp)
     setp.set_defaults(func=run_price_set)
+    imp = price_sub.add_parser(
+        "import", help="set prices from a table: per GPU model, per instance type, per cluster (on-prem amortised)"
+    )
+    imp.add_argument("file", metavar="FILE", help="YAML price table (see services/billing/price_table.py)")
+    imp.add_argument("--dry-run", action="store_true", help="print the per-GPU-hour prices without setting them")
+    add_nats_option(imp)
+    imp.set_defaults(func=run_price_import)
 
     report = billing.add_parser("report", help="cost per team, idle cost per pool, budgets")
     report.add_argument("--since", default="7d", help="window start: 7d, 24h or an ISO time (7d)")
     report.add_argument("--until", default=None, help="window end: an ISO time (default: now)")
+    report.add_argument(
+        "--by",
+        choices=["team", "cluster", "provider", "region"],
+        default="team",
+        help="team (and idle cost per pool, budgets; the default) or where the GPUs were",
+    )
     report.add_argument("--json", action="store_true", help="print JSON")
     add_nats_option(report)
     add_warehouse_options(report)
@@ -48,6 +61,32 @@ def run_price_set(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_price_import(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import yaml
+
+    from services.billing.price_table import PriceTableError, read
+
+    try:
+        table = yaml.safe_load(Path(args.file).read_text(encoding="utf-8-sig"))
+        currency, prices = read(table)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise UsageError(f"cannot read {args.file}: {exc}") from None
+    except PriceTableError as exc:
+        raise UsageError(f"{args.file}: {exc}") from None
+    for price in prices:
+        if not args.dry_run:
+            send_command(
+                args,
+                "billing",
+                "price",
+                {price.scope: price.name, "price_per_gpu_hour": price.per_gpu_hour, "currency": currency},
+            )
+        print(f"{price.scope} {price.name}: {price.per_gpu_hour:.4f} {currency} per GPU-hour ({price.how})")
+    return 0
+
+
 def report_sql(since: float, until: float) -> str:
     from services.warehouse.efficiency import sql_time
 
@@ -66,12 +105,62 @@ def report_sql(since: float, until: float) -> str:
     )
 
 
+def places_sql(since: float, until: float, by: str) -> str:
+    """Cost, and the idle part of it, per cluster, provider or region of the GPUs."""
+    from services.warehouse.efficiency import sql_time
+
+    assert by in ("cluster", "provider", "region")
+    return (
+        f"SELECT if({by} = '', 'unknown', {by}) AS name, sum(gpu_seconds) / 3600 AS gpu_hours, sum(cost) AS spent, "
+        "sumIf(cost, idle = 1) AS idle_cost, any(currency) AS currency, uniqExactIf(job_id, job_id != '') AS jobs "
+        f"FROM cost_ledger FINAL WHERE period_start >= toDateTime64('{sql_time(since)}', 3, 'UTC') "
+        f"AND period_start < toDateTime64('{sql_time(until)}', 3, 'UTC') GROUP BY name ORDER BY spent DESC, name"
+    )
+
+
+def run_places_report(args: argparse.Namespace, since: float, until: float) -> int:
+    from services.warehouse.access import read_query
+    from services.warehouse.efficiency import sql_time
+
+    result = read_query(args, places_sql(since, until, args.by))
+    rows = [dict(zip(result["columns"], r, strict=True)) for r in result["rows"]]
+    groups = [
+        {
+            args.by: r["name"],
+            "gpu_hours": r["gpu_hours"],
+            "cost": r["spent"],
+            "idle_cost": r["idle_cost"],
+            "jobs": r["jobs"],
+        }
+        for r in rows
+    ]
+    report = {
+        "since": sql_time(since),
+        "until": sql_time(until),
+        "by": args.by,
+        "currency": rows[0]["currency"] if rows else "USD",
+        "groups": groups,
+        "total_cost": round(sum(r["spent"] for r in rows), 6),
+    }
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    print(f"cost by {args.by} {report['since']} .. {report['until']} UTC ({report['currency']})")
+    print(f"{args.by:<20} {'GPU-hours':>10} {'cost':>12} {'idle cost':>12} {'jobs':>6}")
+    for g in groups:
+        print(f"{g[args.by]:<20} {g['gpu_hours']:>10.2f} {g['cost']:>12.2f} {g['idle_cost']:>12.2f} {g['jobs']:>6}")
+    print(f"{'total':<20} {'':>10} {report['total_cost']:>12.2f}")
+    return 0
+
+
 def run_report(args: argparse.Namespace) -> int:
     from services.cli.report import window
     from services.warehouse.access import read_query
     from services.warehouse.efficiency import sql_time
 
     since, until = window(args)
+    if args.by != "team":
+        return run_places_report(args, since, until)
     result = read_query(args, report_sql(since, until))
     rows = [dict(zip(result["columns"], r, strict=True)) for r in result["rows"]]
     teams = [

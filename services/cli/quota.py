@@ -37,12 +37,22 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="the team may submit critical work in this pool (it preempts other teams' work); off by default",
     )
     s.add_argument("--budget", type=float, metavar="AMOUNT", help="optional spending limit per month (USD)")
+    s.add_argument(
+        "--on-budget",
+        choices=["demote", "hold", "notify"],
+        help="once the budget is exceeded, new work runs preemptible at low priority (demote), waits (hold), "
+        "or only an event and a dashboard flag (notify, the default)",
+    )
     s.set_defaults(func=set_quota)
 
     s = qs.add_parser("list", help="quotas, usage, borrowing and fair share per team")
     add_nats_option(s)
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=list_quotas)
+
+    from services.cli import kueue
+
+    kueue.register(qs)
 
     pool = qs.add_parser("pool", help="pools of capacity")
     ps = pool.add_subparsers(dest="pool_command", metavar="COMMAND", required=True)
@@ -76,8 +86,14 @@ def set_quota(args: argparse.Namespace) -> int:
         if args.budget < 0:
             raise UsageError(f"--budget must be 0 or more, got {args.budget:g}")
         payload["budget"] = args.budget
+        if args.on_budget:
+            payload["on_budget"] = args.on_budget
+    elif args.on_budget:
+        raise UsageError("--on-budget needs --budget AMOUNT")
     result = _send(args, "quota", "set", payload)
     budget = f", budget {result['budget']:g} USD/month" if "budget" in result else ""
+    if "on_budget" in result:
+        budget += f" (over it: {result['on_budget']})"
     critical = ", may run critical work" if result.get("critical") else ""
     print(f"team {result['team']}: {result['guaranteed']} GPUs guaranteed in pool {result['pool']}{critical}{budget}")
     return 0

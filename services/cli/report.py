@@ -1,4 +1,4 @@
-"""`chamber report efficiency --since 24h [--by team|pool|model|node] [--json]`."""
+"""`chamber report efficiency --since 24h [--by team|pool|model|node|cluster|provider|region] [--json]`."""
 
 from __future__ import annotations
 
@@ -18,7 +18,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     eff = reports.add_parser("efficiency", help="fleet efficiency: capacity, allocation, usage, stranded, idle cost")
     eff.add_argument("--since", default="24h", help="window start: 24h, 7d, 90m or an ISO time (24h)")
     eff.add_argument("--until", default=None, help="window end: an ISO time (default: now)")
-    eff.add_argument("--by", choices=["team", "pool", "model", "node"], help="one row per group")
+    eff.add_argument(
+        "--by",
+        choices=["team", "pool", "model", "node", "cluster", "provider", "region"],
+        help="one row per group (provider and region: from the nodes' labels, see discovery)",
+    )
     eff.add_argument("--json", action="store_true", help="print JSON")
     add_nats_option(eff)
     add_warehouse_options(eff)

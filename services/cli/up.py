@@ -221,7 +221,9 @@ def _components(args: argparse.Namespace, url: str, data_dir: Path, *, secured: 
         return _login(data_dir, user) if secured else {}
 
     components: list[Component] = []
-    for name in discover():
+    for name, module in discover().items():
+        if not getattr(module, "RUNS_IN_UP", True):
+            continue  # e.g. the admission webhook: only a Kubernetes API server calls it
         extra: dict[str, str] = {}
         argv = [*chamber, "service", name, "--nats", url]
         if name == "gateway":

@@ -28,6 +28,7 @@ from events.fleet import (
     NodeUpdated,
 )
 from events.telemetry import GpuInfo, NodeInventory, NodeSample
+from services.discovery.cloud import cloud_labels
 
 GPU_RESOURCE = "nvidia.com/gpu"
 # GPU feature discovery labels worth carrying into the fleet view (product, memory, count, family...).
@@ -45,6 +46,7 @@ class KubeNode:
     capacity_gpus: int | None = None
     allocatable_gpus: int | None = None
     unschedulable: bool = False
+    provider_id: str = ""  # spec.providerID, e.g. aws:///us-east-1a/i-0abc (empty on-premises)
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,7 @@ class NodeRecord:
         out = dict(self.agent_labels)
         if self.kube is not None:
             out.update({k: v for k, v in self.kube.labels.items() if k.startswith(GFD_PREFIX)})
+            out.update(cloud_labels(self.kube.labels, self.kube.provider_id))  # provider, region, zone, type
             if self.kube.capacity_gpus is not None:
                 out[K8S_CAPACITY_LABEL] = str(self.kube.capacity_gpus)
             if self.kube.allocatable_gpus is not None:

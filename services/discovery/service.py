@@ -124,6 +124,7 @@ def list_kube_nodes(api: Any, cluster: str, now: float) -> KubeNodesListed:
                 capacity_gpus=_count(capacity.get(core.GPU_RESOURCE)),
                 allocatable_gpus=_count(allocatable.get(core.GPU_RESOURCE)),
                 unschedulable=bool(n.spec.unschedulable) if n.spec else False,
+                provider_id=(n.spec.provider_id or "") if n.spec else "",
             )
         )
     return KubeNodesListed(cluster=cluster, at=now, nodes=tuple(sorted(nodes, key=lambda k: k.name)))

@@ -214,6 +214,8 @@ class GatewayState:
     prices: dict[str, PriceSet] = field(default_factory=dict)  # by GPU model
     idle_cost: float = 0.0
     idle_gpu_seconds: float = 0.0
+    # idle cost by where the GPUs were: (provider, region, cluster), from CostAccrued (issue 18)
+    idle_by_place: dict[tuple[str, str, str], float] = field(default_factory=dict)
     currency: str = "USD"
     faults_total: int = 0
     timeline: deque[TimelineEntry] = field(default_factory=lambda: deque(maxlen=MAX_TIMELINE))
@@ -486,12 +488,15 @@ def _quota(state: GatewayState, event: PoolDefined | TeamQuotaSet | FairShareUpd
 def _billing(state: GatewayState, event: PriceSet | CostAccrued | BudgetExceeded) -> None:
     match event:
         case PriceSet():
-            state.prices[event.gpu_model] = event
+            if event.gpu_model:  # instance-type and cluster prices are billing's; the live rate is by model
+                state.prices[event.gpu_model] = event
             state.currency = event.currency
         case CostAccrued():
             if event.idle or event.team is None:
                 state.idle_cost += event.cost
                 state.idle_gpu_seconds += event.gpu_seconds
+                place = (event.provider or "unknown", event.region or "", event.cluster or "")
+                state.idle_by_place[place] = state.idle_by_place.get(place, 0.0) + event.cost
             else:
                 team = state.team(event.team)
                 team.cost += event.cost

@@ -181,6 +181,15 @@ class PriceView(msgspec.Struct, kw_only=True):
     currency: str
 
 
+class IdlePlace(msgspec.Struct, kw_only=True):
+    """Where idle money goes: idle cost by provider, region and cluster of the GPUs."""
+
+    provider: str
+    region: str
+    cluster: str
+    idle_cost: float
+
+
 class CostView(msgspec.Struct, kw_only=True):
     currency: str
     total: float
@@ -189,6 +198,7 @@ class CostView(msgspec.Struct, kw_only=True):
     rate_per_hour: float
     by_team: list[TeamCost]
     prices: list[PriceView]
+    idle_by_place: list[IdlePlace] = []
 
 
 class TimelineView(msgspec.Struct, kw_only=True):
@@ -539,6 +549,10 @@ def cost(state: GatewayState) -> CostView:
         prices=[
             PriceView(gpu_model=p.gpu_model, price_per_gpu_hour=p.price_per_gpu_hour, currency=p.currency)
             for p in sorted(state.prices.values(), key=lambda p: p.gpu_model)
+        ],
+        idle_by_place=[
+            IdlePlace(provider=p, region=r, cluster=c, idle_cost=round(v, 4))
+            for (p, r, c), v in sorted(state.idle_by_place.items(), key=lambda kv: (-kv[1], kv[0]))
         ],
     )
 

@@ -111,10 +111,18 @@ class QuotaService:
             "critical": event.critical,
         }
         if req.budget is not None:
-            budget = BudgetSet(team=req.team, at=event.at, amount=req.budget, currency=req.currency, period=req.period)
+            budget = BudgetSet(
+                team=req.team,
+                at=event.at,
+                amount=req.budget,
+                currency=req.currency,
+                period=req.period,
+                on_budget=req.on_budget,
+            )
             check_event(budget)
             await self._record(budget, stable_id("budget", req.team, event.at))
             result["budget"] = req.budget
+            result["on_budget"] = req.on_budget.value
         return result
 
     async def pool_set(self, req: PoolSetRequest) -> dict[str, Any]:

@@ -306,6 +306,8 @@ _SCHEMAS: dict[str, pa.Schema] = {
             ("at", TS),
             ("price_per_gpu_hour", pa.float64()),
             ("currency", pa.string()),
+            ("instance_type", pa.string()),
+            ("cluster", pa.string()),
         ]
     ),
     "budgets": pa.schema(
@@ -331,6 +333,9 @@ _SCHEMAS: dict[str, pa.Schema] = {
             ("job_id", pa.string()),
             ("pool", pa.string()),
             ("idle", pa.uint8()),
+            ("cluster", pa.string()),
+            ("provider", pa.string()),
+            ("region", pa.string()),
         ]
     ),
 }
@@ -387,6 +392,8 @@ def build_tables(items: list[Recorded]) -> dict[str, pa.Table]:
                 at=_ms(e.at),
                 price_per_gpu_hour=e.price_per_gpu_hour,
                 currency=e.currency,
+                instance_type=e.instance_type or "",
+                cluster=e.cluster or "",
             )
         elif isinstance(e, BudgetSet):
             cols["budgets"].add(
@@ -405,6 +412,9 @@ def build_tables(items: list[Recorded]) -> dict[str, pa.Table]:
                 job_id=e.job_id or "",
                 pool=e.pool or "",
                 idle=int(e.idle),
+                cluster=e.cluster or "",
+                provider=e.provider or "",
+                region=e.region or "",
             )
     tables: dict[str, pa.Table] = {}
     sample_table = sample_columns(samples)

@@ -1,30 +1,36 @@
-"""Kubernetes batch Jobs, the way Kueue does it: a Job labeled `chamber.io/team` and created with
-`spec.suspend: true` is picked up as a Chamber job; admission writes node affinity for the chosen
-nodes and unsuspends it; preemption suspends it again; the Job's completion or failure becomes a
-job event. Each cluster's actuator acts only on its own cluster's Jobs.
+"""Kubernetes workloads, the way Kueue does it: a workload that names a team (`chamber.io/team`, or a
+Kueue queue through its namespace's binding) and is created held (suspended, or gated for a Pod) is
+picked up as a Chamber job; admission pins its GPU pods to the chosen nodes (keeping the user's own
+affinity) and releases it; preemption suspends it again and restores the user's affinity; its
+completion or failure becomes a job event. Kinds: `services.kube.kinds`. Each cluster's actuator acts
+only on its own cluster's workloads.
 
 `reconcile(...)` is pure and level-triggered (desired state from the scheduler's state, observed
-state from one list of Jobs), so a missed or repeated round never leaves a Job wrong for long.
-`KubernetesJobs` is the thin adapter over the real `kubernetes` client.
+state from one list per kind), so a missed or repeated round never leaves a workload wrong for long.
+A workload its namespace may not charge to the named team, or that Chamber cannot place as written,
+is never submitted: `Refuse` becomes a Kubernetes Event on it saying why.
+`KubernetesWorkloads` (services.kube.cluster) is the adapter over the real `kubernetes` client.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from events import Event, JobCompleted, JobFailed, JobSpec, JobSubmitted, PriorityClass
+from events import Event, JobCompleted, JobFailed, JobSpec, JobSubmitted
 from events.codec import stable_id
-from events.names import InvalidName, normalize_team
+from services.kube.bindings import PREEMPTIBLE_LABEL as PREEMPTIBLE_LABEL
+from services.kube.bindings import PRIORITY_LABEL as PRIORITY_LABEL
+from services.kube.bindings import TEAM_LABEL as TEAM_LABEL
+from services.kube.bindings import Bindings, Claim, claim
+from services.kube.kinds import BatchJob, Observed, WorkloadKind, owned_by_workload
+from services.kube.patches import Op, annotation_ops
+from services.kube.resources import WorkloadError
 from services.scheduler.core import FINISHED, JobState, SchedulerState
 
-TEAM_LABEL = "chamber.io/team"
-PRIORITY_LABEL = "chamber.io/priority"
-PREEMPTIBLE_LABEL = "chamber.io/preemptible"
-GPU_RESOURCE = "nvidia.com/gpu"
-HOSTNAME_LABEL = "kubernetes.io/hostname"
-# Set on a Job as it is suspended: the job should checkpoint now (its pods then get SIGTERM and their
-# grace period: the job's own signal); it resumes from that checkpoint wherever it is placed next.
+OPEN = Bindings(open=True)
+# Set on a workload as it is suspended: the job should checkpoint now; it resumes from that checkpoint
+# wherever it is placed next.
 CHECKPOINT_ANNOTATION = "chamber.io/checkpoint-requested"
 
 
@@ -33,137 +39,121 @@ class Admit:
     namespace: str
     name: str
     nodes: tuple[str, ...]
+    kind: str = "Job"
+    ops: tuple[Op, ...] = field(default=(), compare=False)
 
 
 @dataclass(frozen=True)
 class Suspend:
     namespace: str
     name: str
-    reason: str = ""  # why (preempted, requeued off an isolated GPU or a slowdown culprit)
+    kind: str = "Job"
+    ops: tuple[Op, ...] = field(default=(), compare=False)
+    reason: str = field(default="", compare=False)  # why (preempted, requeued off an isolated GPU or a culprit)
 
 
-Action = Admit | Suspend
+@dataclass(frozen=True)
+class Refuse:
+    """Never admitted; the Event says why (once per object: the actuator remembers the uid)."""
+
+    namespace: str
+    name: str
+    kind: str
+    uid: str
+    reason: str
 
 
-def job_id(cluster: str, namespace: str, name: str) -> str:
-    return f"k8s-{cluster}-{namespace}-{name}"
+Action = Admit | Suspend | Refuse
 
 
-def _gpus(pod_spec: dict[str, Any]) -> int:
-    total = 0
-    for container in pod_spec.get("containers") or []:
-        limits = (container.get("resources") or {}).get("limits") or {}
-        total += int(str(limits.get(GPU_RESOURCE, 0)))
-    return total
+def job_id(cluster: str, namespace: str, name: str, kind: WorkloadKind | None = None) -> str:
+    if kind is None or isinstance(kind, BatchJob):
+        return f"k8s-{cluster}-{namespace}-{name}"  # batch Jobs keep their ids from before other kinds
+    return f"k8s-{cluster}-{namespace}-{kind.short}-{name}"
 
 
-def _finished(job: dict[str, Any]) -> str | None:
-    for cond in (job.get("status") or {}).get("conditions") or []:
-        if cond.get("status") == "True" and cond.get("type") in ("Complete", "Failed"):
-            return str(cond["type"])
-    return None
-
-
-def spec_of(job: dict[str, Any], cluster: str) -> JobSpec | None:
-    """The Chamber job a labeled Kubernetes Job asks for; None if it is not one of ours or asks no GPU."""
-    meta = job.get("metadata") or {}
-    labels = meta.get("labels") or {}
-    team = labels.get(TEAM_LABEL)
-    spec = job.get("spec") or {}
-    gpus = _gpus(((spec.get("template") or {}).get("spec")) or {})
-    if not team or gpus < 1:
-        return None
+def spec_of(kind: WorkloadKind, obj: dict[str, Any], cluster: str, bindings: Bindings = OPEN) -> JobSpec | str | None:
+    """The Chamber job a workload asks for; a refusal (why, and the fix); None if it is not Chamber's or
+    asks no GPU."""
+    meta = obj.get("metadata") or {}
+    claimed = claim(meta.get("labels") or {}, meta.get("namespace") or "", bindings)
+    if not isinstance(claimed, Claim):
+        return claimed
     try:
-        team = normalize_team(team)  # the one team rule: `Vision` is vision; `../..` is no team
-    except InvalidName:
+        demand = kind.demand(obj)
+    except WorkloadError as exc:
+        return str(exc)
+    if demand is None:
         return None
-    try:
-        priority = PriorityClass(labels.get(PRIORITY_LABEL, "normal"))
-    except ValueError:
-        priority = PriorityClass.NORMAL
+    if (why := kind.check(obj)) is not None:
+        return why
     return JobSpec(
-        team=team,
-        gpus_per_replica=gpus,
-        replicas=int(spec.get("parallelism") or 1),
-        priority=priority,
+        team=claimed.team,
+        gpus_per_replica=demand.gpus_per_pod,
+        replicas=demand.pods,
+        priority=claimed.priority,
         name=meta["name"],
         namespace=meta["namespace"],
         cluster=cluster,
-        preemptible=labels.get(PREEMPTIBLE_LABEL, "true").lower() != "false",
+        preemptible=claimed.preemptible and kind.preemptible,
     )
 
 
 def reconcile(
-    state: SchedulerState, jobs: list[dict[str, Any]], cluster: str, now: float
+    state: SchedulerState,
+    observed: list[Observed] | list[tuple[WorkloadKind, dict[str, Any]]] | list[dict[str, Any]],
+    cluster: str,
+    now: float,
+    bindings: Bindings = OPEN,
 ) -> tuple[list[tuple[Event, str]], list[Action]]:
-    """Compare the scheduler's decisions with the cluster's Jobs: events to record, patches to make."""
+    """Compare the scheduler's decisions with the cluster's workloads: events to record, patches to make.
+    Plain dicts are batch Jobs."""
+    items = [Observed(*o) if isinstance(o, tuple) else Observed(BatchJob(), o) for o in observed]
     events: list[tuple[Event, str]] = []
     actions: list[Action] = []
-    for job in sorted(jobs, key=lambda j: (j["metadata"]["namespace"], j["metadata"]["name"])):
-        meta = job["metadata"]
+    for item in sorted(items, key=lambda o: (o.obj["metadata"]["namespace"], o.kind.kind, o.obj["metadata"]["name"])):
+        kind, obj = item.kind, item.obj
+        if owned_by_workload(obj):
+            continue  # admitted through its owner
+        meta = obj["metadata"]
         ns, name, uid = meta["namespace"], meta["name"], meta.get("uid", "")
-        jid = job_id(cluster, ns, name)
+        jid = job_id(cluster, ns, name, kind)
         known = state.jobs.get(jid)
-        suspended = bool((job.get("spec") or {}).get("suspend"))
-        done = _finished(job)
+        held = kind.held(obj)
+        done = kind.finished(obj)
         if known is None:
-            spec = spec_of(job, cluster)
-            if spec is not None and suspended and done is None:
-                events.append(
-                    (JobSubmitted(job_id=jid, at=now, spec=spec), stable_id("k8s-submitted", cluster, uid, jid))
-                )
+            if held and done is None:
+                spec = spec_of(kind, obj, cluster, bindings)
+                if isinstance(spec, str):
+                    actions.append(Refuse(ns, name, kind.kind, uid, spec))
+                elif spec is not None:
+                    events.append(
+                        (JobSubmitted(job_id=jid, at=now, spec=spec), stable_id("k8s-submitted", cluster, uid, jid))
+                    )
             continue
         if known.state in FINISHED:
-            if known.state == JobState.CANCELLED and not suspended and done is None:
-                actions.append(Suspend(ns, name))
+            if known.state == JobState.CANCELLED and not held and done is None:
+                actions += _suspend(kind, obj, ns, name)
             continue
         if done == "Complete":
             events.append((JobCompleted(job_id=jid, at=now), stable_id("k8s-completed", cluster, uid, jid)))
         elif done == "Failed":
-            event = JobFailed(job_id=jid, at=now, reason="the Kubernetes Job failed")
+            event = JobFailed(job_id=jid, at=now, reason=f"the Kubernetes {kind.kind} failed")
             events.append((event, stable_id("k8s-failed", cluster, uid, jid)))
-        elif known.state == JobState.RUNNING and suspended:
+        elif known.state == JobState.RUNNING and held:
             nodes = tuple(sorted({p.node for p in known.placements if p.cluster == cluster}))
-            actions.append(Admit(ns, name, nodes))
-        elif known.state != JobState.RUNNING and not suspended:
-            actions.append(Suspend(ns, name, known.reason))
+            actions.append(Admit(ns, name, nodes, kind.kind, tuple(kind.admit_ops(obj, nodes))))
+        elif known.state != JobState.RUNNING and not held:
+            actions += _suspend(kind, obj, ns, name, known.reason)
     return events, actions
 
 
-class KubernetesJobs:
-    """The adapter: list labeled Jobs, admit (affinity, then unsuspend), suspend."""
-
-    def __init__(self, api: Any) -> None:
-        self.api = api  # kubernetes.client.BatchV1Api
-
-    def list(self) -> list[dict[str, Any]]:
-        result = self.api.list_job_for_all_namespaces(label_selector=TEAM_LABEL)
-        client = self.api.api_client
-        return [client.sanitize_for_serialization(item) for item in result.items]
-
-    def act(self, action: Action) -> None:
-        if isinstance(action, Admit):
-            # While the Job is suspended its pod template's scheduling directives may change
-            # (Kubernetes >= 1.27): pin it to the chosen nodes first, then let it run.
-            affinity = {
-                "nodeAffinity": {
-                    "requiredDuringSchedulingIgnoredDuringExecution": {
-                        "nodeSelectorTerms": [
-                            {
-                                "matchExpressions": [
-                                    {"key": HOSTNAME_LABEL, "operator": "In", "values": list(action.nodes)}
-                                ]
-                            }
-                        ]
-                    }
-                }
-            }
-            self.api.patch_namespaced_job(
-                action.name, action.namespace, {"spec": {"template": {"spec": {"affinity": affinity}}}}
-            )
-            self.api.patch_namespaced_job(action.name, action.namespace, {"spec": {"suspend": False}})
-        else:
-            patch: dict[str, Any] = {"spec": {"suspend": True}}
-            if action.reason:
-                patch["metadata"] = {"annotations": {CHECKPOINT_ANNOTATION: action.reason[:1000]}}
-            self.api.patch_namespaced_job(action.name, action.namespace, patch)
+def _suspend(kind: WorkloadKind, obj: dict[str, Any], ns: str, name: str, reason: str = "") -> list[Action]:
+    """Suspend (or gate) the workload; with a reason, also ask it to checkpoint now: the annotation says
+    why, and its pods' SIGTERM and grace period are the job's own signal to save its state."""
+    ops = kind.suspend_ops(obj)
+    if ops is None:
+        return []
+    if reason:
+        ops = [*ops, *annotation_ops(obj, CHECKPOINT_ANNOTATION, reason[:1000])]
+    return [Suspend(ns, name, kind.kind, tuple(ops), reason)]

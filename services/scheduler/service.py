@@ -1,6 +1,6 @@
 """`chamber service scheduler`: the shell around the scheduler core.
 
-Reads JOBS, FLEET and QUOTA from the start on every start (state is derived, never stored), waits
+Reads JOBS, FLEET, QUOTA and BILLING from the start on every start (state is derived, never stored), waits
 until it has caught up, then runs a cycle every `--interval` seconds: decide -> publish the
 decisions' events (deterministic ids) -> fold them back when they arrive from the stream. It runs
 no new cycle while its own events are still on their way, so state only ever comes from the log,
@@ -35,6 +35,7 @@ from services.runtime.commands import CommandRefused, page_of_rows
 from services.runtime.host import ServiceContext, serve
 from services.runtime.lease import ENV_NAME, ENV_TTL, LeaderLease
 from services.runtime.logs import get_logger
+from services.scheduler.actuator import KubernetesActuator
 from services.scheduler.core import (
     FINISHED,
     QUEUED,
@@ -51,7 +52,6 @@ from services.scheduler.core.door import size_warnings, submitted
 from services.scheduler.core.pools import job_pool
 from services.scheduler.core.quota import critical_block
 from services.scheduler.core.state import DEFAULT_TOPOLOGY_KEY
-from services.scheduler.kubernetes import KubernetesJobs, reconcile
 from services.scheduler.policy_options import add_policy_arguments, policy_from_args
 from services.scheduler.replay import caught_up
 
@@ -210,41 +210,21 @@ class Scheduler:
         return found
 
 
-class KubernetesActuator:
-    """Level-triggered reconciliation of this cluster's labeled Jobs with the scheduler's state."""
-
-    def __init__(self, scheduler: Scheduler, cluster: str) -> None:
-        from kubernetes import client, config
-
-        try:
-            config.load_incluster_config()
-        except config.ConfigException:
-            config.load_kube_config()
-        self.jobs = KubernetesJobs(client.BatchV1Api())
-        self.scheduler = scheduler
-        self.cluster = cluster
-
-    async def tick(self, now: float) -> None:
-        sched = self.scheduler
-        if not sched.ready or sched.ctx is None or not sched.synced:
-            return
-        listed = await asyncio.to_thread(self.jobs.list)
-        events, actions = reconcile(sched.state, listed, self.cluster, now)
-        for event, event_id in events:
-            await sched.ctx.publisher.publish(event, id=event_id)
-        for action in actions:
-            await asyncio.to_thread(self.jobs.act, action)
-            log.info(
-                "kubernetes job updated", action=type(action).__name__, namespace=action.namespace, job=action.name
-            )
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_cluster_option(parser)
     parser.add_argument(
         "--kubernetes",
         action="store_true",
-        help="admit and suspend Kubernetes Jobs labeled chamber.io/team in this --cluster (in-cluster or kubeconfig)",
+        default=os.environ.get("CHAMBER_SCHEDULER_KUBERNETES", "").strip().lower() in ("1", "true", "yes"),
+        help="admit and suspend Kubernetes workloads labeled chamber.io/team or kueue.x-k8s.io/queue-name in this "
+        "--cluster (in-cluster or kubeconfig; default $CHAMBER_SCHEDULER_KUBERNETES, which the chart sets)",
+    )
+    parser.add_argument(
+        "--bindings",
+        default=os.environ.get("CHAMBER_KUBE_BINDINGS") or None,
+        metavar="FILE",
+        help="namespace -> team bindings and Kueue names (YAML; default $CHAMBER_KUBE_BINDINGS; none: any "
+        "namespace may charge any team)",
     )
     parser.add_argument("--kubernetes-interval", type=float, default=2.0, help="seconds between reconciliations")
     parser.add_argument("--interval", type=float, default=0.5, help="seconds between cycles (default 0.5)")
@@ -279,6 +259,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
     scheduler = Scheduler(args)
+    # Bad bindings or no cluster: said at start, before anything connects.
+    actuator = KubernetesActuator(scheduler, args.cluster, args.bindings) if args.kubernetes else None
 
     async def setup(ctx: ServiceContext) -> None:
         scheduler.ctx = ctx
@@ -288,14 +270,14 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
             lease = LeaderLease(ctx.js, args.leader_lease.strip(), holder, ttl_s=args.leader_lease_ttl)
             scheduler.lease = lease
             ctx.task(lambda: lease.run(ctx.stop))
-        for stream in ("FLEET", "QUOTA", "JOBS"):
+        for stream in ("FLEET", "QUOTA", "JOBS", "BILLING"):  # BILLING: BudgetExceeded (budgets act)
             ctx.consume(ConsumerOptions(stream=stream, durable=None), handler=scheduler.on_event)
         ctx.command("submit", SubmitRequest, scheduler.submit)
         ctx.command("cancel", CancelRequest, scheduler.cancel)
         ctx.command("queue", QueueRequest, scheduler.queue)
         ctx.command("explain", ExplainRequest, scheduler.explain)
         ctx.every(args.interval, scheduler.tick)
-        if args.kubernetes:
-            ctx.every(args.kubernetes_interval, KubernetesActuator(scheduler, args.cluster).tick)
+        if actuator is not None:
+            ctx.every(args.kubernetes_interval, actuator.tick)
 
     await serve(NAME, args.nats, setup, stop)

@@ -14,7 +14,9 @@ import re
 from datetime import UTC, datetime
 from typing import Any
 
-GROUPS = {"pool": "pool", "model": "model", "node": "node", "team": "team"}
+GROUPS = {"pool": "m.pool", "model": "m.model", "node": "m.node", "team": "team", "cluster": "m.cluster"}
+# Where a node runs (discovery's chamber.io/ labels, recorded with the inventory): per provider or region.
+PLACES = {"provider": "chamber.io/provider", "region": "chamber.io/region"}
 METRICS = (
     "capacity_gpu_hours",
     "allocated_gpu_hours",
@@ -68,18 +70,26 @@ def efficiency_sql(since: float, until: float, by: str | None = None) -> str:
             "NULL AS efficiency_score, NULL AS stranded_gpu_hours, NULL AS idle_cost, NULL AS idle_gpus_now "
             f"FROM team_minutes({args}) GROUP BY team ORDER BY team"
         )
-    key = GROUPS[by] if by else "'fleet'"
+    source = f"gpu_minutes({args}) AS m"
+    if by in PLACES:
+        key = "if(d.place = '', 'unknown', d.place)"
+        source += (
+            f" LEFT JOIN (SELECT cluster, node, any(labels['{PLACES[by]}']) AS place FROM gpu_dim "
+            "GROUP BY cluster, node) AS d ON d.cluster = m.cluster AND d.node = m.node"
+        )
+    else:
+        key = GROUPS[by] if by else "'fleet'"
     last_minute = f"toStartOfMinute(toDateTime64('{sql_time(until)}', 3, 'UTC')) - INTERVAL 1 MINUTE"
     return (
-        f"SELECT {key} AS key, sum(capacity_s) / 3600 AS capacity_gpu_hours, "
-        "sum(allocated_s) / 3600 AS allocated_gpu_hours, sum(busy_s) / 3600 AS busy_gpu_hours, "
+        f"SELECT {key} AS key, sum(m.capacity_s) / 3600 AS capacity_gpu_hours, "
+        "sum(m.allocated_s) / 3600 AS allocated_gpu_hours, sum(m.busy_s) / 3600 AS busy_gpu_hours, "
         "if(capacity_gpu_hours > 0, allocated_gpu_hours / capacity_gpu_hours, NULL) AS allocation_ratio, "
         "if(allocated_gpu_hours > 0, busy_gpu_hours / allocated_gpu_hours, NULL) AS usage_ratio, "
         "if(capacity_gpu_hours > 0, busy_gpu_hours / capacity_gpu_hours, NULL) AS efficiency_score, "
-        "sum(stranded_s) / 3600 AS stranded_gpu_hours, sum(idle_cost) AS idle_cost, "
-        f"uniqExactIf((cluster, node, gpu_index), minute = {last_minute} AND capacity_s > 0 AND allocated_s = 0) "
-        "AS idle_gpus_now "
-        f"FROM gpu_minutes({args}) GROUP BY key ORDER BY key"
+        "sum(m.stranded_s) / 3600 AS stranded_gpu_hours, sum(m.idle_cost) AS idle_cost, "
+        f"uniqExactIf((m.cluster, m.node, m.gpu_index), m.minute = {last_minute} AND m.capacity_s > 0 "
+        "AND m.allocated_s = 0) AS idle_gpus_now "
+        f"FROM {source} GROUP BY key ORDER BY key"
     )
 
 

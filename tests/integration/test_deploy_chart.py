@@ -125,7 +125,7 @@ def test_an_external_warehouse_or_nats_without_an_address_is_refused(helm: Path)
 
 def test_manage_installs_every_service_and_monitor_only_what_observes(rendered: dict[str, list[Doc]]) -> None:
     manage = components(rendered["default"], "Deployment")
-    assert manage == ALL_SERVICES
+    assert manage == ALL_SERVICES | {"webhook"}
     monitor = rendered["monitor"]
     assert components(monitor, "Deployment") == {"discovery", "health", "recorder", "gateway", "perf"}
     assert components(monitor, "DaemonSet") == {"agent"}
@@ -174,6 +174,8 @@ def test_the_gateway_listens_for_its_service_and_the_warehouse_clients_get_the_c
         names = [e["name"] for e in container["env"]]
         assert names.index("CHAMBER_CLICKHOUSE_PASSWORD") < names.index("CHAMBER_CLICKHOUSE_URL")  # $(VAR) order
     for d in kinds(docs, "Deployment"):
+        if d["spec"]["template"]["metadata"]["labels"].get("chamber.io/nats-client") != "true":
+            continue  # the admission webhook uses no NATS
         names = [e["name"] for e in d["spec"]["template"]["spec"]["containers"][0]["env"]]
         assert names.index("CHAMBER_NATS_PASSWORD") < names.index("CHAMBER_NATS_URL"), d["metadata"]["name"]
 
@@ -204,6 +206,12 @@ def test_manage_rbac_is_exactly_nodes_for_health_and_batch_jobs_for_the_schedule
         ("chamber-health", ("",), ("nodes",)): ["get", "list", "watch", "patch"],
         ("chamber-health", ("",), ("nodes/status",)): ["get", "patch"],
         ("chamber-scheduler", ("batch",), ("jobs",)): ["get", "list", "watch", "patch", "update"],
+        ("chamber-scheduler", ("jobset.x-k8s.io",), ("jobsets",)): ["get", "list", "watch", "patch"],
+        ("chamber-scheduler", ("trainer.kubeflow.org",), ("trainjobs",)): ["get", "list", "watch", "patch"],
+        ("chamber-scheduler", ("kubeflow.org",), ("pytorchjobs", "mpijobs")): ["get", "list", "watch", "patch"],
+        ("chamber-scheduler", ("ray.io",), ("rayjobs",)): ["get", "list", "watch", "patch"],
+        ("chamber-scheduler", ("",), ("pods",)): ["get", "list", "watch", "patch"],
+        ("chamber-scheduler", ("",), ("events",)): ["create"],
     }
     for binding in kinds(rendered["default"], "ClusterRoleBinding"):
         [subject] = binding["subjects"]

@@ -1,192 +1,369 @@
-"""Kubernetes Jobs the Kueue way, with the real `kubernetes` client against a local stub of the API
-server that records every request: pick up a suspended labeled Job, admit it with node affinity
-and unsuspend, suspend it on preemption, report its completion."""
+"""Kubernetes workloads the Kueue way, with the real `kubernetes` client against the local API-server
+stub (tests/kube_stub.py) that records every request: pick up a held workload, admit it with node
+affinity (keeping the user's own) and release it, suspend it on preemption with the user's affinity
+restored, report its completion. Every kind: batch Job, JobSet, TrainJob, PyTorchJob, MPIJob, RayJob,
+plain Pods with a scheduling gate."""
 
 from __future__ import annotations
 
 import copy
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, HTTPServer
+from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from kubernetes import client
 
-from events import JobCompleted, JobSubmitted
-from services.scheduler.kubernetes import CHECKPOINT_ANNOTATION, Admit, KubernetesJobs, Suspend, reconcile
+from events import JobCompleted, JobSubmitted, PriorityClass
+from services.kube.bindings import Bindings, NamespaceBinding
+from services.kube.cluster import KubernetesWorkloads
+from services.kube.kinds import KINDS, kind_of
+from services.scheduler.kubernetes import CHECKPOINT_ANNOTATION, Admit, Refuse, Suspend, reconcile
+from tests.kube_stub import KubeStub, Request
+from tests.kube_workloads import (
+    USER_AFFINITY,
+    a_batch_job,
+    a_jobset,
+    a_pod,
+    a_pytorchjob,
+    a_rayjob,
+    a_trainjob,
+    an_mpijob,
+)
 from tests.scheduler_builders import Driver, a_job, a_node
 
 pytestmark = pytest.mark.integration
 
-
-def a_k8s_job(name: str, *, team: str = "vision", gpus: int = 4, parallelism: int = 2) -> dict[str, Any]:
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": name, "namespace": "ml", "uid": f"uid-{name}", "labels": {"chamber.io/team": team}},
-        "spec": {
-            "suspend": True,
-            "parallelism": parallelism,
-            "template": {
-                "spec": {
-                    "restartPolicy": "Never",
-                    "containers": [
-                        {"name": "train", "image": "trainer:1", "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}
-                    ],
-                }
-            },
-        },
-        "status": {},
-    }
-
-
-def _merge(into: dict[str, Any], patch: dict[str, Any]) -> None:
-    for k, v in patch.items():
-        if isinstance(v, dict) and isinstance(into.get(k), dict):
-            _merge(into[k], v)
-        else:
-            into[k] = v
-
-
-class ApiStub:
-    """Just enough of the API server: list Jobs by label, patch one; every request is recorded."""
-
-    def __init__(self) -> None:
-        self.jobs: dict[tuple[str, str], dict[str, Any]] = {}
-        self.requests: list[tuple[str, str, str | None, Any]] = []
-        stub = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def _reply(self, code: int, body: dict[str, Any]) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def do_GET(self) -> None:
-                stub.requests.append(("GET", self.path, None, None))
-                url = urlsplit(self.path)
-                if url.path == "/apis/batch/v1/jobs" and parse_qs(url.query) == {"labelSelector": ["chamber.io/team"]}:
-                    items = [copy.deepcopy(j) for _, j in sorted(stub.jobs.items())]
-                    self._reply(200, {"apiVersion": "batch/v1", "kind": "JobList", "metadata": {}, "items": items})
-                else:
-                    self._reply(404, {"kind": "Status", "code": 404})
-
-            def do_PATCH(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                stub.requests.append(("PATCH", self.path, self.headers.get("Content-Type"), body))
-                parts = self.path.split("/")  # /apis/batch/v1/namespaces/<ns>/jobs/<name>
-                job = stub.jobs.get((parts[5], parts[7]))
-                if job is None:
-                    self._reply(404, {"kind": "Status", "code": 404})
-                    return
-                _merge(job, body)
-                self._reply(200, job)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = HTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_port}"
+CRDS = [
+    ("jobset.x-k8s.io", "v1alpha2"),
+    ("trainer.kubeflow.org", "v1alpha1"),
+    ("kubeflow.org", "v1"),
+    ("kubeflow.org", "v2beta1"),
+    ("ray.io", "v1"),
+]
+JSON_PATCH = "application/json-patch+json"
+SEL_TEAM, SEL_QUEUE = "labelSelector=chamber.io/team", "labelSelector=kueue.x-k8s.io/queue-name"
 
 
 @pytest.fixture
-def api() -> Iterator[ApiStub]:
-    stub = ApiStub()
-    yield stub
-    stub.server.shutdown()
+def api() -> Iterator[KubeStub]:
+    with KubeStub() as stub:
+        stub.api_groups = list(CRDS)
+        yield stub
 
 
-def test_a_suspended_labeled_job_is_admitted_preempted_and_completed(api: ApiStub) -> None:
-    config = client.Configuration()
-    config.host = api.url
-    jobs = KubernetesJobs(client.BatchV1Api(client.ApiClient(config)))
-    api.jobs[("ml", "train")] = a_k8s_job("train")
-    api.jobs[("ml", "unlabeled")] = {**a_k8s_job("unlabeled"), "metadata": {"name": "unlabeled", "namespace": "ml"}}
+def workloads(stub: KubeStub, skipped: list[str] | None = None) -> KubernetesWorkloads:
+    w = KubernetesWorkloads(client.ApiClient(client.Configuration(host=stub.url)))
+    w.detect(lambda kind: (skipped if skipped is not None else []).append(kind.kind))
+    return w
+
+
+def pinned(nodes: list[str], user: dict[str, Any] | None = None) -> dict[str, Any]:
+    terms = (user or {}).get("nodeAffinity", {}).get("requiredDuringSchedulingIgnoredDuringExecution", {})
+    host = {"key": "kubernetes.io/hostname", "operator": "In", "values": nodes}
+    out = copy.deepcopy(user or {})
+    out.setdefault("nodeAffinity", {})["requiredDuringSchedulingIgnoredDuringExecution"] = {
+        "nodeSelectorTerms": [
+            {**t, "matchExpressions": [*t.get("matchExpressions", []), host]}
+            for t in (terms.get("nodeSelectorTerms") or [{}])
+        ]
+    }
+    return out
+
+
+def test_a_held_job_is_admitted_with_the_users_affinity_kept_then_preempted_with_it_restored(api: KubeStub) -> None:
+    w = workloads(api)
+    api.add(a_batch_job("train", affinity=USER_AFFINITY))
+    api.add(a_batch_job("unlabeled", labels={}))
     d = Driver().given(a_node("n1", cluster="c1"), a_node("n2", cluster="c1"))
 
-    # picked up: a gang of 2 x 4 GPUs in cluster c1
-    events, actions = reconcile(d.state, jobs.list(), "c1", now=10.0)
-    assert api.requests == [("GET", "/apis/batch/v1/jobs?labelSelector=chamber.io/team", None, None)]
+    # picked up: a gang of 2 x 4 GPUs in cluster c1; one request per selector and kind
+    api.requests.clear()
+    events, actions = reconcile(d.state, w.list(), "c1", now=10.0)
+    assert [(r.method, r.path, r.query) for r in api.requests[:2]] == [
+        ("GET", "/apis/batch/v1/jobs", SEL_TEAM),
+        ("GET", "/apis/batch/v1/jobs", SEL_QUEUE),
+    ]
     [(submitted, _)] = events
     assert isinstance(submitted, JobSubmitted) and actions == []
-    assert (submitted.job_id, submitted.spec.team, submitted.spec.gpus_per_replica, submitted.spec.replicas) == (
-        "k8s-c1-ml-train",
-        "vision",
-        4,
-        2,
-    )
-    assert (submitted.spec.namespace, submitted.spec.name, submitted.spec.cluster) == ("ml", "train", "c1")
+    spec = submitted.spec
+    assert (submitted.job_id, spec.team, spec.gpus_per_replica, spec.replicas) == ("k8s-c1-ml-train", "vision", 4, 2)
+    assert (spec.namespace, spec.name, spec.cluster, spec.priority) == ("ml", "train", "c1", PriorityClass.NORMAL)
 
-    # admitted: node affinity for the chosen node, then unsuspended, in that order
+    # admitted: one JSON Patch pins the pods (the user's term keeps its GPU-product constraint),
+    # keeps the user's affinity in an annotation, and unsuspends
     d.given(submitted)
     d.cycle(now=11.0)
-    _, actions = reconcile(d.state, jobs.list(), "c1", now=12.0)
+    _, actions = reconcile(d.state, w.list(), "c1", now=12.0)
     assert actions == [Admit("ml", "train", ("n1",))]
     api.requests.clear()
-    jobs.act(actions[0])
+    w.patch(KINDS[0], "ml", "train", list(actions[0].ops))
     path = "/apis/batch/v1/namespaces/ml/jobs/train"
-    affinity = {
-        "nodeAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": {
-                "nodeSelectorTerms": [
-                    {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": ["n1"]}]}
-                ]
-            }
-        }
-    }
+    saved = json.dumps({"/spec/template/spec": USER_AFFINITY}, sort_keys=True)
     assert api.requests == [
-        (
+        Request(
             "PATCH",
             path,
-            "application/strategic-merge-patch+json",
-            {"spec": {"template": {"spec": {"affinity": affinity}}}},
-        ),
-        ("PATCH", path, "application/strategic-merge-patch+json", {"spec": {"suspend": False}}),
+            JSON_PATCH,
+            [
+                {"op": "add", "path": "/spec/template/spec/affinity", "value": pinned(["n1"], USER_AFFINITY)},
+                {"op": "add", "path": "/metadata/annotations", "value": {"chamber.io/user-affinity": saved}},
+                {"op": "add", "path": "/spec/suspend", "value": False},
+            ],
+        )
     ]
-    assert reconcile(d.state, jobs.list(), "c1", now=13.0) == ([], [])  # converged
+    job = api.get("batch/v1", "Job", "ml", "train")
+    assert job["spec"]["suspend"] is False
+    assert job["spec"]["template"]["spec"]["affinity"] == pinned(["n1"], USER_AFFINITY)
+    assert reconcile(d.state, w.list(), "c1", now=13.0) == ([], [])  # converged
 
-    # preempted by critical work: suspended again
+    # preempted by critical work: suspended again, and the user's own affinity is back as written
     d.given(a_node("n2", cluster="c1"), a_job("urgent", team="other", gpus=8, priority="critical", at=14, cluster="c1"))
     d.given(a_job("urgent2", team="other", gpus=8, priority="critical", at=14.5, cluster="c1"))
     d.cycle(now=15.0)
     assert d.state_of("k8s-c1-ml-train") == "suspended"
-    _, actions = reconcile(d.state, jobs.list(), "c1", now=16.0)
-    assert [(a.namespace, a.name) for a in actions] == [("ml", "train")]
-    assert isinstance(actions[0], Suspend) and "urgent" in actions[0].reason
+    _, actions = reconcile(d.state, w.list(), "c1", now=16.0)
+    assert actions == [Suspend("ml", "train")]
+    reason = actions[0].reason
+    assert isinstance(actions[0], Suspend) and "urgent" in reason
     api.requests.clear()
-    jobs.act(actions[0])
+    w.patch(KINDS[0], "ml", "train", list(actions[0].ops))
     # suspended with a checkpoint request (the annotation says why); the pods' SIGTERM is the job's signal
-    body = {"spec": {"suspend": True}, "metadata": {"annotations": {CHECKPOINT_ANNOTATION: actions[0].reason}}}
-    assert api.requests == [("PATCH", path, "application/strategic-merge-patch+json", body)]
+    assert api.requests == [
+        Request(
+            "PATCH",
+            path,
+            JSON_PATCH,
+            [
+                {"op": "add", "path": "/spec/suspend", "value": True},
+                {"op": "add", "path": "/spec/template/spec/affinity", "value": USER_AFFINITY},
+                {"op": "remove", "path": "/metadata/annotations/chamber.io~1user-affinity"},
+                {"op": "add", "path": "/metadata/annotations/chamber.io~1checkpoint-requested", "value": reason},
+            ],
+        )
+    ]
+    job = api.get("batch/v1", "Job", "ml", "train")
+    assert job["spec"]["template"]["spec"]["affinity"] == USER_AFFINITY
+    assert job["metadata"]["annotations"] == {CHECKPOINT_ANNOTATION: reason}
 
     # resumed and finished: the Job's Complete condition becomes JobCompleted
     d.given(JobCompleted(job_id="urgent", at=17.0))
     d.cycle(now=18.0)
-    _, actions = reconcile(d.state, jobs.list(), "c1", now=19.0)
-    jobs.act(actions[0])
-    api.jobs[("ml", "train")]["status"] = {"conditions": [{"type": "Complete", "status": "True"}], "succeeded": 2}
-    events, actions = reconcile(d.state, jobs.list(), "c1", now=20.0)
+    _, actions = reconcile(d.state, w.list(), "c1", now=19.0)
+    w.patch(KINDS[0], "ml", "train", list(actions[0].ops))
+    job["status"] = {"conditions": [{"type": "Complete", "status": "True"}], "succeeded": 2}
+    job = api.get("batch/v1", "Job", "ml", "train")
+    job["status"] = {"conditions": [{"type": "Complete", "status": "True"}], "succeeded": 2}
+    events, actions = reconcile(d.state, w.list(), "c1", now=20.0)
     assert [type(e).__name__ for e, _ in events] == ["JobCompleted"] and actions == []
 
 
-def test_each_cluster_acts_only_on_its_own_jobs(api: ApiStub) -> None:
-    config = client.Configuration()
-    config.host = api.url
-    jobs = KubernetesJobs(client.BatchV1Api(client.ApiClient(config)))
-    api.jobs[("ml", "train")] = a_k8s_job("train", gpus=8, parallelism=1)
+def test_each_cluster_acts_only_on_its_own_jobs(api: KubeStub) -> None:
+    w = workloads(api)
+    api.add(a_batch_job("train", gpus=8, parallelism=1))
     d = Driver().given(a_node("n1", cluster="c1"), a_node("m1", cluster="c2"))
-    [(submitted, _)] = reconcile(d.state, jobs.list(), "c2", now=1.0)[0]
+    [(submitted, _)] = reconcile(d.state, w.list(), "c2", now=1.0)[0]
     d.given(submitted)
     d.cycle(now=2.0)
     assert d.where("k8s-c2-ml-train") == {"m1": list(range(8))}  # the job names its cluster
-    assert reconcile(d.state, jobs.list(), "c2", now=3.0)[1] == [Admit("ml", "train", ("m1",))]
+    assert reconcile(d.state, w.list(), "c2", now=3.0)[1] == [Admit("ml", "train", ("m1",))]
+
+
+# kind, object, (GPUs per pod, pods), JSON pointers of the GPU pod templates, the suspend flag's pointer,
+# and the status that means it completed
+CASES = [
+    (a_jobset(), (8, 2), ["/spec/replicatedJobs/1/template/spec/template/spec"], "/spec/suspend",
+     {"conditions": [{"type": "Completed", "status": "True"}]}),
+    (a_pytorchjob(), (4, 4), ["/spec/pytorchReplicaSpecs/Master/template/spec",
+                              "/spec/pytorchReplicaSpecs/Worker/template/spec"], "/spec/runPolicy/suspend",
+     {"conditions": [{"type": "Succeeded", "status": "True"}]}),
+    (a_rayjob(), (8, 2), ["/spec/rayClusterSpec/workerGroupSpecs/0/template/spec"], "/spec/suspend",
+     {"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED"}),
+    (an_mpijob(), (8, 2), ["/spec/mpiReplicaSpecs/Worker/template/spec"], "/spec/runPolicy/suspend",
+     {"conditions": [{"type": "Succeeded", "status": "True"}]}),
+]  # fmt: skip
+
+
+def _at(obj: Any, pointer: str) -> Any:
+    for token in pointer.split("/")[1:]:
+        obj = obj[int(token)] if isinstance(obj, list) else obj[token]
+    return obj
+
+
+@pytest.mark.parametrize(
+    "workload,demand,templates,suspend,complete", CASES, ids=lambda c: getattr(c, "get", None) and c.get("kind")
+)
+def test_each_kind_is_submitted_admitted_suspended_and_completed(
+    api: KubeStub,
+    workload: dict[str, Any],
+    demand: tuple[int, int],
+    templates: list[str],
+    suspend: str,
+    complete: dict[str, Any],
+) -> None:
+    w = workloads(api)
+    stored = api.add(workload)
+    kind = kind_of(workload["apiVersion"], workload["kind"])
+    assert kind is not None
+    api_path = f"/apis/{workload['apiVersion']}/namespaces/ml/{kind.plural}/{stored['metadata']['name']}"
+    d = Driver().given(a_node("n1", cluster="c1"), a_node("n2", cluster="c1"))
+
+    [(submitted, _)] = reconcile(d.state, w.list(), "c1", now=1.0)[0]
+    assert (submitted.spec.gpus_per_replica, submitted.spec.replicas) == demand
+    assert submitted.job_id == f"k8s-c1-ml-{kind.short}-{stored['metadata']['name']}"
+    d.given(submitted)
+    d.cycle(now=2.0)
+    nodes = sorted(d.where(submitted.job_id))
+    [admit] = reconcile(d.state, w.list(), "c1", now=3.0)[1]
+    assert isinstance(admit, Admit) and admit.kind == workload["kind"] and list(admit.nodes) == nodes
+    api.requests.clear()
+    w.patch(kind, "ml", stored["metadata"]["name"], list(admit.ops))
+    [request] = api.requests
+    assert (request.method, request.path, request.content_type) == ("PATCH", api_path, JSON_PATCH)
+    obj = api.get(workload["apiVersion"], workload["kind"], "ml", stored["metadata"]["name"])
+    assert _at(obj, suspend) is False
+    for t in templates:
+        assert _at(obj, t)["affinity"] == pinned(nodes)
+    assert reconcile(d.state, w.list(), "c1", now=4.0) == ([], [])
+
+    # preempted: suspended, Chamber's affinity removed (the user had none)
+    d.given(a_job("urgent", team="other", gpus=8, replicas=2, priority="critical", at=5, cluster="c1"))
+    d.cycle(now=6.0)
+    [suspend_action] = reconcile(d.state, w.list(), "c1", now=7.0)[1]
+    assert isinstance(suspend_action, Suspend)
+    w.patch(kind, "ml", stored["metadata"]["name"], list(suspend_action.ops))
+    obj = api.get(workload["apiVersion"], workload["kind"], "ml", stored["metadata"]["name"])
+    assert _at(obj, suspend) is True
+    assert all("affinity" not in _at(obj, t) for t in templates)
+    assert "chamber.io/user-affinity" not in obj["metadata"].get("annotations", {})
+
+    obj["status"] = complete
+    d.given(JobCompleted(job_id="urgent", at=8.0))
+    d.cycle(now=9.0)
+    events, _ = reconcile(d.state, w.list(), "c1", now=10.0)
+    assert [type(e).__name__ for e, _ in events] == ["JobCompleted"]
+
+
+def test_a_trainjob_is_placed_by_an_override_entry_that_suspension_removes(api: KubeStub) -> None:
+    w = workloads(api)
+    original = api.add(a_trainjob())
+    d = Driver().given(a_node("n1", cluster="c1"), a_node("n2", cluster="c1"))
+    [(submitted, _)] = reconcile(d.state, w.list(), "c1", now=1.0)[0]
+    assert (submitted.spec.gpus_per_replica, submitted.spec.replicas) == (8, 2)
+    d.given(submitted)
+    d.cycle(now=2.0)
+    [admit] = reconcile(d.state, w.list(), "c1", now=3.0)[1]
+    api.requests.clear()
+    w.patch(KINDS[2], "ml", "tj", list(admit.ops))
+    [request] = api.requests
+    assert request.path == "/apis/trainer.kubeflow.org/v1alpha1/namespaces/ml/trainjobs/tj"
+    assert request.body == [
+        {
+            "op": "add",
+            "path": "/spec/podTemplateOverrides",
+            "value": [
+                *original["spec"]["podTemplateOverrides"],
+                {"targetJobs": [{"name": "node"}], "spec": {"affinity": pinned(["n1", "n2"])}},
+            ],
+        },
+        {"op": "add", "path": "/metadata/annotations", "value": {"chamber.io/placement-override": "1"}},
+        {"op": "add", "path": "/spec/suspend", "value": False},
+    ]
+    d.given(a_job("urgent", team="other", gpus=8, replicas=2, priority="critical", at=5, cluster="c1"))
+    d.cycle(now=6.0)
+    [suspend] = reconcile(d.state, w.list(), "c1", now=7.0)[1]
+    w.patch(KINDS[2], "ml", "tj", list(suspend.ops))
+    obj = api.get("trainer.kubeflow.org/v1alpha1", "TrainJob", "ml", "tj")
+    assert obj["spec"]["suspend"] is True
+    assert obj["spec"]["podTemplateOverrides"] == original["spec"]["podTemplateOverrides"]  # the user's, as written
+
+
+def test_a_gated_pod_gets_its_node_then_its_gate_lifted_and_is_never_preempted(api: KubeStub) -> None:
+    w = workloads(api)
+    pod = a_pod("p", gpus=2)
+    pod["spec"]["schedulingGates"].insert(0, {"name": "example.com/other"})
+    pod["spec"]["affinity"] = USER_AFFINITY
+    api.add(pod)
+    d = Driver().given(a_node("n1", cluster="c1"))
+    [(submitted, _)] = reconcile(d.state, w.list(), "c1", now=1.0)[0]
+    assert submitted.job_id == "k8s-c1-ml-pod-p" and submitted.spec.preemptible is False
+    d.given(submitted)
+    d.cycle(now=2.0)
+    [admit] = reconcile(d.state, w.list(), "c1", now=3.0)[1]
+    api.requests.clear()
+    w.patch(KINDS[-1], "ml", "p", list(admit.ops))
+    assert api.requests == [
+        Request(
+            "PATCH",
+            "/api/v1/namespaces/ml/pods/p",
+            JSON_PATCH,
+            [
+                {"op": "add", "path": "/spec/affinity", "value": pinned(["n1"], USER_AFFINITY)},
+                {"op": "test", "path": "/spec/schedulingGates/1", "value": {"name": "chamber.io/admission"}},
+                {"op": "remove", "path": "/spec/schedulingGates/1"},
+            ],
+        )
+    ]
+    obj = api.get("v1", "Pod", "ml", "p")
+    assert obj["spec"]["schedulingGates"] == [{"name": "example.com/other"}]  # only Chamber's gate lifted
+    assert reconcile(d.state, w.list(), "c1", now=4.0) == ([], [])
+    obj["status"] = {"phase": "Succeeded"}
+    events, _ = reconcile(d.state, w.list(), "c1", now=5.0)
+    assert [type(e).__name__ for e, _ in events] == ["JobCompleted"]
+
+
+def test_a_kind_whose_crd_is_missing_is_skipped_once_and_never_listed(api: KubeStub) -> None:
+    api.api_groups = [("kubeflow.org", "v1")]  # no JobSet, Trainer, Ray CRDs; MPIJob's v2beta1 absent too
+    skipped: list[str] = []
+    w = workloads(api, skipped)
+    assert skipped == ["JobSet", "TrainJob", "MPIJob", "RayJob"]
+    assert [k.kind for k in w.kinds] == ["Job", "PyTorchJob", "Pod"]
+    api.requests.clear()
+    w.list()
+    assert sorted({r.path for r in api.requests}) == [
+        "/api/v1/pods",
+        "/apis/batch/v1/jobs",
+        "/apis/kubeflow.org/v1/pytorchjobs",
+    ]
+
+
+def test_kueue_labels_name_the_team_through_the_namespace_binding_and_map_priorities(api: KubeStub) -> None:
+    w = workloads(api)
+    bindings = Bindings(
+        namespaces={"ml": NamespaceBinding(teams=["vision"], queues={"main": "vision"})},
+        priorities={"prod-critical": PriorityClass.CRITICAL},
+    )
+    api.add(
+        a_batch_job(
+            "kq", labels={"kueue.x-k8s.io/queue-name": "main", "kueue.x-k8s.io/priority-class": "prod-critical"}
+        )
+    )
+    [(submitted, _)] = reconcile(Driver().state, w.list(), "c1", now=1.0, bindings=bindings)[0]
+    assert (submitted.spec.team, submitted.spec.priority) == ("vision", PriorityClass.CRITICAL)
+
+
+def test_a_namespace_charging_a_team_it_is_not_bound_to_is_never_admitted_and_told_why(api: KubeStub) -> None:
+    w = workloads(api)
+    bindings = Bindings(namespaces={"ml": NamespaceBinding(teams=["vision"])})
+    stored = api.add(a_batch_job("steal", labels={"chamber.io/team": "research"}))
+    d = Driver().given(a_node("n1", cluster="c1"))
+    events, actions = reconcile(d.state, w.list(), "c1", now=1.0, bindings=bindings)
+    assert events == []
+    [refuse] = actions
+    assert isinstance(refuse, Refuse) and refuse.uid == stored["metadata"]["uid"]
+    assert "may not charge team 'research'" in refuse.reason and "vision" in refuse.reason
+    api.requests.clear()
+    w.event(KINDS[0], refuse.namespace, refuse.name, refuse.uid, "ChamberRefused", refuse.reason, now=1_700_000_000.0)
+    [request] = api.requests
+    assert (request.method, request.path) == ("POST", "/api/v1/namespaces/ml/events")
+    [event] = api.events
+    assert event["involvedObject"] == {
+        "apiVersion": "batch/v1", "kind": "Job", "name": "steal", "namespace": "ml", "uid": stored["metadata"]["uid"]
+    }  # fmt: skip
+    assert (event["type"], event["reason"], event["message"]) == ("Warning", "ChamberRefused", refuse.reason)
+    stamp = datetime.fromisoformat(event["firstTimestamp"].replace("Z", "+00:00"))
+    assert stamp == datetime(2023, 11, 14, 22, 13, 20, tzinfo=UTC)
+    d.cycle(now=2.0)
+    assert "k8s-c1-ml-steal" not in d.state.jobs
+    assert api.get("batch/v1", "Job", "ml", "steal")["spec"]["suspend"] is True  # still held

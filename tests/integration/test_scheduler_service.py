@@ -153,7 +153,14 @@ async def test_quota_commands_are_validated_and_listed_with_usage_and_fair_share
     assert (await request(nc, "quota", "pool_set", {"name": "hopper", "gpu_model": "H100"}))["pool"] == "hopper"
     payload = {"team": "nlp", "guaranteed_gpus": 8, "pool": "hopper", "weight": 2, "budget": 5e4}
     reply = await request(nc, "quota", "set", payload)
-    assert reply == {"team": "nlp", "pool": "hopper", "guaranteed": 8, "critical": False, "budget": 5e4}
+    assert reply == {
+        "team": "nlp",
+        "pool": "hopper",
+        "guaranteed": 8,
+        "critical": False,
+        "budget": 5e4,
+        "on_budget": "notify",
+    }
     rows = (await request(nc, "quota", "list", {}))["teams"]
     assert [(r["team"], r["pool"], r["guaranteed"], r["borrow_limit"], r["weight"]) for r in rows] == [
         ("nlp", "hopper", 8, None, 2.0),

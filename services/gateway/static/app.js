@@ -195,7 +195,9 @@ function renderTeams(teams) {
 function renderCost(c) {
   $("cost-currency").textContent = `${c.currency} · total ${money(c.total, c.currency)} · idle ${money(c.idle_cost, c.currency)}`;
   const rows = c.by_team.map((t) => ({ who: t.team, cost: t.cost, note: `${money(t.rate_per_hour, c.currency)}/h · ${t.gpu_hours.toFixed(1)} GPU-h${t.budget == null ? "" : ` · budget ${money(t.budget, c.currency)}`}`, cls: "cost", over: t.budget_exceeded }));
-  if (c.idle_cost > 0) rows.push({ who: "idle", cost: c.idle_cost, note: `${c.idle_gpu_hours.toFixed(1)} GPU-h unused`, cls: "idle" });
+  const places = c.idle_by_place || [];  // hybrid fleets: where the idle money goes
+  if (places.length > 1) places.forEach((p) => rows.push({ who: `idle: ${[p.provider, p.region, p.cluster].filter(Boolean).join(" ")}`, cost: p.idle_cost, note: "healthy GPUs no job held", cls: "idle" }));
+  else if (c.idle_cost > 0) rows.push({ who: "idle", cost: c.idle_cost, note: `${c.idle_gpu_hours.toFixed(1)} GPU-h unused`, cls: "idle" });
   const max = Math.max(1e-9, ...rows.map((r) => r.cost));
   $("cost").innerHTML = rows.map((r) => `<div class="bar-row" data-cost="${esc(r.who)}">
       <div class="who">${esc(r.who)}${r.over ? ' <span class="pill critical">over budget</span>' : ""}</div>

@@ -24,6 +24,7 @@ from collections.abc import Iterable, Iterator
 from events import PreemptionReason
 from services.scheduler.core import backfill, placement, preemption, quota
 from services.scheduler.core.backfill import estimate_s
+from services.scheduler.core.budget import held as budget_held
 from services.scheduler.core.decisions import Admit, Cycle, CycleMark, Decision, Preempt, Requeue, Reservation
 from services.scheduler.core.policy import CHAMBER, ORDERINGS, Policy, QueueKey
 from services.scheduler.core.pools import DEFAULT_POOL
@@ -116,6 +117,9 @@ def _cycle(state: SchedulerState, work: Work, now: float, full: bool, since: Cyc
             guard_at = min(guard_at, protected_at)
         if job.pool != DEFAULT_POOL and job.pool not in state.pools:
             waiting[jid] = f"pool {job.pool} is not defined (define it with `chamber quota pool set`)"
+            continue
+        if (hold := budget_held(state, job, now)) is not None:
+            waiting[jid] = hold
             continue
         shape = (
             job.pool,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from services.scheduler.core.budget import note as budget_note
 from services.scheduler.core.policy import CHAMBER, Policy
 from services.scheduler.core.state import FINISHED, QUEUED, Job, JobState, SchedulerState
 
@@ -99,6 +100,10 @@ def explain(
             text = f"{head} is pending ({pos}): {why}"
     else:
         text = f"{head} is {job.state.value}: {job.reason}"
+    if job.note:
+        text += f". Note: {job.note}"
+    elif now is not None and job.state not in FINISHED and (budget := budget_note(state, spec.team, now)):
+        text += f". Note: {budget}"
     return {
         "id": job.id,
         "state": job.state.value,

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from events import (
+    BudgetExceeded,
+    BudgetSet,
     Event,
     FairShareUpdated,
     GpuIsolated,
@@ -39,6 +41,7 @@ from events import (
     TeamQuotaSet,
 )
 from events.telemetry import GpuInfo
+from services.scheduler.core.budget import BudgetRule, demoted, fold_budget_exceeded, fold_budget_set
 from services.scheduler.core.capacity import Capacity
 from services.scheduler.core.pools import DEFAULT_POOL, PoolDef, job_pool, node_pool
 
@@ -78,6 +81,7 @@ class Job:
     preempt_reason: str | None = None
     preemptions: int = 0
     gpus: int = 0  # spec.total_gpus, kept as a field: read on every hot path
+    note: str = ""  # a standing remark for `chamber explain` (e.g. demoted by its team's budget)
 
     def __post_init__(self) -> None:
         self.gpus = self.spec.total_gpus
@@ -151,6 +155,7 @@ class SchedulerState:
     claims: dict[tuple[str, str], dict[int, str]] = field(default_factory=dict)
     capacity_epoch: int = 0  # bumped when capacity frees or the rules change: the next cycle is full
     pending_log: list[str] = field(default_factory=list)  # job ids as they (re)entered the queue
+    budgets: dict[str, BudgetRule] = field(default_factory=dict)  # team -> budget and its action (budget.py)
     _queue: list[tuple[int, float, float, str]] | None = None
     # Queued jobs per team in submit order, (submit time, id): first-come-first-served lines for
     # the head-of-line baselines (fifo, static-quota), so a cycle reads heads, not the whole queue.
@@ -214,7 +219,10 @@ def evolve(state: SchedulerState, event: Event) -> SchedulerState:
 def _submitted(s: SchedulerState, e: JobSubmitted) -> None:
     if e.job_id in s.jobs:
         return
-    job = Job(id=e.job_id, spec=e.spec, submitted_at=e.at, pool=job_pool(e.spec, s.team_pools), queued_since=e.at)
+    spec, note = demoted(s, e.spec, e.at)
+    job = Job(
+        id=e.job_id, spec=spec, submitted_at=e.at, pool=job_pool(spec, s.team_pools), queued_since=e.at, note=note
+    )
     job.reason = "submitted; waiting for the next scheduling cycle"
     s.jobs[job.id] = job
     s._enqueue(job)
@@ -508,6 +516,8 @@ _HANDLERS = {
     PoolDefined: _pool_defined,
     TeamQuotaSet: _quota_set,
     FairShareUpdated: _fair_share,
+    BudgetSet: fold_budget_set,
+    BudgetExceeded: fold_budget_exceeded,
 }
 
 __all__ = ["DEFAULT_POOL", "FINISHED", "QUEUED", "Job", "JobState", "Node", "Quota", "SchedulerState", "evolve"]

@@ -1,0 +1,109 @@
+"""The adapter over the real `kubernetes` client: which workload kinds this cluster serves, list the
+ones that name a team or a Kueue queue, apply Chamber's JSON patches, and post Events.
+
+A kind whose CRD is not installed is found missing once, at start (the API server's group list),
+and skipped with one log line; the batch Job and Pod kinds are always there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from services.kube.bindings import KUEUE_QUEUE_LABEL, TEAM_LABEL
+from services.kube.kinds import KINDS, BatchJob, Observed, Pod, WorkloadKind
+
+JSON_PATCH = "application/json-patch+json"
+SELECTORS = (TEAM_LABEL, KUEUE_QUEUE_LABEL)  # a selector cannot say "either", so one list each
+
+
+def serves(available: set[tuple[str, str]], kind: WorkloadKind) -> bool:
+    return kind.group in ("", "batch") or (kind.group, kind.version) in available
+
+
+class KubernetesWorkloads:
+    def __init__(self, api_client: Any, kinds: tuple[WorkloadKind, ...] = KINDS) -> None:
+        from kubernetes import client
+
+        self.api_client = api_client
+        self.core = client.CoreV1Api(api_client)
+        self.batch = client.BatchV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+        self.apis = client.ApisApi(api_client)
+        self.kinds = kinds
+
+    def detect(self, log: Callable[[WorkloadKind], None]) -> tuple[WorkloadKind, ...]:
+        """Keep the kinds the API server serves; `log(kind)` once for each one skipped."""
+        groups = self.apis.get_api_versions().groups or []
+        available = {(g.name, v.version) for g in groups for v in g.versions or []}
+        kept = []
+        for kind in self.kinds:
+            if serves(available, kind):
+                kept.append(kind)
+            else:
+                log(kind)
+        self.kinds = tuple(kept)
+        return self.kinds
+
+    def _list(self, kind: WorkloadKind, selector: str) -> list[Any]:
+        if isinstance(kind, BatchJob):
+            return list(self.batch.list_job_for_all_namespaces(label_selector=selector).items)
+        if isinstance(kind, Pod):
+            return list(self.core.list_pod_for_all_namespaces(label_selector=selector).items)
+        found = self.custom.list_cluster_custom_object(kind.group, kind.version, kind.plural, label_selector=selector)
+        return list(found.get("items") or [])
+
+    def list(self) -> list[Observed]:
+        found: list[Observed] = []
+        for kind in self.kinds:
+            seen: set[str] = set()
+            for selector in SELECTORS:
+                for item in self._list(kind, selector):
+                    obj = self.api_client.sanitize_for_serialization(item)
+                    obj.setdefault("apiVersion", kind.api_version)
+                    obj.setdefault("kind", kind.kind)
+                    uid = (obj.get("metadata") or {}).get("uid") or obj["metadata"]["name"]
+                    if uid not in seen:
+                        seen.add(uid)
+                        found.append(Observed(kind, obj))
+        return found
+
+    def patch(self, kind: WorkloadKind, namespace: str, name: str, ops: list[dict[str, Any]]) -> None:
+        if not ops:
+            return
+        if isinstance(kind, BatchJob):
+            self.batch.patch_namespaced_job(name, namespace, ops)  # a list body goes as JSON Patch
+        elif isinstance(kind, Pod):
+            self.core.patch_namespaced_pod(name, namespace, ops)
+        else:
+            self.custom.patch_namespaced_custom_object(
+                kind.group, kind.version, namespace, kind.plural, name, ops, _content_type=JSON_PATCH
+            )
+
+    def event(
+        self, kind: WorkloadKind, namespace: str, name: str, uid: str, reason: str, message: str, now: float
+    ) -> None:
+        """A Warning Event on the workload, as `kubectl describe` shows it."""
+        stamp = datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{name}.", "namespace": namespace},
+            "involvedObject": {
+                "apiVersion": kind.api_version,
+                "kind": kind.kind,
+                "name": name,
+                "namespace": namespace,
+                "uid": uid,
+            },
+            "type": "Warning",
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": "chamber-scheduler"},
+            "reportingComponent": "chamber.io/scheduler",
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }
+        self.core.create_namespaced_event(namespace, body)

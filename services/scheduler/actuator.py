@@ -1,0 +1,112 @@
+"""The scheduler's Kubernetes actuator (`--kubernetes`): each round, list this cluster's workloads,
+reconcile them with the scheduler's state (`services.scheduler.kubernetes.reconcile`, pure), publish
+what it learnt (submitted, completed, failed) and apply the patches; refusals become one Event each.
+Only the leader runs it (the scheduler's tick checks `synced`)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+from services.runtime.logs import get_logger
+from services.scheduler.kubernetes import Refuse, reconcile
+
+if TYPE_CHECKING:
+    from services.scheduler.service import Scheduler
+
+log = get_logger("chamber.scheduler")
+
+
+class KubernetesActuator:
+    """Level-triggered reconciliation of this cluster's workloads with the scheduler's state."""
+
+    def __init__(self, scheduler: Scheduler, cluster: str, bindings_file: str | None = None) -> None:
+        from kubernetes import client, config
+
+        from services.kube.bindings import Bindings, BindingsError
+        from services.kube.cluster import KubernetesWorkloads
+
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            try:
+                config.load_kube_config()
+            except config.ConfigException as exc:
+                raise SystemExit(f"chamber scheduler --kubernetes: no cluster to talk to ({exc})") from None
+        try:
+            self.bindings = Bindings.load(bindings_file)
+        except BindingsError as exc:
+            raise SystemExit(f"chamber scheduler: {exc}") from None
+        if self.bindings.open:
+            log.warning("no --bindings file: any namespace may charge any team")
+        self.workloads = KubernetesWorkloads(client.ApiClient())
+        self.detected = False
+        self.refused: set[str] = set()  # uids already given their Event
+        self.scheduler = scheduler
+        self.cluster = cluster
+
+    def _skipped(self, kind: Any) -> None:
+        log.info("workload kind skipped: its CRD is not installed", kind=kind.kind, api_version=kind.api_version)
+
+    async def tick(self, now: float) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        sched = self.scheduler
+        if not sched.ready or sched.ctx is None or not sched.synced:
+            return
+        if not self.detected:
+            await asyncio.to_thread(self.workloads.detect, self._skipped)
+            self.detected = True
+        listed = await asyncio.to_thread(self.workloads.list)
+        events, actions = reconcile(sched.state, listed, self.cluster, now, self.bindings)
+        for event, event_id in events:
+            await sched.ctx.publisher.publish(event, id=event_id)
+        kinds = {k.kind: k for k in self.workloads.kinds}
+        for action in actions:
+            if isinstance(action, Refuse):
+                if action.uid in self.refused:
+                    continue
+                self.refused.add(action.uid)  # said once, in the log at least, even if the Event fails
+                log.warning(
+                    "kubernetes workload refused",
+                    kind=action.kind,
+                    namespace=action.namespace,
+                    name=action.name,
+                    reason=action.reason,
+                )
+                try:
+                    await asyncio.to_thread(
+                        self.workloads.event,
+                        kinds[action.kind],
+                        action.namespace,
+                        action.name,
+                        action.uid,
+                        "ChamberRefused",
+                        action.reason,
+                        now,
+                    )
+                except ApiException as exc:
+                    log.warning("could not post the Event", name=action.name, status=exc.status)
+                continue
+            try:
+                await asyncio.to_thread(
+                    self.workloads.patch, kinds[action.kind], action.namespace, action.name, list(action.ops)
+                )
+            except ApiException as exc:  # one workload the API server refuses must not stall the others
+                log.warning(
+                    "kubernetes workload patch refused",
+                    kind=action.kind,
+                    namespace=action.namespace,
+                    name=action.name,
+                    status=exc.status,
+                    reason=str(exc.reason),
+                    body=str(exc.body)[:500],
+                )
+                continue
+            log.info(
+                "kubernetes workload updated",
+                action=type(action).__name__,
+                kind=action.kind,
+                namespace=action.namespace,
+                name=action.name,
+            )
