@@ -22,7 +22,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.kube.bindings import TEAM_RE
+from services.kube.bindings import is_team
 from services.kube.resources import GPU_RESOURCE
 
 KUEUE_GROUP = "kueue.x-k8s.io"
@@ -102,7 +102,7 @@ def _pools(flavors: list[dict[str, Any]], out: Conversion) -> dict[str, str | No
                 "Chamber pool selects by one: label those nodes with one key and define the pool with it"
             )
             pools[name] = None
-        elif not TEAM_RE.match(name):
+        elif not is_team(name):
             out.refused.append(f"ResourceFlavor {name}: {name!r} is not a valid pool name ([a-z0-9-])")
             pools[name] = None
         else:
@@ -120,7 +120,7 @@ def _queues(queues: list[dict[str, Any]], pools: dict[str, str | None], out: Con
     for cq in sorted(queues, key=_name):
         team, spec = _name(cq), cq.get("spec") or {}
         where = f"ClusterQueue {team}"
-        if not TEAM_RE.match(team):
+        if not is_team(team):
             out.refused.append(f"{where}: {team!r} is not a team name (lower-case letters, digits, '-')")
             continue
         for key, why in (
