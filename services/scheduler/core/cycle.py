@@ -21,7 +21,7 @@ import heapq
 import math
 from collections.abc import Iterable, Iterator
 
-from events import PreemptionReason
+from events import PreemptionReason, PriorityClass
 from services.scheduler.core import backfill, placement, preemption, quota
 from services.scheduler.core.backfill import estimate_s
 from services.scheduler.core.decisions import Admit, Cycle, CycleMark, Decision, Preempt, Requeue, Reservation
@@ -136,7 +136,9 @@ def _cycle(state: SchedulerState, work: Work, now: float, full: bool, since: Cyc
             continue
         # 3. nominate: the pool's backfill reservation, the team's quota, then placement
         res = reservations.get(job.pool)
-        behind, via_extra = backfill.check(res, job, key, now, order)
+        # Critical work (rare, and a per-team permission) is never held back by a reservation.
+        exempt = spec.priority == PriorityClass.CRITICAL
+        behind, via_extra = (None, False) if exempt else backfill.check(res, job, key, now, order)
         if behind is not None:
             waiting[jid] = behind
             continue
@@ -151,7 +153,11 @@ def _cycle(state: SchedulerState, work: Work, now: float, full: bool, since: Cyc
             if borrowed:
                 why += f", borrowing {borrowed} idle GPUs of pool {job.pool}"
             if res is not None and order(res.key) < order(key):
-                why += f"; backfilled ahead of {res.job_id} without delaying it"
+                why += (
+                    f"; critical: started ahead of {res.job_id}, which has GPUs reserved"
+                    if exempt
+                    else f"; backfilled ahead of {res.job_id} without delaying it"
+                )
                 if via_extra:
                     reservations[job.pool] = Reservation(
                         res.job_id, res.key, res.gpus, res.shadow_at, res.extra_gpus - job.gpus
