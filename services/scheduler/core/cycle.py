@@ -230,7 +230,7 @@ def _cycle(state: SchedulerState, work: Work, now: float, full: bool, since: Cyc
                     why += f"; GPUs reserved for it from about t={new_res.shadow_at:.0f}"
                     waiting[jid] = why
                     continue
-        failed[shape] = why
+        failed[shape] = why[len(guard) :]  # the same answer for the same shape, not the same guard
         waiting[jid] = why
 
     mark = CycleMark(state.capacity_epoch, len(state.pending_log), tuple(sorted(reservations.items())), guard_at)
