@@ -187,7 +187,7 @@ def current_quotas(bodies: list[str]) -> dict[str, TeamQuota]:
     out: dict[str, TeamQuota] = {}
     for body in bodies:
         q = msgspec.json.decode(body, type=TeamQuotaSet)
-        out[q.team] = TeamQuota(q.team, q.pool, q.guaranteed_gpus, q.borrow_limit, q.lend_limit, q.weight)
+        out[q.team] = TeamQuota(q.team, q.pool, q.guaranteed_gpus, q.borrow_limit, q.lend_limit, q.weight, q.critical)
     return out
 
 

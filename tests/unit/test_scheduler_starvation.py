@@ -292,3 +292,33 @@ def test_the_quota_command_records_the_critical_permission() -> None:
         ).critical
         is False
     )
+
+
+def test_critical_work_is_not_held_back_by_a_protected_jobs_reservation() -> None:
+    policy = replace(CHAMBER, starvation_bound_s=100.0, age_weight=0.0)
+    d = Driver().given(
+        a_node("n1"),
+        a_node("n2"),
+        a_job("h0", gpus=8, at=0, priority="high", estimate=60, preemptible=False),
+        a_job("gang", gpus=8, replicas=2, at=0, estimate=10),
+    )
+    schedule_and_fold(d, 0.0, policy)
+    d.given(a_job("crit", gpus=8, at=110, priority="critical", estimate=60))
+    schedule_and_fold(d, 110.0, policy)  # the gang is protected and holds the reservation
+    assert "protected by the starvation guard" in d.waiting["gang"]
+    assert d.state_of("crit") == "running"
+    assert "critical: started ahead of gang" in d.state.jobs["crit"].reason
+
+
+def test_explain_gives_the_position_the_next_cycle_uses() -> None:
+    d = Driver().given(
+        a_node("n1", gpus=1), a_job("fill", gpus=1, at=0), a_job("old-low", gpus=8, at=1, priority="low")
+    )
+    d.cycle(now=1.0)
+    d.given(a_job("new-normal", gpus=8, at=2))
+    bound = CHAMBER.starvation_bound_s
+    assert bound is not None
+    fresh = explain(d.state, "old-low", d.waiting, now=3.0, policy=CHAMBER)
+    assert fresh is not None and "position 2 of 2" in fresh["text"]  # class first
+    starving = explain(d.state, "old-low", d.waiting, now=1 + bound + 1, policy=CHAMBER)
+    assert starving is not None and "position 1 of 2" in starving["text"]  # protected: first in line

@@ -21,7 +21,7 @@ import heapq
 import math
 from collections.abc import Iterable, Iterator
 
-from events import PreemptionReason
+from events import PreemptionReason, PriorityClass
 from services.scheduler.core import backfill, placement, preemption, quota
 from services.scheduler.core.backfill import estimate_s
 from services.scheduler.core.budget import held as budget_held
@@ -140,7 +140,9 @@ def _cycle(state: SchedulerState, work: Work, now: float, full: bool, since: Cyc
             continue
         # 3. nominate: the pool's backfill reservation, the team's quota, then placement
         res = reservations.get(job.pool)
-        behind, via_extra = backfill.check(res, job, key, now, order)
+        # Critical work (rare, and a per-team permission) is never held back by a reservation.
+        exempt = spec.priority == PriorityClass.CRITICAL
+        behind, via_extra = (None, False) if exempt else backfill.check(res, job, key, now, order)
         if behind is not None:
             waiting[jid] = behind
             continue
@@ -155,7 +157,11 @@ def _cycle(state: SchedulerState, work: Work, now: float, full: bool, since: Cyc
             if borrowed:
                 why += f", borrowing {borrowed} idle GPUs of pool {job.pool}"
             if res is not None and order(res.key) < order(key):
-                why += f"; backfilled ahead of {res.job_id} without delaying it"
+                why += (
+                    f"; critical: started ahead of {res.job_id}, which has GPUs reserved"
+                    if exempt
+                    else f"; backfilled ahead of {res.job_id} without delaying it"
+                )
                 if via_extra:
                     reservations[job.pool] = Reservation(
                         res.job_id, res.key, res.gpus, res.shadow_at, res.extra_gpus - job.gpus
@@ -228,7 +234,7 @@ def _cycle(state: SchedulerState, work: Work, now: float, full: bool, since: Cyc
                     why += f"; GPUs reserved for it from about t={new_res.shadow_at:.0f}"
                     waiting[jid] = why
                     continue
-        failed[shape] = why
+        failed[shape] = why[len(guard) :]  # the same answer for the same shape, not the same guard
         waiting[jid] = why
 
     mark = CycleMark(state.capacity_epoch, len(state.pending_log), tuple(sorted(reservations.items())), guard_at)

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from services.scheduler.core.budget import note as budget_note
-from services.scheduler.core.policy import CHAMBER, Policy
+from services.scheduler.core.policy import CHAMBER, ORDERINGS, Policy
 from services.scheduler.core.state import FINISHED, QUEUED, Job, JobState, SchedulerState
 
 
@@ -81,8 +81,12 @@ def explain(
         if job.borrowed_gpus:
             text += f" ({job.borrowed_gpus} GPUs borrowed: may be reclaimed by their owner)"
     elif job.state in QUEUED:
-        position = next((i for i, k in enumerate(state.queue()) if k[3] == job.id), None)
-        pos = f"position {position + 1} of {len(state.queue())} in the queue" if position is not None else "queued"
+        queue = state.queue()
+        if now is not None:  # the order the next cycle uses: age and the starvation guard included
+            jobs = state.jobs
+            queue = sorted(queue, key=ORDERINGS[policy.order](policy, lambda jid: jobs[jid].queued_since, now))
+        position = next((i for i, k in enumerate(queue) if k[3] == job.id), None)
+        pos = f"position {position + 1} of {len(queue)} in the queue" if position is not None else "queued"
         why = waiting.get(job.id) or job.reason
         if guard is not None and now is not None:
             if guard["protected"] and "starvation guard" not in why:

@@ -22,6 +22,7 @@ pool's EASY reservation: backfill and later arrivals start only if they do not d
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -80,13 +81,19 @@ Order = Callable[[QueueKey], OrderKey]
 def by_multifactor_priority(policy: Policy, queued_since: QueuedSince, now: float) -> Order:
     """Protected (starving) jobs first, longest waiting first; then multifactor priority (higher
     first), then submit time, then job id."""
-    bound = policy.starvation_bound_s
+    # `priority` inlined: this runs once per queued job in every full cycle.
+    protected_before = -math.inf if policy.starvation_bound_s is None else now - policy.starvation_bound_s
+    per_rank = policy.class_weight / LOWEST_RANK
+    top, share_w = policy.class_weight, policy.fair_share_weight
+    age_w, cap = policy.age_weight, policy.age_cap_s
 
     def key(k: QueueKey) -> OrderKey:
         since = queued_since(k[3])
-        if bound is not None and now - since >= bound:
+        if since <= protected_before:
             return (0.0, since, k[2], k[3])
-        return (1.0, -policy.priority(k, now - since), k[2], k[3])
+        age = now - since
+        aged = age_w if age >= cap else age_w * max(age, 0.0) / cap
+        return (1.0, k[0] * per_rank - top + share_w * k[1] - aged, k[2], k[3])
 
     return key
 
