@@ -87,6 +87,16 @@ class ExplainJob(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     job: Name
 
 
+class NoArguments(msgspec.Struct, forbid_unknown_fields=True):
+    """A command that takes nothing (`chamber.cmd.perf.status`, `chamber.cmd.perf.fabric`)."""
+
+
+class JobOnly(msgspec.Struct, forbid_unknown_fields=True):
+    """`chamber.cmd.perf.explain` and `chamber.cmd.perf.ranks`: one job."""
+
+    job: Name
+
+
 class SetTeamQuota(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """`chamber.cmd.quota.set`: replaces the team's quota in the pool (fields left out take their
     defaults: no borrow or lend limit, weight 1). `gpus` is the guarantee; `guaranteed_gpus` an alias."""
@@ -122,4 +132,5 @@ REQUESTS: dict[str, dict[str, type[msgspec.Struct]]] = {
     "scheduler": {"submit": SubmitJob, "cancel": CancelJob, "queue": ListQueue, "explain": ExplainJob},
     "quota": {"set": SetTeamQuota},
     "health": {"restore": RestoreNode, "confirm": RestoreNode, "dismiss": RestoreNode},
+    "perf": {"status": NoArguments, "fabric": NoArguments, "explain": JobOnly, "ranks": JobOnly},
 }

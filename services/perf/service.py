@@ -13,10 +13,10 @@ import argparse
 import asyncio
 from typing import Any
 
-import msgspec
 from nats.js.api import DeliverPolicy
 
 from events.base import Event
+from events.commands import JobOnly, NoArguments
 from services.health.replay import CatchUp, DeliverFrom
 from services.perf import core
 from services.perf.views import fabric_view
@@ -31,12 +31,8 @@ log = get_logger("chamber.perf")
 TELEMETRY_SUBJECTS = ("chamber.telemetry.sample.>", "chamber.telemetry.fabric.>", "chamber.telemetry.inventory.>")
 
 
-class Empty(msgspec.Struct):
-    pass
-
-
-class ExplainRequest(msgspec.Struct):
-    job: str
+Empty = NoArguments  # the request types are defined once, in events/commands.py
+ExplainRequest = JobOnly
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -108,6 +108,12 @@ async def lease_holder(js: JetStreamContext) -> str | None:
     return entry.value.decode().split(":", 1)[0] if entry.value else None
 
 
+def quota_set(url: str) -> bool:
+    """A team needs a quota before it submits (the scheduler's door)."""
+    argv = [CHAMBER, "quota", "set", "vision", "--gpus", "16", "--nats", url]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False).returncode == 0
+
+
 def submit(url: str, job: str) -> bool:
     argv = [CHAMBER, "submit", "--team", "vision", "--gpus", "2", "--id", job, "--nats", url]
     result = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
@@ -181,6 +187,7 @@ async def test_the_leader_of_jobs_and_telemetry_dies_and_nothing_acked_is_lost_o
     procs.start("agent", "agent", "--simulate", "--nodes", "2", "--gpus-per-node", "8", "--cluster", "kill",
                 "--interval", "0.5", "--nats", url, "--spool", str(tmp_path / "spool"))  # fmt: skip
     procs.start("discovery", "service", "discovery", "--nats", url)
+    procs.start("quota", "service", "quota", "--nats", url)
     procs.start("recorder", "service", "recorder", "--nats", url, "--data-dir", str(tmp_path / "warehouse"),
                 "--flush-interval", "0.2", "--ack-wait", "5", "--telemetry-consumers", "1")  # fmt: skip
     scheduler(procs, url, "sched-a")
@@ -197,6 +204,7 @@ async def test_the_leader_of_jobs_and_telemetry_dies_and_nothing_acked_is_lost_o
 
     # 2. the fleet is seen and a job is placed
     await eventually(lambda: lease_holder(js), within=30)
+    await eventually(lambda: asyncio.to_thread(quota_set, url), within=60)
     assert await asyncio.to_thread(submit, url, "before")
     scheduled: dict[str, JobScheduled] = {}
 
