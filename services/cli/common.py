@@ -9,9 +9,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from services.cli.errors import UsageError
+from services.runtime.options import DEFAULT_CLUSTER, add_cluster_option  # noqa: F401 (re-exported for the CLI)
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
-DEFAULT_CLUSTER = "local"
 T = TypeVar("T")
 
 
@@ -21,14 +21,6 @@ def add_nats_option(parser: argparse.ArgumentParser) -> None:
         metavar="URL",
         default=os.environ.get("CHAMBER_NATS_URL", DEFAULT_NATS_URL),
         help=f"NATS server (default: $CHAMBER_NATS_URL or {DEFAULT_NATS_URL})",
-    )
-
-
-def add_cluster_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--cluster",
-        default=os.environ.get("CHAMBER_CLUSTER", DEFAULT_CLUSTER),
-        help=f"cluster name (default: $CHAMBER_CLUSTER or {DEFAULT_CLUSTER})",
     )
 
 

@@ -17,13 +17,13 @@ from nats.js.api import DeliverPolicy
 from nats.js.errors import BucketNotFoundError
 from nats.js.kv import KeyValue
 
-from services.cli.common import add_cluster_option
 from services.discovery import core
 from services.discovery.core import DiscoveryState, KubeNode, KubeNodesListed
 from services.health.replay import CatchUp, DeliverFrom
 from services.runtime.consumer import ConsumerOptions, Delivery
 from services.runtime.host import ServiceContext, serve
 from services.runtime.logs import get_logger
+from services.runtime.options import add_cluster_option
 
 NAME = "discovery"
 DESCRIPTION = "fleet inventory from agents and Kubernetes: nodes discovered, updated, suspect, lost"

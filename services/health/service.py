@@ -21,7 +21,6 @@ from nats.js.api import DeliverPolicy
 
 from events.base import Event
 from events.fleet import GpuIsolated, GpuRestored, NodeDiscovered, NodeIsolated, NodeRestored, NodeUpdated
-from services.cli.common import add_cluster_option
 from services.health import core
 from services.health.core import Decision, HealthRefusal, HealthState, NodeHealth
 from services.health.kube import gpu_entry
@@ -31,6 +30,7 @@ from services.runtime.commands import CommandRefused
 from services.runtime.consumer import ConsumerOptions, Delivery
 from services.runtime.host import ServiceContext, serve
 from services.runtime.logs import get_logger
+from services.runtime.options import add_cluster_option
 
 NAME = "health"
 DESCRIPTION = "isolate failing GPUs and nodes by policy (XID, ECC, remap, thermal, power, NVLink, PCIe)"

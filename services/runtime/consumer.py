@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import nats.errors
+from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
@@ -27,6 +28,7 @@ from nats.js.errors import NotFoundError
 from events.codec import DEFAULT_MAX_BYTES, DecodeError, Envelope, UnknownEventType, decode
 from services.runtime.dead_letter import dead_letter
 from services.runtime.logs import get_logger
+from services.runtime.pull import BatchPuller
 from services.runtime.tracing import consume_span
 
 log = get_logger("chamber.runtime.consumer")
@@ -89,10 +91,15 @@ class Consumer:
         *,
         handler: Handler | None = None,
         batch_handler: BatchHandler | None = None,
+        nc: Client | None = None,
     ) -> None:
+        """With `nc`, batches come through one pull request each (`pull.BatchPuller`); without it,
+        through nats-py's `fetch`."""
         if (handler is None) == (batch_handler is None):
             raise ValueError("give exactly one of handler or batch_handler")
         self.js = js
+        self.nc = nc
+        self._puller: BatchPuller | None = None
         self.options = options
         self.handler = handler
         self.batch_handler = batch_handler
@@ -127,12 +134,16 @@ class Consumer:
                 existing = await self.js.consumer_info(o.stream, o.durable)
         info = existing or await self.js.add_consumer(o.stream, self._config())
         self.name = info.name
-        self._sub = await self.js.pull_subscribe_bind(consumer=info.name, stream=o.stream)
+        if self.nc is not None:
+            self._puller = BatchPuller(self.nc, o.stream, info.name)
+            await self._puller.start()
+        else:
+            self._sub = await self.js.pull_subscribe_bind(consumer=info.name, stream=o.stream)
         log.info("consumer started", stream=o.stream, consumer=info.name, pending=info.num_pending)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Fetch and handle until `stop` is set; the batch in hand is finished first."""
-        if self._sub is None:
+        if self._sub is None and self._puller is None:
             await self.start()
         backoff = 0.0
         while not stop.is_set():
@@ -151,6 +162,8 @@ class Consumer:
                 await self.process(msgs, stop)
 
     async def fetch(self) -> list[Msg]:
+        if self._puller is not None:
+            return await self._puller.fetch(self.options.batch, self.options.fetch_timeout_s)
         assert self._sub is not None, "call start() first"
         try:
             return await self._sub.fetch(self.options.batch, timeout=self.options.fetch_timeout_s)
@@ -268,6 +281,9 @@ class Consumer:
         self.stats.reasons[reason] = self.stats.reasons.get(reason, 0) + 1
 
     async def unsubscribe(self) -> None:
+        if self._puller is not None:
+            await self._puller.close()
+            self._puller = None
         if self._sub is not None:
             await self._sub.unsubscribe()
             self._sub = None

@@ -610,7 +610,7 @@ def _cycle(state: SchedulerState, work: Work, now: float, full: bool, since: Cyc
                     reservations[job.pool] = Reservation(
                         res.job_id, res.key, res.gpus, res.shadow_at, res.extra_gpus - job.gpus
                     )
-            decisions.append(Admit(jid, spec.team, placements, borrowed, why, resume, generation))
+            decisions.append(Admit(jid, spec.team, placements, borrowed, why, resume, generation, job.pool))
             continue
         head = (job.pool, spec.team, spec.priority.rank)
         if (
@@ -643,7 +643,7 @@ def _cycle(state: SchedulerState, work: Work, now: float, full: bool, since: Cyc
                 placements = work.admit(job, spot)
                 names = ", ".join(v.id for v, _ in victims)
                 why = f"placed on {_describe(spot, state)} after preempting {names} ({', '.join(kinds)})"
-                decisions.append(Admit(jid, spec.team, placements, borrowed, why, resume, generation))
+                decisions.append(Admit(jid, spec.team, placements, borrowed, why, resume, generation, job.pool))
                 failed.clear()  # freed capacity may fit shapes that failed before
                 continue
         if block is not None:

@@ -8,6 +8,7 @@ the whole fleet or history.
 
 from __future__ import annotations
 
+import heapq
 from bisect import bisect_left, insort
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -130,6 +131,31 @@ class Quota:
         return 0 if self.lend_limit is None else max(0, self.guaranteed - self.lend_limit)
 
 
+class PendingLog:
+    """Job ids in the order they (re)entered the queue, indexed from the start of history (a cycle
+    mark keeps an index into it). `trim` drops what is held; the caller bumps the capacity epoch
+    with it, so no incremental cycle reads from before the trim (the next one is full)."""
+
+    def __init__(self) -> None:
+        self.base = 0
+        self.items: list[str] = []
+
+    def append(self, job_id: str) -> None:
+        self.items.append(job_id)
+
+    def __len__(self) -> int:
+        return self.base + len(self.items)
+
+    def __getitem__(self, index: slice) -> list[str]:
+        if not isinstance(index, slice) or index.step is not None or index.stop is not None:
+            raise TypeError("PendingLog supports [start:] only")
+        return self.items[max(0, (index.start or 0) - self.base) :]
+
+    def trim(self) -> None:
+        self.base += len(self.items)
+        self.items = []
+
+
 @dataclass
 class SchedulerState:
     topology_key: str = DEFAULT_TOPOLOGY_KEY
@@ -148,7 +174,14 @@ class SchedulerState:
     # GPUs claimed by jobs on nodes not (yet) discovered: replaying JOBS may run ahead of FLEET
     claims: dict[tuple[str, str], dict[int, str]] = field(default_factory=dict)
     capacity_epoch: int = 0  # bumped when capacity frees or the rules change: the next cycle is full
-    pending_log: list[str] = field(default_factory=list)  # job ids as they (re)entered the queue
+    pending_log: PendingLog = field(default_factory=PendingLog)  # job ids as they (re)entered the queue
+    # Bounded memory: a finished job leaves the state `retention_s` (event time, the JOBS stream's
+    # `at`) after it finished; None keeps every job. The warehouse keeps the history.
+    retention_s: float | None = None
+    jobs_clock: float = 0.0  # the latest `at` folded from JOBS: the clock retention runs on
+    finished_heap: list[tuple[float, str]] = field(default_factory=list)  # (finished_at, job id)
+    forgotten: int = 0  # finished jobs dropped so far
+    forgotten_until: float = 0.0  # every job that finished before this has been dropped
     _queue: list[tuple[int, float, float, str]] | None = None
 
     # -- the queue -----------------------------------------------------------------------------
@@ -198,7 +231,31 @@ def evolve(state: SchedulerState, event: Event) -> SchedulerState:
     handler = _HANDLERS.get(type(event))
     if handler is not None:
         handler(state, event)
+        if state.retention_s is not None and type(event) in _JOB_EVENTS:
+            _age(state, event.at)  # type: ignore[attr-defined]
     return state
+
+
+def _age(s: SchedulerState, at: float) -> None:
+    """Drop finished jobs older than the retention window. Done in steps of a tenth of the window,
+    so the cost is paid rarely; each step starts a full cycle (the capacity epoch moves), as the
+    queue log that incremental cycles read is trimmed with it."""
+    if at <= s.jobs_clock:
+        return
+    s.jobs_clock = at
+    assert s.retention_s is not None
+    horizon = at - s.retention_s
+    if horizon - s.forgotten_until < s.retention_s / 10 or not s.finished_heap:
+        return
+    while s.finished_heap and s.finished_heap[0][0] < horizon:
+        _, job_id = heapq.heappop(s.finished_heap)
+        job = s.jobs.get(job_id)
+        if job is not None and job.state in FINISHED:
+            del s.jobs[job_id]
+            s.forgotten += 1
+    s.forgotten_until = horizon
+    s.pending_log.trim()
+    s.capacity_epoch += 1
 
 
 def _submitted(s: SchedulerState, e: JobSubmitted) -> None:
@@ -210,10 +267,14 @@ def _submitted(s: SchedulerState, e: JobSubmitted) -> None:
     s._enqueue(job)
 
 
-def _hold(s: SchedulerState, job: Job, placements: list[Placement], at: float, borrowed: int, reason: str) -> None:
+def _hold(
+    s: SchedulerState, job: Job, placements: list[Placement], at: float, borrowed: int, reason: str, pool: str
+) -> None:
     if job.state not in QUEUED:
         return  # a duplicate or stale decision: the job already runs or has finished
     s._dequeue(job)
+    if pool:  # the pool the decision was made in, whatever the quota state is at this point of the fold
+        job.pool = pool
     job.state = JobState.RUNNING
     job.placements = list(placements)
     job.running_since = at
@@ -277,13 +338,13 @@ def _release(s: SchedulerState, job: Job) -> None:
 def _scheduled(s: SchedulerState, e: JobScheduled) -> None:
     job = s.jobs.get(e.job_id)
     if job is not None:
-        _hold(s, job, e.placements, e.at, e.borrowed_gpus, e.reason or "scheduled")
+        _hold(s, job, e.placements, e.at, e.borrowed_gpus, e.reason or "scheduled", e.pool)
 
 
 def _resumed(s: SchedulerState, e: JobResumed) -> None:
     job = s.jobs.get(e.job_id)
     if job is not None:
-        _hold(s, job, e.placements, e.at, e.borrowed_gpus, e.reason or "resumed")
+        _hold(s, job, e.placements, e.at, e.borrowed_gpus, e.reason or "resumed", e.pool)
 
 
 def _started(s: SchedulerState, e: JobStarted) -> None:
@@ -340,6 +401,8 @@ def _finish(s: SchedulerState, job_id: str, state: JobState, at: float, reason: 
     job.state = state
     job.finished_at = at
     job.reason = reason
+    if s.retention_s is not None:
+        heapq.heappush(s.finished_heap, (at, job_id))
 
 
 def _completed(s: SchedulerState, e: JobCompleted) -> None:
@@ -495,5 +558,20 @@ _HANDLERS = {
     TeamQuotaSet: _quota_set,
     FairShareUpdated: _fair_share,
 }
+
+_JOB_EVENTS = frozenset(
+    {
+        JobSubmitted,
+        JobScheduled,
+        JobResumed,
+        JobStarted,
+        JobPreempted,
+        JobSuspended,
+        JobRequeued,
+        JobCompleted,
+        JobFailed,
+        JobCancelled,
+    }
+)
 
 __all__ = ["DEFAULT_POOL", "FINISHED", "QUEUED", "Job", "JobState", "Node", "Quota", "SchedulerState", "evolve"]
