@@ -38,6 +38,7 @@ from events import (
 )
 from events.codec import stable_id
 from events.jobs import JobResumed
+from services.pools import PoolDef, node_pool
 
 GpuKey = tuple[str, str, int]  # cluster, node, gpu index
 _JOB_STOPS = {
@@ -104,15 +105,9 @@ def _floor(ts: float, period: float) -> float:
 
 
 def pool_of(state: BillingState, gpu: GpuKey) -> str:
-    """The first pool (by name) whose model and node selector match; catch-all pools last."""
-    model = state.gpu_model.get(gpu, "")
-    labels = state.node_labels.get(gpu[:2], {})
-    matching = sorted(
-        (not p.gpu_model and not p.node_selector, name)
-        for name, p in state.pools.items()
-        if (not p.gpu_model or p.gpu_model == model) and all(labels.get(k) == v for k, v in p.node_selector.items())
-    )
-    return matching[0][1] if matching else "default"
+    """The pool the scheduler places this GPU's node in (one shared rule: `services.pools`)."""
+    defs = {name: PoolDef(name, p.gpu_model, dict(p.node_selector)) for name, p in state.pools.items()}
+    return node_pool(defs, state.gpu_model.get(gpu, ""), state.node_labels.get(gpu[:2], {}))
 
 
 def _open_service(state: BillingState, gpu: GpuKey, at: float) -> None:

@@ -130,7 +130,9 @@ def evolve(state: QuotaState, event: Event) -> QuotaState:
             spec = state.specs.get(event.job_id)
             if spec is not None and event.job_id not in state.running:
                 _advance(state, event.at)
-                state.running[event.job_id] = (job_pool(spec, state.team_pools), spec.team, spec.total_gpus)
+                # The pool the decision carries; older events without one: the pool by the current rules.
+                pool = event.pool or job_pool(spec, state.team_pools)
+                state.running[event.job_id] = (pool, spec.team, spec.total_gpus)
         case JobPreempted() | JobSuspended() | JobRequeued():
             if event.job_id in state.running:
                 _advance(state, event.at)

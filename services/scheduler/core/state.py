@@ -78,6 +78,10 @@ class Job:
     preempt_reason: str | None = None
     preemptions: int = 0
     gpus: int = 0  # spec.total_gpus, kept as a field: read on every hot path
+    # The pool came with a decision (JobScheduled/JobResumed) while it held GPUs. Otherwise it is
+    # derived from the current rules and re-derived when they change, so it does not depend on
+    # whether QUOTA or JOBS was folded first.
+    pool_fixed: bool = False
 
     def __post_init__(self) -> None:
         self.gpus = self.spec.total_gpus
@@ -275,6 +279,7 @@ def _hold(
     s._dequeue(job)
     if pool:  # the pool the decision was made in, whatever the quota state is at this point of the fold
         job.pool = pool
+    job.pool_fixed = True
     job.state = JobState.RUNNING
     job.placements = list(placements)
     job.running_since = at
@@ -290,10 +295,14 @@ def _hold(
             s.claims.setdefault((p.cluster, p.node), {}).update(dict.fromkeys(p.gpu_indices, job.id))
             continue
         for i in p.gpu_indices:
-            if i in node.owners or i not in node.gpus or i in node.bad_gpus:
+            if i in node.owners:
                 conflict = True  # never give a GPU to two jobs: this job gets requeued instead
-            else:
-                node.owners[i] = job.id
+                continue
+            # Held even when out of service (the decision may predate the fault in another stream):
+            # the holder is displaced and requeued, exactly as when the fault is folded second.
+            node.owners[i] = job.id
+            if i not in node.gpus or i in node.bad_gpus:
+                conflict = True
         if not node.in_service:
             conflict = True
         s.refresh_node(node)
@@ -332,6 +341,8 @@ def _release(s: SchedulerState, job: Job) -> None:
     s.displaced.discard(job.id)
     job.placements = []
     job.borrowed_gpus = 0
+    job.pool_fixed = False
+    job.pool = job_pool(job.spec, s.team_pools)
     s.capacity_epoch += 1
 
 
@@ -429,6 +440,25 @@ def _displace_holders(s: SchedulerState, node: Node, indices: list[int] | None =
             s.displaced.add(job_id)
 
 
+def _settle_holders(s: SchedulerState, node: Node) -> None:
+    """A node or GPU came back: its holders are no longer displaced if all they hold is in service.
+    (So `displaced` is a function of the folded facts, whichever stream was folded first.)"""
+    for job_id in set(node.owners.values()):
+        job = s.jobs.get(job_id)
+        if job_id in s.displaced and job is not None and _in_service(s, job):
+            s.displaced.discard(job_id)
+
+
+def _in_service(s: SchedulerState, job: Job) -> bool:
+    for p in job.placements:
+        node = s.nodes.get((p.cluster, p.node))
+        if node is None or not node.in_service:
+            return False
+        if any(i in node.bad_gpus or i not in node.gpus or node.owners.get(i) != job.id for i in p.gpu_indices):
+            return False
+    return True
+
+
 def _discovered(s: SchedulerState, e: NodeDiscovered) -> None:
     node = s.nodes.get((e.cluster, e.node))
     if node is None:
@@ -441,6 +471,7 @@ def _discovered(s: SchedulerState, e: NodeDiscovered) -> None:
                 s.displaced.add(job_id)
     else:  # rediscovered after being lost
         node.gpus, node.labels, node.lost, node.status = _gpus(e.gpus), dict(e.labels), False, NodeStatus.HEALTHY
+        _settle_holders(s, node)
     s.refresh_node(node)
     s.capacity_epoch += 1
 
@@ -457,6 +488,8 @@ def _updated(s: SchedulerState, e: NodeUpdated) -> None:
     gone = [i for i in node.owners if i not in node.gpus]
     if node.lost or gone:
         _displace_holders(s, node, None if node.lost else gone)
+    elif node.in_service:
+        _settle_holders(s, node)
     s.refresh_node(node)
     s.capacity_epoch += 1
 
@@ -484,6 +517,7 @@ def _node_restored(s: SchedulerState, e: NodeRestored) -> None:
     if node is not None:
         node.isolated = False
         node.out_reason, node.out_faults = "", ()
+        _settle_holders(s, node)
         s.refresh_node(node)
         s.capacity_epoch += 1
 
@@ -502,6 +536,7 @@ def _gpu_restored(s: SchedulerState, e: GpuRestored) -> None:
     if node is not None:
         node.bad_gpus.discard(e.gpu_index)
         node.gpu_out.pop(e.gpu_index, None)
+        _settle_holders(s, node)
         s.refresh_node(node)
         s.capacity_epoch += 1
 
@@ -510,7 +545,7 @@ def _gpu_restored(s: SchedulerState, e: GpuRestored) -> None:
 def _rules_changed(s: SchedulerState) -> None:
     """Pools or quotas changed: re-derive pending jobs' pools, node classes and the queue."""
     for job in s.jobs.values():
-        if job.state in QUEUED:
+        if not job.pool_fixed:
             job.pool = job_pool(job.spec, s.team_pools)
     for node in s.node_by_id:
         s.refresh_node(node)
