@@ -132,6 +132,7 @@ class DeciderHost(Generic[S]):
         self.store = store or SnapshotStore(ctx.js)
         self.lease: LeaderLease | None = None
         self.ready = False  # caught up once since start: commands and reads are answered
+        self.caught_up_event = asyncio.Event()  # set with `ready`, for whoever waits on it
         self.synced = False  # leading and caught up since leadership began: decisions allowed
         self.stats = HostStats()
         self.awaiting: set[str] = set()
@@ -363,6 +364,7 @@ class DeciderHost(Generic[S]):
             if not await self.caught_up():
                 return
             self.ready = True
+            self.caught_up_event.set()
             self.stats.ready_after_s = time.monotonic() - self._started
             log.info(
                 "caught up",

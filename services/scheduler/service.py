@@ -59,7 +59,7 @@ from services.scheduler.kubernetes import KubernetesJobs, reconcile
 NAME = "scheduler"
 DESCRIPTION = "queue, place, preempt and resume jobs within team quotas"
 log = get_logger("chamber.scheduler")
-DEFAULT_RETENTION_H = 24.0
+DEFAULT_RETENTION_H = 6.0
 
 
 class SubmitRequest(msgspec.Struct, kw_only=True):
