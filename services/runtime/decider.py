@@ -94,6 +94,7 @@ class Decider(Generic[S]):
     lease_ttl_s: float = 15.0
     echo_timeout_s: float = 10.0  # decide again if own decisions did not come back by then
     batch: int = 1000
+    evolve_with_id: bool = False  # call evolve(state, event, event_id) (a core that de-duplicates by id)
 
 
 class CommandConflict(Exception):
@@ -304,7 +305,10 @@ class DeciderHost(Generic[S]):
         envelope = await self._decode(source, msg)
         if envelope is None:
             return
-        self.decider.evolve(self.state, envelope.event)
+        if self.decider.evolve_with_id:
+            self.decider.evolve(self.state, envelope.event, envelope.id)  # type: ignore[call-arg]
+        else:
+            self.decider.evolve(self.state, envelope.event)
         self.stats.folded += 1
         self._changed_since_snapshot = True
         if self.awaiting:
