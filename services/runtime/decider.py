@@ -65,6 +65,9 @@ WRONG_LAST_SEQUENCE = 10071  # JetStream's error code for a failed Nats-Expected
 class Input:
     stream: str
     subjects: tuple[str, ...] = ()  # empty: every subject of the stream
+    # "all": from the start (or the snapshot's position); "last_per_subject": the latest message of
+    # every subject, then live (a current picture, e.g. each node's last sample; not a resume point)
+    deliver: str = "all"
 
 
 @dataclass(frozen=True)
@@ -191,12 +194,13 @@ class DeciderHost(Generic[S]):
 
     async def _open(self, source: _Source) -> None:
         spec = source.spec
+        last_per_subject = spec.deliver == "last_per_subject"
         start = self.positions.get(spec.stream, 0) + 1
         filters = list(spec.subjects)
         config = ConsumerConfig(
             ack_policy=AckPolicy.NONE,  # the snapshot is the tracking record; nothing to redeliver
-            deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
-            opt_start_seq=start,
+            deliver_policy=DeliverPolicy.LAST_PER_SUBJECT if last_per_subject else DeliverPolicy.BY_START_SEQUENCE,
+            opt_start_seq=None if last_per_subject else start,
             filter_subject=filters[0] if len(filters) == 1 else None,
             filter_subjects=filters if len(filters) > 1 else None,
             inactive_threshold=60.0,  # the server removes it when we are gone
@@ -348,6 +352,11 @@ class DeciderHost(Generic[S]):
             if info.num_pending:
                 return False
         return True
+
+    def inject(self, item: object) -> None:
+        """Fold a fact from outside the log (e.g. a Kubernetes listing) at this point of the fold."""
+        self.decider.evolve(self.state, item)  # type: ignore[arg-type]
+        self._changed_since_snapshot = True
 
     async def wait_folded(self, stream: str, seq: int, timeout: float = 5.0) -> bool:
         """Wait until `stream` has been folded up to `seq` (read your own writes)."""
