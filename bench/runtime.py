@@ -132,6 +132,53 @@ async def fold_rate(url: str, jobs: int) -> dict[str, object]:
     }
 
 
+async def fold_rate_consumers(url: str, jobs: int, batched_pull: bool) -> dict[str, object]:
+    """Before the host: the scheduler's old shell, one runtime Consumer per stream (per-message
+    handler, span and ack), folding into the same core until every event is in."""
+    from bench.restart import fill
+    from services.runtime import Consumer, ConsumerOptions
+    from services.scheduler.core import SchedulerState, evolve
+
+    filled = await fill(url, jobs, nodes=50)
+    total = int(filled["events"])
+    nc = await connect(url, name="bench-consumers")
+    js = nc.jetstream()
+    state = SchedulerState()
+    done = asyncio.Event()
+    count = 0
+
+    async def handle(delivery: Delivery) -> None:
+        nonlocal count
+        evolve(state, delivery.envelope.event)  # type: ignore[arg-type]
+        count += 1
+        if count == total:
+            done.set()
+
+    stop = asyncio.Event()
+    t0 = time.perf_counter()
+    consumers = [
+        Consumer(js, ConsumerOptions(stream=s, durable=None), handler=handle, nc=nc if batched_pull else None)
+        for s in ("FLEET", "QUOTA", "JOBS")
+    ]
+    tasks = [asyncio.create_task(c.run(stop)) for c in consumers]
+    await done.wait()
+    seconds = time.perf_counter() - t0
+    stop.set()
+    await asyncio.gather(*tasks)
+    for c in consumers:
+        await c.unsubscribe()
+    await nc.drain()
+    return {
+        "measure": "domain_events",
+        "events": count,
+        "seconds": round(seconds, 2),
+        "folded_events_per_s": round(count / seconds),
+        "path": "three runtime Consumers (the shell before the host), "
+        + ("batched pull" if batched_pull else "nats-py fetch")
+        + ", per-message handler + ack, scheduler evolve",
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--messages", type=int, default=20_000)
@@ -142,6 +189,9 @@ def main() -> None:
     for batched_pull in (False, True):
         with tempfile.TemporaryDirectory() as tmp, NatsServerProcess(Path(tmp) / "js") as server:
             print(json.dumps(asyncio.run(measure(server.url, args.messages, args.batch, batched_pull))), flush=True)
+    for batched_pull in (False, True):
+        with tempfile.TemporaryDirectory() as tmp, NatsServerProcess(Path(tmp) / "js") as server:
+            print(json.dumps(asyncio.run(fold_rate_consumers(server.url, args.jobs, batched_pull))), flush=True)
     with tempfile.TemporaryDirectory() as tmp, NatsServerProcess(Path(tmp) / "js") as server:
         print(json.dumps(asyncio.run(fold_rate(server.url, args.jobs))), flush=True)
 

@@ -52,6 +52,7 @@ class ConsumerOptions:
     max_retry_delay_s: float = 30.0
     max_bytes: int = DEFAULT_MAX_BYTES
     start_seq: int | None = None  # deliver from this stream sequence (replay after a snapshot)
+    deliver: DeliverPolicy | None = None  # e.g. LAST_PER_SUBJECT or NEW; None: all (or from start_seq)
     max_ack_pending: int = 20_000
 
 
@@ -122,6 +123,8 @@ class Consumer:
         if o.start_seq is not None:
             config.deliver_policy = DeliverPolicy.BY_START_SEQUENCE
             config.opt_start_seq = o.start_seq
+        elif o.deliver is not None:
+            config.deliver_policy = o.deliver
         if o.durable is None:
             config.inactive_threshold = 60.0  # ephemeral: the server removes it when we are gone
         return config
