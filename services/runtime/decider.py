@@ -48,7 +48,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import APIError
 
 from events import Event
-from events.codec import DEFAULT_MAX_BYTES, DecodeError, Envelope, UnknownEventType, decode
+from events.codec import DEFAULT_MAX_BYTES, DecodeError, UnknownEventType, decode
 from services.runtime.dead_letter import dead_letter
 from services.runtime.host import ServiceContext
 from services.runtime.lease import LeaderLease
@@ -142,6 +142,7 @@ class DeciderHost(Generic[S]):
         self.awaiting: set[str] = set()
         self.awaiting_since = 0.0
         self._folded = asyncio.Condition()
+        self._background: set[asyncio.Task[None]] = set()
         self._started = time.monotonic()
         self._last_snapshot = time.monotonic()
         self._changed_since_snapshot = False
@@ -298,16 +299,21 @@ class DeciderHost(Generic[S]):
                 return n
             pos, msg = best.buffer.popleft()
             best.pending = pos.pending
-            await self._fold(best, pos, msg)
+            self._fold(best, pos, msg)
             n += 1
             if n % 5000 == 0:
                 await asyncio.sleep(0)  # a long replay still answers health checks and commands
 
-    async def _fold(self, source: _Source, pos: Position, msg: Msg) -> None:
-        stream = source.spec.stream
-        self.positions[stream] = pos.stream_seq
-        envelope = await self._decode(source, msg)
-        if envelope is None:
+    def _fold(self, source: _Source, pos: Position, msg: Msg) -> None:
+        """Decode and evolve one message (synchronous: no task or await per message)."""
+        self.positions[source.spec.stream] = pos.stream_seq
+        try:
+            envelope = decode(msg.headers, msg.data, max_bytes=DEFAULT_MAX_BYTES)
+        except UnknownEventType:
+            self.stats.skipped += 1
+            return
+        except DecodeError as exc:
+            self._dead_letter(source, msg, exc)
             return
         if self.decider.evolve_with_id:
             self.decider.evolve(self.state, envelope.event, envelope.id)  # type: ignore[call-arg]
@@ -318,25 +324,22 @@ class DeciderHost(Generic[S]):
         if self.awaiting:
             self.awaiting.discard(envelope.id)
 
-    async def _decode(self, source: _Source, msg: Msg) -> Envelope | None:
-        try:
-            return decode(msg.headers, msg.data, max_bytes=DEFAULT_MAX_BYTES)
-        except UnknownEventType:
-            self.stats.skipped += 1
-            return None
-        except DecodeError as exc:
-            self.stats.dead += 1
-            log.warning("dead-lettering message", stream=source.spec.stream, subject=msg.subject, reason=exc.reason)
-            with contextlib.suppress(Exception):
-                await dead_letter(
-                    self.ctx.js,
-                    msg,
-                    stream=source.spec.stream,
-                    consumer=f"{self.decider.name}-host",
-                    reason=exc.reason,
-                    detail=exc.detail,
-                )
-            return None
+    def _dead_letter(self, source: _Source, msg: Msg, exc: DecodeError) -> None:
+        """Copy a poison message to chamber.dead.<stream> with the reason (in the background)."""
+        self.stats.dead += 1
+        log.warning("dead-lettering message", stream=source.spec.stream, subject=msg.subject, reason=exc.reason)
+        task = asyncio.get_running_loop().create_task(
+            dead_letter(
+                self.ctx.js,
+                msg,
+                stream=source.spec.stream,
+                consumer=f"{self.decider.name}-host",
+                reason=exc.reason,
+                detail=exc.detail,
+            )
+        )
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     # -- caught up -----------------------------------------------------------------------------
     async def caught_up(self) -> bool:

@@ -146,3 +146,35 @@ async def test_finished_jobs_leave_memory_after_the_retention_window_and_explain
     with pytest.raises(CommandRefused, match="exists already"):  # its id stays taken in the log
         await request(nc, "scheduler", "submit", {"team": "vision", "gpus": 1, "id": "old"})
     await sched.close()
+
+
+async def test_a_poison_message_goes_to_dead_letters_and_the_fold_goes_on(
+    nats_server: NatsServerProcess, nc: Client, js: JetStreamContext
+) -> None:
+    await js.publish("chamber.jobs.bad", b"not json", headers={"ce-specversion": "1.0", "ce-id": "x", "ce-source": "t",
+                                                               "ce-type": JobSubmitted.ce_type()})  # fmt: skip
+    await Publisher(js, source="test").publish(a_job("good", at=1.0), id="good")
+    stop = asyncio.Event()
+    hosts: list[DeciderHost[list[Any]]] = []
+
+    async def setup(ctx: ServiceContext) -> None:
+        host: DeciderHost[list[Any]] = DeciderHost(
+            Decider(name="probe", inputs=(Input("JOBS"),), initial=list, evolve=lambda s, e: s.append(e)), ctx
+        )
+        host.install()
+        hosts.append(host)
+
+    task = asyncio.create_task(serve("probe", nats_server.url, setup, stop, health_port=None))
+    await eventually(lambda: bool(hosts) and hosts[0].ready)
+
+    async def dead_lettered() -> bool:
+        try:
+            msg = await js.get_last_msg("DEAD", "chamber.dead.jobs")
+        except Exception:
+            return False
+        return msg.headers is not None and msg.headers.get("chamber-dead-reason") == "malformed"
+
+    await eventually(dead_lettered)
+    assert [e.job_id for e in hosts[0].state] == ["good"] and hosts[0].stats.dead == 1
+    stop.set()
+    await asyncio.wait_for(task, 15)
