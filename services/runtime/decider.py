@@ -138,6 +138,7 @@ class DeciderHost(Generic[S]):
         self.ready = False  # caught up once since start: commands and reads are answered
         self.caught_up_event = asyncio.Event()  # set with `ready`, for whoever waits on it
         self.synced = False  # leading and caught up since leadership began: decisions allowed
+        self.lead_epoch = 0  # bumped each time deciding (re)starts: a service drops per-cycle memos then
         self.stats = HostStats()
         self.awaiting: set[str] = set()
         self.awaiting_since = 0.0
@@ -344,7 +345,7 @@ class DeciderHost(Generic[S]):
     # -- caught up -----------------------------------------------------------------------------
     async def caught_up(self) -> bool:
         """The one definition: every input's consumer has nothing pending on the server, and
-        everything delivered has been folded."""
+        everything it delivered (up to its last delivered stream sequence) has been folded."""
         for source in self.sources:
             if not source.consumer or source.buffer or (source.puller is not None and source.puller.ready):
                 return False
@@ -352,8 +353,9 @@ class DeciderHost(Generic[S]):
                 info = await self.ctx.js.consumer_info(source.spec.stream, source.consumer)
             except Exception:
                 return False
-            if info.num_pending:
-                return False
+            delivered = info.delivered.stream_seq if info.delivered is not None else 0
+            if info.num_pending or (delivered or 0) > self.positions.get(source.spec.stream, 0):
+                return False  # still on the server, or on the wire to us
         return True
 
     def inject(self, item: object) -> None:
@@ -401,6 +403,7 @@ class DeciderHost(Generic[S]):
             if not await self.caught_up():
                 return
             self.synced = True
+            self.lead_epoch += 1
             self.awaiting.clear()
             log.info("leading: deciding", service=self.decider.name, positions=self.positions)
         if self.awaiting:

@@ -132,6 +132,7 @@ class Scheduler:
         self.full_every = args.full_every
         self.policy = Policy(preemption_searches=args.preemption_searches)
         self.mark: CycleMark | None = None
+        self.lead_epoch = 0
         self.last_full = 0.0
         self.waiting: dict[str, str] = {}
         self.host: DeciderHost[SchedulerState] | None = None
@@ -172,8 +173,9 @@ class Scheduler:
 
     def decide(self, state: SchedulerState, now: float) -> list[tuple[Event, str]]:
         """One cycle (incremental unless capacity or rules changed, or `full_every` passed)."""
-        if self.host is not None and not self.host.awaiting and self.mark is not None and not self.host.synced:
-            self.mark = None
+        epoch = self.host.lead_epoch if self.host is not None else 0
+        if epoch != self.lead_epoch:  # leading anew: the last mark may predate what others decided
+            self.mark, self.lead_epoch = None, epoch
         since = self.mark if now - self.last_full < self.full_every else None
         cycle = schedule(state, now, since, policy=self.policy)
         self.mark = cycle.mark
