@@ -16,7 +16,7 @@ from events import Event, PriceSet
 from events.codec import new_id, stable_id
 from services.billing.core import BillingState, decide, evolve
 from services.runtime.commands import CommandRefused
-from services.runtime.decider import Decider, DeciderHost, Input
+from services.runtime.decider import Decider, DeciderHost, Input, pickle_codec
 from services.runtime.host import ServiceContext, serve
 from services.runtime.logs import get_logger
 
@@ -74,6 +74,7 @@ class Billing:
             evolve_with_id=True,  # the core de-duplicates by event id
             decide=self.decide,
             tick_s=self.tick_s,
+            snapshot=pickle_codec(BillingState),
         )
 
     def decide(self, state: BillingState, now: float) -> list[tuple[Event, str]]:

@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
-import hashlib
-import pickle
 import time
 from typing import Any
 
@@ -35,7 +32,7 @@ from services.quota.core import (
 )
 from services.runtime.buckets import open_kv
 from services.runtime.commands import CommandRefused
-from services.runtime.decider import Decider, DeciderHost, Input, SnapshotCodec
+from services.runtime.decider import Decider, DeciderHost, Input, SnapshotCodec, pickle_codec
 from services.runtime.host import ServiceContext, serve
 
 NAME = "quota"
@@ -69,13 +66,7 @@ class ListRequest(msgspec.Struct, kw_only=True):
 
 
 def snapshot_codec() -> SnapshotCodec[QuotaState]:
-    """pickle of the state (read back only by this service), named by the state's shape."""
-    shape = ",".join(f.name for f in dataclasses.fields(QuotaState))
-    return SnapshotCodec(
-        format=f"pickle-{pickle.DEFAULT_PROTOCOL}-{hashlib.sha256(shape.encode()).hexdigest()[:12]}",
-        encode=lambda state: pickle.dumps(state, protocol=pickle.DEFAULT_PROTOCOL),
-        decode=pickle.loads,
-    )
+    return pickle_codec(QuotaState)
 
 
 class QuotaService:

@@ -33,8 +33,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
+import hashlib
 import os
+import pickle
 import socket
 import time
 from collections import deque
@@ -78,6 +81,20 @@ class SnapshotCodec(Generic[S]):
     format: str
     encode: Callable[[S], bytes]
     decode: Callable[[bytes], S]
+
+
+def pickle_codec(*shapes: type) -> SnapshotCodec[Any]:
+    """Snapshots as pickle, named by the fields of the dataclasses the state is made of, so a snapshot
+    taken by a build with another state shape is never unpickled (the host replays instead). pickle
+    fits a derived state that only the same service reads back, from its own bucket: it keeps shared
+    references and indexes as they are."""
+    shape = "|".join(f"{c.__name__}:{','.join(f.name for f in dataclasses.fields(c))}" for c in shapes)
+    digest = hashlib.sha256(shape.encode()).hexdigest()[:12]
+    return SnapshotCodec(
+        format=f"pickle-{pickle.DEFAULT_PROTOCOL}-{digest}",
+        encode=lambda state: pickle.dumps(state, protocol=pickle.DEFAULT_PROTOCOL),
+        decode=pickle.loads,
+    )
 
 
 Decisions = Sequence[tuple[Event, str]]  # (event, deterministic id)
@@ -159,6 +176,7 @@ class DeciderHost(Generic[S]):
             ctx.task(lambda: lease.run(ctx.stop, self._on_leadership))
         ctx.task(self._run)
         ctx.every(d.tick_s, self.tick)
+        ctx.every(min(d.tick_s, 0.25), self._check_ready)  # ready soon after catching up, whatever the tick
         if d.snapshot is not None:
             ctx.every(min(d.snapshot_every_s, 30.0), self._maybe_snapshot)
 
@@ -377,10 +395,16 @@ class DeciderHost(Generic[S]):
         return True
 
     # -- tick: decide ----------------------------------------------------------------------------
-    async def tick(self, now: float) -> None:
+    async def _check_ready(self, now: float) -> None:
         if not self.ready:
-            if not await self.caught_up():
-                return
+            await self._become_ready()
+
+    async def _become_ready(self) -> bool:
+        if self.ready:
+            return True
+        if not await self.caught_up():
+            return False
+        if not self.ready:
             self.ready = True
             self.caught_up_event.set()
             self.stats.ready_after_s = time.monotonic() - self._started
@@ -393,6 +417,11 @@ class DeciderHost(Generic[S]):
             )
             gc.collect()
             gc.freeze()  # the rebuilt state lives on: keep the collector from walking it every cycle
+        return True
+
+    async def tick(self, now: float) -> None:
+        if not await self._become_ready():
+            return
         decide = self.decider.decide
         if decide is None:
             return

@@ -19,10 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
-import hashlib
 import os
-import pickle
 import re
 import secrets
 import time
@@ -33,7 +30,7 @@ import msgspec
 from events import Event, JobCancelled, JobSpec, JobSubmitted, PriorityClass
 from events.codec import stable_id
 from services.runtime.commands import CommandRefused
-from services.runtime.decider import CommandConflict, Decider, DeciderHost, Input, SnapshotCodec
+from services.runtime.decider import CommandConflict, Decider, DeciderHost, Input, SnapshotCodec, pickle_codec
 from services.runtime.host import ServiceContext, serve
 from services.runtime.lease import ENV_NAME, ENV_TTL
 from services.runtime.logs import get_logger
@@ -105,23 +102,8 @@ def new_job_id(name: str, team: str) -> str:
     return f"{base}-{secrets.token_hex(4)}"
 
 
-def _state_format() -> str:
-    """Snapshot format: pickle of the state, named by the shape of the classes it holds, so a
-    snapshot taken by a build with another state shape is ignored (replay from the start)."""
-    shape = "|".join(
-        f"{cls.__name__}:{','.join(f.name for f in dataclasses.fields(cls))}" for cls in (SchedulerState, Job, Node)
-    )
-    return f"pickle-{pickle.DEFAULT_PROTOCOL}-{hashlib.sha256(shape.encode()).hexdigest()[:12]}"
-
-
 def snapshot_codec() -> SnapshotCodec[SchedulerState]:
-    # pickle: the state is a graph of dataclasses and indexes (shared references included) that only
-    # this service reads back, from its own bucket; an unknown shape is never unpickled (format above).
-    return SnapshotCodec(
-        format=_state_format(),
-        encode=lambda state: pickle.dumps(state, protocol=pickle.DEFAULT_PROTOCOL),
-        decode=pickle.loads,
-    )
+    return pickle_codec(SchedulerState, Job, Node)
 
 
 class Scheduler:
