@@ -41,3 +41,18 @@ def job_pool(spec: JobSpec, team_pools: Mapping[str, list[str]]) -> str:
         return spec.pool
     pools = team_pools.get(spec.team)
     return pools[0] if pools else DEFAULT_POOL
+
+
+@dataclass(frozen=True)
+class Quota:
+    team: str
+    pool: str
+    guaranteed: int
+    borrow_limit: int | None = None
+    lend_limit: int | None = None
+    weight: float = 1.0
+
+    @property
+    def locked(self) -> int:
+        """Guaranteed GPUs that may never be lent, used or not."""
+        return 0 if self.lend_limit is None else max(0, self.guaranteed - self.lend_limit)

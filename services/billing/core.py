@@ -84,6 +84,7 @@ class BillingState:
     isolated_nodes: set[tuple[str, str]] = field(default_factory=set)
     isolated_gpus: set[GpuKey] = field(default_factory=set)
     accrued_until: float | None = None
+    accrued_any: bool = False  # a CostAccrued was folded: accrual continues from it, never earlier
     budgets: dict[str, float] = field(default_factory=dict)
     spent: dict[tuple[str, str], float] = field(default_factory=lambda: defaultdict(float))
     exceeded: set[tuple[str, str]] = field(default_factory=set)
@@ -132,8 +133,15 @@ def evolve(state: BillingState, event: Event, event_id: str = "") -> BillingStat
     if event_id:
         state.seen.add(event_id)
     at = getattr(event, "at", None)
-    if isinstance(at, float | int) and state.accrued_until is None and not isinstance(event, PriceSet | BudgetSet):
-        state.accrued_until = _floor(float(at), state.period_s)
+    if (
+        isinstance(at, float | int)
+        and not state.accrued_any
+        and not isinstance(event, PriceSet | BudgetSet | CostAccrued | BudgetExceeded)
+    ):
+        # Accrual starts at the earliest fact, whichever stream it was folded from (not at the first
+        # one folded), so the state does not depend on the order the streams were merged in.
+        start = _floor(float(at), state.period_s)
+        state.accrued_until = start if state.accrued_until is None else min(state.accrued_until, start)
     match event:
         case PriceSet():
             if event.at >= state.price_at.get(event.gpu_model, float("-inf")):
@@ -184,6 +192,7 @@ def evolve(state: BillingState, event: Event, event_id: str = "") -> BillingStat
                         Held(event.job_id, state.job_team[event.job_id], (p.cluster, p.node, i), event.at, None)
                     )
         case CostAccrued():
+            state.accrued_any = True
             if event.team:
                 state.spent[(event.team, month_of(event.period_start))] += event.cost
             state.accrued_until = max(state.accrued_until or event.period_end, event.period_end)

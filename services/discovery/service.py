@@ -136,7 +136,7 @@ async def setup(ctx: ServiceContext, args: argparse.Namespace, kube_api: Any = N
     shell = DiscoveryShell(host, kv, args.view_every)
     ctx.every(args.tick, shell.write_views)
     if kube_api is None:
-        from services.health.kube import client_from
+        from services.runtime.kube import client_from
 
         kube_api = client_from(getattr(args, "kubeconfig", None), getattr(args, "in_cluster", False))
     if kube_api is not None:

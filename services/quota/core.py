@@ -38,8 +38,7 @@ from events import (
     TeamQuotaSet,
 )
 from events.codec import stable_id
-from services.scheduler.core.pools import DEFAULT_POOL, PoolDef, job_pool, node_pool
-from services.scheduler.core.state import Quota
+from services.pools import DEFAULT_POOL, PoolDef, Quota, job_pool, node_pool
 
 DEFAULT_HALF_LIFE_S = 7 * 24 * 3600.0  # Slurm's default PriorityDecayHalfLife (7 days)
 PUBLISH_DELTA = 0.01  # publish a factor when it moved at least this much

@@ -18,7 +18,7 @@ import msgspec
 import pyarrow as pa
 
 from events.streams import BILLING, FAULTS, FLEET, JOBS, QUOTA, TELEMETRY
-from services.cli.errors import UsageError
+from services.errors import UsageError
 from services.recorder.rows import Recorded
 from services.recorder.samples import SampleConsumer
 from services.recorder.writer import Writer

@@ -8,6 +8,7 @@ import pickle
 import random
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -145,31 +146,35 @@ DECIDERS = [core for core in CORES if core.decide is not None]
 EXAMPLES = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
+@pytest.mark.parametrize("core", CORES, ids=lambda c: c.name)
 @EXAMPLES
-@given(fleet_logs(), st.integers(0, 2**32), st.sampled_from(CORES))
+@given(fleet_logs(), st.integers(0, 2**32))
 def test_random_interleavings_of_the_input_streams_fold_to_one_state(
-    log: tuple[list[Event], float], seed: int, core: CoreSpec[Any]
+    core: CoreSpec[Any], log: tuple[list[Event], float], seed: int
 ) -> None:
     interleavings_fold_to_one_state(core, log[0], seed)
 
 
+@pytest.mark.parametrize("core", CORES, ids=lambda c: c.name)
 @EXAMPLES
-@given(fleet_logs(), st.integers(0, 200), st.sampled_from(CORES))
+@given(fleet_logs(), st.integers(0, 200))
 def test_snapshot_restore_continue_equals_folding_from_the_start(
-    log: tuple[list[Event], float], cut: int, core: CoreSpec[Any]
+    core: CoreSpec[Any], log: tuple[list[Event], float], cut: int
 ) -> None:
     snapshot_restore_continue(core, log[0], cut)
 
 
+@pytest.mark.parametrize("core", DECIDERS, ids=lambda c: c.name)
 @EXAMPLES
-@given(fleet_logs(), st.sampled_from(DECIDERS))
-def test_decide_does_not_change_the_state(log: tuple[list[Event], float], core: CoreSpec[Any]) -> None:
+@given(fleet_logs())
+def test_decide_does_not_change_the_state(core: CoreSpec[Any], log: tuple[list[Event], float]) -> None:
     decide_only_reads(core, log[0], log[1] + 30.0)
 
 
+@pytest.mark.parametrize("core", DECIDERS, ids=lambda c: c.name)
 @EXAMPLES
-@given(fleet_logs(), st.sampled_from(DECIDERS))
+@given(fleet_logs())
 def test_a_restart_in_the_middle_of_a_cycle_decides_nothing_twice(
-    log: tuple[list[Event], float], core: CoreSpec[Any]
+    core: CoreSpec[Any], log: tuple[list[Event], float]
 ) -> None:
     restart_mid_cycle(core, log[0], log[1] + 30.0)

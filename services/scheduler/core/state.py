@@ -40,8 +40,8 @@ from events import (
     TeamQuotaSet,
 )
 from events.telemetry import GpuInfo
+from services.pools import DEFAULT_POOL, PoolDef, Quota, job_pool, node_pool
 from services.scheduler.core.capacity import Capacity
-from services.scheduler.core.pools import DEFAULT_POOL, PoolDef, job_pool, node_pool
 
 DEFAULT_TOPOLOGY_KEY = "rack"
 
@@ -118,21 +118,6 @@ class Node:
             self._model = max(models, key=models.count) if models else ""
             self._model_of = self.gpus
         return self._model
-
-
-@dataclass(frozen=True)
-class Quota:
-    team: str
-    pool: str
-    guaranteed: int
-    borrow_limit: int | None = None
-    lend_limit: int | None = None
-    weight: float = 1.0
-
-    @property
-    def locked(self) -> int:
-        """Guaranteed GPUs that may never be lent, used or not."""
-        return 0 if self.lend_limit is None else max(0, self.guaranteed - self.lend_limit)
 
 
 class PendingLog:
