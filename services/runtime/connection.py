@@ -7,6 +7,7 @@ import asyncio
 import nats
 from nats.aio.client import Client
 
+from services.runtime.backoff import Backoff
 from services.runtime.logs import get_logger
 
 log = get_logger("chamber.runtime.connection")
@@ -23,7 +24,7 @@ async def connect(
 ) -> Client:
     """A connected client. A server that is down at start is retried `attempts` times."""
     servers = [url] if isinstance(url, str) else url
-    delay = first_delay_s
+    backoff = Backoff(first_s=first_delay_s, max_s=max_delay_s)
     for attempt in range(1, attempts + 1):
         try:
             return await nats.connect(
@@ -42,8 +43,7 @@ async def connect(
             if attempt == attempts:
                 raise
             log.warning("nats connect failed, retrying", url=servers, attempt=attempt, error=str(exc))
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, max_delay_s)
+            await asyncio.sleep(backoff.for_attempt(attempt))
     raise AssertionError("unreachable")
 
 

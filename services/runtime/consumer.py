@@ -26,12 +26,14 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from events.codec import DEFAULT_MAX_BYTES, DecodeError, Envelope, UnknownEventType, decode
+from services.runtime.backoff import Backoff
 from services.runtime.dead_letter import dead_letter
 from services.runtime.logs import get_logger
 from services.runtime.pull import BatchPuller
 from services.runtime.tracing import consume_span
 
 log = get_logger("chamber.runtime.consumer")
+FETCH_BACKOFF = Backoff(first_s=0.2, max_s=5.0)  # the server is restarting or away
 
 
 class TransientError(Exception):
@@ -158,7 +160,7 @@ class Consumer:
                 return
             except nats.errors.Error as exc:  # server restarting: keep trying
                 log.warning("fetch failed", stream=self.options.stream, error=repr(exc))
-                backoff = min(max(backoff * 2, 0.2), 5.0)
+                backoff = FETCH_BACKOFF.next(backoff)
                 continue
             backoff = 0.0
             if msgs:
@@ -229,7 +231,7 @@ class Consumer:
                     for msg, _ in current:
                         await self._dead(msg, "handler_failed", f"{type(exc).__name__}: {exc}")
                     return True
-                delay = min(o.retry_delay_s * 2 ** (attempt - 1), o.max_retry_delay_s)
+                delay = Backoff(o.retry_delay_s, o.max_retry_delay_s).for_attempt(attempt)
                 log.warning(
                     "handler failed, will retry",
                     stream=o.stream,

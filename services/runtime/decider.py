@@ -52,6 +52,7 @@ from nats.js.errors import APIError
 
 from events import Event
 from events.codec import DEFAULT_MAX_BYTES, DecodeError, UnknownEventType, decode
+from services.runtime.consumer import FETCH_BACKOFF
 from services.runtime.dead_letter import dead_letter
 from services.runtime.host import ServiceContext
 from services.runtime.lease import LeaderLease
@@ -254,7 +255,7 @@ class DeciderHost(Generic[S]):
                     return
                 except (nats.errors.Error, APIError) as exc:  # server restarting, consumer gone...
                     log.warning("fold loop: fetch failed", service=self.decider.name, error=repr(exc))
-                    backoff = min(max(backoff * 2, 0.2), 5.0)
+                    backoff = FETCH_BACKOFF.next(backoff)
                     if "409" in str(exc) or isinstance(exc, APIError):
                         await self._reopen()
         finally:
