@@ -178,3 +178,42 @@ async def test_a_poison_message_goes_to_dead_letters_and_the_fold_goes_on(
     assert [e.job_id for e in hosts[0].state] == ["good"] and hosts[0].stats.dead == 1
     stop.set()
     await asyncio.wait_for(task, 15)
+
+
+async def test_the_host_folds_on_after_the_server_was_killed_and_came_back(
+    nats_server: NatsServerProcess, nc: Client, js: JetStreamContext
+) -> None:
+    publisher = Publisher(js, source="test")
+    await publisher.publish_many((a_job(f"before{i}", at=1.0), f"b{i}", None) for i in range(20))
+    stop = asyncio.Event()
+    hosts: list[DeciderHost[list[Any]]] = []
+
+    async def setup(ctx: ServiceContext) -> None:
+        host: DeciderHost[list[Any]] = DeciderHost(
+            Decider(
+                name="probe", inputs=(Input("JOBS"), Input("FLEET")), initial=list, evolve=lambda s, e: s.append(e)
+            ),
+            ctx,
+        )
+        host.install()
+        hosts.append(host)
+
+    task = asyncio.create_task(serve("probe", nats_server.url, setup, stop, health_port=None))
+    await eventually(lambda: bool(hosts) and hosts[0].ready and len(hosts[0].state) == 20)
+    nats_server.kill()  # kill -9 under the running fold loop
+    nats_server.start()
+    await eventually(lambda: nc.is_connected, within=15)
+    for i in range(20):  # JetStream answers again a moment after the connection is back
+
+        async def published(i: int = i) -> bool:
+            try:
+                await publisher.publish(a_job(f"after{i}", at=2.0), id=f"a{i}")
+            except Exception:
+                return False
+            return True
+
+        await eventually(published, within=30)
+    await eventually(lambda: len(hosts[0].state) == 40, within=30)
+    assert [e.job_id for e in hosts[0].state][18:22] == ["before18", "before19", "after0", "after1"]  # once each
+    stop.set()
+    await asyncio.wait_for(task, 15)
