@@ -110,6 +110,11 @@ class Consumer:
         self.name = options.durable or ""
         self._sub: JetStreamContext.PullSubscription | None = None
 
+    @property
+    def bound(self) -> bool:
+        """Started and bound to its stream (through either pull path)."""
+        return self._sub is not None or self._puller is not None
+
     def _config(self) -> ConsumerConfig:
         o = self.options
         filters = list(o.filter_subjects)
