@@ -82,6 +82,9 @@ class JobScheduled(Event, frozen=True, tag=event_type("jobs", "scheduled")):
     placements: list[Placement]
     reason: str = ""
     borrowed_gpus: int = 0
+    # The pool the job was admitted in: folding never asks another stream's state for it. Empty in
+    # events written before the field existed; the fold then keeps the pool it derived itself.
+    pool: str = ""
 
 
 class JobStarted(Event, frozen=True, tag=event_type("jobs", "started")):
@@ -111,6 +114,9 @@ class JobResumed(Event, frozen=True, tag=event_type("jobs", "resumed")):
     placements: list[Placement]
     reason: str = ""
     borrowed_gpus: int = 0
+    # The pool the job was admitted in: folding never asks another stream's state for it. Empty in
+    # events written before the field existed; the fold then keeps the pool it derived itself.
+    pool: str = ""
 
 
 class JobRequeued(Event, frozen=True, tag=event_type("jobs", "requeued")):

@@ -41,6 +41,7 @@ from events import (
 )
 from events.codec import stable_id
 from events.jobs import JobResumed
+from services.pools import PoolDef, node_pool
 
 GpuKey = tuple[str, str, int]  # cluster, node, gpu index
 _JOB_STOPS = {
@@ -88,6 +89,7 @@ class BillingState:
     isolated_nodes: set[tuple[str, str]] = field(default_factory=set)
     isolated_gpus: set[GpuKey] = field(default_factory=set)
     accrued_until: float | None = None
+    accrued_any: bool = False  # a CostAccrued was folded: accrual continues from it, never earlier
     budgets: dict[str, float] = field(default_factory=dict)
     spent: dict[tuple[str, str], float] = field(default_factory=lambda: defaultdict(float))
     exceeded: set[tuple[str, str]] = field(default_factory=set)
@@ -109,15 +111,9 @@ def _floor(ts: float, period: float) -> float:
 
 
 def pool_of(state: BillingState, gpu: GpuKey) -> str:
-    """The first pool (by name) whose model and node selector match; catch-all pools last."""
-    model = state.gpu_model.get(gpu, "")
-    labels = state.node_labels.get(gpu[:2], {})
-    matching = sorted(
-        (not p.gpu_model and not p.node_selector, name)
-        for name, p in state.pools.items()
-        if (not p.gpu_model or p.gpu_model == model) and all(labels.get(k) == v for k, v in p.node_selector.items())
-    )
-    return matching[0][1] if matching else "default"
+    """The pool the scheduler places this GPU's node in (one shared rule: `services.pools`)."""
+    defs = {name: PoolDef(name, p.gpu_model, dict(p.node_selector)) for name, p in state.pools.items()}
+    return node_pool(defs, state.gpu_model.get(gpu, ""), state.node_labels.get(gpu[:2], {}))
 
 
 def _open_service(state: BillingState, gpu: GpuKey, at: float) -> None:
@@ -142,8 +138,15 @@ def evolve(state: BillingState, event: Event, event_id: str = "") -> BillingStat
     if event_id:
         state.seen.add(event_id)
     at = getattr(event, "at", None)
-    if isinstance(at, float | int) and state.accrued_until is None and not isinstance(event, PriceSet | BudgetSet):
-        state.accrued_until = _floor(float(at), state.period_s)
+    if (
+        isinstance(at, float | int)
+        and not state.accrued_any
+        and not isinstance(event, PriceSet | BudgetSet | CostAccrued | BudgetExceeded)
+    ):
+        # Accrual starts at the earliest fact, whichever stream it was folded from (not at the first
+        # one folded), so the state does not depend on the order the streams were merged in.
+        start = _floor(float(at), state.period_s)
+        state.accrued_until = start if state.accrued_until is None else min(state.accrued_until, start)
     match event:
         case PriceSet():
             table, key, at_key = _price_table(state, event)
@@ -195,6 +198,7 @@ def evolve(state: BillingState, event: Event, event_id: str = "") -> BillingStat
                         Held(event.job_id, state.job_team[event.job_id], (p.cluster, p.node, i), event.at, None)
                     )
         case CostAccrued():
+            state.accrued_any = True
             if event.team:
                 state.spent[(event.team, month_of(event.period_start))] += event.cost
             state.accrued_until = max(state.accrued_until or event.period_end, event.period_end)

@@ -1,5 +1,6 @@
-"""`chamber service billing`: replay JOBS, FLEET, QUOTA and BILLING into the core, accrue each closed
-period, publish CostAccrued / BudgetExceeded, and answer `chamber billing price set MODEL RATE`."""
+"""`chamber service billing`: a manifest for the decider host. Inputs JOBS, FLEET, QUOTA and BILLING;
+`decide` accrues each closed period (CostAccrued / BudgetExceeded) and sets the `--price`s the
+process was started with when the log has others; answers `chamber billing price set MODEL RATE`."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ from typing import Any
 import msgspec
 
 from events import Event, PriceSet
+from events.codec import new_id, stable_id
 from services.billing.core import BillingState, decide, evolve
-from services.runtime import Consumer, ConsumerOptions, Delivery
 from services.runtime.commands import CommandRefused
+from services.runtime.decider import Decider, DeciderHost, Input, pickle_codec
 from services.runtime.host import ServiceContext, serve
 from services.runtime.logs import get_logger
 
@@ -62,47 +64,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 class Billing:
-    def __init__(self, state: BillingState, configured_prices: dict[str, float]) -> None:
-        self.state = state
+    def __init__(self, period_s: float, settle_s: float, tick_s: float, configured_prices: dict[str, float]) -> None:
+        self.period_s, self.settle_s, self.tick_s = period_s, settle_s, tick_s
         self.configured_prices = configured_prices
-        self.caught_up = False
-        self.consumers: list[Consumer] = []
+        self.host: DeciderHost[BillingState] | None = None
 
-    async def on_event(self, delivery: Delivery) -> None:
-        evolve(self.state, delivery.envelope.event, delivery.envelope.id)  # type: ignore[arg-type]
+    def manifest(self) -> Decider[BillingState]:
+        return Decider(
+            name=NAME,
+            inputs=tuple(Input(stream) for stream in STREAMS),
+            initial=lambda: BillingState(period_s=self.period_s, settle_s=self.settle_s),
+            evolve=evolve,  # type: ignore[arg-type]
+            evolve_with_id=True,  # the core de-duplicates by event id
+            decide=self.decide,
+            tick_s=self.tick_s,
+            snapshot=pickle_codec(BillingState),
+        )
 
-    async def replayed(self, ctx: ServiceContext) -> bool:
-        """True once every input stream was read to its end (decisions need the whole history)."""
-        if self.caught_up:
-            return True
-        for consumer in self.consumers:
-            if not consumer.name:  # not created on the server yet (the first tick can come first)
-                return False
-            info = await ctx.js.consumer_info(consumer.options.stream, consumer.name)
-            if info.num_pending or info.num_ack_pending:
-                return False
-        self.caught_up = True
-        for model, rate in sorted(self.configured_prices.items()):
-            if self.state.prices.get(model) != rate:
-                await self.publish(ctx, PriceSet(gpu_model=model, at=time.time(), price_per_gpu_hour=rate), None)
-        return True
+    def decide(self, state: BillingState, now: float) -> list[tuple[Event, str]]:
+        """The configured prices the log does not have yet; else the core's accruals."""
+        out: list[tuple[Event, str]] = [
+            (PriceSet(gpu_model=model, at=now, price_per_gpu_hour=rate), stable_id("price", model, rate, now))
+            for model, rate in sorted(self.configured_prices.items())
+            if state.prices.get(model) != rate
+        ]
+        self.configured_prices = {}  # once: a later `price set` command wins over the flag
+        if out:  # costs wait for the next cycle, when these prices have come back from the log
+            return out
+        return decide(state, now)
 
-    async def publish(self, ctx: ServiceContext, event: Event, event_id: str | None) -> None:
-        ack = await ctx.publisher.publish(event, id=event_id)
-        evolve(self.state, event, event_id or "")
-        log.info("published", type=type(event).ce_type(), seq=ack.seq)
-
-    async def tick(self, ctx: ServiceContext, now: float) -> None:
-        if not await self.replayed(ctx):
-            return
-        for event, event_id in decide(self.state, now):
-            await self.publish(ctx, event, event_id)
-
-
-async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
-    billing = Billing(BillingState(period_s=args.period, settle_s=args.settle), parse_prices(args.price))
-
-    async def set_price(request: SetPrice) -> dict[str, Any]:
+    async def set_price(self, request: SetPrice) -> dict[str, Any]:
         if request.price_per_gpu_hour < 0 or request.price_per_gpu_hour != request.price_per_gpu_hour:
             raise CommandRefused("the price must be 0 or more per GPU-hour", field="price_per_gpu_hour")
         named = [(k, v.strip()) for k, v in (("gpu_model", request.gpu_model), ("instance_type", request.instance_type),
@@ -121,18 +112,17 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
             instance_type=name if scope == "instance_type" else None,
             cluster=name if scope == "cluster" else None,
         )
-        await billing.publish(ctx_ref[0], event, None)
+        assert self.host is not None
+        await self.host.append(event, id=new_id(), expected_subject_seq=None)
         return {scope: name, "price_per_gpu_hour": event.price_per_gpu_hour, "at": event.at}
 
-    ctx_ref: list[ServiceContext] = []
+
+async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
+    billing = Billing(args.period, args.settle, args.tick, parse_prices(args.price))
 
     async def setup(ctx: ServiceContext) -> None:
-        ctx_ref.append(ctx)
-        for stream in STREAMS:
-            # Ephemeral consumers from the start: the state is derived from the whole history.
-            consumer = ctx.consume(ConsumerOptions(stream=stream, durable=None), handler=billing.on_event)
-            billing.consumers.append(consumer)
-        ctx.every(args.tick, lambda now: billing.tick(ctx, now))
-        ctx.command("price", SetPrice, set_price)
+        billing.host = DeciderHost(billing.manifest(), ctx)
+        billing.host.install()
+        ctx.command("price", SetPrice, billing.set_price)
 
     await serve(NAME, args.nats, setup, stop)

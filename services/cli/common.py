@@ -9,9 +9,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from services.cli.errors import UsageError
+from services.runtime.options import DEFAULT_CLUSTER, add_cluster_option  # noqa: F401 (re-exported for the CLI)
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
-DEFAULT_CLUSTER = "local"
 CONNECT_DEADLINE_S = 2.0  # the first connection fails within this, naming the URL (never hangs)
 T = TypeVar("T")
 
@@ -62,14 +62,6 @@ def apply_replicas_option(args: argparse.Namespace) -> None:
         os.environ[ENV] = str(parse_replicas(args.replicas))
     else:
         requested_replicas()  # a bad $CHAMBER_NATS_REPLICAS is refused here, before connecting
-
-
-def add_cluster_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--cluster",
-        default=os.environ.get("CHAMBER_CLUSTER", DEFAULT_CLUSTER),
-        help=f"cluster name (default: $CHAMBER_CLUSTER or {DEFAULT_CLUSTER})",
-    )
 
 
 def with_nats(args: argparse.Namespace, body: Callable[[Any], Awaitable[T]], *, name: str = "chamber-cli") -> T:

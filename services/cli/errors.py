@@ -1,2 +1,3 @@
-class UsageError(Exception):
-    """A mistake the user can fix; printed as one line naming the field and the fix, no traceback."""
+"""The command line's errors; `UsageError` lives in services/errors.py so services need not import the CLI."""
+
+from services.errors import UsageError  # noqa: F401 (the CLI's name for it; services import services.errors)

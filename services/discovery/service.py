@@ -1,9 +1,11 @@
 """`chamber service discovery`: the fleet inventory's shell.
 
-Inputs: the latest inventory and sample of every node (TELEMETRY, last per subject, then live), FLEET
-from the start (what was announced, and health's isolations for the view), and Kubernetes Nodes when
-an API is configured (polled). Outputs: NodeDiscovered / NodeUpdated / NodeLost on FLEET, and the
-current view of every node in the JetStream KV bucket `chamber_fleet` (key `<cluster>.<node>`).
+A manifest for the decider host. Inputs: the latest inventory and sample of every node (TELEMETRY,
+last per subject, then live), FLEET from the start (what was announced, and health's isolations for
+the view), and Kubernetes Nodes when an API is configured (polled, folded as they come). Outputs:
+NodeDiscovered / NodeUpdated / NodeLost on FLEET (folded when they come back from the log, so every
+replica sees the same announcements), and the current view of every node in the JetStream KV bucket
+`chamber_fleet` (key `<cluster>.<node>`).
 """
 
 from __future__ import annotations
@@ -13,19 +15,17 @@ import asyncio
 from typing import Any
 
 import msgspec
-from nats.js.api import DeliverPolicy
-from nats.js.errors import BucketNotFoundError
 from nats.js.kv import KeyValue
 
-from services.cli.common import add_cluster_option
+from events import Event
 from services.discovery import core
 from services.discovery.core import DiscoveryState, KubeNode, KubeNodesListed
-from services.health.replay import CatchUp, DeliverFrom
-from services.runtime.consumer import ConsumerOptions, Delivery
+from services.runtime.buckets import open_kv
+from services.runtime.decider import Decider, DeciderHost, Input
 from services.runtime.host import ServiceContext, serve
 from services.runtime.logs import get_logger
+from services.runtime.options import add_cluster_option
 from services.runtime.partitions import telemetry_inputs
-from services.runtime.replicas import replicas_for
 
 NAME = "discovery"
 DESCRIPTION = "fleet inventory from agents and Kubernetes: nodes discovered, updated, suspect, lost"
@@ -49,43 +49,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 class DiscoveryShell:
-    def __init__(self, ctx: ServiceContext, state: DiscoveryState, kv: KeyValue, view_every_s: float) -> None:
-        self.ctx = ctx
-        self.state = state
+    def __init__(self, host: DeciderHost[DiscoveryState], kv: KeyValue, view_every_s: float) -> None:
+        self.host = host
         self.kv = kv
         self.view_every_s = view_every_s
-        self.lock = asyncio.Lock()
-        self.catch_up = CatchUp(ctx.js)
         self.written: dict[tuple[str, str], tuple[int, Any, float]] = {}  # version, signature, time
 
-    async def on_batch(self, deliveries: list[Delivery]) -> None:
-        async with self.lock:
-            live = self.catch_up.done
-            for d in deliveries:
-                if live and d.envelope.source == SOURCE:
-                    continue  # our own announcement coming back: folded when it was made
-                core.evolve(self.state, d.event)
+    @property
+    def state(self) -> DiscoveryState:
+        return self.host.state
 
-    async def on_kube(self, listing: KubeNodesListed) -> None:
-        async with self.lock:
-            core.evolve(self.state, listing)
-
-    async def tick(self, now: float) -> None:
-        if not self.catch_up.done:
-            if not await self.catch_up.check():
-                return
-            log.info("caught up", nodes=len(self.state.nodes))
-        async with self.lock:
-            events = core.decide(self.state, now)
-            if events:
-                await self.ctx.publisher.publish_many((e, core.event_id(e), e.at) for e in events)  # type: ignore[attr-defined]
-                for e in events:
-                    core.evolve(self.state, e)
-                    log.info("fleet", kind=type(e).__name__, node=e.node, status=getattr(e, "status", None))  # type: ignore[attr-defined]
-            await self._write_views(now)
-
-    async def _write_views(self, now: float) -> None:
-        for key, rec in self.state.nodes.items():
+    async def write_views(self, now: float) -> None:
+        if not self.host.ready:
+            return
+        for key, rec in list(self.state.nodes.items()):
             last = self.written.get(key)
             if last is not None and last[0] == rec.version and now - last[2] < self.view_every_s:
                 continue
@@ -102,13 +79,29 @@ class DiscoveryShell:
             self.written[key] = (rec.version, signature, now)
 
 
-async def open_bucket(js: Any) -> KeyValue:
-    try:
-        return await js.key_value(BUCKET)
-    except BucketNotFoundError:
-        return await js.create_key_value(
-            bucket=BUCKET, history=1, description="current fleet view (discovery)", replicas=replicas_for(js)
-        )
+def decide(state: DiscoveryState, now: float) -> list[tuple[Event, str]]:
+    events = core.decide(state, now)
+    for e in events:
+        log.info("fleet", kind=type(e).__name__, node=e.node, status=getattr(e, "status", None))  # type: ignore[attr-defined]
+    return [(e, core.event_id(e)) for e in events]
+
+
+def manifest(args: argparse.Namespace, telemetry: list[tuple[str, str]] | None = None) -> Decider[DiscoveryState]:
+    """`telemetry`: (stream, filter) of TELEMETRY and each of its partitions (`telemetry_inputs`)."""
+    if telemetry is None:
+        telemetry = [("TELEMETRY", "chamber.telemetry.>")]
+    return Decider(
+        name=NAME,
+        inputs=(
+            # the current picture of every node, then live: TELEMETRY and each of its partitions
+            *(Input(stream, (subject,), deliver="last_per_subject") for stream, subject in telemetry),
+            Input("FLEET"),  # what was announced, and isolations for the view
+        ),
+        initial=lambda: core.new_state(suspect_after_intervals=args.suspect_intervals, lost_after_s=args.lost_after),
+        evolve=core.evolve,
+        decide=decide,
+        tick_s=args.tick,
+    )
 
 
 def list_kube_nodes(api: Any, cluster: str, now: float) -> KubeNodesListed:
@@ -142,32 +135,19 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
 
 
 async def setup(ctx: ServiceContext, args: argparse.Namespace, kube_api: Any = None) -> DiscoveryShell:
-    state = core.new_state(suspect_after_intervals=args.suspect_intervals, lost_after_s=args.lost_after)
-    shell = DiscoveryShell(ctx, state, await open_bucket(ctx.js), args.view_every)
-    inputs = [
-        # the current picture of every node, then live: TELEMETRY and each of its partitions
-        *((stream, subject, DeliverPolicy.LAST_PER_SUBJECT) for stream, subject in await telemetry_inputs(ctx.js)),
-        ("FLEET", "chamber.fleet.>", DeliverPolicy.ALL),  # what was announced, and isolations for the view
-    ]
-    for stream, subject, policy in inputs:
-        consumer = DeliverFrom(
-            ctx.js,
-            ConsumerOptions(stream=stream, durable=None, filter_subjects=(subject,)),
-            policy=policy,
-            batch_handler=shell.on_batch,
-        )
-        shell.catch_up.watch(consumer)
-        ctx.consumers.append(consumer)
-        ctx.task(lambda c=consumer: c.run(ctx.stop))  # type: ignore[misc]
-    ctx.every(args.tick, shell.tick)
+    host = DeciderHost(manifest(args, await telemetry_inputs(ctx.js)), ctx)
+    host.install()
+    kv = await open_kv(ctx.js, BUCKET, history=1, description="current fleet view (discovery)")
+    shell = DiscoveryShell(host, kv, args.view_every)
+    ctx.every(args.tick, shell.write_views)
     if kube_api is None:
-        from services.health.kube import client_from
+        from services.runtime.kube import client_from
 
         kube_api = client_from(getattr(args, "kubeconfig", None), getattr(args, "in_cluster", False))
     if kube_api is not None:
 
         async def poll(now: float) -> None:
-            await shell.on_kube(await asyncio.to_thread(list_kube_nodes, kube_api, args.cluster, now))
+            host.inject(await asyncio.to_thread(list_kube_nodes, kube_api, args.cluster, now))
 
         ctx.every(args.kube_poll, poll)
     return shell

@@ -1,9 +1,9 @@
 """`chamber service gateway`: fold every stream into the read model and serve it over HTTP.
 
-Each stream is read by an ephemeral consumer from its start (FLEET, JOBS, QUOTA, BILLING and FAULTS
-are the domain history), except TELEMETRY, of which only each node's latest sample and inventory
-matter to a live view. The HTTP server, the consumers and the efficiency ticker share one event
-loop, so a request always sees a state between two whole events.
+The read model is a decider without decisions on the decider host: FLEET, JOBS, QUOTA, BILLING and
+FAULTS from their start (the domain history), TELEMETRY from each node's latest sample and inventory
+(all a live view needs), folded in the host's one order. The HTTP server, the fold loop and the
+efficiency ticker share one event loop, so a request always sees a state between two whole events.
 """
 
 from __future__ import annotations
@@ -15,15 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
-from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from events.streams import BILLING, FAULTS, FLEET, JOBS, QUOTA, TELEMETRY
 from services.cli.errors import UsageError
 from services.gateway.api import GatewayContext, make_app
 from services.gateway.core import GatewayState, evolve, record_point, scheduler_said
 from services.gateway.history import WarehouseHistory
-from services.runtime import Consumer, ConsumerOptions, Delivery
 from services.runtime.commands import CommandRefused, CommandUnavailable, request
+from services.runtime.decider import Decider, DeciderHost, Input
 from services.runtime.host import ServiceContext, serve
 from services.runtime.logs import get_logger
 from services.runtime.partitions import telemetry_inputs
@@ -65,46 +64,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-class LatestPerSubject(Consumer):
-    """A consumer that starts from the last message of every subject (one per node for telemetry)."""
-
-    def _config(self) -> ConsumerConfig:
-        config = super()._config()
-        config.deliver_policy = DeliverPolicy.LAST_PER_SUBJECT
-        return config
-
-
-def consume_all(
-    ctx: ServiceContext, state: GatewayState, telemetry: list[tuple[str, str]] | None = None
-) -> list[Consumer]:
-    """`telemetry`: (stream, filter) of TELEMETRY and its partitions (`telemetry_inputs`)."""
-    if telemetry is None:
-        telemetry = [(TELEMETRY.name, TELEMETRY.subjects[0])]
-
-    async def fold(batch: list[Delivery]) -> None:
-        for delivery in batch:
-            evolve(state, delivery.envelope.event)
-
-    consumers = [
-        ctx.consume(ConsumerOptions(stream=spec.name, durable=None), batch_handler=fold)
-        for spec in (FLEET, JOBS, QUOTA, BILLING, FAULTS)
-    ]
-    # the server needs a filter subject to deliver the last message per subject; every partition
-    latest = []
-    for stream, subject in telemetry:
-        options = ConsumerOptions(stream=stream, durable=None, filter_subjects=(subject,))
-        consumer = LatestPerSubject(ctx.js, options, batch_handler=fold)
-        ctx.consumers.append(consumer)
-        ctx.task(lambda consumer=consumer: consumer.run(ctx.stop))  # type: ignore[misc]
-        latest.append(consumer)
-    return [*consumers, *latest]
+def read_model(state: GatewayState, telemetry: list[tuple[str, str]] | None = None) -> Decider[GatewayState]:
+    """The gateway's view as a decider without decisions: every stream folded in the host's one
+    order, telemetry from the last sample of every node (the server needs a filter subject for that)."""
+    inputs = [Input(spec.name) for spec in (FLEET, JOBS, QUOTA, BILLING, FAULTS)]
+    # `telemetry`: (stream, filter) of TELEMETRY and each of its partitions (`telemetry_inputs`)
+    for stream, subject in telemetry or [(TELEMETRY.name, TELEMETRY.subjects[0])]:
+        inputs.append(Input(stream, (subject,), deliver="last_per_subject"))
+    return Decider(name=NAME, inputs=tuple(inputs), initial=lambda: state, evolve=evolve)
 
 
 async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
     state = GatewayState()
 
     async def setup(ctx: ServiceContext) -> None:
-        consumers = consume_all(ctx, state, await telemetry_inputs(ctx.js))
+        host = DeciderHost(read_model(state, await telemetry_inputs(ctx.js)), ctx)
+        host.install()
 
         async def forward(service: str, verb: str, payload: dict[str, Any]) -> Any:
             return await request(ctx.nc, service, verb, payload, timeout=args.command_timeout)
@@ -113,19 +88,14 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
             return {
                 "nats_connected": ctx.nc.is_connected,
                 "pid": os.getpid(),  # `chamber up` checks that the gateway answering is the one it started
-                "streams": {c.options.stream: c.stats.last_acked_seq for c in consumers},
+                "streams": dict(host.positions),
             }
 
-        first_tick = True
-
         async def tick(now: float) -> None:
-            # the first tick comes while the streams are still replaying: a point then would be a
-            # half-built fleet, drawn as a dip to zero
-            nonlocal first_tick
-            if first_tick or state.events_seen == 0:
-                first_tick = False
-                return
-            record_point(state, now)
+            # while the streams are still replaying, a point would be a half-built fleet, drawn as a
+            # dip to zero
+            if host.ready and state.events_seen:
+                record_point(state, now)
 
         gateway = GatewayContext(
             state=state,

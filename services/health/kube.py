@@ -22,6 +22,7 @@ from typing import Any
 
 from events.base import Event
 from events.fleet import GpuIsolated, GpuRestored, NodeIsolated, NodeRestored
+from services.runtime.kube import client_from  # noqa: F401 (re-exported: health's setup and tests use it here)
 from services.runtime.logs import get_logger
 
 log = get_logger("chamber.health.kube")
@@ -241,22 +242,6 @@ def _condition(node: dict[str, Any], kind: str) -> tuple[str, str] | None:
     for c in (node.get("status") or {}).get("conditions") or []:
         if c.get("type") == kind:
             return c.get("status", ""), c.get("message") or ""
-    return None
-
-
-def client_from(kubeconfig: str | None, in_cluster: bool) -> Any:
-    """A CoreV1Api from a kubeconfig file or in-cluster config; None when neither is configured.
-
-    In a pod (KUBERNETES_SERVICE_HOST set by the kubelet) the service account is used without a flag,
-    which is how the Helm chart runs discovery and health.
-    """
-    from kubernetes import client, config
-
-    if kubeconfig:
-        return client.CoreV1Api(config.new_client_from_config(config_file=kubeconfig))
-    if in_cluster or os.environ.get("KUBERNETES_SERVICE_HOST"):
-        config.load_incluster_config()
-        return client.CoreV1Api()
     return None
 
 

@@ -8,26 +8,22 @@ After that, its own events coming back on FLEET are skipped: they were folded wh
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 from nats.js import JetStreamContext
-from nats.js.api import ConsumerConfig, DeliverPolicy
+from nats.js.api import DeliverPolicy
 
 from services.runtime.consumer import BatchHandler, Consumer, ConsumerOptions
 
 
 class DeliverFrom(Consumer):
-    """A consumer with a deliver policy the runtime's options do not offer (new, last per subject)."""
+    """A consumer with a deliver policy (new, last per subject), through the public option."""
 
     def __init__(
         self, js: JetStreamContext, options: ConsumerOptions, *, policy: DeliverPolicy, batch_handler: BatchHandler
     ) -> None:
-        super().__init__(js, options, batch_handler=batch_handler)
+        super().__init__(js, dataclasses.replace(options, deliver=policy), batch_handler=batch_handler)
         self.policy = policy
-
-    def _config(self) -> ConsumerConfig:
-        config = super()._config()
-        config.deliver_policy = self.policy
-        return config
 
 
 class CatchUp:

@@ -22,7 +22,6 @@ from nats.js.api import DeliverPolicy
 from events.base import Event
 from events.commands import RestoreNode
 from events.fleet import GpuIsolated, GpuRestored, NodeDiscovered, NodeIsolated, NodeRestored, NodeUpdated
-from services.cli.common import add_cluster_option
 from services.health import core
 from services.health.core import Decision, HealthRefusal, HealthState, NodeHealth
 from services.health.kube import gpu_entry
@@ -32,6 +31,7 @@ from services.runtime.commands import CommandRefused
 from services.runtime.consumer import ConsumerOptions, Delivery
 from services.runtime.host import ServiceContext, serve
 from services.runtime.logs import get_logger
+from services.runtime.options import add_cluster_option
 from services.runtime.partitions import telemetry_inputs
 
 NAME = "health"
@@ -73,6 +73,7 @@ class HealthShell:
         self.catch_up = CatchUp(ctx.js)
         self.node_locks: dict[str, asyncio.Lock] = {}
         self.actuations: set[asyncio.Task[None]] = set()
+        self.own_ids: set[str] = set()  # ids of events this process published and has folded already
         # Kubernetes calls block on the network: a pool of their own, wider than asyncio's default.
         self.kube_pool = ThreadPoolExecutor(max_workers=KUBE_WORKERS, thread_name_prefix="chamber-kube")
 
@@ -82,8 +83,11 @@ class HealthShell:
         async with self.lock:
             live = self.catch_up.done
             for d in deliveries:
-                if live and d.envelope.source == SOURCE:
-                    continue  # our own decision coming back: folded when it was made
+                if live and d.envelope.id in self.own_ids:
+                    # This process's own decision coming back: folded when it was made. Matched by
+                    # event id, not by source: another replica's decisions and commands still fold.
+                    self.own_ids.discard(d.envelope.id)
+                    continue
                 if live and isinstance(d.event, NodeDiscovered | NodeUpdated):
                     self._fold_inventory(d.event)
                     continue
@@ -120,7 +124,11 @@ class HealthShell:
     async def _commit(self, decisions: list[Decision]) -> None:
         out = [(d.event, core.event_id(d), getattr(d.event, "at", None)) for d in decisions if d.event is not None]
         if out:
-            await self.ctx.publisher.publish_many(out)
+            self.own_ids.update(event_id for _, event_id, _ in out)
+            acks = await self.ctx.publisher.publish_many(out)
+            for (_, event_id, _), ack in zip(out, acks, strict=True):
+                if ack.duplicate:  # already in the log: no echo will come to consume the id
+                    self.own_ids.discard(event_id)
         for d in decisions:
             core.evolve(self.state, d)
             log.info(

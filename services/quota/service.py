@@ -1,21 +1,19 @@
 """`chamber service quota`: pools, team quotas and fair-share factors.
 
-Replays QUOTA, JOBS and FLEET from the start on every start; answers `set`, `pool_set` and `list`
-commands (a valid command is recorded as an event on QUOTA); every `--interval` seconds publishes
-FairShareUpdated for teams whose factor moved, and writes each team's row to the KV bucket
-`chamber_quota` (key `<pool>.<team>`) for dashboards.
+A manifest for the decider host: inputs FLEET, QUOTA and JOBS, the core's `evolve`, and as `decide`
+the FairShareUpdated of teams whose factor moved (every `--interval` seconds). Answers `set`,
+`pool_set` and `list` (a valid command is appended to QUOTA and answered once folded back), and
+writes each team's row to the KV bucket `chamber_quota` (key `<pool>.<team>`) for dashboards.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import time
 from typing import Any
 
 import msgspec
-from nats.js.errors import BucketNotFoundError
 from nats.js.kv import KeyValue
 
 from events import BudgetSet
@@ -33,11 +31,10 @@ from services.quota.core import (
     rows,
     set_quota,
 )
-from services.runtime import ConsumerOptions, Delivery
+from services.runtime.buckets import open_kv
 from services.runtime.commands import CommandRefused
+from services.runtime.decider import Decider, DeciderHost, Input, SnapshotCodec, pickle_codec
 from services.runtime.host import ServiceContext, serve
-from services.runtime.replicas import replicas_for
-from services.scheduler.replay import caught_up
 
 NAME = "quota"
 DESCRIPTION = "pools, team quotas (guarantee, borrow and lend limits) and decayed fair share"
@@ -57,26 +54,39 @@ class ListRequest(msgspec.Struct, kw_only=True):
     pass
 
 
+def snapshot_codec() -> SnapshotCodec[QuotaState]:
+    return pickle_codec(QuotaState)
+
+
 class QuotaService:
-    def __init__(self, half_life_s: float) -> None:
-        self.state = QuotaState(half_life_s=half_life_s)
-        self.ctx: ServiceContext | None = None
-        self.ready = False
+    def __init__(self, half_life_s: float, interval_s: float) -> None:
+        self.half_life_s = half_life_s
+        self.interval_s = interval_s
+        self.host: DeciderHost[QuotaState] | None = None
         self._kv: KeyValue | None = None
 
-    async def on_event(self, delivery: Delivery) -> None:
-        evolve(self.state, delivery.envelope.event)  # type: ignore[arg-type]
+    def manifest(self) -> Decider[QuotaState]:
+        return Decider(
+            name=NAME,
+            inputs=(Input("FLEET"), Input("QUOTA"), Input("JOBS")),
+            initial=lambda: QuotaState(half_life_s=self.half_life_s),
+            evolve=evolve,  # type: ignore[arg-type]
+            decide=decide,  # type: ignore[arg-type]
+            tick_s=self.interval_s,
+            snapshot=snapshot_codec(),
+        )
+
+    @property
+    def state(self) -> QuotaState:
+        assert self.host is not None
+        return self.host.state
 
     async def _record(self, event: Any, event_id: str) -> None:
-        assert self.ctx is not None
-        await self.ctx.publisher.publish(event, id=event_id)
-        evolve(self.state, event)  # setting a quota is idempotent: the echo changes nothing
+        assert self.host is not None
+        await self.host.append(event, id=event_id, expected_subject_seq=None)  # answered once folded
 
     async def _ensure_ready(self) -> None:
-        if not self.ready:
-            assert self.ctx is not None
-            self.ready = await caught_up(self.ctx.js, self.ctx.consumers)
-        if not self.ready:
+        if self.host is None or not self.host.ready:
             raise CommandRefused("the quota service is still reading its log; try again in a moment")
 
     async def set(self, req: SetQuotaRequest) -> dict[str, Any]:
@@ -139,30 +149,15 @@ class QuotaService:
     async def list(self, _: ListRequest) -> dict[str, Any]:
         return {"teams": rows(self.state, time.time())}
 
-    async def tick(self, now: float) -> None:
-        ctx = self.ctx
-        assert ctx is not None
-        if not self.ready:
-            self.ready = await caught_up(ctx.js, ctx.consumers)
-            if not self.ready:
-                return
-        for event, event_id in decide(self.state, now):
-            await ctx.publisher.publish(event, id=event_id)
-            evolve(self.state, event)
-        kv = await self._bucket()
-        for row in rows(self.state, now):
-            await kv.put(f"{token(row['pool'])}.{token(row['team'])}", msgspec.json.encode(row))
-
-    async def _bucket(self) -> KeyValue:
+    async def write_view(self, now: float) -> None:
+        """Each team's row into the KV view, once the state is rebuilt."""
+        host = self.host
+        if host is None or not host.ready:
+            return
         if self._kv is None:
-            assert self.ctx is not None
-            try:
-                self._kv = await self.ctx.js.key_value(KV_BUCKET)
-            except BucketNotFoundError:
-                with contextlib.suppress(Exception):
-                    await self.ctx.js.create_key_value(bucket=KV_BUCKET, history=1, replicas=replicas_for(self.ctx.js))
-                self._kv = await self.ctx.js.key_value(KV_BUCKET)
-        return self._kv
+            self._kv = await open_kv(host.ctx.js, KV_BUCKET, history=1)
+        for row in rows(self.state, now):
+            await self._kv.put(f"{token(row['pool'])}.{token(row['team'])}", msgspec.json.encode(row))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -176,15 +171,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
-    service = QuotaService(args.half_life)
+    service = QuotaService(args.half_life, args.interval)
 
     async def setup(ctx: ServiceContext) -> None:
-        service.ctx = ctx
-        for stream in ("FLEET", "QUOTA", "JOBS"):
-            ctx.consume(ConsumerOptions(stream=stream, durable=None), handler=service.on_event)
+        service.host = DeciderHost(service.manifest(), ctx)
+        service.host.install()
         ctx.command("set", SetQuotaRequest, service.set)
         ctx.command("pool_set", PoolSetRequest, service.pool_set)
         ctx.command("list", ListRequest, service.list)
-        ctx.every(args.interval, service.tick)
+        ctx.every(args.interval, service.write_view)
 
     await serve(NAME, args.nats, setup, stop)

@@ -18,7 +18,7 @@ import msgspec
 import pyarrow as pa
 
 from events.streams import BILLING, FAULTS, FLEET, JOBS, QUOTA, TELEMETRY
-from services.cli.errors import UsageError
+from services.errors import UsageError
 from services.recorder.partitions import own_partitions
 from services.recorder.retention import RAW_TTL_DAYS, ROLLUP_TTL_DAYS, apply_retention
 from services.recorder.rows import Recorded

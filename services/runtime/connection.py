@@ -15,6 +15,7 @@ from typing import Any
 import nats
 from nats.aio.client import Client
 
+from services.runtime.backoff import Backoff
 from services.runtime.credentials import CredentialsError, login
 from services.runtime.logs import get_logger
 
@@ -54,7 +55,7 @@ async def connect(
             _connect_once(servers, name=name, user_credentials=user_credentials, credentials=credentials),
             timeout=deadline_s,
         )
-    delay = first_delay_s
+    backoff = Backoff(first_s=first_delay_s, max_s=max_delay_s)
     for attempt in range(1, attempts + 1):
         try:
             return await _refused_login_fails_fast(
@@ -74,8 +75,7 @@ async def connect(
             if attempt == attempts:
                 raise
             log.warning("nats connect failed, retrying", url=servers, attempt=attempt, error=str(exc))
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, max_delay_s)
+            await asyncio.sleep(backoff.for_attempt(attempt))
     raise AssertionError("unreachable")
 
 

@@ -19,19 +19,23 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import nats.errors
+from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from events.codec import DEFAULT_MAX_BYTES, DecodeError, Envelope, UnknownEventType, decode
+from services.runtime.backoff import Backoff
 from services.runtime.connection import Throttled
 from services.runtime.dead_letter import dead_letter
 from services.runtime.logs import get_logger
+from services.runtime.pull import BatchPuller
 from services.runtime.tracing import consume_span
 
 log = get_logger("chamber.runtime.consumer")
 _fetch_failed = Throttled("fetch failed", logger=log)  # a dead bus fails every fetch of every consumer
+FETCH_BACKOFF = Backoff(first_s=0.2, max_s=5.0)  # the server is restarting or away
 
 
 class TransientError(Exception):
@@ -52,6 +56,7 @@ class ConsumerOptions:
     max_retry_delay_s: float = 30.0
     max_bytes: int = DEFAULT_MAX_BYTES
     start_seq: int | None = None  # deliver from this stream sequence (replay after a snapshot)
+    deliver: DeliverPolicy | None = None  # e.g. LAST_PER_SUBJECT or NEW; None: all (or from start_seq)
     max_ack_pending: int = 20_000
 
 
@@ -91,16 +96,26 @@ class Consumer:
         *,
         handler: Handler | None = None,
         batch_handler: BatchHandler | None = None,
+        nc: Client | None = None,
     ) -> None:
+        """With `nc`, batches come through one pull request each (`pull.BatchPuller`); without it,
+        through nats-py's `fetch`."""
         if (handler is None) == (batch_handler is None):
             raise ValueError("give exactly one of handler or batch_handler")
         self.js = js
+        self.nc = nc
+        self._puller: BatchPuller | None = None
         self.options = options
         self.handler = handler
         self.batch_handler = batch_handler
         self.stats = ConsumerStats()
         self.name = options.durable or ""
         self._sub: JetStreamContext.PullSubscription | None = None
+
+    @property
+    def bound(self) -> bool:
+        """Started and bound to its stream (through either pull path)."""
+        return self._sub is not None or self._puller is not None
 
     def _config(self) -> ConsumerConfig:
         o = self.options
@@ -117,6 +132,8 @@ class Consumer:
         if o.start_seq is not None:
             config.deliver_policy = DeliverPolicy.BY_START_SEQUENCE
             config.opt_start_seq = o.start_seq
+        elif o.deliver is not None:
+            config.deliver_policy = o.deliver
         if o.durable is None:
             config.inactive_threshold = 60.0  # ephemeral: the server removes it when we are gone
         return config
@@ -134,7 +151,11 @@ class Consumer:
             existing = await self.js.add_consumer(o.stream, config)
         info = existing
         self.name = info.name
-        self._sub = await self.js.pull_subscribe_bind(consumer=info.name, stream=o.stream)
+        if self.nc is not None:
+            self._puller = BatchPuller(self.nc, o.stream, info.name)
+            await self._puller.start()
+        else:
+            self._sub = await self.js.pull_subscribe_bind(consumer=info.name, stream=o.stream)
         log.info("consumer started", stream=o.stream, consumer=info.name, pending=info.num_pending)
 
     async def _stream_replicas(self) -> int:
@@ -142,7 +163,7 @@ class Consumer:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Fetch and handle until `stop` is set; the batch in hand is finished first."""
-        if self._sub is None:
+        if self._sub is None and self._puller is None:
             await self.start()
         backoff = 0.0
         while not stop.is_set():
@@ -154,13 +175,15 @@ class Consumer:
                 return
             except nats.errors.Error as exc:  # server restarting: keep trying
                 _fetch_failed(stream=self.options.stream, error=repr(exc))  # at most one line per 30 s
-                backoff = min(max(backoff * 2, 0.2), 5.0)
+                backoff = FETCH_BACKOFF.next(backoff)
                 continue
             backoff = 0.0
             if msgs:
                 await self.process(msgs, stop)
 
     async def fetch(self) -> list[Msg]:
+        if self._puller is not None:
+            return await self._puller.fetch(self.options.batch, self.options.fetch_timeout_s)
         assert self._sub is not None, "call start() first"
         try:
             return await self._sub.fetch(self.options.batch, timeout=self.options.fetch_timeout_s)
@@ -223,7 +246,7 @@ class Consumer:
                     for msg, _ in current:
                         await self._dead(msg, "handler_failed", f"{type(exc).__name__}: {exc}")
                     return True
-                delay = min(o.retry_delay_s * 2 ** (attempt - 1), o.max_retry_delay_s)
+                delay = Backoff(o.retry_delay_s, o.max_retry_delay_s).for_attempt(attempt)
                 log.warning(
                     "handler failed, will retry",
                     stream=o.stream,
@@ -278,6 +301,9 @@ class Consumer:
         self.stats.reasons[reason] = self.stats.reasons.get(reason, 0) + 1
 
     async def unsubscribe(self) -> None:
+        if self._puller is not None:
+            await self._puller.close()
+            self._puller = None
         if self._sub is not None:
             await self._sub.unsubscribe()
             self._sub = None

@@ -80,8 +80,7 @@ class HealthState:
         return {
             "stream": consumer.options.stream,
             "consumer": consumer.name,
-            # bound to its stream (a private attribute: the consumer API has no public flag for it)
-            "bound": getattr(consumer, "_sub", None) is not None,
+            "bound": consumer.bound,
             "handled": stats.handled,
             "skipped": stats.skipped,
             "dead": stats.dead,

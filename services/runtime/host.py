@@ -46,7 +46,8 @@ class ServiceContext:
         handler: Handler | None = None,
         batch_handler: BatchHandler | None = None,
     ) -> Consumer:
-        consumer = Consumer(self.js, options, handler=handler, batch_handler=batch_handler)
+        # One pull request per batch (runtime/pull.py) for every service's consumers.
+        consumer = Consumer(self.js, options, handler=handler, batch_handler=batch_handler, nc=self.nc)
         self.consumers.append(consumer)
         self._tasks.append(lambda: consumer.run(self.stop))
         return consumer

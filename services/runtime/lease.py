@@ -23,10 +23,11 @@ from collections.abc import Awaitable, Callable
 
 import nats.errors
 from nats.js import JetStreamContext
-from nats.js.errors import BucketNotFoundError, KeyWrongLastSequenceError, NotFoundError
+from nats.js.errors import KeyWrongLastSequenceError, NotFoundError
 from nats.js.kv import KeyValue
 
 from events.subjects import token
+from services.runtime.buckets import open_kv
 from services.runtime.logs import get_logger
 from services.runtime.replicas import replicas_for
 
@@ -58,12 +59,7 @@ class LeaderLease:
 
     async def _bucket(self) -> KeyValue:
         if self._kv is None:
-            try:
-                self._kv = await self.js.key_value(self.bucket)
-            except BucketNotFoundError:
-                self._kv = await self.js.create_key_value(
-                    bucket=self.bucket, history=1, ttl=self.ttl_s, replicas=replicas_for(self.js)
-                )
+            self._kv = await open_kv(self.js, self.bucket, history=1, ttl=self.ttl_s, replicas=replicas_for(self.js))
         return self._kv
 
     async def try_acquire_or_renew(self) -> bool:

@@ -1,18 +1,20 @@
-"""Snapshots of a service's derived state, with the stream positions they cover (JetStream KV).
+"""Snapshots of a service's derived state, with the stream positions they cover.
 
-A restarted service loads its snapshot and replays from `positions[stream] + 1`, instead of from
-the start of history. The state is opaque bytes: each service chooses its own encoding.
+A snapshot is the service's tracking record: a restarted service loads it and replays each input
+stream from `positions[stream] + 1`, instead of from the start of history. The state is opaque
+bytes (each service chooses its encoding). Snapshots live in a JetStream object store, which chunks
+them, so a fleet-sized state is not bound by the server's message size.
 """
 
 from __future__ import annotations
 
 import msgspec
 from nats.js import JetStreamContext
-from nats.js.errors import BucketNotFoundError, KeyNotFoundError
-from nats.js.kv import KeyValue
+from nats.js.errors import NotFoundError, ObjectNotFoundError
+from nats.js.object_store import ObjectStore
 
 from events.subjects import token
-from services.runtime.replicas import replicas_for
+from services.runtime.buckets import open_object_store
 
 BUCKET = "chamber_snapshots"
 
@@ -22,34 +24,33 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     taken_at: float
     positions: dict[str, int]  # stream name -> last sequence folded into `state`
     state: bytes
-    format: str = "json"
+    format: str = "json"  # the state's encoding and version: a mismatch means "replay from the start"
 
 
 class SnapshotStore:
     def __init__(self, js: JetStreamContext, *, bucket: str = BUCKET) -> None:
         self.js = js
         self.bucket = bucket
-        self._kv: KeyValue | None = None
+        self._store: ObjectStore | None = None
 
-    async def _bucket(self) -> KeyValue:
-        if self._kv is None:
-            try:
-                self._kv = await self.js.key_value(self.bucket)
-            except BucketNotFoundError:
-                self._kv = await self.js.create_key_value(bucket=self.bucket, history=3, replicas=replicas_for(self.js))
-        return self._kv
+    async def _open(self) -> ObjectStore:
+        if self._store is None:
+            self._store = await open_object_store(self.js, self.bucket, description="service state snapshots")
+        return self._store
 
     async def save(self, snapshot: Snapshot) -> int:
-        """Store the snapshot; returns the KV revision."""
-        kv = await self._bucket()
-        return await kv.put(token(snapshot.service), msgspec.json.encode(snapshot))
+        """Store the snapshot (replacing the previous one); returns its size in bytes."""
+        store = await self._open()
+        data = msgspec.msgpack.encode(snapshot)
+        await store.put(token(snapshot.service), data)
+        return len(data)
 
     async def load(self, service: str) -> Snapshot | None:
-        kv = await self._bucket()
+        store = await self._open()
         try:
-            entry = await kv.get(token(service))
-        except KeyNotFoundError:
+            result = await store.get(token(service))
+        except (ObjectNotFoundError, NotFoundError):
             return None
-        if entry.value is None:
+        if not result.data:
             return None
-        return msgspec.json.decode(entry.value, type=Snapshot)
+        return msgspec.msgpack.decode(result.data, type=Snapshot)

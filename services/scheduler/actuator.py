@@ -52,7 +52,7 @@ class KubernetesActuator:
         from kubernetes.client.exceptions import ApiException
 
         sched = self.scheduler
-        if not sched.ready or sched.ctx is None or not sched.synced:
+        if sched.host is None or not sched.ready or not sched.synced:
             return
         if not self.detected:
             await asyncio.to_thread(self.workloads.detect, self._skipped)
@@ -60,7 +60,7 @@ class KubernetesActuator:
         listed = await asyncio.to_thread(self.workloads.list)
         events, actions = reconcile(sched.state, listed, self.cluster, now, self.bindings)
         for event, event_id in events:
-            await sched.ctx.publisher.publish(event, id=event_id)
+            await sched.host.ctx.publisher.publish(event, id=event_id)
         kinds = {k.kind: k for k in self.workloads.kinds}
         for action in actions:
             if isinstance(action, Refuse):

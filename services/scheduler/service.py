@@ -1,10 +1,12 @@
 """`chamber service scheduler`: the shell around the scheduler core.
 
-Reads JOBS, FLEET, QUOTA and BILLING from the start on every start (state is derived, never stored), waits
-until it has caught up, then runs a cycle every `--interval` seconds: decide -> publish the
-decisions' events (deterministic ids) -> fold them back when they arrive from the stream. It runs
-no new cycle while its own events are still on their way, so state only ever comes from the log,
-in the log's order, live and on replay alike. Commands: submit, cancel, queue, explain.
+A manifest for the decider host (`services/runtime/decider.py`): inputs FLEET, QUOTA, JOBS and
+BILLING (BudgetExceeded: budgets act), the core's `evolve`, and a cycle every `--interval` seconds as
+`decide`. The host restores the latest snapshot, folds the tail in one deterministic order, decides
+only when caught up, publishes the decisions (deterministic ids) and folds them when they come back
+from the log, never before. Finished jobs leave memory `--retention-hours` after they finish.
+Commands: submit (refused by the stream for an id it has seen: expected subject sequence 0), cancel,
+queue, explain.
 
 Hot standby: with `--leader-lease NAME` ($CHAMBER_LEADER_LEASE, which the chart sets) replicas share
 a NATS KV lease. Every replica folds the log and answers commands; only the lease holder runs cycles,
@@ -18,28 +20,28 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import os
 import re
 import secrets
-import socket
 import time
 from typing import Any
 
-from events import JobCancelled
+from events import Event, JobCancelled
 from events.codec import stable_id
 from events.commands import CancelJob, ExplainJob, ListQueue, SubmitJob
-from services.cli.common import add_cluster_option
-from services.runtime import ConsumerOptions, Delivery
 from services.runtime.commands import CommandRefused, page_of_rows
+from services.runtime.decider import CommandConflict, Decider, DeciderHost, Input, SnapshotCodec, pickle_codec
 from services.runtime.host import ServiceContext, serve
-from services.runtime.lease import ENV_NAME, ENV_TTL, LeaderLease
+from services.runtime.lease import ENV_NAME, ENV_TTL
 from services.runtime.logs import get_logger
+from services.runtime.options import add_cluster_option
 from services.scheduler.actuator import KubernetesActuator
 from services.scheduler.core import (
     FINISHED,
     QUEUED,
     CycleMark,
+    Job,
+    Node,
     SchedulerState,
     events_for,
     evolve,
@@ -53,12 +55,11 @@ from services.scheduler.core.pools import job_pool
 from services.scheduler.core.quota import critical_block
 from services.scheduler.core.state import DEFAULT_TOPOLOGY_KEY
 from services.scheduler.policy_options import add_policy_arguments, policy_from_args
-from services.scheduler.replay import caught_up
 
 NAME = "scheduler"
 DESCRIPTION = "queue, place, preempt and resume jobs within team quotas"
 log = get_logger("chamber.scheduler")
-ECHO_TIMEOUT_S = 10.0
+DEFAULT_RETENTION_H = 6.0
 
 
 # The request types are shared with the gateway and the API documents (events/commands.py).
@@ -76,72 +77,72 @@ def new_job_id(name: str, team: str) -> str:
     return f"{base}-{secrets.token_hex(4)}"
 
 
+def snapshot_codec() -> SnapshotCodec[SchedulerState]:
+    return pickle_codec(SchedulerState, Job, Node)
+
+
 class Scheduler:
     def __init__(self, args: argparse.Namespace) -> None:
-        self.state = SchedulerState(topology_key=args.topology_key)
+        self.topology_key = args.topology_key
+        self.retention_s = getattr(args, "retention_hours", DEFAULT_RETENTION_H) * 3600.0 or None
         self.interval = args.interval
         self.full_every = args.full_every
         self.policy = policy_from_args(args, preemption_searches=args.preemption_searches)
         self.mark: CycleMark | None = None
+        self.lead_epoch = 0
         self.last_full = 0.0
         self.waiting: dict[str, str] = {}
-        self.awaiting: set[str] = set()
-        self.awaiting_since = 0.0
-        self.ready = False
-        self.ctx: ServiceContext | None = None
-        self.lease: LeaderLease | None = None  # None: the only replica, always leading
-        self.synced = False  # leading, and caught up with the log since leadership began
+        self.host: DeciderHost[SchedulerState] | None = None
+        self.lease_name = args.leader_lease.strip()
+        self.lease_ttl = args.leader_lease_ttl
+        self.snapshot_every_s = getattr(args, "snapshot_every", 300.0)
+
+    def manifest(self) -> Decider[SchedulerState]:
+        return Decider(
+            name=NAME,
+            # BILLING: BudgetExceeded, so a team's budget action applies (core/budget.py)
+            inputs=(Input("FLEET"), Input("QUOTA"), Input("JOBS"), Input("BILLING")),
+            initial=lambda: SchedulerState(topology_key=self.topology_key, retention_s=self.retention_s),
+            evolve=evolve,  # type: ignore[arg-type]
+            decide=self.decide,
+            tick_s=self.interval,
+            snapshot=snapshot_codec(),
+            snapshot_every_s=self.snapshot_every_s,
+            lease=self.lease_name,
+            lease_ttl_s=self.lease_ttl,
+        )
+
+    @property
+    def state(self) -> SchedulerState:
+        assert self.host is not None
+        return self.host.state
+
+    @property
+    def ready(self) -> bool:
+        return self.host is not None and self.host.ready
+
+    @property
+    def synced(self) -> bool:
+        return self.host is not None and self.host.synced
 
     @property
     def leading(self) -> bool:
-        return self.lease is None or self.lease.is_leader
+        return self.host is None or self.host.leading
 
-    async def on_event(self, delivery: Delivery) -> None:
-        evolve(self.state, delivery.envelope.event)  # type: ignore[arg-type]
-        self.awaiting.discard(delivery.envelope.id)
-
-    async def tick(self, now: float) -> None:
-        ctx = self.ctx
-        assert ctx is not None
-        if not self.ready:
-            self.ready = await caught_up(ctx.js, ctx.consumers)
-            if not self.ready:
-                return
-            log.info("state rebuilt from the log", jobs=len(self.state.jobs), nodes=len(self.state.nodes))
-            # The replayed state lives on: keep the collector from walking it during cycles.
-            gc.collect()
-            gc.freeze()
-        if not self.leading:
-            self.synced = False
-            return
-        if not self.synced:
-            # A new leader: fold whatever the previous one published before deciding anything.
-            if not await caught_up(ctx.js, ctx.consumers):
-                return
-            self.synced = True
-            self.mark, self.awaiting = None, set()
-            log.info("leading: scheduling", jobs=len(self.state.jobs))
-        if self.awaiting:
-            if now - self.awaiting_since < ECHO_TIMEOUT_S:
-                return
-            log.warning("own events did not come back; scheduling again", missing=len(self.awaiting))
-            self.awaiting.clear()
+    def decide(self, state: SchedulerState, now: float) -> list[tuple[Event, str]]:
+        """One cycle (incremental unless capacity or rules changed, or `full_every` passed)."""
+        epoch = self.host.lead_epoch if self.host is not None else 0
+        if epoch != self.lead_epoch:  # leading anew: the last mark may predate what others decided
+            self.mark, self.lead_epoch = None, epoch
         since = self.mark if now - self.last_full < self.full_every else None
-        cycle = schedule(self.state, now, since, policy=self.policy)
+        cycle = schedule(state, now, since, policy=self.policy)
         self.mark = cycle.mark
         if cycle.full:
             self.last_full = now
         self.waiting.update(cycle.waiting)
-        out = events_for(cycle.decisions, now)
-        if not out or not self.leading:  # the lease may have lapsed while the cycle ran
-            return
-        self.awaiting = {eid for _, eid in out}
-        self.awaiting_since = now
-        acks = await ctx.publisher.publish_many((event, eid, now) for event, eid in out)
-        for (_, eid), ack in zip(out, acks, strict=True):
-            if ack.duplicate:  # already in the log (a replayed decision): it will not come back
-                self.awaiting.discard(eid)
-        log.info("cycle", full=cycle.full, considered=cycle.considered, decisions=len(cycle.decisions))
+        if cycle.decisions:
+            log.info("cycle", full=cycle.full, considered=cycle.considered, decisions=len(cycle.decisions))
+        return events_for(cycle.decisions, now)
 
     # -- commands ------------------------------------------------------------------------------
     async def submit(self, req: SubmitRequest) -> dict[str, Any]:
@@ -154,9 +155,13 @@ class Scheduler:
         )
         if refused is not None:
             raise CommandRefused(refused, field="priority")
-        assert self.ctx is not None
-        await self.ctx.publisher.publish(event, id=stable_id("submitted", job_id))
-        evolve(self.state, event)  # so `queue` right after `submit` shows it; the echo is a no-op
+        assert self.host is not None
+        try:
+            # Expected subject sequence 0: the stream itself refuses a second job with this id, even
+            # from another replica or after the first one left memory (retention).
+            await self.host.append(event, id=stable_id("submitted", job_id), expected_subject_seq=0)
+        except CommandConflict:
+            raise CommandRefused(f"job {job_id} exists already; pick another id", field="id") from None
         answer: dict[str, Any] = {"id": job_id, "job_id": job_id}
         warnings = size_warnings(self.state, event.spec)
         if warnings:
@@ -165,12 +170,8 @@ class Scheduler:
 
     async def _caught_up(self, within_s: float = 3.0) -> bool:
         """A submit is checked against the quotas and jobs in the log: wait (briefly) until they are read."""
-        assert self.ctx is not None
         deadline = time.monotonic() + within_s
-        while not self.ready:
-            self.ready = await caught_up(self.ctx.js, self.ctx.consumers)
-            if self.ready or time.monotonic() > deadline:
-                break
+        while not self.ready and time.monotonic() < deadline:  # noqa: ASYNC110 (the host has no event for it)
             await asyncio.sleep(0.05)
         return self.ready
 
@@ -184,9 +185,8 @@ class Scheduler:
         if job.state in FINISHED:
             raise CommandRefused(f"job {name} is already {job.state.value}", field="job")
         event = JobCancelled(job_id=job.id, at=time.time(), by=req.by, reason=req.reason)
-        assert self.ctx is not None
-        await self.ctx.publisher.publish(event, id=stable_id("cancelled", job.id))
-        evolve(self.state, event)
+        assert self.host is not None
+        await self.host.append(event, id=stable_id("cancelled", job.id), expected_subject_seq=None)
         return {"id": job.id, "state": "cancelled"}
 
     def _refresh_waiting(self) -> None:
@@ -206,6 +206,15 @@ class Scheduler:
         self._refresh_waiting()
         found = explain(self.state, req.job, self.waiting, now=time.time(), policy=self.policy)
         if found is None:
+            state = self.state
+            if state.forgotten and state.retention_s is not None:
+                raise CommandRefused(
+                    f"no job {req.job!r} among the scheduler's jobs; finished jobs leave its memory "
+                    f"{state.retention_s / 3600:g} h after they finish ({state.forgotten} so far), so an older "
+                    f'one is in the warehouse: chamber sql "SELECT kind, at, pool FROM job_events '
+                    f"WHERE job_id = '{req.job}' ORDER BY at\"",
+                    field="job",
+                )
             raise CommandRefused(f"no job {req.job!r}; `chamber queue --all` lists the jobs", field="job")
         return found
 
@@ -255,6 +264,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=float(os.environ.get(ENV_TTL) or 15.0),
         help=f"seconds a lease lives without renewal (default ${ENV_TTL} or 15)",
     )
+    parser.add_argument(
+        "--retention-hours",
+        type=float,
+        default=DEFAULT_RETENTION_H,
+        help=f"finished jobs leave memory this long after they finish; the warehouse keeps them "
+        f"(default {DEFAULT_RETENTION_H:g}; 0: keep all)",
+    )
+    parser.add_argument(
+        "--snapshot-every", type=float, default=300.0, help="seconds between state snapshots (default 300)"
+    )
 
 
 async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
@@ -263,20 +282,12 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
     actuator = KubernetesActuator(scheduler, args.cluster, args.bindings) if args.kubernetes else None
 
     async def setup(ctx: ServiceContext) -> None:
-        scheduler.ctx = ctx
-        if args.leader_lease.strip():
-            # Unique per process (two replicas may share a host), readable in logs and the KV entry.
-            holder = f"{os.environ.get('POD_NAME') or socket.gethostname()}:{os.getpid()}"
-            lease = LeaderLease(ctx.js, args.leader_lease.strip(), holder, ttl_s=args.leader_lease_ttl)
-            scheduler.lease = lease
-            ctx.task(lambda: lease.run(ctx.stop))
-        for stream in ("FLEET", "QUOTA", "JOBS", "BILLING"):  # BILLING: BudgetExceeded (budgets act)
-            ctx.consume(ConsumerOptions(stream=stream, durable=None), handler=scheduler.on_event)
+        scheduler.host = DeciderHost(scheduler.manifest(), ctx)
+        scheduler.host.install()
         ctx.command("submit", SubmitRequest, scheduler.submit)
         ctx.command("cancel", CancelRequest, scheduler.cancel)
         ctx.command("queue", QueueRequest, scheduler.queue)
         ctx.command("explain", ExplainRequest, scheduler.explain)
-        ctx.every(args.interval, scheduler.tick)
         if actuator is not None:
             ctx.every(args.kubernetes_interval, actuator.tick)
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from services.runtime.backoff import Backoff
+
 
 @dataclass(frozen=True)
 class RestartPolicy:
@@ -16,4 +18,4 @@ def next_delay(policy: RestartPolicy, previous_delay_s: float, ran_for_s: float)
     """How long to wait before restarting a process that just exited after running `ran_for_s`."""
     if ran_for_s >= policy.healthy_after_s or previous_delay_s <= 0:
         return policy.first_delay_s
-    return min(previous_delay_s * 2, policy.max_delay_s)
+    return Backoff(policy.first_delay_s, policy.max_delay_s).next(previous_delay_s)

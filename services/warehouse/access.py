@@ -11,7 +11,7 @@ import argparse
 import asyncio
 from typing import Any
 
-from services.cli.errors import UsageError
+from services.errors import UsageError
 from services.warehouse.backend import WarehouseError, WarehouseUnavailable
 from services.warehouse.confine import confined_query
 from services.warehouse.readonly import ReadOnlyViolation, check_read_only

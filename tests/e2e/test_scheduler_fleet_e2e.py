@@ -134,7 +134,7 @@ async def test_borrow_reclaim_resume_and_a_fatal_xid_moves_the_job_on_the_simula
 
     # vision, a lender, needs its guarantee back for a high-priority job: the sweep is reclaimed
     await achamber(
-        url, "submit", "--team", "vision", "--gpus", "8", "--priority", "high", "--id", "urgent", "--sim-duration", "2"
+        url, "submit", "--team", "vision", "--gpus", "8", "--priority", "high", "--id", "urgent", "--sim-duration", "10"
     )
     await eventually(lambda: bool(seen.of(JobStarted, "urgent")), within=30)
     [preempted] = seen.of(JobPreempted)
@@ -143,7 +143,8 @@ async def test_borrow_reclaim_resume_and_a_fatal_xid_moves_the_job_on_the_simula
     why = await achamber(url, "explain", "sweep")
     assert "suspended" in why and "preempted by urgent (reclaim" in why
 
-    # the executor completes the urgent job after its 2 s; the sweep resumes and runs again
+    # the executor completes the urgent job after its 10 s (time enough for `explain` on a busy machine);
+    # the sweep resumes and runs again
     await eventually(lambda: bool(seen.of(JobCompleted, "urgent")), within=30)
     await eventually(lambda: bool(seen.of(JobResumed, "sweep")), within=30)
     await eventually(lambda: len(seen.of(JobStarted, "sweep")) == 2, within=30)

@@ -115,3 +115,14 @@ def test_every_gpu_second_is_billed_once_to_a_job_or_as_idle(events: list[Event]
         assert sum(e.gpu_seconds for e in in_period) == pytest.approx(4 * 3600)
         assert sum(e.cost for e in in_period) == pytest.approx(4 * 3.0, abs=1e-4)
     assert len({i for _, i in decisions}) == len(decisions)  # ids are unique
+
+
+def test_billing_uses_the_schedulers_case_insensitive_pool_rule() -> None:
+    from events import PoolDefined
+    from services.billing.core import BillingState, evolve, pool_of
+    from tests.scheduler_builders import a_node
+
+    state = BillingState()
+    evolve(state, PoolDefined(pool="h100", at=0.0, gpu_model="h100-80gb"))
+    evolve(state, a_node("n1", gpus=1, model="H100-80GB"))
+    assert pool_of(state, ("c1", "n1", 0)) == "h100"

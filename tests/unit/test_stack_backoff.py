@@ -14,3 +14,14 @@ def test_a_process_that_dies_repeatedly_waits_longer_each_time_up_to_the_cap() -
 
 def test_a_process_that_ran_long_enough_restarts_quickly_again() -> None:
     assert next_delay(POLICY, 8, ran_for_s=120) == 1
+
+
+def test_the_runtime_backoff_doubles_from_its_first_wait_up_to_its_cap() -> None:
+    from services.runtime.backoff import Backoff
+
+    b = Backoff(first_s=0.5, max_s=3.0)
+    assert [b.for_attempt(n) for n in (1, 2, 3, 4, 5)] == [0.5, 1.0, 2.0, 3.0, 3.0]
+    waits = [0.0]
+    for _ in range(4):
+        waits.append(b.next(waits[-1]))
+    assert waits[1:] == [0.5, 1.0, 2.0, 3.0]

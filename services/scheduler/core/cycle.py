@@ -166,7 +166,7 @@ def _cycle(state: SchedulerState, work: Work, now: float, full: bool, since: Cyc
                     reservations[job.pool] = Reservation(
                         res.job_id, res.key, res.gpus, res.shadow_at, res.extra_gpus - job.gpus
                     )
-            decisions.append(Admit(jid, spec.team, placements, borrowed, why, resume, generation))
+            decisions.append(Admit(jid, spec.team, placements, borrowed, why, resume, generation, job.pool))
             continue
         # 4. preempt: the first waiting job of each (pool, team, priority) may search for victims
         head = (job.pool, spec.team, spec.priority.rank)
@@ -200,7 +200,7 @@ def _cycle(state: SchedulerState, work: Work, now: float, full: bool, since: Cyc
                 placements = work.admit(job, spot)
                 names = ", ".join(v.id for v, _ in victims)
                 why = f"placed on {work.describe(spot)} after preempting {names} ({', '.join(kinds)})"
-                decisions.append(Admit(jid, spec.team, placements, borrowed, why, resume, generation))
+                decisions.append(Admit(jid, spec.team, placements, borrowed, why, resume, generation, job.pool))
                 failed.clear()  # freed capacity may fit shapes that failed before
                 continue
         # 5. wait: record why; the first job of a pool blocked for capacity reserves (EASY backfill)

@@ -27,6 +27,7 @@ class Admit:
     reason: str
     resume: bool  # the job ran before (suspended or requeued): it resumes from its checkpoint
     generation: int
+    pool: str = ""  # the pool it is admitted in, carried by the event
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,7 @@ def events_for(decisions: list[Decision], now: float) -> list[tuple[Event, str]]
                     placements=list(d.placements),
                     reason=d.reason,
                     borrowed_gpus=d.borrowed_gpus,
+                    pool=d.pool,
                 )
                 out.append((ev, stable_id("resumed", d.job_id, d.generation)))
             else:
@@ -106,6 +108,7 @@ def events_for(decisions: list[Decision], now: float) -> list[tuple[Event, str]]
                     placements=list(d.placements),
                     reason=d.reason,
                     borrowed_gpus=d.borrowed_gpus,
+                    pool=d.pool,
                 )
                 out.append((ev, stable_id("scheduled", d.job_id, d.generation)))
         elif isinstance(d, Preempt):

@@ -1,42 +1,5 @@
-"""Which pool a node and a job belong to (shared by the scheduler and quota cores).
+"""Pool membership lives in `services/pools.py`, shared by the scheduler, quota and billing cores."""
 
-A pool named `default` spans every node that no other pool selects. Other pools select nodes by
-GPU model or by node labels; when several match, the first by name wins, so a node is in one pool.
-A job runs in the pool it names, else in its team's pool (the first by name if the team has
-quotas in several), else in `default`.
-"""
+from services.pools import DEFAULT_POOL, PoolDef, Quota, job_pool, node_pool
 
-from __future__ import annotations
-
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-
-from events import JobSpec
-
-DEFAULT_POOL = "default"
-
-
-@dataclass(frozen=True)
-class PoolDef:
-    name: str
-    gpu_model: str | None = None
-    node_selector: Mapping[str, str] = field(default_factory=dict)
-
-    def selects(self, model: str, labels: Mapping[str, str]) -> bool:
-        if self.gpu_model is not None and self.gpu_model.lower() != model.lower():
-            return False
-        return all(labels.get(k) == v for k, v in self.node_selector.items())
-
-
-def node_pool(pools: Mapping[str, PoolDef], model: str, labels: Mapping[str, str]) -> str:
-    for name in sorted(pools):
-        if name != DEFAULT_POOL and pools[name].selects(model, labels):
-            return name
-    return DEFAULT_POOL
-
-
-def job_pool(spec: JobSpec, team_pools: Mapping[str, list[str]]) -> str:
-    if spec.pool:
-        return spec.pool
-    pools = team_pools.get(spec.team)
-    return pools[0] if pools else DEFAULT_POOL
+__all__ = ["DEFAULT_POOL", "PoolDef", "Quota", "job_pool", "node_pool"]

@@ -8,6 +8,7 @@ the whole fleet or history.
 
 from __future__ import annotations
 
+import heapq
 from bisect import bisect_left, insort
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -41,9 +42,9 @@ from events import (
     TeamQuotaSet,
 )
 from events.telemetry import GpuInfo
+from services.pools import DEFAULT_POOL, PoolDef, Quota, job_pool, node_pool
 from services.scheduler.core.budget import BudgetRule, demoted, fold_budget_exceeded, fold_budget_set
 from services.scheduler.core.capacity import Capacity
-from services.scheduler.core.pools import DEFAULT_POOL, PoolDef, job_pool, node_pool
 
 DEFAULT_TOPOLOGY_KEY = "rack"
 
@@ -82,6 +83,10 @@ class Job:
     preemptions: int = 0
     gpus: int = 0  # spec.total_gpus, kept as a field: read on every hot path
     note: str = ""  # a standing remark for `chamber explain` (e.g. demoted by its team's budget)
+    # The pool came with a decision (JobScheduled/JobResumed) while it held GPUs. Otherwise it is
+    # derived from the current rules and re-derived when they change, so it does not depend on
+    # whether QUOTA or JOBS was folded first.
+    pool_fixed: bool = False
 
     def __post_init__(self) -> None:
         self.gpus = self.spec.total_gpus
@@ -120,20 +125,29 @@ class Node:
         return self._model
 
 
-@dataclass(frozen=True)
-class Quota:
-    team: str
-    pool: str
-    guaranteed: int
-    borrow_limit: int | None = None
-    lend_limit: int | None = None
-    weight: float = 1.0
-    critical: bool = False  # may the team run critical work in this pool
+class PendingLog:
+    """Job ids in the order they (re)entered the queue, indexed from the start of history (a cycle
+    mark keeps an index into it). `trim` drops what is held; the caller bumps the capacity epoch
+    with it, so no incremental cycle reads from before the trim (the next one is full)."""
 
-    @property
-    def locked(self) -> int:
-        """Guaranteed GPUs that may never be lent, used or not."""
-        return 0 if self.lend_limit is None else max(0, self.guaranteed - self.lend_limit)
+    def __init__(self) -> None:
+        self.base = 0
+        self.items: list[str] = []
+
+    def append(self, job_id: str) -> None:
+        self.items.append(job_id)
+
+    def __len__(self) -> int:
+        return self.base + len(self.items)
+
+    def __getitem__(self, index: slice) -> list[str]:
+        if not isinstance(index, slice) or index.step is not None or index.stop is not None:
+            raise TypeError("PendingLog supports [start:] only")
+        return self.items[max(0, (index.start or 0) - self.base) :]
+
+    def trim(self) -> None:
+        self.base += len(self.items)
+        self.items = []
 
 
 @dataclass
@@ -154,8 +168,15 @@ class SchedulerState:
     # GPUs claimed by jobs on nodes not (yet) discovered: replaying JOBS may run ahead of FLEET
     claims: dict[tuple[str, str], dict[int, str]] = field(default_factory=dict)
     capacity_epoch: int = 0  # bumped when capacity frees or the rules change: the next cycle is full
-    pending_log: list[str] = field(default_factory=list)  # job ids as they (re)entered the queue
+    pending_log: PendingLog = field(default_factory=PendingLog)  # job ids as they (re)entered the queue
     budgets: dict[str, BudgetRule] = field(default_factory=dict)  # team -> budget and its action (budget.py)
+    # Bounded memory: a finished job leaves the state `retention_s` (event time, the JOBS stream's
+    # `at`) after it finished; None keeps every job. The warehouse keeps the history.
+    retention_s: float | None = None
+    jobs_clock: float = 0.0  # the latest `at` folded from JOBS: the clock retention runs on
+    finished_heap: list[tuple[float, str]] = field(default_factory=list)  # (finished_at, job id)
+    forgotten: int = 0  # finished jobs dropped so far
+    forgotten_until: float = 0.0  # every job that finished before this has been dropped
     _queue: list[tuple[int, float, float, str]] | None = None
     # Queued jobs per team in submit order, (submit time, id): first-come-first-served lines for
     # the head-of-line baselines (fifo, static-quota), so a cycle reads heads, not the whole queue.
@@ -213,7 +234,31 @@ def evolve(state: SchedulerState, event: Event) -> SchedulerState:
     handler = _HANDLERS.get(type(event))
     if handler is not None:
         handler(state, event)
+        if state.retention_s is not None and type(event) in _JOB_EVENTS:
+            _age(state, event.at)  # type: ignore[attr-defined]
     return state
+
+
+def _age(s: SchedulerState, at: float) -> None:
+    """Drop finished jobs older than the retention window. Done in steps of a tenth of the window,
+    so the cost is paid rarely; each step starts a full cycle (the capacity epoch moves), as the
+    queue log that incremental cycles read is trimmed with it."""
+    if at <= s.jobs_clock:
+        return
+    s.jobs_clock = at
+    assert s.retention_s is not None
+    horizon = at - s.retention_s
+    if horizon - s.forgotten_until < s.retention_s / 10 or not s.finished_heap:
+        return
+    while s.finished_heap and s.finished_heap[0][0] < horizon:
+        _, job_id = heapq.heappop(s.finished_heap)
+        job = s.jobs.get(job_id)
+        if job is not None and job.state in FINISHED:
+            del s.jobs[job_id]
+            s.forgotten += 1
+    s.forgotten_until = horizon
+    s.pending_log.trim()
+    s.capacity_epoch += 1
 
 
 def _submitted(s: SchedulerState, e: JobSubmitted) -> None:
@@ -228,10 +273,15 @@ def _submitted(s: SchedulerState, e: JobSubmitted) -> None:
     s._enqueue(job)
 
 
-def _hold(s: SchedulerState, job: Job, placements: list[Placement], at: float, borrowed: int, reason: str) -> None:
+def _hold(
+    s: SchedulerState, job: Job, placements: list[Placement], at: float, borrowed: int, reason: str, pool: str
+) -> None:
     if job.state not in QUEUED:
         return  # a duplicate or stale decision: the job already runs or has finished
     s._dequeue(job)
+    if pool:  # the pool the decision was made in, whatever the quota state is at this point of the fold
+        job.pool = pool
+    job.pool_fixed = True
     job.state = JobState.RUNNING
     job.placements = list(placements)
     job.running_since = at
@@ -247,10 +297,14 @@ def _hold(s: SchedulerState, job: Job, placements: list[Placement], at: float, b
             s.claims.setdefault((p.cluster, p.node), {}).update(dict.fromkeys(p.gpu_indices, job.id))
             continue
         for i in p.gpu_indices:
-            if i in node.owners or i not in node.gpus or i in node.bad_gpus:
+            if i in node.owners:
                 conflict = True  # never give a GPU to two jobs: this job gets requeued instead
-            else:
-                node.owners[i] = job.id
+                continue
+            # Held even when out of service (the decision may predate the fault in another stream):
+            # the holder is displaced and requeued, exactly as when the fault is folded second.
+            node.owners[i] = job.id
+            if i not in node.gpus or i in node.bad_gpus:
+                conflict = True
         if not node.in_service:
             conflict = True
         s.refresh_node(node)
@@ -289,19 +343,21 @@ def _release(s: SchedulerState, job: Job) -> None:
     s.displaced.discard(job.id)
     job.placements = []
     job.borrowed_gpus = 0
+    job.pool_fixed = False
+    job.pool = job_pool(job.spec, s.team_pools)
     s.capacity_epoch += 1
 
 
 def _scheduled(s: SchedulerState, e: JobScheduled) -> None:
     job = s.jobs.get(e.job_id)
     if job is not None:
-        _hold(s, job, e.placements, e.at, e.borrowed_gpus, e.reason or "scheduled")
+        _hold(s, job, e.placements, e.at, e.borrowed_gpus, e.reason or "scheduled", e.pool)
 
 
 def _resumed(s: SchedulerState, e: JobResumed) -> None:
     job = s.jobs.get(e.job_id)
     if job is not None:
-        _hold(s, job, e.placements, e.at, e.borrowed_gpus, e.reason or "resumed")
+        _hold(s, job, e.placements, e.at, e.borrowed_gpus, e.reason or "resumed", e.pool)
 
 
 def _started(s: SchedulerState, e: JobStarted) -> None:
@@ -360,6 +416,8 @@ def _finish(s: SchedulerState, job_id: str, state: JobState, at: float, reason: 
     job.state = state
     job.finished_at = at
     job.reason = reason
+    if s.retention_s is not None:
+        heapq.heappush(s.finished_heap, (at, job_id))
 
 
 def _completed(s: SchedulerState, e: JobCompleted) -> None:
@@ -386,6 +444,25 @@ def _displace_holders(s: SchedulerState, node: Node, indices: list[int] | None =
             s.displaced.add(job_id)
 
 
+def _settle_holders(s: SchedulerState, node: Node) -> None:
+    """A node or GPU came back: its holders are no longer displaced if all they hold is in service.
+    (So `displaced` is a function of the folded facts, whichever stream was folded first.)"""
+    for job_id in set(node.owners.values()):
+        job = s.jobs.get(job_id)
+        if job_id in s.displaced and job is not None and _in_service(s, job):
+            s.displaced.discard(job_id)
+
+
+def _in_service(s: SchedulerState, job: Job) -> bool:
+    for p in job.placements:
+        node = s.nodes.get((p.cluster, p.node))
+        if node is None or not node.in_service:
+            return False
+        if any(i in node.bad_gpus or i not in node.gpus or node.owners.get(i) != job.id for i in p.gpu_indices):
+            return False
+    return True
+
+
 def _discovered(s: SchedulerState, e: NodeDiscovered) -> None:
     node = s.nodes.get((e.cluster, e.node))
     if node is None:
@@ -398,6 +475,7 @@ def _discovered(s: SchedulerState, e: NodeDiscovered) -> None:
                 s.displaced.add(job_id)
     else:  # rediscovered after being lost
         node.gpus, node.labels, node.lost, node.status = _gpus(e.gpus), dict(e.labels), False, NodeStatus.HEALTHY
+        _settle_holders(s, node)
     s.refresh_node(node)
     s.capacity_epoch += 1
 
@@ -414,6 +492,8 @@ def _updated(s: SchedulerState, e: NodeUpdated) -> None:
     gone = [i for i in node.owners if i not in node.gpus]
     if node.lost or gone:
         _displace_holders(s, node, None if node.lost else gone)
+    elif node.in_service:
+        _settle_holders(s, node)
     s.refresh_node(node)
     s.capacity_epoch += 1
 
@@ -441,6 +521,7 @@ def _node_restored(s: SchedulerState, e: NodeRestored) -> None:
     if node is not None:
         node.isolated = False
         node.out_reason, node.out_faults = "", ()
+        _settle_holders(s, node)
         s.refresh_node(node)
         s.capacity_epoch += 1
 
@@ -459,6 +540,7 @@ def _gpu_restored(s: SchedulerState, e: GpuRestored) -> None:
     if node is not None:
         node.bad_gpus.discard(e.gpu_index)
         node.gpu_out.pop(e.gpu_index, None)
+        _settle_holders(s, node)
         s.refresh_node(node)
         s.capacity_epoch += 1
 
@@ -467,7 +549,7 @@ def _gpu_restored(s: SchedulerState, e: GpuRestored) -> None:
 def _rules_changed(s: SchedulerState) -> None:
     """Pools or quotas changed: re-derive pending jobs' pools, node classes and the queue."""
     for job in s.jobs.values():
-        if job.state in QUEUED:
+        if not job.pool_fixed:
             job.pool = job_pool(job.spec, s.team_pools)
     for node in s.node_by_id:
         s.refresh_node(node)
@@ -519,5 +601,20 @@ _HANDLERS = {
     BudgetSet: fold_budget_set,
     BudgetExceeded: fold_budget_exceeded,
 }
+
+_JOB_EVENTS = frozenset(
+    {
+        JobSubmitted,
+        JobScheduled,
+        JobResumed,
+        JobStarted,
+        JobPreempted,
+        JobSuspended,
+        JobRequeued,
+        JobCompleted,
+        JobFailed,
+        JobCancelled,
+    }
+)
 
 __all__ = ["DEFAULT_POOL", "FINISHED", "QUEUED", "Job", "JobState", "Node", "Quota", "SchedulerState", "evolve"]

@@ -1,0 +1,38 @@
+"""Open or create a JetStream KV bucket or object store: the one copy every service uses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nats.js import JetStreamContext
+from nats.js.errors import BucketNotFoundError, NotFoundError
+from nats.js.kv import KeyValue
+from nats.js.object_store import ObjectStore
+
+from services.runtime.replicas import replicas_for
+
+
+async def open_kv(js: JetStreamContext, bucket: str, **config: Any) -> KeyValue:
+    """The bucket, created with `config` (history, ttl, description...) when it does not exist yet.
+    Two processes racing to create it both end with the same bucket."""
+    try:
+        return await js.key_value(bucket)
+    except (BucketNotFoundError, NotFoundError):
+        pass
+    config.setdefault("replicas", replicas_for(js))  # follow the cluster (services/runtime/replicas.py)
+    try:
+        return await js.create_key_value(bucket=bucket, **config)
+    except Exception:  # created by another process in between (same config): open that one
+        return await js.key_value(bucket)
+
+
+async def open_object_store(js: JetStreamContext, bucket: str, **config: Any) -> ObjectStore:
+    try:
+        return await js.object_store(bucket)
+    except (BucketNotFoundError, NotFoundError):
+        pass
+    config.setdefault("replicas", replicas_for(js))
+    try:
+        return await js.create_object_store(bucket=bucket, **config)
+    except Exception:
+        return await js.object_store(bucket)

@@ -1,0 +1,503 @@
+"""One host for every decider: a service is a manifest, the host does the rest once.
+
+A service declares a `Decider`: its inputs (streams, optional subject filters), initial state,
+`evolve`, `decide(state, now)` and its tick, snapshot codec and optional leader lease. The host:
+
+- starts from the latest snapshot and the stream positions it covers (the tracking record), then
+  folds the tail of every input; without a usable snapshot it folds from the start;
+- folds all inputs in ONE deterministic order (below), in one task, so the state never depends on
+  which stream's consumer ran ahead;
+- decides "caught up" in one place (`caught_up`): every input consumer has nothing left to deliver
+  and everything delivered is folded;
+- runs `decide` on its tick only when caught up and leading, publishes the decisions with their
+  deterministic ids (JetStream de-duplicates a decision published twice), and never folds them
+  itself: its own decisions enter the state only when they come back from the log, like anyone
+  else's, so any number of replicas fold the same log to the same state;
+- logs the stream positions each cycle decided on, so a past decision can be re-run from them;
+- appends command events with an expected subject sequence (`append`): a second command creating
+  the same entity is refused by the stream, not acknowledged;
+- saves a snapshot (state + positions) every `snapshot_every_s` and when it stops.
+
+Fold order. Each input is one ephemeral pull consumer (no acks: the snapshot, not the consumer, is
+the tracking record). Messages are merged by (stream timestamp, input index, stream sequence): the
+server stamps each message when it stores it, so the same log always merges the same way. A merge
+step folds the smallest head only while no input is "behind" — has messages the server counted as
+pending but not yet delivered to us — so replay from the start or from a snapshot folds in exactly
+that order. Live, a message stored on one stream after another stream's message was already folded
+is folded when it arrives (its timestamp is later anyway, except for clock differences between
+stream leaders in a cluster); the cores do not depend on it: a decision event carries the facts it
+was decided with, and the conformance suite folds random interleavings to one state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import gc
+import hashlib
+import os
+import pickle
+import socket
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import nats.errors
+from nats.aio.msg import Msg
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.errors import APIError
+
+from events import Event
+from events.codec import DEFAULT_MAX_BYTES, DecodeError, UnknownEventType, decode
+from services.runtime.consumer import FETCH_BACKOFF
+from services.runtime.dead_letter import dead_letter
+from services.runtime.host import ServiceContext
+from services.runtime.lease import LeaderLease
+from services.runtime.logs import get_logger
+from services.runtime.pull import BatchPuller, Position, position
+from services.runtime.snapshots import Snapshot, SnapshotStore
+
+log = get_logger("chamber.runtime.decider")
+S = TypeVar("S")
+WRONG_LAST_SEQUENCE = 10071  # JetStream's error code for a failed Nats-Expected-Last-Subject-Sequence
+
+
+@dataclass(frozen=True)
+class Input:
+    stream: str
+    subjects: tuple[str, ...] = ()  # empty: every subject of the stream
+    # "all": from the start (or the snapshot's position); "last_per_subject": the latest message of
+    # every subject, then live (a current picture, e.g. each node's last sample; not a resume point)
+    deliver: str = "all"
+
+
+@dataclass(frozen=True)
+class SnapshotCodec(Generic[S]):
+    """How a state becomes bytes and back. `format` names encoding and version: a snapshot of
+    another format is ignored (the host replays from the start instead)."""
+
+    format: str
+    encode: Callable[[S], bytes]
+    decode: Callable[[bytes], S]
+
+
+def pickle_codec(*shapes: type) -> SnapshotCodec[Any]:
+    """Snapshots as pickle, named by the fields of the dataclasses the state is made of, so a snapshot
+    taken by a build with another state shape is never unpickled (the host replays instead). pickle
+    fits a derived state that only the same service reads back, from its own bucket: it keeps shared
+    references and indexes as they are."""
+    shape = "|".join(f"{c.__name__}:{','.join(f.name for f in dataclasses.fields(c))}" for c in shapes)
+    digest = hashlib.sha256(shape.encode()).hexdigest()[:12]
+    return SnapshotCodec(
+        format=f"pickle-{pickle.DEFAULT_PROTOCOL}-{digest}",
+        encode=lambda state: pickle.dumps(state, protocol=pickle.DEFAULT_PROTOCOL),
+        decode=pickle.loads,
+    )
+
+
+Decisions = Sequence[tuple[Event, str]]  # (event, deterministic id)
+
+
+@dataclass(frozen=True)
+class Decider(Generic[S]):
+    name: str
+    inputs: tuple[Input, ...]
+    initial: Callable[[], S]
+    evolve: Callable[[S, Event], object]  # may mutate the state in place
+    decide: Callable[[S, float], Decisions] | None = None
+    tick_s: float = 1.0
+    snapshot: SnapshotCodec[S] | None = None
+    snapshot_every_s: float = 300.0
+    lease: str = ""  # a leader lease name: only its holder decides; empty: always decide
+    lease_ttl_s: float = 15.0
+    echo_timeout_s: float = 10.0  # decide again if own decisions did not come back by then
+    batch: int = 1000
+    evolve_with_id: bool = False  # call evolve(state, event, event_id) (a core that de-duplicates by id)
+
+
+class CommandConflict(Exception):
+    """An append refused by the stream: the entity's subject is not at the expected sequence."""
+
+
+@dataclass
+class _Source:
+    index: int
+    spec: Input
+    consumer: str = ""
+    puller: BatchPuller | None = None
+    buffer: deque[tuple[Position, Msg]] = field(default_factory=deque)
+    pending: int = 0  # what the server still had for us after the last message we saw
+
+
+@dataclass
+class HostStats:
+    folded: int = 0
+    skipped: int = 0
+    dead: int = 0
+    cycles: int = 0
+    decisions: int = 0
+    snapshots: int = 0
+    restored_from: dict[str, int] = field(default_factory=dict)
+    ready_after_s: float | None = None
+
+
+class DeciderHost(Generic[S]):
+    def __init__(self, decider: Decider[S], ctx: ServiceContext, *, store: SnapshotStore | None = None) -> None:
+        self.decider = decider
+        self.ctx = ctx
+        self.state: S = decider.initial()
+        self.positions: dict[str, int] = {}
+        self.sources = [_Source(i, spec) for i, spec in enumerate(decider.inputs)]
+        self.store = store or SnapshotStore(ctx.js)
+        self.lease: LeaderLease | None = None
+        self.ready = False  # caught up once since start: commands and reads are answered
+        self.caught_up_event = asyncio.Event()  # set with `ready`, for whoever waits on it
+        self.synced = False  # leading and caught up since leadership began: decisions allowed
+        self.lead_epoch = 0  # bumped each time deciding (re)starts: a service drops per-cycle memos then
+        self.stats = HostStats()
+        self.awaiting: set[str] = set()
+        self.awaiting_since = 0.0
+        self._folded = asyncio.Condition()
+        self._background: set[asyncio.Task[None]] = set()
+        self._started = time.monotonic()
+        self._last_snapshot = time.monotonic()
+        self._changed_since_snapshot = False
+
+    # -- wiring --------------------------------------------------------------------------------
+    def install(self) -> None:
+        """Register the host's tasks on the service context (call from the service's `setup`)."""
+        d, ctx = self.decider, self.ctx
+        if d.lease.strip():
+            holder = f"{os.environ.get('POD_NAME') or socket.gethostname()}:{os.getpid()}"
+            lease = LeaderLease(ctx.js, d.lease.strip(), holder, ttl_s=d.lease_ttl_s)
+            self.lease = lease
+            ctx.task(lambda: lease.run(ctx.stop, self._on_leadership))
+        ctx.task(self._run)
+        ctx.every(d.tick_s, self.tick)
+        ctx.every(min(d.tick_s, 0.25), self._check_ready)  # ready soon after catching up, whatever the tick
+        if d.snapshot is not None:
+            ctx.every(min(d.snapshot_every_s, 30.0), self._maybe_snapshot)
+
+    @property
+    def leading(self) -> bool:
+        return self.lease is None or self.lease.is_leader
+
+    async def _on_leadership(self, leading: bool) -> None:
+        self.synced = False  # a new leader folds whatever the previous one published first
+        self.awaiting.clear()
+
+    # -- start: snapshot + positions -----------------------------------------------------------
+    async def restore(self) -> None:
+        codec = self.decider.snapshot
+        if codec is None:
+            return
+        try:
+            snap = await self.store.load(self.decider.name)
+        except Exception as exc:  # a broken store must not keep the service from replaying
+            log.warning("snapshot unreadable; folding from the start", service=self.decider.name, error=repr(exc))
+            return
+        if snap is None:
+            return
+        if snap.format != codec.format:
+            log.info("snapshot of another format; folding from the start", have=snap.format, want=codec.format)
+            return
+        try:
+            state = codec.decode(snap.state)
+        except Exception as exc:
+            log.warning("snapshot does not decode; folding from the start", error=repr(exc))
+            return
+        self.state, self.positions = state, dict(snap.positions)
+        self.stats.restored_from = dict(snap.positions)
+        log.info("state restored from snapshot", service=self.decider.name, positions=snap.positions)
+
+    async def _open(self, source: _Source) -> None:
+        spec = source.spec
+        last_per_subject = spec.deliver == "last_per_subject"
+        start = self.positions.get(spec.stream, 0) + 1
+        filters = list(spec.subjects)
+        config = ConsumerConfig(
+            ack_policy=AckPolicy.NONE,  # the snapshot is the tracking record; nothing to redeliver
+            deliver_policy=DeliverPolicy.LAST_PER_SUBJECT if last_per_subject else DeliverPolicy.BY_START_SEQUENCE,
+            opt_start_seq=None if last_per_subject else start,
+            filter_subject=filters[0] if len(filters) == 1 else None,
+            filter_subjects=filters if len(filters) > 1 else None,
+            inactive_threshold=60.0,  # the server removes it when we are gone
+            max_deliver=-1,
+        )
+        info = await self.ctx.js.add_consumer(spec.stream, config)
+        source.consumer = info.name
+        source.pending = info.num_pending
+        source.buffer.clear()
+        if source.puller is not None:
+            await source.puller.close(hand_back=False)
+        source.puller = BatchPuller(self.ctx.nc, spec.stream, info.name, eager=True)
+        await source.puller.start()
+
+    # -- the fold loop -------------------------------------------------------------------------
+    async def _run(self) -> None:
+        stop = self.ctx.stop
+        await self.restore()
+        for source in self.sources:
+            await self._open(source)
+        backoff = 0.0
+        try:
+            while not stop.is_set():
+                if backoff:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), timeout=backoff)
+                try:
+                    await self._step()
+                    backoff = 0.0
+                except (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError):
+                    return
+                except (nats.errors.Error, APIError) as exc:  # server restarting, consumer gone...
+                    log.warning("fold loop: fetch failed", service=self.decider.name, error=repr(exc))
+                    backoff = FETCH_BACKOFF.next(backoff)
+                    if "409" in str(exc) or isinstance(exc, APIError):
+                        await self._reopen()
+        finally:
+            for source in self.sources:
+                if source.puller is not None:
+                    await source.puller.close(hand_back=False)
+            if self.decider.snapshot is not None and self.ready:
+                with contextlib.suppress(Exception):
+                    await self.save_snapshot(time.time())
+
+    async def _reopen(self) -> None:
+        """Consumers lost (server restart without their state): resume each from what was folded."""
+        with contextlib.suppress(Exception):
+            for source in self.sources:
+                await self._open(source)
+
+    async def _step(self) -> None:
+        """Take what arrived, ask for more where a buffer is empty, fold what the merge allows."""
+        batch = self.decider.batch
+        for source in self.sources:
+            puller = source.puller
+            assert puller is not None
+            for msg in puller.take():
+                source.buffer.append((position(msg), msg))
+            if not source.buffer:
+                if puller.ended_empty:  # the server had nothing more for us (purged, or all filtered)
+                    source.pending = 0
+                await puller.request(batch, 1.0)
+        folded = await self._merge()
+        if folded:
+            async with self._folded:
+                self._folded.notify_all()
+            await asyncio.sleep(0)  # let commands and ticks in between batches
+            return
+        pullers = [s.puller.wake for s in self.sources if s.puller is not None]
+        waits = [asyncio.ensure_future(w.wait()) for w in pullers]
+        stop = asyncio.ensure_future(self.ctx.stop.wait())
+        try:
+            await asyncio.wait([*waits, stop], timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in (*waits, stop):
+                w.cancel()
+
+    async def _merge(self) -> int:
+        """Fold the smallest head by (timestamp, input, sequence) while no input is behind."""
+        sources = self.sources
+        n = 0
+        while True:
+            best: _Source | None = None
+            for s in sources:
+                if not s.buffer:
+                    if s.pending > 0:
+                        return n  # this input has older messages on their way: wait for them
+                    continue
+                if best is None or (s.buffer[0][0].timestamp_ns, s.index) < (
+                    best.buffer[0][0].timestamp_ns,
+                    best.index,
+                ):
+                    best = s
+            if best is None:
+                return n
+            pos, msg = best.buffer.popleft()
+            best.pending = pos.pending
+            self._fold(best, pos, msg)
+            n += 1
+            if n % 5000 == 0:
+                await asyncio.sleep(0)  # a long replay still answers health checks and commands
+
+    def _fold(self, source: _Source, pos: Position, msg: Msg) -> None:
+        """Decode and evolve one message (synchronous: no task or await per message)."""
+        self.positions[source.spec.stream] = pos.stream_seq
+        try:
+            envelope = decode(msg.headers, msg.data, max_bytes=DEFAULT_MAX_BYTES)
+        except UnknownEventType:
+            self.stats.skipped += 1
+            return
+        except DecodeError as exc:
+            self._dead_letter(source, msg, exc)
+            return
+        if self.decider.evolve_with_id:
+            self.decider.evolve(self.state, envelope.event, envelope.id)  # type: ignore[call-arg]
+        else:
+            self.decider.evolve(self.state, envelope.event)
+        self.stats.folded += 1
+        self._changed_since_snapshot = True
+        if self.awaiting:
+            self.awaiting.discard(envelope.id)
+
+    def _dead_letter(self, source: _Source, msg: Msg, exc: DecodeError) -> None:
+        """Copy a poison message to chamber.dead.<stream> with the reason (in the background)."""
+        self.stats.dead += 1
+        log.warning("dead-lettering message", stream=source.spec.stream, subject=msg.subject, reason=exc.reason)
+        task = asyncio.get_running_loop().create_task(
+            dead_letter(
+                self.ctx.js,
+                msg,
+                stream=source.spec.stream,
+                consumer=f"{self.decider.name}-host",
+                reason=exc.reason,
+                detail=exc.detail,
+            )
+        )
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # -- caught up -----------------------------------------------------------------------------
+    async def caught_up(self) -> bool:
+        """The one definition: every input's consumer has nothing pending on the server, and
+        everything it delivered (up to its last delivered stream sequence) has been folded."""
+        for source in self.sources:
+            if not source.consumer or source.buffer or (source.puller is not None and source.puller.ready):
+                return False
+            try:
+                info = await self.ctx.js.consumer_info(source.spec.stream, source.consumer)
+            except Exception:
+                return False
+            delivered = info.delivered.stream_seq if info.delivered is not None else 0
+            if info.num_pending or (delivered or 0) > self.positions.get(source.spec.stream, 0):
+                return False  # still on the server, or on the wire to us
+        return True
+
+    def inject(self, item: object) -> None:
+        """Fold a fact from outside the log (e.g. a Kubernetes listing) at this point of the fold."""
+        self.decider.evolve(self.state, item)  # type: ignore[arg-type]
+        self._changed_since_snapshot = True
+
+    async def wait_folded(self, stream: str, seq: int, timeout: float = 5.0) -> bool:
+        """Wait until `stream` has been folded up to `seq` (read your own writes)."""
+
+        async def reached() -> None:
+            async with self._folded:
+                await self._folded.wait_for(lambda: self.positions.get(stream, 0) >= seq)
+
+        try:
+            await asyncio.wait_for(reached(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    # -- tick: decide ----------------------------------------------------------------------------
+    async def _check_ready(self, now: float) -> None:
+        if not self.ready:
+            await self._become_ready()
+
+    async def _become_ready(self) -> bool:
+        if self.ready:
+            return True
+        if not await self.caught_up():
+            return False
+        if not self.ready:
+            self.ready = True
+            self.caught_up_event.set()
+            self.stats.ready_after_s = time.monotonic() - self._started
+            log.info(
+                "caught up",
+                service=self.decider.name,
+                folded=self.stats.folded,
+                positions=self.positions,
+                seconds=round(self.stats.ready_after_s, 3),
+            )
+            gc.collect()
+            gc.freeze()  # the rebuilt state lives on: keep the collector from walking it every cycle
+        return True
+
+    async def tick(self, now: float) -> None:
+        if not await self._become_ready():
+            return
+        decide = self.decider.decide
+        if decide is None:
+            return
+        if not self.leading:
+            self.synced = False
+            return
+        if not self.synced:
+            if not await self.caught_up():
+                return
+            self.synced = True
+            self.lead_epoch += 1
+            self.awaiting.clear()
+            log.info("leading: deciding", service=self.decider.name, positions=self.positions)
+        if self.awaiting:
+            if now - self.awaiting_since < self.decider.echo_timeout_s:
+                return
+            log.warning("own decisions did not come back; deciding again", missing=len(self.awaiting))
+            self.awaiting.clear()
+        positions = dict(self.positions)
+        out = decide(self.state, now)
+        self.stats.cycles += 1
+        if not out or not self.leading:  # the lease may have lapsed while deciding
+            return
+        self.awaiting = {eid for _, eid in out}
+        self.awaiting_since = now
+        acks = await self.ctx.publisher.publish_many((event, eid, now) for event, eid in out)
+        for (_, eid), ack in zip(out, acks, strict=True):
+            if ack.duplicate:  # already in the log (a replayed decision): it will not come back
+                self.awaiting.discard(eid)
+        self.stats.decisions += len(out)
+        # The positions this cycle decided on: `chamber explain` / the simulator re-run it from them.
+        log.info("cycle", service=self.decider.name, positions=positions, decisions=len(out), at=now)
+
+    # -- commands --------------------------------------------------------------------------------
+    async def append(self, event: Event, *, id: str, expected_subject_seq: int | None, wait: bool = True) -> int:
+        """Publish a command's event; with `expected_subject_seq` (0: a new entity) the stream refuses
+        it when the subject moved on (`CommandConflict`). With `wait`, returns once it is folded."""
+        try:
+            ack = await self.ctx.publisher.publish(event, id=id, expected_last_subject_seq=expected_subject_seq)
+        except APIError as exc:
+            if exc.err_code == WRONG_LAST_SEQUENCE:
+                raise CommandConflict(str(exc.description)) from None
+            raise
+        if ack.duplicate and expected_subject_seq is not None:
+            raise CommandConflict("the same command was appended already")
+        if wait:
+            await self.wait_folded(ack.stream, ack.seq)
+        return ack.seq
+
+    # -- snapshots -------------------------------------------------------------------------------
+    async def _maybe_snapshot(self, now: float) -> None:
+        if not self.ready or not self._changed_since_snapshot:
+            return
+        if time.monotonic() - self._last_snapshot < self.decider.snapshot_every_s:
+            return
+        await self.save_snapshot(now)
+
+    async def save_snapshot(self, now: float) -> int:
+        codec = self.decider.snapshot
+        if codec is None:
+            return 0
+        # Encoded in one go on the event loop: no fold runs in between, so state and positions agree.
+        snap = Snapshot(
+            service=self.decider.name,
+            taken_at=now,
+            positions=dict(self.positions),
+            state=codec.encode(self.state),
+            format=codec.format,
+        )
+        size = await self.store.save(snap)
+        self._last_snapshot = time.monotonic()
+        self._changed_since_snapshot = False
+        self.stats.snapshots += 1
+        log.info("snapshot saved", service=self.decider.name, positions=snap.positions, bytes=size)
+        return size
+
+    def health(self) -> dict[str, Any]:
+        return {"ready": self.ready, "leading": self.leading, "positions": dict(self.positions)}

@@ -1,0 +1,180 @@
+"""Every decider core through the conformance suite (tests/conformance/harness.py), on logs that
+the cores themselves produced: a fleet, quotas, submissions, faults, and the scheduler's own
+decisions folded back as the host does."""
+
+from __future__ import annotations
+
+import pickle
+import random
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from events import (
+    Event,
+    GpuIsolated,
+    GpuRestored,
+    JobCancelled,
+    NodeIsolated,
+    NodeRestored,
+    PoolDefined,
+)
+from services.billing import core as billing
+from services.gateway import core as gateway
+from services.quota import core as quota
+from services.scheduler import service as scheduler_service
+from services.scheduler.core import SchedulerState, events_for, evolve, schedule
+from tests.conformance.harness import (
+    CoreSpec,
+    decide_only_reads,
+    interleavings_fold_to_one_state,
+    restart_mid_cycle,
+    snapshot_restore_continue,
+)
+from tests.scheduler_builders import a_job, a_node, a_quota, done
+
+TEAMS = ["a", "b", "c"]
+_codec = scheduler_service.snapshot_codec()
+
+
+def _scheduler_decide(state: SchedulerState, now: float) -> list[tuple[Event, str]]:
+    return events_for(schedule(state, now).decisions, now)
+
+
+SCHEDULER = CoreSpec[SchedulerState](
+    name="scheduler",
+    initial=lambda: SchedulerState(retention_s=500.0),
+    evolve=evolve,  # type: ignore[arg-type]
+    snapshot=lambda s: _codec.decode(_codec.encode(s)),
+    decide=_scheduler_decide,
+    # caches and counters of the cycle machinery, rebuilt from the facts: not part of the state's meaning
+    skip=frozenset({"capacity", "capacity_epoch", "pending_log", "node_by_id", "nid"}),
+)
+
+QUOTA = CoreSpec[quota.QuotaState](
+    name="quota",
+    initial=lambda: quota.QuotaState(half_life_s=600.0),
+    evolve=quota.evolve,  # type: ignore[arg-type]
+    snapshot=lambda s: pickle.loads(pickle.dumps(s)),
+    decide=quota.decide,
+    skip=frozenset({"at"}),
+)
+
+
+@st.composite
+def fleet_logs(draw: st.DrawFn) -> tuple[list[Event], float]:
+    """A log as the fleet writes it: FLEET, QUOTA and JOBS events in the order they happened, with the
+    scheduler's decisions made on what had been folded so far (as the live service decides)."""
+    nodes = [
+        a_node(f"n{i}", gpus=draw(st.sampled_from([2, 4, 8])), model=draw(st.sampled_from(["H100", "A100"])))
+        for i in range(draw(st.integers(1, 4)))
+    ]
+    log: list[Event] = []
+    state = SchedulerState(retention_s=500.0)
+
+    def happen(*events: Event) -> None:
+        for e in events:
+            log.append(e)
+            evolve(state, e)
+
+    happen(*nodes)
+    now, submitted = 10.0, 0
+    # A seeded walk rather than a drawn list: long logs with many decisions, still reproducible.
+    rng = random.Random(draw(st.integers(0, 2**32)))
+    kinds = ["submit"] * 6 + ["cycle"] * 5 + ["quota", "pool", "complete", "complete", "cancel"]
+    kinds += ["isolate", "restore", "bad_gpu", "good_gpu"]
+    actions: list[tuple[Any, ...]] = []
+    for _ in range(draw(st.integers(10, 120))):
+        kind = rng.choice(kinds)
+        if kind == "submit":
+            actions.append((kind, rng.choice(TEAMS), rng.choice([1, 2, 4]), rng.random() < 0.3))
+        elif kind == "quota":
+            actions.append((kind, rng.choice(TEAMS), rng.randint(0, 8)))
+        elif kind == "pool":
+            actions.append((kind, rng.choice(["h100", "ampere"])))
+        elif kind in ("bad_gpu", "good_gpu"):
+            actions.append((kind, rng.randint(0, 3), rng.randint(0, 7)))
+        else:
+            actions.append((kind, rng.randint(0, 30)))
+    names = [n.node for n in nodes]
+    for action in [*actions, ("cycle",)]:
+        now += 60.0
+        kind = action[0]
+        if kind == "submit":
+            _, team, gpus, high = action
+            happen(a_job(f"j{submitted}", team=team, gpus=gpus, at=now, priority="high" if high else "normal"))
+            submitted += 1
+        elif kind == "cycle":
+            happen(*(e for e, _ in _scheduler_decide(state, now)))
+        elif kind == "quota":
+            happen(a_quota(action[1], action[2], pool="h100" if action[2] % 2 else "default"))
+        elif kind == "pool":
+            happen(PoolDefined(pool=action[1], at=now, gpu_model="h100" if action[1] == "h100" else "A100"))
+        elif kind in ("complete", "cancel") and submitted:
+            job = f"j{action[1] % submitted}"
+            happen(done(job, at=now) if kind == "complete" else JobCancelled(job_id=job, at=now))
+        elif kind in ("isolate", "restore"):
+            node = names[action[1] % len(names)]
+            cls: Any = NodeIsolated if kind == "isolate" else NodeRestored
+            happen(cls(cluster="c1", node=node, at=now, reason="test"))
+        elif kind in ("bad_gpu", "good_gpu"):
+            node = names[action[1] % len(names)]
+            cls = GpuIsolated if kind == "bad_gpu" else GpuRestored
+            happen(cls(cluster="c1", node=node, gpu_index=action[2], at=now, reason="test"))
+    return log, now
+
+
+BILLING = CoreSpec[billing.BillingState](
+    name="billing",
+    initial=lambda: billing.BillingState(period_s=300.0, settle_s=0.0),
+    evolve=billing.evolve,  # type: ignore[arg-type]
+    snapshot=lambda s: pickle.loads(pickle.dumps(s)),
+    decide=billing.decide,
+)
+
+GATEWAY = CoreSpec[gateway.GatewayState](
+    name="gateway",
+    initial=gateway.GatewayState,
+    evolve=gateway.evolve,  # type: ignore[arg-type]
+    snapshot=lambda s: pickle.loads(pickle.dumps(s)),
+)
+
+CORES = [SCHEDULER, QUOTA, BILLING, GATEWAY]
+DECIDERS = [core for core in CORES if core.decide is not None]
+EXAMPLES = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@pytest.mark.parametrize("core", CORES, ids=lambda c: c.name)
+@EXAMPLES
+@given(fleet_logs(), st.integers(0, 2**32))
+def test_random_interleavings_of_the_input_streams_fold_to_one_state(
+    core: CoreSpec[Any], log: tuple[list[Event], float], seed: int
+) -> None:
+    interleavings_fold_to_one_state(core, log[0], seed)
+
+
+@pytest.mark.parametrize("core", CORES, ids=lambda c: c.name)
+@EXAMPLES
+@given(fleet_logs(), st.integers(0, 200))
+def test_snapshot_restore_continue_equals_folding_from_the_start(
+    core: CoreSpec[Any], log: tuple[list[Event], float], cut: int
+) -> None:
+    snapshot_restore_continue(core, log[0], cut)
+
+
+@pytest.mark.parametrize("core", DECIDERS, ids=lambda c: c.name)
+@EXAMPLES
+@given(fleet_logs())
+def test_decide_does_not_change_the_state(core: CoreSpec[Any], log: tuple[list[Event], float]) -> None:
+    decide_only_reads(core, log[0], log[1] + 30.0)
+
+
+@pytest.mark.parametrize("core", DECIDERS, ids=lambda c: c.name)
+@EXAMPLES
+@given(fleet_logs())
+def test_a_restart_in_the_middle_of_a_cycle_decides_nothing_twice(
+    core: CoreSpec[Any], log: tuple[list[Event], float]
+) -> None:
+    restart_mid_cycle(core, log[0], log[1] + 30.0)

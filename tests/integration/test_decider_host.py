@@ -1,0 +1,219 @@
+"""The decider host against a real nats-server: commands refused by the stream, restart from a
+snapshot, finished jobs leaving memory, own decisions folded only from the log."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+
+from events import JobScheduled, JobSubmitted
+from events.codec import stable_id
+from services.runtime import Publisher
+from services.runtime.commands import CommandRefused, request
+from services.runtime.decider import CommandConflict, Decider, DeciderHost, Input
+from services.runtime.host import ServiceContext, serve
+from services.runtime.nats_server import NatsServerProcess
+from services.runtime.snapshots import SnapshotStore
+from services.scheduler import service as scheduler_service
+from tests.integration.test_runtime import eventually
+from tests.integration.test_scheduler_service import ARGS, JobEvents, Running, answers
+from tests.scheduler_builders import a_job, a_node
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+async def watched(nc: Client) -> AsyncIterator[JobEvents]:
+    seen = JobEvents()
+    sub = await nc.subscribe("chamber.jobs.>", cb=seen.handler)
+    yield seen
+    await sub.unsubscribe()
+
+
+def scheduler(url: str, **overrides: Any) -> Running:
+    ARGS[scheduler_service].update(retention_hours=24.0, snapshot_every=300.0)
+    running = Running(scheduler_service, url)
+    running.task.cancel()  # restart it with the overrides
+    running.stop = asyncio.Event()
+    args = argparse.Namespace(nats=url, **{**ARGS[scheduler_service], **overrides})
+    running.task = asyncio.create_task(scheduler_service.run(args, running.stop))
+    return running
+
+
+async def test_a_second_submit_with_the_same_id_is_refused_even_when_both_race(
+    nats_server: NatsServerProcess, nc: Client, js: JetStreamContext
+) -> None:
+    sched = scheduler(nats_server.url)
+    await eventually(lambda: answers(nc, "scheduler", "queue", {}))
+    payload = {"team": "vision", "gpus": 1, "id": "twice"}
+    results = await asyncio.gather(
+        request(nc, "scheduler", "submit", payload), request(nc, "scheduler", "submit", payload), return_exceptions=True
+    )
+    assert sorted(type(r).__name__ for r in results) == ["CommandRefused", "dict"]
+    info = await js.stream_info("JOBS", subjects_filter="chamber.jobs.twice")
+    assert info.state.subjects == {"chamber.jobs.twice": 1}  # one spec in the log, the one every replica has
+    await sched.close()
+
+
+async def test_append_with_expected_sequence_zero_is_refused_by_the_stream_for_a_known_subject(
+    nats_server: NatsServerProcess, js: JetStreamContext
+) -> None:
+    await Publisher(js, source="test/other-replica").publish(a_job("taken", at=1.0), id="first-writer")
+    stop = asyncio.Event()
+    hosts: list[DeciderHost[list[Any]]] = []
+
+    async def setup(ctx: ServiceContext) -> None:
+        host: DeciderHost[list[Any]] = DeciderHost(
+            Decider(name="probe", inputs=(Input("JOBS"),), initial=list, evolve=lambda s, e: s.append(e)), ctx
+        )
+        host.install()
+        hosts.append(host)
+
+    task = asyncio.create_task(serve("probe", nats_server.url, setup, stop, health_port=None))
+    await eventually(lambda: bool(hosts) and hosts[0].ready)
+    host = hosts[0]
+    # The host never saw this id in memory checks: the refusal comes from the stream itself.
+    with pytest.raises(CommandConflict):
+        await host.append(a_job("taken", at=2.0), id="second-writer", expected_subject_seq=0)
+    seq = await host.append(a_job("fresh", at=3.0), id="fresh", expected_subject_seq=0)
+    assert host.positions["JOBS"] >= seq  # folded before append returned: read your own writes
+    assert [e.job_id for e in host.state if isinstance(e, JobSubmitted)] == ["taken", "fresh"]
+    stop.set()
+    await asyncio.wait_for(task, 15)
+
+
+async def test_a_restart_starts_from_the_snapshot_and_decides_nothing_twice(
+    nats_server: NatsServerProcess, nc: Client, js: JetStreamContext, watched: JobEvents
+) -> None:
+    await Publisher(js, source="test/discovery").publish(a_node("n1", gpus=2))
+    sched = scheduler(nats_server.url)
+    await eventually(lambda: answers(nc, "scheduler", "queue", {}))
+    await request(nc, "scheduler", "submit", {"team": "vision", "gpus": 2, "id": "runs"})
+    await request(nc, "scheduler", "submit", {"team": "vision", "gpus": 2, "id": "waits"})
+    await eventually(lambda: bool(watched.of(JobScheduled, "runs")))
+    await sched.close()  # saves a snapshot on the way out
+    snap = await SnapshotStore(js).load("scheduler")
+    assert snap is not None and snap.positions["JOBS"] >= 3 and snap.positions["FLEET"] == 1
+
+    # Something happened while it was down: the tail after the snapshot is folded on top of it.
+    await Publisher(js, source="test/executor").publish(
+        a_job("late", at=time.time(), gpus=2), id=stable_id("submitted", "late")
+    )
+    sched = scheduler(nats_server.url)
+    await eventually(lambda: answers(nc, "scheduler", "queue", {}))
+
+    async def queue_is_complete() -> bool:
+        jobs = (await request(nc, "scheduler", "queue", {}))["jobs"]
+        return {(j["id"], j["state"]) for j in jobs} == {("runs", "running"), ("waits", "pending"), ("late", "pending")}
+
+    await eventually(queue_is_complete)
+    await request(nc, "scheduler", "cancel", {"job": "runs"})
+    await eventually(lambda: bool(watched.of(JobScheduled, "waits")))  # submitted before "late": first
+    assert len(watched.of(JobScheduled, "runs")) == 1  # not decided again after the restart
+    assert not watched.of(JobScheduled, "late")
+    await sched.close()
+
+
+async def test_finished_jobs_leave_memory_after_the_retention_window_and_explain_says_so(
+    nats_server: NatsServerProcess, nc: Client, js: JetStreamContext
+) -> None:
+    publisher = Publisher(js, source="test/executor")
+    sched = scheduler(nats_server.url, retention_hours=1.0)
+    await eventually(lambda: answers(nc, "scheduler", "queue", {}))
+    await publisher.publish(a_job("old", at=1_000.0), id="old")
+    await publisher.publish(
+        __import__("events").JobCancelled(job_id="old", at=1_001.0, reason="test"), id="old-cancelled"
+    )
+    await publisher.publish(a_job("new", at=1_001.0 + 2 * 3600), id="new")  # two hours of JOBS time later
+
+    async def forgotten() -> bool:
+        try:
+            await request(nc, "scheduler", "explain", {"job": "old"})
+        except CommandRefused as exc:
+            return "warehouse" in str(exc)
+        return False
+
+    await eventually(forgotten)
+    explained = await request(nc, "scheduler", "explain", {"job": "new"})
+    assert "new" in explained["text"]
+    with pytest.raises(CommandRefused, match="exists already"):  # its id stays taken in the log
+        await request(nc, "scheduler", "submit", {"team": "vision", "gpus": 1, "id": "old"})
+    await sched.close()
+
+
+async def test_a_poison_message_goes_to_dead_letters_and_the_fold_goes_on(
+    nats_server: NatsServerProcess, nc: Client, js: JetStreamContext
+) -> None:
+    await js.publish("chamber.jobs.bad", b"not json", headers={"ce-specversion": "1.0", "ce-id": "x", "ce-source": "t",
+                                                               "ce-type": JobSubmitted.ce_type()})  # fmt: skip
+    await Publisher(js, source="test").publish(a_job("good", at=1.0), id="good")
+    stop = asyncio.Event()
+    hosts: list[DeciderHost[list[Any]]] = []
+
+    async def setup(ctx: ServiceContext) -> None:
+        host: DeciderHost[list[Any]] = DeciderHost(
+            Decider(name="probe", inputs=(Input("JOBS"),), initial=list, evolve=lambda s, e: s.append(e)), ctx
+        )
+        host.install()
+        hosts.append(host)
+
+    task = asyncio.create_task(serve("probe", nats_server.url, setup, stop, health_port=None))
+    await eventually(lambda: bool(hosts) and hosts[0].ready)
+
+    async def dead_lettered() -> bool:
+        try:
+            msg = await js.get_last_msg("DEAD", "chamber.dead.jobs")
+        except Exception:
+            return False
+        return msg.headers is not None and msg.headers.get("chamber-dead-reason") == "malformed"
+
+    await eventually(dead_lettered)
+    assert [e.job_id for e in hosts[0].state] == ["good"] and hosts[0].stats.dead == 1
+    stop.set()
+    await asyncio.wait_for(task, 15)
+
+
+async def test_the_host_folds_on_after_the_server_was_killed_and_came_back(
+    nats_server: NatsServerProcess, nc: Client, js: JetStreamContext
+) -> None:
+    publisher = Publisher(js, source="test")
+    await publisher.publish_many((a_job(f"before{i}", at=1.0), f"b{i}", None) for i in range(20))
+    stop = asyncio.Event()
+    hosts: list[DeciderHost[list[Any]]] = []
+
+    async def setup(ctx: ServiceContext) -> None:
+        host: DeciderHost[list[Any]] = DeciderHost(
+            Decider(
+                name="probe", inputs=(Input("JOBS"), Input("FLEET")), initial=list, evolve=lambda s, e: s.append(e)
+            ),
+            ctx,
+        )
+        host.install()
+        hosts.append(host)
+
+    task = asyncio.create_task(serve("probe", nats_server.url, setup, stop, health_port=None))
+    await eventually(lambda: bool(hosts) and hosts[0].ready and len(hosts[0].state) == 20)
+    nats_server.kill()  # kill -9 under the running fold loop
+    nats_server.start()
+    await eventually(lambda: nc.is_connected, within=15)
+    for i in range(20):  # JetStream answers again a moment after the connection is back
+
+        async def published(i: int = i) -> bool:
+            try:
+                await publisher.publish(a_job(f"after{i}", at=2.0), id=f"a{i}")
+            except Exception:
+                return False
+            return True
+
+        await eventually(published, within=30)
+    await eventually(lambda: len(hosts[0].state) == 40, within=30)
+    assert [e.job_id for e in hosts[0].state][18:22] == ["before18", "before19", "after0", "after1"]  # once each
+    stop.set()
+    await asyncio.wait_for(task, 15)
