@@ -180,3 +180,30 @@ async def _kv_has(js: JetStreamContext, key: str) -> bool:
     except Exception:
         return False
     return True
+
+
+async def test_only_teams_allowed_critical_work_may_submit_it(
+    nats_server: NatsServerProcess, nc: Client, js: JetStreamContext
+) -> None:
+    await Publisher(js, source="test/discovery").publish(a_node("n1", gpus=8))
+    quota = Running(quota_service, nats_server.url)
+    sched = Running(scheduler_service, nats_server.url)
+    await eventually(lambda: answers(nc, "quota", "set", {"team": "vision", "gpus": 4}))
+    await eventually(lambda: answers(nc, "quota", "set", {"team": "nlp", "gpus": 4, "critical": True}))
+    urgent = {"team": "vision", "gpus": 1, "priority": "critical"}
+
+    probes = iter(range(1000))
+
+    async def refused() -> bool:  # accepted only until the scheduler has folded the quotas
+        try:
+            await request(nc, "scheduler", "submit", {**urgent, "id": f"probe-{next(probes)}"})
+        except CommandRefused as exc:
+            return "may not run critical work" in str(exc) and exc.field == "priority"
+        return False
+
+    await eventually(refused)
+    await eventually(lambda: answers(nc, "scheduler", "submit", {**urgent, "team": "nlp", "id": "nlp-urgent"}))
+    explained = await request(nc, "scheduler", "explain", {"job": "nlp-urgent"})
+    assert explained["id"] == "nlp-urgent" and "starvation_guard" in explained
+    await sched.close()
+    await quota.close()
