@@ -85,7 +85,11 @@ class QuotaService:
         assert self.host is not None
         await self.host.append(event, id=event_id, expected_subject_seq=None)  # answered once folded
 
-    async def _ensure_ready(self) -> None:
+    async def _ensure_ready(self, within_s: float = 3.0) -> None:
+        """A command right after start waits (briefly) for the log to be read, then is refused."""
+        deadline = time.monotonic() + within_s
+        while (self.host is None or not self.host.ready) and time.monotonic() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
         if self.host is None or not self.host.ready:
             raise CommandRefused("the quota service is still reading its log; try again in a moment")
 

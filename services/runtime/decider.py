@@ -227,6 +227,8 @@ class DeciderHost(Generic[S]):
             inactive_threshold=60.0,  # the server removes it when we are gone
             max_deliver=-1,
         )
+        # with its stream's replicas: an R1 consumer dies with its server, and the fold with it
+        config.num_replicas = (await self.ctx.js.stream_info(spec.stream)).config.num_replicas or 1
         info = await self.ctx.js.add_consumer(spec.stream, config)
         source.consumer = info.name
         source.pending = info.num_pending

@@ -10,9 +10,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import nats.errors
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
+from services.runtime.backoff import Backoff
 from services.runtime.commands import CommandServer
 from services.runtime.connection import Throttled, connect
 from services.runtime.consumer import BatchHandler, Consumer, ConsumerOptions, Handler
@@ -104,8 +106,8 @@ async def serve(
     ctx.health = health
     health_state.nc, health_state.consumers = nc, ctx.consumers
     try:
-        await ensure_streams(js)
-        await ensure_bucket_replicas(js)
+        await _with_retries(name, lambda: ensure_streams(js))
+        await _with_retries(name, lambda: ensure_bucket_replicas(js))
         await setup(ctx)
         if ctx._commands is not None:
             await ctx._commands.start()
@@ -123,3 +125,18 @@ async def serve(
             await nc.drain()
         log.info("service stopped", service=name)
     return ctx
+
+
+async def _with_retries(service: str, step: Callable[[], Awaitable[T]], attempts: int = 8) -> T:
+    """A JetStream API call at start that times out (a cluster still electing leaders, a loaded
+    server) is tried again with back-off instead of ending the service."""
+    backoff = Backoff(first_s=0.5, max_s=8.0)
+    for attempt in range(1, attempts + 1):
+        try:
+            return await step()
+        except nats.errors.TimeoutError as exc:
+            if attempt == attempts:
+                raise
+            log.warning("jetstream set-up timed out, retrying", service=service, attempt=attempt, error=repr(exc))
+            await asyncio.sleep(backoff.for_attempt(attempt))
+    raise AssertionError("unreachable")

@@ -11,6 +11,8 @@ from nats.js.api import PubAck
 from events import Event, encode, subject_for
 from services.runtime.tracing import configure_tracing, current_traceparent, produce_span, tracing_configured
 
+ACK_TIMEOUT_S = 10.0
+
 
 class Publisher:
     def __init__(self, js: JetStreamContext, *, source: str) -> None:
@@ -48,10 +50,20 @@ class Publisher:
                 headers, body = self._encode(event, event_id, when)
             futures.append(await self.js.publish_async(subject, body, headers=headers))
             if len(futures) >= window:
-                acks.extend(await asyncio.gather(*futures))
+                acks.extend(await self._acks(futures))
                 futures.clear()
-        acks.extend(await asyncio.gather(*futures))
+        acks.extend(await self._acks(futures))
         return acks
+
+    async def _acks(self, futures: list[asyncio.Future[PubAck]]) -> list[PubAck]:
+        """nats-py may never resolve an ack whose server went away: give up after ACK_TIMEOUT_S (the
+        caller retries; ids de-duplicate what did land)."""
+        try:
+            return await asyncio.wait_for(asyncio.gather(*futures), ACK_TIMEOUT_S)
+        except TimeoutError:
+            for f in futures:
+                f.cancel()
+            raise
 
     def _encode(self, event: Event, event_id: str | None, when: float | None) -> tuple[dict[str, str], bytes]:
         traceparent, tracestate = current_traceparent()

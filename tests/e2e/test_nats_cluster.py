@@ -111,7 +111,10 @@ async def lease_holder(js: JetStreamContext) -> str | None:
 def quota_set(url: str) -> bool:
     """A team needs a quota before it submits (the scheduler's door)."""
     argv = [CHAMBER, "quota", "set", "vision", "--gpus", "16", "--nats", url]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False).returncode == 0
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    if done.returncode != 0:
+        print("quota set:", done.stderr.strip()[-500:])  # shown if the test fails
+    return done.returncode == 0
 
 
 def submit(url: str, job: str) -> bool:

@@ -24,9 +24,15 @@ from services.runtime.snapshots import SnapshotStore
 from services.scheduler import service as scheduler_service
 from tests.integration.test_runtime import eventually
 from tests.integration.test_scheduler_service import ARGS, JobEvents, Running, answers
-from tests.scheduler_builders import a_job, a_node
+from tests.scheduler_builders import a_job, a_node, a_quota
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(autouse=True)
+async def vision_has_a_quota(js: JetStreamContext) -> None:
+    """A team needs a quota before it submits (the scheduler's door)."""
+    await Publisher(js, source="test/quota").publish(a_quota("vision", 8), id="vision-quota")
 
 
 @pytest.fixture

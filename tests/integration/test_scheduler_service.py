@@ -95,6 +95,11 @@ async def test_submit_schedule_explain_cancel_and_a_restart_rebuilds_the_same_st
     [scheduled] = watched.of(JobScheduled, "train-1")
     assert scheduled.placements[0].node == "n1" and scheduled.placements[0].gpu_indices == [0, 1, 2]
 
+    async def waits_for_capacity() -> bool:  # once a cycle has looked at it (submits fold from the log)
+        jobs = (await request(nc, "scheduler", "queue", {}))["jobs"]
+        return "waiting for capacity" in jobs[0]["reason"]
+
+    await eventually(waits_for_capacity)
     queue = (await request(nc, "scheduler", "queue", {}))["jobs"]
     assert [(j["id"], j["state"]) for j in queue] == [("wait-1", "pending"), ("train-1", "running")]
     assert set(queue[0]) == {
