@@ -48,10 +48,11 @@ from typing import Any, Generic, TypeVar
 import nats.errors
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-from nats.js.errors import APIError
+from nats.js.errors import APIError, NoStreamResponseError
 
 from events import Event
 from events.codec import DEFAULT_MAX_BYTES, DecodeError, UnknownEventType, decode
+from services.runtime.backoff import Backoff
 from services.runtime.consumer import FETCH_BACKOFF
 from services.runtime.dead_letter import dead_letter
 from services.runtime.host import ServiceContext
@@ -62,6 +63,7 @@ from services.runtime.snapshots import Snapshot, SnapshotStore
 
 log = get_logger("chamber.runtime.decider")
 S = TypeVar("S")
+APPEND_ATTEMPTS = 8  # about 10 s of retries: longer than a JetStream leader election
 WRONG_LAST_SEQUENCE = 10071  # JetStream's error code for a failed Nats-Expected-Last-Subject-Sequence
 
 
@@ -462,13 +464,23 @@ class DeciderHost(Generic[S]):
     async def append(self, event: Event, *, id: str, expected_subject_seq: int | None, wait: bool = True) -> int:
         """Publish a command's event; with `expected_subject_seq` (0: a new entity) the stream refuses
         it when the subject moved on (`CommandConflict`). With `wait`, returns once it is folded."""
-        try:
-            ack = await self.ctx.publisher.publish(event, id=id, expected_last_subject_seq=expected_subject_seq)
-        except APIError as exc:
-            if exc.err_code == WRONG_LAST_SEQUENCE:
-                raise CommandConflict(str(exc.description)) from None
-            raise
-        if ack.duplicate and expected_subject_seq is not None:
+        backoff = Backoff(first_s=0.2, max_s=2.0)
+        for attempt in range(1, APPEND_ATTEMPTS + 1):
+            try:
+                ack = await self.ctx.publisher.publish(event, id=id, expected_last_subject_seq=expected_subject_seq)
+                break
+            except APIError as exc:
+                if exc.err_code == WRONG_LAST_SEQUENCE:
+                    raise CommandConflict(str(exc.description)) from None
+                raise
+            except (nats.errors.TimeoutError, nats.errors.NoRespondersError, NoStreamResponseError) as exc:
+                # a stream electing a new leader (a server just died): try again; the id de-duplicates
+                # a try that did land but whose ack was lost
+                if attempt == APPEND_ATTEMPTS:
+                    raise
+                log.warning("append not acknowledged, retrying", stream_subject=id, attempt=attempt, error=repr(exc))
+                await asyncio.sleep(backoff.for_attempt(attempt))
+        if ack.duplicate and expected_subject_seq is not None and attempt == 1:
             raise CommandConflict("the same command was appended already")
         if wait:
             await self.wait_folded(ack.stream, ack.seq)
