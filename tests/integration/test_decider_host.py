@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -53,6 +54,28 @@ def scheduler(url: str, **overrides: Any) -> Running:
     return running
 
 
+@contextlib.asynccontextmanager
+async def probe_host(url: str) -> AsyncIterator[DeciderHost[list[Any]]]:
+    """A decider host over JOBS whose state is the list of events it folded, once ready."""
+    stop = asyncio.Event()
+    hosts: list[DeciderHost[list[Any]]] = []
+
+    async def setup(ctx: ServiceContext) -> None:
+        host: DeciderHost[list[Any]] = DeciderHost(
+            Decider(name="probe", inputs=(Input("JOBS"),), initial=list, evolve=lambda s, e: s.append(e)), ctx
+        )
+        host.install()
+        hosts.append(host)
+
+    task = asyncio.create_task(serve("probe", url, setup, stop, health_port=None))
+    try:
+        await eventually(lambda: bool(hosts) and hosts[0].ready)
+        yield hosts[0]
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 15)
+
+
 async def test_a_second_submit_with_the_same_id_is_refused_even_when_both_race(
     nats_server: NatsServerProcess, nc: Client, js: JetStreamContext
 ) -> None:
@@ -72,27 +95,13 @@ async def test_append_with_expected_sequence_zero_is_refused_by_the_stream_for_a
     nats_server: NatsServerProcess, js: JetStreamContext
 ) -> None:
     await Publisher(js, source="test/other-replica").publish(a_job("taken", at=1.0), id="first-writer")
-    stop = asyncio.Event()
-    hosts: list[DeciderHost[list[Any]]] = []
-
-    async def setup(ctx: ServiceContext) -> None:
-        host: DeciderHost[list[Any]] = DeciderHost(
-            Decider(name="probe", inputs=(Input("JOBS"),), initial=list, evolve=lambda s, e: s.append(e)), ctx
-        )
-        host.install()
-        hosts.append(host)
-
-    task = asyncio.create_task(serve("probe", nats_server.url, setup, stop, health_port=None))
-    await eventually(lambda: bool(hosts) and hosts[0].ready)
-    host = hosts[0]
-    # The host never saw this id in memory checks: the refusal comes from the stream itself.
-    with pytest.raises(CommandConflict):
-        await host.append(a_job("taken", at=2.0), id="second-writer", expected_subject_seq=0)
-    seq = await host.append(a_job("fresh", at=3.0), id="fresh", expected_subject_seq=0)
-    assert host.positions["JOBS"] >= seq  # folded before append returned: read your own writes
-    assert [e.job_id for e in host.state if isinstance(e, JobSubmitted)] == ["taken", "fresh"]
-    stop.set()
-    await asyncio.wait_for(task, 15)
+    async with probe_host(nats_server.url) as host:
+        # The host never saw this id in memory checks: the refusal comes from the stream itself.
+        with pytest.raises(CommandConflict):
+            await host.append(a_job("taken", at=2.0), id="second-writer", expected_subject_seq=0)
+        seq = await host.append(a_job("fresh", at=3.0), id="fresh", expected_subject_seq=0)
+        assert host.positions["JOBS"] >= seq  # folded before append returned: read your own writes
+        assert [e.job_id for e in host.state if isinstance(e, JobSubmitted)] == ["taken", "fresh"]
 
 
 async def test_a_restart_starts_from_the_snapshot_and_decides_nothing_twice(
@@ -160,18 +169,6 @@ async def test_a_poison_message_goes_to_dead_letters_and_the_fold_goes_on(
     await js.publish("chamber.jobs.bad", b"not json", headers={"ce-specversion": "1.0", "ce-id": "x", "ce-source": "t",
                                                                "ce-type": JobSubmitted.ce_type()})  # fmt: skip
     await Publisher(js, source="test").publish(a_job("good", at=1.0), id="good")
-    stop = asyncio.Event()
-    hosts: list[DeciderHost[list[Any]]] = []
-
-    async def setup(ctx: ServiceContext) -> None:
-        host: DeciderHost[list[Any]] = DeciderHost(
-            Decider(name="probe", inputs=(Input("JOBS"),), initial=list, evolve=lambda s, e: s.append(e)), ctx
-        )
-        host.install()
-        hosts.append(host)
-
-    task = asyncio.create_task(serve("probe", nats_server.url, setup, stop, health_port=None))
-    await eventually(lambda: bool(hosts) and hosts[0].ready)
 
     async def dead_lettered() -> bool:
         try:
@@ -180,10 +177,9 @@ async def test_a_poison_message_goes_to_dead_letters_and_the_fold_goes_on(
             return False
         return msg.headers is not None and msg.headers.get("chamber-dead-reason") == "malformed"
 
-    await eventually(dead_lettered)
-    assert [e.job_id for e in hosts[0].state] == ["good"] and hosts[0].stats.dead == 1
-    stop.set()
-    await asyncio.wait_for(task, 15)
+    async with probe_host(nats_server.url) as host:
+        await eventually(dead_lettered)
+        assert [e.job_id for e in host.state] == ["good"] and host.stats.dead == 1
 
 
 async def test_the_host_folds_on_after_the_server_was_killed_and_came_back(
