@@ -34,7 +34,7 @@ H_TRACESTATE = "tracestate"
 H_MSG_ID = "Nats-Msg-Id"
 
 _encoder = msgspec.json.Encoder()
-_decoders: dict[type[Event], msgspec.json.Decoder] = {}
+_decoders: dict[type[Event], msgspec.json.Decoder[Event]] = {}
 # CloudEvents NATS (and HTTP) binding: in a `ce-` header value, space, '"', '%' and anything outside
 # printable ASCII are percent-encoded (UTF-8). Everything else travels as is.
 _CE_PLAIN = re.compile(r"^[\x21\x23\x24\x26-\x7e]*$")
@@ -128,7 +128,7 @@ def encode(
     return headers, encode_body(event)
 
 
-def _decoder(cls: type[Event]) -> msgspec.json.Decoder:
+def _decoder(cls: type[Event]) -> msgspec.json.Decoder[Event]:
     dec = _decoders.get(cls)
     if dec is None:
         dec = _decoders[cls] = msgspec.json.Decoder(cls)

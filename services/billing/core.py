@@ -17,6 +17,7 @@ calendar months) whatever their `period` says.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -121,11 +122,8 @@ def _open_service(state: BillingState, gpu: GpuKey, at: float) -> None:
         state.service.append(InService(gpu, at, None))
 
 
-def _close_service(state: BillingState, at: float, match: object) -> None:
-    state.service = [
-        InService(s.gpu, s.start, at) if s.end is None and match(s.gpu) else s  # type: ignore[operator]
-        for s in state.service
-    ]
+def _close_service(state: BillingState, at: float, match: Callable[[GpuKey], bool]) -> None:
+    state.service = [InService(s.gpu, s.start, at) if s.end is None and match(s.gpu) else s for s in state.service]
 
 
 def _node_gpus(state: BillingState, cluster: str, node: str) -> list[GpuKey]:
@@ -149,9 +147,9 @@ def evolve(state: BillingState, event: Event, event_id: str = "") -> BillingStat
         state.accrued_until = start if state.accrued_until is None else min(state.accrued_until, start)
     match event:
         case PriceSet():
-            table, key, at_key = _price_table(state, event)
+            table, price_key, at_key = _price_table(state, event)
             if event.at >= state.price_at.get(at_key, float("-inf")):
-                table[key] = event.price_per_gpu_hour
+                table[price_key] = event.price_per_gpu_hour
                 state.price_at[at_key] = event.at
         case PoolDefined():
             state.pools[event.pool] = event

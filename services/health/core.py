@@ -176,7 +176,7 @@ def _node(state: HealthState, cluster: str, node: str) -> NodeHealth:
 
 
 def _isolation(state: HealthState, target: Target) -> Isolation | None:
-    node = state.nodes.get(target[:2])  # type: ignore[arg-type]
+    node = state.nodes.get(target[:2])
     if node is None:
         return None
     return node.isolated if target[2] is None else node.gpu_isolated.get(target[2])
@@ -462,7 +462,7 @@ def _decide_restores(state: HealthState, now: float) -> list[Decision]:
                 continue
             at = max(iso.until or now, node.clean_since.get(gpu, 0.0))
             reason = f"clean probation after: {iso.reason}"
-            event = GpuRestored(
+            restored = GpuRestored(
                 cluster=cluster,
                 node=name,
                 gpu_index=gpu,
@@ -471,7 +471,7 @@ def _decide_restores(state: HealthState, now: float) -> list[Decision]:
                 gpu_uuid=node.gpus.get(gpu),
                 by="probation",
             )
-            out.append(Decision("restore_gpu", cluster, name, gpu, reason, tuple(iso.fault_ids), event=event))
+            out.append(Decision("restore_gpu", cluster, name, gpu, reason, tuple(iso.fault_ids), event=restored))
     return out
 
 

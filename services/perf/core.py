@@ -295,7 +295,7 @@ def _job_rate(state: PerfState, track: JobTrack, t: float) -> float | None:
     if track.progress:  # RAS reports the job but its window is still filling
         return None
     # No NCCL RAS: the ranks' NIC traffic stands in for progress (bytes per iteration are steady).
-    traffic = []
+    traffic: list[float] = []
     for key, gpus in track.placements.items():
         v = state.nodes.get(key)
         if v is None or t - v.fabric_t > STALE_S:
@@ -304,13 +304,13 @@ def _job_rate(state: PerfState, track: JobTrack, t: float) -> float | None:
     if not traffic:
         return None
     # Averaged over the same window as RAS progress: a flapping link's traffic comes and goes.
-    q = track.traffic
-    q.append((t, sum(traffic)))
-    while q and q[0][0] <= t - WINDOW_S:
-        q.popleft()
-    if t - q[0][0] < WINDOW_S * 0.6:
+    window = track.traffic
+    window.append((t, sum(traffic)))
+    while window and window[0][0] <= t - WINDOW_S:
+        window.popleft()
+    if t - window[0][0] < WINDOW_S * 0.6:
         return None
-    return sum(v for _, v in q) / len(q)
+    return sum(v for _, v in window) / len(window)
 
 
 def _mean_util(state: PerfState, track: JobTrack) -> float | None:

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from services.tracesim.engine import Outcome
+from services.tracesim.model import SimJob
 
 
 def percentile(values: Sequence[float], p: float) -> float:
@@ -41,7 +42,7 @@ def jain(values: Sequence[float]) -> float:
     return (sum(values) ** 2) / (len(values) * square_sum) if square_sum else 1.0
 
 
-def _useful_in_window(job: Any, start: float, end: float) -> float:
+def _useful_in_window(job: SimJob, start: float, end: float) -> float:
     """Useful GPU-seconds of a completed job inside [start, end], taking its last run as useful.
 
     A simplification: only the final, uninterrupted run is counted as useful; earlier kept progress
@@ -80,7 +81,7 @@ def summarize(outcome: Outcome) -> dict[str, Any]:
         received = sum(_useful_in_window(j, window_start, window_end) for j in mine)
         share = received / entitlement if entitlement else 1.0
         shares.append(min(share, 1.0))
-        w = [j.first_start - j.t.submit_s for j in mine if j.first_start is not None]  # type: ignore[operator]
+        w = [j.first_start - j.t.submit_s for j in mine if j.first_start is not None]
         by_team[team] = {
             "share_received": round(share, 4),
             "entitlement": round(entitlement / 3600, 2),  # GPU-hours

@@ -4,10 +4,8 @@ delay it (they end before the reservation, or use only GPUs it leaves over)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from services.scheduler.core.decisions import Reservation
-from services.scheduler.core.policy import QueueKey
+from services.scheduler.core.policy import Order, QueueKey
 from services.scheduler.core.state import Job
 from services.scheduler.core.work import Work
 
@@ -17,9 +15,7 @@ def estimate_s(job: Job) -> float | None:
     return job.spec.expected_duration_s or job.spec.sim_duration_s
 
 
-def check(
-    res: Reservation | None, job: Job, key: QueueKey, now: float, order: Callable[[QueueKey], QueueKey]
-) -> tuple[str | None, bool]:
+def check(res: Reservation | None, job: Job, key: QueueKey, now: float, order: Order) -> tuple[str | None, bool]:
     """May `job` start now next to the pool's reservation? (why not, or None; and whether it
     may only use the reserved job's leftover GPUs)."""
     if res is None or not order(res.key) < order(key):

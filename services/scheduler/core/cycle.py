@@ -71,13 +71,13 @@ def _cycle(state: SchedulerState, work: Work, now: float, full: bool, since: Cyc
         if job.state != JobState.RUNNING:
             continue
         nodes = sorted({p.node for p in job.placements})
-        why, faults = _out_of_service(state, job)
+        out, faults = _out_of_service(state, job)
         work.release(job)
         requeued[jid] = job
         decisions.append(
             Requeue(
                 jid,
-                f"a GPU or node it ran on went out of service ({'; '.join(why) or ', '.join(nodes)})",
+                f"a GPU or node it ran on went out of service ({'; '.join(out) or ', '.join(nodes)})",
                 nodes[0] if nodes else None,
                 job.generation,
                 faults,

@@ -51,7 +51,7 @@ def place(work: Work, job: Job) -> Spot | None:
         if spot is not None:
             return spot
     # Best fit among groups too: the emptiest-but-sufficient rack keeps big ones whole.
-    in_domain = []
+    in_domain: list[tuple[int, str, str, list[int]]] = []
     dom_free = cap.dom_free
     for cluster, cls in clusters.items():
         if len(cls) == 1:

@@ -9,9 +9,11 @@ the whole fleet or history.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 from bisect import bisect_left, insort
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 from events import (
     BudgetExceeded,
@@ -577,7 +579,8 @@ def _fair_share(s: SchedulerState, e: FairShareUpdated) -> None:
         s.capacity_epoch += 1
 
 
-_HANDLERS = {
+# each handler takes its own event type: the dict is keyed by that type, so the call is checked there
+_HANDLERS: dict[type[Event], Callable[[SchedulerState, Any], None]] = {
     JobSubmitted: _submitted,
     JobScheduled: _scheduled,
     JobResumed: _resumed,
