@@ -9,8 +9,8 @@ the whole fleet or history.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
 from bisect import bisect_left, insort
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
