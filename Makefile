@@ -27,6 +27,7 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy  # files and strictness per module: [tool.mypy] in pyproject.toml
 
 format: $(STAMP)
 	$(BIN)/ruff format .
@@ -39,4 +40,4 @@ bench: $(STAMP)
 	@for b in bench/*.py; do echo "== $$b" >&2; $(BIN)/python $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) .chamber .pytest_cache .ruff_cache
+	rm -rf $(VENV) .chamber .pytest_cache .ruff_cache .mypy_cache

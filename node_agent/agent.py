@@ -299,7 +299,7 @@ class Agent:
 
     async def _on_job_event(self, delivery: Delivery) -> None:
         assert self.executor is not None
-        ex.evolve(self.executor, delivery.envelope.event)  # type: ignore[arg-type]
+        ex.evolve(self.executor, delivery.envelope.event)
 
     async def _inject(self, cmd: InjectFault) -> dict[str, object]:
         assert self.fleet is not None

@@ -105,9 +105,10 @@ class NvmlSampler:
         """Initialise NVML; raises NvmlUnavailable with a clear message when there is no driver."""
         if nvml is None:
             try:
-                import pynvml as nvml
+                import pynvml
             except ImportError as exc:
                 raise NvmlUnavailable(f"the pynvml module is missing ({exc}): pip install nvidia-ml-py") from None
+            nvml = pynvml
         try:
             nvml.nvmlInit()
         except nvml.NVMLError as exc:

@@ -174,7 +174,8 @@ class Outbox:
         batch.expected = sent
         if batch.acked < sent:
             with contextlib.suppress(Exception):
-                await nc.flush(timeout=self.ack_timeout_s)
+                # nats-py annotates `timeout: int` but hands it to asyncio.wait_for: a float is fine
+                await nc.flush(timeout=self.ack_timeout_s)  # type: ignore[arg-type]
         # Wait for the acks, but give up early when the connection drops: they will not come.
         deadline = asyncio.get_running_loop().time() + self.ack_timeout_s
         while batch.acked < sent and not batch.failed:

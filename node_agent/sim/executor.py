@@ -67,13 +67,13 @@ def evolve(state: ExecutorState, event: Event) -> ExecutorState:
             job.start_pending = event.at
             state.version += 1
         case JobStarted():
-            job = state.jobs.get(event.job_id)
-            if job is not None and job.start_pending is not None and event.at >= job.start_pending:
-                job.start_pending = None
+            started = state.jobs.get(event.job_id)
+            if started is not None and started.start_pending is not None and event.at >= started.start_pending:
+                started.start_pending = None
         case JobPreempted() | JobSuspended() | JobRequeued():
-            job = state.jobs.get(event.job_id)
-            if job is not None and job.placements:
-                _stop(job, event.at)
+            stopped = state.jobs.get(event.job_id)
+            if stopped is not None and stopped.placements:
+                _stop(stopped, event.at)
                 state.version += 1
         case JobCancelled() | JobCompleted() | JobFailed():
             job = state.jobs.setdefault(event.job_id, SimJob())

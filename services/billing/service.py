@@ -74,7 +74,7 @@ class Billing:
             name=NAME,
             inputs=tuple(Input(stream) for stream in STREAMS),
             initial=lambda: BillingState(period_s=self.period_s, settle_s=self.settle_s),
-            evolve=evolve,  # type: ignore[arg-type]
+            evolve=evolve,
             evolve_with_id=True,  # the core de-duplicates by event id
             decide=self.decide,
             tick_s=self.tick_s,

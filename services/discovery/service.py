@@ -67,8 +67,8 @@ class DiscoveryShell:
             if last is not None and last[0] == rec.version and now - last[2] < self.view_every_s:
                 continue
             shown = core.view(self.state, rec, now)
-            signature = (shown["status"], shown["reason"], [(g["isolated"], g["reason"]) for g in shown["gpus"]])
-            signature = (signature, shown["held"], shown["labels"], len(shown["gpus"]))
+            gpus = [(g["isolated"], g["reason"]) for g in shown["gpus"]]
+            signature = (shown["status"], shown["reason"], gpus, shown["held"], shown["labels"], len(gpus))
             if (
                 last is not None
                 and last[1] == signature

@@ -103,7 +103,7 @@ class KubeActuator:
 
     def _read(self, name: str) -> dict[str, Any]:
         # Raw JSON: the client's model deserialization costs more than the request on a busy host.
-        return json.loads(_drain(self.api.read_node(name, _preload_content=False)))  # type: ignore[no-any-return]
+        return json.loads(_drain(self.api.read_node(name, _preload_content=False)))
 
     def _node(self, name: str, *, isolate: bool, reason: str, at: float) -> list[dict[str, Any]]:
         node = self._read(name)

@@ -7,9 +7,10 @@ and skipped with one log line; the batch Job and Pod kinds are always there.
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 from services.kube.bindings import KUEUE_QUEUE_LABEL, TEAM_LABEL
 from services.kube.kinds import KINDS, BatchJob, Observed, Pod, WorkloadKind
@@ -51,7 +52,11 @@ class KubernetesWorkloads:
             return list(self.batch.list_job_for_all_namespaces(label_selector=selector).items)
         if isinstance(kind, Pod):
             return list(self.core.list_pod_for_all_namespaces(label_selector=selector).items)
-        found = self.custom.list_cluster_custom_object(kind.group, kind.version, kind.plural, label_selector=selector)
+        # custom objects come back as the API's JSON (a dict); the client annotates them as `object`
+        found = cast(
+            "dict[str, Any]",
+            self.custom.list_cluster_custom_object(kind.group, kind.version, kind.plural, label_selector=selector),
+        )
         return list(found.get("items") or [])
 
     def list(self) -> list[Observed]:
@@ -69,7 +74,7 @@ class KubernetesWorkloads:
                         found.append(Observed(kind, obj))
         return found
 
-    def patch(self, kind: WorkloadKind, namespace: str, name: str, ops: list[dict[str, Any]]) -> None:
+    def patch(self, kind: WorkloadKind, namespace: str, name: str, ops: builtins.list[dict[str, Any]]) -> None:
         if not ops:
             return
         if isinstance(kind, BatchJob):
@@ -106,4 +111,5 @@ class KubernetesWorkloads:
             "lastTimestamp": stamp,
             "count": 1,
         }
-        self.core.create_namespaced_event(namespace, body)
+        # the client serializes a dict body as it does a CoreV1Event (its annotation names only the model)
+        self.core.create_namespaced_event(namespace, body)  # type: ignore[arg-type]

@@ -228,8 +228,8 @@ def _priorities(classes: list[dict[str, Any]], out: Conversion) -> None:
     valued = []
     for wpc in classes:
         try:
-            valued.append((int(wpc.get("value")), _name(wpc)))
-        except (TypeError, ValueError):
+            valued.append((int(wpc["value"]), _name(wpc)))
+        except (KeyError, TypeError, ValueError):
             out.refused.append(f"WorkloadPriorityClass {_name(wpc)}: value {wpc.get('value')!r} is not a whole number")
     if not valued:
         return

@@ -70,8 +70,8 @@ class QuotaService:
             name=NAME,
             inputs=(Input("FLEET"), Input("QUOTA"), Input("JOBS")),
             initial=lambda: QuotaState(half_life_s=self.half_life_s),
-            evolve=evolve,  # type: ignore[arg-type]
-            decide=decide,  # type: ignore[arg-type]
+            evolve=evolve,
+            decide=decide,
             tick_s=self.interval_s,
             snapshot=snapshot_codec(),
         )

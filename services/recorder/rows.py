@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import numpy as np
@@ -171,21 +171,21 @@ def sample_columns(items: list[Recorded]) -> pa.Table | None:
     gpus: list[Any] = []
     extend = gpus.extend
     counts: list[int] = []
-    for item in items:
-        sample_gpus = item.event.gpus  # type: ignore[attr-defined]
-        extend(sample_gpus)
-        counts.append(len(sample_gpus))
+    # the caller hands only node samples (build_tables selects them)
+    samples = cast("list[NodeSample | LeanNodeSample]", [i.event for i in items])
+    for sample in samples:
+        extend(sample.gpus)
+        counts.append(len(sample.gpus))
     if not gpus:
         return None
     # Per-sample values are built once per message and repeated per GPU by Arrow, not by Python.
     parent = pa.array(np.repeat(np.arange(len(items)), counts))
-    samples = [i.event for i in items]
     per_sample: dict[str, tuple[list[Any], pa.DataType]] = {
-        "cluster": ([s.cluster for s in samples], pa.string()),  # type: ignore[attr-defined]
-        "node": ([s.node for s in samples], pa.string()),  # type: ignore[attr-defined]
-        "ts": ([_ms(s.observed_at) for s in samples], TS),  # type: ignore[attr-defined]
-        "interval_s": ([s.interval_s for s in samples], F32),  # type: ignore[attr-defined]
-        "seq": ([s.seq for s in samples], pa.uint64()),  # type: ignore[attr-defined]
+        "cluster": ([s.cluster for s in samples], pa.string()),
+        "node": ([s.node for s in samples], pa.string()),
+        "ts": ([_ms(s.observed_at) for s in samples], TS),
+        "interval_s": ([s.interval_s for s in samples], F32),
+        "seq": ([s.seq for s in samples], pa.uint64()),
         "event_id": ([i.id for i in items], pa.string()),
     }
     columns: dict[str, pa.Array] = {
@@ -196,8 +196,7 @@ def sample_columns(items: list[Recorded]) -> pa.Table | None:
     return pa.table(columns)
 
 
-def _audit_row(out: _Columns, item: Recorded) -> None:
-    e = item.event
+def _audit_row(out: _Columns, item: Recorded, e: Event) -> None:
     out.add(
         event_id=item.id,
         type=type(e).ce_type(),
@@ -215,8 +214,7 @@ def _audit_row(out: _Columns, item: Recorded) -> None:
     )
 
 
-def _job_row(out: _Columns, item: Recorded) -> None:
-    e = item.event
+def _job_row(out: _Columns, item: Recorded, e: Event) -> None:
     team = pool = model = priority = ""
     requested = 0
     gpus: list[dict[str, Any]] = []
@@ -230,7 +228,7 @@ def _job_row(out: _Columns, item: Recorded) -> None:
         team = e.team
     out.add(
         event_id=item.id,
-        job_id=e.job_id,  # type: ignore[attr-defined]
+        job_id=getattr(e, "job_id", ""),  # every job kind has one
         kind=_JOB_KINDS[type(e).ce_type()],
         at=_ms(event_time(e)),
         stream_seq=item.stream_seq,
@@ -353,11 +351,11 @@ def build_tables(items: list[Recorded]) -> dict[str, pa.Table]:
         if isinstance(e, NodeSample | LeanNodeSample):
             continue
         if not isinstance(e, NodeInventory | FabricSample):  # telemetry, repeated: not an audit fact
-            _audit_row(cols["events"], item)
+            _audit_row(cols["events"], item, e)
         if isinstance(e, FabricSample):
             add_nic_rows(cols["nic_samples"], e, item.id)
         elif type(e).ce_type() in _JOB_KINDS:
-            _job_row(cols["job_events"], item)
+            _job_row(cols["job_events"], item, e)
         elif isinstance(e, NodeIsolated | NodeRestored | GpuIsolated | GpuRestored):
             cols["fleet_events"].add(
                 event_id=item.id,

@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+from functools import partial
 from typing import Any
 
 import msgspec
@@ -144,7 +145,7 @@ async def setup_recorder(
                 ctx.js, options, batch_handler=store, table_handler=store_samples, fetch_max_bytes=fetch_max_bytes
             )
             ctx.consumers.append(consumer)
-            ctx.task(lambda consumer=consumer: consumer.run(ctx.stop))
+            ctx.task(partial(consumer.run, ctx.stop))
         else:
             ctx.consume(options, batch_handler=store)
 

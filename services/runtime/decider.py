@@ -233,7 +233,7 @@ class DeciderHost(Generic[S]):
         config.num_replicas = (await self.ctx.js.stream_info(spec.stream)).config.num_replicas or 1
         info = await self.ctx.js.add_consumer(spec.stream, config)
         source.consumer = info.name
-        source.pending = info.num_pending
+        source.pending = info.num_pending or 0
         source.buffer.clear()
         if source.puller is not None:
             await source.puller.close(hand_back=False)

@@ -83,7 +83,7 @@ class ServiceContext:
 async def serve(
     name: str,
     url: str,
-    setup: Callable[[ServiceContext], Awaitable[None]],
+    setup: Callable[[ServiceContext], Awaitable[object]],  # what it returns (a service's shell) is not used
     stop: asyncio.Event,
     *,
     health_port: int | None = None,

@@ -39,4 +39,4 @@ def configure_logging(level: str = "info", *, json: bool | None = None) -> None:
 
 
 def get_logger(name: str) -> structlog.stdlib.BoundLogger:
-    return structlog.get_logger(name)  # type: ignore[no-any-return]
+    return structlog.get_logger(name)

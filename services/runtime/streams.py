@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Iterable
+from functools import partial
 
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
@@ -62,7 +63,7 @@ async def ensure_streams(
         try:
             info = await js.stream_info(spec.name)
         except NotFoundError:
-            await _placed(lambda w=wanted: js.add_stream(w), spec.name, replicas)
+            await _placed(partial(js.add_stream, wanted), spec.name, replicas)
             changed.append(f"added {spec.name}")
             continue
         have = info.config
@@ -76,7 +77,7 @@ async def ensure_streams(
             or have.description != wanted.description
             or (have.num_replicas or 1) != wanted.num_replicas
         ):
-            await _placed(lambda w=wanted: js.update_stream(w), spec.name, wanted.num_replicas)
+            await _placed(partial(js.update_stream, wanted), spec.name, wanted.num_replicas)
             changed.append(f"updated {spec.name}")
     if changed:
         log.info("streams ensured", changed=changed, replicas=replicas)
@@ -95,7 +96,7 @@ async def ensure_bucket_replicas(js: JetStreamContext, *, replicas: int | None =
         if not (config.name or "").startswith("KV_chamber_") or (config.num_replicas or 1) >= replicas:
             continue
         config.num_replicas = replicas
-        await _placed(lambda c=config: js.update_stream(c), config.name, replicas)
+        await _placed(partial(js.update_stream, config), config.name or "", replicas)
         changed.append(f"updated {config.name}")
     if changed:
         log.info("bucket replicas raised", changed=changed, replicas=replicas)

@@ -103,7 +103,7 @@ class Scheduler:
             # BILLING: BudgetExceeded, so a team's budget action applies (core/budget.py)
             inputs=(Input("FLEET"), Input("QUOTA"), Input("JOBS"), Input("BILLING")),
             initial=lambda: SchedulerState(topology_key=self.topology_key, retention_s=self.retention_s),
-            evolve=evolve,  # type: ignore[arg-type]
+            evolve=evolve,
             decide=self.decide,
             tick_s=self.interval,
             snapshot=snapshot_codec(),

@@ -72,7 +72,7 @@ class ChdbWarehouse(Warehouse):
             )
         self._lock = threading.Lock()  # one chDB session; serialize calls from any thread
         try:
-            self._session = session.Session(str(self.path))
+            self._session: session.Session | None = session.Session(str(self.path))
         except Exception as exc:
             text = str(exc)
             if _is_lock_error(text):
