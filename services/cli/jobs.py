@@ -147,13 +147,40 @@ def queue(args: argparse.Namespace) -> int:
     if not jobs:
         print("no jobs")
         return 0
-    print(f"{'ID':<24} {'TEAM':<12} {'PRIORITY':<9} {'GPUS':>6} {'STATE':<10} REASON / PLACEMENT")
+    # queued jobs come in the order the scheduler's next cycle takes them (POS), with the factors behind it
+    print(
+        f"{'POS':>4} {'ID':<24} {'TEAM':<12} {'PRIORITY':<9} {'GPUS':>6} {'STATE':<10} {'SCORE':>7} {'AGE':>6} "
+        f"{'GUARD':<8} REASON / PLACEMENT"
+    )
     for j in jobs:
         where = " ".join(f"{n}[{','.join(map(str, g))}]" for n, g in j["placement"].items())
         gpus = f"{j['replicas']}x{j['gpus']}" if j["replicas"] > 1 else str(j["gpus"])
         detail = where if j["state"] == "running" else j["reason"]
-        print(f"{j['id']:<24} {j['team']:<12} {j['priority']:<9} {gpus:>6} {j['state']:<10} {detail}")
+        pos = j.get("position") or "-"
+        score = "-" if j.get("priority_score") is None else f"{j['priority_score']:.0f}"
+        age = "-" if j.get("age_s") is None else _duration(j["age_s"])
+        print(
+            f"{pos:>4} {j['id']:<24} {j['team']:<12} {j['priority']:<9} {gpus:>6} {j['state']:<10} {score:>7} "
+            f"{age:>6} {_guard(j):<8} {detail}"
+        )
     return 0
+
+
+def _duration(seconds: float) -> str:
+    for unit, size in (("d", 86400.0), ("h", 3600.0), ("m", 60.0)):
+        if seconds >= size:
+            return f"{seconds / size:.1f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+def _guard(row: dict[str, Any]) -> str:
+    """The starvation guard: on (protected: later jobs may not delay it), or how long until it is."""
+    if row.get("protected"):
+        return "on"
+    since, now_age = row.get("protected_since"), row.get("age_s")
+    if since is None or now_age is None or row.get("queued_since") is None:
+        return "-"
+    return "in " + _duration(max(since - row["queued_since"] - now_age, 0.0))
 
 
 def explain(args: argparse.Namespace) -> int:

@@ -199,7 +199,7 @@ class Scheduler:
         self._refresh_waiting()
         waiting = {k: v for k, v in self.waiting.items() if k in self.state.jobs and self.state.jobs[k].state in QUEUED}
         self.waiting = waiting
-        rows = queue_rows(self.state, waiting, include_finished=req.all)
+        rows = queue_rows(self.state, waiting, now=time.time(), policy=self.policy, include_finished=req.all)
         return page_of_rows(rows, offset=req.offset, limit=req.limit)
 
     async def explain(self, req: ExplainRequest) -> dict[str, Any]:

@@ -125,6 +125,10 @@ async def test_borrow_reclaim_suspend_resume_and_requeue_on_isolation(
     assert (preempted.job_id, preempted.reason.value, preempted.preemptor_job_id) == (sweep, "reclaim", "urgent")
     why = await achamber(url, "explain", sweep)
     assert "suspended" in why and "preempted by urgent (reclaim" in why
+    header, *lines = (await achamber(url, "queue")).splitlines()
+    assert header.split()[:2] == ["POS", "ID"] and "SCORE" in header and "GUARD" in header
+    [row] = [line.split() for line in lines if sweep in line]
+    assert row[0] == "1" and "suspended" in row  # first in the next cycle's order: the only queued job
 
     # the executor reports the urgent job done: the sweep resumes on its own, keeping its place
     await executor.publish(JobCompleted(job_id="urgent", at=1e9))

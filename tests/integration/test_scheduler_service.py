@@ -113,7 +113,15 @@ async def test_submit_schedule_explain_cancel_and_a_restart_rebuilds_the_same_st
         "reason",
         "placement",
         "submitted_at",
+        "position",  # the next cycle's order, and the factors behind it
+        "priority_score",
+        "queued_since",
+        "age_s",
+        "protected_since",
+        "protected",
     }
+    assert queue[0]["position"] == 1 and queue[0]["protected"] is False and queue[0]["age_s"] >= 0
+    assert isinstance(queue[0]["priority_score"], float) and queue[1]["position"] is None
     assert "waiting for capacity" in queue[0]["reason"]
     text = (await request(nc, "scheduler", "explain", {"job": "train-1"}))["text"]
     assert "is running on n1[0,1,2]" in text

@@ -212,7 +212,7 @@ def test_decisions_become_events_with_stable_ids() -> None:
 def test_queue_rows_and_explain_answer_for_every_state() -> None:
     d = Driver().given(a_node("n1", gpus=2), a_job("run", gpus=2), a_job("wait", gpus=2, at=2))
     d.cycle()
-    rows = {r["id"]: r for r in queue_rows(d.state, d.waiting)}
+    rows = {r["id"]: r for r in queue_rows(d.state, d.waiting, now=10.0)}
     assert rows["run"]["state"] == "running" and rows["run"]["placement"] == {"n1": [0, 1]}
     assert rows["wait"]["state"] == "pending" and "waiting for capacity" in rows["wait"]["reason"]
     assert "is running on n1[0,1]" in explain(d.state, "run", d.waiting)["text"]

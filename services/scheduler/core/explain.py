@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from services.scheduler.core.budget import note as budget_note
-from services.scheduler.core.policy import CHAMBER, ORDERINGS, Policy
+from services.scheduler.core.policy import CHAMBER, ORDERINGS, Policy, QueueKey, by_multifactor_priority
 from services.scheduler.core.state import FINISHED, QUEUED, Job, JobState, SchedulerState
 
 
@@ -23,14 +23,52 @@ def _reason(job: Job, waiting: Mapping[str, str]) -> str:
     return job.reason
 
 
+def queue_order(state: SchedulerState, now: float, policy: Policy = CHAMBER) -> list[QueueKey]:
+    """The queued jobs in the order the next cycle at `now` takes them: the policy's own ordering
+    (ORDERINGS, the key the cycle sorts by: protected jobs first, then multifactor priority with
+    age). The one definition behind `chamber queue` and `chamber explain`."""
+    jobs = state.jobs
+    return sorted(state.queue(), key=ORDERINGS[policy.order](policy, lambda jid: jobs[jid].queued_since, now))
+
+
+def _queued_facts(policy: Policy, key: QueueKey, position: int, since: float, now: float) -> dict[str, Any]:
+    """A queued job's place in the next cycle's order and the factors behind it."""
+    protected_at = policy.protected_since(since)
+    multifactor = ORDERINGS[policy.order] is by_multifactor_priority
+    return {
+        "position": position,
+        "priority_score": round(policy.priority(key, now - since), 1) if multifactor else None,
+        "queued_since": since,
+        "age_s": round(max(now - since, 0.0), 1),
+        "protected_since": protected_at,
+        "protected": protected_at is not None and now >= protected_at,
+    }
+
+
+_NOT_QUEUED: dict[str, Any] = dict.fromkeys(
+    ("position", "priority_score", "queued_since", "age_s", "protected_since", "protected")
+)
+
+
 def queue_rows(
-    state: SchedulerState, waiting: Mapping[str, str], *, include_finished: bool = False
+    state: SchedulerState,
+    waiting: Mapping[str, str],
+    *,
+    now: float,
+    policy: Policy = CHAMBER,
+    include_finished: bool = False,
 ) -> list[dict[str, Any]]:
-    """Jobs in queue order (queued first, then running, then finished) in the `chamber queue --json` shape."""
-    order = {key[3]: i for i, key in enumerate(state.queue())}
+    """Jobs in the `chamber queue --json` shape: queued ones first, in the order the next cycle takes
+    them (`queue_order`), each with its position, priority score, age and starvation guard; then
+    running, then finished jobs."""
+    keys = queue_order(state, now, policy)
+    position = {key[3]: i for i, key in enumerate(keys, start=1)}
     rank = {JobState.RUNNING: 1, JobState.PENDING: 0, JobState.SUSPENDED: 0}
     jobs = [j for j in state.jobs.values() if include_finished or j.state not in FINISHED]
-    jobs.sort(key=lambda j: (rank.get(j.state, 2), order.get(j.id, 0), j.submitted_at, j.id))
+    jobs.sort(key=lambda j: (rank.get(j.state, 2), position.get(j.id, 0), j.submitted_at, j.id))
+    queued = {
+        key[3]: _queued_facts(policy, key, position[key[3]], state.jobs[key[3]].queued_since, now) for key in keys
+    }
     return [
         {
             "id": j.id,
@@ -43,6 +81,7 @@ def queue_rows(
             "reason": _reason(j, waiting),
             "placement": _placement(j),
             "submitted_at": j.submitted_at,
+            **queued.get(j.id, _NOT_QUEUED),
         }
         for j in jobs
     ]
@@ -81,10 +120,9 @@ def explain(
         if job.borrowed_gpus:
             text += f" ({job.borrowed_gpus} GPUs borrowed: may be reclaimed by their owner)"
     elif job.state in QUEUED:
-        queue = state.queue()
-        if now is not None:  # the order the next cycle uses: age and the starvation guard included
-            jobs = state.jobs
-            queue = sorted(queue, key=ORDERINGS[policy.order](policy, lambda jid: jobs[jid].queued_since, now))
+        # the order the next cycle uses (age and the starvation guard included); without a time, the
+        # static part of it (class, fair share, submit time)
+        queue = state.queue() if now is None else queue_order(state, now, policy)
         position = next((i for i, k in enumerate(queue) if k[3] == job.id), None)
         pos = f"position {position + 1} of {len(queue)} in the queue" if position is not None else "queued"
         why = waiting.get(job.id) or job.reason
