@@ -13,6 +13,7 @@ per sample would dominate the gateway's CPU. It never raises on a valid event.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -224,6 +225,7 @@ class GatewayState:
     # Why each waiting job waits, in the scheduler's own words (its `queue` answer, asked every few
     # seconds): the read model alone cannot know about quotas, fair share or reservations.
     waiting_reasons: dict[str, str] = field(default_factory=dict)
+    queue_positions: dict[str, int] = field(default_factory=dict)  # the scheduler's next-cycle order
     fabric: FabricView = field(default_factory=FabricView)  # latest NICs per node (services/gateway/fabric.py)
 
     def team(self, name: str) -> Team:
@@ -567,15 +569,16 @@ def efficiency(state: GatewayState) -> Efficiency:
 
 
 def queue(state: GatewayState) -> list[Job]:
-    """Waiting jobs in the order the design schedules them: priority class, then submit time, then id.
-
-    (The scheduler also weighs fair share; the gateway shows the same first two keys, which is what
-    an operator reads a queue by, and ends in the job id so the order is stable.)
+    """Waiting jobs in the order the scheduler's next cycle takes them, as its last `queue` answer
+    gave it (fair share, age and the starvation guard are the scheduler's to weigh); jobs it has not
+    listed yet follow, by priority class, then submit time, then id.
     """
     waiting = [j for j in state.jobs.values() if j.state.queued]
+    positions = state.queue_positions
     return sorted(
         waiting,
         key=lambda j: (
+            positions.get(j.job_id, math.inf),
             j.spec.priority.rank if j.spec is not None else 99,
             j.submitted_at if j.submitted_at is not None else float("inf"),
             j.job_id,
@@ -625,7 +628,9 @@ def record_point(state: GatewayState, now: float) -> Point:
 
 
 def scheduler_said(state: GatewayState, rows: list[dict[str, object]]) -> None:
-    """Fold the scheduler's `queue` answer: the reason it gives for each job that is not running."""
+    """Fold the scheduler's `queue` answer: the reason it gives for each job that is not running,
+    and each queued job's position in its next cycle's order."""
+    state.queue_positions = {str(r["id"]): pos for r in rows if isinstance(pos := r.get("position"), int)}
     state.waiting_reasons = {
         str(r["id"]): str(r.get("reason") or "") for r in rows if r.get("state") != "running" and r.get("reason")
     }

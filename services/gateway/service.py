@@ -112,6 +112,7 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
             """The scheduler's reasons for waiting jobs, for the dashboard and /api/queue (finding 9)."""
             if not any(j.state.queued for j in state.jobs.values()):
                 state.waiting_reasons = {}
+                state.queue_positions = {}
                 return
             try:
                 answer = await request(ctx.nc, "scheduler", "queue", {"limit": 2000}, timeout=args.command_timeout)

@@ -297,3 +297,24 @@ def test_the_view_does_not_depend_on_how_the_streams_interleave(seed: int) -> No
 def test_nodes_are_listed_in_natural_order() -> None:
     state = fold([a_node_discovered(n, gpus=1) for n in ("gpu-10", "gpu-2", "gpu-1", "a")])
     assert [n.node for n in views.fleet(state).nodes] == ["a", "gpu-1", "gpu-2", "gpu-10"]
+
+
+def test_the_queue_follows_the_schedulers_next_cycle_order_once_it_has_answered() -> None:
+    # issue 19: age and the starvation guard can put an old low job ahead of a fresh high one
+    state = fold(
+        [
+            a_submitted("old-low", priority=PriorityClass.LOW, at=T0),
+            a_submitted("new-high", priority=PriorityClass.HIGH, at=T0 + 5),
+        ]
+    )
+    assert [j.job_id for j in core.queue(state)] == ["new-high", "old-low"]  # nothing from the scheduler yet
+    core.scheduler_said(
+        state,
+        [
+            {"id": "old-low", "state": "pending", "reason": "protected", "position": 1},
+            {"id": "new-high", "state": "pending", "reason": "waiting", "position": 2},
+            {"id": "other", "state": "running", "reason": "placed", "position": None},
+        ],
+    )
+    fold([a_submitted("newest", priority=PriorityClass.CRITICAL, at=T0 + 9)], state)
+    assert [j.job_id for j in views.queue(state).jobs] == ["old-low", "new-high", "newest"]  # unlisted last
