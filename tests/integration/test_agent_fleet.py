@@ -26,6 +26,7 @@ from events import (
     decode,
 )
 from node_agent.agent import Agent, AgentOptions
+from node_agent.runner import NodeRunner
 from services.runtime import Publisher
 from services.runtime.commands import CommandRefused, CommandUnavailable, request
 from services.runtime.nats_server import NatsServerProcess
@@ -70,6 +71,13 @@ async def fleet(nats_server: NatsServerProcess, tmp_path: Path) -> AsyncIterator
         await asyncio.wait_for(task, 15)
 
 
+async def _more_samples(agent: Agent, n: int, of: NodeRunner | None = None) -> None:
+    """Wait until a node (the first, or `of`) has taken `n` more samples: time passes, on the fleet's clock."""
+    runner = of or agent.runners[0]
+    target = runner.seq + n
+    await eventually(lambda: runner.seq >= target)
+
+
 async def answers(nc: Client) -> bool:
     try:
         await request(nc, "sim", "inject", {"node": "sim-000", "kind": "clear"}, timeout=0.5)
@@ -104,7 +112,7 @@ async def test_an_injected_fault_reaches_the_faults_stream_once_and_bad_ones_are
         return len(faults) >= 2
 
     await eventually(both_faults)
-    await asyncio.sleep(0.5)  # a few more samples: still one fault each
+    await _more_samples(fleet, 5)  # the faults persist for five more samples per node: still one fault each
     faults = [f for f in await read_stream(js, "chamber.faults.c1.>") if isinstance(f, GpuFaultDetected)]
     assert sorted((f.node, f.kind, f.gpu_index, f.xid) for f in faults) == [
         ("sim-000", "xid", 3, 79),
@@ -123,7 +131,7 @@ async def test_a_silent_node_stops_sampling_until_cleared(fleet: Agent, nc: Clie
     await request(nc, "sim", "inject", {"node": "sim-001", "kind": "agent_silent"})
     runner = next(r for r in fleet.runners if r.node == "sim-001")
     frozen = runner.seq
-    await asyncio.sleep(0.5)
+    await _more_samples(fleet, 5, of=next(r for r in fleet.runners if r is not runner))  # the others go on
     assert runner.seq == frozen
     await request(nc, "sim", "inject", {"node": "sim-001", "kind": "clear"})
     await eventually(lambda: runner.seq > frozen)
@@ -183,7 +191,7 @@ async def test_a_restarted_fleet_replays_jobs_and_decides_nothing_twice(
         stop = asyncio.Event()
         task = asyncio.create_task(agent.run(stop))
         await eventually(lambda: done(agent))  # type: ignore[operator]
-        await asyncio.sleep(0.5)
+        await _more_samples(agent, 5)  # time for a late job event to appear (none may)
         stop.set()
         await asyncio.wait_for(task, 15)
         return agent

@@ -220,7 +220,11 @@ async def test_a_consumer_restarted_after_a_crash_continues_after_the_last_acked
     consumer = Consumer(crashed.jetstream(), options, handler=handle_ten)
     _stop, task = await run_consumer(consumer)
     await eventually(lambda: len(first.seen) == 10)
-    await asyncio.sleep(0.2)  # let the acks reach the server
+
+    async def acked_ten() -> bool:  # the server has the ten acks before the "crash"
+        return (await js.consumer_info("JOBS", "svc")).ack_floor.stream_seq >= 10
+
+    await eventually(acked_ten)
     task.cancel()
     await crashed.close()
 

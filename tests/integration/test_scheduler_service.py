@@ -133,11 +133,13 @@ async def test_submit_schedule_explain_cancel_and_a_restart_rebuilds_the_same_st
     sched = Running(scheduler_service, nats_server.url)
     await eventually(lambda: answers(nc, "scheduler", "queue", {}))
     await eventually(lambda: _queue_is(nc, [("wait-1", "pending"), ("train-1", "running")]))
-    await asyncio.sleep(0.5)  # several cycles
+    await eventually(waits_for_capacity)  # the new process's own cycle has looked at both jobs
     assert len(watched.of(JobScheduled, "train-1")) == 1 and not watched.of(JobScheduled, "wait-1")
 
     assert await request(nc, "scheduler", "cancel", {"job_id": "train-1"}) == {"id": "train-1", "state": "cancelled"}
     await eventually(lambda: bool(watched.of(JobScheduled, "wait-1")))
+    # the events arrive in log order: every cycle since the restart is behind this one
+    assert len(watched.of(JobScheduled, "train-1")) == 1 and len(watched.of(JobScheduled, "wait-1")) == 1
     with pytest.raises(CommandRefused, match="already cancelled"):
         await request(nc, "scheduler", "cancel", {"job": "train-1"})
     await sched.close()

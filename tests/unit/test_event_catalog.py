@@ -97,5 +97,7 @@ def test_fields_added_with_defaults_stay_compatible_with_old_payloads() -> None:
 
 
 def test_stable_ids_are_deterministic_and_distinct() -> None:
-    assert stable_id("sched", 3, "j1") == stable_id("sched", 3, "j1")
+    # the same facts give the same id in every process and release (JetStream de-duplicates replayed
+    # decisions by it), so the value itself is pinned, not compared with a second call
+    assert stable_id("sched", 3, "j1") == "1ac9d6cc-ed5d-5fcc-8b30-3680eb08d3a2"
     assert stable_id("sched", 3, "j1") != stable_id("sched", 3, "j2")

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from events import GpuIsolated, JobPreempted, JobRequeued, JobResumed, JobScheduled, NodeIsolated, PoolDefined
+from events import (
+    GpuIsolated,
+    JobPreempted,
+    JobResumed,
+    JobScheduled,
+    JobSuspended,
+    NodeIsolated,
+    PoolDefined,
+)
 from events.codec import stable_id
 from services.scheduler.core import Admit, Preempt, Requeue, explain, queue_rows, select_victims
 from tests.scheduler_builders import Driver, a_job, a_node, a_quota, done
@@ -206,7 +214,18 @@ def test_decisions_become_events_with_stable_ids() -> None:
     [(event, eid)] = events_for(cycle.decisions, 10.0)
     assert isinstance(event, JobScheduled) and eid == stable_id("scheduled", "j", 0)
     assert event.placements[0].gpu_indices == [0, 1]
-    assert {JobPreempted, JobRequeued, JobResumed}  # the other kinds are covered by the scenarios above
+    # a preemption, then the resume: each id names the kind, the job and the job's generation
+    p = Driver().given(a_node("n1"), a_quota("a", 8), a_job("low", team="a", gpus=8, priority="low"))
+    p.cycle(now=0.0)
+    p.given(a_job("hi", team="a", gpus=8, at=5, priority="high"))
+    assert [(type(e), eid) for e, eid in events_for(p.cycle(now=10.0).decisions, 10.0)] == [
+        (JobPreempted, stable_id("preempted", "low", 1)),
+        (JobSuspended, stable_id("suspended", "low", 1)),
+        (JobScheduled, stable_id("scheduled", "hi", 0)),
+    ]
+    p.given(done("hi", at=20))
+    resumed = events_for(p.cycle(now=30.0).decisions, 30.0)
+    assert [(type(e), eid) for e, eid in resumed] == [(JobResumed, stable_id("resumed", "low", 2))]
 
 
 def test_queue_rows_and_explain_answer_for_every_state() -> None:
