@@ -1,4 +1,4 @@
-"""Liveness and readiness over plain HTTP, for Kubernetes probes (stdlib asyncio, no framework).
+"""Liveness and readiness over HTTP (aiohttp), for Kubernetes probes.
 
 - `GET /livez`  200 while the event loop answers (a hung loop times the probe out; a crashed consumer
   or ticker ends the whole process, see host.serve). It does NOT look at NATS: a NATS outage must not
@@ -12,14 +12,14 @@ A service turns it on with `--health-port` / `CHAMBER_HEALTH_PORT` (see `port_fr
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import json
 import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from aiohttp import web
 
 from services.runtime.logs import get_logger
 
@@ -91,52 +91,37 @@ class HealthState:
 
 
 class HealthServer:
+    """The probes on aiohttp (the gateway's HTTP server too): one catch-all route, so a wrong path
+    or method gets the same small JSON answer as the probes."""
+
     def __init__(self, state: HealthState, *, port: int, host: str | None = None) -> None:
         self.state = state
         self.port = port
         self.host = host or os.environ.get(ENV_HOST, "0.0.0.0")  # probes come from the kubelet, not localhost
-        self._server: asyncio.Server | None = None
+        self._runner: web.AppRunner | None = None
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._handle, self.host, self.port)
-        sock = self._server.sockets[0].getsockname()
-        self.port = int(sock[1])  # port 0 picks a free one (tests)
+        app = web.Application(client_max_size=_MAX_REQUEST_BYTES)
+        app.router.add_route("*", "/{path:.*}", self._handle)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, self.host, self.port).start()
+        self.port = int(self._runner.addresses[0][1])  # port 0 picks a free one (tests)
         log.info("health server listening", host=self.host, port=self.port)
 
     async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
+        if self._runner is not None:
             with contextlib.suppress(Exception):
-                await self._server.wait_closed()
-            self._server = None
+                await self._runner.cleanup()
+            self._runner = None
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5)
-            status, body = self._route(head[:_MAX_REQUEST_BYTES])
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ConnectionError):
-            status, body = 400, {"error": "bad request"}
-        payload = json.dumps(body).encode()
-        reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 503: "Unavailable"}
-        writer.write(
-            f"HTTP/1.1 {status} {reason.get(status, 'Error')}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\nConnection: close\r\n\r\n".encode()
-            + payload
-        )
-        with contextlib.suppress(ConnectionError):
-            await writer.drain()
-        writer.close()
-        with contextlib.suppress(ConnectionError):
-            await writer.wait_closed()
+    async def _handle(self, request: web.Request) -> web.Response:
+        status, body = self._route(request.method, request.path)
+        return web.json_response(body, status=status)
 
-    def _route(self, head: bytes) -> tuple[int, dict[str, Any]]:
-        parts = head.split(b"\r\n", 1)[0].split()
-        if len(parts) != 3:
-            return 400, {"error": "bad request line"}
-        method, target = parts[0].decode(errors="replace"), parts[1].decode(errors="replace")
+    def _route(self, method: str, path: str) -> tuple[int, dict[str, Any]]:
         if method not in ("GET", "HEAD"):
             return 405, {"error": "use GET"}
-        path = target.split("?", 1)[0]
         if path not in ("/livez", "/readyz", "/healthz"):
             return 404, {"error": "try /livez or /readyz"}
         live, ready, body = self.state.report()
