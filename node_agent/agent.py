@@ -28,6 +28,7 @@ from node_agent.sim import executor as ex
 from node_agent.sim.fleet import SimError, SimFleet
 from node_agent.sim.models import gpu_model
 from node_agent.spool import Kind, Record, Spool
+from services.runtime.backoff import Backoff
 from services.runtime.commands import CommandRefused, CommandServer
 from services.runtime.connection import connect
 from services.runtime.consumer import Consumer, ConsumerOptions, Delivery
@@ -37,6 +38,7 @@ from services.runtime.streams import ensure_streams
 from services.runtime.tracing import configure_tracing, publish_traceparent
 
 log = get_logger("chamber.agent")
+CONNECT_BACKOFF = Backoff(first_s=0.2, max_s=5.0)  # NATS away: samples go to the spool meanwhile
 
 SIM_SERVICE = "sim"
 REPLAY_PATIENCE_S = 10.0
@@ -249,16 +251,16 @@ class Agent:
 
     async def _connect(self, stop: asyncio.Event) -> None:
         """Connect in the background (sampling already runs, into the spool), retrying forever."""
-        delay = 0.2
+        delay = 0.0
         while not stop.is_set():
             try:
                 self.nc = await connect(self.opts.nats, name=f"chamber-agent-{self.opts.node}", attempts=1)
                 break
             except Exception as exc:
                 log.warning("nats unreachable, spooling", url=self.opts.nats, error=repr(exc))
+                delay = CONNECT_BACKOFF.next(delay)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), delay)
-                delay = min(delay * 2, 5.0)
         if self.nc is None:
             return
         self.outbox.attach(self.nc)

@@ -27,6 +27,7 @@ from services.health.core import Decision, HealthRefusal, HealthState, NodeHealt
 from services.health.kube import gpu_entry
 from services.health.policy import Policy, PolicyError, load_policy
 from services.health.replay import CatchUp, DeliverFrom
+from services.runtime.backoff import Backoff
 from services.runtime.commands import CommandRefused
 from services.runtime.consumer import ConsumerOptions, Delivery
 from services.runtime.host import ServiceContext, serve
@@ -39,6 +40,7 @@ DESCRIPTION = "isolate failing GPUs and nodes by policy (XID, ECC, remap, therma
 SOURCE = f"chamber/{NAME}"
 log = get_logger("chamber.health")
 KUBE_WORKERS = 16
+PATCH_BACKOFF = Backoff(first_s=2.0, max_s=30.0)  # the API server busy or away: 2, 4, 8, 16, 30 s
 
 
 TargetRequest = RestoreNode  # shared with the gateway and the API documents (events/commands.py)
@@ -191,7 +193,7 @@ class HealthShell:
                     return
                 except Exception as exc:
                     log.warning("kubernetes patch failed", node=node, attempt=attempt, error=repr(exc))
-                    await asyncio.sleep(min(2**attempt, 30))
+                    await asyncio.sleep(PATCH_BACKOFF.for_attempt(attempt))
             log.error("kubernetes patch gave up; the next restart reconciles", node=node)
 
     async def _reconcile(self) -> None:

@@ -26,6 +26,7 @@ from services.recorder.rows import Recorded
 from services.recorder.samples import FETCH_MAX_BYTES, MIN_FETCH_MAX_BYTES, SampleConsumer
 from services.recorder.writer import Writer
 from services.runtime import ConsumerOptions, Delivery
+from services.runtime.backoff import Backoff
 from services.runtime.commands import CommandRefused
 from services.runtime.host import ServiceContext, serve
 from services.runtime.logs import get_logger
@@ -50,6 +51,7 @@ MAX_REPLY_ROWS = 10_000
 MAX_REPLY_BYTES = 768 * 1024
 _json = msgspec.json.Encoder()
 log = get_logger("chamber.recorder")
+WAREHOUSE_BACKOFF = Backoff(first_s=0.5, max_s=30.0)  # a ClickHouse server still starting
 
 
 class SqlRequest(msgspec.Struct):
@@ -223,17 +225,17 @@ def _crash_hook() -> Any:
 async def open_when_ready(args: argparse.Namespace, stop: asyncio.Event) -> Warehouse | None:
     """A held chDB directory is a mistake to report at once; a server that is not up yet (pods start in
     any order) is waited for, with back-off, until it answers or the service is stopped."""
-    delay = 0.5
+    delay = 0.0
     while not stop.is_set():
         try:
             return await asyncio.to_thread(open_and_migrate, args)
         except WarehouseUnavailable as exc:
             if not args.clickhouse_url:
                 raise UsageError(str(exc)) from None
+            delay = WAREHOUSE_BACKOFF.next(delay)
             log.warning("warehouse unavailable, retrying", error=str(exc), delay_s=delay)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=delay)
-            delay = min(delay * 2, 30.0)
     return None
 
 

@@ -13,6 +13,7 @@ from nats.js.errors import APIError, NotFoundError
 
 from events.partitions import stream_specs
 from events.streams import TELEMETRY, StreamSpec, retention
+from services.runtime.backoff import Backoff
 from services.runtime.logs import get_logger
 from services.runtime.partitions import configured_partitions, existing_partitions, explain_change
 from services.runtime.replicas import ReplicasUnavailable, remember, replicas_for
@@ -131,11 +132,14 @@ async def _exists(js: JetStreamContext, stream: str) -> bool:
     return True
 
 
+_PLACEMENT_BACKOFF = Backoff(first_s=0.2, max_s=2.0)  # a cluster still forming: peers within seconds
+
+
 async def _placed(call: Callable[[], Awaitable[object]], stream: str, replicas: int, *, wait_s: float = 30.0) -> None:
     """Run a stream add/update; a placement refusal becomes a message naming the numbers. A cluster
     still forming (servers not yet peers) refuses placement for a moment: that is retried."""
     deadline = time.monotonic() + wait_s
-    delay = 0.2
+    delay = 0.0
     while True:
         try:
             await call()
@@ -145,8 +149,8 @@ async def _placed(call: Callable[[], Awaitable[object]], stream: str, replicas: 
                 raise
             if exc.err_code != _NOT_CLUSTERED and time.monotonic() < deadline:
                 log.info("stream placement refused, retrying", stream=stream, replicas=replicas, error=exc.description)
+                delay = _PLACEMENT_BACKOFF.next(delay)
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
                 continue
             raise ReplicasUnavailable(
                 f"stream {stream} needs {replicas} replicas but the NATS cluster cannot place them "
