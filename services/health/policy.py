@@ -2,7 +2,8 @@
 
 The default lives in `default_policy.yaml` (readable, with its sources). An operator's file is merged
 over it: sections key by key, an XID or fault kind field by field. `parse_policy` validates and
-returns frozen values; a mistake is a `PolicyError` naming the key path and the fix.
+returns frozen values; the file's schema is msgspec's (`_PolicySpec`): a mistake, a misspelt key
+included, is a `PolicyError` naming the key path and the fix.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
+import msgspec
 import yaml
 
 from events.faults import FaultKind, GpuFaultDetected, Severity
@@ -162,98 +164,117 @@ def _read(path: Path) -> dict[str, Any]:
     return data
 
 
+# -- the file's schema: msgspec checks types, ranges, enums and unknown (misspelt) keys -------------
+NonNegative = Annotated[float, msgspec.Meta(ge=0)]
+
+
+class _File(msgspec.Struct, forbid_unknown_fields=True):
+    """Base of the file's sections: a key the schema does not know is a mistake, not ignored."""
+
+
+class _EscalationSpec(_File):
+    count: Annotated[int, msgspec.Meta(ge=1)]
+    window_s: NonNegative
+    action: Action
+
+
+class _RuleSpec(_File):
+    severity: Severity
+    action: Action
+    description: str = ""
+    restore: Restore = Restore.PROBATION
+    escalate: _EscalationSpec | None = None
+    if_critical: Action | None = None
+    nvidia: str = ""
+    dcgm: str = ""
+    mnemonic: str = ""
+    note: str = ""
+
+
+class _ProbationSpec(_File):
+    default_s: NonNegative
+    require_clean_sample: bool = True
+
+
+class _FlapSpec(_File):
+    window_s: NonNegative
+    multiplier: Annotated[float, msgspec.Meta(ge=1)]
+    max_probation_s: NonNegative
+
+
+class _BudgetSpec(_File):
+    max_share: Annotated[float, msgspec.Meta(ge=0, le=1)]
+    min_nodes: Annotated[int, msgspec.Meta(ge=0)]
+    window_s: NonNegative
+
+
+class _PolicySpec(_File):
+    probation: _ProbationSpec
+    flap: _FlapSpec
+    budget: _BudgetSpec
+    unknown_xid: _RuleSpec
+    kinds: dict[str, Any]  # each rule is checked on its own, so an error names its kind or XID
+    xid: dict[Any, Any] = {}
+    version: Literal[1] = 1
+
+
+_ENUMS: dict[str, type[StrEnum]] = {"action": Action, "if_critical": Action, "severity": Severity, "restore": Restore}
+
+
+def _convert(data: Any, spec: type[_File], where: str = "") -> Any:
+    """msgspec's check, its error turned into a PolicyError naming the key path and what is allowed."""
+    try:
+        return msgspec.convert(data, spec)
+    except msgspec.ValidationError as exc:
+        reason, _, at = str(exc).partition(" - at `")
+        path = at.rstrip("`").removeprefix("$").lstrip(".")
+        full = ".".join(p for p in (where, path) if p) or "policy"
+        field_name = full.rsplit(".", 1)[-1]
+        if reason.startswith("Invalid enum value") and field_name in _ENUMS:
+            reason += f"; use one of {[e.value for e in _ENUMS[field_name]]}"
+        raise PolicyError(f"{full}: {reason}") from None
+
+
 def parse_policy(data: Mapping[str, Any]) -> Policy:
-    p = _section(data, "probation")
-    f = _section(data, "flap")
-    b = _section(data, "budget")
-    budget = Budget(
-        max_share=_num(b, "max_share", "budget", 0.0, 1.0),
-        min_nodes=int(_num(b, "min_nodes", "budget", 0)),
-        window_s=_num(b, "window_s", "budget", 0.0),
-    )
+    spec: _PolicySpec = _convert(data, _PolicySpec)
     kinds: dict[FaultKind, Rule] = {}
-    for name, raw in (data.get("kinds") or {}).items():
+    for name, raw in spec.kinds.items():
         try:
             kind = FaultKind(name)
         except ValueError:
             raise PolicyError(f"kinds.{name}: unknown fault kind; use one of {[k.value for k in FaultKind]}") from None
-        kinds[kind] = _rule(raw, str(kind), f"kinds.{name}")
+        kinds[kind] = _rule(_convert(raw, _RuleSpec, f"kinds.{name}"), str(kind))
     if FaultKind.OTHER not in kinds:
         raise PolicyError("kinds.other: required (the rule for fault kinds without their own)")
     xids: dict[int, Rule] = {}
-    for code, raw in (data.get("xid") or {}).items():
+    for code, raw in spec.xid.items():
         try:
             number = int(code)
         except (TypeError, ValueError):
             raise PolicyError(f"xid.{code}: XID codes are integers") from None
-        xids[number] = _rule(raw, f"xid-{number}", f"xid.{code}")
+        xids[number] = _rule(_convert(raw, _RuleSpec, f"xid.{code}"), f"xid-{number}")
     return Policy(
-        probation=Probation(
-            default_s=_num(p, "default_s", "probation", 0.0),
-            require_clean_sample=bool(p.get("require_clean_sample", True)),
-        ),
-        flap=Flap(
-            window_s=_num(f, "window_s", "flap", 0.0),
-            multiplier=_num(f, "multiplier", "flap", 1.0),
-            max_probation_s=_num(f, "max_probation_s", "flap", 0.0),
-        ),
-        budget=budget,
-        unknown_xid=_rule(data.get("unknown_xid") or {}, "xid-unknown", "unknown_xid"),
+        probation=Probation(spec.probation.default_s, spec.probation.require_clean_sample),
+        flap=Flap(spec.flap.window_s, spec.flap.multiplier, spec.flap.max_probation_s),
+        budget=Budget(spec.budget.max_share, spec.budget.min_nodes, spec.budget.window_s),
+        unknown_xid=_rule(spec.unknown_xid, "xid-unknown"),
         kinds=kinds,
         xid=xids,
     )
 
 
-def _section(data: Mapping[str, Any], name: str) -> Mapping[str, Any]:
-    value = data.get(name)
-    if not isinstance(value, Mapping):
-        raise PolicyError(f"{name}: required section (a mapping)")
-    return value
-
-
-def _num(section: Mapping[str, Any], key: str, where: str, lo: float, hi: float | None = None) -> float:
-    value = section.get(key)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise PolicyError(f"{where}.{key}: required number")
-    if value < lo or (hi is not None and value > hi):
-        bounds = f">= {lo:g}" if hi is None else f"between {lo:g} and {hi:g}"
-        raise PolicyError(f"{where}.{key}: {value} is out of range; use a number {bounds}")
-    return float(value)
-
-
-def _enum(enum: type[StrEnum], value: Any, where: str) -> Any:
-    try:
-        return enum(value)
-    except ValueError:
-        raise PolicyError(f"{where}: {value!r} is not allowed; use one of {[e.value for e in enum]}") from None
-
-
-def _rule(raw: Any, key: str, where: str) -> Rule:
-    if not isinstance(raw, Mapping):
-        raise PolicyError(f"{where}: a rule is a mapping with at least severity and action")
-    if "severity" not in raw or "action" not in raw:
-        raise PolicyError(f"{where}: a rule needs severity and action")
-    escalate = None
-    if raw.get("escalate") is not None:
-        e = raw["escalate"]
-        if not isinstance(e, Mapping):
-            raise PolicyError(f"{where}.escalate: use {{count: N, window_s: S, action: ACTION}}")
-        escalate = Escalation(
-            count=max(1, int(_num(e, "count", f"{where}.escalate", 1))),
-            window_s=_num(e, "window_s", f"{where}.escalate", 0.0),
-            action=_enum(Action, e.get("action"), f"{where}.escalate.action"),
-        )
-    if_critical = raw.get("if_critical")
+def _rule(r: _RuleSpec, key: str) -> Rule:
+    e = r.escalate
     return Rule(
         key=key,
-        severity=_enum(Severity, raw["severity"], f"{where}.severity"),
-        action=_enum(Action, raw["action"], f"{where}.action"),
-        description=str(raw.get("description", "")),
-        restore=_enum(Restore, raw.get("restore", "probation"), f"{where}.restore"),
-        escalate=escalate,
-        if_critical=None if if_critical is None else _enum(Action, if_critical, f"{where}.if_critical"),
-        nvidia=str(raw.get("nvidia", "")),
-        dcgm=str(raw.get("dcgm", "")),
-        mnemonic=str(raw.get("mnemonic", "")),
-        note=str(raw.get("note", "")),
+        severity=r.severity,
+        action=r.action,
+        description=r.description,
+        restore=r.restore,
+        escalate=None if e is None else Escalation(e.count, e.window_s, e.action),
+        if_critical=r.if_critical,
+        nvidia=r.nvidia,
+        dcgm=r.dcgm,
+        mnemonic=r.mnemonic,
+        note=r.note,
     )
