@@ -17,7 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from events.streams import BILLING, FAULTS, FLEET, JOBS, QUOTA, TELEMETRY
-from services.cli.errors import UsageError
+from services.errors import UsageError
 from services.gateway.api import GatewayContext, make_app
 from services.gateway.core import GatewayState, evolve, record_point, scheduler_said
 from services.gateway.history import WarehouseHistory

@@ -23,7 +23,7 @@ from events.partitions import (
     server_mapping,
 )
 from events.streams import TELEMETRY
-from services.cli.errors import UsageError
+from services.errors import UsageError
 from services.runtime.logs import get_logger
 
 ENV = "CHAMBER_TELEMETRY_PARTITIONS"

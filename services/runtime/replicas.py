@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from services.cli.errors import UsageError
+from services.errors import UsageError
 
 ENV = "CHAMBER_NATS_REPLICAS"
 MAX_REPLICAS = 5  # JetStream's own limit for a stream's RAFT group

@@ -46,7 +46,7 @@ def open_warehouse(
 ) -> Warehouse:
     """A server when a URL is given (on `clickhouse_cluster`, if named), else chDB under `data_dir`."""
     if clickhouse_cluster and not clickhouse_url:
-        from services.cli.errors import UsageError
+        from services.errors import UsageError
 
         raise UsageError(
             f"--clickhouse-cluster {clickhouse_cluster} needs a ClickHouse server (--clickhouse-url): "
