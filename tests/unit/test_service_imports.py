@@ -1,0 +1,33 @@
+"""Services do not import the command line (issue 14's review): the CLI is one client of the services,
+and a service that imports it drags argparse front ends and their dependencies into every process."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+# `chamber up`'s supervisor (services/stack) is the CLI's own machinery, not a service
+CLI_SIDE = ("services/cli/", "services/stack/")
+
+
+def _imports(path: Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+    return found
+
+
+def test_no_service_imports_the_cli() -> None:
+    offenders = {
+        str(path.relative_to(ROOT)): sorted(
+            m for m in _imports(path) if m == "services.cli" or m.startswith("services.cli.")
+        )
+        for path in sorted((ROOT / "services").rglob("*.py"))
+        if not str(path.relative_to(ROOT)).startswith(CLI_SIDE)
+    }
+    assert {p: m for p, m in offenders.items() if m} == {}
+    assert len(offenders) > 50  # the walk saw the services (a wrong root would pass vacuously)
