@@ -147,3 +147,18 @@ def test_a_changed_firmware_identity_is_told_to_fleet() -> None:
     evolve(state, NodeInventory(cluster="c1", node="n1", observed_at=T0 + 2, gpus=inventory(None).gpus, host=EC2_HOST))
     [updated] = decide(state, T0 + 3)
     assert "labels" in updated.changes and updated.labels["chamber.io/provider"] == "aws"  # type: ignore[attr-defined]
+
+
+def test_billing_prices_a_node_by_the_instance_type_its_firmware_names() -> None:
+    """Agent inventory -> discovery's FLEET event -> billing: the p5.48xlarge price, not the H100 model's."""
+    from events import PriceSet
+    from services.billing.core import BillingState, price_of
+    from services.billing.core import evolve as bill
+
+    state = BillingState()
+    bill(state, PriceSet(gpu_model="H100-80GB", at=T0, price_per_gpu_hour=3.0), "p1")
+    bill(state, PriceSet(gpu_model="", at=T0, price_per_gpu_hour=12.29, instance_type="p5.48xlarge"), "p2")
+    bill(state, discovered(inventory(EC2_HOST)), "d1")
+    assert price_of(state, ("c1", "n1", 0)) == 12.29
+    bill(state, discovered(inventory(None, node="n2")), "d2")
+    assert price_of(state, ("c1", "n2", 0)) == 3.0  # no firmware word: the model's price
