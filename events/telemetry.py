@@ -124,7 +124,7 @@ SLOW_FIELDS = (
 class HostInfo(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """What the machine's firmware (DMI/SMBIOS, /sys/class/dmi/id) says, read by the agent without root.
 
-    `provider`: aws | gcp | azure | oci | on-prem, mapped from the vendor strings
+    `provider`: aws | gcp | azure | oci | on-prem ('' when nothing was readable), mapped from the vendor strings
     (`node_agent.dmi_adapter.identify`); `instance_type`: only where the firmware names it (EC2's
     product_name); `instance_id`: EC2 Nitro's board asset tag. The raw strings travel too, so a
     mapping that misses a vendor can be fixed without a new agent; '' where unreadable.

@@ -14,7 +14,7 @@ What each cloud's firmware says (the vendors' documentation; cloud-init's ds-ide
 - Microsoft Azure: sys_vendor "Microsoft Corporation", product_name "Virtual Machine", and the chassis
   asset tag "7783-7084-3265-9085-8269-3286-77" that marks Azure. The VM size is not in the firmware.
 - Oracle Cloud (OCI): chassis_asset_tag "OracleCloud.com". The shape is not in the firmware.
-- Anything else: on-prem (bare metal or a private hypervisor).
+- Anything else: on-prem (bare metal or a private hypervisor); nothing readable at all: '' (unknown).
 
 No network calls (no metadata servers): the agent runs everywhere, and a blocked link-local address
 would stall its start. Region and zone come from the Kubernetes node labels (discovery).
@@ -53,6 +53,8 @@ def read_dmi(root: Path = Path("/")) -> dict[str, str]:
 
 def identify(dmi: dict[str, str]) -> HostInfo:
     """Pure: the provider and instance type the firmware strings name."""
+    if not any(dmi.values()):
+        return HostInfo()  # nothing readable (a container without /sys/class/dmi, an ARM board): unknown
     vendor, product = dmi.get("sys_vendor", ""), dmi.get("product_name", "")
     uuid, board, chassis = dmi.get("product_uuid", ""), dmi.get("board_asset_tag", ""), dmi.get("chassis_asset_tag", "")
     provider, instance_type, instance_id = ON_PREM, "", ""

@@ -62,9 +62,9 @@ def test_the_firmware_names_the_provider_and_where_it_can_the_instance_type(
     assert host.sys_vendor == fields["sys_vendor"]  # the raw strings travel too
 
 
-def test_a_machine_without_dmi_or_with_unreadable_fields_is_on_prem_and_never_fails(tmp_path: Path) -> None:
+def test_a_machine_without_dmi_is_unknown_and_unreadable_fields_never_fail(tmp_path: Path) -> None:
     assert read_dmi(tmp_path) == dict.fromkeys(read_dmi(tmp_path), "")  # no /sys/class/dmi (a container, ARM)
-    assert read_host(tmp_path) == HostInfo(provider="on-prem")
+    assert read_host(tmp_path) == HostInfo()  # unknown, not a guess
     root = a_dmi_tree(tmp_path / "odd", sys_vendor="Amazon EC2", product_name="x" * 500)
     (root / "sys/class/dmi/id/product_uuid").mkdir()  # unreadable as a file, like a root-only one to an agent
     host = read_host(root)
