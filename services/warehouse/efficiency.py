@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 GROUPS = {"pool": "m.pool", "model": "m.model", "node": "m.node", "team": "team", "cluster": "m.cluster"}
-# Where a node runs (discovery's chamber.io/ labels, latest non-empty per node: view `node_places`).
+# Where a node runs: discovery's chamber.io/ labels in its latest NodeDiscovered/NodeUpdated (view `node_places`).
 PLACES = {"provider": "provider", "region": "region", "zone": "zone", "instance_type": "instance_type"}
 BY = ("team", "pool", "model", "node", "cluster", *PLACES)
 _PRICE = " LEFT JOIN gpu_prices AS pr ON pr.cluster = m.cluster AND pr.node = m.node AND pr.gpu_index = m.gpu_index"
