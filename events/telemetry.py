@@ -121,6 +121,25 @@ SLOW_FIELDS = (
 )
 
 
+class HostInfo(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """What the machine's firmware (DMI/SMBIOS, /sys/class/dmi/id) says, read by the agent without root.
+
+    `provider`: aws | gcp | azure | oci | on-prem ('' when nothing was readable), mapped from the vendor strings
+    (`node_agent.dmi_adapter.identify`); `instance_type`: only where the firmware names it (EC2's
+    product_name); `instance_id`: EC2 Nitro's board asset tag. The raw strings travel too, so a
+    mapping that misses a vendor can be fixed without a new agent; '' where unreadable.
+    """
+
+    provider: str = ""
+    instance_type: str = ""
+    instance_id: str = ""
+    sys_vendor: str = ""
+    product_name: str = ""
+    product_uuid: str = ""
+    board_asset_tag: str = ""
+    chassis_asset_tag: str = ""
+
+
 class NodeInventory(Event, frozen=True, tag=event_type("telemetry", "node_inventory")):
     """Announced by an agent at start, on change, and periodically."""
 
@@ -133,6 +152,7 @@ class NodeInventory(Event, frozen=True, tag=event_type("telemetry", "node_invent
     agent_version: str = ""
     simulated: bool = False
     labels: dict[str, str] = {}
+    host: HostInfo | None = None  # the machine as its firmware names it (None: not read, e.g. simulated)
 
 
 class NodeSample(Event, frozen=True, omit_defaults=True, tag=event_type("telemetry", "node_sample")):

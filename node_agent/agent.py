@@ -124,8 +124,16 @@ class Agent:
             from node_agent.nvml_adapter import NvmlSampler
 
             sampler = NvmlSampler.open(nvml, node=opts.node)
+            host = None
+            if opts.sysfs_root is not None:
+                from node_agent.dmi_adapter import read_host
+
+                host = read_host(opts.sysfs_root)
             facts = NodeFacts(
-                driver_version=sampler.driver_version, cuda_version=sampler.cuda_version, labels=dict(opts.labels)
+                driver_version=sampler.driver_version,
+                cuda_version=sampler.cuda_version,
+                labels=dict(opts.labels),
+                host=host,
             )
             fabric = None
             if opts.sysfs_root is not None:

@@ -29,7 +29,7 @@ from events.codec import (
 )
 from events.fabric import FabricSample
 from events.streams import TELEMETRY
-from events.telemetry import GpuInfo, NodeInventory, NodeSample
+from events.telemetry import GpuInfo, HostInfo, NodeInventory, NodeSample
 from node_agent.detectors import DetectorState, GpuLimits, Reading, detect
 from node_agent.fabric_detectors import FabricDetectorState, detect_nic
 from node_agent.spool import Kind, Record
@@ -65,6 +65,7 @@ class NodeFacts:
     cuda_version: str | None = None
     simulated: bool = False
     labels: dict[str, str] = field(default_factory=dict)
+    host: HostInfo | None = None  # the firmware's identity (dmi_adapter), read once at start
 
 
 class NodeRunner:
@@ -176,6 +177,7 @@ class NodeRunner:
             agent_version=AGENT_VERSION,
             simulated=self.facts.simulated,
             labels=self.facts.labels,
+            host=self.facts.host,
         )
 
 

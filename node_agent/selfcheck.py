@@ -1,6 +1,7 @@
-"""`python -m node_agent.selfcheck`: read this node through real NVML and print its inventory and one
-sample as JSON (to verify the adapter on a real GPU). Without an NVIDIA driver it says so on stderr
-and exits with status 2."""
+"""`python -m node_agent.selfcheck`: read this node through real NVML and print its inventory, the
+machine's firmware identity (provider, instance type: node_agent.dmi_adapter) and one sample as JSON
+(to verify the adapters on a real GPU node). Without an NVIDIA driver it says so on stderr and exits
+with status 2."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 
 import msgspec
 
+from node_agent.dmi_adapter import read_host
 from node_agent.nvml_adapter import NvmlSampler, NvmlUnavailable
 
 EXIT_NO_DRIVER = 2
@@ -30,6 +32,7 @@ def main(nvml: Any = None, out: Any = None) -> int:
             "driver_version": sampler.driver_version,
             "cuda_version": sampler.cuda_version,
             "inventory": inventory,
+            "host": read_host(),
             "limits": {i: {"slowdown_temp_c": lim.slowdown_temp_c, "pcie_replays_per_min": lim.pcie_replays_per_window}
                        for i, lim in sampler.limits().items()},
             "sample": reading.sample,

@@ -42,6 +42,7 @@ from events import (
 )
 from events.codec import stable_id
 from events.jobs import JobResumed
+from services.billing.price_table import resolve
 from services.pools import PoolDef, node_pool
 
 GpuKey = tuple[str, str, int]  # cluster, node, gpu index
@@ -222,12 +223,15 @@ PROVIDER_LABEL, REGION_LABEL, INSTANCE_LABEL = "chamber.io/provider", "chamber.i
 
 def price_of(state: BillingState, gpu: GpuKey) -> float:
     """Per GPU-hour: the node's instance type, else its cluster, else its GPU model, else 0."""
-    instance = state.node_labels.get(gpu[:2], {}).get(INSTANCE_LABEL)
-    if instance is not None and instance in state.instance_prices:
-        return state.instance_prices[instance]
-    if gpu[0] in state.cluster_prices:
-        return state.cluster_prices[gpu[0]]
-    return state.prices.get(state.gpu_model.get(gpu, "unknown"), 0.0)
+    price = resolve(
+        state.node_labels.get(gpu[:2], {}).get(INSTANCE_LABEL),
+        gpu[0],
+        state.gpu_model.get(gpu, "unknown"),
+        instance_prices=state.instance_prices,
+        cluster_prices=state.cluster_prices,
+        model_prices=state.prices,
+    )
+    return 0.0 if price is None else price
 
 
 def _where(state: BillingState, gpu: GpuKey) -> tuple[str, str | None, str | None]:

@@ -17,6 +17,7 @@ by its node's instance type, else its cluster, else its model.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,3 +89,21 @@ def read(table: Any) -> tuple[str, list[Price]]:
     if not prices:
         raise PriceTableError("no prices: fill gpu_models, instance_types or clusters")
     return currency, prices
+
+
+def resolve(
+    instance_type: str | None,
+    cluster: str,
+    model: str,
+    *,
+    instance_prices: Mapping[str, float],
+    cluster_prices: Mapping[str, float],
+    model_prices: Mapping[str, float],
+) -> float | None:
+    """The one pricing order (billing, the dashboard's live rates; the warehouse view `gpu_prices` says
+    the same in SQL): the node's instance type, else its cluster, else the GPU's model; None: no price."""
+    if instance_type is not None and instance_type in instance_prices:
+        return instance_prices[instance_type]
+    if cluster in cluster_prices:
+        return cluster_prices[cluster]
+    return model_prices.get(model)

@@ -46,7 +46,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--sysfs-root",
         default="/",
         metavar="DIR",
-        help="read NICs under DIR/sys/class/{infiniband,net} (default /; 'none': no fabric samples, simulated too)",
+        help="read NICs under DIR/sys/class/{infiniband,net} and the firmware identity under DIR/sys/class/dmi/id "
+        "(default /; 'none': neither, and no simulated fabric samples)",
     )
     p.add_argument("--nccl-ras", action="store_true", help="also read NCCL's RAS service on localhost:28028")
     p.add_argument(

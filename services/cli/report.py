@@ -1,4 +1,4 @@
-"""`chamber report efficiency --since 24h [--by team|pool|model|node|cluster|provider|region] [--json]`."""
+"""`chamber report efficiency --since 24h [--by team|pool|model|node|cluster|provider|region|...] [--json]`."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from services.cli.errors import UsageError
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from services.warehouse.efficiency import BY
     from services.warehouse.options import add_warehouse_options
 
     p = sub.add_parser("report", help="reports from the warehouse")
@@ -20,8 +21,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     eff.add_argument("--until", default=None, help="window end: an ISO time (default: now)")
     eff.add_argument(
         "--by",
-        choices=["team", "pool", "model", "node", "cluster", "provider", "region"],
-        help="one row per group (provider and region: from the nodes' labels, see discovery)",
+        choices=list(BY),
+        help="one row per group (provider, region, zone, instance_type: from discovery's node labels; "
+        "idle cost is priced as billing prices: instance type, then cluster, then GPU model)",
     )
     eff.add_argument("--json", action="store_true", help="print JSON")
     add_nats_option(eff)

@@ -27,8 +27,8 @@ from events.fleet import (
     NodeStatus,
     NodeUpdated,
 )
-from events.telemetry import GpuInfo, NodeInventory, NodeSample
-from services.discovery.cloud import cloud_labels
+from events.telemetry import GpuInfo, HostInfo, NodeInventory, NodeSample
+from services.discovery.cloud import cloud_labels, host_labels
 
 GPU_RESOURCE = "nvidia.com/gpu"
 # GPU feature discovery labels worth carrying into the fleet view (product, memory, count, family...).
@@ -66,6 +66,7 @@ class NodeRecord:
     # observed
     gpus: list[GpuInfo] = field(default_factory=list)
     agent_labels: dict[str, str] = field(default_factory=dict)
+    host: HostInfo | None = None  # the machine's firmware identity, from the agent's inventory
     agent: bool = False
     kube: KubeNode | None = None
     kube_seen_at: float = 0.0
@@ -86,9 +87,11 @@ class NodeRecord:
 
     def labels(self) -> dict[str, str]:
         out = dict(self.agent_labels)
+        out.update(host_labels(self.host))  # a node Kubernetes does not list: the firmware alone
         if self.kube is not None:
             out.update({k: v for k, v in self.kube.labels.items() if k.startswith(GFD_PREFIX)})
-            out.update(cloud_labels(self.kube.labels, self.kube.provider_id))  # provider, region, zone, type
+            # provider, region, zone, type: the node's labels win, the firmware fills the gaps
+            out.update(cloud_labels(self.kube.labels, self.kube.provider_id, self.host))
             if self.kube.capacity_gpus is not None:
                 out[K8S_CAPACITY_LABEL] = str(self.kube.capacity_gpus)
             if self.kube.allocatable_gpus is not None:
@@ -134,10 +137,11 @@ def evolve(state: DiscoveryState, item: object) -> DiscoveryState:
         case NodeInventory():
             rec = _record(state, item.cluster, item.node, item.observed_at)
             rec.agent = True
-            if item.gpus != rec.gpus or item.labels != rec.agent_labels:
+            if item.gpus != rec.gpus or item.labels != rec.agent_labels or item.host != rec.host:
                 rec.changed_at = item.observed_at
             rec.gpus = list(item.gpus)
             rec.agent_labels = dict(item.labels)
+            rec.host = item.host
             if rec.last_seen_at is None or item.observed_at > rec.last_seen_at:
                 rec.last_seen_at = item.observed_at
             rec.version += 1

@@ -54,8 +54,11 @@ from events import (
 )
 from events.fabric import FabricSample, JobSlowdownCleared, JobSlowdownDetected
 from events.telemetry import GpuInfo
+from services.billing.price_table import resolve
 from services.gateway.fabric import FabricView, fold, fold_verdict
 
+INSTANCE_TYPE_LABEL = "chamber.io/instance-type"  # discovery's (services/discovery/cloud.py)
+DISCOVERY_LABEL_PREFIX = "chamber.io/"
 MAX_FINISHED_JOBS = 2_000  # finished jobs kept for the API; their history lives in the warehouse
 MAX_TIMELINE = 1_000  # faults, isolations, restores and losses kept for the timeline
 MAX_HISTORY = 720  # efficiency points (one hour at the default 5 s)
@@ -213,6 +216,9 @@ class GatewayState:
     teams: dict[str, Team] = field(default_factory=dict)
     pools: dict[str, PoolDefined] = field(default_factory=dict)
     prices: dict[str, PriceSet] = field(default_factory=dict)  # by GPU model
+    # per instance type and per cluster (an on-premises rate): they come before the model's (billing's order)
+    instance_prices: dict[str, float] = field(default_factory=dict)
+    cluster_prices: dict[str, float] = field(default_factory=dict)
     idle_cost: float = 0.0
     idle_gpu_seconds: float = 0.0
     # idle cost by where the GPUs were: (provider, region, cluster), from CostAccrued (issue 18)
@@ -301,7 +307,9 @@ def _telemetry(state: GatewayState, event: NodeSample | NodeInventory) -> None:
     node.last_seen_at = max(node.last_seen_at or 0.0, event.observed_at)
     if isinstance(event, NodeInventory):
         _merge_gpus(node, event.gpus)
-        node.labels = dict(event.labels) or node.labels
+        if event.labels:  # the agent's own labels; where the node runs stays discovery's word
+            kept = {k: v for k, v in node.labels.items() if k.startswith(DISCOVERY_LABEL_PREFIX)}
+            node.labels = {**event.labels, **kept}
         node.simulated = event.simulated
         node.driver_version = event.driver_version
         return
@@ -490,7 +498,11 @@ def _quota(state: GatewayState, event: PoolDefined | TeamQuotaSet | FairShareUpd
 def _billing(state: GatewayState, event: PriceSet | CostAccrued | BudgetExceeded) -> None:
     match event:
         case PriceSet():
-            if event.gpu_model:  # instance-type and cluster prices are billing's; the live rate is by model
+            if event.instance_type:
+                state.instance_prices[event.instance_type] = event.price_per_gpu_hour
+            elif event.cluster:
+                state.cluster_prices[event.cluster] = event.price_per_gpu_hour
+            elif event.gpu_model:  # the price list shows model prices; all three price the live rates
                 state.prices[event.gpu_model] = event
             state.currency = event.currency
         case CostAccrued():
@@ -601,17 +613,25 @@ def price_of(state: GatewayState, model: str) -> float | None:
 
 
 def cost_rate_by_team(state: GatewayState) -> dict[str, float]:
-    """What each team's held GPUs cost per hour at current prices (GPUs with no price count 0)."""
-    models: dict[GpuKey, str] = {}
-    for node in state.nodes.values():
-        for gpu in node.gpus.values():
-            models[(node.cluster, node.name, gpu.index)] = gpu.model
+    """What each team's held GPUs cost per hour at current prices, priced as billing prices them (the
+    node's instance type, else its cluster, else the GPU's model; GPUs with no price count 0)."""
+    models = {p: m.price_per_gpu_hour for p, m in state.prices.items()}
     rates: dict[str, float] = {}
     for key, job_id in state.allocations.items():
         job = state.jobs.get(job_id)
         if job is None or not job.team:
             continue
-        rates[job.team] = rates.get(job.team, 0.0) + (price_of(state, models.get(key, "")) or 0.0)
+        node = state.nodes.get(key[:2])
+        gpu = node.gpus.get(key[2]) if node is not None else None
+        price = resolve(
+            node.labels.get(INSTANCE_TYPE_LABEL) if node is not None else None,
+            key[0],
+            gpu.model if gpu is not None else "",
+            instance_prices=state.instance_prices,
+            cluster_prices=state.cluster_prices,
+            model_prices=models,
+        )
+        rates[job.team] = rates.get(job.team, 0.0) + (price or 0.0)
     return rates
 
 

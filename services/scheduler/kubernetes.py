@@ -17,8 +17,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from events import Event, JobCompleted, JobFailed, JobSpec, JobSubmitted
 from events.codec import stable_id
+from events.commands import SubmitJob
+from events.names import NAME_MAX, InvalidName, check_event, decode_request
 from services.kube.bindings import PREEMPTIBLE_LABEL as PREEMPTIBLE_LABEL
 from services.kube.bindings import PRIORITY_LABEL as PRIORITY_LABEL
 from services.kube.bindings import TEAM_LABEL as TEAM_LABEL
@@ -27,6 +31,7 @@ from services.kube.kinds import BatchJob, Observed, WorkloadKind, owned_by_workl
 from services.kube.patches import Op, annotation_ops
 from services.kube.resources import WorkloadError
 from services.scheduler.core import FINISHED, JobState, SchedulerState
+from services.scheduler.core.door import submitted
 
 OPEN = Bindings(open=True)
 # Set on a workload as it is suspended: the job should checkpoint now; it resumes from that checkpoint
@@ -68,8 +73,36 @@ Action = Admit | Suspend | Refuse
 
 def job_id(cluster: str, namespace: str, name: str, kind: WorkloadKind | None = None) -> str:
     if kind is None or isinstance(kind, BatchJob):
-        return f"k8s-{cluster}-{namespace}-{name}"  # batch Jobs keep their ids from before other kinds
-    return f"k8s-{cluster}-{namespace}-{kind.short}-{name}"
+        jid = f"k8s-{cluster}-{namespace}-{name}"  # batch Jobs keep their ids from before other kinds
+    else:
+        jid = f"k8s-{cluster}-{namespace}-{kind.short}-{name}"
+    if len(jid) <= NAME_MAX:
+        return jid
+    # A 253-character name in a long namespace: cut, and keep it unique with a digest of the whole.
+    digest = stable_id("k8s-job-id", jid)[:16]
+    return f"{jid[: NAME_MAX - len(digest) - 1]}-{digest}"
+
+
+def through_the_door(state: SchedulerState, spec: JobSpec, jid: str, at: float) -> JobSubmitted | str:
+    """The JobSubmitted a workload becomes, checked by the same door as `chamber submit` and the HTTP API
+    (events.commands.SubmitJob's names and limits, then the scheduler's: a team without a quota is
+    refused); else why not, naming the fix."""
+    request = {
+        "team": spec.team,
+        "gpus": spec.gpus_per_replica,
+        "replicas": spec.replicas,
+        "priority": str(spec.priority),
+        "name": spec.name,
+        "cluster": spec.cluster,
+        "preemptible": spec.preemptible,
+    }
+    try:
+        event = submitted(state, decode_request(request, SubmitJob), jid, at)
+        event = JobSubmitted(job_id=jid, at=at, spec=msgspec.structs.replace(event.spec, namespace=spec.namespace))
+        check_event(event)
+    except InvalidName as exc:
+        return f"Chamber refuses this workload as it would the same `chamber submit`: {exc}"
+    return event
 
 
 def spec_of(kind: WorkloadKind, obj: dict[str, Any], cluster: str, bindings: Bindings = OPEN) -> JobSpec | str | None:
@@ -124,12 +157,11 @@ def reconcile(
         if known is None:
             if held and done is None:
                 spec = spec_of(kind, obj, cluster, bindings)
-                if isinstance(spec, str):
-                    actions.append(Refuse(ns, name, kind.kind, uid, spec))
-                elif spec is not None:
-                    events.append(
-                        (JobSubmitted(job_id=jid, at=now, spec=spec), stable_id("k8s-submitted", cluster, uid, jid))
-                    )
+                submit = through_the_door(state, spec, jid, now) if isinstance(spec, JobSpec) else spec
+                if isinstance(submit, str):
+                    actions.append(Refuse(ns, name, kind.kind, uid, submit))
+                elif submit is not None:
+                    events.append((submit, stable_id("k8s-submitted", cluster, uid, jid)))
             continue
         if known.state in FINISHED:
             if known.state == JobState.CANCELLED and not held and done is None:

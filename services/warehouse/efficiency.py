@@ -4,7 +4,10 @@ capacity  = healthy GPU-seconds (reported by the GPU, not isolated)
 allocated = GPU-seconds held by jobs;  busy = utilization x time on allocated GPUs
 allocation_ratio = allocated / capacity;  usage_ratio = busy / allocated;  efficiency = busy / capacity
 stranded  = healthy, unallocated GPU-hours while a job that would fit (no more GPUs of that model than
-            were free) was waiting;  idle_cost = (capacity - busy) x the model's price per GPU-hour
+            were free) was waiting
+idle_cost = (capacity - busy) x the GPU's price per GPU-hour, priced as billing prices: its node's
+            instance type, else its cluster, else its model (view `gpu_prices`, current prices);
+            per team: (allocated - busy) x that price, the money of GPUs the team held and left idle
 idle_gpus_now = GPUs that reported in the window's last minute, healthy, held by no job
 """
 
@@ -15,8 +18,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 GROUPS = {"pool": "m.pool", "model": "m.model", "node": "m.node", "team": "team", "cluster": "m.cluster"}
-# Where a node runs (discovery's chamber.io/ labels, recorded with the inventory): per provider or region.
-PLACES = {"provider": "chamber.io/provider", "region": "chamber.io/region"}
+# Where a node runs: discovery's chamber.io/ labels in its latest NodeDiscovered/NodeUpdated (view `node_places`).
+PLACES = {"provider": "provider", "region": "region", "zone": "zone", "instance_type": "instance_type"}
+BY = ("team", "pool", "model", "node", "cluster", *PLACES)
+_PRICE = " LEFT JOIN gpu_prices AS pr ON pr.cluster = m.cluster AND pr.node = m.node AND pr.gpu_index = m.gpu_index"
 METRICS = (
     "capacity_gpu_hours",
     "allocated_gpu_hours",
@@ -64,18 +69,19 @@ def efficiency_sql(since: float, until: float, by: str | None = None) -> str:
     args = window_args(since, until)
     if by == "team":
         return (
-            "SELECT team AS key, NULL AS capacity_gpu_hours, sum(allocated_s) / 3600 AS allocated_gpu_hours, "
-            "sum(busy_s) / 3600 AS busy_gpu_hours, NULL AS allocation_ratio, "
+            "SELECT m.team AS key, NULL AS capacity_gpu_hours, sum(m.allocated_s) / 3600 AS allocated_gpu_hours, "
+            "sum(m.busy_s) / 3600 AS busy_gpu_hours, NULL AS allocation_ratio, "
             "if(allocated_gpu_hours > 0, busy_gpu_hours / allocated_gpu_hours, NULL) AS usage_ratio, "
-            "NULL AS efficiency_score, NULL AS stranded_gpu_hours, NULL AS idle_cost, NULL AS idle_gpus_now "
-            f"FROM team_minutes({args}) GROUP BY team ORDER BY team"
+            "NULL AS efficiency_score, NULL AS stranded_gpu_hours, "
+            "sum(greatest(m.allocated_s - m.busy_s, 0) / 3600 * pr.price_per_gpu_hour) AS idle_cost, "
+            f"NULL AS idle_gpus_now FROM team_minutes({args}) AS m{_PRICE} GROUP BY key ORDER BY key"
         )
-    source = f"gpu_minutes({args}) AS m"
+    source = f"gpu_minutes({args}) AS m{_PRICE}"
     if by in PLACES:
         key = "if(d.place = '', 'unknown', d.place)"
         source += (
-            f" LEFT JOIN (SELECT cluster, node, any(labels['{PLACES[by]}']) AS place FROM gpu_dim "
-            "GROUP BY cluster, node) AS d ON d.cluster = m.cluster AND d.node = m.node"
+            f" LEFT JOIN (SELECT cluster, node, {PLACES[by]} AS place FROM node_places) AS d"
+            " ON d.cluster = m.cluster AND d.node = m.node"
         )
     else:
         key = GROUPS[by] if by else "'fleet'"
@@ -86,7 +92,8 @@ def efficiency_sql(since: float, until: float, by: str | None = None) -> str:
         "if(capacity_gpu_hours > 0, allocated_gpu_hours / capacity_gpu_hours, NULL) AS allocation_ratio, "
         "if(allocated_gpu_hours > 0, busy_gpu_hours / allocated_gpu_hours, NULL) AS usage_ratio, "
         "if(capacity_gpu_hours > 0, busy_gpu_hours / capacity_gpu_hours, NULL) AS efficiency_score, "
-        "sum(m.stranded_s) / 3600 AS stranded_gpu_hours, sum(m.idle_cost) AS idle_cost, "
+        "sum(m.stranded_s) / 3600 AS stranded_gpu_hours, "
+        "sum(greatest(m.capacity_s - m.busy_s, 0) / 3600 * pr.price_per_gpu_hour) AS idle_cost, "
         f"uniqExactIf((m.cluster, m.node, m.gpu_index), m.minute = {last_minute} AND m.capacity_s > 0 "
         "AND m.allocated_s = 0) AS idle_gpus_now "
         f"FROM {source} GROUP BY key ORDER BY key"

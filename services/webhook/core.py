@@ -70,10 +70,13 @@ def parse(body: bytes) -> Request:
     if req.get("operation") in ("CREATE", "UPDATE") and not isinstance(obj, dict):
         raise BadReview("request.object is missing")
     old = req.get("oldObject")
+    for field, value in (("object", obj), ("oldObject", old)):
+        if isinstance(value, dict) and not isinstance(value.get("metadata", {}), dict):
+            raise BadReview(f"request.{field}.metadata is not an object")
     return Request(
         uid=req["uid"],
         operation=str(req.get("operation") or ""),
-        namespace=str(req.get("namespace") or (obj or {}).get("metadata", {}).get("namespace") or ""),
+        namespace=str(req.get("namespace") or ((obj or {}).get("metadata") or {}).get("namespace") or ""),
         group=str(kind.get("group") or ""),
         kind=kind["kind"],
         obj=obj if isinstance(obj, dict) else {},

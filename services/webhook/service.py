@@ -64,6 +64,11 @@ def app(files: Files) -> web.Application:
             req = parse(await request.read())
         except BadReview as exc:
             return web.json_response({"error": str(exc), "status": 400}, status=400)
+        except Exception as exc:  # a shape parse() did not foresee: still a 400 with a reason, never a 500
+            log.exception("unreadable admission review")
+            return web.json_response(
+                {"error": f"unreadable AdmissionReview ({type(exc).__name__})", "status": 400}, status=400
+            )
         try:
             answer = mutate(req) if request.path == "/mutate" else validate(req, files.bindings)
         except Exception as exc:  # a bug must not become a 500 the API server turns into a failed apply

@@ -194,7 +194,7 @@ async def _up(webhook: Webhook) -> bool:
 
 
 async def test_the_webhook_holds_and_refuses_then_the_scheduler_admits_through_the_api(
-    tmp_path: Path, webhook: Webhook, scheduler: KubeStub, js: JetStreamContext
+    tmp_path: Path, webhook: Webhook, scheduler: KubeStub, js: JetStreamContext, nats_server: NatsServerProcess
 ) -> None:
     api = scheduler
     await eventually(lambda: _up(webhook), within=30)
@@ -228,9 +228,17 @@ async def test_the_webhook_holds_and_refuses_then_the_scheduler_admits_through_t
                   "labels": {"chamber.io/team": "vision"}}, "spec": {}}  # fmt: skip
     assert "Chamber does not manage Deployment objects" in webhook.review("/validate", deployment)["status"]["message"]
 
-    # the API server stores the held Job; the scheduler picks it up and admits it on a node
+    # the API server stores the held Job; the scheduler picks it up and admits it on a node (its team
+    # passes the same door as `chamber submit`: it has a quota)
     discovery = Publisher(js, source="test/discovery")
     await discovery.publish(a_node("n1", gpus=8, cluster="c1"))
+
+    async def quota_set() -> bool:
+        args = [CHAMBER, "quota", "set", "vision", "--gpus", "8", "--nats", nats_server.url]
+        done = await asyncio.to_thread(subprocess.run, args, capture_output=True, timeout=60)
+        return done.returncode == 0
+
+    await eventually(quota_set, within=30)
     api.add(held)
     # ... and a Job that slipped past the webhook (say it was down) charging a team not bound to `ml`
     slipped = api.add(a_batch_job("steal", labels={"chamber.io/team": "research"}))

@@ -31,7 +31,7 @@ from tests.kube_workloads import (
     a_trainjob,
     an_mpijob,
 )
-from tests.scheduler_builders import Driver, a_job, a_node
+from tests.scheduler_builders import Driver, a_job, a_node, a_quota
 
 pytestmark = pytest.mark.integration
 
@@ -43,6 +43,9 @@ CRDS = [
     ("ray.io", "v1"),
 ]
 JSON_PATCH = "application/json-patch+json"
+# Workloads pass the same door as `chamber submit`: their team needs a quota (0: it only borrows idle
+# GPUs); `other`, whose critical jobs preempt them here, is guaranteed the GPUs it reclaims.
+QUOTA = (a_quota("vision", 0), a_quota("other", 16, critical=True))
 SEL_TEAM, SEL_QUEUE = "labelSelector=chamber.io/team", "labelSelector=kueue.x-k8s.io/queue-name"
 
 
@@ -76,7 +79,7 @@ def test_a_held_job_is_admitted_with_the_users_affinity_kept_then_preempted_with
     w = workloads(api)
     api.add(a_batch_job("train", affinity=USER_AFFINITY))
     api.add(a_batch_job("unlabeled", labels={}))
-    d = Driver().given(a_node("n1", cluster="c1"), a_node("n2", cluster="c1"))
+    d = Driver().given(*QUOTA, a_node("n1", cluster="c1"), a_node("n2", cluster="c1"))
 
     # picked up: a gang of 2 x 4 GPUs in cluster c1; one request per selector and kind
     api.requests.clear()
@@ -162,7 +165,7 @@ def test_a_held_job_is_admitted_with_the_users_affinity_kept_then_preempted_with
 def test_each_cluster_acts_only_on_its_own_jobs(api: KubeStub) -> None:
     w = workloads(api)
     api.add(a_batch_job("train", gpus=8, parallelism=1))
-    d = Driver().given(a_node("n1", cluster="c1"), a_node("m1", cluster="c2"))
+    d = Driver().given(*QUOTA, a_node("n1", cluster="c1"), a_node("m1", cluster="c2"))
     [(submitted, _)] = reconcile(d.state, w.list(), "c2", now=1.0)[0]
     d.given(submitted)
     d.cycle(now=2.0)
@@ -207,7 +210,7 @@ def test_each_kind_is_submitted_admitted_suspended_and_completed(
     kind = kind_of(workload["apiVersion"], workload["kind"])
     assert kind is not None
     api_path = f"/apis/{workload['apiVersion']}/namespaces/ml/{kind.plural}/{stored['metadata']['name']}"
-    d = Driver().given(a_node("n1", cluster="c1"), a_node("n2", cluster="c1"))
+    d = Driver().given(*QUOTA, a_node("n1", cluster="c1"), a_node("n2", cluster="c1"))
 
     [(submitted, _)] = reconcile(d.state, w.list(), "c1", now=1.0)[0]
     assert (submitted.spec.gpus_per_replica, submitted.spec.replicas) == demand
@@ -248,7 +251,7 @@ def test_each_kind_is_submitted_admitted_suspended_and_completed(
 def test_a_trainjob_is_placed_by_an_override_entry_that_suspension_removes(api: KubeStub) -> None:
     w = workloads(api)
     original = api.add(a_trainjob())
-    d = Driver().given(a_node("n1", cluster="c1"), a_node("n2", cluster="c1"))
+    d = Driver().given(*QUOTA, a_node("n1", cluster="c1"), a_node("n2", cluster="c1"))
     [(submitted, _)] = reconcile(d.state, w.list(), "c1", now=1.0)[0]
     assert (submitted.spec.gpus_per_replica, submitted.spec.replicas) == (8, 2)
     d.given(submitted)
@@ -285,7 +288,7 @@ def test_a_gated_pod_gets_its_node_then_its_gate_lifted_and_is_never_preempted(a
     pod["spec"]["schedulingGates"].insert(0, {"name": "example.com/other"})
     pod["spec"]["affinity"] = USER_AFFINITY
     api.add(pod)
-    d = Driver().given(a_node("n1", cluster="c1"))
+    d = Driver().given(a_quota("vision", 8), a_node("n1", cluster="c1"))  # not preemptible: within its guarantee
     [(submitted, _)] = reconcile(d.state, w.list(), "c1", now=1.0)[0]
     assert submitted.job_id == "k8s-c1-ml-pod-p" and submitted.spec.preemptible is False
     d.given(submitted)
@@ -339,7 +342,7 @@ def test_kueue_labels_name_the_team_through_the_namespace_binding_and_map_priori
             "kq", labels={"kueue.x-k8s.io/queue-name": "main", "kueue.x-k8s.io/priority-class": "prod-critical"}
         )
     )
-    [(submitted, _)] = reconcile(Driver().state, w.list(), "c1", now=1.0, bindings=bindings)[0]
+    [(submitted, _)] = reconcile(Driver().given(*QUOTA).state, w.list(), "c1", now=1.0, bindings=bindings)[0]
     assert (submitted.spec.team, submitted.spec.priority) == ("vision", PriorityClass.CRITICAL)
 
 
@@ -347,7 +350,7 @@ def test_a_namespace_charging_a_team_it_is_not_bound_to_is_never_admitted_and_to
     w = workloads(api)
     bindings = Bindings(namespaces={"ml": NamespaceBinding(teams=["vision"])})
     stored = api.add(a_batch_job("steal", labels={"chamber.io/team": "research"}))
-    d = Driver().given(a_node("n1", cluster="c1"))
+    d = Driver().given(*QUOTA, a_node("n1", cluster="c1"))
     events, actions = reconcile(d.state, w.list(), "c1", now=1.0, bindings=bindings)
     assert events == []
     [refuse] = actions
@@ -367,3 +370,37 @@ def test_a_namespace_charging_a_team_it_is_not_bound_to_is_never_admitted_and_to
     d.cycle(now=2.0)
     assert "k8s-c1-ml-steal" not in d.state.jobs
     assert api.get("batch/v1", "Job", "ml", "steal")["spec"]["suspend"] is True  # still held
+
+
+def test_a_workload_passes_the_same_door_as_chamber_submit(api: KubeStub) -> None:
+    """A team without a quota is refused as `chamber submit` refuses it, with the fix in the Event; once an
+    operator sets the quota, the next round submits the same workload."""
+    w = workloads(api)
+    stored = api.add(a_batch_job("train", labels={"chamber.io/team": "Research"}))  # label case is folded
+    d = Driver().given(*QUOTA, a_node("n1", cluster="c1"))
+    events, [refuse] = reconcile(d.state, w.list(), "c1", now=1.0)
+    assert events == [] and isinstance(refuse, Refuse) and refuse.uid == stored["metadata"]["uid"]
+    assert "team 'research' has no quota" in refuse.reason and "chamber quota set research" in refuse.reason
+    d.given(a_quota("research", 0))
+    [(submitted, _)], actions = reconcile(d.state, w.list(), "c1", now=2.0)
+    assert actions == [] and (submitted.job_id, submitted.spec.team, submitted.spec.namespace) == (
+        "k8s-c1-ml-train",
+        "research",
+        "ml",
+    )
+
+
+def test_a_job_id_from_a_long_namespace_and_name_stays_within_the_name_limit(api: KubeStub) -> None:
+    w = workloads(api)
+    long_ns, long_name = "n" * 63, "j" * 253  # Kubernetes' own limits
+    api.add(a_batch_job(long_name, namespace=long_ns))
+    api.add(a_batch_job(long_name[:-1] + "k", namespace=long_ns))
+    d = Driver().given(*QUOTA, a_node("n1", cluster="c1"))
+    events, actions = reconcile(d.state, w.list(), "c1", now=1.0)
+    assert actions == []
+    ids = [e.job_id for e, _ in events]  # type: ignore[attr-defined]
+    assert len(ids) == 2 and len(set(ids)) == 2 and all(len(i) == 253 for i in ids)  # distinct, and valid Names
+    for event, _ in events:
+        d.given(event)
+    d.cycle(now=2.0)
+    assert reconcile(d.state, w.list(), "c1", now=3.0)[0] == []  # known now: not submitted twice

@@ -132,6 +132,9 @@ def test_selfcheck_prints_inventory_and_one_sample_as_json() -> None:
     report = json.loads(out.getvalue())
     assert [g["model"] for g in report["inventory"]] == ["H100-80GB", "H100-80GB"]
     assert report["sample"]["gpus"][0]["power_w"] == 612.5 and report["driver_version"] == "550.90.07"
+    # this machine's firmware identity ({} where it has no readable DMI, as in most containers)
+    assert set(report["host"]) <= {"provider", "instance_type", "instance_id", "sys_vendor", "product_name",
+                                   "product_uuid", "board_asset_tag", "chassis_asset_tag"}  # fmt: skip
 
 
 def test_selfcheck_without_a_driver_exits_non_zero_with_a_clear_message() -> None:
