@@ -100,7 +100,7 @@ async def measure(
             shells.append(await health.setup(ctx, args, policy, actuator=KubeActuator(stub.client())))
 
         task = asyncio.create_task(serve("health", url, setup, stop))
-        await eventually(lambda: bool(shells) and shells[0].catch_up.done and len(shells[0].state.nodes) >= nodes, 60)
+        await eventually(lambda: bool(shells) and shells[0].ready and len(shells[0].state.nodes) >= nodes, 60)
 
         # The agents are other processes in a real fleet: sample from a separate process here too.
         sampling = None

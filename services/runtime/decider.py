@@ -118,6 +118,9 @@ class Decider(Generic[S]):
     echo_timeout_s: float = 10.0  # decide again if own decisions did not come back by then
     batch: int = 1000
     evolve_with_id: bool = False  # call evolve(state, event, event_id) (a core that de-duplicates by id)
+    # Called with each event folded once the host is ready (live, not replay): a shell that acts on the
+    # outside world from the log (health patching Kubernetes Nodes) does it here, whoever decided.
+    on_event: Callable[[Event], object] | None = None
 
 
 class CommandConflict(Exception):
@@ -132,6 +135,7 @@ class _Source:
     puller: BatchPuller | None = None
     buffer: deque[tuple[Position, Msg]] = field(default_factory=deque)
     pending: int = 0  # what the server still had for us after the last message we saw
+    received: int = 0  # messages this consumer delivered to us (its consumer sequence, on our side)
 
 
 @dataclass
@@ -234,6 +238,7 @@ class DeciderHost(Generic[S]):
         info = await self.ctx.js.add_consumer(spec.stream, config)
         source.consumer = info.name
         source.pending = info.num_pending
+        source.received = 0
         source.buffer.clear()
         if source.puller is not None:
             await source.puller.close(hand_back=False)
@@ -284,6 +289,7 @@ class DeciderHost(Generic[S]):
             assert puller is not None
             for msg in puller.take():
                 source.buffer.append((position(msg), msg))
+                source.received += 1
             if not source.buffer:
                 if puller.ended_empty:  # the server had nothing more for us (purged, or all filtered)
                     source.pending = 0
@@ -347,6 +353,8 @@ class DeciderHost(Generic[S]):
         self._changed_since_snapshot = True
         if self.awaiting:
             self.awaiting.discard(envelope.id)
+        if self.ready and self.decider.on_event is not None:
+            self.decider.on_event(envelope.event)
 
     def _dead_letter(self, source: _Source, msg: Msg, exc: DecodeError) -> None:
         """Copy a poison message to chamber.dead.<stream> with the reason (in the background)."""
@@ -368,7 +376,9 @@ class DeciderHost(Generic[S]):
     # -- caught up -----------------------------------------------------------------------------
     async def caught_up(self) -> bool:
         """The one definition: every input's consumer has nothing pending on the server, and
-        everything it delivered (up to its last delivered stream sequence) has been folded."""
+        everything it delivered has reached us and been folded. Counted by the consumer's own
+        sequence, not the stream's: a filtered consumer's delivered stream sequence moves past the
+        messages its filter skipped, which never come to us."""
         for source in self.sources:
             if not source.consumer or source.buffer or (source.puller is not None and source.puller.ready):
                 return False
@@ -376,8 +386,8 @@ class DeciderHost(Generic[S]):
                 info = await self.ctx.js.consumer_info(source.spec.stream, source.consumer)
             except Exception:
                 return False
-            delivered = info.delivered.stream_seq if info.delivered is not None else 0
-            if info.num_pending or (delivered or 0) > self.positions.get(source.spec.stream, 0):
+            delivered = info.delivered.consumer_seq if info.delivered is not None else 0
+            if info.num_pending or (delivered or 0) > source.received:
                 return False  # still on the server, or on the wire to us
         return True
 

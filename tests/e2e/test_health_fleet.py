@@ -281,7 +281,7 @@ async def test_a_restarted_health_service_rebuilds_its_isolations_and_re_emits_n
             )
 
         task = asyncio.create_task(serve("health", url, setup, stop))
-        await eventually(lambda: bool(shells) and shells[0].catch_up.done)  # the reconcile is under way
+        await eventually(lambda: bool(shells) and shells[0].ready)  # the reconcile is under way
         shell = shells[0]
         state = shell.state
         assert state.nodes[(CLUSTER, "gpu-0")].isolated is not None
