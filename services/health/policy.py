@@ -2,22 +2,25 @@
 
 The default lives in `default_policy.yaml` (readable, with its sources). An operator's file is merged
 over it: sections key by key, an XID or fault kind field by field. `parse_policy` validates and
-returns frozen values; a mistake is a `PolicyError` naming the key path and the fix.
+returns frozen msgspec structs (typed, a misspelt key refused); a mistake is a `PolicyError` naming
+the key path and what is allowed.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal, TypeVar
 
+import msgspec
 import yaml
 
 from events.faults import FaultKind, GpuFaultDetected, Severity
 
 DEFAULT_POLICY_PATH = Path(__file__).with_name("default_policy.yaml")
+T = TypeVar("T")
 
 
 class PolicyError(ValueError):
@@ -39,19 +42,23 @@ class Restore(StrEnum):
     MANUAL = "manual"
 
 
-@dataclass(frozen=True)
-class Escalation:
-    count: int
-    window_s: float
+class _Part(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """A part of the policy file: typed, frozen, and a misspelt key is an error, not ignored."""
+
+
+NonNegative = Annotated[float, msgspec.Meta(ge=0)]
+
+
+class Escalation(_Part):
+    count: Annotated[int, msgspec.Meta(ge=1)]
+    window_s: NonNegative
     action: Action
 
 
-@dataclass(frozen=True)
-class Rule:
-    key: str  # "xid-79", "ecc_dbe": also the short code in taints and reasons
+class Rule(_Part):
     severity: Severity
     action: Action
-    description: str
+    description: str = ""
     restore: Restore = Restore.PROBATION
     escalate: Escalation | None = None
     if_critical: Action | None = None
@@ -59,36 +66,46 @@ class Rule:
     dcgm: str = ""
     mnemonic: str = ""
     note: str = ""
+    key: str = ""  # "xid-79", "ecc_dbe": where the rule sits (set on load); the short code in taints and reasons
 
 
-@dataclass(frozen=True)
-class Probation:
-    default_s: float
-    require_clean_sample: bool
+class Probation(_Part):
+    default_s: NonNegative
+    require_clean_sample: bool = True
 
 
-@dataclass(frozen=True)
-class Flap:
-    window_s: float
-    multiplier: float
-    max_probation_s: float
+class Flap(_Part):
+    window_s: NonNegative
+    multiplier: Annotated[float, msgspec.Meta(ge=1)]
+    max_probation_s: NonNegative
 
 
-@dataclass(frozen=True)
-class Budget:
-    max_share: float
-    min_nodes: int
-    window_s: float
+class Budget(_Part):
+    max_share: Annotated[float, msgspec.Meta(ge=0, le=1)]
+    min_nodes: Annotated[int, msgspec.Meta(ge=0)]
+    window_s: NonNegative
 
 
-@dataclass(frozen=True)
-class Policy:
+class _Document(_Part):
+    """The file's top level. Rules under `kinds` and `xid` are validated one by one (below), so that an
+    error names the kind or the XID: msgspec's own path would show a dict key as `[...]`."""
+
+    probation: Probation
+    flap: Flap
+    budget: Budget
+    unknown_xid: Rule
+    kinds: dict[str, Any]
+    xid: dict[str | int, Any] = {}
+    version: Literal[1] = 1
+
+
+class Policy(_Part):
     probation: Probation
     flap: Flap
     budget: Budget
     unknown_xid: Rule
     kinds: dict[FaultKind, Rule]
-    xid: dict[int, Rule] = field(default_factory=dict)
+    xid: dict[int, Rule] = {}
 
     def rule_for(self, fault: GpuFaultDetected) -> Rule:
         if fault.kind == FaultKind.XID or fault.xid is not None:
@@ -101,14 +118,14 @@ class Policy:
         """The effective policy in the shape `chamber health policy --json` promises."""
 
         def rule(r: Rule) -> dict[str, Any]:
-            out = {k: v for k, v in asdict(r).items() if v not in (None, "") and k != "key"}
-            return {str(k): (str(v) if isinstance(v, StrEnum) else v) for k, v in out.items()}
+            out = {k: v for k, v in msgspec.to_builtins(r).items() if v not in (None, "") and k != "key"}
+            return out
 
         return {
             "version": 1,
-            "probation": asdict(self.probation),
-            "flap": asdict(self.flap),
-            "budget": asdict(self.budget),
+            "probation": msgspec.to_builtins(self.probation),
+            "flap": msgspec.to_builtins(self.flap),
+            "budget": msgspec.to_builtins(self.budget),
             "unknown_xid": rule(self.unknown_xid),
             "kinds": {str(k): rule(r) for k, r in sorted(self.kinds.items())},
             "xid": {str(code): rule(r) for code, r in sorted(self.xid.items())},
@@ -116,9 +133,7 @@ class Policy:
 
 
 def _replace_key(rule: Rule, key: str) -> Rule:
-    from dataclasses import replace
-
-    return replace(rule, key=key)
+    return msgspec.structs.replace(rule, key=key)
 
 
 def merge(base: Mapping[str, Any], override: Mapping[str, Any], depth: int = 0) -> dict[str, Any]:
@@ -163,97 +178,60 @@ def _read(path: Path) -> dict[str, Any]:
 
 
 def parse_policy(data: Mapping[str, Any]) -> Policy:
-    p = _section(data, "probation")
-    f = _section(data, "flap")
-    b = _section(data, "budget")
-    budget = Budget(
-        max_share=_num(b, "max_share", "budget", 0.0, 1.0),
-        min_nodes=int(_num(b, "min_nodes", "budget", 0)),
-        window_s=_num(b, "window_s", "budget", 0.0),
-    )
+    """Validate a merged policy document (msgspec, against the types above) into a `Policy`."""
+    doc = _convert(data, _Document, "")
     kinds: dict[FaultKind, Rule] = {}
-    for name, raw in (data.get("kinds") or {}).items():
+    for name, raw in doc.kinds.items():
         try:
             kind = FaultKind(name)
         except ValueError:
             raise PolicyError(f"kinds.{name}: unknown fault kind; use one of {[k.value for k in FaultKind]}") from None
-        kinds[kind] = _rule(raw, str(kind), f"kinds.{name}")
+        kinds[kind] = _replace_key(_convert(raw, Rule, f"kinds.{name}"), str(kind))
     if FaultKind.OTHER not in kinds:
         raise PolicyError("kinds.other: required (the rule for fault kinds without their own)")
     xids: dict[int, Rule] = {}
-    for code, raw in (data.get("xid") or {}).items():
+    for code, raw in doc.xid.items():
         try:
             number = int(code)
         except (TypeError, ValueError):
             raise PolicyError(f"xid.{code}: XID codes are integers") from None
-        xids[number] = _rule(raw, f"xid-{number}", f"xid.{code}")
+        xids[number] = _replace_key(_convert(raw, Rule, f"xid.{code}"), f"xid-{number}")
     return Policy(
-        probation=Probation(
-            default_s=_num(p, "default_s", "probation", 0.0),
-            require_clean_sample=bool(p.get("require_clean_sample", True)),
-        ),
-        flap=Flap(
-            window_s=_num(f, "window_s", "flap", 0.0),
-            multiplier=_num(f, "multiplier", "flap", 1.0),
-            max_probation_s=_num(f, "max_probation_s", "flap", 0.0),
-        ),
-        budget=budget,
-        unknown_xid=_rule(data.get("unknown_xid") or {}, "xid-unknown", "unknown_xid"),
+        probation=doc.probation,
+        flap=doc.flap,
+        budget=doc.budget,
+        unknown_xid=_replace_key(doc.unknown_xid, "xid-unknown"),
         kinds=kinds,
         xid=xids,
     )
 
 
-def _section(data: Mapping[str, Any], name: str) -> Mapping[str, Any]:
-    value = data.get(name)
-    if not isinstance(value, Mapping):
-        raise PolicyError(f"{name}: required section (a mapping)")
-    return value
+def _lookup(raw: Any, path: str) -> Any:
+    for part in path.strip(".").split(".") if path.strip(".") else []:
+        if not isinstance(raw, Mapping):
+            return None
+        raw = raw.get(part, raw.get(int(part)) if part.isdigit() else None)
+    return None if isinstance(raw, Mapping | list) else raw
 
 
-def _num(section: Mapping[str, Any], key: str, where: str, lo: float, hi: float | None = None) -> float:
-    value = section.get(key)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise PolicyError(f"{where}.{key}: required number")
-    if value < lo or (hi is not None and value > hi):
-        bounds = f">= {lo:g}" if hi is None else f"between {lo:g} and {hi:g}"
-        raise PolicyError(f"{where}.{key}: {value} is out of range; use a number {bounds}")
-    return float(value)
+_CHOICES: dict[str, type[StrEnum]] = {"action": Action, "if_critical": Action, "severity": Severity, "restore": Restore}
+_AT = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
 
 
-def _enum(enum: type[StrEnum], value: Any, where: str) -> Any:
+def _convert(raw: Any, kind: type[T], where: str) -> T:
+    """msgspec validation, its error turned into one line naming the key path (`budget.max_share`)."""
     try:
-        return enum(value)
-    except ValueError:
-        raise PolicyError(f"{where}: {value!r} is not allowed; use one of {[e.value for e in enum]}") from None
-
-
-def _rule(raw: Any, key: str, where: str) -> Rule:
-    if not isinstance(raw, Mapping):
-        raise PolicyError(f"{where}: a rule is a mapping with at least severity and action")
-    if "severity" not in raw or "action" not in raw:
-        raise PolicyError(f"{where}: a rule needs severity and action")
-    escalate = None
-    if raw.get("escalate") is not None:
-        e = raw["escalate"]
-        if not isinstance(e, Mapping):
-            raise PolicyError(f"{where}.escalate: use {{count: N, window_s: S, action: ACTION}}")
-        escalate = Escalation(
-            count=max(1, int(_num(e, "count", f"{where}.escalate", 1))),
-            window_s=_num(e, "window_s", f"{where}.escalate", 0.0),
-            action=_enum(Action, e.get("action"), f"{where}.escalate.action"),
-        )
-    if_critical = raw.get("if_critical")
-    return Rule(
-        key=key,
-        severity=_enum(Severity, raw["severity"], f"{where}.severity"),
-        action=_enum(Action, raw["action"], f"{where}.action"),
-        description=str(raw.get("description", "")),
-        restore=_enum(Restore, raw.get("restore", "probation"), f"{where}.restore"),
-        escalate=escalate,
-        if_critical=None if if_critical is None else _enum(Action, if_critical, f"{where}.if_critical"),
-        nvidia=str(raw.get("nvidia", "")),
-        dcgm=str(raw.get("dcgm", "")),
-        mnemonic=str(raw.get("mnemonic", "")),
-        note=str(raw.get("note", "")),
-    )
+        return msgspec.convert(raw, kind, strict=False)
+    except msgspec.ValidationError as exc:
+        m = _AT.match(str(exc))
+        what, path = (m["what"], m["path"] or "") if m else (str(exc), "")
+        if what.startswith("Expected") and ", got " not in what and (value := _lookup(raw, path)) is not None:
+            what += f", got {value!r}"  # a range error: msgspec does not say what it was given
+        path = ".".join(p for p in (where, path.lstrip(".")) if p)
+        field = path.rsplit(".", 1)[-1]
+        if what.startswith("Invalid enum value") and field in _CHOICES:
+            what += f"; use one of {[e.value for e in _CHOICES[field]]}"
+        missing = re.match(r"Object missing required field `(\w+)`", what)
+        if missing:  # name the missing key itself
+            path, what = ".".join(p for p in (path, missing[1]) if p), "required"
+        raise PolicyError(f"{path or 'policy'}: {what}") from None

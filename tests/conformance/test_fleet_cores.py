@@ -5,13 +5,13 @@ operators' confirm / dismiss / restore commands in between."""
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from msgspec import structs
 
 from events import Event
 from events.faults import FaultKind, Severity
@@ -30,7 +30,7 @@ from tests.health_builders import T0, a_fault, a_sample, an_inventory
 
 _POLICY = load_policy()
 # A small budget, so that storms are held and operators confirm or dismiss them.
-POLICY: Policy = dataclasses.replace(_POLICY, budget=Budget(max_share=0.25, min_nodes=1, window_s=3600.0))
+POLICY: Policy = structs.replace(_POLICY, budget=Budget(max_share=0.25, min_nodes=1, window_s=3600.0))
 _health_codec = health_service.snapshot_codec(POLICY)
 
 
@@ -134,9 +134,7 @@ fleet_logs = st.builds(a_fleet_log, st.integers(0, 2**32), st.integers(5, 80), s
 
 
 def _with_severity(fault: Any, severity: Severity) -> Any:
-    from msgspec.structs import replace
-
-    return replace(fault, severity=severity)
+    return structs.replace(fault, severity=severity)
 
 
 CORES = [HEALTH, DISCOVERY]

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import random
-from dataclasses import replace
 
 import pytest
+from msgspec.structs import replace
 from msgspec.structs import replace as with_
 
 from events import GpuIsolated, GpuRestored, NodeIsolated, NodeRestored, NodeUpdated
