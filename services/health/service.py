@@ -115,6 +115,7 @@ def manifest(
         tick_s=getattr(args, "tick", 1.0),
         snapshot=snapshot_codec(policy),
         on_event=on_event,
+        decide_on_fold=True,  # a fault is answered as soon as it is folded, not at the next tick
     )
 
 

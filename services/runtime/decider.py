@@ -121,6 +121,9 @@ class Decider(Generic[S]):
     # Called with each event folded once the host is ready (live, not replay): a shell that acts on the
     # outside world from the log (health patching Kubernetes Nodes) does it here, whoever decided.
     on_event: Callable[[Event], object] | None = None
+    # Also decide right after a live batch is folded, not only on the tick (health answers a fault in
+    # milliseconds rather than up to `tick_s`); the tick still runs, for decisions that only time makes.
+    decide_on_fold: bool = False
 
 
 class CommandConflict(Exception):
@@ -171,6 +174,8 @@ class DeciderHost(Generic[S]):
         self._started = time.monotonic()
         self._last_snapshot = time.monotonic()
         self._changed_since_snapshot = False
+        self._deciding: asyncio.Task[None] | None = None
+        self._decide_again = False  # folded since the last decision pass began
 
     # -- wiring --------------------------------------------------------------------------------
     def install(self) -> None:
@@ -298,6 +303,10 @@ class DeciderHost(Generic[S]):
         if folded:
             async with self._folded:
                 self._folded.notify_all()
+            if self.decider.decide_on_fold and self.ready:
+                self._decide_again = True
+                if self._deciding is None or self._deciding.done():
+                    self._deciding = asyncio.get_running_loop().create_task(self._decide_now())
             await asyncio.sleep(0)  # let commands and ticks in between batches
             return
         pullers = [s.puller.wake for s in self.sources if s.puller is not None]
@@ -433,6 +442,16 @@ class DeciderHost(Generic[S]):
             gc.collect()
             gc.freeze()  # the rebuilt state lives on: keep the collector from walking it every cycle
         return True
+
+    async def _decide_now(self) -> None:
+        """Decision passes while batches keep being folded (one at a time; the tick is the fallback)."""
+        while self._decide_again and not self.ctx.stop.is_set():
+            self._decide_again = False
+            try:
+                await self.tick(time.time())
+            except Exception as exc:  # the tick retries; a failed pass must not go unseen or kill anything
+                log.warning("decision after fold failed", service=self.decider.name, error=repr(exc))
+                return
 
     async def tick(self, now: float) -> None:
         if not await self._become_ready():
