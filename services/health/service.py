@@ -62,6 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="log the Kubernetes patches instead of sending them (always so with CHAMBER_MODE=monitor)",
     )
     parser.add_argument("--tick", type=float, default=1.0, help="seconds between decisions (default 1)")
+    parser.add_argument(
+        "--snapshot-every", type=float, default=300.0, help="seconds between state snapshots (default 300)"
+    )
 
 
 def snapshot_codec(policy: Policy) -> SnapshotCodec[HealthState]:
@@ -114,6 +117,7 @@ def manifest(
         decide=decide,
         tick_s=getattr(args, "tick", 1.0),
         snapshot=snapshot_codec(policy),
+        snapshot_every_s=getattr(args, "snapshot_every", 300.0),
         on_event=on_event,
         decide_on_fold=True,  # a fault is answered as soon as it is folded, not at the next tick
     )
