@@ -363,7 +363,12 @@ class DeciderHost(Generic[S]):
         if self.awaiting:
             self.awaiting.discard(envelope.id)
         if self.ready and self.decider.on_event is not None:
-            self.decider.on_event(envelope.event)
+            try:
+                self.decider.on_event(envelope.event)
+            except Exception as exc:  # acting on one event must not stop the fold
+                log.warning(
+                    "on_event failed", service=self.decider.name, event=type(envelope.event).__name__, error=repr(exc)
+                )
 
     def _dead_letter(self, source: _Source, msg: Msg, exc: DecodeError) -> None:
         """Copy a poison message to chamber.dead.<stream> with the reason (in the background)."""
