@@ -19,9 +19,10 @@ import json
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
+
+from msgspec.structs import replace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -100,7 +101,7 @@ async def measure(
             shells.append(await health.setup(ctx, args, policy, actuator=KubeActuator(stub.client())))
 
         task = asyncio.create_task(serve("health", url, setup, stop))
-        await eventually(lambda: bool(shells) and shells[0].catch_up.done and len(shells[0].state.nodes) >= nodes, 60)
+        await eventually(lambda: bool(shells) and shells[0].ready and len(shells[0].state.nodes) >= nodes, 60)
 
         # The agents are other processes in a real fleet: sample from a separate process here too.
         sampling = None

@@ -7,9 +7,11 @@ from events.billing import BudgetExceeded, CostAccrued, PriceSet
 from events.fabric import FabricSample, JobSlowdownCleared, JobSlowdownDetected
 from events.faults import GpuFaultDetected
 from events.fleet import (
+    FaultRecorded,
     GpuIsolated,
     GpuRestored,
     IsolationDismissed,
+    IsolationExtended,
     IsolationHeld,
     NodeDiscovered,
     NodeIsolated,
@@ -46,6 +48,8 @@ ALL_EVENTS: tuple[type[Event], ...] = (
     GpuRestored,
     IsolationHeld,
     IsolationDismissed,
+    FaultRecorded,
+    IsolationExtended,
     JobSubmitted,
     JobScheduled,
     JobStarted,

@@ -65,7 +65,10 @@ CHANNELS: tuple[Channel, ...] = (
         "fleet",
         "chamber.fleet.{cluster}.{node}",
         FLEET,
-        "Nodes and GPUs discovered, updated, lost, isolated (or held, confirmed, dismissed) and restored.",
+        (
+            "Nodes and GPUs discovered, updated, lost, isolated (or held, confirmed, dismissed, probation "
+            "extended) and restored; faults health weighed and only recorded."
+        ),
         (
             fleet.NodeDiscovered,
             fleet.NodeUpdated,
@@ -76,6 +79,8 @@ CHANNELS: tuple[Channel, ...] = (
             fleet.GpuRestored,
             fleet.IsolationHeld,
             fleet.IsolationDismissed,
+            fleet.IsolationExtended,
+            fleet.FaultRecorded,
         ),
         _NODE,
     ),

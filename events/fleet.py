@@ -109,3 +109,30 @@ class IsolationDismissed(Event, frozen=True, tag=event_type("fleet", "isolation_
     gpu_index: int | None = None
     by: str = "operator"
     fault_ids: list[str] = []
+
+
+class FaultRecorded(Event, frozen=True, tag=event_type("fleet", "fault_recorded")):
+    """Health weighed faults and took no action: the policy only records them, a later restore
+    superseded them, or an isolation is already held for them. The faults are settled: a replay
+    does not weigh them again (the decision is in the log, not only in memory)."""
+
+    cluster: Name
+    node: Name
+    at: float  # when the deciding fault was observed
+    reason: str
+    gpu_index: int | None = None
+    rule: str = ""  # the policy rule that matched
+    fault_ids: list[str] = []
+
+
+class IsolationExtended(Event, frozen=True, tag=event_type("fleet", "isolation_extended")):
+    """A fault on a node or GPU already isolated: its probation restarts. `until` is the new
+    earliest automatic restore (None when the isolation waits for an operator)."""
+
+    cluster: Name
+    node: Name
+    at: float  # when the fault was observed
+    reason: str
+    gpu_index: int | None = None
+    fault_ids: list[str] = []
+    until: float | None = None

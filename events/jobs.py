@@ -75,16 +75,18 @@ class JobSubmitted(Event, frozen=True, tag=event_type("jobs", "submitted")):
     spec: JobSpec
 
 
-class JobScheduled(Event, frozen=True, tag=event_type("jobs", "scheduled")):
+class JobScheduled(Event, frozen=True, tag=event_type("jobs", "scheduled", 2)):
+    """v2: `pool` is required. v1 bodies (pool missing in the oldest) are upcast by the codec
+    (events/upcast.py)."""
+
     job_id: Name
     at: float
     team: Team
     placements: list[Placement]
+    # The pool the job was admitted in: folding never asks another stream's state for it.
+    pool: str
     reason: str = ""
     borrowed_gpus: int = 0
-    # The pool the job was admitted in: folding never asks another stream's state for it. Empty in
-    # events written before the field existed; the fold then keeps the pool it derived itself.
-    pool: str = ""
 
 
 class JobStarted(Event, frozen=True, tag=event_type("jobs", "started")):
@@ -108,15 +110,16 @@ class JobSuspended(Event, frozen=True, tag=event_type("jobs", "suspended")):
     reason: str = ""
 
 
-class JobResumed(Event, frozen=True, tag=event_type("jobs", "resumed")):
+class JobResumed(Event, frozen=True, tag=event_type("jobs", "resumed", 2)):
+    """v2: `pool` is required; v1 bodies are upcast by the codec (events/upcast.py)."""
+
     job_id: Name
     at: float
     placements: list[Placement]
+    # The pool the job was admitted in: folding never asks another stream's state for it.
+    pool: str
     reason: str = ""
     borrowed_gpus: int = 0
-    # The pool the job was admitted in: folding never asks another stream's state for it. Empty in
-    # events written before the field existed; the fold then keeps the pool it derived itself.
-    pool: str = ""
 
 
 class JobRequeued(Event, frozen=True, tag=event_type("jobs", "requeued")):

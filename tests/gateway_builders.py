@@ -83,6 +83,7 @@ def a_scheduled(
         at=at,
         team=team,
         placements=[Placement(cluster=CLUSTER, node=node, gpu_indices=indices)],
+        pool="default",
         reason="fits on one node",
     )
 

@@ -53,12 +53,18 @@ def submitted(job: str, team: str, gpus: int, at: float, *, model: str | None = 
 
 def scheduled(job: str, team: str, node: str, indices: list[int], at: float, cluster: str = "c1") -> JobScheduled:
     return JobScheduled(
-        job_id=job, at=at, team=team, placements=[Placement(cluster=cluster, node=node, gpu_indices=indices)]
+        job_id=job,
+        at=at,
+        team=team,
+        placements=[Placement(cluster=cluster, node=node, gpu_indices=indices)],
+        pool="default",
     )
 
 
 def resumed(job: str, node: str, indices: list[int], at: float, cluster: str = "c1") -> JobResumed:
-    return JobResumed(job_id=job, at=at, placements=[Placement(cluster=cluster, node=node, gpu_indices=indices)])
+    return JobResumed(
+        job_id=job, at=at, placements=[Placement(cluster=cluster, node=node, gpu_indices=indices)], pool="default"
+    )
 
 
 def preempted(job: str, team: str, at: float) -> JobPreempted:

@@ -115,6 +115,9 @@ def _record(state: DiscoveryState, cluster: str, node: str, at: float) -> NodeRe
     rec = state.nodes.get(key)
     if rec is None:
         rec = state.nodes[key] = NodeRecord(cluster=cluster, node=node, first_seen_at=at, changed_at=at)
+    elif at < rec.first_seen_at:
+        # the earliest of everything heard about it, whichever stream a replay folded first
+        rec.first_seen_at = at
     return rec
 
 
@@ -258,7 +261,11 @@ def _decide_node(state: DiscoveryState, rec: NodeRecord, now: float) -> list[Eve
         if status != NodeStatus.HEALTHY:
             found.append(_status_event(rec, status, max(since, rec.first_seen_at), why, gpus, labels, ["status"]))
         return found
-    if status != rec.status and status == NodeStatus.LOST:
+    if status == NodeStatus.LOST:
+        # Told once; a lost node's GPUs and labels are told when it comes back (a NodeLost again for
+        # a change of labels would be a new message every dedup window: found by the conformance suite).
+        if rec.status == NodeStatus.LOST:
+            return []
         return [NodeLost(cluster=c, node=n, at=since, last_seen_at=rec.last_seen_at or since, reason=why)]
     changes = []
     if status != rec.status:

@@ -1,10 +1,17 @@
 """Health core: a pure policy engine over faults, samples and fleet events.
 
-`evolve(state, input)` folds one input (a fault, a sample, a fleet event, or one of this core's own
-decisions) into the state; `decide(state, now)` turns pending faults and expired probations into
-decision values, each carrying its reason and fault ids and, unless it only records, the event to
-publish. The shell folds every decision back with `evolve`, so a decision is made once.
-Operator commands (`confirm`, `restore`) are functions of the state too; their events are the log.
+`evolve(state, input)` folds one input (a fault, a sample, a fleet event, this core's own decisions
+among them) into the state; `decide(state, now)` turns pending faults and expired probations into
+decision values, each carrying its reason, fault ids and the event to publish. Every decision has an
+event (recording a fault is `FaultRecorded`, restarting a probation `IsolationExtended`): the decider
+host folds a decision only when its event comes back from the log, so replaying the log rebuilds the
+state, and a decision is made once. Operator commands (`confirm`, `restore`, `dismiss`) are
+functions of the state too; their events are the log.
+
+Replay folds FAULTS, FLEET and TELEMETRY in one order, but a live race may differ; the state does not
+depend on it: what FAULTS alone decides (de-duplication, repeat counting for escalation) is kept
+apart from what the decisions on FLEET settled (`settled`), so a fault folded after its decision
+counts and settles exactly as one folded before it.
 
 State is mutable for speed (a 1,000-node fleet samples ~1,000 times a second) but only `evolve`
 changes it. No clock, no I/O, no randomness: replaying the same inputs and ticks gives the same
@@ -22,9 +29,11 @@ from events.base import Event
 from events.codec import stable_id
 from events.faults import GpuFaultDetected, Severity
 from events.fleet import (
+    FaultRecorded,
     GpuIsolated,
     GpuRestored,
     IsolationDismissed,
+    IsolationExtended,
     IsolationHeld,
     NodeDiscovered,
     NodeIsolated,
@@ -87,7 +96,8 @@ class Pending:
 
 @dataclass(frozen=True)
 class Decision:
-    """What the engine decided about one fault or target, and why. `event` is None for record-only."""
+    """What the engine decided about one fault or target, and why, with the event that records it
+    (`event` is set by every function of this module; the state changes only when it is folded)."""
 
     action: str  # record | extend | hold | isolate_gpu | isolate_node | restore_gpu | restore_node
     cluster: str
@@ -106,7 +116,8 @@ class HealthState:
     nodes: dict[NodeKey, NodeHealth] = field(default_factory=dict)
     pending: list[Pending] = field(default_factory=list)
     held: dict[Target, IsolationHeld] = field(default_factory=dict)
-    seen_faults: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    seen_faults: OrderedDict[str, None] = field(default_factory=OrderedDict)  # folded from FAULTS
+    settled: OrderedDict[str, None] = field(default_factory=OrderedDict)  # named by a decision in the log
     repeats: dict[tuple[Target, str], deque[tuple[float, str]]] = field(default_factory=dict)
     isolations: deque[tuple[float, NodeKey]] = field(default_factory=deque)  # for the budget window
     restores: dict[Target, tuple[float, int]] = field(default_factory=dict)  # target -> (at, flaps)
@@ -150,18 +161,20 @@ def evolve(state: HealthState, item: object) -> HealthState:
             if item.gpu_index is not None:
                 _learn_uuid(_node(state, item.cluster, item.node), item.gpu_index, item.gpu_uuid)
             state.held[(item.cluster, item.node, item.gpu_index)] = item
-            _drop_pending(state, item.fault_ids)
-            _mark_seen(state, item.fault_ids)
+            _settle(state, item.fault_ids)
         case IsolationDismissed():
             state.held.pop((item.cluster, item.node, item.gpu_index), None)
-        case Decision():
-            _drop_pending(state, item.fault_ids)
-            if item.action == "extend":
-                iso = _isolation(state, (item.cluster, item.node, item.gpu_index))
-                if iso is not None:
-                    iso.fault_ids.extend(f for f in item.fault_ids if f not in iso.fault_ids)
-                    if iso.until is not None and item.until is not None:
-                        iso.until = max(iso.until, item.until)
+            _settle(state, item.fault_ids)
+        case IsolationExtended():
+            iso = _isolation(state, (item.cluster, item.node, item.gpu_index))
+            if iso is not None:
+                iso.fault_ids.extend(f for f in item.fault_ids if f not in iso.fault_ids)
+                if iso.until is not None and item.until is not None:
+                    iso.until = max(iso.until, item.until)
+            _settle(state, item.fault_ids)
+        case FaultRecorded():
+            _settle(state, item.fault_ids)
+        case Decision():  # a decision value folds as its event (tests and the simulator fold them directly)
             if item.event is not None:
                 evolve(state, item.event)
     return state
@@ -188,6 +201,20 @@ def _drop_pending(state: HealthState, fault_ids: list[str] | tuple[str, ...]) ->
         state.pending = [p for p in state.pending if p.fault.fault_id not in ids]
 
 
+def _remember(ids: OrderedDict[str, None], fault_id: str) -> None:
+    ids[fault_id] = None
+    while len(ids) > SEEN_FAULTS_KEPT:
+        ids.popitem(last=False)
+
+
+def _settle(state: HealthState, fault_ids: list[str] | tuple[str, ...]) -> None:
+    """A decision in the log named these faults: they are not weighed again, whichever of FAULTS and
+    FLEET a replay (or a live race) folds first."""
+    _drop_pending(state, fault_ids)
+    for fid in fault_ids:
+        _remember(state.settled, fid)
+
+
 def _learn_uuid(node: NodeHealth, index: int, uuid: str | None) -> None:
     """A UUID named by a fault or a decision, for a GPU the inventory has not named (the inventory wins).
 
@@ -204,10 +231,8 @@ def _on_fault(state: HealthState, fault: GpuFaultDetected) -> None:
     if gpu is not None:
         _learn_uuid(node, gpu, fault.gpu_uuid)
     if fault.fault_id in state.seen_faults:
-        return  # a detector retry or a replay: decided already
-    state.seen_faults[fault.fault_id] = None
-    while len(state.seen_faults) > SEEN_FAULTS_KEPT:
-        state.seen_faults.popitem(last=False)
+        return  # a detector's retry
+    _remember(state.seen_faults, fault.fault_id)
     rule = state.policy.rule_for(fault)
     action = rule.action
     reason = f"{rule.key}: {rule.description or rule.key}"
@@ -231,6 +256,8 @@ def _on_fault(state: HealthState, fault: GpuFaultDetected) -> None:
     if action == Action.ISOLATE_GPU and gpu is None:
         action = Action.ISOLATE_NODE
         reason += "; the fault names no GPU, so the node is isolated"
+    if fault.fault_id in state.settled:
+        return  # its decision was folded first: counted above for escalation, not weighed again
     state.pending.append(Pending(fault, gpu, rule, action, reason, fault_ids))
 
 
@@ -273,15 +300,7 @@ def _on_isolated(
     state.isolations.append((at, (target[0], target[1])))
     while state.isolations and state.isolations[0][0] < at - state.policy.budget.window_s:
         state.isolations.popleft()  # outside any budget window from now on
-    _drop_pending(state, fault_ids)
-    _mark_seen(state, fault_ids)
-
-
-def _mark_seen(state: HealthState, fault_ids: list[str]) -> None:
-    # A fault already acted on (its id is in a FLEET decision) is not decided again on replay,
-    # whichever of FAULTS and FLEET a restarted service reads first.
-    for fid in fault_ids:
-        state.seen_faults[fid] = None
+    _settle(state, fault_ids)
 
 
 def _on_restored(state: HealthState, target: Target, at: float) -> None:
@@ -315,7 +334,7 @@ def probation_s(state: HealthState, target: Target, at: float) -> float:
 def decide(state: HealthState, now: float) -> list[Decision]:
     """1. pending faults -> record / extend / isolate / hold (budget); 2. expired probations -> restore.
 
-    Reads the state only; the shell folds each returned decision back with `evolve`.
+    Reads the state only; each decision's event changes the state when it is folded from the log.
     """
     decisions: list[Decision] = []
     # Targets isolated and nodes newly affected earlier in this same pass (the state is not folded yet).
@@ -335,27 +354,37 @@ def _decide_fault(state: HealthState, p: Pending, taken: set[Target], affected_n
     target: Target = (f.cluster, f.node, None if p.action == Action.ISOLATE_NODE else p.gpu_index)
     common = dict(cluster=f.cluster, node=f.node, gpu_index=target[2], fault_ids=p.fault_ids, rule=p.rule.key)
     if p.action == Action.RECORD:
-        return Decision(action="record", reason=p.reason, **common)  # type: ignore[arg-type]
+        return _record(p, target, p.reason)
     restored_at = _last_restore(state, target)
     if restored_at is not None and restored_at >= f.observed_at:
         # Observed before a later restore: that decision already weighed it (an operator, or a probation
         # it extended). This also keeps a replay of FAULTS after FLEET from isolating again.
-        reason = f"{p.reason}; observed before the restore at {restored_at:.0f}: superseded"
-        return Decision(action="record", reason=reason, **common)  # type: ignore[arg-type]
+        return _record(p, target, f"{p.reason}; observed before the restore at {restored_at:.0f}: superseded")
     covering = _covering(node, target, taken)
     if covering is not None:
         iso_target, iso = covering
         until = None
         if iso is not None and iso.until is not None:
             until = f.observed_at + probation_s(state, iso_target, f.observed_at)
+        reason = f"{p.reason}; already isolated, probation restarts"
+        extended = IsolationExtended(
+            cluster=f.cluster,
+            node=f.node,
+            at=f.observed_at,
+            reason=reason,
+            gpu_index=iso_target[2],
+            fault_ids=list(p.fault_ids),
+            until=until,
+        )
         return Decision(
             action="extend",
-            reason=f"{p.reason}; already isolated, probation restarts",
+            reason=reason,
             until=until,
+            event=extended,
             **{**common, "gpu_index": iso_target[2]},  # type: ignore[arg-type]
         )
     if target in state.held:
-        return Decision(action="record", reason=f"{p.reason}; an isolation is already held for confirmation", **common)  # type: ignore[arg-type]
+        return _record(p, target, f"{p.reason}; an isolation is already held for confirmation")
     key: NodeKey = (f.cluster, f.node)
     if not _within_budget(state, key, f.observed_at, affected_now):
         b = state.policy.budget
@@ -379,6 +408,21 @@ def _decide_fault(state: HealthState, p: Pending, taken: set[Target], affected_n
     affected_now.add(key)
     event = _isolation_event(state, target, f.observed_at, p.reason, list(p.fault_ids), p.rule.restore)
     return Decision(action=str(p.action), reason=p.reason, event=event, **common)  # type: ignore[arg-type]
+
+
+def _record(p: Pending, target: Target, reason: str) -> Decision:
+    """No action: the faults are settled by a `FaultRecorded` in the log."""
+    f = p.fault
+    event = FaultRecorded(
+        cluster=f.cluster,
+        node=f.node,
+        at=f.observed_at,
+        reason=reason,
+        gpu_index=target[2],
+        rule=p.rule.key,
+        fault_ids=list(p.fault_ids),
+    )
+    return Decision("record", f.cluster, f.node, target[2], reason, p.fault_ids, p.rule.key, event=event)
 
 
 def _last_restore(state: HealthState, target: Target) -> float | None:

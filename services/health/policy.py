@@ -2,17 +2,17 @@
 
 The default lives in `default_policy.yaml` (readable, with its sources). An operator's file is merged
 over it: sections key by key, an XID or fault kind field by field. `parse_policy` validates and
-returns frozen values; the file's schema is msgspec's (`_PolicySpec`): a mistake, a misspelt key
-included, is a `PolicyError` naming the key path and the fix.
+returns frozen msgspec structs (typed, a misspelt key refused); a mistake is a `PolicyError` naming
+the key path and what is allowed.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 import yaml
@@ -20,6 +20,7 @@ import yaml
 from events.faults import FaultKind, GpuFaultDetected, Severity
 
 DEFAULT_POLICY_PATH = Path(__file__).with_name("default_policy.yaml")
+T = TypeVar("T")
 
 
 class PolicyError(ValueError):
@@ -41,19 +42,23 @@ class Restore(StrEnum):
     MANUAL = "manual"
 
 
-@dataclass(frozen=True)
-class Escalation:
-    count: int
-    window_s: float
+class _Part(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """A part of the policy file: typed, frozen, and a misspelt key is an error, not ignored."""
+
+
+NonNegative = Annotated[float, msgspec.Meta(ge=0)]
+
+
+class Escalation(_Part):
+    count: Annotated[int, msgspec.Meta(ge=1)]
+    window_s: NonNegative
     action: Action
 
 
-@dataclass(frozen=True)
-class Rule:
-    key: str  # "xid-79", "ecc_dbe": also the short code in taints and reasons
+class Rule(_Part):
     severity: Severity
     action: Action
-    description: str
+    description: str = ""
     restore: Restore = Restore.PROBATION
     escalate: Escalation | None = None
     if_critical: Action | None = None
@@ -61,36 +66,46 @@ class Rule:
     dcgm: str = ""
     mnemonic: str = ""
     note: str = ""
+    key: str = ""  # "xid-79", "ecc_dbe": where the rule sits (set on load); the short code in taints and reasons
 
 
-@dataclass(frozen=True)
-class Probation:
-    default_s: float
-    require_clean_sample: bool
+class Probation(_Part):
+    default_s: NonNegative
+    require_clean_sample: bool = True
 
 
-@dataclass(frozen=True)
-class Flap:
-    window_s: float
-    multiplier: float
-    max_probation_s: float
+class Flap(_Part):
+    window_s: NonNegative
+    multiplier: Annotated[float, msgspec.Meta(ge=1)]
+    max_probation_s: NonNegative
 
 
-@dataclass(frozen=True)
-class Budget:
-    max_share: float
-    min_nodes: int
-    window_s: float
+class Budget(_Part):
+    max_share: Annotated[float, msgspec.Meta(ge=0, le=1)]
+    min_nodes: Annotated[int, msgspec.Meta(ge=0)]
+    window_s: NonNegative
 
 
-@dataclass(frozen=True)
-class Policy:
+class _Document(_Part):
+    """The file's top level. Rules under `kinds` and `xid` are validated one by one (below), so that an
+    error names the kind or the XID: msgspec's own path would show a dict key as `[...]`."""
+
+    probation: Probation
+    flap: Flap
+    budget: Budget
+    unknown_xid: Rule
+    kinds: dict[str, Any]
+    xid: dict[str | int, Any] = {}
+    version: Literal[1] = 1
+
+
+class Policy(_Part):
     probation: Probation
     flap: Flap
     budget: Budget
     unknown_xid: Rule
     kinds: dict[FaultKind, Rule]
-    xid: dict[int, Rule] = field(default_factory=dict)
+    xid: dict[int, Rule] = {}
 
     def rule_for(self, fault: GpuFaultDetected) -> Rule:
         if fault.kind == FaultKind.XID or fault.xid is not None:
@@ -103,14 +118,14 @@ class Policy:
         """The effective policy in the shape `chamber health policy --json` promises."""
 
         def rule(r: Rule) -> dict[str, Any]:
-            out = {k: v for k, v in asdict(r).items() if v not in (None, "") and k != "key"}
-            return {str(k): (str(v) if isinstance(v, StrEnum) else v) for k, v in out.items()}
+            out = {k: v for k, v in msgspec.to_builtins(r).items() if v not in (None, "") and k != "key"}
+            return out
 
         return {
             "version": 1,
-            "probation": asdict(self.probation),
-            "flap": asdict(self.flap),
-            "budget": asdict(self.budget),
+            "probation": msgspec.to_builtins(self.probation),
+            "flap": msgspec.to_builtins(self.flap),
+            "budget": msgspec.to_builtins(self.budget),
             "unknown_xid": rule(self.unknown_xid),
             "kinds": {str(k): rule(r) for k, r in sorted(self.kinds.items())},
             "xid": {str(code): rule(r) for code, r in sorted(self.xid.items())},
@@ -118,9 +133,7 @@ class Policy:
 
 
 def _replace_key(rule: Rule, key: str) -> Rule:
-    from dataclasses import replace
-
-    return replace(rule, key=key)
+    return msgspec.structs.replace(rule, key=key)
 
 
 def merge(base: Mapping[str, Any], override: Mapping[str, Any], depth: int = 0) -> dict[str, Any]:
@@ -164,117 +177,61 @@ def _read(path: Path) -> dict[str, Any]:
     return data
 
 
-# -- the file's schema: msgspec checks types, ranges, enums and unknown (misspelt) keys -------------
-NonNegative = Annotated[float, msgspec.Meta(ge=0)]
-
-
-class _File(msgspec.Struct, forbid_unknown_fields=True):
-    """Base of the file's sections: a key the schema does not know is a mistake, not ignored."""
-
-
-class _EscalationSpec(_File):
-    count: Annotated[int, msgspec.Meta(ge=1)]
-    window_s: NonNegative
-    action: Action
-
-
-class _RuleSpec(_File):
-    severity: Severity
-    action: Action
-    description: str = ""
-    restore: Restore = Restore.PROBATION
-    escalate: _EscalationSpec | None = None
-    if_critical: Action | None = None
-    nvidia: str = ""
-    dcgm: str = ""
-    mnemonic: str = ""
-    note: str = ""
-
-
-class _ProbationSpec(_File):
-    default_s: NonNegative
-    require_clean_sample: bool = True
-
-
-class _FlapSpec(_File):
-    window_s: NonNegative
-    multiplier: Annotated[float, msgspec.Meta(ge=1)]
-    max_probation_s: NonNegative
-
-
-class _BudgetSpec(_File):
-    max_share: Annotated[float, msgspec.Meta(ge=0, le=1)]
-    min_nodes: Annotated[int, msgspec.Meta(ge=0)]
-    window_s: NonNegative
-
-
-class _PolicySpec(_File):
-    probation: _ProbationSpec
-    flap: _FlapSpec
-    budget: _BudgetSpec
-    unknown_xid: _RuleSpec
-    kinds: dict[str, Any]  # each rule is checked on its own, so an error names its kind or XID
-    xid: dict[Any, Any] = {}
-    version: Literal[1] = 1
-
-
-_ENUMS: dict[str, type[StrEnum]] = {"action": Action, "if_critical": Action, "severity": Severity, "restore": Restore}
-
-
-def _convert(data: Any, spec: type[_File], where: str = "") -> Any:
-    """msgspec's check, its error turned into a PolicyError naming the key path and what is allowed."""
-    try:
-        return msgspec.convert(data, spec)
-    except msgspec.ValidationError as exc:
-        reason, _, at = str(exc).partition(" - at `")
-        path = at.rstrip("`").removeprefix("$").lstrip(".")
-        full = ".".join(p for p in (where, path) if p) or "policy"
-        field_name = full.rsplit(".", 1)[-1]
-        if reason.startswith("Invalid enum value") and field_name in _ENUMS:
-            reason += f"; use one of {[e.value for e in _ENUMS[field_name]]}"
-        raise PolicyError(f"{full}: {reason}") from None
-
-
 def parse_policy(data: Mapping[str, Any]) -> Policy:
-    spec: _PolicySpec = _convert(data, _PolicySpec)
+    """Validate a merged policy document (msgspec, against the types above) into a `Policy`."""
+    doc = _convert(data, _Document, "")
     kinds: dict[FaultKind, Rule] = {}
-    for name, raw in spec.kinds.items():
+    for name, raw in doc.kinds.items():
         try:
             kind = FaultKind(name)
         except ValueError:
             raise PolicyError(f"kinds.{name}: unknown fault kind; use one of {[k.value for k in FaultKind]}") from None
-        kinds[kind] = _rule(_convert(raw, _RuleSpec, f"kinds.{name}"), str(kind))
+        kinds[kind] = _replace_key(_convert(raw, Rule, f"kinds.{name}"), str(kind))
     if FaultKind.OTHER not in kinds:
         raise PolicyError("kinds.other: required (the rule for fault kinds without their own)")
     xids: dict[int, Rule] = {}
-    for code, raw in spec.xid.items():
+    for code, raw in doc.xid.items():
         try:
             number = int(code)
         except (TypeError, ValueError):
             raise PolicyError(f"xid.{code}: XID codes are integers") from None
-        xids[number] = _rule(_convert(raw, _RuleSpec, f"xid.{code}"), f"xid-{number}")
+        xids[number] = _replace_key(_convert(raw, Rule, f"xid.{code}"), f"xid-{number}")
     return Policy(
-        probation=Probation(spec.probation.default_s, spec.probation.require_clean_sample),
-        flap=Flap(spec.flap.window_s, spec.flap.multiplier, spec.flap.max_probation_s),
-        budget=Budget(spec.budget.max_share, spec.budget.min_nodes, spec.budget.window_s),
-        unknown_xid=_rule(spec.unknown_xid, "xid-unknown"),
+        probation=doc.probation,
+        flap=doc.flap,
+        budget=doc.budget,
+        unknown_xid=_replace_key(doc.unknown_xid, "xid-unknown"),
         kinds=kinds,
         xid=xids,
     )
 
 
-def _rule(r: _RuleSpec, key: str) -> Rule:
-    e = r.escalate
-    return Rule(
-        key=key,
-        severity=r.severity,
-        action=r.action,
-        description=r.description,
-        restore=r.restore,
-        escalate=None if e is None else Escalation(e.count, e.window_s, e.action),
-        if_critical=r.if_critical,
-        nvidia=r.nvidia,
-        dcgm=r.dcgm,
-        mnemonic=r.mnemonic,
-        note=r.note,
-    )
+def _lookup(raw: Any, path: str) -> Any:
+    for part in path.strip(".").split(".") if path.strip(".") else []:
+        if not isinstance(raw, Mapping):
+            return None
+        raw = raw.get(part, raw.get(int(part)) if part.isdigit() else None)
+    return None if isinstance(raw, Mapping | list) else raw
+
+
+_CHOICES: dict[str, type[StrEnum]] = {"action": Action, "if_critical": Action, "severity": Severity, "restore": Restore}
+_AT = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
+
+
+def _convert(raw: Any, kind: type[T], where: str) -> T:
+    """msgspec validation, its error turned into one line naming the key path (`budget.max_share`)."""
+    try:
+        return msgspec.convert(raw, kind, strict=False)
+    except msgspec.ValidationError as exc:
+        m = _AT.match(str(exc))
+        what, path = (m["what"], m["path"] or "") if m else (str(exc), "")
+        if what.startswith("Expected") and ", got " not in what and (value := _lookup(raw, path)) is not None:
+            what += f", got {value!r}"  # a range error: msgspec does not say what it was given
+        path = ".".join(p for p in (where, path.lstrip(".")) if p)
+        field = path.rsplit(".", 1)[-1]
+        if what.startswith("Invalid enum value") and field in _CHOICES:
+            what += f"; use one of {[e.value for e in _CHOICES[field]]}"
+        missing = re.match(r"Object missing required field `(\w+)`", what)
+        if missing:  # name the missing key itself
+            path, what = ".".join(p for p in (path, missing[1]) if p), "required"
+        raise PolicyError(f"{path or 'policy'}: {what}") from None

@@ -1,15 +1,18 @@
-"""`chamber service health`: the policy engine's shell.
+"""`chamber service health`: the policy engine's shell, a manifest for the decider host.
 
-Reads FAULTS and FLEET from the start (its state is derived, never stored) and TELEMETRY samples from
-now on; decides after every batch once caught up, and on a tick for probations; publishes decisions
-with deterministic ids, then makes Kubernetes Nodes reflect them. Commands: restore, confirm, held,
-policy.
+Inputs: FAULTS and FLEET from the start (or from the last snapshot), and the latest sample of every
+node, then live (TELEMETRY and its partitions). The host folds them in one deterministic order and
+decides on the tick once caught up; every decision is an event (isolated, restored, held, extended,
+recorded) and changes the state only when it comes back from the log. The shell acts on Kubernetes
+from those events as they are folded, and reconciles the Nodes once after catching up. Commands:
+restore, confirm, dismiss, held, policy.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import functools
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -17,19 +20,17 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from nats.js.api import DeliverPolicy
 
 from events.base import Event
 from events.commands import RestoreNode
 from events.fleet import GpuIsolated, GpuRestored, NodeDiscovered, NodeIsolated, NodeRestored, NodeUpdated
 from services.health import core
-from services.health.core import Decision, HealthRefusal, HealthState, NodeHealth
+from services.health.core import HealthRefusal, HealthState, Isolation, NodeHealth
 from services.health.kube import gpu_entry
 from services.health.policy import Policy, PolicyError, load_policy
-from services.health.replay import CatchUp, DeliverFrom
 from services.runtime.backoff import Backoff
 from services.runtime.commands import CommandRefused
-from services.runtime.consumer import ConsumerOptions, Delivery
+from services.runtime.decider import Decider, DeciderHost, Input, SnapshotCodec, pickle_codec
 from services.runtime.host import ServiceContext, serve
 from services.runtime.logs import get_logger
 from services.runtime.options import add_cluster_option
@@ -62,88 +63,120 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="log the Kubernetes patches instead of sending them (always so with CHAMBER_MODE=monitor)",
     )
-    parser.add_argument("--tick", type=float, default=1.0, help="seconds between probation checks (default 1)")
+    parser.add_argument("--tick", type=float, default=1.0, help="seconds between decisions (default 1)")
+    parser.add_argument(
+        "--snapshot-every", type=float, default=300.0, help="seconds between state snapshots (default 300)"
+    )
+
+
+def snapshot_codec(policy: Policy) -> SnapshotCodec[HealthState]:
+    """Pickled state; the policy in force comes from this start, never from the snapshot (an operator
+    who changed the policy file gets the new one)."""
+    base = pickle_codec(HealthState, NodeHealth, Isolation, core.Pending)
+
+    def decode(data: bytes) -> HealthState:
+        return dataclasses.replace(base.decode(data), policy=policy)
+
+    return SnapshotCodec(format=base.format, encode=base.encode, decode=decode)
+
+
+def decide(state: HealthState, now: float) -> list[tuple[Event, str]]:
+    out: list[tuple[Event, str]] = []
+    for d in core.decide(state, now):
+        log.info(
+            "decision",
+            action=d.action,
+            cluster=d.cluster,
+            node=d.node,
+            gpu=d.gpu_index,
+            reason=d.reason,
+            fault_ids=list(d.fault_ids),
+        )
+        assert d.event is not None  # every decision of the core has its event
+        out.append((d.event, core.event_id(d)))
+    return out
+
+
+def manifest(
+    args: argparse.Namespace,
+    policy: Policy,
+    telemetry: list[tuple[str, str]] | None = None,
+    on_event: Any = None,
+) -> Decider[HealthState]:
+    """`telemetry`: (stream, sample filter) of TELEMETRY and each partition (`telemetry_inputs`)."""
+    if telemetry is None:
+        telemetry = [("TELEMETRY", "chamber.telemetry.sample.>")]
+    return Decider(
+        name=NAME,
+        inputs=(
+            Input("FAULTS"),
+            Input("FLEET"),  # inventories, and every decision of health (its own and the operators')
+            # the current picture of every node (its last sample), then live: not history
+            *(Input(stream, (subject,), deliver="last_per_subject") for stream, subject in telemetry),
+        ),
+        initial=lambda: core.new_state(policy),
+        evolve=core.evolve,
+        decide=decide,
+        tick_s=getattr(args, "tick", 1.0),
+        snapshot=snapshot_codec(policy),
+        snapshot_every_s=getattr(args, "snapshot_every", 300.0),
+        on_event=on_event,
+        decide_on_fold=True,  # a fault is answered as soon as it is folded, not at the next tick
+    )
 
 
 class HealthShell:
-    def __init__(self, ctx: ServiceContext, policy: Policy, actuator: Any, cluster: str) -> None:
+    def __init__(self, ctx: ServiceContext, actuator: Any, cluster: str) -> None:
         self.ctx = ctx
-        self.state: HealthState = core.new_state(policy)
+        self.host: DeciderHost[HealthState] | None = None  # set by `setup`
         self.actuator = actuator
         self.cluster = cluster
-        self.lock = asyncio.Lock()
-        self.catch_up = CatchUp(ctx.js)
+        self.lock = asyncio.Lock()  # one operator command at a time, each on the state the last one left
         self.node_locks: dict[str, asyncio.Lock] = {}
         self.actuations: set[asyncio.Task[None]] = set()
-        self.own_ids: set[str] = set()  # ids of events this process published and has folded already
+        self.annotated: dict[tuple[str, str], list[str]] = {}  # a node's isolated-GPU entries last written
         # Kubernetes calls block on the network: a pool of their own, wider than asyncio's default.
         self.kube_pool = ThreadPoolExecutor(max_workers=KUBE_WORKERS, thread_name_prefix="chamber-kube")
 
-    # -- inputs -----------------------------------------------------------------------------------
+    @property
+    def state(self) -> HealthState:
+        assert self.host is not None
+        return self.host.state
 
-    async def on_batch(self, deliveries: list[Delivery]) -> None:
-        async with self.lock:
-            live = self.catch_up.done
-            for d in deliveries:
-                if live and d.envelope.id in self.own_ids:
-                    # This process's own decision coming back: folded when it was made. Matched by
-                    # event id, not by source: another replica's decisions and commands still fold.
-                    self.own_ids.discard(d.envelope.id)
-                    continue
-                if live and isinstance(d.event, NodeDiscovered | NodeUpdated):
-                    self._fold_inventory(d.event)
-                    continue
-                core.evolve(self.state, d.event)
-            if live:
-                await self._decide(time.time())
-
-    def _fold_inventory(self, event: NodeDiscovered | NodeUpdated) -> None:
-        """Fold an inventory; if it names (or renames) an isolated GPU, rewrite the annotation, whose
-        entries are UUIDs for the device plugin, not the `index-N` written while none was known."""
-        node = self.state.nodes.get((event.cluster, event.node))
-        before = self._gpu_entries(node) if node is not None else []
-        core.evolve(self.state, event)
-        node = self.state.nodes[(event.cluster, event.node)]
-        if node.gpu_isolated and self._gpu_entries(node) != before:
-            self._actuate(self._gpu_isolated_event(node, min(node.gpu_isolated)))
+    @property
+    def ready(self) -> bool:
+        return self.host is not None and self.host.ready
 
     async def tick(self, now: float) -> None:
-        if not self.catch_up.done:
-            if not await self.catch_up.check():
-                return
-            log.info("caught up", nodes=len(self.state.nodes), isolated=self._isolated_count())
-            await self._reconcile()
-        async with self.lock:
-            await self._decide(now)
+        """One decision pass (the host's tick)."""
+        assert self.host is not None
+        await self.host.tick(now)
 
-    # -- decisions --------------------------------------------------------------------------------
+    # -- acting on Kubernetes, from the log ------------------------------------------------------
 
-    async def _decide(self, now: float) -> None:
-        decisions = core.decide(self.state, now)
-        if decisions:
-            await self._commit(decisions)
+    def on_event(self, event: Event) -> None:
+        """Called by the host after folding a live event: Kubernetes follows the log, whoever decided."""
+        if isinstance(event, NodeDiscovered | NodeUpdated):
+            # An inventory that names (or renames) an isolated GPU: rewrite the annotation, whose
+            # entries are UUIDs for the device plugin, not the `index-N` written while none was known.
+            node = self.state.nodes.get((event.cluster, event.node))
+            key = (event.cluster, event.node)
+            if node is not None and node.gpu_isolated and self._gpu_entries(node) != self.annotated.get(key):
+                self._actuate(self._gpu_isolated_event(node, min(node.gpu_isolated)))
+            return
+        self._actuate(event)
 
-    async def _commit(self, decisions: list[Decision]) -> None:
-        out = [(d.event, core.event_id(d), getattr(d.event, "at", None)) for d in decisions if d.event is not None]
-        if out:
-            self.own_ids.update(event_id for _, event_id, _ in out)
-            acks = await self.ctx.publisher.publish_many(out)
-            for (_, event_id, _), ack in zip(out, acks, strict=True):
-                if ack.duplicate:  # already in the log: no echo will come to consume the id
-                    self.own_ids.discard(event_id)
-        for d in decisions:
-            core.evolve(self.state, d)
-            log.info(
-                "decision",
-                action=d.action,
-                cluster=d.cluster,
-                node=d.node,
-                gpu=d.gpu_index,
-                reason=d.reason,
-                fault_ids=list(d.fault_ids),
-            )
-            if d.event is not None:
-                self._actuate(d.event)
+    async def reconcile_when_ready(self) -> None:
+        assert self.host is not None
+        caught_up = asyncio.ensure_future(self.host.caught_up_event.wait())
+        stopped = asyncio.ensure_future(self.ctx.stop.wait())
+        await asyncio.wait([caught_up, stopped], return_when=asyncio.FIRST_COMPLETED)
+        for waiter in (caught_up, stopped):
+            waiter.cancel()
+        if not self.host.ready:
+            return
+        log.info("caught up", nodes=len(self.state.nodes), isolated=self._isolated_count())
+        await self._reconcile()
 
     def _actuate(self, event: Event, *, reconcile: bool = False) -> None:
         if self.actuator is None or getattr(event, "cluster", None) != self.cluster:
@@ -162,7 +195,9 @@ class HealthShell:
         if not isinstance(event, GpuIsolated | GpuRestored):
             return None
         node = self.state.nodes.get((event.cluster, event.node))
-        return [] if node is None else self._gpu_entries(node)
+        entries = [] if node is None else self._gpu_entries(node)
+        self.annotated[(event.cluster, event.node)] = entries
+        return entries
 
     @staticmethod
     def _gpu_entries(node: NodeHealth) -> list[str]:
@@ -222,14 +257,18 @@ class HealthShell:
         return await self._operator(core.dismiss, req)
 
     async def _operator(self, command: Any, req: TargetRequest) -> dict[str, Any]:
-        if not self.catch_up.done:
+        assert self.host is not None
+        if not self.host.ready:
             raise CommandRefused("health is still replaying its history; try again in a few seconds")
         async with self.lock:
             try:
                 decision = command(self.state, req.cluster, req.node, req.gpu, time.time(), req.by)
             except HealthRefusal as exc:
                 raise CommandRefused(str(exc), field=exc.field) from None
-            await self._commit([decision])
+            # Into the log, answered once folded back: the next command sees it, whichever replica
+            # takes it; Kubernetes follows when the event is folded (`on_event`).
+            await self.host.append(decision.event, id=core.event_id(decision), expected_subject_seq=None)
+        log.info("decision", action=decision.action, node=req.node, gpu=req.gpu, reason=decision.reason)
         return {"action": decision.action, "node": req.node, "gpu": req.gpu, "reason": decision.reason}
 
     async def held(self, _: Empty) -> list[dict[str, Any]]:
@@ -255,23 +294,12 @@ async def setup(ctx: ServiceContext, args: argparse.Namespace, policy: Policy, a
         dry_run = args.dry_run or monitor_mode()
         actuator = KubeActuator(api, dry_run=dry_run) if api is not None else None
         log.info("kubernetes actuator", configured=api is not None, dry_run=dry_run)
-    shell = HealthShell(ctx, policy, actuator, args.cluster)
-    # FAULTS and FLEET from the start: the state is rebuilt from the log; samples only from now on.
-    for stream, policy_ in (("FLEET", DeliverPolicy.ALL), ("FAULTS", DeliverPolicy.ALL)):
-        consumer = DeliverFrom(
-            ctx.js, ConsumerOptions(stream=stream, durable=None), policy=policy_, batch_handler=shell.on_batch
-        )
-        shell.catch_up.watch(consumer)
-        _add(ctx, consumer)
-    for stream, subject in await telemetry_inputs(ctx.js, samples_only=True):  # every partition
-        samples = DeliverFrom(
-            ctx.js,
-            ConsumerOptions(stream=stream, durable=None, filter_subjects=(subject,)),
-            policy=DeliverPolicy.NEW,
-            batch_handler=shell.on_batch,
-        )
-        _add(ctx, samples)
-    ctx.every(args.tick, shell.tick)
+    shell = HealthShell(ctx, actuator, args.cluster)
+    samples = await telemetry_inputs(ctx.js, samples_only=True)  # every partition
+    host = DeciderHost(manifest(args, policy, samples, on_event=shell.on_event), ctx)
+    shell.host = host
+    host.install()
+    ctx.task(shell.reconcile_when_ready)
     ctx.command("restore", TargetRequest, shell.restore)
     ctx.command("confirm", TargetRequest, shell.confirm)
     ctx.command("dismiss", TargetRequest, shell.dismiss)
@@ -282,8 +310,3 @@ async def setup(ctx: ServiceContext, args: argparse.Namespace, policy: Policy, a
 
     ctx.command("policy", Empty, effective_policy)
     return shell
-
-
-def _add(ctx: ServiceContext, consumer: DeliverFrom) -> None:
-    ctx.consumers.append(consumer)
-    ctx.task(lambda: consumer.run(ctx.stop))

@@ -125,7 +125,7 @@ def run(sc: Scenario) -> Outcome:
     for n in names:
         health.evolve(hstate, NodeDiscovered(cluster=CLUSTER, node=n, at=0.0, gpus=fleet.nodes[n].inventory_gpus()))
     placements = [Placement(cluster=CLUSTER, node=n, gpu_indices=list(range(GPUS))) for n in gang]
-    perf.evolve(pstate, JobScheduled(job_id=job, at=0.0, team="t", placements=placements))
+    perf.evolve(pstate, JobScheduled(job_id=job, at=0.0, team="t", placements=placements, pool="default"))
 
     out = Outcome(sc, perf_state=pstate)
     victim, gpu, nic = rng.choice(gang), rng.randrange(GPUS), rng.randrange(GPUS)

@@ -38,7 +38,7 @@ from events import (
     TeamQuotaSet,
 )
 from events.codec import stable_id
-from services.pools import DEFAULT_POOL, PoolDef, Quota, job_pool, node_pool
+from services.pools import DEFAULT_POOL, PoolDef, Quota, node_pool
 
 DEFAULT_HALF_LIFE_S = 7 * 24 * 3600.0  # Slurm's default PriorityDecayHalfLife (7 days)
 PUBLISH_DELTA = 0.01  # publish a factor when it moved at least this much
@@ -135,9 +135,8 @@ def evolve(state: QuotaState, event: Event) -> QuotaState:
             spec = state.specs.get(event.job_id)
             if spec is not None and event.job_id not in state.running:
                 _advance(state, event.at)
-                # The pool the decision carries; older events without one: the pool by the current rules.
-                pool = event.pool or job_pool(spec, state.team_pools)
-                state.running[event.job_id] = (pool, spec.team, spec.total_gpus)
+                # The pool the decision carries (v1 events without one are upcast by the codec).
+                state.running[event.job_id] = (event.pool, spec.team, spec.total_gpus)
         case JobPreempted() | JobSuspended() | JobRequeued():
             if event.job_id in state.running:
                 _advance(state, event.at)

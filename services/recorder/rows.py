@@ -63,11 +63,11 @@ SAMPLE_INTS = ("ecc_sbe_volatile", "ecc_dbe_volatile", "pcie_replay_count")
 
 _JOB_KINDS = {
     "io.chamber.jobs.submitted.v1": "submitted",
-    "io.chamber.jobs.scheduled.v1": "scheduled",
+    "io.chamber.jobs.scheduled.v2": "scheduled",  # v1 is upcast to v2 by the codec
     "io.chamber.jobs.started.v1": "started",
     "io.chamber.jobs.preempted.v1": "preempted",
     "io.chamber.jobs.suspended.v1": "suspended",
-    "io.chamber.jobs.resumed.v1": "resumed",
+    "io.chamber.jobs.resumed.v2": "resumed",  # v1 is upcast to v2 by the codec
     "io.chamber.jobs.requeued.v1": "requeued",
     "io.chamber.jobs.completed.v1": "completed",
     "io.chamber.jobs.failed.v1": "failed",

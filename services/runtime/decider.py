@@ -118,6 +118,12 @@ class Decider(Generic[S]):
     echo_timeout_s: float = 10.0  # decide again if own decisions did not come back by then
     batch: int = 1000
     evolve_with_id: bool = False  # call evolve(state, event, event_id) (a core that de-duplicates by id)
+    # Called with each event folded once the host is ready (live, not replay): a shell that acts on the
+    # outside world from the log (health patching Kubernetes Nodes) does it here, whoever decided.
+    on_event: Callable[[Event], object] | None = None
+    # Also decide right after a live batch is folded, not only on the tick (health answers a fault in
+    # milliseconds rather than up to `tick_s`); the tick still runs, for decisions that only time makes.
+    decide_on_fold: bool = False
 
 
 class CommandConflict(Exception):
@@ -132,6 +138,7 @@ class _Source:
     puller: BatchPuller | None = None
     buffer: deque[tuple[Position, Msg]] = field(default_factory=deque)
     pending: int = 0  # what the server still had for us after the last message we saw
+    received: int = 0  # messages this consumer delivered to us (its consumer sequence, on our side)
 
 
 @dataclass
@@ -167,6 +174,8 @@ class DeciderHost(Generic[S]):
         self._started = time.monotonic()
         self._last_snapshot = time.monotonic()
         self._changed_since_snapshot = False
+        self._deciding: asyncio.Task[None] | None = None
+        self._decide_again = False  # folded since the last decision pass began
 
     # -- wiring --------------------------------------------------------------------------------
     def install(self) -> None:
@@ -234,6 +243,7 @@ class DeciderHost(Generic[S]):
         info = await self.ctx.js.add_consumer(spec.stream, config)
         source.consumer = info.name
         source.pending = info.num_pending or 0
+        source.received = 0
         source.buffer.clear()
         if source.puller is not None:
             await source.puller.close(hand_back=False)
@@ -284,6 +294,7 @@ class DeciderHost(Generic[S]):
             assert puller is not None
             for msg in puller.take():
                 source.buffer.append((position(msg), msg))
+                source.received += 1
             if not source.buffer:
                 if puller.ended_empty:  # the server had nothing more for us (purged, or all filtered)
                     source.pending = 0
@@ -292,6 +303,10 @@ class DeciderHost(Generic[S]):
         if folded:
             async with self._folded:
                 self._folded.notify_all()
+            if self.decider.decide_on_fold and self.ready:
+                self._decide_again = True
+                if self._deciding is None or self._deciding.done():
+                    self._deciding = asyncio.get_running_loop().create_task(self._decide_now())
             await asyncio.sleep(0)  # let commands and ticks in between batches
             return
         pullers = [s.puller.wake for s in self.sources if s.puller is not None]
@@ -347,6 +362,13 @@ class DeciderHost(Generic[S]):
         self._changed_since_snapshot = True
         if self.awaiting:
             self.awaiting.discard(envelope.id)
+        if self.ready and self.decider.on_event is not None:
+            try:
+                self.decider.on_event(envelope.event)
+            except Exception as exc:  # acting on one event must not stop the fold
+                log.warning(
+                    "on_event failed", service=self.decider.name, event=type(envelope.event).__name__, error=repr(exc)
+                )
 
     def _dead_letter(self, source: _Source, msg: Msg, exc: DecodeError) -> None:
         """Copy a poison message to chamber.dead.<stream> with the reason (in the background)."""
@@ -368,7 +390,9 @@ class DeciderHost(Generic[S]):
     # -- caught up -----------------------------------------------------------------------------
     async def caught_up(self) -> bool:
         """The one definition: every input's consumer has nothing pending on the server, and
-        everything it delivered (up to its last delivered stream sequence) has been folded."""
+        everything it delivered has reached us and been folded. Counted by the consumer's own
+        sequence, not the stream's: a filtered consumer's delivered stream sequence moves past the
+        messages its filter skipped, which never come to us."""
         for source in self.sources:
             if not source.consumer or source.buffer or (source.puller is not None and source.puller.ready):
                 return False
@@ -376,8 +400,8 @@ class DeciderHost(Generic[S]):
                 info = await self.ctx.js.consumer_info(source.spec.stream, source.consumer)
             except Exception:
                 return False
-            delivered = info.delivered.stream_seq if info.delivered is not None else 0
-            if info.num_pending or (delivered or 0) > self.positions.get(source.spec.stream, 0):
+            delivered = info.delivered.consumer_seq if info.delivered is not None else 0
+            if info.num_pending or (delivered or 0) > source.received:
                 return False  # still on the server, or on the wire to us
         return True
 
@@ -423,6 +447,16 @@ class DeciderHost(Generic[S]):
             gc.collect()
             gc.freeze()  # the rebuilt state lives on: keep the collector from walking it every cycle
         return True
+
+    async def _decide_now(self) -> None:
+        """Decision passes while batches keep being folded (one at a time; the tick is the fallback)."""
+        while self._decide_again and not self.ctx.stop.is_set():
+            self._decide_again = False
+            try:
+                await self.tick(time.time())
+            except Exception as exc:  # the tick retries; a failed pass must not go unseen or kill anything
+                log.warning("decision after fold failed", service=self.decider.name, error=repr(exc))
+                return
 
     async def tick(self, now: float) -> None:
         if not await self._become_ready():

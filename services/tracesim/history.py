@@ -38,6 +38,7 @@ from events import (
     PriorityClass,
     TeamQuotaSet,
 )
+from events.upcast import lineage
 from services.tracesim.quotas import TeamQuota
 from services.tracesim.trace import TraceError, TraceJob
 
@@ -48,7 +49,7 @@ PAGE = 2000
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _SINCE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$", re.I)
 
-_START = {JobScheduled.ce_type(), JobResumed.ce_type()}
+_START = lineage(JobScheduled.ce_type()) | lineage(JobResumed.ce_type())  # rows recorded as v1 and as v2
 _PAUSE = {JobPreempted.ce_type(), JobSuspended.ce_type(), JobRequeued.ce_type()}
 _END = {JobCompleted.ce_type(), JobFailed.ce_type(), JobCancelled.ce_type()}
 

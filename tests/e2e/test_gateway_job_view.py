@@ -44,7 +44,7 @@ async def _slow_job_in_the_browser(nats_server: NatsServerProcess, nc: Client, j
     spec = JobSpec(team="t", gpus_per_replica=4, replicas=2)
     await publisher.publish(JobSubmitted(job_id=job, at=time.time(), spec=spec))
     placements = [Placement(cluster="c1", node=n, gpu_indices=[0, 1, 2, 3]) for n in ("sim-000", "sim-001")]
-    await publisher.publish(JobScheduled(job_id=job, at=time.time(), team="t", placements=placements))
+    await publisher.publish(JobScheduled(job_id=job, at=time.time(), team="t", placements=placements, pool="default"))
 
     async def verdict(expected: str) -> bool:
         jobs = (await request(nc, "perf", "status", {}))["jobs"]

@@ -39,7 +39,7 @@ def test_a_bad_policy_file_is_one_line_naming_the_key(tmp_path: Path, capsys: py
     override.write_text("budget: {max_share: 3}\n")
     assert main(["health", "policy", "--policy", str(override)]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and "budget.max_share: Expected `float` <= 1.0" in err
+    assert err.count("\n") == 0 and "budget.max_share: Expected `float` <= 1.0, got 3" in err
 
 
 def test_the_policy_table_is_readable(capsys: pytest.CaptureFixture[str]) -> None:

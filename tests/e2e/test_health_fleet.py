@@ -281,7 +281,7 @@ async def test_a_restarted_health_service_rebuilds_its_isolations_and_re_emits_n
             )
 
         task = asyncio.create_task(serve("health", url, setup, stop))
-        await eventually(lambda: bool(shells) and shells[0].catch_up.done)  # the reconcile is under way
+        await eventually(lambda: bool(shells) and shells[0].ready)  # the reconcile is under way
         shell = shells[0]
         state = shell.state
         assert state.nodes[(CLUSTER, "gpu-0")].isolated is not None
@@ -357,3 +357,62 @@ async def test_a_gpu_isolated_before_its_uuid_is_known_is_annotated_by_uuid_once
             await eventually(lambda: annotation() == "GPU-gpu-2-03")  # what a device plugin matches
             assert stub.nodes["gpu-2"]["metadata"]["labels"]["chamber.io/isolated-gpu-count"] == "1"
             assert len(fleet.of(GpuIsolated)) == 1  # the annotation is rewritten; nothing is decided again
+
+
+async def test_health_rebuilds_the_same_state_from_the_log_alone_as_from_its_snapshot(
+    nats_server: NatsServerProcess, nc: Client, js: JetStreamContext
+) -> None:
+    """Every decision is an event: a start with no snapshot folds FAULTS and FLEET back to the state a
+    snapshot holds, recorded faults and extended probations included, and decides nothing again."""
+    from events.fleet import FaultRecorded, IsolationExtended
+    from services.runtime.snapshots import SnapshotStore
+    from tests.conformance.harness import canon
+
+    url = nats_server.url
+    agent = Publisher(js, source="chamber/agent-sim")
+    with KubeStub([a_k8s_node(n) for n in NODES]) as stub:
+        async with running(url, nc, stub) as fleet:
+            for node in NODES:
+                await agent.publish(an_inventory(node, cluster=CLUSTER, at=time.time()))
+            await agent.publish(a_fault("gpu-0", xid=79, at=time.time(), cluster=CLUSTER))
+            await agent.publish(a_fault("gpu-1", kind=FaultKind.ECC_DBE, gpu=5, at=time.time(), cluster=CLUSTER))
+            await agent.publish(a_fault("gpu-2", xid=13, severity=Severity.WARNING, at=time.time(), cluster=CLUSTER))
+            await eventually(lambda: len(fleet.of(GpuIsolated)) == 1 and len(fleet.of(FaultRecorded)) == 1)
+            await agent.publish(a_fault("gpu-1", kind=FaultKind.ECC_DBE, gpu=5, at=time.time(), cluster=CLUSTER))
+            await eventually(lambda: len(fleet.of(IsolationExtended)) == 1 and len(fleet.of(NodeIsolated)) == 1)
+
+        seen: list[Event] = []
+
+        async def on_fleet(msg: Any) -> None:
+            seen.append(decode(msg.headers, msg.data).event)
+
+        sub = await nc.subscribe("chamber.fleet.>", cb=on_fleet)
+        rebuilt = []
+        for from_snapshot in (True, False):
+            if not from_snapshot:
+                store = await js.object_store("chamber_snapshots")
+                await store.delete("health")
+                assert await SnapshotStore(js).load("health") is None
+            shells: list[health.HealthShell] = []
+            stop = asyncio.Event()
+
+            async def setup(ctx: ServiceContext, shells: list[health.HealthShell] = shells) -> None:
+                shells.append(
+                    await health.setup(ctx, health_args(url), load_policy(), actuator=KubeActuator(stub.client()))
+                )
+
+            task = asyncio.create_task(serve("health", url, setup, stop))
+            await eventually(lambda shells=shells: bool(shells) and shells[0].ready)  # type: ignore[misc]
+            shell = shells[0]
+            for _ in range(3):
+                await shell.tick(time.time())
+            assert shell.host is not None
+            assert shell.host.stats.decisions == 0 and not shell.state.pending  # counts de-duplicated ones too
+            rebuilt.append((canon(shell.state), bool(shell.host.stats.restored_from)))
+            stop.set()
+            await asyncio.wait_for(task, 15)
+        await sub.unsubscribe()
+    (from_snapshot_state, used_snapshot), (from_log_state, used_none) = rebuilt
+    assert used_snapshot and not used_none
+    assert from_log_state == from_snapshot_state
+    assert seen == []  # nothing decided again on either start

@@ -147,7 +147,8 @@ async def test_the_fleet_starts_placed_jobs_and_completes_them_after_their_durat
     at = time.time()
     placement = Placement(cluster="c1", node="sim-001", gpu_indices=[0, 2])
     await publisher.publish(
-        JobScheduled(job_id="train-1", at=at, team="vision", placements=[placement]), id="train-1-scheduled"
+        JobScheduled(job_id="train-1", at=at, team="vision", placements=[placement], pool="default"),
+        id="train-1-scheduled",
     )
     node = fleet.fleet.nodes["sim-001"] if fleet.fleet else None
     assert node is not None
@@ -177,7 +178,9 @@ async def test_a_restarted_fleet_replays_jobs_and_decides_nothing_twice(
     for job, duration in (("short", 0.3), ("long", None)):
         await publisher.publish(JobSubmitted(job_id=job, at=1.0, spec=replace(spec, sim_duration_s=duration)), id=job)
         placement = Placement(cluster="c1", node="sim-000", gpu_indices=[0 if job == "short" else 1])
-        await publisher.publish(JobScheduled(job_id=job, at=at, team="vision", placements=[placement]), id=f"{job}-s")
+        await publisher.publish(
+            JobScheduled(job_id=job, at=at, team="vision", placements=[placement], pool="default"), id=f"{job}-s"
+        )
     # Other teams' jobs: a restarted fleet reads these between a placement and its JobStarted.
     filler = [JobSubmitted(job_id=f"other-{i}", at=1.0, spec=spec) for i in range(1500)]
     await publisher.publish_many((e, e.job_id, 1.0) for e in filler)

@@ -89,7 +89,7 @@ async def test_a_slowed_gpu_is_found_as_the_culprit_of_its_gang(
         JobSubmitted(job_id=job, at=time.time(), spec=JobSpec(team="t", gpus_per_replica=4, replicas=2))
     )
     placements = [Placement(cluster="c1", node=n, gpu_indices=[0, 1, 2, 3]) for n in ("sim-000", "sim-001")]
-    await publisher.publish(JobScheduled(job_id=job, at=time.time(), team="t", placements=placements))
+    await publisher.publish(JobScheduled(job_id=job, at=time.time(), team="t", placements=placements, pool="default"))
 
     async def healthy() -> bool:
         jobs = (await request(nc, "perf", "status", {}))["jobs"]

@@ -145,6 +145,7 @@ def placed(job: str, at: float, *nodes: str, cluster: str = "c1") -> JobSchedule
         at=at,
         team="vision",
         placements=[Placement(cluster=cluster, node=n, gpu_indices=[0, 1]) for n in nodes],
+        pool="default",
     )
 
 
@@ -179,7 +180,10 @@ def test_running_time_adds_up_across_a_preemption() -> None:
     assert ex.allocations(state) == {}
     assert publish_decisions(state, 500.0) == []
     ex.evolve(
-        state, JobResumed(job_id="j1", at=600.0, placements=[Placement(cluster="c1", node="sim-001", gpu_indices=[3])])
+        state,
+        JobResumed(
+            job_id="j1", at=600.0, placements=[Placement(cluster="c1", node="sim-001", gpu_indices=[3])], pool="default"
+        ),
     )
     assert ex.allocations(state) == {"sim-001": {3: "j1"}}
     assert publish_decisions(state, 600.0) == ["JobStarted@600"]

@@ -157,7 +157,7 @@ def test_preemption_frees_gpus_and_queues_the_job_until_it_resumes() -> None:
     q = views.queue(state)
     assert q.depth == 1 and q.jobs[0].reason == "preempted (reclaim) by k"
     placement = Placement(cluster=CLUSTER, node="n1", gpu_indices=[4, 5, 6, 7])
-    evolve(state, JobResumed(job_id="j", at=T0 + 20, placements=[placement]))
+    evolve(state, JobResumed(job_id="j", at=T0 + 20, placements=[placement], pool="default"))
     evolve(state, a_started("j", at=T0 + 21))
     assert state.jobs["j"].state is JobState.RUNNING and state.jobs["j"].preemptions == 1
     assert sorted(k[2] for k in state.allocations) == [4, 5, 6, 7]

@@ -96,12 +96,18 @@ def test_an_operator_file_overrides_one_field_and_keeps_the_rest(tmp_path: Path)
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ({"xid": {13: {"action": "reboot"}}}, "xid.13.action: Invalid enum value 'reboot'; use one of ['record',"),
-        ({"budget": {"max_share": 2}}, "budget.max_share: Expected `float` <= 1.0"),
-        ({"flap": {"window_s": True}}, "flap.window_s: Expected `float`, got `bool`"),
-        ({"xid": {13: {"acton": "record"}}}, "xid.13: Object contains unknown field `acton`"),  # a typo is refused
-        ({"kinds": {"ecc_dbe": {"escalate": {"count": 0}}}}, "kinds.ecc_dbe.escalate.count: Expected `int` >= 1"),
-        ({"probation": None}, "probation: Expected `object`, got `null`"),
+        (
+            {"xid": {13: {"action": "reboot"}}},
+            ("xid.13.action: Invalid enum value 'reboot'; use one of ['record', 'isolate_gpu', 'isolate_node']"),
+        ),
+        ({"budget": {"max_share": 2}}, "budget.max_share: Expected `float` <= 1.0, got 2"),
+        ({"budget": {"max_shares": 0.2}}, "budget: Object contains unknown field `max_shares`"),
+        ({"flap": {"multiplier": "four"}}, "flap.multiplier: Expected `float`, got `str`"),
+        ({"xid": {13: {"escalate": {"count": 0, "window_s": 60, "action": "isolate_gpu"}}}}, "xid.13.escalate.count"),
+        (
+            {"kinds": {"ecc_dbe": {"severity": "fatal"}}},
+            "kinds.ecc_dbe.severity: Invalid enum value 'fatal'; use one of",
+        ),
         ({"kinds": {"cosmic_rays": {"severity": "info", "action": "record"}}}, "kinds.cosmic_rays: unknown fault kind"),
         ({"xid": {"abc": {"severity": "info", "action": "record"}}}, "xid.abc: XID codes are integers"),
     ],
@@ -125,3 +131,10 @@ def test_policy_json_has_the_contract_shape(policy) -> None:  # type: ignore[no-
         "description": "GPU has fallen off the bus",
     }
     assert set(out) >= {"xid", "kinds", "budget", "flap", "probation"}
+
+
+def test_a_misspelt_key_in_an_operator_file_is_refused_not_ignored(tmp_path: Path) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_text("probation:\n  default_sec: 600\n")  # `default_s` misspelt: silently ignored, it would keep 3600
+    with pytest.raises(PolicyError, match=re.escape("probation: Object contains unknown field `default_sec`")):
+        load_policy(path)

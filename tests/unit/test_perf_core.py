@@ -74,7 +74,7 @@ def test_the_same_scenario_gives_the_same_verdict_twice() -> None:
 def test_a_job_that_stops_during_an_episode_is_cleared_as_stopped() -> None:
     state = perf.PerfState()
     placements = [Placement(cluster="c", node=f"n{i}", gpu_indices=[0]) for i in range(2)]
-    perf.evolve(state, JobScheduled(job_id="j", at=0.0, team="t", placements=placements))
+    perf.evolve(state, JobScheduled(job_id="j", at=0.0, team="t", placements=placements, pool="default"))
     state.episodes["j"] = perf.Episode(number=1, since=5.0)
     perf.evolve(state, JobCompleted(job_id="j", at=9.0))
     decided = perf.decide(state, 10.0)
@@ -91,7 +91,7 @@ def test_a_restarted_service_keeps_an_open_episode_while_the_job_stays_slow() ->
     state = perf.PerfState()
     nodes = ["n0", "n1"]
     placements = [Placement(cluster="c", node=n, gpu_indices=[0]) for n in nodes]
-    perf.evolve(state, JobScheduled(job_id="j", at=0.0, team="t", placements=placements))
+    perf.evolve(state, JobScheduled(job_id="j", at=0.0, team="t", placements=placements, pool="default"))
     perf.evolve(
         state,
         JobSlowdownDetected(

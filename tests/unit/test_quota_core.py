@@ -18,8 +18,9 @@ def a_fleet(*events: object, half_life: float = HOUR) -> QuotaState:
     return s
 
 
-def run(job: str, at: float) -> JobScheduled:
-    return JobScheduled(job_id=job, at=at, team="?", placements=[Placement(cluster="c1", node="n1", gpu_indices=[0])])
+def run(job: str, at: float, pool: str = "default") -> JobScheduled:
+    placements = [Placement(cluster="c1", node="n1", gpu_indices=[0])]
+    return JobScheduled(job_id=job, at=at, team="?", placements=placements, pool=pool)
 
 
 def test_invalid_quota_commands_are_refused_naming_the_field() -> None:

@@ -281,8 +281,7 @@ def _hold(
     if job.state not in QUEUED:
         return  # a duplicate or stale decision: the job already runs or has finished
     s._dequeue(job)
-    if pool:  # the pool the decision was made in, whatever the quota state is at this point of the fold
-        job.pool = pool
+    job.pool = pool  # the pool the decision was made in, whatever the quota state is at this point of the fold
     job.pool_fixed = True
     job.state = JobState.RUNNING
     job.placements = list(placements)
