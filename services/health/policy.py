@@ -49,13 +49,13 @@ class _Part(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tru
 NonNegative = Annotated[float, msgspec.Meta(ge=0)]
 
 
-class Escalation(_Part):
+class Escalation(_Part, frozen=True):
     count: Annotated[int, msgspec.Meta(ge=1)]
     window_s: NonNegative
     action: Action
 
 
-class Rule(_Part):
+class Rule(_Part, frozen=True):
     severity: Severity
     action: Action
     description: str = ""
@@ -69,24 +69,24 @@ class Rule(_Part):
     key: str = ""  # "xid-79", "ecc_dbe": where the rule sits (set on load); the short code in taints and reasons
 
 
-class Probation(_Part):
+class Probation(_Part, frozen=True):
     default_s: NonNegative
     require_clean_sample: bool = True
 
 
-class Flap(_Part):
+class Flap(_Part, frozen=True):
     window_s: NonNegative
     multiplier: Annotated[float, msgspec.Meta(ge=1)]
     max_probation_s: NonNegative
 
 
-class Budget(_Part):
+class Budget(_Part, frozen=True):
     max_share: Annotated[float, msgspec.Meta(ge=0, le=1)]
     min_nodes: Annotated[int, msgspec.Meta(ge=0)]
     window_s: NonNegative
 
 
-class _Document(_Part):
+class _Document(_Part, frozen=True):
     """The file's top level. Rules under `kinds` and `xid` are validated one by one (below), so that an
     error names the kind or the XID: msgspec's own path would show a dict key as `[...]`."""
 
@@ -99,7 +99,7 @@ class _Document(_Part):
     version: Literal[1] = 1
 
 
-class Policy(_Part):
+class Policy(_Part, frozen=True):
     probation: Probation
     flap: Flap
     budget: Budget

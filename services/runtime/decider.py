@@ -367,7 +367,10 @@ class DeciderHost(Generic[S]):
                 self.decider.on_event(envelope.event)
             except Exception as exc:  # acting on one event must not stop the fold
                 log.warning(
-                    "on_event failed", service=self.decider.name, event=type(envelope.event).__name__, error=repr(exc)
+                    "on_event failed",
+                    service=self.decider.name,
+                    event_type=type(envelope.event).__name__,
+                    error=repr(exc),
                 )
 
     def _dead_letter(self, source: _Source, msg: Msg, exc: DecodeError) -> None:
