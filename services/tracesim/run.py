@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from services.tracesim.engine import FleetSpec, Outcome, Policy, Simulation
+from services.tracesim.faults import FaultModel
 from services.tracesim.metrics import ratios_to, summarize
 from services.tracesim.quotas import TeamQuota
 from services.tracesim.trace import TraceJob
@@ -42,3 +44,28 @@ def compare(
             if name != "fifo":
                 ratios_to(summaries["fifo"], summary)
     return {"policies": summaries}, outcomes
+
+
+def fault_savings(
+    jobs: list[TraceJob],
+    fleet: FleetSpec,
+    quotas: dict[str, TeamQuota],
+    policy: str,
+    proactive: Outcome,
+    model: FaultModel,
+    options: dict[str, Any],
+) -> dict[str, Any]:
+    """The same trace, faults and seed once more with the policy waiting for each failure: GPU-hours
+    lost to node faults both ways, and the difference (tracesim/faults.py has the model)."""
+    waiting = simulate(jobs, fleet, quotas, policy, fault_model=replace(model, proactive=False), **options)
+    keys = ("lost_to_faults_gpu_hours", "hang_gpu_hours", "fault_moves", "requeues", "lost_gpu_hours")
+    ours, theirs = summarize(proactive), summarize(waiting)
+    return {
+        "policy": policy,
+        "model": model.describe(),
+        "faults": proactive.faults,
+        "precursors": proactive.precursors,
+        "proactive": {k: ours[k] for k in keys},
+        "waiting": {k: theirs[k] for k in keys},
+        "saved_gpu_hours": round(theirs["lost_to_faults_gpu_hours"] - ours["lost_to_faults_gpu_hours"], 2),
+    }
