@@ -109,7 +109,7 @@ class Simulation:
         self.allocated = 0
         self.sample_every_s = sample_every_s
         self.fault_model = fault_model
-        self.warned: set[int] = set()  # nodes taken out on a precursor that have not failed yet
+        self.warned: dict[int, float] = {}  # nodes taken out on a precursor -> when they will fail
         self.faults = self.precursors = 0
         if fault_rate_per_node_day > 0 and jobs:
             self._plan_faults(fault_rate_per_node_day, repair_s, seed, jobs)
@@ -162,22 +162,30 @@ class Simulation:
         ran = now - job.run_start
         model = self.fault_model
         interval = job.t.checkpoint_interval_s or (model.checkpoint_s if model is not None else None)
+        remaining = job.remaining_s
         kept = math.floor(ran / interval) * interval if interval else 0.0
-        kept = min(kept, job.remaining_s)
+        kept = min(kept, remaining)
         job.done_work_s += kept
         job.run_gpu_s += ran * job.t.gpus
         job.lost_gpu_s += (ran - kept) * job.t.gpus
         if cause != "preempted":  # a node fault
             job.lost_to_faults_gpu_s += (ran - kept) * job.t.gpus
-            down = [n for n in job.placement if n in self.down]
-            if down and all(n in self.warned for n in down):
+            hang = model.hang_s * job.t.gpus if model is not None else 0.0
+            fails = [self.warned[n] for n in job.placement if n in self.down and n in self.warned]
+            if fails and len(fails) == sum(1 for n in job.placement if n in self.down):
                 job.fault_moves += 1  # moved on the precursor: no hang
-            elif model is not None:  # failed under the job: it hangs until the collective times out
-                hang = model.hang_s * job.t.gpus  # held, idle: consumed and lost
+                # Had the scheduler waited: the job runs on until the failure (unless it ends first),
+                # then loses the work since its checkpoint and hangs.
+                ran_on = ran + min(fails) - now
+                if ran_on < remaining:
+                    kept_on = math.floor(ran_on / interval) * interval if interval else 0.0
+                    job.waiting_cost_gpu_s += (ran_on - kept_on) * job.t.gpus + hang
+            else:  # failed under the job: it hangs until the collective times out, held and idle
                 job.hang_gpu_s += hang
                 job.run_gpu_s += hang
                 job.lost_gpu_s += hang
                 job.lost_to_faults_gpu_s += hang
+                job.waiting_cost_gpu_s += (ran - kept) * job.t.gpus + hang
         self._release(job)
         job.token += 1
         if cause == "preempted":
@@ -266,7 +274,7 @@ class Simulation:
                 elif kind == FAIL:
                     node = int(key)
                     if node in self.warned:  # its jobs were moved off on the precursor
-                        self.warned.discard(node)
+                        del self.warned[node]
                         continue
                     self.down.add(node)
                     policy.node_down(node, now)
@@ -274,12 +282,14 @@ class Simulation:
                     node = int(key)
                     if node not in self.down:  # out of service now; it fails a little later
                         self.down.add(node)
-                        self.warned.add(node)
+                        warned = self.fault_model
+                        assert warned is not None  # only a fault model plans warnings
+                        self.warned[node] = now + warned.lead_s - warned.detection_s
                         policy.node_down(node, now)
                 else:
                     node = int(key)
                     self.down.discard(node)
-                    self.warned.discard(node)
+                    self.warned.pop(node, None)
                     policy.node_up(node, now)
             actions = policy.decide(now)
             for action in actions:

@@ -110,6 +110,7 @@ def summarize(outcome: Outcome) -> dict[str, Any]:
         "lost_to_faults_gpu_hours": round(sum(j.lost_to_faults_gpu_s for j in jobs) / 3600, 2),
         "hang_gpu_hours": round(sum(j.hang_gpu_s for j in jobs) / 3600, 2),
         "fault_moves": sum(j.fault_moves for j in jobs),
+        "lost_to_faults_if_waiting_gpu_hours": round(sum(j.waiting_cost_gpu_s for j in jobs) / 3600, 2),
         "stranded_gpu_hours": round(outcome.stranded_gpu_s / 3600, 2),
         "jobs_completed": len(done),
         "jobs_unfinished": outcome.unfinished,

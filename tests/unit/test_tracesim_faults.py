@@ -52,6 +52,7 @@ def test_waiting_for_the_failure_loses_the_work_since_the_checkpoint_and_the_han
     assert job.fault_moves == 0 and job.requeues == 1
     assert job.hang_gpu_s == pytest.approx(1800.0 * GPUS)
     assert job.lost_to_faults_gpu_s == pytest.approx((since_checkpoint(fail_at) + 1800.0) * GPUS)
+    assert job.waiting_cost_gpu_s == pytest.approx(job.lost_to_faults_gpu_s)  # it did wait
 
 
 def test_a_precursor_moves_the_job_before_the_failure_without_a_hang() -> None:
@@ -62,6 +63,17 @@ def test_a_precursor_moves_the_job_before_the_failure_without_a_hang() -> None:
     assert job.fault_moves == 1 and job.requeues == 1 and job.hang_gpu_s == 0.0
     assert job.lost_to_faults_gpu_s == pytest.approx(since_checkpoint(fail_at - 590.0) * GPUS)
     assert job.end is not None
+    # paired: the same fault on the same job, had the scheduler waited
+    assert job.waiting_cost_gpu_s == pytest.approx((since_checkpoint(fail_at) + 1800.0) * GPUS)
+
+
+def test_a_job_that_would_have_ended_before_the_failure_loses_by_the_move() -> None:
+    seed, fail_at = one_fault_seed()
+    short = replace(JOB, duration_s=fail_at - 590.0 + 300.0)  # 300 s left at the warning, 590 s to the failure
+    later = TraceJob(id="later", submit_s=fail_at + 1_000.0, duration_s=RUNS, gpus=GPUS, team="a")
+    job = simulation(FaultModel(precursor_share=1.0), seed, [short, later]).run().jobs["train"]
+    assert job.fault_moves == 1 and job.waiting_cost_gpu_s == 0.0  # waiting, it would just have finished
+    assert job.lost_to_faults_gpu_s == pytest.approx(since_checkpoint(fail_at - 590.0) * GPUS)
 
 
 def test_without_precursors_or_with_a_lead_shorter_than_detection_moving_saves_nothing() -> None:
@@ -98,6 +110,7 @@ def test_work_is_conserved_with_the_fault_model(seed: int, share: float, proacti
         assert job.hang_gpu_s <= job.lost_to_faults_gpu_s + 1e-6
         if proactive is False:
             assert job.fault_moves == 0
+            assert job.waiting_cost_gpu_s == pytest.approx(job.lost_to_faults_gpu_s)
 
 
 def test_a_bad_fault_model_is_refused_at_the_door() -> None:
