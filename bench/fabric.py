@@ -32,7 +32,7 @@ from statistics import quantiles
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from services.perf.scenario import CONTROLS, FAULTS, GPUS, Outcome, Scenario, plan, run
+from services.perf.scenario import CONTROLS, FAULTS, GPUS, TWO_FAULTS, Outcome, Scenario, plan, run
 
 RESTART_S = 600.0  # checkpoint written on the signal, job rescheduled and restarted
 CHECKPOINT_INTERVAL_S = 3600.0
@@ -68,10 +68,17 @@ def main() -> None:
     ap.add_argument("--gangs", default="8,64", help="gang sizes in nodes, comma-separated (8,64)")
     ap.add_argument("--fault-at", type=float, default=90.0, help="seconds of healthy running before the fault")
     ap.add_argument("--no-ras", action="store_true", help="nodes without NCCL RAS: progress from NIC traffic")
+    ap.add_argument(
+        "--noise",
+        choices=("base", "hard"),
+        default="base",
+        help="hard: noise the detector was not tuned on (step and rank jitter, permanent imbalance, counter "
+        "noise) in every scenario, and two faults at once (services/perf/scenario.py)",
+    )
     ap.add_argument("--verbose", action="store_true", help="one line per scenario on stderr")
     args = ap.parse_args()
     gangs = tuple(int(g) for g in args.gangs.split(","))
-    scenarios: list[Scenario] = plan(args.seeds, gangs, args.fault_at, ras=not args.no_ras)
+    scenarios: list[Scenario] = plan(args.seeds, gangs, args.fault_at, ras=not args.no_ras, noise=args.noise)
     started = time.perf_counter()
     outcomes = []
     for sc in scenarios:
@@ -91,7 +98,7 @@ def main() -> None:
     false_positives = sum(len(o.early) for o in outcomes)  # verdicts on healthy runs or before a fault
     delays = sorted(o.detection_s for o in detected if o.detection_s is not None)
     per_kind = {}
-    for kind in FAULTS:
+    for kind in (*FAULTS, *((TWO_FAULTS,) if args.noise == "hard" else ())):
         runs = [o for o in faulty if o.scenario.kind == kind]
         lost = [work_lost(o) for o in runs]
         per_kind[kind] = {
@@ -120,6 +127,7 @@ def main() -> None:
         "gang_nodes": list(gangs),
         "sampling_hz": 1.0,
         "nccl_ras": not args.no_ras,
+        "noise": args.noise,
         "detection_p50_s": pct(delays, 50),
         "detection_p99_s": pct(delays, 99),
         "precision": round(len(detected) / (len(detected) + false_positives), 3) if detected else 0.0,
