@@ -7,6 +7,11 @@ the perf core, and the health core with the default policy. Fault scenarios inje
 run with noise (rank jitter, 2 s stalls), a phase change (an eval pass: every rank computes 1.6x
 longer for 60 s), or load imbalance (ranks up to 12 % slower, always).
 
+`--noise hard` runs every scenario with noise the thresholds were not tuned on (the job's step time
+jitters +-15 %, each rank +-10 %, every rank permanently up to 15 % slower, sporadic symbol errors and
+pause micro-bursts on healthy NICs) and adds `two_faults` (a slow GPU and a degraded NIC on two nodes
+of one gang; attributed when the verdict names either).
+
 Prints one JSON object: scenarios, detection_p50_s / p99_s, precision, recall, attribution_accuracy
 (right kind and right node+GPU/NIC, or right leaf), false_isolations (on healthy controls), the work
 lost per fault, moving the job off the culprit when health isolates it versus waiting for failure, and
