@@ -10,7 +10,9 @@ longer for 60 s), or load imbalance (ranks up to 12 % slower, always).
 `--noise hard` runs every scenario with noise the thresholds were not tuned on (the job's step time
 jitters +-15 %, each rank +-10 %, every rank permanently up to 15 % slower, sporadic symbol errors and
 pause micro-bursts on healthy NICs) and adds `two_faults` (a slow GPU and a degraded NIC on two nodes
-of one gang; attributed when the verdict names either).
+of one gang; attributed when the verdict names either) and `healthy_input_stall` (every rank waits on
+its input for 60 s: a slower job with no GPU, NIC or switch at fault; a verdict on it counts against
+precision).
 
 Prints one JSON object: scenarios, detection_p50_s / p99_s, precision, recall, attribution_accuracy
 (right kind and right node+GPU/NIC, or right leaf), false_isolations (on healthy controls), the work
@@ -37,7 +39,7 @@ from statistics import quantiles
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from services.perf.scenario import CONTROLS, FAULTS, GPUS, TWO_FAULTS, Outcome, Scenario, plan, run
+from services.perf.scenario import CONTROLS, FAULTS, GPUS, INPUT_STALL, TWO_FAULTS, Outcome, Scenario, plan, run
 
 RESTART_S = 600.0  # checkpoint written on the signal, job rescheduled and restarted
 CHECKPOINT_INTERVAL_S = 3600.0
@@ -121,8 +123,9 @@ def main() -> None:
             "scenarios": sum(1 for o in healthy if o.scenario.kind == kind),
             "verdicts": sum(len(o.early) for o in healthy if o.scenario.kind == kind),
             "isolations": sum(len(o.isolations) for o in healthy if o.scenario.kind == kind),
+            "verdict_culprits": sorted(e.culprit.value for o in healthy if o.scenario.kind == kind for e in o.early),
         }
-        for kind in CONTROLS
+        for kind in (*CONTROLS, *((INPUT_STALL,) if args.noise == "hard" else ()))
     }
     lost_all = [work_lost(o) for o in faulty]
     result = {

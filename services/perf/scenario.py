@@ -9,7 +9,8 @@ random rank (or nothing, for healthy controls: noise, a phase change, load imbal
 iteration time jitters +-15 % from step to step (data-dependent steps), every rank jitters +-10 % on
 its own, every rank is permanently up to 15 % slower than the fastest (load imbalance), healthy NICs
 show sporadic symbol errors (1-40 at a time) and pause-frame micro-bursts (up to 5,000 in a second on
-one node); and a `two_faults` scenario puts a slow GPU and a degraded NIC on two nodes of one gang.
+one node); a `two_faults` scenario puts a slow GPU and a degraded NIC on two nodes of one gang; and a
+`healthy_input_stall` control makes every rank wait on its input for 60 s (slower, GPUs idle, no culprit).
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ CLUSTER = "sim"
 GPUS = 8
 FAULTS = ("gpu_slow", "nic_down", "nic_flap", "nic_degraded", "nic_errors", "pfc_storm")
 CONTROLS = ("healthy_noise", "healthy_phase", "healthy_imbalance")
+# Hard noise only: for 60 s every rank waits on its input pipeline (0.5x compute per step, GPUs idle).
+# No GPU, NIC or switch is at fault, but the job is slower and nothing diverges across ranks.
+INPUT_STALL = "healthy_input_stall"
 TWO_FAULTS = "two_faults"  # gpu_slow on one node and nic_degraded on another, at once (hard noise only)
 STEP_JITTER = 0.15  # hard noise: job-wide iteration-time jitter
 RANK_JITTER = 0.10  # hard noise: per-rank compute jitter
@@ -171,6 +175,8 @@ def run(sc: Scenario) -> Outcome:
             rhythm.phase = 1.6  # an eval pass: every rank computes longer
         else:
             rhythm.phase = 1.0
+        stalled = sc.kind == INPUT_STALL and sc.fault_at <= t < sc.fault_at + 60
+        rhythm.stall_s = 0.5 * rhythm.compute_s if stalled else 0.0
         if hard:
             hiccup = _hard_noise(rng, rhythm, base, gang, t, hiccup)
             _counter_noise(rng, fleet, names, out.target)
@@ -295,7 +301,7 @@ def plan(
 ) -> list[Scenario]:
     """The labelled set: every fault kind and every healthy control, per gang size and seed (with hard
     noise, two faults at once too)."""
-    kinds = (*FAULTS, *((TWO_FAULTS,) if noise == "hard" else ()), *CONTROLS)
+    kinds = (*FAULTS, *CONTROLS, *((TWO_FAULTS, INPUT_STALL) if noise == "hard" else ()))
     out = []
     for size in gang_sizes:
         for seed in range(1, seeds + 1):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.perf.scenario import TWO_FAULTS, Scenario, plan, run
+from services.perf.scenario import INPUT_STALL, TWO_FAULTS, Scenario, plan, run
 
 
 def hard(kind: str) -> Scenario:
@@ -29,3 +29,11 @@ def test_the_hard_plan_adds_two_faults_and_marks_every_scenario() -> None:
     scenarios = plan(1, (8,), noise="hard")
     assert {s.noise for s in scenarios} == {"hard"} and sum(s.kind == TWO_FAULTS for s in scenarios) == 1
     assert all(s.kind != TWO_FAULTS for s in plan(1, (8,)))
+
+
+def test_an_input_stall_is_slow_with_no_culprit_and_isolates_nothing() -> None:
+    """A known limit, kept visible: every rank waiting on its input looks like a slowdown with nothing
+    diverging, so perf says `unknown` (counted against precision by the bench); health moves nothing."""
+    out = run(hard(INPUT_STALL))
+    assert out.speed_during < 0.85 and out.isolations == []
+    assert [e.culprit.value for e in out.early] == ["unknown"]
