@@ -161,7 +161,8 @@ def run(sc: Scenario) -> Outcome:
 
     out = Outcome(sc, perf_state=pstate)
     victim, gpu, nic = rng.choice(gang), rng.randrange(GPUS), rng.randrange(GPUS)
-    second = rng.choice([n for n in gang if n != victim])  # two_faults: the other node
+    # two_faults: the other node (drawn only there, so the other scenarios' noise stays as it was)
+    second = rng.choice([n for n in gang if n != victim]) if sc.kind == TWO_FAULTS else victim
     iters_at: dict[float, float] = {}
     end = sc.fault_at + sc.after_s
     hiccup: tuple[float, tuple[str, int]] | None = None
