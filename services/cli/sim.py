@@ -179,7 +179,12 @@ def _fault_model(args: argparse.Namespace) -> Any:
             checkpoint_s=args.checkpoint_default,
         )
     except ValueError as exc:
-        raise UsageError(f"fault model: {exc}") from None
+        flags = {"lead_s": "--precursor-lead", "detection_s": "--detection-delay", "hang_s": "--hang-timeout"}
+        flags |= {"checkpoint_s": "--checkpoint-default", "the precursor share": "--precursor-share"}
+        text = str(exc)
+        for name, flag in flags.items():
+            text = text.replace(name, flag)
+        raise UsageError(text) from None
 
 
 def show(args: argparse.Namespace, result: dict[str, Any]) -> None:

@@ -29,5 +29,7 @@ def test_fault_rate_reports_both_ways_and_the_saving() -> None:
 
 def test_a_bad_fault_model_is_one_clear_line() -> None:
     bad = sim("--gpus", "8", "--jobs", "5", "--fault-rate", "1", "--precursor-share", "1.5")
-    assert bad.returncode == 2 and "precursor share must be between 0 and 1" in bad.stderr
+    assert bad.returncode == 2 and "--precursor-share must be between 0 and 1" in bad.stderr
     assert "Traceback" not in bad.stderr
+    hang = sim("--gpus", "8", "--jobs", "5", "--fault-rate", "1", "--hang-timeout", "-1")
+    assert hang.returncode == 2 and "--hang-timeout must be a finite number of seconds" in hang.stderr

@@ -119,5 +119,5 @@ def test_a_bad_fault_model_is_refused_at_the_door() -> None:
     class Args:
         precursor_share, precursor_lead, detection_delay, hang_timeout, checkpoint_default = 1.5, 600, 10, 1800, 3600
 
-    with pytest.raises(UsageError, match="precursor share must be between 0 and 1"):
+    with pytest.raises(UsageError, match="--precursor-share must be between 0 and 1"):
         _fault_model(Args())  # type: ignore[arg-type]
