@@ -7,6 +7,13 @@ the perf core, and the health core with the default policy. Fault scenarios inje
 run with noise (rank jitter, 2 s stalls), a phase change (an eval pass: every rank computes 1.6x
 longer for 60 s), or load imbalance (ranks up to 12 % slower, always).
 
+`--noise hard` runs every scenario with noise the thresholds were not tuned on (the job's step time
+jitters +-15 %, each rank +-10 %, every rank permanently up to 15 % slower, sporadic symbol errors and
+pause micro-bursts on healthy NICs) and adds `two_faults` (a slow GPU and a degraded NIC on two nodes
+of one gang; attributed when the verdict names either) and `healthy_input_stall` (every rank waits on
+its input for 60 s: a slower job with no GPU, NIC or switch at fault; a verdict on it counts against
+precision).
+
 Prints one JSON object: scenarios, detection_p50_s / p99_s, precision, recall, attribution_accuracy
 (right kind and right node+GPU/NIC, or right leaf), false_isolations (on healthy controls), the work
 lost per fault, moving the job off the culprit when health isolates it versus waiting for failure, and
@@ -32,7 +39,7 @@ from statistics import quantiles
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from services.perf.scenario import CONTROLS, FAULTS, GPUS, Outcome, Scenario, plan, run
+from services.perf.scenario import CONTROLS, FAULTS, GPUS, INPUT_STALL, TWO_FAULTS, Outcome, Scenario, plan, run
 
 RESTART_S = 600.0  # checkpoint written on the signal, job rescheduled and restarted
 CHECKPOINT_INTERVAL_S = 3600.0
@@ -68,10 +75,17 @@ def main() -> None:
     ap.add_argument("--gangs", default="8,64", help="gang sizes in nodes, comma-separated (8,64)")
     ap.add_argument("--fault-at", type=float, default=90.0, help="seconds of healthy running before the fault")
     ap.add_argument("--no-ras", action="store_true", help="nodes without NCCL RAS: progress from NIC traffic")
+    ap.add_argument(
+        "--noise",
+        choices=("base", "hard"),
+        default="base",
+        help="hard: noise the detector was not tuned on (step and rank jitter, permanent imbalance, counter "
+        "noise) in every scenario, and two faults at once (services/perf/scenario.py)",
+    )
     ap.add_argument("--verbose", action="store_true", help="one line per scenario on stderr")
     args = ap.parse_args()
     gangs = tuple(int(g) for g in args.gangs.split(","))
-    scenarios: list[Scenario] = plan(args.seeds, gangs, args.fault_at, ras=not args.no_ras)
+    scenarios: list[Scenario] = plan(args.seeds, gangs, args.fault_at, ras=not args.no_ras, noise=args.noise)
     started = time.perf_counter()
     outcomes = []
     for sc in scenarios:
@@ -91,7 +105,7 @@ def main() -> None:
     false_positives = sum(len(o.early) for o in outcomes)  # verdicts on healthy runs or before a fault
     delays = sorted(o.detection_s for o in detected if o.detection_s is not None)
     per_kind = {}
-    for kind in FAULTS:
+    for kind in (*FAULTS, *((TWO_FAULTS,) if args.noise == "hard" else ())):
         runs = [o for o in faulty if o.scenario.kind == kind]
         lost = [work_lost(o) for o in runs]
         per_kind[kind] = {
@@ -109,8 +123,9 @@ def main() -> None:
             "scenarios": sum(1 for o in healthy if o.scenario.kind == kind),
             "verdicts": sum(len(o.early) for o in healthy if o.scenario.kind == kind),
             "isolations": sum(len(o.isolations) for o in healthy if o.scenario.kind == kind),
+            "verdict_culprits": sorted(e.culprit.value for o in healthy if o.scenario.kind == kind for e in o.early),
         }
-        for kind in CONTROLS
+        for kind in (*CONTROLS, *((INPUT_STALL,) if args.noise == "hard" else ()))
     }
     lost_all = [work_lost(o) for o in faulty]
     result = {
@@ -120,6 +135,7 @@ def main() -> None:
         "gang_nodes": list(gangs),
         "sampling_hz": 1.0,
         "nccl_ras": not args.no_ras,
+        "noise": args.noise,
         "detection_p50_s": pct(delays, 50),
         "detection_p99_s": pct(delays, 99),
         "precision": round(len(detected) / (len(detected) + false_positives), 3) if detected else 0.0,

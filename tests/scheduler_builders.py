@@ -15,7 +15,7 @@ from events import (
     PriorityClass,
     TeamQuotaSet,
 )
-from services.scheduler.core import Cycle, CycleMark, SchedulerState, events_for, evolve, schedule
+from services.scheduler.core import Cycle, CycleMark, Policy, SchedulerState, events_for, evolve, schedule
 
 
 def a_node(
@@ -95,8 +95,10 @@ class Driver:
             evolve(self.state, e)
         return self
 
-    def cycle(self, now: float = 10.0) -> Cycle:
-        cycle = schedule(self.state, now, self.mark)
+    def cycle(self, now: float = 10.0, policy: Policy | None = None) -> Cycle:
+        cycle = (
+            schedule(self.state, now, self.mark) if policy is None else schedule(self.state, now, None, policy=policy)
+        )
         self.mark = cycle.mark
         self.waiting.update(cycle.waiting)
         for event, _ in events_for(cycle.decisions, now):

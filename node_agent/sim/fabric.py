@@ -125,6 +125,8 @@ class JobRhythm:
     imbalance: dict[tuple[str, int], float] = field(default_factory=dict)
     iterations: float = 0.0
     iteration_s: float | None = None  # the last interval's T (None: hung)
+    # seconds per iteration every rank waits outside GPUs and fabric (input pipeline, storage): all idle
+    stall_s: float = 0.0
 
     @classmethod
     def of(cls, seed: int, job_id: str) -> JobRhythm:
@@ -253,7 +255,7 @@ class SimFabric:
         if multi_node:
             slowest = min(self._rail(node, gpu).bandwidth(now, self._congested(node)) for node, gpu in ranks)
             comm = r.bytes_per_iteration / slowest if slowest > 0 else float("inf")
-        t_iter = max(computes.values()) + comm
+        t_iter = max(computes.values()) + comm + r.stall_s
         hung = t_iter == float("inf")
         r.iteration_s = None if hung else t_iter
         if not hung:

@@ -27,6 +27,46 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--team", action="append", help="only this team's jobs (repeatable)")
     p.add_argument("--fault-rate", type=float, default=0.0, metavar="PER_NODE_DAY", help="node faults per node-day")
     p.add_argument("--seed", type=int, default=0, help="seed of the fault generator")
+    from services.tracesim import faults as fm
+
+    p.add_argument(
+        "--precursor-share",
+        type=float,
+        default=fm.PRECURSOR_SHARE,
+        metavar="0..1",
+        help="with --fault-rate: share of node faults whose jobs slow down visibly before the node fails "
+        f"(an assumption, default {fm.PRECURSOR_SHARE:g}); Chamber moves those jobs before the failure",
+    )
+    p.add_argument(
+        "--precursor-lead",
+        type=float,
+        default=fm.LEAD_S,
+        metavar="SECONDS",
+        help=f"with --fault-rate: how long before the failure the slowdown starts (default {fm.LEAD_S:g})",
+    )
+    p.add_argument(
+        "--detection-delay",
+        type=float,
+        default=fm.DETECTION_S,
+        metavar="SECONDS",
+        help=f"with --fault-rate: slowdown to move (default {fm.DETECTION_S:g}: bench/fabric.py's detection p99)",
+    )
+    p.add_argument(
+        "--hang-timeout",
+        type=float,
+        default=fm.HANG_S,
+        metavar="SECONDS",
+        help=f"with --fault-rate: a job whose node fails hangs this long before it is restarted (default "
+        f"{fm.HANG_S:g}: the NCCL timeout)",
+    )
+    p.add_argument(
+        "--checkpoint-default",
+        type=float,
+        default=fm.CHECKPOINT_S,
+        metavar="SECONDS",
+        help=f"with --fault-rate: checkpoint interval of jobs whose trace row has none (default "
+        f"{fm.CHECKPOINT_S:g}; 0: they lose all their work)",
+    )
     p.add_argument(
         "--classes",
         nargs="?",
@@ -82,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--gpus and --gpus-per-node must be at least 1")
     if args.fault_rate < 0:
         raise UsageError("--fault-rate must be 0 or more faults per node-day")
+    fault_model = _fault_model(args) if args.fault_rate > 0 else None
     try:
         trace = load(args.trace, strict=args.strict, limit=args.jobs if not args.team else None)
         jobs = [j for j in trace.jobs if not args.team or j.team in args.team]
@@ -105,9 +146,14 @@ def run(args: argparse.Namespace) -> int:
     if len(trace.bad_rows) > 20:
         print(f"... and {len(trace.bad_rows) - 20} more bad rows skipped", file=sys.stderr)
     fleet = FleetSpec(gpus=args.gpus, gpus_per_node=args.gpus_per_node)
-    result, outcomes = compare(
-        jobs, fleet, quotas, policies, fault_rate_per_node_day=args.fault_rate, seed=args.seed, until=args.until
-    )
+    options = {"fault_rate_per_node_day": args.fault_rate, "seed": args.seed, "until": args.until}
+    result, outcomes = compare(jobs, fleet, quotas, policies, fault_model=fault_model, **options)
+    if fault_model is not None:
+        from services.tracesim.run import fault_savings
+
+        result["faults"] = fault_savings(
+            jobs, fleet, quotas, policies[-1], outcomes[policies[-1]], fault_model, options
+        )
     result["trace"] = {"file": str(args.trace), "jobs": len(jobs), "bad_rows": len(trace.bad_rows), "teams": len(teams)}
     if classes is not None:
         result["trace"]["classes"] = classes.describe()
@@ -121,11 +167,33 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fault_model(args: argparse.Namespace) -> Any:
+    from services.tracesim.faults import FaultModel
+
+    try:
+        return FaultModel(
+            precursor_share=args.precursor_share,
+            lead_s=args.precursor_lead,
+            detection_s=args.detection_delay,
+            hang_s=args.hang_timeout,
+            checkpoint_s=args.checkpoint_default,
+        )
+    except ValueError as exc:
+        flags = {"lead_s": "--precursor-lead", "detection_s": "--detection-delay", "hang_s": "--hang-timeout"}
+        flags |= {"checkpoint_s": "--checkpoint-default", "the precursor share": "--precursor-share"}
+        text = str(exc)
+        for name, flag in flags.items():
+            text = text.replace(name, flag)
+        raise UsageError(text) from None
+
+
 def show(args: argparse.Namespace, result: dict[str, Any]) -> None:
     if args.json:
         print(json.dumps(result, indent=2))
     else:
         print(table(result))
+        if "faults" in result:
+            print(fault_table(result["faults"]))
         if args.plot:
             print(f"plot written to {args.plot}")
 
@@ -180,6 +248,24 @@ def table(result: dict[str, Any]) -> str:
                     f"{'  ratio to fifo (mean / p99)':<{width}}  " + "  ".join(f"{_ratios(r):>14}" for r in rows)
                 )
     return "\n".join(lines)
+
+
+def fault_table(faults: dict[str, Any]) -> str:
+    p, w, m = faults["proactive"], faults["waiting_run"], faults["model"]
+    return "\n".join(
+        [
+            "",
+            f"node faults ({faults['policy']}): {faults['faults']} planned, {faults['precursors']} with a precursor "
+            f"(share {m['precursor_share']:g}, lead {m['precursor_lead_s']:g} s, detected in {m['detection_s']:g} s)",
+            f"  moving jobs on the precursor:  {p['lost_to_faults_gpu_hours']:,.0f} GPU-hours lost "
+            f"({p['fault_moves']:,} moves, {p['requeues']:,} requeues, {p['hang_gpu_hours']:,.0f} GPU-h hung)",
+            f"  the same faults, waiting:      {faults['waiting_same_faults_gpu_hours']:,.0f} GPU-hours lost "
+            f"(NCCL timeout {m['hang_timeout_s']:g} s)",
+            f"  GPU-hours saved by proactive moves: {faults['saved_gpu_hours']:,.0f}",
+            f"  a separate run that waits:     {w['lost_to_faults_gpu_hours']:,.0f} GPU-hours lost "
+            f"({w['requeues']:,} requeues; its schedule, so which jobs the faults hit, diverges)",
+        ]
+    )
 
 
 PRIORITY_ORDER = ("critical", "high", "normal", "low")

@@ -4,6 +4,13 @@ core with the default policy. Used by `bench/fabric.py` and the perf tests; no N
 
 One scenario: a gang of `gang_nodes` x 8 GPUs runs on a fleet; at `fault_at` a fault is injected on a
 random rank (or nothing, for healthy controls: noise, a phase change, load imbalance).
+
+`noise="hard"` adds what the detector's thresholds were not tuned on, in every scenario: the job's
+iteration time jitters +-15 % from step to step (data-dependent steps), every rank jitters +-10 % on
+its own, every rank is permanently up to 15 % slower than the fastest (load imbalance), healthy NICs
+show sporadic symbol errors (1-40 at a time) and pause-frame micro-bursts (up to 5,000 in a second on
+one node); a `two_faults` scenario puts a slow GPU and a degraded NIC on two nodes of one gang; and a
+`healthy_input_stall` control makes every rank wait on its input for 60 s (slower, GPUs idle, no culprit).
 """
 
 from __future__ import annotations
@@ -31,6 +38,15 @@ CLUSTER = "sim"
 GPUS = 8
 FAULTS = ("gpu_slow", "nic_down", "nic_flap", "nic_degraded", "nic_errors", "pfc_storm")
 CONTROLS = ("healthy_noise", "healthy_phase", "healthy_imbalance")
+# Hard noise only: for 60 s every rank waits on its input pipeline (0.5x compute per step, GPUs idle).
+# No GPU, NIC or switch is at fault, but the job is slower and nothing diverges across ranks.
+INPUT_STALL = "healthy_input_stall"
+TWO_FAULTS = "two_faults"  # gpu_slow on one node and nic_degraded on another, at once (hard noise only)
+STEP_JITTER = 0.15  # hard noise: job-wide iteration-time jitter
+RANK_JITTER = 0.10  # hard noise: per-rank compute jitter
+IMBALANCE = 0.15  # hard noise: permanent per-rank slowdown, up to
+ERROR_NOISE_P = 0.05  # hard noise: chance per second of a few symbol errors on some healthy NIC
+PAUSE_BURST_P = 0.05  # hard noise: chance per second of a pause micro-burst on one node
 EXPECTED_KIND = {
     "gpu_slow": CulpritKind.GPU,
     "nic_down": CulpritKind.NIC,
@@ -39,6 +55,7 @@ EXPECTED_KIND = {
     "nic_errors": CulpritKind.NIC,
     "pfc_storm": CulpritKind.FABRIC,
 }
+TWO_FAULT_PARTS = ("gpu_slow", "nic_degraded")
 
 
 @dataclass(frozen=True)
@@ -52,10 +69,11 @@ class Scenario:
     fleet_nodes: int | None = None  # default: the gang plus one leaf of bystanders
     clear_after_s: float | None = None  # the fault ends (repaired) this long after it began
     ras: bool = True  # False: no NCCL RAS on the nodes; progress is read from NIC traffic instead
+    noise: str = "base"  # "hard": the noise the thresholds were not tuned on (module docstring)
 
     @property
     def faulty(self) -> bool:
-        return self.kind in FAULTS
+        return self.kind in FAULTS or self.kind == TWO_FAULTS
 
 
 @dataclass
@@ -79,20 +97,30 @@ class Outcome:
 
     @property
     def attributed(self) -> bool:
-        d, t = self.detected, self.target
-        if d is None or not self.scenario.faulty or d.culprit is not EXPECTED_KIND[self.scenario.kind]:
+        """The verdict names the fault's culprit (for two faults at once: either of them)."""
+        d = self.detected
+        if d is None or not self.scenario.faulty:
             return False
-        if d.culprit is CulpritKind.FABRIC:
-            return d.leaf == t.get("leaf")
-        if d.node != t.get("node"):
-            return False
-        return d.gpu_index == t.get("gpu")  # rail-optimised: NIC i serves GPU i
+        if self.scenario.kind == TWO_FAULTS:
+            parts = self.target.get("parts", [])
+            return any(_names(d, kind, t) for kind, t in zip(TWO_FAULT_PARTS, parts, strict=True))  # type: ignore[call-overload]
+        return _names(d, self.scenario.kind, self.target)
 
     @property
     def first_move_at(self) -> float | None:
         """When the health policy took a gang GPU or node out of service (the job moves off it)."""
         moves = [d for d in self.isolations if d.action in ("isolate_gpu", "isolate_node")]
         return min((d.event.at for d in moves if d.event is not None), default=None)  # type: ignore[attr-defined]
+
+
+def _names(d: JobSlowdownDetected, kind: str, t: dict[str, object]) -> bool:
+    if d.culprit is not EXPECTED_KIND[kind]:
+        return False
+    if d.culprit is CulpritKind.FABRIC:
+        return d.leaf == t.get("leaf")
+    if d.node != t.get("node"):
+        return False
+    return d.gpu_index == t.get("gpu")  # rail-optimised: NIC i serves GPU i
 
 
 def busy_job_id(seed: int, prefix: str = "train") -> str:
@@ -115,6 +143,10 @@ def run(sc: Scenario) -> Outcome:
     rhythm = fleet.fabric.rhythms[job]
     if sc.kind == "healthy_imbalance":  # some ranks do more work, always: not a fault
         rhythm.imbalance = {(n, g): 1.0 + rng.uniform(0.0, 0.12) for n in gang for g in range(GPUS)}
+    hard = sc.noise == "hard"
+    base = {(n, g): 1.0 + rng.uniform(0.0, IMBALANCE) for n in gang for g in range(GPUS)} if hard else {}
+    if hard and sc.kind == "healthy_imbalance":
+        base = {r: b * rhythm.imbalance[r] for r, b in base.items()}
 
     pstate = perf.PerfState()
     hstate = health.new_state(load_policy())
@@ -129,20 +161,28 @@ def run(sc: Scenario) -> Outcome:
 
     out = Outcome(sc, perf_state=pstate)
     victim, gpu, nic = rng.choice(gang), rng.randrange(GPUS), rng.randrange(GPUS)
+    # two_faults: the other node (drawn only there, so the other scenarios' noise stays as it was)
+    second = rng.choice([n for n in gang if n != victim]) if sc.kind == TWO_FAULTS else victim
     iters_at: dict[float, float] = {}
     end = sc.fault_at + sc.after_s
     hiccup: tuple[float, tuple[str, int]] | None = None
     t = 0.0
     while t <= end:
         if t == sc.fault_at:
-            out.target = _inject(fleet, sc, victim, gpu, nic, t)
+            out.target = _inject(fleet, sc, victim, gpu, nic, t, second)
         if sc.clear_after_s is not None and t == sc.fault_at + sc.clear_after_s:
             fleet.inject(victim, "clear", None, None, t)
         if sc.kind == "healthy_phase" and sc.fault_at <= t < sc.fault_at + 60:
             rhythm.phase = 1.6  # an eval pass: every rank computes longer
         else:
             rhythm.phase = 1.0
-        hiccup = _hiccups(rng, rhythm, gang, t, hiccup)
+        stalled = sc.kind == INPUT_STALL and sc.fault_at <= t < sc.fault_at + 60
+        rhythm.stall_s = 0.5 * rhythm.compute_s if stalled else 0.0
+        if hard:
+            hiccup = _hard_noise(rng, rhythm, base, gang, t, hiccup)
+            _counter_noise(rng, fleet, names, out.target)
+        else:
+            hiccup = _hiccups(rng, rhythm, gang, t, hiccup)
         fleet.step(t)
         iters_at[t] = rhythm.iterations
         faults: list[Event] = []
@@ -187,9 +227,13 @@ def run(sc: Scenario) -> Outcome:
     return out
 
 
-def _inject(fleet: SimFleet, sc: Scenario, node: str, gpu: int, nic: int, t: float) -> dict[str, object]:
+def _inject(fleet: SimFleet, sc: Scenario, node: str, gpu: int, nic: int, t: float, second: str) -> dict[str, object]:
     if not sc.faulty:
         return {}
+    if sc.kind == TWO_FAULTS:
+        fleet.inject(node, "gpu_slow", gpu, None, t)
+        fleet.inject(second, "nic_degraded", None, None, t, nic=nic)
+        return {"parts": [{"node": node, "gpu": gpu}, {"node": second, "nic": nic, "gpu": nic}]}
     if sc.kind == "gpu_slow":
         fleet.inject(node, "gpu_slow", gpu, None, t)
         return {"node": node, "gpu": gpu}
@@ -217,13 +261,52 @@ def _hiccups(
     return current
 
 
+def _hard_noise(
+    rng: random.Random,
+    rhythm: object,
+    base: dict[tuple[str, int], float],
+    gang: list[str],
+    t: float,
+    stall: tuple[float, tuple[str, int]] | None,
+) -> tuple[float, tuple[str, int]] | None:
+    """Every step: job-wide and per-rank jitter over a permanent imbalance, plus the 2 s rank stalls."""
+    if stall is not None and t >= stall[0]:
+        stall = None
+    if stall is None and rng.random() < 0.05:
+        stall = (t + 2.0, (rng.choice(gang), rng.randrange(GPUS)))
+    imbalance = {r: b * (1.0 + rng.uniform(-RANK_JITTER, RANK_JITTER)) for r, b in base.items()}
+    if stall is not None:
+        imbalance[stall[1]] = 2.0 * base[stall[1]]
+    rhythm.imbalance = imbalance  # type: ignore[attr-defined]
+    rhythm.phase *= 1.0 + rng.uniform(-STEP_JITTER, STEP_JITTER)  # type: ignore[attr-defined]
+    return stall
+
+
+def _counter_noise(rng: random.Random, fleet: SimFleet, names: list[str], target: dict[str, object]) -> None:
+    """Sporadic symbol errors on some NIC and pause micro-bursts on some node: counters as real ones
+    tick on a healthy fabric (written into the simulated cumulative counters the agent reads)."""
+    if rng.random() < ERROR_NOISE_P:
+        node, i = rng.choice(names), rng.randrange(GPUS)
+        fleet.fabric.nics[node][i].errors += rng.randint(1, 40)
+    if rng.random() < PAUSE_BURST_P:
+        for n in fleet.fabric.nics[rng.choice(names)]:
+            n.pause += rng.uniform(0.0, 5_000.0)
+
+
 def plan(
-    seeds: int = 2, gang_sizes: tuple[int, ...] = (8, 64), fault_at: float = 90.0, ras: bool = True
+    seeds: int = 2,
+    gang_sizes: tuple[int, ...] = (8, 64),
+    fault_at: float = 90.0,
+    ras: bool = True,
+    noise: str = "base",
 ) -> list[Scenario]:
-    """The labelled set: every fault kind and every healthy control, per gang size and seed."""
+    """The labelled set: every fault kind and every healthy control, per gang size and seed (with hard
+    noise, two faults at once too)."""
+    kinds = (*FAULTS, *CONTROLS, *((TWO_FAULTS, INPUT_STALL) if noise == "hard" else ()))
     out = []
     for size in gang_sizes:
         for seed in range(1, seeds + 1):
-            for kind in (*FAULTS, *CONTROLS):
-                out.append(Scenario(f"{kind}-{size}n-s{seed}", kind, size, seed, fault_at=fault_at, ras=ras))
+            for kind in kinds:
+                name = f"{kind}-{size}n-s{seed}" + ("-hard" if noise == "hard" else "")
+                out.append(Scenario(name, kind, size, seed, fault_at=fault_at, ras=ras, noise=noise))
     return out

@@ -51,6 +51,7 @@ from services.scheduler.core import (
 )
 from services.scheduler.core.cycle import PREEMPTION_SEARCHES
 from services.scheduler.core.door import size_warnings, submitted
+from services.scheduler.core.links import DEFAULT_FAULT_MEMORY_S, KEEP_S, LinkHealth
 from services.scheduler.core.pools import job_pool
 from services.scheduler.core.quota import critical_block
 from services.scheduler.core.state import DEFAULT_TOPOLOGY_KEY
@@ -78,7 +79,7 @@ def new_job_id(name: str, team: str) -> str:
 
 
 def snapshot_codec() -> SnapshotCodec[SchedulerState]:
-    return pickle_codec(SchedulerState, Job, Node)
+    return pickle_codec(SchedulerState, Job, Node, LinkHealth)
 
 
 class Scheduler:
@@ -87,7 +88,12 @@ class Scheduler:
         self.retention_s = getattr(args, "retention_hours", DEFAULT_RETENTION_H) * 3600.0 or None
         self.interval = args.interval
         self.full_every = args.full_every
-        self.policy = policy_from_args(args, preemption_searches=args.preemption_searches)
+        self.policy = policy_from_args(
+            args,
+            preemption_searches=args.preemption_searches,
+            avoid_degraded_links=getattr(args, "avoid_degraded_links", True),
+            link_fault_memory_s=getattr(args, "link_fault_memory", DEFAULT_FAULT_MEMORY_S),
+        )
         self.mark: CycleMark | None = None
         self.lead_epoch = 0
         self.last_full = 0.0
@@ -100,8 +106,9 @@ class Scheduler:
     def manifest(self) -> Decider[SchedulerState]:
         return Decider(
             name=NAME,
-            # BILLING: BudgetExceeded, so a team's budget action applies (core/budget.py)
-            inputs=(Input("FLEET"), Input("QUOTA"), Input("JOBS"), Input("BILLING")),
+            # BILLING: BudgetExceeded, so a team's budget action applies (core/budget.py); FAULTS: NIC
+            # faults, so gangs keep off degraded links (core/links.py; perf's verdicts come on JOBS)
+            inputs=(Input("FLEET"), Input("QUOTA"), Input("JOBS"), Input("BILLING"), Input("FAULTS")),
             initial=lambda: SchedulerState(topology_key=self.topology_key, retention_s=self.retention_s),
             evolve=evolve,
             decide=self.decide,
@@ -253,6 +260,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_policy_arguments(parser)
     parser.add_argument(
+        "--no-avoid-degraded-links",
+        dest="avoid_degraded_links",
+        action="store_false",
+        help="place multi-node gangs without regard to degraded NICs and congested leaves (default: keep off "
+        "them while anything else fits)",
+    )
+    parser.add_argument(
+        "--link-fault-memory",
+        type=_link_memory,
+        default=DEFAULT_FAULT_MEMORY_S,
+        metavar="SECONDS",
+        help=f"a NIC fault keeps its node off new gangs this long (default {DEFAULT_FAULT_MEMORY_S:g})",
+    )
+    parser.add_argument(
         "--leader-lease",
         default=os.environ.get(ENV_NAME, ""),
         help=f"NATS KV lease name shared by replicas: one leads, the others stand by (default ${ENV_NAME}; "
@@ -274,6 +295,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--snapshot-every", type=float, default=300.0, help="seconds between state snapshots (default 300)"
     )
+
+
+def _link_memory(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < value <= KEEP_S:
+        raise argparse.ArgumentTypeError(f"must be more than 0 and at most {KEEP_S:g} seconds")
+    return value
 
 
 async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:

@@ -13,11 +13,12 @@ import random
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from services.tracesim.faults import FaultModel
 from services.tracesim.model import Action, SimJob, Start, Stop
 from services.tracesim.quotas import TeamQuota
 from services.tracesim.trace import TraceJob
 
-ARRIVE, FINISH, FAIL, REPAIR = 0, 1, 2, 3  # order within one instant: arrivals first
+ARRIVE, FINISH, FAIL, REPAIR, WARN = 0, 1, 2, 3, 4  # order within one instant: arrivals first
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,8 @@ class Outcome:
     window_capacity_gpu_s: float = 0.0
     samples: list[Sample] = field(default_factory=list)
     unfinished: int = 0
+    faults: int = 0  # node faults planned
+    precursors: int = 0  # of which with a detectable precursor (with a fault model)
 
 
 class Simulation:
@@ -86,7 +89,10 @@ class Simulation:
         seed: int = 0,
         until: float | None = None,
         sample_every_s: float = 600.0,
+        fault_model: FaultModel | None = None,
     ) -> None:
+        """`fault_model` None: a node fault costs its jobs the work since their last checkpoint, no
+        more (the ceiling of what moving them on a warning saves); else see faults.py."""
         self.fleet = fleet
         self.quotas = quotas
         self.policy = policy
@@ -102,6 +108,9 @@ class Simulation:
         self.queued = 0
         self.allocated = 0
         self.sample_every_s = sample_every_s
+        self.fault_model = fault_model
+        self.warned: dict[int, float] = {}  # nodes taken out on a precursor -> when they will fail
+        self.faults = self.precursors = 0
         if fault_rate_per_node_day > 0 and jobs:
             self._plan_faults(fault_rate_per_node_day, repair_s, seed, jobs)
 
@@ -112,6 +121,9 @@ class Simulation:
     def _plan_faults(self, rate: float, repair_s: float, seed: int, jobs: list[TraceJob]) -> None:
         """Poisson node failures over the trace's span (plus the longest job), seeded."""
         rng = random.Random(seed)
+        # Which faults have a precursor: a stream of its own, so the fault times stay as without a model.
+        warning = random.Random(f"precursor-{seed}")
+        model = self.fault_model
         horizon = max(j.submit_s for j in jobs) + max(j.duration_s for j in jobs)
         mean_gap = 86400.0 / rate
         for node in range(self.fleet.nodes):
@@ -119,6 +131,11 @@ class Simulation:
             while t < horizon:
                 self._push(t, FAIL, str(node))
                 self._push(t + repair_s, REPAIR, str(node))
+                self.faults += 1
+                if model is not None and warning.random() < model.precursor_share:
+                    self.precursors += 1
+                    if model.warns:
+                        self._push(t - model.lead_s + model.detection_s, WARN, str(node))
                 t += repair_s + rng.expovariate(1 / mean_gap)
 
     # -- applying decisions ------------------------------------------------------------------------
@@ -143,14 +160,32 @@ class Simulation:
         """The run ends early: progress rolls back to its last checkpoint; the rest is lost."""
         assert job.run_start is not None
         ran = now - job.run_start
-        interval = job.t.checkpoint_interval_s
+        model = self.fault_model
+        interval = job.t.checkpoint_interval_s or (model.checkpoint_s if model is not None else None)
+        remaining = job.remaining_s
         kept = math.floor(ran / interval) * interval if interval else 0.0
-        kept = min(kept, job.remaining_s)
+        kept = min(kept, remaining)
         job.done_work_s += kept
         job.run_gpu_s += ran * job.t.gpus
         job.lost_gpu_s += (ran - kept) * job.t.gpus
-        if cause != "preempted":  # a node fault: a move on warning (checkpoint on the signal) keeps this
+        if cause != "preempted":  # a node fault
             job.lost_to_faults_gpu_s += (ran - kept) * job.t.gpus
+            hang = model.hang_s * job.t.gpus if model is not None else 0.0
+            fails = [self.warned[n] for n in job.placement if n in self.down and n in self.warned]
+            if fails and len(fails) == sum(1 for n in job.placement if n in self.down):
+                job.fault_moves += 1  # moved on the precursor: no hang
+                # Had the scheduler waited: the job runs on until the failure (unless it ends first),
+                # then loses the work since its checkpoint and hangs.
+                ran_on = ran + min(fails) - now
+                if ran_on < remaining:
+                    kept_on = math.floor(ran_on / interval) * interval if interval else 0.0
+                    job.waiting_cost_gpu_s += (ran_on - kept_on) * job.t.gpus + hang
+            else:  # failed under the job: it hangs until the collective times out, held and idle
+                job.hang_gpu_s += hang
+                job.run_gpu_s += hang
+                job.lost_gpu_s += hang
+                job.lost_to_faults_gpu_s += hang
+                job.waiting_cost_gpu_s += (ran - kept) * job.t.gpus + hang
         self._release(job)
         job.token += 1
         if cause == "preempted":
@@ -238,11 +273,23 @@ class Simulation:
                     policy.finished(job, now)
                 elif kind == FAIL:
                     node = int(key)
+                    if node in self.warned:  # its jobs were moved off on the precursor
+                        del self.warned[node]
+                        continue
                     self.down.add(node)
                     policy.node_down(node, now)
+                elif kind == WARN:
+                    node = int(key)
+                    if node not in self.down:  # out of service now; it fails a little later
+                        self.down.add(node)
+                        warned = self.fault_model
+                        assert warned is not None  # only a fault model plans warnings
+                        self.warned[node] = now + warned.lead_s - warned.detection_s
+                        policy.node_down(node, now)
                 else:
                     node = int(key)
                     self.down.discard(node)
+                    self.warned.pop(node, None)
                     policy.node_up(node, now)
             actions = policy.decide(now)
             for action in actions:
@@ -271,6 +318,8 @@ class Simulation:
             window_capacity_gpu_s=window_capacity,
             samples=samples,
             unfinished=unfinished,
+            faults=self.faults,
+            precursors=self.precursors,
         )
 
     def _capacity(self) -> int:

@@ -20,6 +20,11 @@ class SimJob:
     run_gpu_s: float = 0.0  # GPU-seconds consumed, including work later lost
     lost_gpu_s: float = 0.0
     lost_to_faults_gpu_s: float = 0.0  # the part lost when a node failed under the job
+    hang_gpu_s: float = 0.0  # of which held idle until a collective timed out (tracesim/faults.py)
+    fault_moves: int = 0  # times moved off a node on a fault's precursor, before it failed
+    # What the same faults would have cost this job had the scheduler waited for each failure (the
+    # work since the checkpoint at the failure, plus the hang): the paired comparison (faults.py)
+    waiting_cost_gpu_s: float = 0.0
     token: int = 0  # bumps on every stop, so a stale finish event is ignored
 
     @property

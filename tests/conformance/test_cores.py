@@ -14,13 +14,17 @@ from hypothesis import strategies as st
 
 from events import (
     Event,
+    FaultKind,
+    GpuFaultDetected,
     GpuIsolated,
     GpuRestored,
     JobCancelled,
     NodeIsolated,
     NodeRestored,
     PoolDefined,
+    Severity,
 )
+from events.fabric import CulpritKind, JobSlowdownCleared, JobSlowdownDetected
 from services.billing import core as billing
 from services.gateway import core as gateway
 from services.quota import core as quota
@@ -64,9 +68,11 @@ QUOTA = CoreSpec[quota.QuotaState](
 
 
 @st.composite
-def fleet_logs(draw: st.DrawFn) -> tuple[list[Event], float]:
+def fleet_logs(draw: st.DrawFn, links: bool = False) -> tuple[list[Event], float]:
     """A log as the fleet writes it: FLEET, QUOTA and JOBS events in the order they happened, with the
-    scheduler's decisions made on what had been folded so far (as the live service decides)."""
+    scheduler's decisions made on what had been folded so far (as the live service decides). With
+    `links`, NIC faults (FAULTS) and perf verdicts (JOBS) too: only the scheduler folds them so far
+    (the gateway's timeline keeps arrival order across streams, so it differs between interleavings)."""
     nodes = [
         a_node(f"n{i}", gpus=draw(st.sampled_from([2, 4, 8])), model=draw(st.sampled_from(["H100", "A100"])))
         for i in range(draw(st.integers(1, 4)))
@@ -85,6 +91,8 @@ def fleet_logs(draw: st.DrawFn) -> tuple[list[Event], float]:
     rng = random.Random(draw(st.integers(0, 2**32)))
     kinds = ["submit"] * 6 + ["cycle"] * 5 + ["quota", "pool", "complete", "complete", "cancel"]
     kinds += ["isolate", "restore", "bad_gpu", "good_gpu"]
+    if links:
+        kinds += ["nic_fault", "slow", "recovered"]  # link health (scheduler/core/links.py)
     actions: list[tuple[Any, ...]] = []
     for _ in range(draw(st.integers(10, 120))):
         kind = rng.choice(kinds)
@@ -94,7 +102,7 @@ def fleet_logs(draw: st.DrawFn) -> tuple[list[Event], float]:
             actions.append((kind, rng.choice(TEAMS), rng.randint(0, 8)))
         elif kind == "pool":
             actions.append((kind, rng.choice(["h100", "ampere"])))
-        elif kind in ("bad_gpu", "good_gpu"):
+        elif kind in ("bad_gpu", "good_gpu", "nic_fault", "slow", "recovered"):
             actions.append((kind, rng.randint(0, 3), rng.randint(0, 7)))
         else:
             actions.append((kind, rng.randint(0, 30)))
@@ -123,6 +131,39 @@ def fleet_logs(draw: st.DrawFn) -> tuple[list[Event], float]:
             node = names[action[1] % len(names)]
             cls = GpuIsolated if kind == "bad_gpu" else GpuRestored
             happen(cls(cluster="c1", node=node, gpu_index=action[2], at=now, reason="test"))
+        elif kind == "nic_fault":
+            node = names[action[1] % len(names)]
+            happen(
+                GpuFaultDetected(
+                    fault_id=f"{node}/nic{action[2]}/{now}",
+                    cluster="c1",
+                    node=node,
+                    kind=FaultKind.NIC_ERRORS,
+                    severity=Severity.WARNING,
+                    observed_at=now,
+                    gpu_index=action[2],
+                )
+            )
+        elif kind == "slow":
+            node, episode = names[action[1] % len(names)], action[2]
+            culprit = CulpritKind.NIC if episode % 2 else CulpritKind.FABRIC
+            happen(
+                JobSlowdownDetected(
+                    job_id="other",
+                    episode=episode,
+                    at=now,
+                    since=now,
+                    culprit=culprit,
+                    score=0.7,
+                    confidence=0.9,
+                    cluster="c1",
+                    node=node,
+                    nic="mlx5_0/1",
+                    leaf="leaf-0",
+                )
+            )
+        elif kind == "recovered":
+            happen(JobSlowdownCleared(job_id="other", episode=action[2], at=now, since=now, reason="recovered"))
     return log, now
 
 
@@ -178,3 +219,13 @@ def test_a_restart_in_the_middle_of_a_cycle_decides_nothing_twice(
     core: CoreSpec[Any], log: tuple[list[Event], float]
 ) -> None:
     restart_mid_cycle(core, log[0], log[1] + 30.0)
+
+
+@EXAMPLES
+@given(fleet_logs(links=True), st.integers(0, 2**32), st.integers(0, 200))
+def test_the_scheduler_folds_link_health_to_one_state_in_any_interleaving_and_across_a_snapshot(
+    log: tuple[list[Event], float], seed: int, cut: int
+) -> None:
+    interleavings_fold_to_one_state(SCHEDULER, log[0], seed)
+    snapshot_restore_continue(SCHEDULER, log[0], cut)
+    restart_mid_cycle(SCHEDULER, log[0], log[1] + 30.0)

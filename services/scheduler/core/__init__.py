@@ -1,4 +1,4 @@
-"""The scheduler's pure core: `evolve(state, event)` folds JOBS, FLEET and QUOTA events;
+"""The scheduler's pure core: `evolve(state, event)` folds JOBS, FLEET, QUOTA (and NIC faults from FAULTS);
 `schedule(state, now, since) -> Cycle` decides; `events_for(decisions, now)` turns decisions into
 events. No I/O, no clock, no randomness: the service and the simulator drive the same code."""
 

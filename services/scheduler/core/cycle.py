@@ -154,6 +154,8 @@ def _cycle(state: SchedulerState, work: Work, now: float, full: bool, since: Cyc
             borrowed = quota.borrowed(work, job)
             placements = work.admit(job, spot)
             why = f"placed on {work.describe(spot)}"
+            if jid in work.link_notes:
+                why += f"; {work.link_notes[jid]}"
             if borrowed:
                 why += f", borrowing {borrowed} idle GPUs of pool {job.pool}"
             if res is not None and order(res.key) < order(key):
@@ -200,6 +202,8 @@ def _cycle(state: SchedulerState, work: Work, now: float, full: bool, since: Cyc
                 placements = work.admit(job, spot)
                 names = ", ".join(v.id for v, _ in victims)
                 why = f"placed on {work.describe(spot)} after preempting {names} ({', '.join(kinds)})"
+                if jid in work.link_notes:
+                    why += f"; {work.link_notes[jid]}"
                 decisions.append(Admit(jid, spec.team, placements, borrowed, why, resume, generation, job.pool))
                 failed.clear()  # freed capacity may fit shapes that failed before
                 continue

@@ -27,9 +27,12 @@ def place(work: Work, job: Job) -> Spot | None:
     """Take GPUs for the job on the scratch index (the caller rolls back if it does not keep them).
 
     A job that fits on one node stays on one node (best fit); a larger gang is placed replica
-    by replica, preferring one topology domain, then one cluster (a job never spans clusters)."""
+    by replica, preferring one topology domain, then one cluster (a job never spans clusters).
+    A gang across nodes keeps off degraded links and congested leaves (`work.avoid()`) when it fits
+    elsewhere, and takes them only when nothing else fits; `work.link_notes[job.id]` says which."""
     cap = work.cap
     classes = work.classes(job)
+    work.link_notes.pop(job.id, None)
     if not classes:
         return None
     per, replicas = job.spec.gpus_per_replica, job.spec.replicas
@@ -42,6 +45,42 @@ def place(work: Work, job: Job) -> Spot | None:
             return None
     if per > cap.max_gpus or cap.free_in(classes) < n:
         return None
+    avoid = work.avoid()
+    if avoid:
+        # Hide the flagged nodes' free GPUs (journaled takes), place, then give them back: the
+        # scratch index ends as if the gang had been placed on the others only.
+        wanted = set(classes)
+        hidden = [
+            (nid, cap.take(nid, len(slot.free)))
+            for nid in sorted(avoid)
+            if (slot := cap.slots[nid]).usable and slot.free and slot.cls in wanted
+        ]
+        if hidden:
+            spot = _spread(work, job, classes, per, replicas, n) if cap.free_in(classes) >= n else None
+            for nid, gpus in reversed(hidden):
+                cap.give(nid, gpus)
+            names = work.s.node_by_id
+            if spot is not None:
+                kept = _listed([f"{names[nid].name}: {avoid[nid]}" for nid, _ in hidden])
+                work.link_notes[job.id] = f"kept off degraded links ({kept})"
+                return spot
+            spot = _spread(work, job, classes, per, replicas, n)
+            used = [nid for nid, _ in spot or () if nid in avoid]
+            if used:
+                on = _listed([f"{names[nid].name}: {avoid[nid]}" for nid in used])
+                work.link_notes[job.id] = f"on degraded links because nothing else fits ({on})"
+            return spot
+    return _spread(work, job, classes, per, replicas, n)
+
+
+def _listed(items: list[str], most: int = 3) -> str:
+    more = f"; and {len(items) - most} more" if len(items) > most else ""
+    return "; ".join(items[:most]) + more
+
+
+def _spread(work: Work, job: Job, classes: list[int], per: int, replicas: int, n: int) -> Spot | None:
+    """A gang across nodes: one topology domain first, then the fewest domains, then one cluster."""
+    cap = work.cap
     clusters: dict[str, list[int]] = {}
     for c in classes:
         clusters.setdefault(cap.class_keys[c][1], []).append(c)

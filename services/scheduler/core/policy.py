@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from events import PriorityClass
+from services.scheduler.core.links import DEFAULT_FAULT_MEMORY_S, KEEP_S
 
 QueueKey = tuple[int, float, float, str]  # priority rank, -fair share, submit time, job id
 OrderKey = tuple[float, float, float, str]  # smaller first
@@ -53,6 +54,10 @@ class Policy:
     age_weight: float = 1000.0
     age_cap_s: float = 2 * 3600.0  # Slurm's PriorityMaxAge: age stops counting here
     starvation_bound_s: float | None = 24 * 3600.0  # None: no guard
+    # Multi-node gangs keep off nodes with a degraded NIC and leaves with congestion when anything
+    # else fits (core/links.py); a NIC fault counts for `link_fault_memory_s` after it was seen.
+    avoid_degraded_links: bool = True
+    link_fault_memory_s: float = DEFAULT_FAULT_MEMORY_S
 
     def __post_init__(self) -> None:
         for name in ("class_weight", "fair_share_weight", "age_weight"):
@@ -60,6 +65,8 @@ class Policy:
                 raise ValueError(f"{name} must be 0 or more")
         if self.age_cap_s <= 0:
             raise ValueError("age_cap_s must be more than 0 seconds")
+        if not 0 < self.link_fault_memory_s <= KEEP_S:
+            raise ValueError(f"link_fault_memory_s must be more than 0 and at most {KEEP_S:g} seconds")
         if self.starvation_bound_s is not None and self.starvation_bound_s <= 0:
             raise ValueError("starvation_bound_s must be more than 0 seconds (or None: no guard)")
 

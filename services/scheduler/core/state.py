@@ -43,10 +43,13 @@ from events import (
     PoolDefined,
     TeamQuotaSet,
 )
+from events.fabric import JobSlowdownCleared, JobSlowdownDetected
+from events.faults import GpuFaultDetected
 from events.telemetry import GpuInfo
 from services.pools import DEFAULT_POOL, PoolDef, Quota, job_pool, node_pool
 from services.scheduler.core.budget import BudgetRule, demoted, fold_budget_exceeded, fold_budget_set
 from services.scheduler.core.capacity import Capacity
+from services.scheduler.core.links import LinkHealth, fold_cleared, fold_fault, fold_slowdown
 
 DEFAULT_TOPOLOGY_KEY = "rack"
 
@@ -183,6 +186,8 @@ class SchedulerState:
     # Queued jobs per team in submit order, (submit time, id): first-come-first-served lines for
     # the head-of-line baselines (fifo, static-quota), so a cycle reads heads, not the whole queue.
     fifo_lines: dict[str, list[tuple[float, str]]] = field(default_factory=dict)
+    # Degraded NICs and congested leaves (perf verdicts, NIC faults): gangs are placed away from them
+    links: LinkHealth = field(default_factory=LinkHealth)
 
     # -- the queue -----------------------------------------------------------------------------
     def queue_key(self, job: Job) -> tuple[int, float, float, str]:
@@ -602,6 +607,9 @@ _HANDLERS: dict[type[Event], Callable[[SchedulerState, Any], None]] = {
     FairShareUpdated: _fair_share,
     BudgetSet: fold_budget_set,
     BudgetExceeded: fold_budget_exceeded,
+    JobSlowdownDetected: lambda s, e: fold_slowdown(s.links, e),
+    JobSlowdownCleared: lambda s, e: fold_cleared(s.links, e),
+    GpuFaultDetected: lambda s, e: fold_fault(s.links, e),
 }
 
 _JOB_EVENTS = frozenset(

@@ -8,6 +8,7 @@ left exactly as found.
 from __future__ import annotations
 
 from events import Placement
+from services.scheduler.core.links import degraded
 from services.scheduler.core.policy import CHAMBER, Policy
 from services.scheduler.core.state import Job, SchedulerState
 
@@ -31,6 +32,9 @@ class Work:
         self.groups: dict[tuple[str, str], list[list[Job]]] = {}
         self.lost: dict[str, float] = {}
         self.sorted: set[tuple[str, str, int]] = set()
+        # link health (placement.py): nodes gangs should avoid now, and what placement says about it
+        self._avoid: dict[int, str] | None = None
+        self.link_notes: dict[str, str] = {}
 
     # -- lookups -------------------------------------------------------------------------------
     def classes(self, job: Job) -> list[int]:
@@ -45,6 +49,14 @@ class Work:
                 if pool == job.pool and (model is None or m.lower() == key[1]) and (cluster is None or cl == cluster)
             ]
         return found
+
+    def avoid(self) -> dict[int, str]:
+        """Node id -> why multi-node gangs should keep off it now (computed once per cycle)."""
+        if self._avoid is None:
+            s, policy = self.s, self.policy
+            off = not policy.avoid_degraded_links or s.links.empty
+            self._avoid = {} if off else degraded(s.links, s.nodes, s.node_by_id, self.now, policy.link_fault_memory_s)
+        return self._avoid
 
     def pool_capacity(self, pool: str) -> int:
         cls = self._pool_classes.get(pool)
