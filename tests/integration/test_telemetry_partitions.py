@@ -18,6 +18,7 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from events.partitions import partition_of, partition_stream, partition_subject, server_mapping_conf
+from events.streams import ENV_TELEMETRY_MAX_BYTES
 from services.cli import main as chamber
 from services.recorder.partitions import PartitionOwnership, fair_share
 from services.runtime import Publisher, connect, ensure_streams
@@ -85,6 +86,20 @@ async def test_each_node_lands_in_its_partition_and_plain_subscribers_still_see_
     assert {s.rsplit(".", 2)[1] for s in seen} == set(NODES)
     assert len({partition_of(n, 4) for n in NODES}) > 1  # the nodes really are spread
     assert [s for s, _ in await telemetry_inputs(js)] == ["TELEMETRY", *(partition_stream(i) for i in range(4))]
+
+
+async def test_the_telemetry_byte_cap_is_the_total_over_the_partition_streams(
+    pnc: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cap = 10 * 2**20
+    monkeypatch.setenv(ENV_TELEMETRY_MAX_BYTES, str(cap))
+    js = pnc.jetstream()
+    await ensure_streams(js)
+    names = ["TELEMETRY", *(partition_stream(i) for i in range(4))]
+    caps = {name: (await js.stream_info(name)).config.max_bytes for name in names}
+    assert caps == dict.fromkeys(names, cap // 5)  # TELEMETRY (inventories) and 4 partitions
+    assert sum(caps.values()) <= cap
+    assert await ensure_streams(js) == []  # a second service with the same settings changes nothing
 
 
 async def test_the_recorder_stores_every_partition_once(pnc: Client, four: NatsServerProcess, tmp_path: Path) -> None:
