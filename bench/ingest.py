@@ -53,6 +53,7 @@ from services.runtime.nats_server import NatsServerProcess
 from services.warehouse import migrate
 from services.warehouse.chdb_backend import ChdbWarehouse
 from services.warehouse.efficiency import efficiency_sql
+from services.warehouse.rollup import insert_samples
 
 GPUS = 8
 NODES = 125
@@ -308,7 +309,7 @@ def efficiency_query(data_dir: Path, repeats: int) -> dict[str, float]:
         )
     )
     t0 = time.perf_counter()
-    warehouse.insert("gpu_samples", table)
+    insert_samples(warehouse, table)
     insert_s = time.perf_counter() - t0
     # Jobs: 2,000 intervals of 4 GPUs, each held for 6 h, spread over the day and the fleet.
     jobs = []

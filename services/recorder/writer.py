@@ -23,6 +23,7 @@ from services.recorder.rows import ID_TABLES, STATE_TABLES, Recorded, build_tabl
 from services.runtime.consumer import TransientError
 from services.runtime.logs import get_logger
 from services.warehouse.backend import QueryResult, Warehouse, WarehouseError, WarehouseUnavailable
+from services.warehouse.rollup import recompute_minutes
 
 log = get_logger("chamber.recorder.writer")
 T = TypeVar("T")
@@ -100,12 +101,16 @@ class Writer:
                 continue
             if suspect and name in ID_TABLES:
                 table = self._drop_stored(name, table)
-                if table.num_rows == 0:
-                    continue
-            self.warehouse.insert(name, table, dedup_token=insert_token(name, table))
-            self.rows_written[name] = self.rows_written.get(name, 0) + table.num_rows
-            if self._after_insert is not None:
-                self._after_insert(name)
+            if table.num_rows:
+                self.warehouse.insert(name, table, dedup_token=insert_token(name, table))
+                self.rows_written[name] = self.rows_written.get(name, 0) + table.num_rows
+                if self._after_insert is not None:
+                    self._after_insert(name)
+        samples = tables.get("gpu_samples")
+        if samples is not None:
+            # From every row of the batch, stored now or before: a batch retried after its insert
+            # landed and its recomputation failed still gets its minutes recomputed.
+            recompute_minutes(self.warehouse, samples)
 
     def _drop_stored(self, name: str, table: pa.Table) -> pa.Table:
         ids = pc.unique(table.column("event_id")).to_pylist()

@@ -41,7 +41,14 @@ def test_every_table_gets_a_replicated_local_twin_and_a_distributed_table_under_
     # the rollup runs per shard, from local samples into the local rollup
     [mv] = [s for s in ddl if "MATERIALIZED VIEW" in s]
     assert "ON CLUSTER fleet TO gpu_minute_local" in mv and "FROM gpu_samples_local" in mv
-    assert all(re.search(r" ON CLUSTER fleet\s", s) for s in ddl)
+    assert all(re.search(r" ON CLUSTER fleet(\s|$)", s) for s in ddl if not s.startswith("INSERT INTO"))
+    # the exact rollup replaces the view-fed one: a backfill through the distributed tables, then the view
+    assert "DROP VIEW IF EXISTS gpu_minute_mv ON CLUSTER fleet SYNC" in ddl
+    assert ddl.index("DROP TABLE IF EXISTS gpu_minute_local ON CLUSTER fleet SYNC") > max(
+        i for i, s in enumerate(ddl) if s.startswith("INSERT INTO gpu_minute_rollup")
+    )
+    [view] = [s for s in ddl if s.startswith("CREATE VIEW IF NOT EXISTS gpu_minute ON CLUSTER")]
+    assert "FROM gpu_minute_rollup FINAL" in view
     assert "ALTER TABLE gpu_samples_local ON CLUSTER fleet MODIFY SETTING" in "\n".join(ddl)
 
 
