@@ -8,6 +8,8 @@ See `events.partitions` for the layout.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 from typing import Any
 
@@ -27,6 +29,8 @@ from services.cli.errors import UsageError
 from services.runtime.logs import get_logger
 
 ENV = "CHAMBER_TELEMETRY_PARTITIONS"
+# A probe carries a stream name no stream has: JetStream refuses to store it whatever the subject.
+PROBE_HEADERS = {"Nats-Expected-Stream": "chamber-probe-never-stored"}
 log = get_logger("chamber.runtime.partitions")
 
 
@@ -85,3 +89,61 @@ def explain_change(configured: int, existing: list[int]) -> str | None:
         "consumer until their messages expire with TELEMETRY's max age; nothing is lost. Set the server "
         "mapping and CHAMBER_TELEMETRY_PARTITIONS together (the chart does)."
     )
+
+
+async def mapped_subject(nc: Any, subject: str, *, timeout_s: float = 1.0) -> str | None:
+    """The subject the server's mapping turns `subject` into, learnt by sending it a probe that no
+    stream stores and reading it back (None when it does not come back, e.g. no permission)."""
+    got: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+    async def on(msg: Any) -> None:
+        if not got.done():
+            got.set_result(msg.subject)
+
+    subs = []
+    try:
+        subs = [await nc.subscribe(subject, cb=on), await nc.subscribe(f"{subject}.>", cb=on)]
+        await nc.flush(timeout=timeout_s)
+        await nc.publish(subject, b"", headers=PROBE_HEADERS)
+        return await asyncio.wait_for(got, timeout_s)
+    except Exception:  # a diagnosis must not fail the caller: it says what it could not learn
+        return None
+    finally:
+        for sub in subs:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+
+def explain_unrouted(subject: str, mapped: str | None, existing: list[int], configured: int) -> str:
+    """One line for a publish that found no stream: what the server maps, what streams exist, the fix."""
+    have = len(existing)
+    streams = f"{partition_stream(0)}..{partition_stream(have - 1)}" if have else "none"
+    tail = mapped.rsplit(".", 1)[-1] if mapped and mapped.startswith(f"{subject}.") else ""
+    if tail.isdigit() and int(tail) not in existing:
+        p = int(tail)
+        return (
+            f"telemetry partitions disagree: the NATS server maps {subject} to partition {p} ({mapped}), so its "
+            f"mapping has at least {p + 1} partitions, but only {have} partition streams exist ({streams}). "
+            "Samples are spooled on this node (nothing is lost) until they agree: give the services "
+            f"{ENV} (chart: nats.telemetryPartitions) equal to the server mapping's count, which adds the "
+            f"streams, or map partition({max(have, 1)}, node) on the server."
+        )
+    return (
+        f"no JetStream stream takes {mapped or subject} (the server answered 'no responders'); telemetry "
+        f"partition streams: {have} ({streams}), {ENV} here: {configured}. Samples are spooled on this node "
+        "until a stream takes them: compare the server's mapping with `chamber streams`."
+    )
+
+
+async def diagnose_unrouted(nc: Any, subject: str) -> str:
+    """Why a publish to `subject` found no stream, as `explain_unrouted` says it."""
+    mapped = await mapped_subject(nc, subject)
+    try:
+        existing = await existing_partitions(nc.jetstream())
+    except Exception:  # cannot list streams: the count says none
+        existing = []
+    try:
+        configured = configured_partitions()
+    except UsageError:
+        configured = 0
+    return explain_unrouted(subject, mapped, existing, configured)

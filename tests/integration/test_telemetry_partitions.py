@@ -17,11 +17,16 @@ import pytest
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
+from events import subjects
 from events.partitions import partition_of, partition_stream, partition_subject, server_mapping_conf
 from events.streams import ENV_TELEMETRY_MAX_BYTES
+from node_agent.outbox import Outbox
+from node_agent.runner import envelope
+from node_agent.spool import Kind, Record, Spool
 from services.cli import main as chamber
 from services.recorder.partitions import PartitionOwnership, fair_share
 from services.runtime import Publisher, connect, ensure_streams
+from services.runtime.health import HealthState
 from services.runtime.nats_server import NatsServerProcess
 from services.runtime.partitions import existing_partitions, explain_change, telemetry_inputs
 from services.warehouse.chdb_backend import ChdbWarehouse
@@ -228,4 +233,50 @@ async def test_with_roles_an_agent_publishes_into_its_partition_and_the_reader_r
         for nc in (agent, reader, admin):
             await nc.close()
     finally:
+        server.kill()
+
+
+async def test_a_server_mapping_more_partitions_than_streams_exist_is_explained_and_nothing_is_lost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CHAMBER_TELEMETRY_PARTITIONS", "2")  # the services made 2 partition streams ...
+    server = mapped_server(tmp_path, 4, tmp_path / "jetstream")  # ... the server maps 4
+    server.start()
+    stop = asyncio.Event()
+    try:
+        nc = await connect(server.url, name="agent")
+        js = nc.jetstream()
+        await ensure_streams(js)
+        node = next(n for n in NODES if partition_of(n, 4) >= 2)  # a node mapped past the streams
+        p = partition_of(node, 4)
+        spool = Spool(tmp_path / "spool")
+        outbox = Outbox(spool, ack_timeout_s=2.0, on_reconnect=lambda: ensure_streams(js))
+        health = HealthState(service="agent", nc=nc, checks=[lambda: outbox.problem])  # as the agent wires it
+        outbox.attach(nc)
+        pump = asyncio.create_task(outbox.run(stop, retry_s=0.05))
+        event = sample(node, 0)
+        outbox.submit([Record(int(Kind.SAMPLE), subjects.sample("c1", node), *envelope(event, "t", f"{node}/0", NOW))])
+
+        await eventually(lambda: outbox.problem is not None, within=20)
+        problem = outbox.problem or ""
+        assert f"maps chamber.telemetry.sample.c1.{node} to partition {p}" in problem, problem
+        assert (
+            f"at least {p + 1} partitions, but only 2 partition streams exist (TELEMETRY_P0..TELEMETRY_P1)" in problem
+        )
+        assert "CHAMBER_TELEMETRY_PARTITIONS" in problem and "partition(2, node)" in problem
+        assert outbox.published == 0 and not spool.empty()  # spooled, not dropped
+        live, ready, body = health.report()
+        assert live and not ready and body["problems"] == [problem]
+
+        monkeypatch.setenv("CHAMBER_TELEMETRY_PARTITIONS", "4")  # the fix: the services follow the server
+        await ensure_streams(js)
+        assert await outbox.drained(20)
+        assert outbox.problem is None and health.report()[1]
+        state = (await js.stream_info(partition_stream(p))).state
+        assert state.messages == 1  # the sample, once; the diagnosis's probe was never stored
+        stop.set()
+        await asyncio.wait_for(pump, 10)
+        await nc.close()
+    finally:
+        stop.set()
         server.kill()
