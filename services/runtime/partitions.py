@@ -20,6 +20,7 @@ from events.partitions import (
     SAMPLE_SUBJECT,
     PartitionError,
     check_partitions,
+    partition_of,
     partition_stream,
     partition_subject,
     server_mapping,
@@ -128,11 +129,89 @@ def explain_unrouted(subject: str, mapped: str | None, existing: list[int], conf
             f"{ENV} (chart: nats.telemetryPartitions) equal to the server mapping's count, which adds the "
             f"streams, or map partition({max(have, 1)}, node) on the server."
         )
+    if mapped is None and have and subject.startswith("chamber.telemetry.sample."):
+        # unmapped, a sample would land in TELEMETRY: no stream means a partition past the streams
+        return (
+            f"telemetry partitions disagree: the NATS server maps {subject} to a partition with no stream, so "
+            f"its mapping has more than the {have} partition streams that exist ({streams}). Samples are "
+            f"spooled on this node (nothing is lost) until they agree: give the services {ENV} (chart: "
+            "nats.telemetryPartitions) equal to the server mapping's count (`chamber streams` shows it), "
+            f"or map partition({have}, node) on the server."
+        )
     return (
         f"no JetStream stream takes {mapped or subject} (the server answered 'no responders'); telemetry "
         f"partition streams: {have} ({streams}), {ENV} here: {configured}. Samples are spooled on this node "
         "until a stream takes them: compare the server's mapping with `chamber streams`."
     )
+
+
+PROBE_CLUSTER = "chamber-probe"  # a cluster token no fleet uses
+
+
+async def server_partitions(nc: Any, *, probes: int = 16, timeout_s: float = 1.0) -> int | None:
+    """How many partitions the server's mapping of node samples has (1: no mapping), learnt from
+    probes to made-up nodes that no stream stores; None when they do not come back (no permission)."""
+    prefix = f"chamber.telemetry.sample.{PROBE_CLUSTER}"
+    seen: dict[str, str] = {}
+    done = asyncio.Event()
+
+    async def on(msg: Any) -> None:
+        tokens = msg.subject.split(".")
+        seen[tokens[4]] = tokens[5] if len(tokens) > 5 else ""
+        if len(seen) >= probes:
+            done.set()
+
+    sub = None
+    try:
+        sub = await nc.subscribe(f"{prefix}.>", cb=on)
+        await nc.flush(timeout=timeout_s)
+        for i in range(probes):
+            await nc.publish(f"{prefix}.probe-{i}", b"", headers=PROBE_HEADERS)
+        await asyncio.wait_for(done.wait(), timeout_s)
+    except Exception:  # no permission, no answer: nothing learnt
+        return None
+    finally:
+        if sub is not None:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+    if all(p == "" for p in seen.values()):
+        return 1
+    if not all(p.isdigit() for p in seen.values()):
+        return None
+    # the smallest count whose hash puts every probe where the server did (16 probes: unambiguous)
+    fits = (n for n in range(2, MAX_PARTITIONS + 1) if all(partition_of(k, n) == int(p) for k, p in seen.items()))
+    return next(fits, None)
+
+
+def explain_mapping(server: int, configured: int, existing: list[int]) -> str | None:
+    """A line for the log when the server's mapping and Chamber's partition streams disagree."""
+    have = len(existing)
+    if server == configured and (server == 1 or have >= server):
+        return None
+    if server > 1 and have < server:
+        return (
+            f"telemetry partitions disagree: the NATS server maps node samples to {server} partitions, but "
+            f"{have} partition streams exist ({ENV} here: {configured}); agents whose nodes land in partitions "
+            f"{have}..{server - 1} spool their samples until the streams exist. Fix: run the services with "
+            f"{ENV}={server} (chart: nats.telemetryPartitions), or map partition({max(have, 1)}, node) on the server."
+        )
+    return (
+        f"telemetry partitions differ: the NATS server maps node samples to {server} partition(s) "
+        f"(1: no mapping), {ENV} here is {configured}, {have} partition streams exist. Nothing is lost (the "
+        "streams the mapping no longer names stop receiving and are still read); set both to the same count."
+    )
+
+
+async def check_server_mapping(nc: Any) -> str | None:
+    """Compare the server's mapping with the configured count and the streams; log and return the
+    disagreement (None: they agree, or the mapping could not be learnt)."""
+    server = await server_partitions(nc)
+    if server is None:
+        return None
+    problem = explain_mapping(server, configured_partitions(), await existing_partitions(nc.jetstream()))
+    if problem is not None:
+        log.error("telemetry partitions", detail=problem, server=server)
+    return problem
 
 
 async def diagnose_unrouted(nc: Any, subject: str) -> str:

@@ -7,6 +7,8 @@ is explained and loses nothing."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -28,7 +30,14 @@ from services.recorder.partitions import PartitionOwnership, fair_share
 from services.runtime import Publisher, connect, ensure_streams
 from services.runtime.health import HealthState
 from services.runtime.nats_server import NatsServerProcess
-from services.runtime.partitions import existing_partitions, explain_change, telemetry_inputs
+from services.runtime.partitions import (
+    existing_partitions,
+    explain_change,
+    explain_mapping,
+    explain_unrouted,
+    server_partitions,
+    telemetry_inputs,
+)
 from services.warehouse.chdb_backend import ChdbWarehouse
 from services.warehouse.migrations import migrate
 from tests.builders import a_node_sample
@@ -268,15 +277,53 @@ async def test_a_server_mapping_more_partitions_than_streams_exist_is_explained_
         live, ready, body = health.report()
         assert live and not ready and body["problems"] == [problem]
 
+        # The operator's view: `chamber streams` learns the server's count from probes no stream stores.
+        assert await server_partitions(nc) == 4
+        out = await asyncio.to_thread(lambda: _cli(["streams", "--nats", server.url]))
+        assert "telemetry partitions: server mapping 4, configured 2, partition streams 2" in out, out
+        assert "maps node samples to 4 partitions, but 2 partition streams exist" in out
+        assert "CHAMBER_TELEMETRY_PARTITIONS=4" in out
+
         monkeypatch.setenv("CHAMBER_TELEMETRY_PARTITIONS", "4")  # the fix: the services follow the server
         await ensure_streams(js)
         assert await outbox.drained(20)
         assert outbox.problem is None and health.report()[1]
         state = (await js.stream_info(partition_stream(p))).state
         assert state.messages == 1  # the sample, once; the diagnosis's probe was never stored
+        assert await server_partitions(nc) == 4  # probes with every stream in place: still none stored
+        assert [(await js.stream_info(partition_stream(i))).state.messages for i in range(4)].count(0) >= 3
         stop.set()
         await asyncio.wait_for(pump, 10)
         await nc.close()
     finally:
         stop.set()
         server.kill()
+
+
+def _cli(argv: list[str]) -> str:
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        assert chamber(argv) == 0
+    return buffer.getvalue()
+
+
+async def test_without_a_mapping_the_server_has_one_partition(nats_server: NatsServerProcess, nc: Client) -> None:
+    assert await server_partitions(nc) == 1
+
+
+def test_a_mapping_and_streams_that_disagree_are_explained_with_both_numbers() -> None:
+    assert explain_mapping(4, 4, [0, 1, 2, 3]) is None
+    assert explain_mapping(1, 1, []) is None
+    more = explain_mapping(8, 4, [0, 1, 2, 3]) or ""
+    assert "maps node samples to 8 partitions, but 4 partition streams exist" in more
+    assert "partitions 4..7 spool" in more and "CHAMBER_TELEMETRY_PARTITIONS=8" in more
+    fewer = explain_mapping(1, 4, [0, 1, 2, 3]) or ""
+    assert "maps node samples to 1 partition(s)" in fewer and "Nothing is lost" in fewer
+
+
+def test_an_agent_that_may_not_probe_still_says_the_mapping_outruns_the_streams() -> None:
+    """With roles an agent may not subscribe, so the probe does not come back: a sample with no stream
+    can only mean a partition past the streams (unmapped, it would land in TELEMETRY)."""
+    line = explain_unrouted("chamber.telemetry.sample.c1.node-03", None, [0, 1], 2)
+    assert "more than the 2 partition streams that exist (TELEMETRY_P0..TELEMETRY_P1)" in line
+    assert "CHAMBER_TELEMETRY_PARTITIONS" in line and "partition(2, node)" in line
