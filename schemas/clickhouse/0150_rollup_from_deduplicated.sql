@@ -31,6 +31,29 @@ PARTITION BY toYYYYMM(minute)
 ORDER BY (cluster, node, gpu_index, minute)
 TTL minute + INTERVAL 400 DAY;
 
+-- The minutes a recorder stored samples for and has not recomputed yet (it recomputes every few
+-- seconds, not after every batch: a minute is read once per round, not once per batch). Written
+-- with the samples, before their batch is acked, so a recorder that dies before its next round
+-- leaves them here for the next one; `gpu_minute_progress` says up to which `at` all are done.
+CREATE TABLE IF NOT EXISTS gpu_minute_pending
+(
+    cluster LowCardinality(String),
+    node LowCardinality(String),
+    minute DateTime('UTC'),
+    at DateTime64(6, 'UTC') DEFAULT now64(6)
+)
+ENGINE = MergeTree
+ORDER BY at
+TTL toDateTime(at) + INTERVAL 7 DAY;
+
+CREATE TABLE IF NOT EXISTS gpu_minute_progress
+(
+    name String,
+    done_until DateTime64(6, 'UTC')
+)
+ENGINE = ReplacingMergeTree(done_until)
+ORDER BY name;
+
 -- Minutes already rolled up keep their values (version 0) where the raw rows have expired ...
 INSERT INTO gpu_minute_rollup
 SELECT

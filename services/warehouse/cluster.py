@@ -29,6 +29,8 @@ SHARDING_KEYS = {
     "gpu_samples": "cityHash64(cluster, node)",
     "gpu_minute": "cityHash64(cluster, node)",
     "gpu_minute_rollup": "cityHash64(cluster, node)",  # recomputed from its node's samples, on their shard
+    "gpu_minute_pending": "cityHash64(cluster, node)",
+    "gpu_minute_progress": "cityHash64(name)",
     "gpu_inventory": "cityHash64(cluster, node)",
     "fleet_events": "cityHash64(cluster, node)",
     "job_events": "cityHash64(job_id)",

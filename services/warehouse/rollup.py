@@ -8,6 +8,13 @@ from `gpu_samples FINAL` into `gpu_minute_rollup`, a
 ReplacingMergeTree keyed by GPU and minute where the newest computation replaces the older ones; the
 view `gpu_minute` reads it with FINAL (schemas/clickhouse/0150_*.sql, 0151_*.sql). A recomputation
 is idempotent: running it again (a retried batch, a second recorder) gives the same rows.
+
+Recomputing after every batch reads a minute's rows once per batch that touches it: with thousands of
+nodes per batch, several times the cost of the insert. So the recorder defers: with each batch it
+writes the (node, minute) keys it touched to `gpu_minute_pending` (before the batch is acked, so a
+crash loses none), and every few seconds one round recomputes every key pending since the last
+round (`gpu_minute_progress`). A minute is then read about once per round, whatever the batch size;
+the rollup trails the raw table by up to a round.
 """
 
 from __future__ import annotations
@@ -20,6 +27,11 @@ import pyarrow.compute as pc
 from services.warehouse.backend import Warehouse
 
 ROLLUP_TABLE = "gpu_minute_rollup"
+PENDING_TABLE = "gpu_minute_pending"
+PROGRESS_TABLE = "gpu_minute_progress"
+# A round leaves out keys written in its last seconds: another recorder's insert of them may not be
+# visible yet (the `at` default is taken when its insert starts); the next round takes them.
+SETTLE_S = 2.0
 MINUTE = timedelta(minutes=1)
 
 
@@ -29,6 +41,13 @@ def _quoted(value: str) -> str:
 
 def _ts(value: object) -> str:
     return f"toDateTime64('{value:%Y-%m-%d %H:%M:%S}', 3, 'UTC')"
+
+
+_AGGREGATES = """
+    cluster, node, gpu_index, toStartOfMinute(ts) AS minute,
+    toUInt64(count()), sum(toFloat64(interval_s)), sum(coalesce(toFloat64(utilization_pct), 0) / 100 * interval_s),
+    avgState(utilization_pct), max(utilization_pct), max(memory_used_mib), avgState(power_w), max(temperature_c),
+    now64(6)"""
 
 
 def recompute_sql(samples: pa.Table) -> str | None:
@@ -44,14 +63,63 @@ def recompute_sql(samples: pa.Table) -> str | None:
     pairs = pc.unique(pc.binary_join_element_wise(samples.column("cluster"), samples.column("node"), "\0")).to_pylist()
     nodes = ", ".join(f"({_quoted(c)}, {_quoted(n)})" for c, n in (p.split("\0", 1) for p in pairs))
     return f"""INSERT INTO {ROLLUP_TABLE}
-SELECT
-    cluster, node, gpu_index, toStartOfMinute(ts) AS minute,
-    toUInt64(count()), sum(toFloat64(interval_s)), sum(coalesce(toFloat64(utilization_pct), 0) / 100 * interval_s),
-    avgState(utilization_pct), max(utilization_pct), max(memory_used_mib), avgState(power_w), max(temperature_c),
-    now64(6)
+SELECT{_AGGREGATES}
 FROM gpu_samples FINAL
 WHERE ts >= {_ts(lo)} AND ts < {_ts(hi)} AND (cluster, node) IN ({nodes})
 GROUP BY cluster, node, gpu_index, minute"""
+
+
+def pending_keys(samples: pa.Table) -> pa.Table:
+    """The distinct (cluster, node, minute) keys of `samples`, as rows of `gpu_minute_pending`."""
+    minutes = pc.floor_temporal(samples.column("ts"), unit="minute")
+    keys = pa.table({"cluster": samples.column("cluster"), "node": samples.column("node"), "minute": minutes})
+    return keys.group_by(["cluster", "node", "minute"]).aggregate([])
+
+
+def _at(value: str) -> str:
+    return f"toDateTime64('{value}', 6, 'UTC')"
+
+
+def round_sql(done_until: str, until: str) -> str:
+    """Recompute every key pending in (done_until, until]. The keys' time span bounds the scan (the
+    raw table is partitioned by day and sorted by node, then time). GLOBAL IN: on a cluster the keys
+    are read once and sent to every shard (a plain IN over two distributed tables is refused)."""
+    pending = f"FROM {PENDING_TABLE} WHERE at > {_at(done_until)} AND at <= {_at(until)}"
+    return f"""INSERT INTO {ROLLUP_TABLE}
+SELECT{_AGGREGATES}
+FROM gpu_samples FINAL
+WHERE ts >= (SELECT min(minute) {pending}) AND ts < (SELECT max(minute) + INTERVAL 1 MINUTE {pending})
+    AND (cluster, node, toStartOfMinute(ts)) GLOBAL IN (SELECT cluster, node, minute {pending})
+GROUP BY cluster, node, gpu_index, minute"""
+
+
+class RollupRounds:
+    """Deferred recomputation (see the module docstring); blocking calls, on the writer's thread."""
+
+    def __init__(self, warehouse: Warehouse) -> None:
+        self.warehouse = warehouse
+        self.done_until: str | None = None  # read from the warehouse on first use
+        self.rounds = 0
+
+    def note(self, samples: pa.Table) -> None:
+        """Record the minutes `samples` touched: part of storing the batch, before its ack."""
+        if samples.num_rows:
+            self.warehouse.insert(PENDING_TABLE, pending_keys(samples))
+
+    def run(self, *, settle_s: float = SETTLE_S) -> None:
+        """One round: recompute what is pending up to `settle_s` ago, then move the mark."""
+        if self.done_until is None:
+            stored = self.warehouse.query(f"SELECT toString(max(done_until)) FROM {PROGRESS_TABLE}").scalar()
+            self.done_until = str(stored or "1970-01-01 00:00:00.000000")
+        until = str(self.warehouse.query(f"SELECT toString(now64(6) - {settle_s})").scalar())
+        count = self.warehouse.query(
+            f"SELECT count() FROM {PENDING_TABLE} WHERE at > {_at(self.done_until)} AND at <= {_at(until)}"
+        ).scalar()
+        if count:
+            self.warehouse.command(round_sql(self.done_until, until))
+            self.rounds += 1
+        self.warehouse.command(f"INSERT INTO {PROGRESS_TABLE} VALUES ('rollup', {_at(until)})")
+        self.done_until = until
 
 
 def recompute_minutes(warehouse: Warehouse, samples: pa.Table) -> None:

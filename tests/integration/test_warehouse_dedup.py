@@ -110,3 +110,31 @@ def test_an_existing_rollup_is_carried_over_and_recomputed_from_the_raw_rows(tmp
         assert minute(warehouse) == (30, 30.0)
     finally:
         warehouse.close()
+
+
+async def test_deferred_rounds_recompute_what_a_recorder_noted_before_it_died(tmp_path: Path) -> None:
+    """The recorder recomputes in rounds: a batch notes its minutes (before its ack); a round recomputes
+    them. Minutes noted by a recorder that died before its round are recomputed by the next one."""
+    warehouse = ChdbWarehouse(tmp_path)
+    migrate(warehouse)
+    first = Writer(warehouse, deferred_rollups=True)
+    second = Writer(warehouse, deferred_rollups=True)
+    try:
+        rounds = first.rollups
+        assert rounds is not None
+        await first.store(batch(0, 30), suspect=False)
+        assert minute(warehouse) == (0, 0.0)  # the rollup trails the raw table until the round
+        await first.call(lambda: rounds.run(settle_s=0.0))
+        assert minute(warehouse) == (30, 30.0)
+        await first.store(batch(20, 20), suspect=False)  # 10 samples again, 10 new: noted, then it dies
+        first.close()
+        assert minute(warehouse) == (30, 30.0)
+        later = second.rollups
+        assert later is not None
+        await second.call(lambda: later.run(settle_s=0.0))  # its first round starts where the mark is
+        assert minute(warehouse) == (40, 40.0)
+        assert utilization(warehouse) == (40.0, 100.0)
+    finally:
+        first.close()
+        second.close()
+        warehouse.close()
