@@ -8,6 +8,8 @@ GPU. Two cases, each in its own nats-server and warehouse:
   the samples that carry per-link counters, once a minute; the others carry the per-GPU totals).
 For each: 1. end to end: published to TELEMETRY, then consumed by the recorder's consumers (fetch, bulk
 decode into Arrow columns, chDB insert, ack) until all are stored, timed from the first pull request;
+the minute rollups recomputed in rounds as the recorder does (`--rollups per-batch`: after every
+batch), with the closing round that rolls up what is left timed apart (`last_rollup_round_s`);
 2. the ceiling: the same messages through the same pull consumer path (the same number of consumers,
 fetch + ack per message), without decoding or storing. `ratio` is 1. over 2.
 3. The fleet efficiency query over 24 h of a 1,000-GPU fleet (one sample per GPU per minute, jobs
