@@ -33,8 +33,10 @@ TTL minute + INTERVAL 400 DAY;
 
 -- The minutes a recorder stored samples for and has not recomputed yet (it recomputes every few
 -- seconds, not after every batch: a minute is read once per round, not once per batch). Written
--- with the samples, before their batch is acked, so a recorder that dies before its next round
--- leaves them here for the next one; `gpu_minute_progress` says up to which `at` all are done.
+-- with the samples, before their batch is acked (a node-minute about once per round), so a recorder
+-- that dies before its next round leaves them here for the next one; `gpu_minute_progress` says up
+-- to which `at` all are done. Kept a day: a recorder down longer than that leaves its last minutes
+-- as they were last computed.
 CREATE TABLE IF NOT EXISTS gpu_minute_pending
 (
     cluster LowCardinality(String),
@@ -44,7 +46,7 @@ CREATE TABLE IF NOT EXISTS gpu_minute_pending
 )
 ENGINE = MergeTree
 ORDER BY at
-TTL toDateTime(at) + INTERVAL 7 DAY;
+TTL toDateTime(at) + INTERVAL 1 DAY;
 
 CREATE TABLE IF NOT EXISTS gpu_minute_progress
 (

@@ -2,12 +2,12 @@
 
 A materialized view sums whatever is inserted: a sample stored a second time in another batch (a
 redelivery the recorder could not recognise as one) would count twice in its minute, while the raw
-table (ReplacingMergeTree) collapses it. So after each insert of raw samples its writer (the
-recorder; a bench or test through `insert_samples`) recomputes the minutes that insert touched
-from `gpu_samples FINAL` into `gpu_minute_rollup`, a
-ReplacingMergeTree keyed by GPU and minute where the newest computation replaces the older ones; the
-view `gpu_minute` reads it with FINAL (schemas/clickhouse/0150_*.sql, 0151_*.sql). A recomputation
-is idempotent: running it again (a retried batch, a second recorder) gives the same rows.
+table (ReplacingMergeTree) collapses it. So the minutes an insert of raw samples touched are
+recomputed from `gpu_samples FINAL` into `gpu_minute_rollup`, a ReplacingMergeTree keyed by GPU and
+minute where the newest computation replaces the older ones; the view `gpu_minute` reads it with
+FINAL (schemas/clickhouse/0150_*.sql, 0151_*.sql). A recomputation is idempotent: running it again
+(a retried batch, a second recorder) gives the same rows. Tests and benches insert through
+`insert_samples`, which recomputes at once.
 
 Recomputing after every batch reads a minute's rows once per batch that touches it: with thousands of
 nodes per batch, several times the cost of the insert. So the recorder defers: with each batch it
@@ -100,14 +100,25 @@ class RollupRounds:
         self.warehouse = warehouse
         self.done_until: str | None = None  # read from the warehouse on first use
         self.rounds = 0
+        # Keys noted since this process's last round: noting one again before that round adds
+        # nothing (its pending row is still ahead of every round's mark), so a node-minute is written
+        # about once per round, not once per batch.
+        self._noted: set[tuple[str, str, object]] = set()
 
     def note(self, samples: pa.Table) -> None:
         """Record the minutes `samples` touched: part of storing the batch, before its ack."""
-        if samples.num_rows:
-            self.warehouse.insert(PENDING_TABLE, pending_keys(samples))
+        if not samples.num_rows:
+            return
+        keys = pending_keys(samples)
+        rows = list(zip(*(keys.column(c).to_pylist() for c in ("cluster", "node", "minute")), strict=True))
+        fresh = [i for i, row in enumerate(rows) if row not in self._noted]
+        if fresh:
+            self.warehouse.insert(PENDING_TABLE, keys.take(fresh))
+            self._noted.update(rows[i] for i in fresh)
 
     def run(self, *, settle_s: float = SETTLE_S) -> None:
         """One round: recompute what is pending up to `settle_s` ago, then move the mark."""
+        self._noted.clear()  # what is noted from now on is for the next round
         if self.done_until is None:
             stored = self.warehouse.query(f"SELECT toString(max(done_until)) FROM {PROGRESS_TABLE}").scalar()
             self.done_until = str(stored or "1970-01-01 00:00:00.000000")

@@ -122,8 +122,10 @@ async def test_deferred_rounds_recompute_what_a_recorder_noted_before_it_died(tm
     try:
         rounds = first.rollups
         assert rounds is not None
-        await first.store(batch(0, 30), suspect=False)
+        await first.store(batch(0, 15), suspect=False)
+        await first.store(batch(15, 15), suspect=False)
         assert minute(warehouse) == (0, 0.0)  # the rollup trails the raw table until the round
+        assert warehouse.count("gpu_minute_pending") == 1  # one node-minute, noted once until the round
         await first.call(lambda: rounds.run(settle_s=0.0))
         assert minute(warehouse) == (30, 30.0)
         await first.store(batch(20, 20), suspect=False)  # 10 samples again, 10 new: noted, then it dies
