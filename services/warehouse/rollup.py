@@ -80,7 +80,15 @@ def _at(value: str) -> str:
     return f"toDateTime64('{value}', 6, 'UTC')"
 
 
-def round_sql(done_until: str, until: str) -> str:
+# On a cluster a round reads each shard through one of its replicas; one that has not fetched the
+# latest parts yet would recompute a minute without them. Only replicas less than a second behind
+# answer (the keys are at least SETTLE_S old), else the round fails and is retried.
+REPLICA_SETTINGS = (
+    " SETTINGS max_replica_delay_for_distributed_queries = 1, fallback_to_stale_replicas_for_distributed_queries = 0"
+)
+
+
+def round_sql(done_until: str, until: str, *, replicated: bool = False) -> str:
     """Recompute every key pending in (done_until, until]. The keys' time span bounds the scan (the
     raw table is partitioned by day and sorted by node, then time). GLOBAL IN: on a cluster the keys
     are read once and sent to every shard (a plain IN over two distributed tables is refused)."""
@@ -90,7 +98,7 @@ SELECT{_AGGREGATES}
 FROM gpu_samples FINAL
 WHERE ts >= (SELECT min(minute) {pending}) AND ts < (SELECT max(minute) + INTERVAL 1 MINUTE {pending})
     AND (cluster, node, toStartOfMinute(ts)) GLOBAL IN (SELECT cluster, node, minute {pending})
-GROUP BY cluster, node, gpu_index, minute"""
+GROUP BY cluster, node, gpu_index, minute{REPLICA_SETTINGS if replicated else ""}"""
 
 
 class RollupRounds:
@@ -127,7 +135,8 @@ class RollupRounds:
             f"SELECT count() FROM {PENDING_TABLE} WHERE at > {_at(self.done_until)} AND at <= {_at(until)}"
         ).scalar()
         if count:
-            self.warehouse.command(round_sql(self.done_until, until))
+            replicated = getattr(self.warehouse, "cluster", None) is not None
+            self.warehouse.command(round_sql(self.done_until, until, replicated=replicated))
             self.rounds += 1
         self.warehouse.command(f"INSERT INTO {PROGRESS_TABLE} VALUES ('rollup', {_at(until)})")
         self.done_until = until

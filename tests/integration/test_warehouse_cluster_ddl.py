@@ -16,6 +16,7 @@ import pytest
 from services.warehouse.backend import WarehouseError
 from services.warehouse.cluster import on_cluster
 from services.warehouse.migrations import load
+from services.warehouse.rollup import round_sql
 
 pytestmark = pytest.mark.integration
 STATEMENTS = [s for m in load() for s in m.statements]
@@ -68,3 +69,10 @@ def test_a_cluster_without_a_server_is_a_usage_error(tmp_path: Path) -> None:
     argv = [CHAMBER, "service", "recorder", "--data-dir", str(tmp_path), "--clickhouse-cluster", "fleet"]
     result = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 2 and "needs a ClickHouse server (--clickhouse-url)" in result.stderr, result.stderr
+
+
+def test_clickhouse_parses_a_rollup_round_on_a_cluster() -> None:
+    """On a cluster a round reads only replicas that are up to date (it cannot run here: no Keeper)."""
+    sql = round_sql("2026-01-01 00:00:00.000000", "2026-01-01 00:00:05.000000", replicated=True)
+    assert "max_replica_delay_for_distributed_queries = 1" in sql and "GLOBAL IN" in sql
+    chdb.query(f"EXPLAIN AST {sql}", "CSV")
