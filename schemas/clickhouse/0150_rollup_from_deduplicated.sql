@@ -65,7 +65,9 @@ SELECT
 FROM gpu_minute
 GROUP BY cluster, node, gpu_index, minute;
 
--- ... and are recomputed from the de-duplicated raw rows where those are still kept (version 1 wins).
+-- ... and the last day is recomputed from the de-duplicated raw rows (version 1 wins). Only a day:
+-- the recorder runs migrations before it consumes, and TELEMETRY keeps minutes, not days; older
+-- minutes keep their values (counted twice only where a duplicate got in, which is rare).
 INSERT INTO gpu_minute_rollup
 SELECT
     cluster, node, gpu_index, toStartOfMinute(ts) AS minute,
@@ -73,4 +75,5 @@ SELECT
     avgState(utilization_pct), max(utilization_pct), max(memory_used_mib), avgState(power_w), max(temperature_c),
     toDateTime64(0.000001, 6, 'UTC')
 FROM gpu_samples FINAL
+WHERE ts >= now() - INTERVAL 1 DAY
 GROUP BY cluster, node, gpu_index, minute;

@@ -87,7 +87,7 @@ async def test_a_sample_stored_again_in_another_batch_counts_once_in_the_minute_
 
 def test_an_existing_rollup_is_carried_over_and_recomputed_from_the_raw_rows(tmp_path: Path) -> None:
     """A warehouse made before exact rollups (the view-fed table with a doubled minute) is migrated:
-    minutes whose raw rows are kept are recomputed from them, older ones keep their rolled-up values."""
+    the last day's minutes are recomputed from the raw rows, older ones keep their rolled-up values."""
     old = tmp_path / "old-migrations"
     old.mkdir()
     for path in sorted(schema_dir().glob("*.sql")):
