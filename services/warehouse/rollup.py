@@ -88,16 +88,19 @@ REPLICA_SETTINGS = (
 )
 
 
-def round_sql(done_until: str, until: str, *, replicated: bool = False) -> str:
-    """Recompute every key pending in (done_until, until]. The keys' time span bounds the scan (the
-    raw table is partitioned by day and sorted by node, then time). GLOBAL IN: on a cluster the keys
-    are read once and sent to every shard (a plain IN over two distributed tables is refused)."""
-    pending = f"FROM {PENDING_TABLE} WHERE at > {_at(done_until)} AND at <= {_at(until)}"
+def round_sql(done_until: str, until: str, minute: str, *, replicated: bool = False) -> str:
+    """Recompute one minute for every node with a key pending in (done_until, until]: a scan of that
+    minute only (the raw table is partitioned by day and sorted by node, then time), so a node that
+    sends hours-old samples costs its own minutes, not a scan of the hours between. GLOBAL IN: on a
+    cluster the nodes are read once and sent to every shard (a plain IN over two distributed tables
+    is refused)."""
+    start = f"toDateTime64('{minute}', 3, 'UTC')"
+    pending = f"FROM {PENDING_TABLE} WHERE at > {_at(done_until)} AND at <= {_at(until)} AND minute = '{minute}'"
     return f"""INSERT INTO {ROLLUP_TABLE}
 SELECT{_AGGREGATES}
 FROM gpu_samples FINAL
-WHERE ts >= (SELECT min(minute) {pending}) AND ts < (SELECT max(minute) + INTERVAL 1 MINUTE {pending})
-    AND (cluster, node, toStartOfMinute(ts)) GLOBAL IN (SELECT cluster, node, minute {pending})
+WHERE ts >= {start} AND ts < {start} + INTERVAL 1 MINUTE
+    AND (cluster, node) GLOBAL IN (SELECT cluster, node {pending})
 GROUP BY cluster, node, gpu_index, minute{REPLICA_SETTINGS if replicated else ""}"""
 
 
@@ -131,13 +134,14 @@ class RollupRounds:
             stored = self.warehouse.query(f"SELECT toString(max(done_until)) FROM {PROGRESS_TABLE}").scalar()
             self.done_until = str(stored or "1970-01-01 00:00:00.000000")
         until = str(self.warehouse.query(f"SELECT toString(now64(6) - {settle_s})").scalar())
-        count = self.warehouse.query(
-            f"SELECT count() FROM {PENDING_TABLE} WHERE at > {_at(self.done_until)} AND at <= {_at(until)}"
-        ).scalar()
-        if count:
-            replicated = getattr(self.warehouse, "cluster", None) is not None
-            self.warehouse.command(round_sql(self.done_until, until, replicated=replicated))
-            self.rounds += 1
+        minutes = self.warehouse.query(
+            f"SELECT DISTINCT toString(minute) FROM {PENDING_TABLE} "
+            f"WHERE at > {_at(self.done_until)} AND at <= {_at(until)} ORDER BY 1"
+        ).rows
+        replicated = getattr(self.warehouse, "cluster", None) is not None
+        for (minute,) in minutes:
+            self.warehouse.command(round_sql(self.done_until, until, str(minute), replicated=replicated))
+        self.rounds += 1 if minutes else 0
         self.warehouse.command(f"INSERT INTO {PROGRESS_TABLE} VALUES ('rollup', {_at(until)})")
         self.done_until = until
 

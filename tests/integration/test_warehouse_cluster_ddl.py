@@ -73,6 +73,6 @@ def test_a_cluster_without_a_server_is_a_usage_error(tmp_path: Path) -> None:
 
 def test_clickhouse_parses_a_rollup_round_on_a_cluster() -> None:
     """On a cluster a round reads only replicas that are up to date (it cannot run here: no Keeper)."""
-    sql = round_sql("2026-01-01 00:00:00.000000", "2026-01-01 00:00:05.000000", replicated=True)
+    sql = round_sql("2026-01-01 00:00:00.000000", "2026-01-01 00:00:05.000000", "2026-01-01 00:00:00", replicated=True)
     assert "max_replica_delay_for_distributed_queries = 1" in sql and "GLOBAL IN" in sql
     chdb.query(f"EXPLAIN AST {sql}", "CSV")

@@ -136,6 +136,12 @@ async def test_deferred_rounds_recompute_what_a_recorder_noted_before_it_died(tm
         await second.call(lambda: later.run(settle_s=0.0))  # its first round starts where the mark is
         assert minute(warehouse) == (40, 40.0)
         assert utilization(warehouse) == (40.0, 100.0)
+        # One round over minutes far apart: a node catching up on an hour-old sample, and the live one.
+        late = Recorded(a_sample("n2", T0 - 3600, [10.0], seq=0, interval_s=1.0), "late", "t", "", "T", "s", 99)
+        await second.store([late, *batch(40, 1)], suspect=False)
+        await second.call(lambda: later.run(settle_s=0.0))
+        by_node = "SELECT node, sum(samples) FROM gpu_minute WHERE gpu_index = 0 GROUP BY node ORDER BY node"
+        assert warehouse.query(by_node).rows == [["n1", 41], ["n2", 1]]
     finally:
         first.close()
         second.close()
