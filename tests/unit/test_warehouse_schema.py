@@ -32,8 +32,7 @@ def test_migrations_are_numbered_in_order_and_every_statement_is_idempotent() ->
             into = re.match(r"INSERT INTO (\w+)\s", statement)
             assert (
                 "IF NOT EXISTS" in upper
-                or (upper.startswith("DROP ")
-                and " IF EXISTS " in upper)
+                or (upper.startswith("DROP ") and " IF EXISTS " in upper)
                 or " MODIFY SETTING " in upper
                 or (into is not None and into.group(1) in replacing)
             ), f"{m.name}: {statement[:60]}"
