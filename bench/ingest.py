@@ -8,6 +8,8 @@ GPU. Two cases, each in its own nats-server and warehouse:
   the samples that carry per-link counters, once a minute; the others carry the per-GPU totals).
 For each: 1. end to end: published to TELEMETRY, then consumed by the recorder's consumers (fetch, bulk
 decode into Arrow columns, chDB insert, ack) until all are stored, timed from the first pull request;
+the minute rollups recomputed in rounds as the recorder does (`--rollups per-batch`: after every
+batch), with the closing round that rolls up what is left timed apart (`last_rollup_round_s`);
 2. the ceiling: the same messages through the same pull consumer path (the same number of consumers,
 fetch + ack per message), without decoding or storing. `ratio` is 1. over 2.
 3. The fleet efficiency query over 24 h of a 1,000-GPU fleet (one sample per GPU per minute, jobs
@@ -53,6 +55,7 @@ from services.runtime.nats_server import NatsServerProcess
 from services.warehouse import migrate
 from services.warehouse.chdb_backend import ChdbWarehouse
 from services.warehouse.efficiency import efficiency_sql
+from services.warehouse.rollup import insert_samples
 
 GPUS = 8
 NODES = 125
@@ -140,6 +143,7 @@ async def end_to_end(
     *,
     worst: bool,
     old_form: bool = False,
+    rollups: str = "deferred",
 ) -> dict[str, object]:
     nc = await connect(url, name="bench")
     js = nc.jetstream()
@@ -152,7 +156,7 @@ async def end_to_end(
 
     warehouse = ChdbWarehouse(data_dir)
     migrate(warehouse)
-    writer = TimedWriter(warehouse)
+    writer = TimedWriter(warehouse, deferred_rollups=rollups == "deferred")
     stop = asyncio.Event()
     holder: list[ServiceContext] = []
 
@@ -181,9 +185,16 @@ async def end_to_end(
         await asyncio.sleep(0.01)
     e2e_s = writer.last_end - first_fetch[0]  # from the first pull request, not process start
     startup_s = first_fetch[0] - t0
+    round_s = 0.0
+    if writer.rollups is not None:  # what the periodic rounds did not cover yet, timed
+        rounds = writer.rollups
+        t1 = time.perf_counter()
+        await writer.call(lambda: rounds.run(settle_s=0.0))
+        round_s = time.perf_counter() - t1
     stop.set()
     await task
     stored = warehouse.count("gpu_samples")
+    rolled_up = int(warehouse.query("SELECT sum(samples) FROM gpu_minute").scalar() or 0)
     writer.close()
     warehouse.close()
     await nc.close()
@@ -195,6 +206,10 @@ async def end_to_end(
         "message_bytes_old_form": old_size,
         "gpu_samples_stored": stored,
         "gpu_samples_per_s": round(n * GPUS / e2e_s),
+        "rollups": rollups,
+        "last_rollup_round_s": round(round_s, 3),
+        "gpu_samples_per_s_incl_last_round": round(n * GPUS / (e2e_s + round_s)),
+        "gpu_samples_rolled_up": rolled_up,
         "raw_consume_gpu_samples_per_s": round(n * GPUS / raw_s),
         "raw_consume_msgs_per_s": round(n / raw_s),
         "e2e_msgs_per_s": round(n / e2e_s),
@@ -308,7 +323,7 @@ def efficiency_query(data_dir: Path, repeats: int) -> dict[str, float]:
         )
     )
     t0 = time.perf_counter()
-    warehouse.insert("gpu_samples", table)
+    insert_samples(warehouse, table)
     insert_s = time.perf_counter() - t0
     # Jobs: 2,000 intervals of 4 GPUs, each held for 6 h, spread over the day and the fleet.
     jobs = []
@@ -385,6 +400,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20, help="efficiency query runs")
     parser.add_argument("--consumers", type=int, default=3, help="recorder pull consumers on TELEMETRY")
     parser.add_argument("--skip-query", action="store_true", help="measure ingest only")
+    parser.add_argument(
+        "--rollups",
+        choices=("deferred", "per-batch"),
+        default="deferred",
+        help="minute rollups recomputed in rounds, as the recorder does (default), or after every batch",
+    )
     args = parser.parse_args()
     configure_logging("error")
     # Other processes on the machine change every rate here: say how busy it was.
@@ -407,6 +428,7 @@ def main() -> None:
                         args.fetch_max_bytes,
                         worst=case == "worst",
                         old_form=args.old_form,
+                        rollups=args.rollups,
                     )
                 )
             finally:

@@ -35,6 +35,7 @@ from services.runtime.logs import configure_logging
 from services.runtime.nats_server import NatsServerProcess
 from services.warehouse import migrate
 from services.warehouse.chdb_backend import ChdbWarehouse
+from services.warehouse.rollup import insert_samples
 
 GPUS = 8
 FLEETS = (16, 100, 1000, 10_000)
@@ -88,17 +89,19 @@ def warehouse_bytes_per_row(records: list[Record], data_dir: Path) -> dict[str, 
         migrate(warehouse)
         for i in range(0, len(samples), 2000):
             chunk = samples[i : i + 2000]
-            warehouse.insert("gpu_samples", sample_table([r.body for r in chunk], [r.msg_id for r in chunk]))
-        for table in ("gpu_samples", "gpu_minute"):
+            insert_samples(warehouse, sample_table([r.body for r in chunk], [r.msg_id for r in chunk]))
+        for table in ("gpu_samples", "gpu_minute_rollup"):
             warehouse.command(f"OPTIMIZE TABLE {table} FINAL")
         rows = warehouse.query(
             "SELECT table, sum(rows), sum(bytes_on_disk), sum(data_uncompressed_bytes) FROM system.parts "
-            "WHERE active AND database = currentDatabase() AND table IN ('gpu_samples', 'gpu_minute') GROUP BY table"
+            "WHERE active AND database = currentDatabase() AND table IN ('gpu_samples', 'gpu_minute_rollup') "
+            "GROUP BY table"
         ).rows
     finally:
         warehouse.close()
     out: dict[str, float] = {}
-    for table, count, on_disk, raw in rows:
+    for name, count, on_disk, raw in rows:
+        table = "gpu_minute" if name == "gpu_minute_rollup" else name  # the table behind the view
         out[f"{table}_rows"] = int(count)
         out[f"{table}_bytes_per_row"] = round(int(on_disk) / int(count), 2)
         out[f"{table}_compression"] = round(int(raw) / int(on_disk), 1)

@@ -96,7 +96,7 @@ class Agent:
         self.job_events = 0  # JobStarted / JobCompleted this process decided
         # Live while the loop answers; ready once NATS is connected (and the simulated executor's
         # JOBS consumer is bound). Sampling goes on into the spool either way.
-        self.health_state = HealthState(service="agent")
+        self.health_state = HealthState(service="agent", checks=[lambda: self.outbox.problem])
         self.health: HealthServer | None = None
         if opts.simulate:
             self.fleet = SimFleet(

@@ -9,6 +9,11 @@ One pump task publishes everything, so order is kept:
 Every record carries its `Nats-Msg-Id` (node + sequence), so a record that reached the stream but
 whose ack was lost is dropped by JetStream when it is sent again (within the stream's duplicate
 window, 120 s for TELEMETRY).
+
+A publish that no stream takes (the server answers "no responders": e.g. its subject mapping sends
+samples to a partition stream that does not exist) is spooled like any other failure, and diagnosed:
+one log line says what the server maps, which streams exist and the fix, and `problem` holds it for
+the health report until a publish goes through again.
 """
 
 from __future__ import annotations
@@ -24,12 +29,14 @@ from nats.js import JetStreamContext
 
 from node_agent.spool import Record, Spool
 from services.runtime.logs import get_logger
+from services.runtime.partitions import diagnose_unrouted
 
 log = get_logger("chamber.agent.outbox")
+DIAGNOSE_EVERY_S = 30.0  # a stuck publish is re-diagnosed at most this often (the log line only on change)
 
 
 class _Batch:
-    __slots__ = ("acked", "done", "expected", "failed", "number", "ok")
+    __slots__ = ("acked", "done", "expected", "failed", "number", "ok", "unrouted")
 
     def __init__(self, number: int, size: int) -> None:
         self.number = number
@@ -37,6 +44,7 @@ class _Batch:
         self.acked = 0
         self.expected = size
         self.failed = False
+        self.unrouted = -1  # the first record no stream took ("no responders"), -1: none
         self.done = asyncio.Event()
 
 
@@ -66,6 +74,8 @@ class Outbox:
         self._ack_prefix = ""
         self._batch = 0
         self._acks: _Batch | None = None
+        self.problem: str | None = None  # why publishing is stuck, for the health report
+        self._diagnosed_at = float("-inf")
 
     def attach(self, nc: Client) -> None:
         """Publish through this connection (set once it first connects)."""
@@ -188,7 +198,22 @@ class Outbox:
         ok = batch.ok.find(0)
         ok = sent if ok < 0 or ok > sent else ok
         self.published += ok
+        if batch.unrouted >= 0:
+            await self._diagnose(records[batch.unrouted].subject)
+        elif ok == len(records) and self.problem is not None:
+            log.info("publishing again", was=self.problem)
+            self.problem = None
         return ok
+
+    async def _diagnose(self, subject: str) -> None:
+        now = asyncio.get_running_loop().time()
+        if self.nc is None or now - self._diagnosed_at < DIAGNOSE_EVERY_S:
+            return
+        self._diagnosed_at = now
+        problem = await diagnose_unrouted(self.nc, subject)
+        if problem != self.problem:
+            log.error("no stream takes this node's records", detail=problem)
+        self.problem = problem
 
     async def _on_ack(self, msg: Msg) -> None:
         batch = self._acks
@@ -204,7 +229,10 @@ class Outbox:
                 batch.acked += 1
         else:
             batch.failed = True
-            log.warning("publish refused", subject=msg.subject, reply=msg.data[:200].decode(errors="replace"))
+            if not msg.data and (msg.headers or {}).get("Status") == "503":
+                batch.unrouted = i if batch.unrouted < 0 else min(batch.unrouted, i)
+            else:
+                log.warning("publish refused", subject=msg.subject, reply=msg.data[:200].decode(errors="replace"))
         if batch.failed or batch.acked >= batch.expected:
             batch.done.set()
 

@@ -1,5 +1,7 @@
 """`chamber streams`: every JetStream stream and KV bucket with its replicas, leader and followers
-(are they current?), messages and bytes: what an operator checks on a NATS cluster."""
+(are they current?), messages and bytes: what an operator checks on a NATS cluster. Then the
+telemetry partitions: how many the server's mapping has (learnt from probes no stream stores), how
+many are configured here and how many partition streams exist, and what to do when they disagree."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import json
 from typing import Any
 
 from services.cli.common import add_nats_option, with_nats
+from services.runtime.partitions import configured_partitions, existing_partitions, explain_mapping, server_partitions
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -38,14 +41,32 @@ async def read_streams(nc: Any) -> list[dict[str, Any]]:
     return sorted((describe(i) for i in infos), key=lambda s: s["name"])
 
 
+async def read_partitions(nc: Any) -> dict[str, Any]:
+    server = await server_partitions(nc)
+    configured, existing = configured_partitions(), await existing_partitions(nc.jetstream())
+    problem = explain_mapping(server, configured, existing) if server is not None else None
+    return {"server_mapping": server, "configured": configured, "streams": len(existing), "problem": problem}
+
+
+async def read_all(nc: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    return await read_streams(nc), await read_partitions(nc)
+
+
 def run(args: argparse.Namespace) -> int:
-    streams = with_nats(args, read_streams)
+    streams, partitions = with_nats(args, read_all)
     if args.json:
-        print(json.dumps({"streams": streams}, indent=2))
+        print(json.dumps({"streams": streams, "telemetry_partitions": partitions}, indent=2))
         return 0
     width = max([len("stream"), *(len(s["name"]) for s in streams)])
     print(f"{'stream':<{width}} {'R':>2} {'leader':<16} {'followers (behind?)':<32} {'messages':>10}")
     for s in streams:
         followers = ", ".join(f"{f['name']}{'' if f['current'] else ' (behind)'}" for f in s["followers"]) or "-"
         print(f"{s['name']:<{width}} {s['replicas']:>2} {s['leader'] or '-':<16} {followers:<32} {s['messages']:>10}")
+    server = partitions["server_mapping"]
+    print(
+        f"telemetry partitions: server mapping {server if server is not None else 'unknown (probes not answered)'}, "
+        f"configured {partitions['configured']}, partition streams {partitions['streams']}"
+    )
+    if partitions["problem"]:
+        print(partitions["problem"])
     return 0

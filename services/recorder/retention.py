@@ -15,7 +15,7 @@ RAW_TTL_DAYS = 30  # raw samples: one row per GPU per interval, the big table
 ROLLUP_TTL_DAYS = 400  # minute rollups: what reports and efficiency read past the raw TTL
 
 # table -> the TTL expression, with the days left to fill in
-_TTL = {"gpu_samples": "toDateTime(ts) + INTERVAL {days} DAY", "gpu_minute": "minute + INTERVAL {days} DAY"}
+_TTL = {"gpu_samples": "toDateTime(ts) + INTERVAL {days} DAY", "gpu_minute_rollup": "minute + INTERVAL {days} DAY"}
 _DAYS = re.compile(r"TTL .*?toIntervalDay\((\d+)\)")
 
 
@@ -39,7 +39,7 @@ def apply_retention(
     for value, what in ((raw_days, "raw sample TTL"), (rollup_days, "rollup TTL")):
         if value < 1:
             raise ValueError(f"the {what} must be at least 1 day, not {value}")
-    wanted = {"gpu_samples": raw_days, "gpu_minute": rollup_days}
+    wanted = {"gpu_samples": raw_days, "gpu_minute_rollup": rollup_days}
     changed = []
     for table, now in ttl_days(warehouse).items():
         days = wanted[table]

@@ -85,6 +85,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"days the per-GPU minute rollups are kept ({ROLLUP_TTL_DAYS})",
     )
     parser.add_argument(
+        "--rollup-every",
+        type=float,
+        default=5.0,
+        help="seconds between recomputations of the minute rollups from the de-duplicated samples (5)",
+    )
+    parser.add_argument(
         "--partition-lease-ttl",
         type=float,
         default=15.0,
@@ -119,6 +125,7 @@ async def setup_recorder(
     analytics: Warehouse | None = None,
     holder: str | None = None,
     partition_ttl_s: float = 15.0,
+    rollup_every_s: float = 5.0,
 ) -> None:
     """Consumers for every stream, and the `sql` command. TELEMETRY may get several pull consumers on
     the same durable, so one decodes and acks while another's batch is being inserted. Telemetry
@@ -174,6 +181,23 @@ async def setup_recorder(
         return await answer_sql(writer, request.sql, request.max_rows, analytics=analytics)
 
     ctx.command("sql", SqlRequest, sql)
+    if writer.rollups is not None:
+        ctx.task(lambda: rollup_rounds(writer, ctx.stop, rollup_every_s))
+
+
+async def rollup_rounds(writer: Writer, stop: asyncio.Event, every_s: float) -> None:
+    """Recompute the noted minutes every `every_s` (the first round at start: what a predecessor
+    noted and did not recompute), once more on the way out. A failed round is retried next time:
+    the minutes stay noted."""
+    while True:
+        try:
+            await writer.rollup_round()
+        except WarehouseError as exc:
+            log.warning("minute rollup round failed, retrying", error=str(exc))
+        if stop.is_set():
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), every_s)
 
 
 async def answer_sql(
@@ -254,10 +278,12 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
     for name in ("raw_ttl_days", "rollup_ttl_days"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1 (days)")
+    if not args.rollup_every > 0:
+        raise UsageError(f"--rollup-every must be a positive number of seconds, not {args.rollup_every:g}")
     warehouse = await open_when_ready(args, stop)
     if warehouse is None:
         return
-    writer = Writer(warehouse, after_insert=_crash_hook())
+    writer = Writer(warehouse, after_insert=_crash_hook(), deferred_rollups=True)
     analytics = None
     if args.clickhouse_url and args.clickhouse_sql_url:
         analytics = await asyncio.to_thread(open_for_analytics, args)
@@ -274,6 +300,7 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
                 fetch_max_bytes=max_bytes,
                 analytics=analytics,
                 partition_ttl_s=args.partition_lease_ttl,
+                rollup_every_s=args.rollup_every,
             )
 
         await serve(NAME, args.nats, setup, stop)

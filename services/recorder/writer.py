@@ -23,6 +23,7 @@ from services.recorder.rows import ID_TABLES, STATE_TABLES, Recorded, build_tabl
 from services.runtime.consumer import TransientError
 from services.runtime.logs import get_logger
 from services.warehouse.backend import QueryResult, Warehouse, WarehouseError, WarehouseUnavailable
+from services.warehouse.rollup import RollupRounds, recompute_minutes
 
 log = get_logger("chamber.recorder.writer")
 T = TypeVar("T")
@@ -59,8 +60,17 @@ def _quoted(values: list[str]) -> str:
 class Writer:
     """All warehouse calls run on one worker thread: chDB is one session, and the loop stays free."""
 
-    def __init__(self, warehouse: Warehouse, *, after_insert: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        warehouse: Warehouse,
+        *,
+        after_insert: Callable[[str], None] | None = None,
+        deferred_rollups: bool = False,
+    ) -> None:
+        """`deferred_rollups`: note the minutes each batch touched and recompute them in `rollup_round`
+        (the recorder, every few seconds); otherwise after every batch (tests, small tools)."""
         self.warehouse = warehouse
+        self.rollups = RollupRounds(warehouse) if deferred_rollups else None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="warehouse")
         self._after_insert = after_insert  # a test hook: crash between insert and ack
         self.rows_written: dict[str, int] = {}
@@ -100,12 +110,24 @@ class Writer:
                 continue
             if suspect and name in ID_TABLES:
                 table = self._drop_stored(name, table)
-                if table.num_rows == 0:
-                    continue
-            self.warehouse.insert(name, table, dedup_token=insert_token(name, table))
-            self.rows_written[name] = self.rows_written.get(name, 0) + table.num_rows
-            if self._after_insert is not None:
-                self._after_insert(name)
+            if table.num_rows:
+                self.warehouse.insert(name, table, dedup_token=insert_token(name, table))
+                self.rows_written[name] = self.rows_written.get(name, 0) + table.num_rows
+                if self._after_insert is not None:
+                    self._after_insert(name)
+        samples = tables.get("gpu_samples")
+        if samples is not None:
+            # From every row of the batch, stored now or before: a batch retried after its insert
+            # landed and its recomputation failed still gets its minutes recomputed.
+            if self.rollups is not None:
+                self.rollups.note(samples)
+            else:
+                recompute_minutes(self.warehouse, samples)
+
+    async def rollup_round(self) -> None:
+        """Recompute the minutes noted since the last round (deferred rollups only)."""
+        if self.rollups is not None:
+            await self.call(self.rollups.run)
 
     def _drop_stored(self, name: str, table: pa.Table) -> pa.Table:
         ids = pc.unique(table.column("event_id")).to_pylist()

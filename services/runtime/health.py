@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +49,9 @@ class HealthState:
     service: str
     nc: Any = None  # a nats-py Client: only `is_connected` is read
     consumers: Sequence[Any] = ()
+    # Each returns why the process cannot do its job now (None: fine), e.g. the agent's "no stream
+    # takes this node's samples"; any problem makes it not ready, and the report says which.
+    checks: list[Callable[[], str | None]] = field(default_factory=list)
     started_at: float = field(default_factory=time.monotonic)
     _progress: dict[str, tuple[int, float]] = field(default_factory=dict)
 
@@ -59,8 +62,9 @@ class HealthState:
         consumers = [self._consumer_report(c, now) for c in self.consumers]
         bound = all(c["bound"] for c in consumers)
         live = True  # answering at all is the liveness signal
-        ready = connected and bound
-        body = {
+        problems = [p for check in self.checks if (p := check())]
+        ready = connected and bound and not problems
+        body: dict[str, Any] = {
             "service": self.service,
             "live": live,
             "ready": ready,
@@ -68,6 +72,8 @@ class HealthState:
             "uptime_s": round(now - self.started_at, 1),
             "consumers": consumers,
         }
+        if problems:
+            body["problems"] = problems
         return live, ready, body
 
     def _consumer_report(self, consumer: Any, now: float) -> dict[str, Any]:

@@ -27,8 +27,12 @@ _NOT_CLUSTERED = 10074
 _PLACEMENT_ERRORS = {_NOT_CLUSTERED, 10005, 10023}
 
 
-def stream_config(spec: StreamSpec, replicas: int = 1) -> StreamConfig:
+def stream_config(spec: StreamSpec, replicas: int = 1, *, byte_shares: int = 1) -> StreamConfig:
+    """`byte_shares`: how many streams split the spec's byte cap (TELEMETRY and its partition streams
+    share the one configured cap, so the total on disk stays what the operator set)."""
     max_age, max_bytes = retention(spec)  # TELEMETRY's may be set by the operator
+    if max_bytes and byte_shares > 1:
+        max_bytes = max(max_bytes // byte_shares, 1)
     return StreamConfig(
         name=spec.name,
         description=spec.description,
@@ -52,15 +56,19 @@ async def ensure_streams(
     `specs` default: the design's streams, TELEMETRY split into the configured partitions (keeping
     partition streams of an earlier, larger count: see `events.partitions`).
     `replicas` (default: `replicas_for(js)`, from configuration and the cluster) is a floor: a stream
-    with fewer is raised to it, one an operator raised higher keeps its count (never lowered)."""
+    with fewer is raised to it, one an operator raised higher keeps its count (never lowered).
+    TELEMETRY's byte cap is the total over TELEMETRY and its partition streams among `specs`: each of
+    the k telemetry streams gets cap / k."""
     if replicas is None:
         replicas = replicas_for(js, known_peers=await _known_peers(js), fresh=True)
         remember(js, replicas)
     if specs is None:
         specs = await _design_streams(js)
+    specs = list(specs)
+    shares = sum(1 for s in specs if s.name.startswith(TELEMETRY.name)) or 1
     changed: list[str] = []
     for spec in specs:
-        wanted = stream_config(spec, replicas)
+        wanted = stream_config(spec, replicas, byte_shares=shares if spec.name.startswith(TELEMETRY.name) else 1)
         try:
             info = await js.stream_info(spec.name)
         except NotFoundError:

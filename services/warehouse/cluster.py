@@ -9,10 +9,13 @@ Each table of the single-node DDL becomes two, created `ON CLUSTER`:
   minute rollup (the materialized view runs per shard, local table to local table), and every copy of
   one event (so the replacing engine can collapse duplicates).
 Views are created `ON CLUSTER` and read the distributed tables; `ALTER TABLE` goes to the local ones.
+`DROP VIEW` / `DROP TABLE IF EXISTS` run `ON CLUSTER` (a table: its distributed and local halves);
+`INSERT INTO ... SELECT` (a backfill) runs once, through the distributed tables, which send each row
+to its shard.
 
 Without a cluster the DDL runs as written. The rewrite is textual and only knows the statement
-shapes of `schemas/clickhouse/` (one `CREATE TABLE`, `CREATE [MATERIALIZED] VIEW` or `ALTER TABLE`
-each); anything else is refused rather than guessed.
+shapes of `schemas/clickhouse/` (one `CREATE TABLE`, `CREATE [MATERIALIZED] VIEW`, `ALTER TABLE`,
+`DROP ... IF EXISTS` or `INSERT INTO ... SELECT` each); anything else is refused rather than guessed.
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ from services.warehouse.backend import WarehouseError
 SHARDING_KEYS = {
     "gpu_samples": "cityHash64(cluster, node)",
     "gpu_minute": "cityHash64(cluster, node)",
+    "gpu_minute_rollup": "cityHash64(cluster, node)",  # recomputed from its node's samples, on their shard
+    "gpu_minute_pending": "cityHash64(cluster, node)",
+    "gpu_minute_progress": "cityHash64(name)",
     "gpu_inventory": "cityHash64(cluster, node)",
     "fleet_events": "cityHash64(cluster, node)",
     "job_events": "cityHash64(job_id)",
@@ -38,6 +44,9 @@ _ENGINE = re.compile(r"^ENGINE = (\w*MergeTree)(?:\((.*?)\))?\s*$", re.M)
 _CREATE_MV = re.compile(r"^CREATE MATERIALIZED VIEW IF NOT EXISTS (\w+) TO (\w+) AS\b", re.I)
 _CREATE_VIEW = re.compile(r"^CREATE VIEW IF NOT EXISTS (\w+) AS\b", re.I)
 _ALTER = re.compile(r"^ALTER TABLE (\w+) ", re.I)
+_DROP_VIEW = re.compile(r"^DROP VIEW IF EXISTS (\w+)$", re.I)
+_DROP_TABLE = re.compile(r"^DROP TABLE IF EXISTS (\w+)$", re.I)
+_INSERT_SELECT = re.compile(r"^INSERT INTO \w+\s*\n\s*SELECT\b", re.I)
 
 
 def check_cluster_name(name: str) -> str:
@@ -66,6 +75,13 @@ def on_cluster(statements: list[str] | tuple[str, ...], cluster: str) -> list[st
             out.append(f"CREATE VIEW IF NOT EXISTS {match.group(1)} ON CLUSTER {cluster} AS{statement[match.end() :]}")
         elif match := _ALTER.match(statement):
             out.append(f"ALTER TABLE {match.group(1)}_local ON CLUSTER {cluster} {statement[match.end() :]}")
+        elif match := _DROP_VIEW.match(statement):
+            out.append(f"DROP VIEW IF EXISTS {match.group(1)} ON CLUSTER {cluster} SYNC")
+        elif match := _DROP_TABLE.match(statement):  # the distributed table (or a view), then its local twin
+            out.append(f"DROP TABLE IF EXISTS {match.group(1)} ON CLUSTER {cluster} SYNC")
+            out.append(f"DROP TABLE IF EXISTS {match.group(1)}_local ON CLUSTER {cluster} SYNC")
+        elif _INSERT_SELECT.match(statement):
+            out.append(statement)
         else:
             raise WarehouseError(f"cannot run this statement ON CLUSTER {cluster}: {statement.splitlines()[0]}")
     return out

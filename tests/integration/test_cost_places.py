@@ -28,6 +28,7 @@ from services.runtime.nats_server import free_port
 from services.warehouse import migrate
 from services.warehouse.chdb_backend import ChdbWarehouse
 from services.warehouse.efficiency import efficiency_sql, shape, sql_time
+from services.warehouse.rollup import insert_samples
 from tests.warehouse_builders import T0, a_sample, scheduled, submitted
 
 pytestmark = pytest.mark.integration
@@ -100,8 +101,8 @@ def test_costs_priced_by_instance_type_cluster_and_model_report_by_provider_regi
     recorded = [
         Recorded(e, f"e{i}", "test", "", "TEST", "test", i + 1) for i, e in enumerate([*events, *samples, *costs])
     ]
-    for name, table in build_tables(recorded).items():
-        warehouse.insert(name, table)
+    for name, table in build_tables(recorded).items():  # as the recorder stores them
+        insert_samples(warehouse, table) if name == "gpu_samples" else warehouse.insert(name, table)
 
     def places(by: str) -> dict[str, dict[str, float]]:
         rows = warehouse.query(places_sql(T0, T0 + 300, by)).as_dicts()
@@ -136,8 +137,8 @@ def test_the_billing_report_cli_splits_cost_by_provider(tmp_path: Path) -> None:
     warehouse = ChdbWarehouse(tmp_path)
     migrate(warehouse)
     recorded = [Recorded(e, f"e{i}", "test", "", "TEST", "test", i + 1) for i, e in enumerate([*events, *costs])]
-    for name, table in build_tables(recorded).items():
-        warehouse.insert(name, table)
+    for name, table in build_tables(recorded).items():  # as the recorder stores them
+        insert_samples(warehouse, table) if name == "gpu_samples" else warehouse.insert(name, table)
     warehouse.close()  # the CLI opens the directory itself
     chamber = str(Path(sys.executable).parent / "chamber")
     window = ["--since", sql_time(T0).replace(" ", "T"), "--until", sql_time(T0 + 600).replace(" ", "T")]

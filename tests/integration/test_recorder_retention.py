@@ -17,17 +17,17 @@ def test_the_ttls_are_set_as_asked_changed_only_when_they_differ_and_kept_across
     warehouse = ChdbWarehouse(tmp_path)
     try:
         migrate(warehouse)
-        assert ttl_days(warehouse) == {"gpu_samples": RAW_TTL_DAYS, "gpu_minute": ROLLUP_TTL_DAYS}
+        assert ttl_days(warehouse) == {"gpu_samples": RAW_TTL_DAYS, "gpu_minute_rollup": ROLLUP_TTL_DAYS}
         assert apply_retention(warehouse) == []  # the defaults are what the DDL made
         assert sorted(apply_retention(warehouse, raw_days=7, rollup_days=90)) == [
-            "gpu_minute: 400 -> 90 days",
+            "gpu_minute_rollup: 400 -> 90 days",
             "gpu_samples: 30 -> 7 days",
         ]
     finally:
         warehouse.close()
     reopened = ChdbWarehouse(tmp_path)
     try:
-        assert ttl_days(reopened) == {"gpu_samples": 7, "gpu_minute": 90}
+        assert ttl_days(reopened) == {"gpu_samples": 7, "gpu_minute_rollup": 90}
         assert apply_retention(reopened, raw_days=7, rollup_days=90) == []
     finally:
         reopened.close()

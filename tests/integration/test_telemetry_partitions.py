@@ -7,6 +7,8 @@ is explained and loses nothing."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -17,12 +19,25 @@ import pytest
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
+from events import subjects
 from events.partitions import partition_of, partition_stream, partition_subject, server_mapping_conf
+from events.streams import ENV_TELEMETRY_MAX_BYTES
+from node_agent.outbox import Outbox
+from node_agent.runner import envelope
+from node_agent.spool import Kind, Record, Spool
 from services.cli import main as chamber
 from services.recorder.partitions import PartitionOwnership, fair_share
 from services.runtime import Publisher, connect, ensure_streams
+from services.runtime.health import HealthState
 from services.runtime.nats_server import NatsServerProcess
-from services.runtime.partitions import existing_partitions, explain_change, telemetry_inputs
+from services.runtime.partitions import (
+    existing_partitions,
+    explain_change,
+    explain_mapping,
+    explain_unrouted,
+    server_partitions,
+    telemetry_inputs,
+)
 from services.warehouse.chdb_backend import ChdbWarehouse
 from services.warehouse.migrations import migrate
 from tests.builders import a_node_sample
@@ -85,6 +100,20 @@ async def test_each_node_lands_in_its_partition_and_plain_subscribers_still_see_
     assert {s.rsplit(".", 2)[1] for s in seen} == set(NODES)
     assert len({partition_of(n, 4) for n in NODES}) > 1  # the nodes really are spread
     assert [s for s, _ in await telemetry_inputs(js)] == ["TELEMETRY", *(partition_stream(i) for i in range(4))]
+
+
+async def test_the_telemetry_byte_cap_is_the_total_over_the_partition_streams(
+    pnc: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cap = 10 * 2**20
+    monkeypatch.setenv(ENV_TELEMETRY_MAX_BYTES, str(cap))
+    js = pnc.jetstream()
+    await ensure_streams(js)
+    names = ["TELEMETRY", *(partition_stream(i) for i in range(4))]
+    caps = {name: (await js.stream_info(name)).config.max_bytes for name in names}
+    assert caps == dict.fromkeys(names, cap // 5)  # TELEMETRY (inventories) and 4 partitions
+    assert sum(caps.values()) <= cap
+    assert await ensure_streams(js) == []  # a second service with the same settings changes nothing
 
 
 async def test_the_recorder_stores_every_partition_once(pnc: Client, four: NatsServerProcess, tmp_path: Path) -> None:
@@ -214,3 +243,87 @@ async def test_with_roles_an_agent_publishes_into_its_partition_and_the_reader_r
             await nc.close()
     finally:
         server.kill()
+
+
+async def test_a_server_mapping_more_partitions_than_streams_exist_is_explained_and_nothing_is_lost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CHAMBER_TELEMETRY_PARTITIONS", "2")  # the services made 2 partition streams ...
+    server = mapped_server(tmp_path, 4, tmp_path / "jetstream")  # ... the server maps 4
+    server.start()
+    stop = asyncio.Event()
+    try:
+        nc = await connect(server.url, name="agent")
+        js = nc.jetstream()
+        await ensure_streams(js)
+        node = next(n for n in NODES if partition_of(n, 4) >= 2)  # a node mapped past the streams
+        p = partition_of(node, 4)
+        spool = Spool(tmp_path / "spool")
+        outbox = Outbox(spool, ack_timeout_s=2.0, on_reconnect=lambda: ensure_streams(js))
+        health = HealthState(service="agent", nc=nc, checks=[lambda: outbox.problem])  # as the agent wires it
+        outbox.attach(nc)
+        pump = asyncio.create_task(outbox.run(stop, retry_s=0.05))
+        event = sample(node, 0)
+        outbox.submit([Record(int(Kind.SAMPLE), subjects.sample("c1", node), *envelope(event, "t", f"{node}/0", NOW))])
+
+        await eventually(lambda: outbox.problem is not None, within=20)
+        problem = outbox.problem or ""
+        assert f"maps chamber.telemetry.sample.c1.{node} to partition {p}" in problem, problem
+        assert (
+            f"at least {p + 1} partitions, but only 2 partition streams exist (TELEMETRY_P0..TELEMETRY_P1)" in problem
+        )
+        assert "CHAMBER_TELEMETRY_PARTITIONS" in problem and "partition(2, node)" in problem
+        assert outbox.published == 0 and not spool.empty()  # spooled, not dropped
+        live, ready, body = health.report()
+        assert live and not ready and body["problems"] == [problem]
+
+        # The operator's view: `chamber streams` learns the server's count from probes no stream stores.
+        assert await server_partitions(nc) == 4
+        out = await asyncio.to_thread(lambda: _cli(["streams", "--nats", server.url]))
+        assert "telemetry partitions: server mapping 4, configured 2, partition streams 2" in out, out
+        assert "maps node samples to 4 partitions, but 2 partition streams exist" in out
+        assert "CHAMBER_TELEMETRY_PARTITIONS=4" in out
+
+        monkeypatch.setenv("CHAMBER_TELEMETRY_PARTITIONS", "4")  # the fix: the services follow the server
+        await ensure_streams(js)
+        assert await outbox.drained(20)
+        assert outbox.problem is None and health.report()[1]
+        state = (await js.stream_info(partition_stream(p))).state
+        assert state.messages == 1  # the sample, once; the diagnosis's probe was never stored
+        assert await server_partitions(nc) == 4  # probes with every stream in place: still none stored
+        assert [(await js.stream_info(partition_stream(i))).state.messages for i in range(4)].count(0) >= 3
+        stop.set()
+        await asyncio.wait_for(pump, 10)
+        await nc.close()
+    finally:
+        stop.set()
+        server.kill()
+
+
+def _cli(argv: list[str]) -> str:
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        assert chamber(argv) == 0
+    return buffer.getvalue()
+
+
+async def test_without_a_mapping_the_server_has_one_partition(nats_server: NatsServerProcess, nc: Client) -> None:
+    assert await server_partitions(nc) == 1
+
+
+def test_a_mapping_and_streams_that_disagree_are_explained_with_both_numbers() -> None:
+    assert explain_mapping(4, 4, [0, 1, 2, 3]) is None
+    assert explain_mapping(1, 1, []) is None
+    more = explain_mapping(8, 4, [0, 1, 2, 3]) or ""
+    assert "maps node samples to 8 partitions, but 4 partition streams exist" in more
+    assert "partitions 4..7 spool" in more and "CHAMBER_TELEMETRY_PARTITIONS=8" in more
+    fewer = explain_mapping(1, 4, [0, 1, 2, 3]) or ""
+    assert "maps node samples to 1 partition(s)" in fewer and "Nothing is lost" in fewer
+
+
+def test_an_agent_that_may_not_probe_still_says_the_mapping_outruns_the_streams() -> None:
+    """With roles an agent may not subscribe, so the probe does not come back: a sample with no stream
+    can only mean a partition past the streams (unmapped, it would land in TELEMETRY)."""
+    line = explain_unrouted("chamber.telemetry.sample.c1.node-03", None, [0, 1], 2)
+    assert "more than the 2 partition streams that exist (TELEMETRY_P0..TELEMETRY_P1)" in line
+    assert "CHAMBER_TELEMETRY_PARTITIONS" in line and "partition(2, node)" in line

@@ -18,6 +18,7 @@ import pytest
 
 from services.warehouse import Warehouse, WarehouseError, migrate
 from services.warehouse.migrations import load
+from services.warehouse.rollup import insert_samples
 
 pytestmark = pytest.mark.integration
 
@@ -34,7 +35,7 @@ class WarehouseContract:
         tables = {r[0] for r in warehouse.query("SHOW TABLES").rows}
         assert {"gpu_samples", "gpu_minute", "events", "job_events", "cost_ledger", "gpu_minutes"} <= tables
 
-    def test_an_arrow_insert_feeds_the_minute_rollup(self, warehouse: Warehouse) -> None:
+    def test_an_arrow_insert_and_its_recomputation_feed_the_minute_rollup(self, warehouse: Warehouse) -> None:
         migrate(warehouse)
         now_ms = int(time.time()) // 60 * 60 * 1000  # a minute boundary, recent enough for the TTL
         rows = pa.table(
@@ -51,14 +52,18 @@ class WarehouseContract:
                 "event_id": ["e1", "e2", "e1"],
             }
         )
-        warehouse.insert("gpu_samples", rows)
+        insert_samples(warehouse, rows)
         assert warehouse.count("gpu_samples") == 3
-        result = warehouse.query(
+        query = (
             "SELECT gpu_index, sum(samples) AS n, sum(util_seconds) AS busy, avgMerge(util_avg) AS avg "
             "FROM gpu_minute GROUP BY gpu_index ORDER BY gpu_index"
         )
+        result = warehouse.query(query)
         assert result.columns == ["gpu_index", "n", "busy", "avg"]
         assert result.rows == [[0, 2, 15, 75], [1, 1, 0, None]]
+        # The same samples again in another insert (no shared token): the minute still counts them once.
+        insert_samples(warehouse, rows.slice(1, 2))
+        assert warehouse.query(query).rows == [[0, 2, 15, 75], [1, 1, 0, None]]
 
     def test_replacing_tables_collapse_a_repeated_event_under_final(self, warehouse: Warehouse) -> None:
         migrate(warehouse)

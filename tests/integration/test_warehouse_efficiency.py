@@ -35,6 +35,7 @@ from services.runtime.nats_server import free_port
 from services.warehouse import Warehouse, migrate
 from services.warehouse.chdb_backend import ChdbWarehouse
 from services.warehouse.efficiency import efficiency_sql, shape, sql_time
+from services.warehouse.rollup import insert_samples
 from tests.warehouse_builders import (
     T0,
     a_sample,
@@ -79,8 +80,8 @@ def timeline() -> list[Event]:
 
 def record(warehouse: Warehouse, events: list[Event]) -> None:
     items = [Recorded(e, f"e{i}", "test", "", "TEST", "test", i + 1) for i, e in enumerate(events)]
-    for name, table in build_tables(items).items():
-        warehouse.insert(name, table)
+    for name, table in build_tables(items).items():  # as the recorder stores them
+        insert_samples(warehouse, table) if name == "gpu_samples" else warehouse.insert(name, table)
 
 
 @pytest.fixture
