@@ -28,6 +28,7 @@ from services.runtime.nats_server import free_port
 from services.warehouse import migrate
 from services.warehouse.chdb_backend import ChdbWarehouse
 from services.warehouse.efficiency import efficiency_sql, shape, sql_time
+from services.warehouse.rollup import insert_samples
 from tests.integration.test_cost_places import fleet
 from tests.warehouse_builders import T0, a_sample, an_inventory
 
@@ -55,7 +56,7 @@ def warehouse(tmp_path: Path) -> ChdbWarehouse:
     migrate(w)
     items = [Recorded(e, f"e{i}", "test", "", "TEST", "test", i + 1) for i, e in enumerate(events())]
     for name, table in build_tables(items).items():
-        w.insert(name, table)
+        insert_samples(w, table) if name == "gpu_samples" else w.insert(name, table)
     return w
 
 

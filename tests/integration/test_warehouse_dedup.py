@@ -103,7 +103,7 @@ def test_an_existing_rollup_is_carried_over_and_recomputed_from_the_raw_rows(tmp
         long_ago = time.strftime("%Y-%m-%d %H:%M:00", time.gmtime(T0 - 100 * 86400))  # raw rows gone, rollup kept
         warehouse.command(expired + f"('c1', 'n0', 5, '{long_ago}', 60, 60.0)")
         assert minute(warehouse) == (40, 40.0)  # the doubled samples, as they were
-        assert migrate(warehouse) == ["0150_rollup_from_deduplicated", "0151_minute_view"]
+        assert migrate(warehouse)[:2] == ["0150_rollup_from_deduplicated", "0151_minute_view"]  # later ones may follow
         assert minute(warehouse) == (30, 30.0)
         assert warehouse.query("SELECT sum(samples) FROM gpu_minute WHERE node = 'n0'").scalar() == 60
         migrate(warehouse)  # up to date: nothing runs again
