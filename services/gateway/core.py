@@ -338,21 +338,24 @@ def _fleet(state: GatewayState, event: NodeDiscovered | NodeUpdated | NodeLost |
             node.status = event.status.value
         case NodeLost():
             node.status = NodeStatus.LOST.value
-            state.timeline.append(
+            _add_to_timeline(
+                state,
                 TimelineEntry(
                     event.at, "node_lost", event.cluster, event.node, event.reason or "node lost", None, "critical"
-                )
+                ),
             )
         case NodeIsolated():
             node.isolated = Isolation(
                 event.cluster, event.node, None, event.at, event.reason, tuple(event.fault_ids), event.until
             )
-            state.timeline.append(
-                TimelineEntry(event.at, "node_isolated", event.cluster, event.node, event.reason, None, "critical")
+            _add_to_timeline(
+                state,
+                TimelineEntry(event.at, "node_isolated", event.cluster, event.node, event.reason, None, "critical"),
             )
         case NodeRestored():
             node.isolated = None
-            state.timeline.append(
+            _add_to_timeline(
+                state,
                 TimelineEntry(
                     event.at,
                     "node_restored",
@@ -361,7 +364,7 @@ def _fleet(state: GatewayState, event: NodeDiscovered | NodeUpdated | NodeLost |
                     _restored(event.reason, event.by),
                     None,
                     "info",
-                )
+                ),
             )
 
 
@@ -382,7 +385,27 @@ def _gpu_isolation(state: GatewayState, event: GpuIsolated | GpuRestored) -> Non
         entry = TimelineEntry(
             event.at, "gpu_restored", event.cluster, event.node, _restored(event.reason, event.by), event.gpu_index
         )
-    state.timeline.append(entry)
+    _add_to_timeline(state, entry)
+
+
+def _timeline_key(entry: TimelineEntry) -> tuple[float, str, str, str, int, str, str]:
+    idx = -1 if entry.gpu_index is None else entry.gpu_index
+    return (entry.at, entry.kind, entry.cluster, entry.node, idx, entry.detail, entry.severity)
+
+
+def _add_to_timeline(state: GatewayState, entry: TimelineEntry) -> None:
+    """Keep the timeline in event-time order, whatever order the streams were folded in: the newest
+    MAX_TIMELINE entries by (time, then every field), so any interleaving keeps the same entries."""
+    timeline, key = state.timeline, _timeline_key(entry)
+    at = len(timeline)
+    while at > 0 and _timeline_key(timeline[at - 1]) > key:  # usually the newest: no step at all
+        at -= 1
+    if len(timeline) == timeline.maxlen:
+        if at == 0:
+            return  # older than everything kept
+        timeline.popleft()
+        at -= 1
+    timeline.insert(at, entry)
 
 
 def _restored(reason: str, by: str) -> str:
@@ -396,10 +419,11 @@ def _fault(state: GatewayState, event: GpuFaultDetected) -> None:
         detail = f"{event.kind.value} ({detail})"
     if event.detail:
         detail += f": {event.detail}"
-    state.timeline.append(
+    _add_to_timeline(
+        state,
         TimelineEntry(
             event.observed_at, "fault", event.cluster, event.node, detail, event.gpu_index, event.severity.value
-        )
+        ),
     )
 
 
