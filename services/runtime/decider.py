@@ -51,7 +51,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import APIError, NoStreamResponseError
 
 from events import Event
-from events.codec import DEFAULT_MAX_BYTES, DecodeError, UnknownEventType, decode
+from events.codec import DEFAULT_MAX_BYTES, DecodeError, UnknownEventType, decode_event
 from services.runtime.backoff import Backoff
 from services.runtime.consumer import FETCH_BACKOFF
 from services.runtime.dead_letter import dead_letter
@@ -284,9 +284,9 @@ class DeciderHost(Generic[S]):
             assert puller is not None
             for msg in puller.take():
                 source.buffer.append((position(msg), msg))
-            if not source.buffer:
-                if puller.ended_empty:  # the server had nothing more for us (purged, or all filtered)
-                    source.pending = 0
+            if not source.buffer and puller.ended_empty:  # the server had nothing more for us
+                source.pending = 0  # (purged, or all filtered)
+            if len(source.buffer) < batch:  # the next batch travels while this one is folded
                 await puller.request(batch, 1.0)
         folded = await self._merge()
         if folded:
@@ -304,35 +304,48 @@ class DeciderHost(Generic[S]):
                 w.cancel()
 
     async def _merge(self) -> int:
-        """Fold the smallest head by (timestamp, input, sequence) while no input is behind."""
+        """Fold the smallest head by (timestamp, input, sequence) while no input is behind.
+
+        The smallest head's input is folded in one run up to the next input's head: no other buffer
+        changes meanwhile (only `_step` fills them), so this is the one-message-at-a-time merge
+        without its per-message scan of every input."""
         sources = self.sources
         n = 0
         while True:
             best: _Source | None = None
+            best_key: tuple[int, int] = (0, 0)
+            limit: tuple[int, int] | None = None  # the second smallest head
             for s in sources:
                 if not s.buffer:
                     if s.pending > 0:
                         return n  # this input has older messages on their way: wait for them
                     continue
-                if best is None or (s.buffer[0][0].timestamp_ns, s.index) < (
-                    best.buffer[0][0].timestamp_ns,
-                    best.index,
-                ):
-                    best = s
+                key = (s.buffer[0][0].timestamp_ns, s.index)
+                if best is None or key < best_key:
+                    if best is not None:
+                        limit = best_key
+                    best, best_key = s, key
+                elif limit is None or key < limit:
+                    limit = key
             if best is None:
                 return n
-            pos, msg = best.buffer.popleft()
-            best.pending = pos.pending
-            self._fold(best, pos, msg)
-            n += 1
-            if n % 5000 == 0:
-                await asyncio.sleep(0)  # a long replay still answers health checks and commands
+            buffer, index = best.buffer, best.index
+            while buffer:
+                pos, msg = buffer[0]
+                if limit is not None and (pos.timestamp_ns, index) >= limit:
+                    break
+                buffer.popleft()
+                best.pending = pos.pending
+                self._fold(best, pos, msg)
+                n += 1
+                if n % 5000 == 0:
+                    await asyncio.sleep(0)  # a long replay still answers health checks and commands
 
     def _fold(self, source: _Source, pos: Position, msg: Msg) -> None:
         """Decode and evolve one message (synchronous: no task or await per message)."""
         self.positions[source.spec.stream] = pos.stream_seq
         try:
-            envelope = decode(msg.headers, msg.data, max_bytes=DEFAULT_MAX_BYTES)
+            event, event_id = decode_event(msg.headers, msg.data, max_bytes=DEFAULT_MAX_BYTES)
         except UnknownEventType:
             self.stats.skipped += 1
             return
@@ -340,13 +353,13 @@ class DeciderHost(Generic[S]):
             self._dead_letter(source, msg, exc)
             return
         if self.decider.evolve_with_id:
-            self.decider.evolve(self.state, envelope.event, envelope.id)  # type: ignore[call-arg]
+            self.decider.evolve(self.state, event, event_id)  # type: ignore[call-arg]
         else:
-            self.decider.evolve(self.state, envelope.event)
+            self.decider.evolve(self.state, event)
         self.stats.folded += 1
         self._changed_since_snapshot = True
         if self.awaiting:
-            self.awaiting.discard(envelope.id)
+            self.awaiting.discard(event_id)
 
     def _dead_letter(self, source: _Source, msg: Msg, exc: DecodeError) -> None:
         """Copy a poison message to chamber.dead.<stream> with the reason (in the background)."""
