@@ -32,6 +32,7 @@ _STATUS = "Status"
 _DESCRIPTION = "Description"
 _HEARTBEAT = "100"
 _ENDED = ("404", "408")  # drained (no_wait), or the long poll expired
+_FULL = "409"  # with "Message Size Exceeds MaxBytes": the request's byte bound is reached, an end too
 _GRACE_S = 1.0  # beyond the pull's own expiry before a silent request is given up (lost in a reconnect)
 _json = msgspec.json.Encoder()
 
@@ -70,9 +71,18 @@ class BatchPuller:
     """
 
     def __init__(
-        self, nc: Client, stream: str, consumer: str, *, api_prefix: str = DEFAULT_API_PREFIX, eager: bool = False
+        self,
+        nc: Client,
+        stream: str,
+        consumer: str,
+        *,
+        api_prefix: str = DEFAULT_API_PREFIX,
+        eager: bool = False,
+        max_bytes: int | None = None,
     ) -> None:
+        """`max_bytes`: a request's byte bound besides its message count (the server ends it there)."""
         self.nc = nc
+        self.max_bytes = max_bytes
         self.next_subject = f"{api_prefix}.CONSUMER.MSG.NEXT.{stream}.{consumer}"
         self.eager = eager
         self.wake = asyncio.Event()  # set when messages are ready or the open request ended
@@ -94,9 +104,10 @@ class BatchPuller:
             status = msg.headers[_STATUS]
             if status == _HEARTBEAT:
                 return
-            if status not in _ENDED:  # 409 (consumer deleted, leader change...), 503 (JetStream away)
+            ended = status in _ENDED or (status == _FULL and "MaxBytes" in msg.headers.get(_DESCRIPTION, ""))
+            if not ended:  # 409 (consumer deleted, leader change...), 503 (JetStream away)
                 self._refused = f"{status} {msg.headers.get(_DESCRIPTION, '')}".strip()
-            elif self._got == 0:
+            elif self._got == 0 and status in _ENDED:
                 self.ended_empty = True
             self._asked = 0
             self.wake.set()
@@ -110,6 +121,11 @@ class BatchPuller:
     @property
     def ready(self) -> int:
         return len(self._ready)
+
+    @property
+    def requesting(self) -> bool:
+        """A request is open: the server may still deliver on it."""
+        return self._asked > 0
 
     async def request(self, batch: int, timeout: float) -> None:
         """Ask for up to `batch` messages unless a request is open (or one was lost: asked again)."""
@@ -127,7 +143,9 @@ class BatchPuller:
             self.wake.clear()
             # no_wait with expires: what is there now (ended by a 404 once drained), or, when there is
             # nothing, a long poll that ends at the timeout (408).
-            request = {"batch": self._asked, "no_wait": True, "expires": int(timeout * 1e9)}
+            request: dict[str, object] = {"batch": self._asked, "no_wait": True, "expires": int(timeout * 1e9)}
+            if self.max_bytes:
+                request["max_bytes"] = self.max_bytes
             await self.nc.publish(self.next_subject, _json.encode(request), reply=inbox.subject)
 
     def take(self) -> list[Msg]:
