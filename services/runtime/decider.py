@@ -286,7 +286,7 @@ class DeciderHost(Generic[S]):
                 source.buffer.append((position(msg), msg))
             if not source.buffer and puller.ended_empty:  # the server had nothing more for us
                 source.pending = 0  # (purged, or all filtered)
-            if len(source.buffer) < batch:  # the next batch travels while this one is folded
+            if len(source.buffer) <= batch:  # the next batch travels while this one is folded
                 await puller.request(batch, 1.0)
         folded = await self._merge()
         if folded:
