@@ -92,7 +92,8 @@ def main() -> None:
                     print(json.dumps(result), flush=True)
     for measure in MEASURES:
         summary: dict[str, object] = {"summary": measure, "rounds": args.rounds}
-        for metric in ("events_per_s", "events_per_cpu_s"):
+        metrics = [m for m in ("events_per_s", "events_per_cpu_s", "steady_events_per_s", "steady_events_per_cpu_s")]
+        for metric in [m for m in metrics if m in runs[(measure, codes[0][0])][0]]:
             values = {label: [int(r[metric]) for r in runs[(measure, label)]] for label, _ in codes}
             best = {label: max(v) for label, v in values.items()}  # the least disturbed run
             median = {label: statistics.median(v) for label, v in values.items()}
