@@ -35,6 +35,7 @@ H_MSG_ID = "Nats-Msg-Id"
 
 _encoder = msgspec.json.Encoder()
 _decoders: dict[type[Event], msgspec.json.Decoder] = {}
+_by_type_decoders: dict[str, msgspec.json.Decoder] = {}  # ce-type -> decoder, for the types seen
 # CloudEvents NATS (and HTTP) binding: in a `ce-` header value, space, '"', '%' and anything outside
 # printable ASCII are percent-encoded (UTF-8). Everything else travels as is.
 _CE_PLAIN = re.compile(r"^[\x21\x23\x24\x26-\x7e]*$")
@@ -160,13 +161,24 @@ def _checked(hdrs: Mapping[str, str], body: bytes, max_bytes: int) -> Event:
     spec = hdrs.get(H_SPECVERSION)
     if spec != SPECVERSION:
         raise DecodeError("envelope", f"header {H_SPECVERSION} is {spec!r}, expected {SPECVERSION!r}")
-    for name in (H_ID, H_SOURCE, H_TYPE):
-        if not hdrs.get(name):
-            raise DecodeError("envelope", f"header {name} is missing")
+    if not (hdrs.get(H_ID) and hdrs.get(H_SOURCE) and hdrs.get(H_TYPE)):
+        missing = next(name for name in (H_ID, H_SOURCE, H_TYPE) if not hdrs.get(name))
+        raise DecodeError("envelope", f"header {missing} is missing")
     content_type = hdrs.get(H_CONTENT_TYPE, CONTENT_TYPE)
     if content_type != CONTENT_TYPE and content_type.split(";")[0].strip() != CONTENT_TYPE:
         raise DecodeError("content_type", f"content-type is {content_type!r}, expected {CONTENT_TYPE!r}")
     ce_type = hdrs[H_TYPE]
+    decoder = _by_type_decoders.get(ce_type) or _type_decoder(ce_type)
+    try:
+        return decoder.decode(body)
+    except msgspec.ValidationError as exc:
+        raise DecodeError("invalid", f"{ce_type}: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise DecodeError("malformed", f"body is not valid JSON: {exc}") from None
+
+
+def _type_decoder(ce_type: str) -> msgspec.json.Decoder:
+    """The decoder of a known type (kept for the next message of that type), else why not."""
     cls = by_type(ce_type)
     if cls is None:
         parsed = parse_event_type(ce_type)
@@ -178,12 +190,8 @@ def _checked(hdrs: Mapping[str, str], body: bytes, max_bytes: int) -> Event:
                     "unknown_version", f"event type {ce_type!r} has major version {major}; known: {known}"
                 )
         raise UnknownEventType(ce_type)
-    try:
-        return _decoder(cls).decode(body)
-    except msgspec.ValidationError as exc:
-        raise DecodeError("invalid", f"{ce_type}: {exc}") from None
-    except msgspec.DecodeError as exc:
-        raise DecodeError("malformed", f"body is not valid JSON: {exc}") from None
+    decoder = _by_type_decoders[ce_type] = _decoder(cls)
+    return decoder
 
 
 def decode(headers: Mapping[str, str] | None, body: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Envelope:

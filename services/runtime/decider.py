@@ -63,6 +63,7 @@ from services.runtime.snapshots import Snapshot, SnapshotStore
 
 log = get_logger("chamber.runtime.decider")
 S = TypeVar("S")
+_YIELD_EVERY = 5000  # messages folded between two yields to the event loop during a long replay
 APPEND_ATTEMPTS = 8  # about 10 s of retries: longer than a JetStream leader election
 WRONG_LAST_SEQUENCE = 10071  # JetStream's error code for a failed Nats-Expected-Last-Subject-Sequence
 
@@ -329,37 +330,44 @@ class DeciderHost(Generic[S]):
                     limit = key
             if best is None:
                 return n
-            buffer, index = best.buffer, best.index
-            while buffer:
-                pos, msg = buffer[0]
-                if limit is not None and (pos.timestamp_ns, index) >= limit:
-                    break
-                buffer.popleft()
-                best.pending = pos.pending
-                self._fold(best, pos, msg)
-                n += 1
-                if n % 5000 == 0:
-                    await asyncio.sleep(0)  # a long replay still answers health checks and commands
+            n += self._fold_run(best, limit, _YIELD_EVERY - n % _YIELD_EVERY)
+            if n % _YIELD_EVERY == 0:
+                await asyncio.sleep(0)  # a long replay still answers health checks and commands
 
-    def _fold(self, source: _Source, pos: Position, msg: Msg) -> None:
-        """Decode and evolve one message (synchronous: no task or await per message)."""
-        self.positions[source.spec.stream] = pos.stream_seq
-        try:
-            event, event_id = decode_event(msg.headers, msg.data, max_bytes=DEFAULT_MAX_BYTES)
-        except UnknownEventType:
-            self.stats.skipped += 1
-            return
-        except DecodeError as exc:
-            self._dead_letter(source, msg, exc)
-            return
-        if self.decider.evolve_with_id:
-            self.decider.evolve(self.state, event, event_id)  # type: ignore[call-arg]
-        else:
-            self.decider.evolve(self.state, event)
-        self.stats.folded += 1
-        self._changed_since_snapshot = True
-        if self.awaiting:
-            self.awaiting.discard(event_id)
+    def _fold_run(self, source: _Source, limit: tuple[int, int] | None, budget: int) -> int:
+        """Decode and evolve `source`'s messages while they come before `limit` (at most `budget`):
+        synchronous, no task or await per message, the loop's names bound once."""
+        buffer, index, stream = source.buffer, source.index, source.spec.stream
+        evolve, with_id, state = self.decider.evolve, self.decider.evolve_with_id, self.state
+        positions, awaiting = self.positions, self.awaiting
+        taken = folded = 0
+        while buffer and taken < budget:
+            pos, msg = buffer[0]
+            if limit is not None and (pos.timestamp_ns, index) >= limit:
+                break
+            buffer.popleft()
+            taken += 1
+            source.pending = pos.pending
+            positions[stream] = pos.stream_seq
+            try:
+                event, event_id = decode_event(msg.headers, msg.data, max_bytes=DEFAULT_MAX_BYTES)
+            except UnknownEventType:
+                self.stats.skipped += 1
+                continue
+            except DecodeError as exc:
+                self._dead_letter(source, msg, exc)
+                continue
+            if with_id:
+                evolve(state, event, event_id)  # type: ignore[call-arg]
+            else:
+                evolve(state, event)
+            folded += 1
+            if awaiting:
+                awaiting.discard(event_id)
+        if folded:
+            self.stats.folded += folded
+            self._changed_since_snapshot = True
+        return taken
 
     def _dead_letter(self, source: _Source, msg: Msg, exc: DecodeError) -> None:
         """Copy a poison message to chamber.dead.<stream> with the reason (in the background)."""
