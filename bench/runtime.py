@@ -59,12 +59,25 @@ async def publish_samples(url: str, n: int) -> dict[str, object]:
     }
 
 
-def consume_once(code: Path, url: str, measure: str, batch: int) -> dict[str, object]:
-    cmd = [sys.executable, str(ROOT / "bench" / "consume_once.py"), "--code", str(code), "--url", url]
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process so far (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def consume_once(code: Path, server: NatsServerProcess, measure: str, batch: int) -> dict[str, object]:
+    """One run in its own process; `server_cpu_us_per_event`: the nats-server's CPU over the run (all of
+    it, the consumer's start included) per event, to see which side bounds a quiet 2-core machine."""
+    assert server.proc is not None
+    cmd = [sys.executable, str(ROOT / "bench" / "consume_once.py"), "--code", str(code), "--url", server.url]
+    server_cpu = cpu_seconds(server.proc.pid)
     out = subprocess.run([*cmd, "--measure", measure, "--batch", str(batch)], capture_output=True, text=True)
+    server_cpu = cpu_seconds(server.proc.pid) - server_cpu
     if out.returncode != 0:
         raise SystemExit(f"consume_once failed for {code}:\n{out.stderr[-2000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result["server_cpu_us_per_event"] = round(server_cpu * 1e6 / int(result["events"]), 1)
+    return result
 
 
 def main() -> None:
@@ -87,7 +100,7 @@ def main() -> None:
         for _ in range(args.rounds):
             for measure in MEASURES:
                 for label, code in codes:
-                    result = {"run": label, **consume_once(code, server.url, measure, args.batch)}
+                    result = {"run": label, **consume_once(code, server, measure, args.batch)}
                     runs.setdefault((measure, label), []).append(result)
                     print(json.dumps(result), flush=True)
     for measure in MEASURES:
