@@ -342,10 +342,11 @@ class DeciderHost(Generic[S]):
         positions, awaiting = self.positions, self.awaiting
         taken = folded = 0
         while buffer and taken < budget:
-            pos, msg = buffer[0]
+            item = buffer.popleft()
+            pos, msg = item
             if limit is not None and (pos.timestamp_ns, index) >= limit:
+                buffer.appendleft(item)  # the next input's head comes first
                 break
-            buffer.popleft()
             taken += 1
             source.pending = pos.pending
             positions[stream] = pos.stream_seq

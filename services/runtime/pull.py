@@ -44,12 +44,16 @@ class Position(NamedTuple):  # a tuple: made per message on the hot path, cheape
     pending: int  # messages left in the stream for this consumer after this one
 
 
+_new_tuple = tuple.__new__
+
+
 def position(msg: Msg) -> Position:
     """Where a message sits, from its ack subject (the short form, or nats-py's metadata otherwise)."""
     reply = msg.reply or ""
     tokens = reply.split(".")
     if len(tokens) == 9 and tokens[0] == "$JS" and tokens[1] == "ACK":
-        return Position(int(tokens[5]), int(tokens[4]), int(tokens[7]), int(tokens[8]))
+        # tuple.__new__ directly: a NamedTuple's own __new__ is a Python frame per message
+        return _new_tuple(Position, (int(tokens[5]), int(tokens[4]), int(tokens[7]), int(tokens[8])))
     meta = msg.metadata  # the longer form, with domain and account hash
     ts = int(meta.timestamp.timestamp() * 1e9) if meta.timestamp else 0
     return Position(meta.sequence.stream, meta.num_delivered, ts, meta.num_pending)
