@@ -36,7 +36,7 @@ from services.runtime.connection import Throttled
 from services.runtime.dead_letter import dead_letter
 from services.runtime.logs import get_logger
 from services.runtime.pull import BatchPuller, Position, position
-from services.runtime.tracing import consume_span
+from services.runtime.tracing import consume_span, traced
 
 log = get_logger("chamber.runtime.consumer")
 _fetch_failed = Throttled("fetch failed", logger=log)  # a dead bus fails every fetch of every consumer
@@ -227,6 +227,8 @@ class Consumer:
     def _traced_call(self, msg: Msg, delivery: Delivery) -> Callable[[], Awaitable[None]]:
         handler = self.handler
         assert handler is not None
+        if not traced(msg.headers):  # no span to make or trace to continue: the handler alone
+            return lambda: handler(delivery)
 
         async def call() -> None:
             with consume_span(
