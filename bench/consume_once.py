@@ -102,6 +102,8 @@ async def node_samples(url: str, batch: int) -> dict[str, object]:
     nc = await connect(url, name="bench-consume")
     js = nc.jetstream()
     total = (await js.stream_info("TELEMETRY")).state.messages
+    if not total:  # TELEMETRY keeps 15 minutes: a server filled longer ago has nothing left
+        raise SystemExit("TELEMETRY is empty: fill the server again")
     done = asyncio.Event()
     count = 0
 
