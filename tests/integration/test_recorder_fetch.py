@@ -93,7 +93,9 @@ async def test_a_refused_pull_is_an_error_the_run_loop_backs_off_from_not_an_emp
     try:
         assert len(await consumer.fetch()) == 1
         waiting = asyncio.create_task(consumer.fetch())  # a long poll on a quiet stream
-        await asyncio.sleep(0.1)
+        puller = consumer.puller
+        assert puller is not None
+        await eventually(lambda: puller.requesting, within=2)
         await js.delete_consumer("TELEMETRY", "recorder")  # the server ends the poll with a 409
         with pytest.raises(nats.errors.Error, match="409"):
             await asyncio.wait_for(waiting, 3)

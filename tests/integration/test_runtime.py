@@ -220,7 +220,7 @@ async def test_a_consumer_restarted_after_a_crash_continues_after_the_last_acked
     consumer = Consumer(crashed.jetstream(), options, handler=handle_ten)
     _stop, task = await run_consumer(consumer)
     await eventually(lambda: len(first.seen) == 10)
-    await asyncio.sleep(0.2)  # let the acks reach the server
+    await crashed.flush()  # the acks sent so far have reached the server (a PING answered after them)
     task.cancel()
     await crashed.close()
 
