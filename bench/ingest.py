@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import msgspec
 import pyarrow as pa
+from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
@@ -152,7 +153,7 @@ async def end_to_end(
     sizes = [len(r.body) for r in records]
     await publish(js, records)
     del records  # a running recorder holds no such list; keeping it would slow the garbage collector
-    raw_s = await raw_consume(js, n, batch, consumers, fetch_max_bytes)
+    raw_s = await raw_consume(nc, js, n, batch, consumers, fetch_max_bytes)
 
     warehouse = ChdbWarehouse(data_dir)
     migrate(warehouse)
@@ -222,12 +223,14 @@ async def end_to_end(
     }
 
 
-async def raw_consume(js: JetStreamContext, n: int, batch: int, consumers: int, fetch_max_bytes: int) -> float:
+async def raw_consume(
+    nc: Client, js: JetStreamContext, n: int, batch: int, consumers: int, fetch_max_bytes: int
+) -> float:
     """Seconds for `consumers` pull consumers (the recorder's fetch, on their own durable) to fetch and
     ack all n messages, without decoding or storing: the ceiling of the consume path."""
     options = ConsumerOptions(stream="TELEMETRY", durable="raw", batch=batch)
     pullers = [
-        SampleConsumer(js, options, batch_handler=_noop, table_handler=_noop, fetch_max_bytes=fetch_max_bytes)
+        SampleConsumer(js, options, nc=nc, batch_handler=_noop, table_handler=_noop, fetch_max_bytes=fetch_max_bytes)
         for _ in range(consumers)
     ]
     for puller in pullers:

@@ -1,13 +1,17 @@
-"""Runtime throughput on this machine: JetStream publish (batched acks) and consume (decode + ack),
-and the decider host's fold rate.
+"""Runtime throughput on this machine: JetStream publish (batched acks), and consume rates measured
+side by side for this checkout and, with `--before DIR`, another (e.g. the commit before a change:
+`git archive <commit> | tar -x -C DIR`).
 
-Starts its own nats-server in a temp dir. Prints one JSON object per measurement:
-- `node_samples`: 8-GPU node samples (~3 KiB of JSON) published, then consumed by the runtime
-  Consumer, through nats-py's `fetch` (`consume_path: fetch`) and through one pull request per batch
-  (`consume_path: batched_pull`, what every service's consumers use);
-- `domain_events`: small JOBS events (the scheduler's own kinds: submitted, scheduled, completed)
-  folded by the scheduler's manifest on the decider host, from start to caught up
-  (`folded_events_per_s`; includes decode, the merge across FLEET/QUOTA/JOBS, and `evolve`).
+Starts its own nats-server in a temp dir and fills it once: `--messages` 8-GPU node samples (~3 KiB
+of JSON) on TELEMETRY, and `--jobs` finished jobs (submitted, scheduled, completed: small JOBS events)
+plus a small fleet and quotas. Then, `--rounds` times, alternating the checkouts so both see the same
+machine load, `bench/consume_once.py` measures in its own process:
+- `domain_events`: the scheduler's manifest on the decider host folding everything from the start
+  until caught up (batched pull, merge across the inputs, decode, `evolve`);
+- `node_samples`: a runtime Consumer (batched pull, decode, handler and ack per message).
+Prints one JSON object per run, then one summary per measure: best and median of the wall-clock rate
+and of the rate per CPU second of the consuming process (steadier on a shared machine; on a quiet one
+the two meet), and their ratio against `--before`.
 """
 
 from __future__ import annotations
@@ -15,6 +19,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -22,180 +29,93 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from events import NodeSample, encode
-from services.runtime import Consumer, ConsumerOptions, Delivery, Publisher, connect, ensure_streams
+from events import encode
+from services.runtime import Publisher, connect, ensure_streams
 from services.runtime.logs import configure_logging
 from services.runtime.nats_server import NatsServerProcess
 from tests.builders import a_node_sample
 
+ROOT = Path(__file__).resolve().parents[1]
+MEASURES = ("domain_events", "node_samples")
 
-async def measure(url: str, n: int, batch: int, batched_pull: bool) -> dict[str, object]:
+
+async def publish_samples(url: str, n: int) -> dict[str, object]:
     nc = await connect(url, name="bench")
     js = nc.jetstream()
     await ensure_streams(js)
     samples = [a_node_sample(f"n{i % 64:02d}", seq=i) for i in range(n)]
     size = len(encode(samples[0], source="bench")[1])
-
     publisher = Publisher(js, source="bench")
     t0 = time.perf_counter()
-    await publisher.publish_many((s, f"{s.node}:{s.seq}:{batched_pull}", s.observed_at) for s in samples)
+    await publisher.publish_many((s, f"{s.node}:{s.seq}", s.observed_at) for s in samples)
     publish_s = time.perf_counter() - t0
-
-    done = asyncio.Event()
-    count = 0
-
-    async def handle(delivery: Delivery) -> None:
-        nonlocal count
-        assert isinstance(delivery.envelope.event, NodeSample)
-        count += 1
-        if count == n:
-            done.set()
-
-    durable = "bench-pull" if batched_pull else "bench-fetch"
-    consumer = Consumer(
-        js,
-        ConsumerOptions(stream="TELEMETRY", durable=durable, batch=batch),
-        handler=handle,
-        nc=nc if batched_pull else None,
-    )
-    await consumer.start()
-    stop = asyncio.Event()
-    t0 = time.perf_counter()
-    task = asyncio.create_task(consumer.run(stop))
-    await done.wait()
-    consume_s = time.perf_counter() - t0
-    stop.set()
-    await task
-    await consumer.unsubscribe()
     await nc.drain()
     return {
-        "measure": "node_samples",
-        "consume_path": "batched_pull" if batched_pull else "fetch",
+        "measure": "node_samples_publish",
         "messages": n,
         "message_bytes": size,
         "publish_msgs_per_s": round(n / publish_s),
-        "consume_msgs_per_s": round(n / consume_s),
         "publish_mb_per_s": round(n * size / publish_s / 1e6, 1),
-        "consume_batch": batch,
     }
 
 
-async def fold_rate(url: str, jobs: int) -> dict[str, object]:
-    """The scheduler manifest on the host, folding `jobs` x 3 JOBS events (plus a small fleet)."""
-    import argparse as _argparse
-    import dataclasses
-
-    from bench.restart import fill
-    from services.runtime.decider import DeciderHost
-    from services.runtime.host import ServiceContext, serve
-    from services.scheduler.service import Scheduler
-
-    filled = await fill(url, jobs, nodes=50)
-    args = _argparse.Namespace(
-        topology_key="rack",
-        interval=0.05,
-        full_every=30.0,
-        preemption_searches=4,
-        leader_lease="",
-        leader_lease_ttl=15.0,
-        retention_hours=6.0,
-        snapshot_every=300.0,
-    )
-    scheduler = Scheduler(args)
-    stop = asyncio.Event()
-    hosts: list[DeciderHost[object]] = []
-    installed = asyncio.Event()
-
-    async def setup(ctx: ServiceContext) -> None:
-        manifest = dataclasses.replace(scheduler.manifest(), snapshot=None)  # a full fold, no snapshot
-        host = DeciderHost(manifest, ctx)
-        scheduler.host = host  # type: ignore[assignment]
-        host.install()
-        hosts.append(host)  # type: ignore[arg-type]
-        installed.set()
-
-    t0 = time.perf_counter()
-    task = asyncio.create_task(serve("scheduler", url, setup, stop, health_port=None))
-    await installed.wait()
-    await hosts[0].caught_up_event.wait()
-    with_start_s = time.perf_counter() - t0
-    seconds = hosts[0].stats.ready_after_s or with_start_s  # from the host's start: connect excluded
-    folded = hosts[0].stats.folded
-    stop.set()
-    await task
-    return {
-        "measure": "domain_events",
-        "events": folded,
-        "seconds": round(seconds, 2),
-        "seconds_with_connect": round(with_start_s, 2),
-        "folded_events_per_s": round(folded / seconds),
-        "path": "decider host: batched pull, merge by timestamp, decode, scheduler evolve",
-        "fill_s": filled["fill_s"],
-    }
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process so far (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def fold_rate_consumers(url: str, jobs: int, batched_pull: bool) -> dict[str, object]:
-    """Before the host: the scheduler's old shell, one runtime Consumer per stream (per-message
-    handler, span and ack), folding into the same core until every event is in."""
-    from bench.restart import fill
-    from services.runtime import Consumer, ConsumerOptions
-    from services.scheduler.core import SchedulerState, evolve
-
-    filled = await fill(url, jobs, nodes=50)
-    total = int(filled["events"])
-    nc = await connect(url, name="bench-consumers")
-    js = nc.jetstream()
-    state = SchedulerState()
-    done = asyncio.Event()
-    count = 0
-
-    async def handle(delivery: Delivery) -> None:
-        nonlocal count
-        evolve(state, delivery.envelope.event)  # type: ignore[arg-type]
-        count += 1
-        if count == total:
-            done.set()
-
-    stop = asyncio.Event()
-    t0 = time.perf_counter()
-    consumers = [
-        Consumer(js, ConsumerOptions(stream=s, durable=None), handler=handle, nc=nc if batched_pull else None)
-        for s in ("FLEET", "QUOTA", "JOBS")
-    ]
-    tasks = [asyncio.create_task(c.run(stop)) for c in consumers]
-    await done.wait()
-    seconds = time.perf_counter() - t0
-    stop.set()
-    await asyncio.gather(*tasks)
-    for c in consumers:
-        await c.unsubscribe()
-    await nc.drain()
-    return {
-        "measure": "domain_events",
-        "events": count,
-        "seconds": round(seconds, 2),
-        "folded_events_per_s": round(count / seconds),
-        "path": "three runtime Consumers (the shell before the host), "
-        + ("batched pull" if batched_pull else "nats-py fetch")
-        + ", per-message handler + ack, scheduler evolve",
-    }
+def consume_once(code: Path, server: NatsServerProcess, measure: str, batch: int) -> dict[str, object]:
+    """One run in its own process; `server_cpu_us_per_event`: the nats-server's CPU over the run (all of
+    it, the consumer's start included) per event, to see which side bounds a quiet 2-core machine."""
+    assert server.proc is not None
+    cmd = [sys.executable, str(ROOT / "bench" / "consume_once.py"), "--code", str(code), "--url", server.url]
+    server_cpu = cpu_seconds(server.proc.pid)
+    out = subprocess.run([*cmd, "--measure", measure, "--batch", str(batch)], capture_output=True, text=True)
+    server_cpu = cpu_seconds(server.proc.pid) - server_cpu
+    if out.returncode != 0:
+        raise SystemExit(f"consume_once failed for {code}:\n{out.stderr[-2000:]}")
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result["server_cpu_us_per_event"] = round(server_cpu * 1e6 / int(result["events"]), 1)
+    return result
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--messages", type=int, default=20_000)
-    parser.add_argument("--batch", type=int, default=500)
-    parser.add_argument("--jobs", type=int, default=20_000, help="jobs (x3 events) for the fold rate")
+    parser.add_argument("--messages", type=int, default=20_000, help="node samples on TELEMETRY")
+    parser.add_argument("--batch", type=int, default=500, help="the node-sample consumer's batch")
+    parser.add_argument("--jobs", type=int, default=20_000, help="finished jobs (x3 events) for the fold")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--before", type=Path, help="another checkout to measure side by side")
     args = parser.parse_args()
     configure_logging("error", json=True)
-    for batched_pull in (False, True):
-        with tempfile.TemporaryDirectory() as tmp, NatsServerProcess(Path(tmp) / "js") as server:
-            print(json.dumps(asyncio.run(measure(server.url, args.messages, args.batch, batched_pull))), flush=True)
-    for batched_pull in (False, True):
-        with tempfile.TemporaryDirectory() as tmp, NatsServerProcess(Path(tmp) / "js") as server:
-            print(json.dumps(asyncio.run(fold_rate_consumers(server.url, args.jobs, batched_pull))), flush=True)
+    from bench.restart import fill
+
+    codes = [("before", args.before.resolve())] if args.before else []
+    codes.append(("after", ROOT))
+    runs: dict[tuple[str, str], list[dict[str, object]]] = {}
     with tempfile.TemporaryDirectory() as tmp, NatsServerProcess(Path(tmp) / "js") as server:
-        print(json.dumps(asyncio.run(fold_rate(server.url, args.jobs))), flush=True)
+        print(json.dumps(asyncio.run(publish_samples(server.url, args.messages))), flush=True)
+        asyncio.run(fill(server.url, args.jobs, nodes=50))
+        for _ in range(args.rounds):
+            for measure in MEASURES:
+                for label, code in codes:
+                    result = {"run": label, **consume_once(code, server, measure, args.batch)}
+                    runs.setdefault((measure, label), []).append(result)
+                    print(json.dumps(result), flush=True)
+    for measure in MEASURES:
+        summary: dict[str, object] = {"summary": measure, "rounds": args.rounds}
+        metrics = [m for m in ("events_per_s", "events_per_cpu_s", "steady_events_per_s", "steady_events_per_cpu_s")]
+        for metric in [m for m in metrics if m in runs[(measure, codes[0][0])][0]]:
+            values = {label: [int(r[metric]) for r in runs[(measure, label)]] for label, _ in codes}
+            best = {label: max(v) for label, v in values.items()}  # the least disturbed run
+            median = {label: statistics.median(v) for label, v in values.items()}
+            summary[f"{metric}_best"], summary[f"{metric}_median"] = best, median
+            if args.before:
+                summary[f"{metric}_ratio_best"] = round(best["after"] / best["before"], 2)
+                summary[f"{metric}_ratio_median"] = round(median["after"] / median["before"], 2)
+        summary["load_average_1m_at_end"] = round(os.getloadavg()[0], 2)
+        print(json.dumps(summary), flush=True)
 
 
 if __name__ == "__main__":

@@ -151,7 +151,12 @@ async def setup_recorder(
         )
         if spec is TELEMETRY:  # the hot stream: node samples take the bulk decode
             consumer = SampleConsumer(
-                ctx.js, options, batch_handler=store, table_handler=store_samples, fetch_max_bytes=fetch_max_bytes
+                ctx.js,
+                options,
+                nc=ctx.nc,
+                batch_handler=store,
+                table_handler=store_samples,
+                fetch_max_bytes=fetch_max_bytes,
             )
             ctx.consumers.append(consumer)
             ctx.task(partial(consumer.run, ctx.stop))
@@ -172,7 +177,12 @@ async def setup_recorder(
             max_retry_delay_s=10.0,
         )
         return SampleConsumer(
-            ctx.js, options, batch_handler=store, table_handler=store_samples, fetch_max_bytes=fetch_max_bytes
+            ctx.js,
+            options,
+            nc=ctx.nc,
+            batch_handler=store,
+            table_handler=store_samples,
+            fetch_max_bytes=fetch_max_bytes,
         )
 
     await own_partitions(ctx, partition_consumer, holder=holder, ttl_s=partition_ttl_s)

@@ -9,6 +9,11 @@ Outcomes per message:
 - handler crashed   -> retried `max_attempts` times, then dead-lettered as `handler_failed`
 - redelivered often -> (the process died on it repeatedly) dead-lettered before handling
 The loop never dies on one message.
+
+Extension points (public; nothing private is overridden from outside): `ConsumerOptions` (batch,
+byte bound, timeouts), the `fast_decode` hook (a cheaper decode for messages a service knows, the
+standard one otherwise), `process` (a subclass may take part of a batch its own way and hand the
+rest on), `attempt` (run a handler with the retry rules above) and `puller` (the batched pull).
 """
 
 from __future__ import annotations
@@ -30,8 +35,8 @@ from services.runtime.backoff import Backoff
 from services.runtime.connection import Throttled
 from services.runtime.dead_letter import dead_letter
 from services.runtime.logs import get_logger
-from services.runtime.pull import BatchPuller
-from services.runtime.tracing import consume_span
+from services.runtime.pull import BatchPuller, Position, position
+from services.runtime.tracing import consume_span, traced
 
 log = get_logger("chamber.runtime.consumer")
 _fetch_failed = Throttled("fetch failed", logger=log)  # a dead bus fails every fetch of every consumer
@@ -58,6 +63,7 @@ class ConsumerOptions:
     start_seq: int | None = None  # deliver from this stream sequence (replay after a snapshot)
     deliver: DeliverPolicy | None = None  # e.g. LAST_PER_SUBJECT or NEW; None: all (or from start_seq)
     max_ack_pending: int = 20_000
+    fetch_max_bytes: int | None = None  # a pull request's byte bound besides `batch` (large messages)
 
 
 @dataclass(frozen=True)
@@ -84,6 +90,9 @@ class ConsumerStats:
 
 Handler = Callable[[Delivery], Awaitable[None]]
 BatchHandler = Callable[[list[Delivery]], Awaitable[None]]
+# A cheaper decode for messages a service knows: a Delivery, or None for the standard decode (which
+# names what is wrong and dead-letters). Called after the redelivery check.
+FastDecode = Callable[[Msg, Position], Delivery | None]
 
 
 class Consumer:
@@ -97,9 +106,10 @@ class Consumer:
         handler: Handler | None = None,
         batch_handler: BatchHandler | None = None,
         nc: Client | None = None,
+        fast_decode: FastDecode | None = None,
     ) -> None:
-        """With `nc`, batches come through one pull request each (`pull.BatchPuller`); without it,
-        through nats-py's `fetch`."""
+        """With `nc` (every service's consumers: `ServiceContext.consume`), batches come through one
+        pull request each (`pull.BatchPuller`); without it, through nats-py's `fetch` (tools)."""
         if (handler is None) == (batch_handler is None):
             raise ValueError("give exactly one of handler or batch_handler")
         self.js = js
@@ -108,9 +118,15 @@ class Consumer:
         self.options = options
         self.handler = handler
         self.batch_handler = batch_handler
+        self.fast_decode = fast_decode
         self.stats = ConsumerStats()
         self.name = options.durable or ""
         self._sub: JetStreamContext.PullSubscription | None = None
+
+    @property
+    def puller(self) -> BatchPuller | None:
+        """The batched pull, once started with `nc`."""
+        return self._puller
 
     @property
     def bound(self) -> bool:
@@ -152,7 +168,7 @@ class Consumer:
         info = existing
         self.name = info.name
         if self.nc is not None:
-            self._puller = BatchPuller(self.nc, o.stream, info.name)
+            self._puller = BatchPuller(self.nc, o.stream, info.name, max_bytes=o.fetch_max_bytes)
             await self._puller.start()
         else:
             self._sub = await self.js.pull_subscribe_bind(consumer=info.name, stream=o.stream)
@@ -202,15 +218,17 @@ class Consumer:
         acks = [(msg, d.stream_seq) for msg, d in good]
         if self.batch_handler is not None:
             batch_handler = self.batch_handler
-            await self._attempt(acks, acks, lambda: batch_handler([d for _, d in good]), stop)
+            await self.attempt(acks, acks, lambda: batch_handler([d for _, d in good]), stop)
             return
         for i, (msg, delivery) in enumerate(good):
-            if not await self._attempt(acks[i : i + 1], acks[i:], self._traced_call(msg, delivery), stop):
+            if not await self.attempt(acks[i : i + 1], acks[i:], self._traced_call(msg, delivery), stop):
                 return
 
     def _traced_call(self, msg: Msg, delivery: Delivery) -> Callable[[], Awaitable[None]]:
         handler = self.handler
         assert handler is not None
+        if not traced(msg.headers):  # no span to make or trace to continue: the handler alone
+            return lambda: handler(delivery)
 
         async def call() -> None:
             with consume_span(
@@ -220,7 +238,7 @@ class Consumer:
 
         return call
 
-    async def _attempt(
+    async def attempt(
         self,
         current: list[tuple[Msg, int]],
         held: list[tuple[Msg, int]],
@@ -273,10 +291,14 @@ class Consumer:
             return True
 
     async def _decode_or_divert(self, msg: Msg) -> Delivery | None:
-        meta = msg.metadata
-        if meta.num_delivered > self.options.max_redeliveries:
-            await self._dead(msg, "redelivered_too_often", f"delivered {meta.num_delivered} times without an ack")
+        pos = position(msg)  # from the ack subject: no metadata object per message
+        if pos.delivered > self.options.max_redeliveries:
+            await self._dead(msg, "redelivered_too_often", f"delivered {pos.delivered} times without an ack")
             return None
+        if self.fast_decode is not None:
+            delivery = self.fast_decode(msg, pos)
+            if delivery is not None:
+                return delivery
         try:
             envelope = decode(msg.headers, msg.data, max_bytes=self.options.max_bytes)
         except UnknownEventType as exc:
@@ -287,7 +309,7 @@ class Consumer:
         except DecodeError as exc:
             await self._dead(msg, exc.reason, exc.detail)
             return None
-        return Delivery(envelope, msg.subject, meta.sequence.stream, meta.num_delivered)
+        return Delivery(envelope, msg.subject, pos.stream_seq, pos.delivered)
 
     async def _ack(self, msg: Msg, stream_seq: int) -> None:
         await msg.ack()

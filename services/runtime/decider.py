@@ -51,7 +51,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import APIError, NoStreamResponseError
 
 from events import Event
-from events.codec import DEFAULT_MAX_BYTES, DecodeError, UnknownEventType, decode
+from events.codec import DEFAULT_MAX_BYTES, DecodeError, UnknownEventType, decode_event
 from services.runtime.backoff import Backoff
 from services.runtime.consumer import FETCH_BACKOFF
 from services.runtime.dead_letter import dead_letter
@@ -63,6 +63,7 @@ from services.runtime.snapshots import Snapshot, SnapshotStore
 
 log = get_logger("chamber.runtime.decider")
 S = TypeVar("S")
+_YIELD_EVERY = 5000  # messages folded between two yields to the event loop during a long replay
 APPEND_ATTEMPTS = 8  # about 10 s of retries: longer than a JetStream leader election
 WRONG_LAST_SEQUENCE = 10071  # JetStream's error code for a failed Nats-Expected-Last-Subject-Sequence
 
@@ -295,9 +296,9 @@ class DeciderHost(Generic[S]):
             for msg in puller.take():
                 source.buffer.append((position(msg), msg))
                 source.received += 1
-            if not source.buffer:
-                if puller.ended_empty:  # the server had nothing more for us (purged, or all filtered)
-                    source.pending = 0
+            if not source.buffer and puller.ended_empty:  # the server had nothing more for us
+                source.pending = 0  # (purged, or all filtered)
+            if len(source.buffer) <= batch:  # the next batch travels while this one is folded
                 await puller.request(batch, 1.0)
         folded = await self._merge()
         if folded:
@@ -319,59 +320,80 @@ class DeciderHost(Generic[S]):
                 w.cancel()
 
     async def _merge(self) -> int:
-        """Fold the smallest head by (timestamp, input, sequence) while no input is behind."""
+        """Fold the smallest head by (timestamp, input, sequence) while no input is behind.
+
+        The smallest head's input is folded in one run up to the next input's head: no other buffer
+        changes meanwhile (only `_step` fills them), so this is the one-message-at-a-time merge
+        without its per-message scan of every input."""
         sources = self.sources
         n = 0
         while True:
             best: _Source | None = None
+            best_key: tuple[int, int] = (0, 0)
+            limit: tuple[int, int] | None = None  # the second smallest head
             for s in sources:
                 if not s.buffer:
                     if s.pending > 0:
                         return n  # this input has older messages on their way: wait for them
                     continue
-                if best is None or (s.buffer[0][0].timestamp_ns, s.index) < (
-                    best.buffer[0][0].timestamp_ns,
-                    best.index,
-                ):
-                    best = s
+                key = (s.buffer[0][0].timestamp_ns, s.index)
+                if best is None or key < best_key:
+                    if best is not None:
+                        limit = best_key
+                    best, best_key = s, key
+                elif limit is None or key < limit:
+                    limit = key
             if best is None:
                 return n
-            pos, msg = best.buffer.popleft()
-            best.pending = pos.pending
-            self._fold(best, pos, msg)
-            n += 1
-            if n % 5000 == 0:
+            n += self._fold_run(best, limit, _YIELD_EVERY - n % _YIELD_EVERY)
+            if n % _YIELD_EVERY == 0:
                 await asyncio.sleep(0)  # a long replay still answers health checks and commands
 
-    def _fold(self, source: _Source, pos: Position, msg: Msg) -> None:
-        """Decode and evolve one message (synchronous: no task or await per message)."""
-        self.positions[source.spec.stream] = pos.stream_seq
-        try:
-            envelope = decode(msg.headers, msg.data, max_bytes=DEFAULT_MAX_BYTES)
-        except UnknownEventType:
-            self.stats.skipped += 1
-            return
-        except DecodeError as exc:
-            self._dead_letter(source, msg, exc)
-            return
-        if self.decider.evolve_with_id:
-            self.decider.evolve(self.state, envelope.event, envelope.id)  # type: ignore[call-arg]
-        else:
-            self.decider.evolve(self.state, envelope.event)
-        self.stats.folded += 1
-        self._changed_since_snapshot = True
-        if self.awaiting:
-            self.awaiting.discard(envelope.id)
-        if self.ready and self.decider.on_event is not None:
+    def _fold_run(self, source: _Source, limit: tuple[int, int] | None, budget: int) -> int:
+        """Decode and evolve `source`'s messages while they come before `limit` (at most `budget`):
+        synchronous, no task or await per message, the loop's names bound once."""
+        buffer, index, stream = source.buffer, source.index, source.spec.stream
+        evolve, with_id, state = self.decider.evolve, self.decider.evolve_with_id, self.state
+        positions, awaiting = self.positions, self.awaiting
+        on_event = self.decider.on_event if self.ready else None
+        taken = folded = 0
+        while buffer and taken < budget:
+            item = buffer.popleft()
+            pos, msg = item
+            if limit is not None and (pos.timestamp_ns, index) >= limit:
+                buffer.appendleft(item)  # the next input's head comes first
+                break
+            taken += 1
+            source.pending = pos.pending
+            positions[stream] = pos.stream_seq
             try:
-                self.decider.on_event(envelope.event)
-            except Exception as exc:  # acting on one event must not stop the fold
-                log.warning(
-                    "on_event failed",
-                    service=self.decider.name,
-                    event_type=type(envelope.event).__name__,
-                    error=repr(exc),
-                )
+                event, event_id = decode_event(msg.headers, msg.data, max_bytes=DEFAULT_MAX_BYTES)
+            except UnknownEventType:
+                self.stats.skipped += 1
+                continue
+            except DecodeError as exc:
+                self._dead_letter(source, msg, exc)
+                continue
+            if with_id:
+                evolve(state, event, event_id)  # type: ignore[call-arg]
+            else:
+                evolve(state, event)
+            folded += 1
+            if awaiting:
+                awaiting.discard(event_id)
+            if on_event is not None:
+                self._on_event(event)
+        if folded:
+            self.stats.folded += folded
+            self._changed_since_snapshot = True
+        return taken
+
+    def _on_event(self, event: Event) -> None:
+        assert self.decider.on_event is not None
+        try:
+            self.decider.on_event(event)
+        except Exception as exc:  # acting on one event must not stop the fold
+            log.warning("on_event failed", service=self.decider.name, event_type=type(event).__name__, error=repr(exc))
 
     def _dead_letter(self, source: _Source, msg: Msg, exc: DecodeError) -> None:
         """Copy a poison message to chamber.dead.<stream> with the reason (in the background)."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import msgspec
 import nats.errors
@@ -32,16 +32,19 @@ _STATUS = "Status"
 _DESCRIPTION = "Description"
 _HEARTBEAT = "100"
 _ENDED = ("404", "408")  # drained (no_wait), or the long poll expired
+_FULL = "409"  # with "Message Size Exceeds MaxBytes": the request's byte bound is reached, an end too
 _GRACE_S = 1.0  # beyond the pull's own expiry before a silent request is given up (lost in a reconnect)
 _json = msgspec.json.Encoder()
 
 
-@dataclass(frozen=True, slots=True)
-class Position:
+class Position(NamedTuple):  # a tuple: made per message on the hot path, cheaper than a dataclass
     stream_seq: int
     delivered: int
     timestamp_ns: int
     pending: int  # messages left in the stream for this consumer after this one
+
+
+_new_tuple = tuple.__new__
 
 
 def position(msg: Msg) -> Position:
@@ -49,23 +52,41 @@ def position(msg: Msg) -> Position:
     reply = msg.reply or ""
     tokens = reply.split(".")
     if len(tokens) == 9 and tokens[0] == "$JS" and tokens[1] == "ACK":
-        return Position(int(tokens[5]), int(tokens[4]), int(tokens[7]), int(tokens[8]))
+        # tuple.__new__ directly: a NamedTuple's own __new__ is a Python frame per message
+        return _new_tuple(Position, (int(tokens[5]), int(tokens[4]), int(tokens[7]), int(tokens[8])))
     meta = msg.metadata  # the longer form, with domain and account hash
     ts = int(meta.timestamp.timestamp() * 1e9) if meta.timestamp else 0
     return Position(meta.sequence.stream, meta.num_delivered, ts, meta.num_pending)
 
 
+def _at_tail(reply: str) -> bool:
+    """Nothing pending after this message (the short ack subject ends in its pending count); a
+    longer form is taken as at the tail, so a live message is never held back."""
+    return reply.endswith(".0") or reply.count(".") != 8
+
+
 class BatchPuller:
     """Batches from one durable or ephemeral pull consumer, one request each.
 
-    `eager`: wake the reader as soon as a message arrives (a decider folding live events wants
-    them now); otherwise only when the batch is full or the request ends (the recorder's bulk path).
+    `eager`: wake the reader as soon as a message arrives at the tail of the stream (a decider
+    folding live events wants them now); otherwise, and while replaying (the server says more is
+    pending after the message), only when the batch is full or the request ends (the recorder's bulk
+    path). Waking once per batch instead of per message is what lets a replay fold whole batches.
     """
 
     def __init__(
-        self, nc: Client, stream: str, consumer: str, *, api_prefix: str = DEFAULT_API_PREFIX, eager: bool = False
+        self,
+        nc: Client,
+        stream: str,
+        consumer: str,
+        *,
+        api_prefix: str = DEFAULT_API_PREFIX,
+        eager: bool = False,
+        max_bytes: int | None = None,
     ) -> None:
+        """`max_bytes`: a request's byte bound besides its message count (the server ends it there)."""
         self.nc = nc
+        self.max_bytes = max_bytes
         self.next_subject = f"{api_prefix}.CONSUMER.MSG.NEXT.{stream}.{consumer}"
         self.eager = eager
         self.wake = asyncio.Event()  # set when messages are ready or the open request ended
@@ -87,9 +108,10 @@ class BatchPuller:
             status = msg.headers[_STATUS]
             if status == _HEARTBEAT:
                 return
-            if status not in _ENDED:  # 409 (consumer deleted, leader change...), 503 (JetStream away)
+            ended = status in _ENDED or (status == _FULL and "MaxBytes" in msg.headers.get(_DESCRIPTION, ""))
+            if not ended:  # 409 (consumer deleted, leader change...), 503 (JetStream away)
                 self._refused = f"{status} {msg.headers.get(_DESCRIPTION, '')}".strip()
-            elif self._got == 0:
+            elif self._got == 0 and status in _ENDED:
                 self.ended_empty = True
             self._asked = 0
             self.wake.set()
@@ -97,12 +119,17 @@ class BatchPuller:
         self._got += 1
         self._ready.append(msg)
         self._asked = max(0, self._asked - 1)
-        if self.eager or self._asked == 0 or len(self._ready) >= self._batch:
+        if self._asked == 0 or len(self._ready) >= self._batch or (self.eager and _at_tail(msg.reply)):
             self.wake.set()
 
     @property
     def ready(self) -> int:
         return len(self._ready)
+
+    @property
+    def requesting(self) -> bool:
+        """A request is open: the server may still deliver on it."""
+        return self._asked > 0
 
     async def request(self, batch: int, timeout: float) -> None:
         """Ask for up to `batch` messages unless a request is open (or one was lost: asked again)."""
@@ -120,7 +147,9 @@ class BatchPuller:
             self.wake.clear()
             # no_wait with expires: what is there now (ended by a 404 once drained), or, when there is
             # nothing, a long poll that ends at the timeout (408).
-            request = {"batch": self._asked, "no_wait": True, "expires": int(timeout * 1e9)}
+            request: dict[str, object] = {"batch": self._asked, "no_wait": True, "expires": int(timeout * 1e9)}
+            if self.max_bytes:
+                request["max_bytes"] = self.max_bytes
             await self.nc.publish(self.next_subject, _json.encode(request), reply=inbox.subject)
 
     def take(self) -> list[Msg]:

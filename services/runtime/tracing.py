@@ -56,6 +56,19 @@ def current_traceparent() -> tuple[str | None, str | None]:
     return carrier.get("traceparent"), carrier.get("tracestate")
 
 
+def traced(headers: Mapping[str, str] | None) -> bool:
+    """Whether consuming a message with these headers needs `consume_span`: spans are exported, or
+    the message carries a trace context to continue."""
+    return _exporting or _carries_trace(headers)
+
+
+def _carries_trace(headers: Mapping[str, str] | None) -> bool:
+    """A W3C trace context among the headers (names are case-insensitive)."""
+    if not headers:
+        return False
+    return "traceparent" in headers or any(name.lower() == "traceparent" for name in headers)
+
+
 def _lower(headers: Mapping[str, str] | None) -> dict[str, str]:
     return {k.lower(): v for k, v in (headers or {}).items()}
 
@@ -113,6 +126,11 @@ def command_span(headers: Mapping[str, str] | None, *, service: str, verb: str) 
 def consume_span(
     headers: Mapping[str, str] | None, *, stream: str, subject: str, message_id: str | None
 ) -> Iterator[Span]:
+    if not traced(headers):
+        # Nothing to continue and nothing would see a span of ours: skip the propagator's extract
+        # and the context switch, a few microseconds per message on every consumer.
+        yield trace.get_current_span()
+        return
     parent = _propagator.extract(carrier=_lower(headers))
     token = otel_context.attach(parent)
     try:

@@ -219,3 +219,41 @@ async def test_the_host_folds_on_after_the_server_was_killed_and_came_back(
     assert [e.job_id for e in hosts[0].state][18:22] == ["before18", "before19", "after0", "after1"]  # once each
     stop.set()
     await asyncio.wait_for(task, 15)
+
+
+async def test_inputs_fold_in_the_order_the_server_stored_them_batch_after_batch(
+    nats_server: NatsServerProcess, js: JetStreamContext
+) -> None:
+    """The merge across inputs: runs of one stream, then the other, in stored order, with batches
+    smaller than the runs (so a run is split across batches and a batch across runs)."""
+    publisher = Publisher(js, source="test/order")
+    expected = [("quota", "vision")]  # the autouse fixture's quota, stored first
+    for i in range(30):
+        if i % 7 in (2, 3, 5):
+            team = f"team{i}"
+            await publisher.publish(a_quota(team, 1), id=f"q-{i}")
+            expected.append(("quota", team))
+        else:
+            await publisher.publish(a_job(f"j{i}", at=float(i)), id=f"j-{i}")
+            expected.append(("job", f"j{i}"))
+
+    def label(state: list[tuple[str, str]], event: Any) -> None:
+        state.append(("job", event.job_id) if isinstance(event, JobSubmitted) else ("quota", event.team))
+
+    stop = asyncio.Event()
+    hosts: list[DeciderHost[list[tuple[str, str]]]] = []
+
+    async def setup(ctx: ServiceContext) -> None:
+        decider = Decider(name="order", inputs=(Input("JOBS"), Input("QUOTA")), initial=list, evolve=label, batch=4)
+        host: DeciderHost[list[tuple[str, str]]] = DeciderHost(decider, ctx)
+        host.install()
+        hosts.append(host)
+
+    task = asyncio.create_task(serve("order", nats_server.url, setup, stop, health_port=None))
+    try:
+        await eventually(lambda: bool(hosts) and hosts[0].ready)
+        assert hosts[0].state == expected
+        assert hosts[0].stats.folded == len(expected)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 15)

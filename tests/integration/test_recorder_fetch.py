@@ -7,6 +7,7 @@ import asyncio
 
 import nats.errors
 import pytest
+from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from services.recorder.samples import SampleConsumer
@@ -31,16 +32,14 @@ async def _nothing(*_: object) -> None:
     return None
 
 
-async def _polling(js: JetStreamContext) -> bool:
-    """The server holds the recorder's pull request (a long poll on an empty stream)."""
-    return (await js.consumer_info("TELEMETRY", "recorder")).num_waiting == 1
-
-
 async def test_a_backlog_comes_in_whole_batches_and_a_quiet_stream_returns_empty_within_the_timeout(
-    js: JetStreamContext,
+    nc: Client, js: JetStreamContext
 ) -> None:
     await publish_samples(js, 25)
-    consumer = SampleConsumer(js, options(), batch_handler=_nothing, table_handler=_nothing)
+    expiry = 1.5  # the pull request's own expiry (the long poll on a quiet stream)
+    consumer = SampleConsumer(
+        js, nc=nc, options=options(fetch_timeout_s=expiry), batch_handler=_nothing, table_handler=_nothing
+    )
     await consumer.start()
     try:
         sizes = []
@@ -50,35 +49,30 @@ async def test_a_backlog_comes_in_whole_batches_and_a_quiet_stream_returns_empty
             for msg in msgs:
                 await msg.ack()
         assert sizes == [10, 10, 5]
-        assert await asyncio.wait_for(consumer.fetch(), 10) == []  # the pull's 0.3 s expiry, not a hang
-    finally:
-        await consumer.unsubscribe()
-
-
-async def test_a_long_poll_hands_a_message_on_when_it_comes_not_at_its_expiry(js: JetStreamContext) -> None:
-    consumer = SampleConsumer(js, options(fetch_timeout_s=120.0), batch_handler=_nothing, table_handler=_nothing)
-    await consumer.start()
-    try:
-        waiting = asyncio.create_task(consumer.fetch())
-        await eventually(lambda: _polling(js))
+        assert await asyncio.wait_for(consumer.fetch(), expiry + 2.0) == []  # the pull's expiry, not a hang
+        waiting = asyncio.create_task(consumer.fetch())  # a long poll, then a message arrives
+        puller = consumer.puller
+        assert puller is not None
+        await eventually(lambda: puller.requesting, within=2)  # the long poll is open
         await js.publish("chamber.telemetry.sample.c1.n1", b"{}")
-        # far sooner than the 120 s expiry: wait_for fails the test if the message waits for it
-        assert len(await asyncio.wait_for(waiting, 20)) == 1
+        # handed on when it came: waiting for the request's expiry would miss this deadline
+        assert len(await asyncio.wait_for(waiting, expiry / 2)) == 1
     finally:
         await consumer.unsubscribe()
 
 
-async def test_messages_in_hand_at_stop_are_handed_back_not_left_to_time_out(js: JetStreamContext) -> None:
+async def test_messages_in_hand_at_stop_are_handed_back_not_left_to_time_out(nc: Client, js: JetStreamContext) -> None:
     await publish_samples(js, 5)
-    first = SampleConsumer(js, options(ack_wait_s=60.0), batch_handler=_nothing, table_handler=_nothing)
+    first = SampleConsumer(js, nc=nc, options=options(ack_wait_s=60.0), batch_handler=_nothing, table_handler=_nothing)
     await first.start()
-    # Delivered after a fetch gave up on its request (e.g. across a reconnect): in hand, not yet handled.
-    assert first._inbox is not None
-    await js._nc.publish(first._next_subject, b'{"batch": 5, "no_wait": true}', reply=first._inbox.subject)
-    await eventually(lambda: len(first._ready) == 5, within=5)
+    # Delivered but not yet taken (e.g. a request asked again across a reconnect): in hand, not handled.
+    puller = first.puller
+    assert puller is not None
+    await puller.request(5, 1.0)
+    await eventually(lambda: puller.ready == 5, within=5)
     await first.unsubscribe()
 
-    second = SampleConsumer(js, options(ack_wait_s=60.0), batch_handler=_nothing, table_handler=_nothing)
+    second = SampleConsumer(js, nc=nc, options=options(ack_wait_s=60.0), batch_handler=_nothing, table_handler=_nothing)
     await second.start()
     try:
         msgs = await second.fetch()  # at once, not after the 60 s ack wait
@@ -88,14 +82,20 @@ async def test_messages_in_hand_at_stop_are_handed_back_not_left_to_time_out(js:
         await second.unsubscribe()
 
 
-async def test_a_refused_pull_is_an_error_the_run_loop_backs_off_from_not_an_empty_batch(js: JetStreamContext) -> None:
+async def test_a_refused_pull_is_an_error_the_run_loop_backs_off_from_not_an_empty_batch(
+    nc: Client, js: JetStreamContext
+) -> None:
     await publish_samples(js, 1)
-    consumer = SampleConsumer(js, options(fetch_timeout_s=5.0), batch_handler=_nothing, table_handler=_nothing)
+    consumer = SampleConsumer(
+        js, nc=nc, options=options(fetch_timeout_s=5.0), batch_handler=_nothing, table_handler=_nothing
+    )
     await consumer.start()
     try:
         assert len(await consumer.fetch()) == 1
         waiting = asyncio.create_task(consumer.fetch())  # a long poll on a quiet stream
-        await eventually(lambda: _polling(js))
+        puller = consumer.puller
+        assert puller is not None
+        await eventually(lambda: puller.requesting, within=2)
         await js.delete_consumer("TELEMETRY", "recorder")  # the server ends the poll with a 409
         with pytest.raises(nats.errors.Error, match="409"):
             await asyncio.wait_for(waiting, 3)
@@ -103,14 +103,19 @@ async def test_a_refused_pull_is_an_error_the_run_loop_backs_off_from_not_an_emp
         await consumer.unsubscribe()
 
 
-async def test_a_fetch_stops_at_its_byte_bound_and_the_next_one_goes_on(js: JetStreamContext) -> None:
+async def test_a_fetch_stops_at_its_byte_bound_and_the_next_one_goes_on(nc: Client, js: JetStreamContext) -> None:
     from services.recorder.samples import MIN_FETCH_MAX_BYTES
 
     body = b"x" * 300_000  # large samples: a batch of 10 would be 3 MB
     for i in range(10):
         await js.publish(f"chamber.telemetry.sample.c1.n{i}", body)
     consumer = SampleConsumer(
-        js, options(batch=10), batch_handler=_nothing, table_handler=_nothing, fetch_max_bytes=MIN_FETCH_MAX_BYTES
+        js,
+        options(batch=10),
+        nc=nc,
+        batch_handler=_nothing,
+        table_handler=_nothing,
+        fetch_max_bytes=MIN_FETCH_MAX_BYTES,
     )
     await consumer.start()
     try:
@@ -126,9 +131,11 @@ async def test_a_fetch_stops_at_its_byte_bound_and_the_next_one_goes_on(js: JetS
         await consumer.unsubscribe()
 
 
-def test_a_byte_bound_below_the_largest_message_is_refused(js: JetStreamContext) -> None:
+def test_a_byte_bound_below_the_largest_message_is_refused(nc: Client, js: JetStreamContext) -> None:
     from services.recorder.samples import MIN_FETCH_MAX_BYTES
 
     with pytest.raises(ValueError, match="largest message"):
-        SampleConsumer(js, options(), batch_handler=_nothing, table_handler=_nothing, fetch_max_bytes=1024)
+        SampleConsumer(
+            js, nc=nc, options=options(), batch_handler=_nothing, table_handler=_nothing, fetch_max_bytes=1024
+        )
     assert MIN_FETCH_MAX_BYTES > 1024 * 1024

@@ -31,3 +31,27 @@ def test_upper_case_ce_header_names_are_the_same_headers() -> None:
     shouted["Content-Type"] = shouted.pop("content-type")
     envelope = decode(shouted, body)
     assert envelope.id == "e-1" and envelope.event == a_job_submitted("j-9")
+
+
+@pytest.mark.parametrize(
+    "rename",
+    [
+        lambda k: k,  # as this codec writes them: read without a copy
+        lambda k: k.upper(),
+        lambda k: k.title(),
+        lambda k: k.upper() if k == "content-type" else k,  # lower-case ce-* names, another content-type
+    ],
+)
+def test_the_fold_decode_checks_what_decode_checks(rename: object) -> None:
+    """`decode_event` (the host's fold) and `decode` take and refuse the same messages."""
+    from events.codec import DecodeError, decode_event
+
+    headers, body = encode(a_job_submitted("j-3"), source="chamber/test", id="e 3")
+    named = {rename(k): v for k, v in headers.items()}  # type: ignore[operator]
+    event, event_id = decode_event(named, body)
+    assert (event, event_id) == (decode(named, body).event, "e 3")
+    wrong_type = {**named, next(k for k in named if k.lower() == "content-type"): "text/plain"}
+    for decoder in (decode, decode_event):
+        with pytest.raises(DecodeError) as refused:
+            decoder(wrong_type, body)
+        assert refused.value.reason == "content_type"

@@ -32,3 +32,12 @@ def test_a_position_is_read_from_the_jetstream_ack_subject() -> None:
     reply = "$JS.ACK.JOBS.c1.2.41.40.1700000000123456789.7"
     msg = Msg(_client=None, subject="chamber.jobs.a", reply=reply, data=b"")  # type: ignore[arg-type]
     assert position(msg) == Position(stream_seq=41, delivered=2, timestamp_ns=1700000000123456789, pending=7)
+
+
+def test_a_pull_requests_status_arrives_in_the_headers_the_puller_reads() -> None:
+    """nats-py puts an inline status line (`NATS/1.0 404 No Messages`) into these header names."""
+    from nats.js.api import Header
+
+    from services.runtime import pull
+
+    assert (Header.STATUS.value, Header.DESCRIPTION.value) == (pull._STATUS, pull._DESCRIPTION)
