@@ -1,15 +1,19 @@
 """Restart cost of the deciders with N finished jobs in the log (issue 14's proof).
 
-Starts its own nats-server, fills FLEET (--nodes nodes x 8 GPUs), QUOTA (a quota per team) and JOBS
+Starts its own nats-server, fills FLEET (--nodes nodes x 8 GPUs), QUOTA (a quota per team), JOBS
 (N jobs, each submitted, scheduled with its pool, and completed: 3 events, the shape the services
-write), then per service:
-1. starts `chamber service NAME` as its own process (`python -m services.cli`) and times it until it
-   logs that it caught up (`first_start_s`: a full replay; there is no snapshot yet), stops it
-   (a decider host saves its snapshot on the way out);
+write) and BILLING (what billing's own core accrues for that history, period by period: the
+CostAccrued events a running billing service writes), then per service:
+1. removes the service's snapshot, starts `chamber service NAME` as its own process
+   (`python -m services.cli`) and times it until it logs that it caught up (`first_start_s`: a full
+   replay), stops it (a decider host saves its snapshot on the way out);
 2. starts it again and times it to caught up (`restart_to_ready_s`), then reads its resident memory
    (`rss_mb`, /proc VmRSS).
 `--code DIR` runs the services from another checkout (e.g. a `git worktree` of the commit before
-the host) for the "before" figures. Prints one JSON object per service and N.
+the host) for the "before" figures. `--store DIR` keeps the filled JetStream store in DIR/n<N> and
+reuses it on the next run (a 1,000,000-job fill takes minutes on 2 cores: fill once, measure often).
+The history ends an hour before the fill, so billing has no years of periods to catch up with.
+Prints one JSON object per service and N.
 """
 
 from __future__ import annotations
@@ -18,24 +22,31 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from events import GpuInfo, JobCompleted, JobScheduled, JobSpec, JobSubmitted, NodeDiscovered, Placement, TeamQuotaSet
 from events.codec import stable_id
+from services.billing import core as billing
 from services.runtime import Publisher, connect, ensure_streams
 from services.runtime.logs import configure_logging
 from services.runtime.nats_server import NatsServerProcess
+from services.runtime.snapshots import SnapshotStore
 
 ROOT = Path(__file__).resolve().parents[1]
 READY_LINES = ("caught up", "state rebuilt from the log", "caught up with the log")  # host, and older shells
 TEAMS = 10
+
+
+Item = tuple[object, str | None, float]
 
 
 async def fill(url: str, jobs: int, nodes: int) -> dict[str, float]:
@@ -44,44 +55,62 @@ async def fill(url: str, jobs: int, nodes: int) -> dict[str, float]:
     await ensure_streams(js)
     pub = Publisher(js, source="bench/restart")
     t0 = time.perf_counter()
-    fleet = [
-        NodeDiscovered(
-            cluster="c1",
-            node=f"n{n:05d}",
-            at=0.0,
-            gpus=[GpuInfo(index=i, uuid=f"GPU-{n}-{i}", model="H100") for i in range(8)],
-            labels={"rack": f"r{n // 32}"},
-        )
-        for n in range(nodes)
-    ]
-    await pub.publish_many((e, None, 0.0) for e in fleet)
-    share = nodes * 8 // TEAMS
-    await pub.publish_many(
-        (TeamQuotaSet(team=f"team{t}", pool="default", at=0.0, guaranteed_gpus=share), None, 0.0) for t in range(TEAMS)
-    )
-
-    def history() -> object:
-        for i in range(jobs):
-            at = 1_000.0 + i * 0.5  # one finished job every half second of JOBS time
-            job = f"job-{i:07d}"
-            node, gpu = divmod(i % (nodes * 8), 8)
-            yield (
-                JobSubmitted(job_id=job, at=at, spec=JobSpec(team=f"team{i % TEAMS}", gpus_per_replica=1)),
-                (stable_id("submitted", job)),
-                at,
-            )
-            placement = Placement(cluster="c1", node=f"n{node:05d}", gpu_indices=[gpu])
-            yield (
-                JobScheduled(job_id=job, at=at, team=f"team{i % TEAMS}", placements=[placement], pool="default"),
-                (stable_id("scheduled", job, 0)),
-                at,
-            )
-            yield JobCompleted(job_id=job, at=at + 0.25), stable_id("completed", job), at
-
-    await pub.publish_many(history())  # type: ignore[arg-type]
+    base = time.time() - jobs * 0.5 - 3600.0  # the history ends an hour ago
+    await pub.publish_many(history(jobs, nodes, base))  # type: ignore[arg-type]
     fill_s = time.perf_counter() - t0
+    info = {s: (await js.stream_info(s)).state.messages for s in ("FLEET", "QUOTA", "JOBS", "BILLING")}
     await nc.drain()
-    return {"fill_s": round(fill_s, 1), "events": jobs * 3 + nodes + TEAMS}
+    return {
+        "fill_s": round(fill_s, 1),
+        "events": sum(info.values()),
+        **{f"{k.lower()}_events": v for k, v in info.items()},
+    }
+
+
+def history(jobs: int, nodes: int, base: float) -> Iterator[Item]:
+    """The fleet, the quotas, then N finished jobs (one every half second of log time) with the
+    CostAccrued billing's core decides for every period they cover, in the order they would be written."""
+    books = billing.BillingState()  # billing's default period and settle time
+
+    def booked(item: Item) -> Item:
+        billing.evolve(books, item[0], item[1] or "")  # type: ignore[arg-type]
+        return item
+
+    for n in range(nodes):
+        gpus = [GpuInfo(index=i, uuid=f"GPU-{n}-{i}", model="H100") for i in range(8)]
+        yield booked(
+            (
+                NodeDiscovered(cluster="c1", node=f"n{n:05d}", at=base, gpus=gpus, labels={"rack": f"r{n // 32}"}),
+                None,
+                base,
+            )
+        )
+    share = nodes * 8 // TEAMS
+    for t in range(TEAMS):
+        yield TeamQuotaSet(team=f"team{t}", pool="default", at=base, guaranteed_gpus=share), None, base
+    for i in range(jobs):
+        at = base + 1_000.0 + i * 0.5
+        for decision in billing.decide(books, at):  # periods closed by now: accrued as billing would
+            yield booked((decision[0], decision[1], at))
+        job = f"job-{i:07d}"
+        team = f"team{i % TEAMS}"
+        node, gpu = divmod(i % (nodes * 8), 8)
+        placement = Placement(cluster="c1", node=f"n{node:05d}", gpu_indices=[gpu])
+        yield booked(
+            (
+                JobSubmitted(job_id=job, at=at, spec=JobSpec(team=team, gpus_per_replica=1)),
+                stable_id("submitted", job),
+                at,
+            )
+        )
+        yield booked(
+            (
+                JobScheduled(job_id=job, at=at, team=team, placements=[placement], pool="default"),
+                stable_id("scheduled", job, 0),
+                at,
+            )
+        )
+        yield booked((JobCompleted(job_id=job, at=at + 0.25), stable_id("completed", job), at))
 
 
 def rss_mb(pid: int) -> float:
@@ -116,21 +145,48 @@ def start_to_ready(service: str, url: str, code: Path, timeout_s: float, extra: 
     return round(ready_s, 2), rss
 
 
+async def forget_snapshot(url: str, service: str) -> None:
+    """Remove the service's snapshot, so its next start is a full replay."""
+    nc = await connect(url, name="bench-forget")
+    try:
+        await SnapshotStore(nc.jetstream()).delete(service)
+    finally:
+        await nc.drain()
+
+
+def filled_store(root: Path | None, n: int, nodes: int) -> tuple[Path, dict[str, float] | None]:
+    """The store directory for N jobs and what its fill measured, if it was filled before."""
+    if root is None:
+        return Path(tempfile.mkdtemp(prefix="chamber-restart-")), None
+    where = root / f"n{n}-nodes{nodes}"
+    marker = where / "filled.json"
+    return where, (json.loads(marker.read_text()) if marker.exists() else None)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, nargs="+", default=[10_000], help="finished jobs in JOBS (one run each)")
     parser.add_argument("--nodes", type=int, default=200, help="nodes of 8 GPUs in FLEET (default 200)")
-    parser.add_argument("--services", nargs="+", default=["scheduler"], help="services to restart")
+    parser.add_argument("--services", nargs="*", default=["scheduler"], help="services to restart (none: fill only)")
     parser.add_argument("--code", type=Path, default=ROOT, help="checkout to run the services from")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for a service to be ready")
+    parser.add_argument("--store", type=Path, help="keep and reuse filled JetStream stores under this directory")
+    parser.add_argument("--no-first-start", action="store_true", help="restart from the snapshot there is only")
     args = parser.parse_args()
     configure_logging("error", json=True)
     for n in args.jobs:
-        with tempfile.TemporaryDirectory() as tmp, NatsServerProcess(Path(tmp) / "js") as server:
-            filled = asyncio.run(fill(server.url, n, args.nodes))
+        where, filled = filled_store(args.store, n, args.nodes)
+        with NatsServerProcess(where / "js") as server:
+            if filled is None:
+                filled = asyncio.run(fill(server.url, n, args.nodes))
+                if args.store is not None:
+                    (where / "filled.json").write_text(json.dumps(filled))
             for service in args.services:
                 extra = ["--cluster", "c1"] if service in ("scheduler", "discovery", "health") else []
-                first_s, first_rss = start_to_ready(service, server.url, args.code, args.timeout, extra)
+                first_s, first_rss = -1.0, 0.0
+                if not args.no_first_start:
+                    asyncio.run(forget_snapshot(server.url, service))
+                    first_s, first_rss = start_to_ready(service, server.url, args.code, args.timeout, extra)
                 again_s, again_rss = start_to_ready(service, server.url, args.code, args.timeout, extra)
                 print(
                     json.dumps(
@@ -148,6 +204,8 @@ def main() -> None:
                     ),
                     flush=True,
                 )
+        if args.store is None:
+            shutil.rmtree(where, ignore_errors=True)
 
 
 if __name__ == "__main__":
