@@ -4,7 +4,6 @@ decisions folded back as the host does."""
 
 from __future__ import annotations
 
-import pickle
 import random
 from typing import Any
 
@@ -22,8 +21,11 @@ from events import (
     PoolDefined,
 )
 from services.billing import core as billing
+from services.billing import service as billing_service
 from services.gateway import core as gateway
+from services.gateway import service as gateway_service
 from services.quota import core as quota
+from services.quota import service as quota_service
 from services.scheduler import service as scheduler_service
 from services.scheduler.core import SchedulerState, events_for, evolve, schedule
 from tests.conformance.harness import (
@@ -57,7 +59,7 @@ QUOTA = CoreSpec[quota.QuotaState](
     name="quota",
     initial=lambda: quota.QuotaState(half_life_s=600.0),
     evolve=quota.evolve,  # type: ignore[arg-type]
-    snapshot=lambda s: pickle.loads(pickle.dumps(s)),
+    snapshot=lambda s: quota_service.snapshot_codec().decode(quota_service.snapshot_codec().encode(s)),
     decide=quota.decide,
     skip=frozenset({"at"}),
 )
@@ -130,7 +132,7 @@ BILLING = CoreSpec[billing.BillingState](
     name="billing",
     initial=lambda: billing.BillingState(period_s=300.0, settle_s=0.0),
     evolve=billing.evolve,  # type: ignore[arg-type]
-    snapshot=lambda s: pickle.loads(pickle.dumps(s)),
+    snapshot=lambda s: billing_service.snapshot_codec().decode(billing_service.snapshot_codec().encode(s)),
     decide=billing.decide,
 )
 
@@ -138,7 +140,7 @@ GATEWAY = CoreSpec[gateway.GatewayState](
     name="gateway",
     initial=gateway.GatewayState,
     evolve=gateway.evolve,  # type: ignore[arg-type]
-    snapshot=lambda s: pickle.loads(pickle.dumps(s)),
+    snapshot=lambda s: (codec := gateway_service.snapshot_codec(gateway.GatewayState())).decode(codec.encode(s)),
 )
 
 CORES = [SCHEDULER, QUOTA, BILLING, GATEWAY]
