@@ -120,29 +120,50 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
-def start_to_ready(service: str, url: str, code: Path, timeout_s: float, extra: list[str]) -> tuple[float, float]:
-    """Seconds from process start until it logs that it caught up, and its RSS then; stops it."""
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds the process used so far (/proc/PID/stat): the cost of getting
+    ready on a shared machine, where wall time also counts the neighbours."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return round((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), 2)
+
+
+def logged(line: str) -> dict[str, object]:
+    try:
+        found = json.loads(line)
+    except ValueError:
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def start_to_ready(service: str, url: str, code: Path, timeout_s: float, extra: list[str]) -> dict[str, object]:
+    """From process start until it logs that it caught up: wall seconds, the host's own seconds
+    (after the interpreter and imports), CPU seconds, resident memory then; stops it and reads the
+    size of the snapshot it saves on the way out."""
     env = {**os.environ, "PYTHONPATH": str(code), "CHAMBER_HEALTH_PORT": ""}
     cmd = [sys.executable, "-m", "services.cli", "service", service, "--nats", url, *extra]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=code, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None
-    ready_s, rss = -1.0, 0.0
+    out: dict[str, object] = {"ready_s": -1.0, "rss_mb": 0.0}
     try:
         for line in proc.stdout:
             if any(marker in line for marker in READY_LINES):
-                ready_s = time.perf_counter() - t0
-                rss = rss_mb(proc.pid)
+                out["ready_s"] = round(time.perf_counter() - t0, 2)
+                out["rss_mb"], out["cpu_s"] = rss_mb(proc.pid), cpu_s(proc.pid)
+                out["host_s"], out["folded"] = logged(line).get("seconds"), logged(line).get("folded")
                 break
             if time.perf_counter() - t0 > timeout_s:
                 break
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
-            proc.wait(timeout=60)
+            rest, _ = proc.communicate(timeout=120)
+            for line in rest.splitlines():
+                if "snapshot saved" in line:
+                    out["snapshot_bytes"] = logged(line).get("bytes")
         except subprocess.TimeoutExpired:
             proc.kill()
-    return round(ready_s, 2), rss
+    return out
 
 
 async def forget_snapshot(url: str, service: str) -> None:
@@ -183,27 +204,24 @@ def main() -> None:
                     (where / "filled.json").write_text(json.dumps(filled))
             for service in args.services:
                 extra = ["--cluster", "c1"] if service in ("scheduler", "discovery", "health") else []
-                first_s, first_rss = -1.0, 0.0
+                first: dict[str, object] = {}
                 if not args.no_first_start:
                     asyncio.run(forget_snapshot(server.url, service))
-                    first_s, first_rss = start_to_ready(service, server.url, args.code, args.timeout, extra)
-                again_s, again_rss = start_to_ready(service, server.url, args.code, args.timeout, extra)
-                print(
-                    json.dumps(
-                        {
-                            "service": service,
-                            "history_jobs": n,
-                            "nodes": args.nodes,
-                            "first_start_s": first_s,
-                            "first_start_rss_mb": first_rss,
-                            "restart_to_ready_s": again_s,
-                            "rss_mb": again_rss,
-                            "code": str(args.code),
-                            **filled,
-                        }
-                    ),
-                    flush=True,
-                )
+                    first = start_to_ready(service, server.url, args.code, args.timeout, extra)
+                again = start_to_ready(service, server.url, args.code, args.timeout, extra)
+                row = {
+                    "service": service,
+                    "history_jobs": n,
+                    "restart_to_ready_s": again.pop("ready_s"),
+                    "rss_mb": again.pop("rss_mb"),
+                    **{f"restart_{k}": v for k, v in again.items()},
+                    **{f"first_start_{k}": v for k, v in first.items()},
+                    "load_avg_1m": round(os.getloadavg()[0], 1),
+                    "nodes": args.nodes,
+                    "code": str(args.code),
+                    **filled,
+                }
+                print(json.dumps(row), flush=True)
         if args.store is None:
             shutil.rmtree(where, ignore_errors=True)
 
