@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import hashlib
 import os
 import pickle
 import socket
@@ -100,6 +101,15 @@ def pickle_codec(*shapes: type, modules: Sequence[ModuleType] = ()) -> SnapshotC
     )
 
 
+def snapshot_format(codec: SnapshotCodec[S] | None, initial: S) -> str:
+    """The codec's format and a digest of the initial state, which holds the service's settings
+    (retention, period, half-life...): a snapshot taken under other settings is refused, as its
+    state was folded under them (a job dropped by a shorter retention would not come back)."""
+    if codec is None:
+        return ""
+    return f"{codec.format}-{hashlib.sha256(codec.encode(initial)).hexdigest()[:8]}"
+
+
 Decisions = Sequence[tuple[Event, str]]  # (event, deterministic id)
 
 
@@ -154,6 +164,7 @@ class DeciderHost(Generic[S]):
         self.decider = decider
         self.ctx = ctx
         self.state: S = decider.initial()
+        self.snapshot_format = snapshot_format(decider.snapshot, self.state)
         self.positions: dict[str, int] = {}
         self.sources = [_Source(i, spec) for i, spec in enumerate(decider.inputs)]
         self.store = store or SnapshotStore(ctx.js)
@@ -206,8 +217,12 @@ class DeciderHost(Generic[S]):
             return
         if snap is None:
             return
-        if snap.format != codec.format:
-            log.info("snapshot of another format; folding from the start", have=snap.format, want=codec.format)
+        if snap.format != self.snapshot_format:
+            log.info(
+                "snapshot of another build or settings; folding from the start",
+                have=snap.format,
+                want=self.snapshot_format,
+            )
             return
         try:
             state = codec.decode(snap.state)
@@ -519,7 +534,7 @@ class DeciderHost(Generic[S]):
             taken_at=now,
             positions=dict(self.positions),
             state=codec.encode(self.state),
-            format=codec.format,
+            format=self.snapshot_format,
         )
         size = await self.store.save(snap)
         self._last_snapshot = time.monotonic()

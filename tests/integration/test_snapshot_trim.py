@@ -18,7 +18,7 @@ from nats.js import JetStreamContext
 from events import Event, JobSubmitted
 from events.codec import stable_id
 from services.runtime import Publisher
-from services.runtime.decider import Decider, DeciderHost, Input, pickle_codec
+from services.runtime.decider import Decider, DeciderHost, Input, pickle_codec, snapshot_format
 from services.runtime.host import ServiceContext, serve
 from services.runtime.nats_server import NatsServerProcess
 from services.runtime.snapshots import Snapshot, SnapshotStore
@@ -31,6 +31,7 @@ pytestmark = pytest.mark.integration
 @dataclass
 class Submitted:
     jobs: list[str] = field(default_factory=list)
+    setting: str = "first"  # a service setting (like a retention window) the state is folded under
 
 
 def fold(state: Submitted, event: Event) -> None:
@@ -42,13 +43,19 @@ CODEC = pickle_codec(Submitted)
 
 
 @contextlib.asynccontextmanager
-async def host(url: str) -> AsyncIterator[DeciderHost[Submitted]]:
+async def host(url: str, setting: str = "first") -> AsyncIterator[DeciderHost[Submitted]]:
     """A decider with snapshots over JOBS; saves its snapshot when it stops."""
     stop = asyncio.Event()
     hosts: list[DeciderHost[Submitted]] = []
 
     async def setup(ctx: ServiceContext) -> None:
-        decider = Decider(name="trimmed", inputs=(Input("JOBS"),), initial=Submitted, evolve=fold, snapshot=CODEC)
+        decider = Decider(
+            name="trimmed",
+            inputs=(Input("JOBS"),),
+            initial=lambda: Submitted(setting=setting),
+            evolve=fold,
+            snapshot=CODEC,
+        )
         hosts.append(DeciderHost(decider, ctx))
         hosts[0].install()
 
@@ -98,6 +105,18 @@ async def test_a_snapshot_of_another_build_is_refused_and_the_log_replayed(
         assert h.state.jobs == ["a", "b"] and not h.stats.restored_from
 
 
+async def test_a_snapshot_taken_under_other_settings_is_refused_and_the_log_replayed(
+    nats_server: NatsServerProcess, js: JetStreamContext
+) -> None:
+    await submit(js, "a")
+    async with host(nats_server.url) as h:
+        assert h.state.jobs == ["a"]
+    async with host(nats_server.url, setting="second") as h:
+        assert h.state == Submitted(jobs=["a"], setting="second") and not h.stats.restored_from
+    async with host(nats_server.url, setting="second") as h:  # its own snapshot is used
+        assert h.state.jobs == ["a"] and h.stats.restored_from == {"JOBS": 1}
+
+
 async def test_a_snapshot_naming_a_command_is_refused_not_run(
     nats_server: NatsServerProcess, js: JetStreamContext, tmp_path: Path
 ) -> None:
@@ -110,7 +129,11 @@ async def test_a_snapshot_naming_a_command_is_refused_not_run(
 
     await submit(js, "a")
     evil = Snapshot(
-        service="trimmed", taken_at=0.0, positions={"JOBS": 1}, state=pickle.dumps(Evil()), format=CODEC.format
+        service="trimmed",
+        taken_at=0.0,
+        positions={"JOBS": 1},
+        state=pickle.dumps(Evil()),
+        format=snapshot_format(CODEC, Submitted()),  # the format it would take: only the allow-list stops it
     )
     await SnapshotStore(js).save(evil)
     async with host(nats_server.url) as h:
