@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import json
 import os
 import shutil
@@ -166,6 +167,10 @@ def start_to_ready(service: str, url: str, code: Path, timeout_s: float, extra: 
     return out
 
 
+def extra_args(service: str) -> list[str]:
+    return ["--cluster", "c1"] if service in ("scheduler", "discovery", "health") else []
+
+
 async def forget_snapshot(url: str, service: str) -> None:
     """Remove the service's snapshot, so its next start is a full replay."""
     nc = await connect(url, name="bench-forget")
@@ -193,6 +198,13 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for a service to be ready")
     parser.add_argument("--store", type=Path, help="keep and reuse filled JetStream stores under this directory")
     parser.add_argument("--no-first-start", action="store_true", help="restart from the snapshot there is only")
+    parser.add_argument(
+        "--parallel",
+        type=int,
+        default=1,
+        help="first starts (full replays) run this many services at once; restarts always run alone "
+        "(compare first starts by first_start_cpu_s then)",
+    )
     args = parser.parse_args()
     configure_logging("error", json=True)
     for n in args.jobs:
@@ -202,13 +214,20 @@ def main() -> None:
                 filled = asyncio.run(fill(server.url, n, args.nodes))
                 if args.store is not None:
                     (where / "filled.json").write_text(json.dumps(filled))
-            for service in args.services:
-                extra = ["--cluster", "c1"] if service in ("scheduler", "discovery", "health") else []
-                first: dict[str, object] = {}
-                if not args.no_first_start:
+            firsts: dict[str, dict[str, object]] = {}
+            if not args.no_first_start:
+                for service in args.services:
                     asyncio.run(forget_snapshot(server.url, service))
-                    first = start_to_ready(service, server.url, args.code, args.timeout, extra)
-                again = start_to_ready(service, server.url, args.code, args.timeout, extra)
+                jobs = min(len(args.services), args.parallel)
+                with concurrent.futures.ThreadPoolExecutor(jobs) as pool:  # threads wait on processes
+                    started = {
+                        s: pool.submit(start_to_ready, s, server.url, args.code, args.timeout, extra_args(s))
+                        for s in args.services
+                    }
+                    firsts = {s: f.result() for s, f in started.items()}
+            for service in args.services:
+                first = {**firsts.get(service, {}), "parallel": args.parallel} if service in firsts else {}
+                again = start_to_ready(service, server.url, args.code, args.timeout, extra_args(service))
                 row = {
                     "service": service,
                     "history_jobs": n,
