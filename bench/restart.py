@@ -31,10 +31,22 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from events import GpuInfo, JobCompleted, JobScheduled, JobSpec, JobSubmitted, NodeDiscovered, Placement, TeamQuotaSet
+from events import (
+    GpuInfo,
+    JobCompleted,
+    JobScheduled,
+    JobSpec,
+    JobSubmitted,
+    NodeDiscovered,
+    Placement,
+    TeamQuotaSet,
+    encode,
+    subject_for,
+)
 from events.codec import stable_id
 from services.billing import core as billing
 from services.runtime import Publisher, connect, ensure_streams
@@ -50,14 +62,34 @@ TEAMS = 10
 Item = tuple[object, str | None, float]
 
 
-async def fill(url: str, jobs: int, nodes: int) -> dict[str, float]:
+async def publish_fast(nc: Any, js: Any, items: Iterator[Item], every: int = 2000) -> None:
+    """The same envelopes (`events.encode`, with their ids), published without a span and without
+    waiting for each ack: every `every` messages one acked publish is awaited (JetStream stores a
+    connection's messages in order, so its ack means the ones before it are stored too)."""
+    last: tuple[str, bytes, dict[str, str]] | None = None
+    for n, (event, event_id, when) in enumerate(items, 1):
+        if last is not None:
+            await nc.publish(last[0], last[1], headers=last[2])
+        headers, body = encode(event, source="bench/restart", id=event_id, time=when)  # type: ignore[arg-type]
+        last = (subject_for(event), body, headers)  # type: ignore[arg-type]
+        if n % every == 0:
+            await js.publish(*last[:2], headers=last[2], timeout=60.0)
+            last = None
+    if last is not None:  # the last one acked: everything before it is stored
+        await js.publish(*last[:2], headers=last[2], timeout=60.0)
+
+
+async def fill(url: str, jobs: int, nodes: int, fast: bool = False) -> dict[str, float]:
     nc = await connect(url, name="bench-fill")
     js = nc.jetstream()
     await ensure_streams(js)
     pub = Publisher(js, source="bench/restart")
     t0 = time.perf_counter()
     base = time.time() - jobs * 0.5 - 3600.0  # the history ends an hour ago
-    await pub.publish_many(history(jobs, nodes, base))  # type: ignore[arg-type]
+    if fast:
+        await publish_fast(nc, js, history(jobs, nodes, base))
+    else:
+        await pub.publish_many(history(jobs, nodes, base))  # type: ignore[arg-type]
     fill_s = time.perf_counter() - t0
     info = {s: (await js.stream_info(s)).state.messages for s in ("FLEET", "QUOTA", "JOBS", "BILLING")}
     await nc.drain()
@@ -197,6 +229,9 @@ def main() -> None:
     parser.add_argument("--code", type=Path, default=ROOT, help="checkout to run the services from")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for a service to be ready")
     parser.add_argument("--store", type=Path, help="keep and reuse filled JetStream stores under this directory")
+    parser.add_argument(
+        "--fast-fill", action="store_true", help="fill without per-message acks and spans (same events and ids)"
+    )
     parser.add_argument("--no-first-start", action="store_true", help="restart from the snapshot there is only")
     parser.add_argument(
         "--parallel",
@@ -211,11 +246,11 @@ def main() -> None:
         where, filled = filled_store(args.store, n, args.nodes)
         with NatsServerProcess(where / "js") as server:
             if filled is None:
-                filled = asyncio.run(fill(server.url, n, args.nodes))
+                filled = asyncio.run(fill(server.url, n, args.nodes, fast=args.fast_fill))
                 if args.store is not None:
                     (where / "filled.json").write_text(json.dumps(filled))
             firsts: dict[str, dict[str, object]] = {}
-            if not args.no_first_start:
+            if args.services and not args.no_first_start:
                 for service in args.services:
                     asyncio.run(forget_snapshot(server.url, service))
                 jobs = min(len(args.services), args.parallel)
