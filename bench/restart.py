@@ -5,14 +5,19 @@ Starts its own nats-server, fills FLEET (--nodes nodes x 8 GPUs), QUOTA (a quota
 write) and BILLING (what billing's own core accrues for that history, period by period: the
 CostAccrued events a running billing service writes), then per service:
 1. removes the service's snapshot, starts `chamber service NAME` as its own process
-   (`python -m services.cli`) and times it until it logs that it caught up (`first_start_s`: a full
-   replay), stops it (a decider host saves its snapshot on the way out);
-2. starts it again and times it to caught up (`restart_to_ready_s`), then reads its resident memory
-   (`rss_mb`, /proc VmRSS).
-`--code DIR` runs the services from another checkout (e.g. a `git worktree` of the commit before
-the host) for the "before" figures. `--store DIR` keeps the filled JetStream store in DIR/n<N> and
-reuses it on the next run (a 1,000,000-job fill takes minutes on 2 cores: fill once, measure often).
-The history ends an hour before the fill, so billing has no years of periods to catch up with.
+   (`python -m services.cli`) and times it until it logs that it caught up (`first_start_*`: a full
+   replay; `--parallel K` runs K services' full replays at once), stops it (a decider host saves
+   its snapshot on the way out);
+2. starts it again, alone, and times it to caught up (`restart_to_ready_s`), then reads its
+   resident memory (`rss_mb`, /proc VmRSS).
+Each start also reports `cpu_s` (the process's user + system CPU seconds until ready: on a shared
+machine wall time counts the neighbours, CPU time does not), `host_s` (the host's own time to
+caught up, after the interpreter and imports), `folded` and `snapshot_bytes`.
+`--code DIR` runs the services from another checkout (`git archive COMMIT | tar -x -C DIR`) for the
+"before" figures. `--store DIR` keeps the filled JetStream store in DIR/n<N>-nodes<M> and reuses it
+on the next run (a 1,000,000-job fill is 4 M events: fill once, measure often); `--fast-fill`
+publishes the same envelopes with one ack per 2,000. The history ends an hour before the fill, so
+billing has no years of periods to catch up with.
 Prints one JSON object per service and N.
 """
 

@@ -251,7 +251,9 @@ class DeciderHost(Generic[S]):
         stream = await self.ctx.js.stream_info(spec.stream)
         config.num_replicas = stream.config.num_replicas or 1
         first = stream.state.first_seq or 0
-        if not last_per_subject and start < first and start <= (stream.state.last_seq or 0):
+        c = stream.config
+        kept = not c.max_age and (c.max_bytes or -1) < 0 and (c.max_msgs or -1) < 0  # no limit ages it out
+        if kept and not last_per_subject and start < first and start <= (stream.state.last_seq or 0):
             # The snapshot is the base of replay: trimming below it is safe, trimming above it is not.
             self.stats.trimmed[spec.stream] = (start, first)
             log.error(
