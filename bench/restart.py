@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
+import contextlib
 import json
 import os
 import shutil
@@ -204,6 +205,17 @@ def start_to_ready(service: str, url: str, code: Path, timeout_s: float, extra: 
     return out
 
 
+@contextlib.contextmanager
+def running_server(store: Path) -> Iterator[NatsServerProcess]:
+    """A nats-server on `store`, given time to open and to flush a store of millions of messages."""
+    server = NatsServerProcess(store)
+    server.start(timeout_s=600.0)
+    try:
+        yield server
+    finally:
+        server.stop(timeout_s=300.0)
+
+
 def extra_args(service: str) -> list[str]:
     return ["--cluster", "c1"] if service in ("scheduler", "discovery", "health") else []
 
@@ -249,7 +261,7 @@ def main() -> None:
     configure_logging("error", json=True)
     for n in args.jobs:
         where, filled = filled_store(args.store, n, args.nodes)
-        with NatsServerProcess(where / "js") as server:
+        with running_server(where / "js") as server:
             if filled is None:
                 filled = asyncio.run(fill(server.url, n, args.nodes, fast=args.fast_fill))
                 if args.store is not None:
