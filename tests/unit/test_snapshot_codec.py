@@ -68,3 +68,16 @@ def test_the_build_digest_changes_with_the_source_of_the_fold(tmp_path: Path, mo
     del sys.modules["foldmod"]
     assert build_digest([importlib.import_module("foldmod").S]) != first
     assert build_digest([billing.BillingState]) == build_digest([billing.BillingState])  # stable within a build
+
+
+def test_the_gateway_restores_into_the_state_its_api_holds() -> None:
+    """The HTTP handlers keep a reference to the read model: a restore must fill that very object."""
+    from services.gateway import core as gateway
+    from services.gateway import service as gateway_service
+
+    built = gateway.GatewayState()
+    gateway.evolve(built, a_job("j1", at=10.0))
+    served = gateway.GatewayState()
+    codec = gateway_service.snapshot_codec(served)
+    restored = codec.decode(codec.encode(built))
+    assert restored is served and set(served.jobs) == {"j1"}
