@@ -46,6 +46,7 @@ from services.billing.price_table import resolve
 from services.pools import PoolDef, node_pool
 
 GpuKey = tuple[str, str, int]  # cluster, node, gpu index
+_JOB_ENDS = {"io.chamber.jobs.completed.v1", "io.chamber.jobs.failed.v1", "io.chamber.jobs.cancelled.v1"}
 _JOB_STOPS = {
     "io.chamber.jobs.preempted.v1",
     "io.chamber.jobs.suspended.v1",
@@ -86,7 +87,9 @@ class BillingState:
     pools: dict[str, PoolDefined] = field(default_factory=dict)
     job_team: dict[str, str] = field(default_factory=dict)
     job_pool: dict[str, str] = field(default_factory=dict)
-    held: list[Held] = field(default_factory=list)
+    held: list[Held] = field(default_factory=list)  # closed intervals not accrued yet, in the order they closed
+    open_held: dict[str, list[Held]] = field(default_factory=dict)  # job -> GPUs it holds now
+    finished: dict[str, float] = field(default_factory=dict)  # job -> when it ended, until it is accrued
     service: list[InService] = field(default_factory=list)
     isolated_nodes: set[tuple[str, str]] = field(default_factory=set)
     isolated_gpus: set[GpuKey] = field(default_factory=set)
@@ -95,7 +98,10 @@ class BillingState:
     budgets: dict[str, float] = field(default_factory=dict)
     spent: dict[tuple[str, str], float] = field(default_factory=lambda: defaultdict(float))
     exceeded: set[tuple[str, str]] = field(default_factory=set)
-    seen: set[str] = field(default_factory=set)
+    # Ids folded lately (id -> event time), for de-duplication; forgotten DEDUP_WINDOW_S behind what
+    # is accrued (a CostAccrued of a period already accrued is a duplicate whatever its id), so the
+    # state stays bounded however long the history.
+    seen: dict[str, float] = field(default_factory=dict)
 
 
 def month_of(ts: float) -> str:
@@ -131,11 +137,19 @@ def _node_gpus(state: BillingState, cluster: str, node: str) -> list[GpuKey]:
     return [g for g in state.gpu_model if g[0] == cluster and g[1] == node]
 
 
+DEDUP_WINDOW_S = 3600.0  # event time: far beyond JetStream's own duplicate window
+
+
 def evolve(state: BillingState, event: Event, event_id: str = "") -> BillingState:
     if event_id and event_id in state.seen:
         return state
+    at = getattr(event, "at", None)
+    if isinstance(event, CostAccrued):
+        if state.accrued_any and state.accrued_until is not None and event.period_end < state.accrued_until:
+            return state  # a later period is accrued already: this one was (a replayed decision)
+        at = event.period_end
     if event_id:
-        state.seen.add(event_id)
+        state.seen[event_id] = float(at) if isinstance(at, float | int) else (state.accrued_until or 0.0)
     at = getattr(event, "at", None)
     if (
         isinstance(at, float | int)
@@ -190,22 +204,27 @@ def evolve(state: BillingState, event: Event, event_id: str = "") -> BillingStat
         case JobScheduled() | JobResumed():
             team = event.team if isinstance(event, JobScheduled) else state.job_team.get(event.job_id, "")
             state.job_team.setdefault(event.job_id, team)
+            state.finished.pop(event.job_id, None)
             _stop_job(state, event.job_id, event.at)  # a start without a stop: the old placement ended
-            for p in event.placements:
-                for i in p.gpu_indices:
-                    state.held.append(
-                        Held(event.job_id, state.job_team[event.job_id], (p.cluster, p.node, i), event.at, None)
-                    )
+            state.open_held[event.job_id] = [
+                Held(event.job_id, state.job_team[event.job_id], (p.cluster, p.node, i), event.at, None)
+                for p in event.placements
+                for i in p.gpu_indices
+            ]
         case CostAccrued():
             state.accrued_any = True
             if event.team:
                 state.spent[(event.team, month_of(event.period_start))] += event.cost
+            before = state.accrued_until
             state.accrued_until = max(state.accrued_until or event.period_end, event.period_end)
-            _prune(state)
+            if state.accrued_until != before:  # once per period, not per cost line
+                _prune(state)
         case BudgetExceeded():
             state.exceeded.add((event.team, month_of(event.at)))
         case _ if type(event).ce_type() in _JOB_STOPS:
             _stop_job(state, event.job_id, event.at)  # type: ignore[attr-defined]
+            if type(event).ce_type() in _JOB_ENDS:
+                state.finished[event.job_id] = event.at  # type: ignore[attr-defined]
     return state
 
 
@@ -240,16 +259,29 @@ def _where(state: BillingState, gpu: GpuKey) -> tuple[str, str | None, str | Non
 
 
 def _stop_job(state: BillingState, job_id: str, at: float) -> None:
-    state.held = [
-        Held(h.job_id, h.team, h.gpu, h.start, at) if h.job_id == job_id and h.end is None else h for h in state.held
-    ]
+    """Close the job's open intervals (a lookup by job: a long history costs nothing here)."""
+    for h in state.open_held.pop(job_id, ()):
+        state.held.append(Held(h.job_id, h.team, h.gpu, h.start, at))
 
 
 def _prune(state: BillingState) -> None:
-    """Forget intervals that ended before everything accrued."""
+    """Forget intervals that ended before everything accrued, the jobs that ended then, and ids
+    too old to come again: the state holds what is not accrued yet, not the history."""
     cutoff = state.accrued_until or 0.0
     state.held = [h for h in state.held if h.end is None or h.end > cutoff]
     state.service = [s for s in state.service if s.end is None or s.end > cutoff]
+    gone = [job for job, end in state.finished.items() if end <= cutoff and job not in state.open_held]
+    for job in gone:
+        del state.finished[job]
+        state.job_team.pop(job, None)
+        state.job_pool.pop(job, None)
+    horizon = cutoff - max(DEDUP_WINDOW_S, state.period_s)
+    state.seen = {i: t for i, t in state.seen.items() if t >= horizon}
+
+
+def held_intervals(state: BillingState) -> list[Held]:
+    """Closed intervals not accrued yet, then the open ones (by job, in the order they started)."""
+    return [*state.held, *(h for hs in state.open_held.values() for h in hs)]
 
 
 def _overlap(start: float, end: float | None, p0: float, p1: float) -> float:
@@ -262,7 +294,7 @@ def period_costs(state: BillingState, p0: float, p1: float) -> list[tuple[CostAc
     Where = tuple[str, str | None, str | None]
     held: dict[tuple[str, str, str, Where], list[float]] = defaultdict(lambda: [0.0, 0.0])  # seconds, cost
     held_by_gpu: dict[GpuKey, float] = defaultdict(float)
-    for h in state.held:
+    for h in held_intervals(state):
         seconds = _overlap(h.start, h.end, p0, p1)
         if seconds > 0:
             acc = held[(h.job_id, h.team, state.gpu_model.get(h.gpu, "unknown"), _where(state, h.gpu))]

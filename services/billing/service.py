@@ -16,7 +16,7 @@ from events import Event, PriceSet
 from events.codec import new_id, stable_id
 from services.billing.core import BillingState, decide, evolve
 from services.runtime.commands import CommandRefused
-from services.runtime.decider import Decider, DeciderHost, Input, pickle_codec
+from services.runtime.decider import Decider, DeciderHost, Input, SnapshotCodec, pickle_codec
 from services.runtime.host import ServiceContext, serve
 from services.runtime.logs import get_logger
 
@@ -63,6 +63,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def snapshot_codec() -> SnapshotCodec[BillingState]:
+    return pickle_codec(BillingState)
+
+
 class Billing:
     def __init__(self, period_s: float, settle_s: float, tick_s: float, configured_prices: dict[str, float]) -> None:
         self.period_s, self.settle_s, self.tick_s = period_s, settle_s, tick_s
@@ -78,7 +82,7 @@ class Billing:
             evolve_with_id=True,  # the core de-duplicates by event id
             decide=self.decide,
             tick_s=self.tick_s,
-            snapshot=pickle_codec(BillingState),
+            snapshot=snapshot_codec(),
         )
 
     def decide(self, state: BillingState, now: float) -> list[tuple[Event, str]]:

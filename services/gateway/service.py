@@ -22,7 +22,7 @@ from services.gateway.api import GatewayContext, make_app
 from services.gateway.core import GatewayState, evolve, record_point, scheduler_said
 from services.gateway.history import WarehouseHistory
 from services.runtime.commands import CommandRefused, CommandUnavailable, request
-from services.runtime.decider import Decider, DeciderHost, Input
+from services.runtime.decider import Decider, DeciderHost, Input, SnapshotCodec, pickle_codec
 from services.runtime.host import ServiceContext, serve
 from services.runtime.logs import get_logger
 from services.runtime.partitions import telemetry_inputs
@@ -71,7 +71,23 @@ def read_model(state: GatewayState, telemetry: list[tuple[str, str]] | None = No
     # `telemetry`: (stream, filter) of TELEMETRY and each of its partitions (`telemetry_inputs`)
     for stream, subject in telemetry or [(TELEMETRY.name, TELEMETRY.subjects[0])]:
         inputs.append(Input(stream, (subject,), deliver="last_per_subject"))
-    return Decider(name=NAME, inputs=tuple(inputs), initial=lambda: state, evolve=evolve)
+    return Decider(
+        name=NAME, inputs=tuple(inputs), initial=lambda: state, evolve=evolve, snapshot=snapshot_codec(state)
+    )
+
+
+def snapshot_codec(state: GatewayState) -> SnapshotCodec[GatewayState]:
+    """Snapshots of the read model, restored INTO `state`: the HTTP handlers hold that object."""
+    from services.gateway import core, fabric
+
+    codec: SnapshotCodec[GatewayState] = pickle_codec(GatewayState, modules=(core, fabric))
+
+    def restore(data: bytes) -> GatewayState:
+        restored = codec.decode(data)
+        state.__dict__.update(restored.__dict__)
+        return state
+
+    return SnapshotCodec(format=codec.format, encode=codec.encode, decode=restore)
 
 
 async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:

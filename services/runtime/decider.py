@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import gc
 import hashlib
 import os
@@ -43,6 +42,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any, Generic, TypeVar
 
 import nats.errors
@@ -59,6 +59,7 @@ from services.runtime.host import ServiceContext
 from services.runtime.lease import LeaderLease
 from services.runtime.logs import get_logger
 from services.runtime.pull import BatchPuller, Position, position
+from services.runtime.snapshot_codec import build_digest, packages_of, safe_loads
 from services.runtime.snapshots import Snapshot, SnapshotStore
 
 log = get_logger("chamber.runtime.decider")
@@ -87,18 +88,27 @@ class SnapshotCodec(Generic[S]):
     decode: Callable[[bytes], S]
 
 
-def pickle_codec(*shapes: type) -> SnapshotCodec[Any]:
-    """Snapshots as pickle, named by the fields of the dataclasses the state is made of, so a snapshot
-    taken by a build with another state shape is never unpickled (the host replays instead). pickle
-    fits a derived state that only the same service reads back, from its own bucket: it keeps shared
-    references and indexes as they are."""
-    shape = "|".join(f"{c.__name__}:{','.join(f.name for f in dataclasses.fields(c))}" for c in shapes)
-    digest = hashlib.sha256(shape.encode()).hexdigest()[:12]
+def pickle_codec(*shapes: type, modules: Sequence[ModuleType] = ()) -> SnapshotCodec[Any]:
+    """Snapshots as pickle (it keeps the shared references and indexes of a state as they are),
+    loaded through an allow-list of the core's own classes (`snapshot_codec.SafeUnpickler`: a
+    snapshot naming anything else is refused, never run), and named by build: the fields of the
+    `shapes` and the source of their modules and of `modules` (where the fold lives), so a snapshot
+    taken by another build is refused and the host replays from the start."""
+    packages = packages_of(shapes)
     return SnapshotCodec(
-        format=f"pickle-{pickle.DEFAULT_PROTOCOL}-{digest}",
+        format=f"pickle-{pickle.DEFAULT_PROTOCOL}-{build_digest(shapes, modules)}",
         encode=lambda state: pickle.dumps(state, protocol=pickle.DEFAULT_PROTOCOL),
-        decode=pickle.loads,
+        decode=lambda data: safe_loads(data, packages),
     )
+
+
+def snapshot_format(codec: SnapshotCodec[S] | None, initial: S) -> str:
+    """The codec's format and a digest of the initial state, which holds the service's settings
+    (retention, period, half-life...): a snapshot taken under other settings is refused, as its
+    state was folded under them (a job dropped by a shorter retention would not come back)."""
+    if codec is None:
+        return ""
+    return f"{codec.format}-{hashlib.sha256(codec.encode(initial)).hexdigest()[:8]}"
 
 
 Decisions = Sequence[tuple[Event, str]]  # (event, deterministic id)
@@ -151,6 +161,9 @@ class HostStats:
     decisions: int = 0
     snapshots: int = 0
     restored_from: dict[str, int] = field(default_factory=dict)
+    # stream -> (first sequence not folded, first sequence the stream still has): history trimmed
+    # before this service folded it (no snapshot covers it); the state misses what was there
+    trimmed: dict[str, tuple[int, int]] = field(default_factory=dict)
     ready_after_s: float | None = None
 
 
@@ -159,6 +172,7 @@ class DeciderHost(Generic[S]):
         self.decider = decider
         self.ctx = ctx
         self.state: S = decider.initial()
+        self.snapshot_format = snapshot_format(decider.snapshot, self.state)
         self.positions: dict[str, int] = {}
         self.sources = [_Source(i, spec) for i, spec in enumerate(decider.inputs)]
         self.store = store or SnapshotStore(ctx.js)
@@ -213,8 +227,12 @@ class DeciderHost(Generic[S]):
             return
         if snap is None:
             return
-        if snap.format != codec.format:
-            log.info("snapshot of another format; folding from the start", have=snap.format, want=codec.format)
+        if snap.format != self.snapshot_format:
+            log.info(
+                "snapshot of another build or settings; folding from the start",
+                have=snap.format,
+                want=self.snapshot_format,
+            )
             return
         try:
             state = codec.decode(snap.state)
@@ -240,7 +258,21 @@ class DeciderHost(Generic[S]):
             max_deliver=-1,
         )
         # with its stream's replicas: an R1 consumer dies with its server, and the fold with it
-        config.num_replicas = (await self.ctx.js.stream_info(spec.stream)).config.num_replicas or 1
+        stream = await self.ctx.js.stream_info(spec.stream)
+        config.num_replicas = stream.config.num_replicas or 1
+        first = stream.state.first_seq or 0
+        c = stream.config
+        kept = not c.max_age and (c.max_bytes or -1) < 0 and (c.max_msgs or -1) < 0  # no limit ages it out
+        if kept and not last_per_subject and start < first and start <= (stream.state.last_seq or 0):
+            # The snapshot is the base of replay: trimming below it is safe, trimming above it is not.
+            self.stats.trimmed[spec.stream] = (start, first)
+            log.error(
+                "history trimmed before this service folded it: the state misses those events",
+                service=self.decider.name,
+                stream=spec.stream,
+                folded_up_to=start - 1,
+                stream_starts_at=first,
+            )
         info = await self.ctx.js.add_consumer(spec.stream, config)
         source.consumer = info.name
         source.pending = info.num_pending or 0
@@ -563,7 +595,7 @@ class DeciderHost(Generic[S]):
             taken_at=now,
             positions=dict(self.positions),
             state=codec.encode(self.state),
-            format=codec.format,
+            format=self.snapshot_format,
         )
         size = await self.store.save(snap)
         self._last_snapshot = time.monotonic()

@@ -45,6 +45,15 @@ class SnapshotStore:
         await store.put(token(snapshot.service), data)
         return len(data)
 
+    async def delete(self, service: str) -> bool:
+        """Remove the service's snapshot (its next start folds from the start); False if none."""
+        store = await self._open()
+        try:
+            await store.delete(token(service))
+        except (ObjectNotFoundError, NotFoundError):
+            return False
+        return True
+
     async def load(self, service: str) -> Snapshot | None:
         store = await self._open()
         try:

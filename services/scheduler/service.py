@@ -79,7 +79,9 @@ def new_job_id(name: str, team: str) -> str:
 
 
 def snapshot_codec() -> SnapshotCodec[SchedulerState]:
-    return pickle_codec(SchedulerState, Job, Node, LinkHealth)
+    from services.scheduler.core import budget, capacity, pools
+
+    return pickle_codec(SchedulerState, Job, Node, LinkHealth, modules=(budget, capacity, pools))  # where it folds
 
 
 class Scheduler:

@@ -4,7 +4,6 @@ decisions folded back as the host does."""
 
 from __future__ import annotations
 
-import pickle
 import random
 from typing import Any
 
@@ -26,8 +25,11 @@ from events import (
 )
 from events.fabric import CulpritKind, JobSlowdownCleared, JobSlowdownDetected
 from services.billing import core as billing
+from services.billing import service as billing_service
 from services.gateway import core as gateway
+from services.gateway import service as gateway_service
 from services.quota import core as quota
+from services.quota import service as quota_service
 from services.scheduler import service as scheduler_service
 from services.scheduler.core import SchedulerState, events_for, evolve, schedule
 from tests.conformance.harness import (
@@ -61,7 +63,7 @@ QUOTA = CoreSpec[quota.QuotaState](
     name="quota",
     initial=lambda: quota.QuotaState(half_life_s=600.0),
     evolve=quota.evolve,  # type: ignore[arg-type]
-    snapshot=lambda s: pickle.loads(pickle.dumps(s)),
+    snapshot=lambda s: quota_service.snapshot_codec().decode(quota_service.snapshot_codec().encode(s)),
     decide=quota.decide,
     skip=frozenset({"at"}),
 )
@@ -171,7 +173,7 @@ BILLING = CoreSpec[billing.BillingState](
     name="billing",
     initial=lambda: billing.BillingState(period_s=300.0, settle_s=0.0),
     evolve=billing.evolve,  # type: ignore[arg-type]
-    snapshot=lambda s: pickle.loads(pickle.dumps(s)),
+    snapshot=lambda s: billing_service.snapshot_codec().decode(billing_service.snapshot_codec().encode(s)),
     decide=billing.decide,
 )
 
@@ -179,7 +181,7 @@ GATEWAY = CoreSpec[gateway.GatewayState](
     name="gateway",
     initial=gateway.GatewayState,
     evolve=gateway.evolve,  # type: ignore[arg-type]
-    snapshot=lambda s: pickle.loads(pickle.dumps(s)),
+    snapshot=lambda s: (codec := gateway_service.snapshot_codec(gateway.GatewayState())).decode(codec.encode(s)),
 )
 
 CORES = [SCHEDULER, QUOTA, BILLING, GATEWAY]

@@ -126,3 +126,46 @@ def test_billing_uses_the_schedulers_case_insensitive_pool_rule() -> None:
     evolve(state, PoolDefined(pool="h100", at=0.0, gpu_model="h100-80gb"))
     evolve(state, a_node("n1", gpus=1, model="H100-80GB"))
     assert pool_of(state, ("c1", "n1", 0)) == "h100"
+
+
+def run_for(hours: int, jobs_per_hour: int = 60) -> BillingState:
+    """A node busy with short jobs for `hours`, accrued as the service does (decide, then fold back)."""
+    state = BillingState(period_s=3600, settle_s=30)
+    inv = an_inventory("n1", gpus=4, model="H100-80GB", at=T)
+    for i, e in enumerate(timeline()[:4]):
+        evolve(state, e, f"setup-{i}")
+    evolve(state, NodeDiscovered(cluster="c1", node="n1", at=T, gpus=inv.gpus), "node")
+    for n in range(hours * jobs_per_hour):
+        at = T + n * 3600 / jobs_per_hour
+        for event, event_id in decide(state, at):
+            evolve(state, event, event_id)
+        job = f"j{n}"
+        for i, e in enumerate(
+            (submitted(job, "vision", 1, at), scheduled(job, "vision", "n1", [0], at), completed(job, at + 30))
+        ):
+            evolve(state, e, f"{job}-{i}")
+    return state
+
+
+def test_the_state_holds_what_is_not_accrued_yet_not_the_history() -> None:
+    """Bounded memory: ten times the history, the same state size."""
+    short, long = run_for(5), run_for(50)
+    for field in ("held", "job_team", "seen", "finished"):
+        assert len(getattr(long, field)) <= len(getattr(short, field)) + 1, field
+    assert len(long.job_team) < 200 and not long.open_held  # one hour and a bit, not 3,000 jobs
+
+
+def test_a_cost_line_of_a_period_already_accrued_is_not_counted_twice() -> None:
+    state = run_for(3)
+    spent = dict(state.spent)
+    old = CostAccrued(
+        period_start=T,
+        period_end=T + 3600,
+        gpu_model="H100-80GB",
+        gpu_seconds=30.0,
+        cost=0.025,
+        team="vision",
+        job_id="j0",
+    )
+    evolve(state, old, "replayed-under-another-id")
+    assert dict(state.spent) == spent
