@@ -45,7 +45,11 @@ def test_a_billing_state_round_trips_through_its_codec() -> None:
     state = billing.BillingState()
     job = a_job("j1", at=10.0)
     placed = JobScheduled(
-        job_id="j1", at=20.0, team="vision", placements=[Placement(cluster="c1", node="n1", gpu_indices=[0, 1])]
+        job_id="j1",
+        at=20.0,
+        team="vision",
+        pool="default",
+        placements=[Placement(cluster="c1", node="n1", gpu_indices=[0, 1])],
     )
     for event in (job, placed, JobCompleted(job_id="j1", at=30.0)):
         billing.evolve(state, event, f"id-{event.ce_type()}")
