@@ -261,7 +261,7 @@ async def test_a_restarted_health_service_rebuilds_its_isolations_and_re_emits_n
                     await agent.publish(an_inventory(node, cluster=CLUSTER, at=time.time()))
             await agent.publish(a_fault("gpu-0", xid=79, at=time.time(), cluster=CLUSTER, fault_id="a"))
             await agent.publish(a_fault("gpu-1", kind=FaultKind.ECC_DBE, gpu=5, at=time.time(), cluster=CLUSTER))
-            await eventually(lambda: len(first.of(NodeIsolated)) == 1 and len(first.of(GpuIsolated)) == 1)
+            await eventually(lambda: len(first.of(NodeIsolated)) == 1 and len(first.of(GpuIsolated)) == 1, within=30)
             await eventually(lambda: len(stub.writes()) == 3)  # cordon+taint, condition, GPU annotation
         writes_before = len(stub.writes())
         stub.nodes["gpu-0"]["spec"]["taints"] = []  # someone removed our taint while health was down
