@@ -52,8 +52,16 @@ class Quota:
     lend_limit: int | None = None
     weight: float = 1.0
     critical: bool = False  # may the team run critical work in this pool
+    np_lend_limit: int | None = None  # idle guaranteed GPUs lent to other teams' non-preemptible work
 
     @property
     def locked(self) -> int:
         """Guaranteed GPUs that may never be lent, used or not."""
         return 0 if self.lend_limit is None else max(0, self.guaranteed - self.lend_limit)
+
+    @property
+    def np_lendable(self) -> int:
+        """Guaranteed GPUs that, while idle, other teams' non-preemptible work may use (returned by
+        draining, not preemption): `np_lend_limit`, by default all that the lend limit lends."""
+        lendable = self.guaranteed - self.locked
+        return lendable if self.np_lend_limit is None else min(self.np_lend_limit, lendable)

@@ -66,11 +66,31 @@ def room_block(work: Work, job: Job, usage: Usage | None = None) -> str | None:
             held += max(usage.get((pool, other), 0), oq.locked if oq else 0)
     room = work.pool_capacity(pool) - held - u
     if held and n > room:  # with nothing held by others, placement itself says what is missing
+        lent = _lent_out(work, pool, team) if u + n <= work.guarantee(pool, team) else 0
+        if lent:
+            return (
+                f"{DRAIN}: {lent} GPUs of pool {pool} are held by other teams' non-preemptible work on idle "
+                f"guarantees lent to it (team {team}'s included), returned as it ends (never preempted); needs {n}"
+            )
         return (
             f"quota: pool {pool} has {max(room, 0)} GPUs team {team} may use now "
             f"(others hold or keep back {held}); needs {n}"
         )
     return None
+
+
+ROOM = "quota: pool "  # room_block: GPUs other teams hold, freed as their work ends
+DRAIN = "quota: waits for a drain"  # nonpreemptible_block: a guarantee lent out, freed as that work ends
+
+
+def frees_as_work_ends(why: str) -> bool:
+    """A quota wait that running work ending resolves (not a limit or a rule): it may reserve."""
+    return why.startswith((ROOM, DRAIN))
+
+
+def within_guarantee(work: Work, job: Job) -> bool:
+    """The job's team would stay within its guarantee with it."""
+    return work.usage.get((job.pool, job.spec.team), 0) + job.gpus <= work.guarantee(job.pool, job.spec.team)
 
 
 def borrowed(work: Work, job: Job) -> int:
@@ -102,19 +122,54 @@ def nonpreemptible(work: Work, pool: str, team: str) -> int:
     return held
 
 
+def promised(work: Work, pool: str, team: str, lending: bool = True) -> int:
+    """What the rule keeps for `team` in the pool: max(guarantee - what it lends to non-preemptible
+    work now, its non-preemptible GPUs); with `lending` False, its whole guarantee."""
+    lent = work.lends_to_nonpreemptible(pool, team) if lending else 0
+    return max(work.guarantee(pool, team) - lent, nonpreemptible(work, pool, team))
+
+
 def nonpreemptible_block(work: Work, job: Job) -> str | None:
     """Why a non-preemptible job may not start now (see the module's rule), or None."""
     s, pool, team, n = work.s, job.pool, job.spec.team, job.gpus
     mine = nonpreemptible(work, pool, team) + n
+    q = s.quotas.get((pool, team))
+    g = q.guaranteed if q else 0
+    own = g - q.np_lendable if q else 0  # the part of its guarantee no one else's such work may hold
+    teams = {t for (p, t) in s.quotas if p == pool} | {t for (p, t) in work.usage if p == pool}
+    others = sum(promised(work, pool, t) for t in teams if t != team)
+    spare = work.pool_capacity(pool) - others
+    if max(own, mine) <= spare:
+        return None
+    if mine <= g:
+        lent = sorted(t for t in teams if t != team and nonpreemptible(work, pool, t) > work.guarantee(pool, t))
+        return (
+            f"{DRAIN}: {max(own, mine) - spare} GPUs of team {team}'s guarantee in pool {pool} are "
+            f"lent to non-preemptible work of {', '.join(lent) or 'other teams'}, returned as it ends (never preempted)"
+        )
+    return (
+        f"quota: non-preemptible jobs borrow only unguaranteed GPUs or idle guarantees lent to them (team {team} "
+        f"would run {mine} non-preemptible GPUs in pool {pool}, guarantee {g}; room for "
+        f"{max(spare - mine + n, 0)} now: teams with work waiting for their guarantee lend none)"
+    )
+
+
+def _lent_out(work: Work, pool: str, team: str) -> int:
+    """Non-preemptible GPUs other teams hold beyond their guarantees in the pool."""
+    teams = {t for (p, t) in work.s.quotas if p == pool} | {t for (p, t) in work.usage if p == pool}
+    return sum(max(0, nonpreemptible(work, pool, t) - work.guarantee(pool, t)) for t in teams if t != team)
+
+
+def lent_to(work: Work, job: Job) -> int:
+    """GPUs of other teams' idle guarantees a non-preemptible job admitted now runs on (beyond its
+    guarantee and the pool's unguaranteed capacity): returned by draining, never preempted."""
+    if job.spec.preemptible or not work.policy.quotas:
+        return 0
+    s, pool, team = work.s, job.pool, job.spec.team
+    mine = nonpreemptible(work, pool, team) + job.gpus
     g = work.guarantee(pool, team)
     if mine <= g:
-        return None
+        return 0
     teams = {t for (p, t) in s.quotas if p == pool} | {t for (p, t) in work.usage if p == pool}
-    promised = sum(max(work.guarantee(pool, t), nonpreemptible(work, pool, t)) for t in teams if t != team)
-    spare = work.pool_capacity(pool) - promised
-    if mine <= spare:
-        return None
-    return (
-        f"quota: non-preemptible jobs never borrow a guarantee (team {team} would run {mine} non-preemptible "
-        f"GPUs in pool {pool}, guarantee {g}; the pool has {max(spare - g, 0)} unguaranteed GPUs more for such work)"
-    )
+    strict = work.pool_capacity(pool) - sum(promised(work, pool, t, lending=False) for t in teams if t != team)
+    return min(job.gpus, max(0, mine - max(g, strict)))
