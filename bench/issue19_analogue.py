@@ -22,7 +22,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from services.tracesim.analogue import analogue  # noqa: E402
+from services.tracesim.analogue import analogue, met, targets  # noqa: E402
 from services.tracesim.classes import DEFAULT_MIX, assign, parse_mix  # noqa: E402
 from services.tracesim.engine import FleetSpec  # noqa: E402
 from services.tracesim.quotas import equal_shares  # noqa: E402
@@ -30,25 +30,6 @@ from services.tracesim.run import compare  # noqa: E402
 from services.tracesim.trace import TraceJob, load  # noqa: E402
 
 ITP = ROOT / "data" / "traces" / "itp" / "jobs.csv"
-
-
-def targets(fifo: dict[str, Any], chamber: dict[str, Any]) -> dict[str, Any]:
-    """The issue's targets for one run (fifo's and chamber's summaries)."""
-    p99 = {
-        c: row["wait_p99_s"] <= fifo["by_priority"][c]["wait_p99_s"]
-        for c, row in chamber["by_priority"].items()
-        if c in fifo["by_priority"]
-    }
-    high, low = chamber["by_priority"].get("high"), chamber["by_priority"].get("low")
-    return {
-        "p99_le_fifo": p99,
-        "high_mean_le_low_mean": high is None or low is None or high["wait_mean_s"] <= low["wait_mean_s"],
-        "utilization_ge_fifo_minus_1pt": chamber["utilization"] >= fifo["utilization"] - 0.01,
-    }
-
-
-def ok(t: dict[str, Any]) -> bool:
-    return all(t["p99_le_fifo"].values()) and t["high_mean_le_low_mean"] and t["utilization_ge_fifo_minus_1pt"]
 
 
 def run(jobs: list[TraceJob], gpus: int) -> dict[str, Any]:
@@ -76,7 +57,7 @@ def run(jobs: list[TraceJob], gpus: int) -> dict[str, Any]:
         "lost_gpu_hours": chamber["lost_gpu_hours"],
         "unfinished": {"fifo": fifo["jobs_unfinished"], "chamber": chamber["jobs_unfinished"]},
         "targets": t,
-        "all_targets_met": ok(t),
+        "all_targets_met": met(t),
     }
 
 

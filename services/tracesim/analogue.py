@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import replace
+from typing import Any
 
 from services.tracesim.trace import TraceJob
 
@@ -49,3 +50,23 @@ def analogue(
     return [
         replace(j, team=TEAMS.get(j.team, "team-d"), submit_s=round((j.submit_s - start) * stretch, 3)) for j in picked
     ]
+
+
+def targets(fifo: dict[str, Any], chamber: dict[str, Any]) -> dict[str, Any]:
+    """Issue 19's targets for one run, from fifo's and chamber's summaries (`metrics.summarize`):
+    every class's p99 wait <= fifo's, high's mean wait <= low's, utilization >= fifo's - 1 point."""
+    p99 = {
+        c: row["wait_p99_s"] <= fifo["by_priority"][c]["wait_p99_s"]
+        for c, row in chamber["by_priority"].items()
+        if c in fifo["by_priority"]
+    }
+    high, low = chamber["by_priority"].get("high"), chamber["by_priority"].get("low")
+    return {
+        "p99_le_fifo": p99,
+        "high_mean_le_low_mean": high is None or low is None or high["wait_mean_s"] <= low["wait_mean_s"],
+        "utilization_ge_fifo_minus_1pt": chamber["utilization"] >= fifo["utilization"] - 0.01,
+    }
+
+
+def met(t: dict[str, Any]) -> bool:
+    return all(t["p99_le_fifo"].values()) and t["high_mean_le_low_mean"] and t["utilization_ge_fifo_minus_1pt"]

@@ -203,6 +203,8 @@ def test_non_preemptible_work_borrows_an_idle_guarantee_and_gives_it_back_by_dra
     d.cycle(now=10.0)
     assert d.state_of("v-big") == "running"  # 8 of its own + 8 of nlp's idle guarantee
     assert "8 on idle guarantees lent to non-preemptible work" in d.state.jobs["v-big"].reason
+    said = explain(d.state, "v-big", d.waiting, now=10.0)
+    assert said is not None and "runs on lent capacity, given back when it ends, never preempted" in said["text"]
     d.given(
         a_job("n-own", team="nlp", gpus=8, priority="normal", at=20),
         a_job("v-more", team="vision", gpus=8, priority="high", preemptible=False, at=21),
@@ -232,6 +234,8 @@ def test_a_lenders_own_non_preemptible_job_waits_for_the_drain_and_says_so() -> 
     d.cycle(now=30.0)
     assert d.state_of("n-np") == "pending"
     assert "waits for a drain" in d.waiting["n-np"] and "vision" in d.waiting["n-np"]
+    said = explain(d.state, "n-np", d.waiting, now=30.0)
+    assert said is not None and "waits for a drain" in said["text"]
     d.given(done("v-big", at=40.0))
     d.cycle(now=50.0)
     assert d.state_of("n-np") == "running"
