@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from events import PreemptionReason, PriorityClass
 from services.scheduler.core import CHAMBER, Admit, Preempt, explain, schedule
-from services.scheduler.core.policy import STRICT_CLASSES, Policy
+from services.scheduler.core.policy import STRICT_CLASSES, Policy, by_multifactor_priority
 from services.scheduler.core.preemption import eligible
 from services.scheduler.core.quota import nonpreemptible
 from services.scheduler.core.work import Work
@@ -79,11 +79,15 @@ def schedule_and_fold(d: Driver, now: float, policy: Policy) -> None:
         d.given(event)
 
 
-def test_a_job_that_waited_the_age_cap_ranks_with_fresh_work_one_class_up() -> None:
-    normal_aged = CHAMBER.priority((NORMAL, -1.0, 0.0, "n"), CHAMBER.age_cap_s * 5)  # age stops at the cap
+def test_a_job_that_waited_the_age_cap_ranks_with_fresh_work_two_classes_up() -> None:
+    low_aged = CHAMBER.priority((LOW, -1.0, 0.0, "l"), CHAMBER.age_cap_s * 5)  # age stops at the cap
     high_fresh = CHAMBER.priority((HIGH, -1.0, 9.0, "h"), 0.0)
-    assert normal_aged == pytest.approx(high_fresh)
-    assert CHAMBER.priority((NORMAL, -1.0, 0.0, "n"), CHAMBER.age_cap_s / 2) < high_fresh
+    assert low_aged == pytest.approx(high_fresh)
+    assert CHAMBER.priority((LOW, -1.0, 0.0, "l"), CHAMBER.age_cap_s / 2) < high_fresh
+    # two classes up from normal or high would be critical: aged work stops just below it
+    crit_fresh = CHAMBER.priority((CRIT, -0.001, 9.0, "c"), 0.0)
+    for rank in (HIGH, NORMAL):
+        assert CHAMBER.priority((rank, -1.0, 0.0, "x"), 1e9) < crit_fresh
 
 
 def test_age_lets_a_long_waiting_job_pass_fresher_work_of_a_higher_class() -> None:
@@ -94,10 +98,13 @@ def test_age_lets_a_long_waiting_job_pass_fresher_work_of_a_higher_class() -> No
 
 
 def test_age_never_lifts_a_job_above_critical_work() -> None:
-    policy = replace(CHAMBER, starvation_bound_s=None)
-    key_low_aged = (LOW, -1.0, 0.0, "low")
-    key_high_fresh = (CRIT, -0.01, 100.0, "crit")
-    assert policy.priority(key_low_aged, 1e9) < policy.priority(key_high_fresh, 0.0)
+    policy = replace(CHAMBER, starvation_bound_s=None, age_weight=5000.0)  # even with a huge age weight
+    order = by_multifactor_priority(policy, lambda jid: 0.0 if jid != "crit" else 1e9, 1e9)
+    for rank in (HIGH, NORMAL, LOW):
+        key_aged = (rank, -1.0, 0.0, "aged")
+        key_crit_fresh = (CRIT, -0.001, 100.0, "crit")  # the lowest fair share, just submitted
+        assert policy.priority(key_aged, 1e9) < policy.priority(key_crit_fresh, 0.0)
+        assert order(key_crit_fresh) < order(key_aged)
 
 
 def test_policy_settings_are_checked() -> None:

@@ -220,10 +220,12 @@ def _cycle(state: SchedulerState, work: Work, now: float, full: bool, since: Cyc
             )
         classes = work.classes(job)
         # A wait for GPUs others hold (room) or for lent GPUs to drain is a wait for capacity too:
-        # a protected job, or one within its team's guarantee, may reserve them (whoever holds them).
+        # a protected job reserves them whoever holds them, and so does a lender's job waiting
+        # within its guarantee for a drain (so later arrivals cannot take what drains).
         protected = protected_at is not None and protected_at <= now
         may_reserve = block is None or (
-            quota.frees_as_work_ends(block) and (protected or quota.within_guarantee(work, job))
+            quota.frees_as_work_ends(block)
+            and (protected or (block.startswith(quota.DRAIN) and quota.within_guarantee(work, job)))
         )
         if block is not None and not may_reserve:
             why = guard + block
