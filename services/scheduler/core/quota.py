@@ -1,15 +1,21 @@
 """Cycle phase 3a: may the team's quota hold this job now? (Guarantees, borrow limits, lend limits.)
 
-Non-preemptible work and reclaim (issue 19): every GPU a team holds beyond its guarantee must be
-reclaimable, so it must be held by preemptible work. That holds while, in every pool,
+Non-preemptible work and reclaim (issue 19, refining issue 16's "non-preemptible jobs never borrow"):
+every GPU a team holds beyond its guarantee must come back to the teams it belongs to: at once, by
+preemption, if preemptible work holds it; or by draining, as the jobs end, if it is an idle
+guarantee its owner lends to non-preemptible work (at most the owner's `np_lend_limit`, by default
+all it lends). That holds while, in every pool,
 
-    sum over teams of max(guarantee, non-preemptible GPUs held) <= the pool's capacity
+    sum over teams of max(guarantee - np_lend_limit, non-preemptible GPUs held) <= the pool's capacity
 
-so a non-preemptible job may start if its team's non-preemptible GPUs stay within the team's
-guarantee (its preemptible jobs, wherever they run, are then the part a lender can reclaim), or,
-beyond that, within the pool's capacity that nobody is guaranteed and no other team's
-non-preemptible work already takes. It never borrows a lender's guarantee. To make room it may
-preempt preemptible borrowers of a lower class (preemption.eligible: `urgent`).
+A non-preemptible job starts if, with it, its team's term plus every other team's term stays within
+the pool, where a team lends (its term drops by its np_lend_limit) only while it has no queued job
+in the pool that fits its idle guarantee: a team that wants its guarantee back lends nothing new,
+and its jobs wait for the drain ("waits for a drain") holding the EASY reservation (cycle.py). With
+np_lend_limit 0 everywhere this is the strict rule: non-preemptible work beyond a guarantee runs
+only on capacity nobody is guaranteed. To make room such work may also preempt preemptible borrowers
+of a lower class (preemption.eligible: `urgent`). A job runs in one pool (its own), so the rule is
+kept per pool.
 """
 
 from __future__ import annotations
