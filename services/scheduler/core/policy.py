@@ -55,7 +55,7 @@ class Policy:
     class_weight: float = 3000.0
     fair_share_weight: float = 500.0
     age_weight: float = 2000.0
-    age_cap_s: float = 2 * 3600.0  # Slurm's PriorityMaxAge: age stops counting here
+    age_cap_s: float = 1.5 * 3600.0  # Slurm's PriorityMaxAge: age stops counting here
     starvation_bound_s: float | None = 24 * 3600.0  # None: no guard
 
     def __post_init__(self) -> None:
