@@ -34,7 +34,7 @@ class TeamQuotaSet(Event, frozen=True, tag=event_type("quota", "team_quota_set")
     weight: Annotated[float, Meta(gt=0)] = 1.0
     critical: bool = False  # may the team run `critical` work in this pool (preempting other teams)
     # Idle guaranteed GPUs other teams' non-preemptible work may use, returned by draining (issue 19).
-    # None: all that `lend_limit` lends; 0: non-preemptible work never borrows this guarantee.
+    # None: half of what `lend_limit` lends; 0: non-preemptible work never borrows this guarantee.
     np_lend_limit: NonNegative | None = None
 
 

@@ -62,6 +62,8 @@ class Quota:
     @property
     def np_lendable(self) -> int:
         """Guaranteed GPUs that, while idle, other teams' non-preemptible work may use (returned by
-        draining, not preemption): `np_lend_limit`, by default all that the lend limit lends."""
+        draining, not preemption): `np_lend_limit`, by default half of what the lend limit lends
+        (measured: half meets issue 19's targets on the 4-team analogue and bounds a lender's
+        drain wait to half its guarantee)."""
         lendable = self.guaranteed - self.locked
-        return lendable if self.np_lend_limit is None else min(self.np_lend_limit, lendable)
+        return lendable // 2 if self.np_lend_limit is None else min(self.np_lend_limit, lendable)

@@ -34,7 +34,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--np-lend-limit",
         type=int,
         help="of the idle guarantee it lends, GPUs other teams' non-preemptible work may use: returned by "
-        "draining, not preemption (default: all it lends; 0: none)",
+        "draining, not preemption (default: half of what it lends; 0: none)",
     )
     s.add_argument("--weight", type=float, default=1.0, help="fair-share weight (default 1)")
     s.add_argument(

@@ -21,7 +21,9 @@ class TeamQuota:
     lend_limit: int | None = None
     weight: float = 1.0
     critical: bool = True  # the simulator replays the classes the trace asks for (TOML: critical = false)
-    np_lend_limit: int | None = None  # idle guarantee lent to others' non-preemptible work (None: all lent)
+    np_lend_limit: int | None = (
+        None  # idle guarantee lent to others' non-preemptible work (None: half of what it lends)
+    )
 
 
 def equal_shares(teams: list[str], gpus: int, pool: str = "default") -> dict[str, TeamQuota]:

@@ -197,14 +197,14 @@ def test_non_preemptible_work_may_use_capacity_nobody_is_guaranteed() -> None:
 
 
 def test_non_preemptible_work_borrows_an_idle_guarantee_and_gives_it_back_by_draining() -> None:
-    """Issue 19, item 2: the default lends an idle guarantee to other teams' non-preemptible work;
-    once the lender has work waiting for it, nobody borrows more of it, nothing is preempted, and
-    the lender's job waits for the drain (and says so)."""
+    """Issue 19, item 2: an idle guarantee lent to other teams' non-preemptible work; once the
+    lender has work waiting for it, nobody borrows more of it, nothing is preempted, and the
+    lender's job waits for the drain (and says so)."""
     d = Driver().given(
         a_node("n1"),
         a_node("n2"),
         a_quota("vision", 8),
-        a_quota("nlp", 8),
+        a_quota("nlp", 8, np_lend=8),
         a_job("v-big", team="vision", gpus=8, replicas=2, priority="high", preemptible=False, at=1),
     )
     d.cycle(now=10.0)
@@ -236,7 +236,7 @@ def test_a_lenders_own_non_preemptible_job_waits_for_the_drain_and_says_so() -> 
         a_job("v-big", team="vision", gpus=4, replicas=3, priority="high", preemptible=False, at=1),
     )
     d.cycle(now=10.0)
-    assert d.state_of("v-big") == "running"  # 4 of nlp's idle guarantee lent
+    assert d.state_of("v-big") == "running"  # 4 of nlp's idle guarantee lent (half of 8, the default)
     d.given(a_job("n-np", team="nlp", gpus=8, priority="high", preemptible=False, at=20))
     d.cycle(now=30.0)
     assert d.state_of("n-np") == "pending"
@@ -392,6 +392,8 @@ def test_the_np_lend_limit_flows_from_the_command_and_the_sim_quotas_file(tmp_pa
     event = set_quota(state, gpus=cmd.gpus or 0, np_lend_limit=cmd.np_lend_limit, **kw)  # type: ignore[arg-type]
     assert event.np_lend_limit == 2
     d = Driver().given(a_node("n1"), event)
+    assert d.state.quotas[("default", "nlp")].np_lendable == 2
+    d.given(a_quota("nlp", 5))  # by default half of what it lends (rounded down)
     assert d.state.quotas[("default", "nlp")].np_lendable == 2
     with pytest.raises(QuotaRefused, match="np_lend_limit 5 is above the guarantee 4"):
         set_quota(state, gpus=4, np_lend_limit=5, **kw)  # type: ignore[arg-type]

@@ -4,7 +4,7 @@ Non-preemptible work and reclaim (issue 19, refining issue 16's "non-preemptible
 every GPU a team holds beyond its guarantee must come back to the teams it belongs to: at once, by
 preemption, if preemptible work holds it; or by draining, as the jobs end, if it is an idle
 guarantee its owner lends to non-preemptible work (at most the owner's `np_lend_limit`, by default
-all it lends). That holds while, in every pool,
+half of what it lends). That holds while, in every pool,
 
     sum over teams of max(guarantee - np_lend_limit, non-preemptible GPUs held) <= the pool's capacity
 
