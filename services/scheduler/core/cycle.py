@@ -219,14 +219,11 @@ def _cycle(state: SchedulerState, work: Work, now: float, full: bool, since: Cyc
                 f"(queued since t={queued_since(jid):.0f}); "
             )
         classes = work.classes(job)
-        # A wait for GPUs others hold (room) or for lent GPUs to drain is a wait for capacity too:
-        # a protected job reserves them whoever holds them, and so does a lender's job waiting
-        # within its guarantee for a drain (so later arrivals cannot take what drains).
-        protected = protected_at is not None and protected_at <= now
-        may_reserve = block is None or (
-            quota.frees_as_work_ends(block)
-            and (protected or (block.startswith(quota.DRAIN) and quota.within_guarantee(work, job)))
-        )
+        # A lender's job waiting within its guarantee for lent GPUs to drain reserves them (so later
+        # arrivals cannot take what drains). Other quota waits do not reserve: measured on the ITP
+        # trace with classes, protected jobs reserving GPUs other teams hold raised high's p99 wait
+        # from about 3 h to 49 h (README, issue 19).
+        may_reserve = block is None or (quota.waits_for_drain(block) and quota.within_guarantee(work, job))
         if block is not None and not may_reserve:
             why = guard + block
         else:

@@ -85,13 +85,12 @@ def room_block(work: Work, job: Job, usage: Usage | None = None) -> str | None:
     return None
 
 
-ROOM = "quota: pool "  # room_block: GPUs other teams hold, freed as their work ends
-DRAIN = "quota: waits for a drain"  # nonpreemptible_block: a guarantee lent out, freed as that work ends
+DRAIN = "quota: waits for a drain"  # GPUs lent to others' non-preemptible work, freed as that work ends
 
 
-def frees_as_work_ends(why: str) -> bool:
-    """A quota wait that running work ending resolves (not a limit or a rule): it may reserve."""
-    return why.startswith((ROOM, DRAIN))
+def waits_for_drain(why: str) -> bool:
+    """The quota wait is for lent GPUs to come back (running work ending resolves it)."""
+    return why.startswith(DRAIN)
 
 
 def within_guarantee(work: Work, job: Job) -> bool:
