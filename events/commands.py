@@ -107,6 +107,8 @@ class SetTeamQuota(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     pool: Name = DEFAULT_POOL
     borrow_limit: GpuCount | None = None
     lend_limit: GpuCount | None = None
+    # idle guaranteed GPUs other teams' non-preemptible work may use, returned by draining (None: half of what it lends)
+    np_lend_limit: GpuCount | None = None
     weight: Annotated[float, msgspec.Meta(gt=0, le=1000)] = 1.0
     critical: bool = False  # may the team run critical work in this pool
     budget: Annotated[float, msgspec.Meta(ge=0, le=1e15)] | None = None  # spending limit per period

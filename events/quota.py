@@ -33,6 +33,9 @@ class TeamQuotaSet(Event, frozen=True, tag=event_type("quota", "team_quota_set")
     lend_limit: NonNegative | None = None  # None: all idle guaranteed GPUs may be lent
     weight: Annotated[float, Meta(gt=0)] = 1.0
     critical: bool = False  # may the team run `critical` work in this pool (preempting other teams)
+    # Idle guaranteed GPUs other teams' non-preemptible work may use, returned by draining (issue 19).
+    # None: half of what `lend_limit` lends; 0: non-preemptible work never borrows this guarantee.
+    np_lend_limit: NonNegative | None = None
 
 
 class FairShareUpdated(Event, frozen=True, tag=event_type("quota", "fair_share_updated")):

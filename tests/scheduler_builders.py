@@ -72,9 +72,17 @@ def a_quota(
     borrow: int | None = None,
     lend: int | None = None,
     critical: bool = False,
+    np_lend: int | None = None,
 ) -> TeamQuotaSet:
     return TeamQuotaSet(
-        team=team, pool=pool, at=0.0, guaranteed_gpus=gpus, borrow_limit=borrow, lend_limit=lend, critical=critical
+        team=team,
+        pool=pool,
+        at=0.0,
+        guaranteed_gpus=gpus,
+        borrow_limit=borrow,
+        lend_limit=lend,
+        critical=critical,
+        np_lend_limit=np_lend,
     )
 
 

@@ -30,6 +30,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     s.add_argument("--gpus", type=int, required=True, help="guaranteed GPUs")
     s.add_argument("--borrow-limit", type=int, help="GPUs it may borrow beyond its guarantee (default: no limit)")
     s.add_argument("--lend-limit", type=int, help="idle guaranteed GPUs it lends at most (default: all)")
+    s.add_argument(
+        "--np-lend-limit",
+        type=int,
+        help="of the idle guarantee it lends, GPUs other teams' non-preemptible work may use: returned by "
+        "draining, not preemption (default: half of what it lends; 0: none)",
+    )
     s.add_argument("--weight", type=float, default=1.0, help="fair-share weight (default 1)")
     s.add_argument(
         "--critical",
@@ -70,6 +76,7 @@ def set_quota(args: argparse.Namespace) -> int:
         ("--gpus", args.gpus),
         ("--borrow-limit", args.borrow_limit),
         ("--lend-limit", args.lend_limit),
+        ("--np-lend-limit", args.np_lend_limit),
     ):
         if value is not None and value < 0:
             raise UsageError(f"{flag} must be 0 or more, got {value}")
@@ -82,6 +89,8 @@ def set_quota(args: argparse.Namespace) -> int:
         payload["borrow_limit"] = args.borrow_limit
     if args.lend_limit is not None:
         payload["lend_limit"] = args.lend_limit
+    if args.np_lend_limit is not None:
+        payload["np_lend_limit"] = args.np_lend_limit
     if args.budget is not None:
         if args.budget < 0:
             raise UsageError(f"--budget must be 0 or more, got {args.budget:g}")

@@ -126,6 +126,7 @@ def evolve(state: QuotaState, event: Event) -> QuotaState:
                 event.lend_limit,
                 event.weight,
                 event.critical,
+                event.np_lend_limit,
             )
         case FairShareUpdated():
             state.published[(event.pool, event.team)] = event.factor
@@ -251,6 +252,7 @@ def set_quota(
     weight: float,
     at: float,
     critical: bool = False,
+    np_lend_limit: int | None = None,
 ) -> TeamQuotaSet:
     """Validate a quota command and return the event that records it; QuotaRefused if invalid."""
     if not team.strip() or team.startswith("_"):
@@ -258,7 +260,12 @@ def set_quota(
     if pool != DEFAULT_POOL and pool not in state.pools:
         known = ", ".join(sorted({DEFAULT_POOL, *state.pools}))
         raise QuotaRefused(f"unknown pool {pool!r} (known: {known}); define it with `chamber quota pool set`", "pool")
-    for name, value in (("gpus", gpus), ("borrow_limit", borrow_limit), ("lend_limit", lend_limit)):
+    for name, value in (
+        ("gpus", gpus),
+        ("borrow_limit", borrow_limit),
+        ("lend_limit", lend_limit),
+        ("np_lend_limit", np_lend_limit),
+    ):
         if value is not None and value < 0:
             raise QuotaRefused(f"{name} must be 0 or more, got {value}", name)
     if weight <= 0:
@@ -266,6 +273,10 @@ def set_quota(
     if lend_limit is not None and lend_limit > gpus:
         raise QuotaRefused(
             f"lend_limit {lend_limit} is above the guarantee {gpus}: a team lends only its own", "lend_limit"
+        )
+    if np_lend_limit is not None and np_lend_limit > gpus:
+        raise QuotaRefused(
+            f"np_lend_limit {np_lend_limit} is above the guarantee {gpus}: a team lends only its own", "np_lend_limit"
         )
     capacity = state.pool_capacity(pool)
     others = sum(q.guaranteed for (p, t), q in state.quotas.items() if p == pool and t != team)
@@ -284,6 +295,7 @@ def set_quota(
         lend_limit=lend_limit,
         weight=weight,
         critical=critical,
+        np_lend_limit=np_lend_limit,
     )
 
 

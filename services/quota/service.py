@@ -111,6 +111,7 @@ class QuotaService:
                 weight=req.weight,
                 at=time.time(),
                 critical=req.critical,
+                np_lend_limit=req.np_lend_limit,
             )
         except QuotaRefused as exc:
             raise CommandRefused(str(exc), field=exc.field) from None

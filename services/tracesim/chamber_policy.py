@@ -97,6 +97,7 @@ class CorePolicy:
                     lend_limit=q.lend_limit,
                     weight=q.weight,
                     critical=q.critical,
+                    np_lend_limit=q.np_lend_limit,
                 )
             )
 

@@ -1,5 +1,5 @@
 """Quota sets for the simulator (TOML): `[pools.<name>] gpus = N`, `[teams.<name>] pool, guaranteed,
-borrow_limit, lend_limit, weight, critical`. Without a file every team is guaranteed an equal share.
+borrow_limit, lend_limit, np_lend_limit, weight, critical`. Without a file every team is guaranteed an equal share.
 Simulated teams may run critical work unless the file says `critical = false`: the simulator replays
 the classes the trace asks for."""
 
@@ -21,6 +21,9 @@ class TeamQuota:
     lend_limit: int | None = None
     weight: float = 1.0
     critical: bool = True  # the simulator replays the classes the trace asks for (TOML: critical = false)
+    np_lend_limit: int | None = (
+        None  # idle guarantee lent to others' non-preemptible work (None: half of what it lends)
+    )
 
 
 def equal_shares(teams: list[str], gpus: int, pool: str = "default") -> dict[str, TeamQuota]:
@@ -48,7 +51,7 @@ def load_quotas(path: Path, teams: list[str], gpus: int) -> dict[str, TeamQuota]
         guaranteed = spec.get("guaranteed", 0)
         if not isinstance(guaranteed, int) or guaranteed < 0:
             raise TraceError(f"{where}: guaranteed must be a whole number of GPUs, 0 or more")
-        for key in ("borrow_limit", "lend_limit"):
+        for key in ("borrow_limit", "lend_limit", "np_lend_limit"):
             value = spec.get(key)
             if value is not None and (not isinstance(value, int) or value < 0):
                 raise TraceError(f"{where}: {key} must be a whole number of GPUs, 0 or more")
@@ -59,7 +62,14 @@ def load_quotas(path: Path, teams: list[str], gpus: int) -> dict[str, TeamQuota]
         if not isinstance(critical, bool):
             raise TraceError(f"{where}: critical must be true or false")
         quotas[team] = TeamQuota(
-            team, pool, guaranteed, spec.get("borrow_limit"), spec.get("lend_limit"), float(weight), critical
+            team,
+            pool,
+            guaranteed,
+            spec.get("borrow_limit"),
+            spec.get("lend_limit"),
+            float(weight),
+            critical,
+            spec.get("np_lend_limit"),
         )
     total = sum(q.guaranteed for q in quotas.values())
     if total > gpus:

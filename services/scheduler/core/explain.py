@@ -117,7 +117,11 @@ def explain(
     if job.state == JobState.RUNNING:
         where = ", ".join(f"{p.node}[{','.join(map(str, p.gpu_indices))}]" for p in job.placements)
         text = f"{head} is running on {where}: {job.reason}"
-        if job.borrowed_gpus:
+        if job.borrowed_gpus and not spec.preemptible:  # issue 19: lent to it, returned by draining
+            text += (
+                f" ({job.borrowed_gpus} GPUs borrowed: runs on lent capacity, given back when it ends, never preempted)"
+            )
+        elif job.borrowed_gpus:
             text += f" ({job.borrowed_gpus} GPUs borrowed: may be reclaimed by their owner)"
     elif job.state in QUEUED:
         # the order the next cycle uses (age and the starvation guard included); without a time, the

@@ -12,8 +12,10 @@ normalised to 0..1 and weighted,
 
 class is 1 (critical), 2/3 (high), 1/3 (normal), 0 (low); age counts from when the job last
 joined the queue. With the defaults one class step (1,000) outweighs fair share (at most 500), and
-age can lift a job by at most one class step: a normal job that has waited `age_cap_s` ranks with a
-fresh high one, never above critical work. Ties go to the earlier submit, then the job id.
+age can lift a job by up to two class steps: a low job that has waited `age_cap_s` ranks with a
+fresh high one (issue 19: low's tail wait), but no job is ever lifted above critical work (its
+priority stops just below the lowest a critical job can have). Ties go to the earlier submit, then
+the job id.
 
 Starvation guard: a job queued longer than `starvation_bound_s` is protected. Protected jobs go
 first (the longest waiting first), so the first of them blocked for capacity in its pool holds the
@@ -36,6 +38,8 @@ QueuedSince = Callable[[str], float]  # job id -> when it last joined the queue
 
 RANKS = tuple(sorted(p.rank for p in PriorityClass))  # most urgent (critical) first
 LOWEST_RANK = RANKS[-1]
+CRITICAL_RANK = PriorityClass.CRITICAL.rank
+_BELOW_CRITICAL = 1e-3  # aged work stops just below the least critical job
 
 
 @dataclass(frozen=True)
@@ -51,8 +55,8 @@ class Policy:
     preemption_searches: int = 4  # victim searches per cycle at most (the costly part)
     class_weight: float = 3000.0
     fair_share_weight: float = 500.0
-    age_weight: float = 1000.0
-    age_cap_s: float = 2 * 3600.0  # Slurm's PriorityMaxAge: age stops counting here
+    age_weight: float = 2000.0
+    age_cap_s: float = 1.5 * 3600.0  # Slurm's PriorityMaxAge: age stops counting here
     starvation_bound_s: float | None = 24 * 3600.0  # None: no guard
     # Multi-node gangs keep off nodes with a degraded NIC and leaves with congestion when anything
     # else fits (core/links.py); a NIC fault counts for `link_fault_memory_s` after it was seen.
@@ -79,7 +83,8 @@ class Policy:
         rank, neg_share = key[0], key[1]
         klass = (LOWEST_RANK - rank) / LOWEST_RANK
         age = min(max(age_s, 0.0) / self.age_cap_s, 1.0)
-        return self.class_weight * klass + self.fair_share_weight * -neg_share + self.age_weight * age
+        value = self.class_weight * klass + self.fair_share_weight * -neg_share + self.age_weight * age
+        return value if rank == CRITICAL_RANK else min(value, self.class_weight - _BELOW_CRITICAL)
 
 
 Order = Callable[[QueueKey], OrderKey]
@@ -93,6 +98,7 @@ def by_multifactor_priority(policy: Policy, queued_since: QueuedSince, now: floa
     per_rank = policy.class_weight / LOWEST_RANK
     top, share_w = policy.class_weight, policy.fair_share_weight
     age_w, cap = policy.age_weight, policy.age_cap_s
+    floor = -top + _BELOW_CRITICAL  # never ahead of critical work, however old
 
     def key(k: QueueKey) -> OrderKey:
         since = queued_since(k[3])
@@ -100,7 +106,8 @@ def by_multifactor_priority(policy: Policy, queued_since: QueuedSince, now: floa
             return (0.0, since, k[2], k[3])
         age = now - since
         aged = age_w if age >= cap else age_w * max(age, 0.0) / cap
-        return (1.0, k[0] * per_rank - top + share_w * k[1] - aged, k[2], k[3])
+        value = k[0] * per_rank - top + share_w * k[1] - aged
+        return (1.0, value if k[0] == CRITICAL_RANK else max(value, floor), k[2], k[3])
 
     return key
 

@@ -42,8 +42,8 @@ def eligible(
     - RECLAIM too: the preemptor is non-preemptible (`urgent`) and the victim is of a lower class
       and its team is borrowing: urgent work that may not borrow is not held back by preemptible
       borrowers of lower classes (no priority inversion). It takes only borrowed capacity, and
-      the quota rule keeps its team's non-preemptible GPUs within what nobody else is promised,
-      so every guarantee stays reclaimable (quota.py);
+      the quota rule keeps its team's non-preemptible GPUs within what nobody else is promised
+      or lent to such work (returned by draining), so every guarantee comes back (quota.py);
     - CRITICAL: critical work preempts less urgent work of any team.
     """
     if victim_team == team:

@@ -1,15 +1,21 @@
 """Cycle phase 3a: may the team's quota hold this job now? (Guarantees, borrow limits, lend limits.)
 
-Non-preemptible work and reclaim (issue 19): every GPU a team holds beyond its guarantee must be
-reclaimable, so it must be held by preemptible work. That holds while, in every pool,
+Non-preemptible work and reclaim (issue 19, refining issue 16's "non-preemptible jobs never borrow"):
+every GPU a team holds beyond its guarantee must come back to the teams it belongs to: at once, by
+preemption, if preemptible work holds it; or by draining, as the jobs end, if it is an idle
+guarantee its owner lends to non-preemptible work (at most the owner's `np_lend_limit`, by default
+half of what it lends). That holds while, in every pool,
 
-    sum over teams of max(guarantee, non-preemptible GPUs held) <= the pool's capacity
+    sum over teams of max(guarantee - np_lend_limit, non-preemptible GPUs held) <= the pool's capacity
 
-so a non-preemptible job may start if its team's non-preemptible GPUs stay within the team's
-guarantee (its preemptible jobs, wherever they run, are then the part a lender can reclaim), or,
-beyond that, within the pool's capacity that nobody is guaranteed and no other team's
-non-preemptible work already takes. It never borrows a lender's guarantee. To make room it may
-preempt preemptible borrowers of a lower class (preemption.eligible: `urgent`).
+A non-preemptible job starts if, with it, its team's term plus every other team's term stays within
+the pool, where a team lends (its term drops by its np_lend_limit) only while it has no queued job
+in the pool that fits its idle guarantee: a team that wants its guarantee back lends nothing new,
+and its jobs wait for the drain ("waits for a drain") holding the EASY reservation (cycle.py). With
+np_lend_limit 0 everywhere this is the strict rule: non-preemptible work beyond a guarantee runs
+only on capacity nobody is guaranteed. To make room such work may also preempt preemptible borrowers
+of a lower class (preemption.eligible: `urgent`). A job runs in one pool (its own), so the rule is
+kept per pool.
 """
 
 from __future__ import annotations
@@ -66,11 +72,30 @@ def room_block(work: Work, job: Job, usage: Usage | None = None) -> str | None:
             held += max(usage.get((pool, other), 0), oq.locked if oq else 0)
     room = work.pool_capacity(pool) - held - u
     if held and n > room:  # with nothing held by others, placement itself says what is missing
+        lent = _lent_out(work, pool, team) if u + n <= work.guarantee(pool, team) else 0
+        if lent:
+            return (
+                f"{DRAIN}: {lent} GPUs of pool {pool} are held by other teams' non-preemptible work on idle "
+                f"guarantees lent to it (team {team}'s included), returned as it ends (never preempted); needs {n}"
+            )
         return (
             f"quota: pool {pool} has {max(room, 0)} GPUs team {team} may use now "
             f"(others hold or keep back {held}); needs {n}"
         )
     return None
+
+
+DRAIN = "quota: waits for a drain"  # GPUs lent to others' non-preemptible work, freed as that work ends
+
+
+def waits_for_drain(why: str) -> bool:
+    """The quota wait is for lent GPUs to come back (running work ending resolves it)."""
+    return why.startswith(DRAIN)
+
+
+def within_guarantee(work: Work, job: Job) -> bool:
+    """The job's team would stay within its guarantee with it."""
+    return work.usage.get((job.pool, job.spec.team), 0) + job.gpus <= work.guarantee(job.pool, job.spec.team)
 
 
 def borrowed(work: Work, job: Job) -> int:
@@ -102,19 +127,54 @@ def nonpreemptible(work: Work, pool: str, team: str) -> int:
     return held
 
 
+def promised(work: Work, pool: str, team: str, lending: bool = True) -> int:
+    """What the rule keeps for `team` in the pool: max(guarantee - what it lends to non-preemptible
+    work now, its non-preemptible GPUs); with `lending` False, its whole guarantee."""
+    lent = work.lends_to_nonpreemptible(pool, team) if lending else 0
+    return max(work.guarantee(pool, team) - lent, nonpreemptible(work, pool, team))
+
+
 def nonpreemptible_block(work: Work, job: Job) -> str | None:
     """Why a non-preemptible job may not start now (see the module's rule), or None."""
     s, pool, team, n = work.s, job.pool, job.spec.team, job.gpus
     mine = nonpreemptible(work, pool, team) + n
+    q = s.quotas.get((pool, team))
+    g = q.guaranteed if q else 0
+    own = g - q.np_lendable if q else 0  # the part of its guarantee no one else's such work may hold
+    teams = {t for (p, t) in s.quotas if p == pool} | {t for (p, t) in work.usage if p == pool}
+    others = sum(promised(work, pool, t) for t in teams if t != team)
+    spare = work.pool_capacity(pool) - others
+    if max(own, mine) <= spare:
+        return None
+    if mine <= g:
+        lent = sorted(t for t in teams if t != team and nonpreemptible(work, pool, t) > work.guarantee(pool, t))
+        return (
+            f"{DRAIN}: {max(own, mine) - spare} GPUs of team {team}'s guarantee in pool {pool} are "
+            f"lent to non-preemptible work of {', '.join(lent) or 'other teams'}, returned as it ends (never preempted)"
+        )
+    return (
+        f"quota: non-preemptible jobs borrow only unguaranteed GPUs or idle guarantees lent to them (team {team} "
+        f"would run {mine} non-preemptible GPUs in pool {pool}, guarantee {g}; room for "
+        f"{max(spare - mine + n, 0)} now: teams with work waiting for their guarantee lend none)"
+    )
+
+
+def _lent_out(work: Work, pool: str, team: str) -> int:
+    """Non-preemptible GPUs other teams hold beyond their guarantees in the pool."""
+    teams = {t for (p, t) in work.s.quotas if p == pool} | {t for (p, t) in work.usage if p == pool}
+    return sum(max(0, nonpreemptible(work, pool, t) - work.guarantee(pool, t)) for t in teams if t != team)
+
+
+def lent_to(work: Work, job: Job) -> int:
+    """GPUs of other teams' idle guarantees a non-preemptible job admitted now runs on (beyond its
+    guarantee and the pool's unguaranteed capacity): returned by draining, never preempted."""
+    if job.spec.preemptible or not work.policy.quotas:
+        return 0
+    s, pool, team = work.s, job.pool, job.spec.team
+    mine = nonpreemptible(work, pool, team) + job.gpus
     g = work.guarantee(pool, team)
     if mine <= g:
-        return None
+        return 0
     teams = {t for (p, t) in s.quotas if p == pool} | {t for (p, t) in work.usage if p == pool}
-    promised = sum(max(work.guarantee(pool, t), nonpreemptible(work, pool, t)) for t in teams if t != team)
-    spare = work.pool_capacity(pool) - promised
-    if mine <= spare:
-        return None
-    return (
-        f"quota: non-preemptible jobs never borrow a guarantee (team {team} would run {mine} non-preemptible "
-        f"GPUs in pool {pool}, guarantee {g}; the pool has {max(spare - g, 0)} unguaranteed GPUs more for such work)"
-    )
+    strict = work.pool_capacity(pool) - sum(promised(work, pool, t, lending=False) for t in teams if t != team)
+    return min(job.gpus, max(0, mine - max(g, strict)))

@@ -570,7 +570,7 @@ def _pool_defined(s: SchedulerState, e: PoolDefined) -> None:
 
 def _quota_set(s: SchedulerState, e: TeamQuotaSet) -> None:
     s.quotas[(e.pool, e.team)] = Quota(
-        e.team, e.pool, e.guaranteed_gpus, e.borrow_limit, e.lend_limit, e.weight, e.critical
+        e.team, e.pool, e.guaranteed_gpus, e.borrow_limit, e.lend_limit, e.weight, e.critical, e.np_lend_limit
     )
     s.team_pools[e.team] = sorted(p for (p, t) in s.quotas if t == e.team)
     _rules_changed(s)

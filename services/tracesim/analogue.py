@@ -1,0 +1,72 @@
+"""A small, seeded stand-in for issue 19's held-out evaluation trace, built from the bundled ITP trace.
+
+The held-out trace has about 6,200 jobs of 4 teams replayed on 40 and 32 GPUs. The analogue:
+  - samples `jobs` jobs of the ITP trace (seeded) among those that fit the smallest fleet measured
+    (`max_gpus`, 16 by default: two 8-GPU nodes);
+  - maps the ten ITP clusters onto 4 teams with skewed demand (`TEAMS`: the busiest cluster alone is
+    about half of the GPU-hours, the last team a tenth);
+  - stretches the submit times so the mean offered load over the submit period is `load_gpus`
+    (durations unchanged), which keeps the trace's bursts: queues build in them and drain after.
+Classes are given as for any trace (`classes.assign`), so the same seeds give the same jobs anywhere.
+`bench/issue19_analogue.py` runs it at 40 and 32 GPUs with default quotas and prints the targets.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+from typing import Any
+
+from services.tracesim.trace import TraceJob
+
+# ITP cluster -> team: skewed like a real fleet (GPU-hours about 48 / 30 / 13 / 9 %).
+TEAMS = {
+    "cluster04": "team-a",
+    "cluster07": "team-b",
+    "cluster06": "team-b",
+    "cluster02": "team-c",
+    "cluster03": "team-c",
+    "cluster01": "team-c",
+    "cluster05": "team-d",
+    "cluster08": "team-d",
+    "cluster09": "team-d",
+    "cluster10": "team-d",
+}
+
+
+def analogue(
+    itp: list[TraceJob], *, jobs: int = 6200, seed: int = 0, max_gpus: int = 16, load_gpus: float = 20.0
+) -> list[TraceJob]:
+    """`jobs` ITP jobs (seeded sample, at most `max_gpus` each) on 4 teams, submit times stretched
+    to a mean offered load of `load_gpus` GPUs; ids and order kept, first submit at 0."""
+    if jobs < 1 or max_gpus < 1 or load_gpus <= 0:
+        raise ValueError("jobs and max_gpus must be at least 1, load_gpus above 0")
+    fitting = [j for j in itp if j.gpus <= max_gpus]
+    picked = sorted(random.Random(seed).sample(fitting, min(jobs, len(fitting))), key=lambda j: (j.submit_s, j.id))
+    start = picked[0].submit_s
+    span = max(picked[-1].submit_s - start, 1.0)
+    offered = sum(j.gpus * j.duration_s for j in picked) / span
+    stretch = offered / load_gpus
+    return [
+        replace(j, team=TEAMS.get(j.team, "team-d"), submit_s=round((j.submit_s - start) * stretch, 3)) for j in picked
+    ]
+
+
+def targets(fifo: dict[str, Any], chamber: dict[str, Any]) -> dict[str, Any]:
+    """Issue 19's targets for one run, from fifo's and chamber's summaries (`metrics.summarize`):
+    every class's p99 wait <= fifo's, high's mean wait <= low's, utilization >= fifo's - 1 point."""
+    p99 = {
+        c: row["wait_p99_s"] <= fifo["by_priority"][c]["wait_p99_s"]
+        for c, row in chamber["by_priority"].items()
+        if c in fifo["by_priority"]
+    }
+    high, low = chamber["by_priority"].get("high"), chamber["by_priority"].get("low")
+    return {
+        "p99_le_fifo": p99,
+        "high_mean_le_low_mean": high is None or low is None or high["wait_mean_s"] <= low["wait_mean_s"],
+        "utilization_ge_fifo_minus_1pt": chamber["utilization"] >= fifo["utilization"] - 0.01,
+    }
+
+
+def met(t: dict[str, Any]) -> bool:
+    return all(t["p99_le_fifo"].values()) and t["high_mean_le_low_mean"] and t["utilization_ge_fifo_minus_1pt"]
