@@ -287,10 +287,10 @@ class DeciderHost(Generic[S]):
     async def _run(self) -> None:
         stop = self.ctx.stop
         await self.restore()
-        for source in self.sources:
-            await self._open(source)
         backoff = 0.0
         try:
+            if not await self._open_all():
+                return
             while not stop.is_set():
                 if backoff:
                     with contextlib.suppress(TimeoutError):
@@ -312,6 +312,24 @@ class DeciderHost(Generic[S]):
             if self.decider.snapshot is not None and self.ready:
                 with contextlib.suppress(Exception):
                     await self.save_snapshot(time.time())
+
+    async def _open_all(self) -> bool:
+        """Open every input; a bus that goes away or restarts meanwhile is waited for, not fatal
+        (False: asked to stop first)."""
+        wait = 0.0
+        while not self.ctx.stop.is_set():
+            try:
+                for source in self.sources:
+                    await self._open(source)
+                return True
+            except (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError):
+                return False
+            except (nats.errors.Error, APIError) as exc:
+                wait = FETCH_BACKOFF.next(wait)
+                log.warning("opening the inputs failed, retrying", service=self.decider.name, error=repr(exc))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.ctx.stop.wait(), timeout=wait)
+        return False
 
     async def _reopen(self) -> None:
         """Consumers lost (server restart without their state): resume each from what was folded."""

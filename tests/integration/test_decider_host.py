@@ -257,3 +257,31 @@ async def test_inputs_fold_in_the_order_the_server_stored_them_batch_after_batch
     finally:
         stop.set()
         await asyncio.wait_for(task, 15)
+
+
+async def test_an_input_the_server_cannot_open_yet_is_waited_for_not_fatal(
+    nats_server: NatsServerProcess, nc: Client, js: JetStreamContext
+) -> None:
+    """Opening the inputs fails while the bus is away or restarting (an API error or a timeout): the
+    host retries with back-off instead of ending the service. Here the input's stream comes late."""
+    stop = asyncio.Event()
+    hosts: list[DeciderHost[list[Any]]] = []
+
+    async def setup(ctx: ServiceContext) -> None:
+        host: DeciderHost[list[Any]] = DeciderHost(
+            Decider(name="late", inputs=(Input("LATE"),), initial=list, evolve=lambda s, e: s.append(e)), ctx
+        )
+        host.install()
+        hosts.append(host)
+
+    task = asyncio.create_task(serve("late", nats_server.url, setup, stop, health_port=None))
+    try:
+        await eventually(lambda: bool(hosts))
+        await asyncio.sleep(1.0)  # a few failed opens (the stream does not exist)
+        assert not task.done() and not hosts[0].ready
+        await js.add_stream(name="LATE", subjects=["late.>"])
+        await Publisher(js, source="test").publish(a_job("late0", at=1.0), subject="late.jobs.late0", id="l0")
+        await eventually(lambda: hosts[0].ready and len(hosts[0].state) == 1, within=30)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 15)
