@@ -29,7 +29,7 @@ class Work:
         self._pool_classes: dict[str, list[int]] = {}
         # per-cycle caches of the preemption phase (see preemption.py)
         self.groups: dict[tuple[str, str], list[list[Job]]] = {}
-        self.lost: dict[str, float] = {}
+        self.lost: dict[str, float] = {}  # preemption.victim_cost per job
         self.sorted: set[tuple[str, str, int]] = set()
         self._smallest_waiting: dict[tuple[str, str], int] | None = None
 
