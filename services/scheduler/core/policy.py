@@ -57,6 +57,10 @@ class Policy:
     age_weight: float = 2000.0
     age_cap_s: float = 1.5 * 3600.0  # Slurm's PriorityMaxAge: age stops counting here
     starvation_bound_s: float | None = 24 * 3600.0  # None: no guard
+    # While a protected job waits for capacity in its pool, jobs not yet protected take none of that
+    # pool's free GPUs (they may still preempt). Off by default: on the ITP trace it cut low's p99 but
+    # cost the headline utilization (README, issue 19).
+    guard_holds_free_gpus: bool = False
 
     def __post_init__(self) -> None:
         for name in ("class_weight", "fair_share_weight", "age_weight"):
