@@ -135,6 +135,21 @@ def test_victims_lose_the_least_work_and_only_as_many_as_needed() -> None:
     assert (d.state.capacity.digest(), dict(d.state.usage)) == before  # computing victims changes nothing
 
 
+def test_a_job_preempted_before_weighs_its_loss_by_one_more_than_its_preemptions() -> None:
+    d = Driver().given(
+        a_node("n1", gpus=4),
+        a_node("n2", gpus=4),
+        a_job("steady", gpus=4, priority="low", at=0),
+        a_job("bumped", gpus=4, priority="low", at=1),
+    )
+    d.cycle(now=0)
+    d.given(a_job("urgent", gpus=4, priority="high", at=95))
+    d.state.jobs["bumped"].running_since = 60.0  # restarted later: 40 s lost against steady's 100 s
+    assert [v for v, _ in select_victims(d.state, "urgent", now=100)] == ["bumped"]
+    d.state.jobs["bumped"].preemptions = 2  # but already re-run twice: 40 x 3 > 100
+    assert [v for v, _ in select_victims(d.state, "urgent", now=100)] == ["steady"]
+
+
 def test_no_preemption_unless_the_preemptor_then_fits() -> None:
     d = Driver().given(
         a_node("n1", gpus=4), a_job("low", gpus=2, priority="low"), a_job("big", gpus=8, priority="high", at=2)

@@ -139,6 +139,31 @@ def test_a_protected_job_holds_a_reservation_later_urgent_arrivals_cannot_pass()
     assert d.state_of("gang") == "running"
 
 
+def test_while_a_protected_job_waits_for_capacity_later_jobs_do_not_take_the_free_gpus() -> None:
+    policy = replace(CHAMBER, starvation_bound_s=100.0, guard_holds_free_gpus=True)
+    d = Driver().given(
+        a_node("n1"),
+        a_job("busy", gpus=4, at=0, priority="high"),  # no runtime estimate: no EASY reservation
+        a_job("whole", gpus=8, at=1, priority="low"),
+    )
+    schedule_and_fold(d, 1.0, policy)
+    assert d.state_of("busy") == "running" and d.state_of("whole") == "pending"
+    first = schedule(d.state, 110.0, None, policy=policy)  # "whole" is protected from t=101
+    assert first.decisions == [] and "protected by the starvation guard" in first.waiting["whole"]
+    d.given(a_job("fresh", gpus=2, at=111, priority="high"))
+    later = schedule(d.state, 111.0, first.mark, policy=policy)  # incremental: looks only at "fresh"
+    assert not later.full and later.decisions == []
+    assert later.waiting["fresh"].startswith("held back: whole is protected by the starvation guard")
+    d.given(done("busy", at=120))
+    schedule_and_fold(d, 120.0, policy)
+    assert d.state_of("whole") == "running" and d.state_of("fresh") == "pending"
+    default = Driver().given(a_node("n1"), a_job("busy", gpus=4, at=0, priority="high"), a_job("whole", gpus=8, at=1))
+    schedule_and_fold(default, 1.0, replace(policy, guard_holds_free_gpus=False))
+    default.given(a_job("fresh", gpus=2, at=111, priority="high"))
+    schedule_and_fold(default, 111.0, replace(policy, guard_holds_free_gpus=False))
+    assert default.state_of("fresh") == "running"  # the default: the small job passes
+
+
 def test_explain_says_when_the_guard_protects_a_job_and_since_when() -> None:
     d = Driver().given(a_node("n1", gpus=4), a_job("big", gpus=8, at=10))
     schedule_and_fold(d, 20.0, CHAMBER)

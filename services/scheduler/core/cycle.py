@@ -92,16 +92,20 @@ def _cycle(state: SchedulerState, work: Work, now: float, full: bool, since: Cyc
     guard_at = since.guard_at if since is not None and not full else math.inf
     keys: Iterable[tuple[int, float, float, str]]
     reservations: dict[str, Reservation]
+    starving: dict[str, str]  # pool -> its first protected job waiting for capacity
     if policy.head_of_line:
         keys = _first_come_first_served(state, requeued, policy, waiting)
         reservations = {}
+        starving = {}
     elif full or since is None:
         keys = sorted([*state.queue(), *(state.queue_key(j) for j in requeued.values())], key=order)
         reservations = {}
+        starving = {}
     else:
         new = set(state.pending_log[since.pending_seq :])
         keys = sorted((state.queue_key(jobs[j]) for j in new if jobs[j].state in QUEUED), key=order)
         reservations = dict(since.reservations)
+        starving = {pool: j for pool, j in since.starving if j in jobs and jobs[j].state in QUEUED}
 
     # 3-5. per job in order: nominate, preempt, admit (admissions change the scratch view at once)
     failed: dict[tuple[object, ...], str] = {}  # shapes that found no room this cycle: same answer
@@ -149,7 +153,17 @@ def _cycle(state: SchedulerState, work: Work, now: float, full: bool, since: Cyc
         generation = job.generation + (1 if jid in requeued else 0)
         resume = job.ran_before
         block = quota.block(work, job)
-        spot = placement.place(work, job) if block is None and placement.could_fit(work, job) else None
+        protected = protected_at is not None and protected_at <= now
+        # The starvation guard's second half: while a protected job waits for capacity in its pool,
+        # jobs not yet protected do not take that pool's free GPUs (they may still preempt), so the
+        # GPUs that free up go to the protected jobs, and whole nodes can free for whole-node jobs
+        # (issue 19: low's tail on the ITP trace).
+        starved_by = None if protected or exempt else starving.get(job.pool)
+        spot = (
+            placement.place(work, job)
+            if block is None and starved_by is None and placement.could_fit(work, job)
+            else None
+        )
         if spot is not None:
             borrowed = quota.borrowed(work, job)
             lent = quota.lent_to(work, job)
@@ -216,8 +230,14 @@ def _cycle(state: SchedulerState, work: Work, now: float, full: bool, since: Cyc
                 failed.clear()  # freed capacity may fit shapes that failed before
                 continue
         # 5. wait: record why; the first job of a pool blocked for capacity reserves (EASY backfill)
+        if starved_by is not None:
+            waiting[jid] = (
+                f"held back: {starved_by} is protected by the starvation guard and waits for capacity in pool "
+                f"{job.pool}; until it starts, jobs not yet protected start there only by preemption"
+            )
+            continue
         guard = ""
-        if protected_at is not None and protected_at <= now:
+        if protected:
             guard = (
                 f"protected by the starvation guard since t={protected_at:.0f} "
                 f"(queued since t={queued_since(jid):.0f}); "
@@ -243,6 +263,8 @@ def _cycle(state: SchedulerState, work: Work, now: float, full: bool, since: Cyc
             fits_ever = spec.gpus_per_replica <= work.cap.max_gpus and job.gpus <= sum(
                 work.cap.class_total[c] for c in classes
             )
+            if protected and block is None and fits_ever and policy.guard_holds_free_gpus and not policy.head_of_line:
+                starving.setdefault(job.pool, jid)
             if (
                 policy.backfill and fits_ever and (res is None or order(key) < order(res.key))
             ):  # never reserve for what cannot fit
@@ -255,7 +277,13 @@ def _cycle(state: SchedulerState, work: Work, now: float, full: bool, since: Cyc
         failed[shape] = why[len(guard) :]  # the same answer for the same shape, not the same guard
         waiting[jid] = why
 
-    mark = CycleMark(state.capacity_epoch, len(state.pending_log), tuple(sorted(reservations.items())), guard_at)
+    mark = CycleMark(
+        state.capacity_epoch,
+        len(state.pending_log),
+        tuple(sorted(reservations.items())),
+        guard_at,
+        tuple(sorted(starving.items())),
+    )
     return Cycle(decisions, waiting, mark, full, considered, reservations)
 
 

@@ -72,6 +72,9 @@ class CycleMark:
     pending_seq: int
     reservations: tuple[tuple[str, Reservation], ...] = ()
     guard_at: float = math.inf  # when the next queued job becomes protected: the cycle then is full
+    # pool -> the first protected job waiting there for capacity: jobs not yet protected start in that
+    # pool only by preemption (kept for incremental cycles, which do not look at old jobs)
+    starving: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass

@@ -62,6 +62,10 @@ class Policy:
     # else fits (core/links.py); a NIC fault counts for `link_fault_memory_s` after it was seen.
     avoid_degraded_links: bool = True
     link_fault_memory_s: float = DEFAULT_FAULT_MEMORY_S
+    # While a protected job waits for capacity in its pool, jobs not yet protected take none of that
+    # pool's free GPUs (they may still preempt). Off by default: on the ITP trace it cut low's p99 but
+    # cost the headline utilization (README, issue 19).
+    guard_holds_free_gpus: bool = False
 
     def __post_init__(self) -> None:
         for name in ("class_weight", "fair_share_weight", "age_weight"):

@@ -65,6 +65,14 @@ def lost_work_gpu_s(job: Job, now: float) -> float:
     return elapsed * job.gpus
 
 
+def victim_cost(job: Job, now: float) -> float:
+    """The victim order's cost: work lost if preempted now, times one more than the times the job
+    was preempted before. A job without checkpoints re-runs from the start after each preemption, so
+    taking the same long job again and again (cheap each time, just after its restart) delays its
+    end most: on the ITP trace the unweighted order set the makespan (README, issue 19)."""
+    return lost_work_gpu_s(job, now) * (1 + job.preemptions)
+
+
 def _reclaims(work: Work, job: Job) -> bool:
     """The job's team would stay within its guarantee with it: it may reclaim borrowed GPUs."""
     q = work.s.quotas.get((job.pool, job.spec.team))
@@ -86,7 +94,7 @@ def may_preempt(work: Work, job: Job) -> bool:
 def select(work: Work, job: Job) -> Victims | None:
     """The victims that let `job` fit, losing the least; None if no set does. Leaves no trace.
 
-    Victim order: borrowed capacity first, then lowest priority, then least work lost, then id.
+    Victim order: borrowed capacity first, then lowest priority, then least `victim_cost`, then id.
     A job that fits on one node frees one node (the one whose victims lose least); a larger
     gang takes victims in order until it fits, then gives back the ones it did not need."""
     cap, pool, team, rank = work.cap, job.pool, job.spec.team, job.spec.priority.rank
@@ -128,7 +136,7 @@ def select(work: Work, job: Job) -> Victims | None:
 
 def _in_order(work: Work, pool: str, team: str, rank: int, reclaim: bool, urgent: bool) -> Iterator[Job]:
     """The jobs a preemptor of `team` at `rank` may preempt, in victim order: borrowed
-    capacity first, then lowest priority, then least work lost, then id (borrowing judged at
+    capacity first, then lowest priority, then least `victim_cost`, then id (borrowing judged at
     the start of the cycle: reclaim takes only from teams borrowing then, and their borrowing
     only shrinks). Jobs are grouped by (team, priority) and a group is sorted only when the walk
     reaches it, once per cycle: a search usually stops in its first group."""
@@ -151,7 +159,7 @@ def _in_order(work: Work, pool: str, team: str, rank: int, reclaim: bool, urgent
 
 
 def _group(work: Work, pool: str, team: str, rank: int) -> list[Job]:
-    """Running preemptible jobs of one team and priority, least work lost first. A team's jobs
+    """Running preemptible jobs of one team and priority, least `victim_cost` first. A team's jobs
     are split by priority once per cycle; a group is sorted when a walk first reaches it."""
     key = (pool, team)
     groups = work.groups.get(key)
@@ -166,7 +174,7 @@ def _group(work: Work, pool: str, team: str, rank: int) -> list[Job]:
     if (pool, team, rank) not in work.sorted:
         now, lost = work.now, work.lost
         for v in group:
-            lost[v.id] = lost_work_gpu_s(v, now)
+            lost[v.id] = victim_cost(v, now)
         group.sort(key=lambda v: (lost[v.id], v.id))
         work.sorted.add((pool, team, rank))
     return group

@@ -30,7 +30,7 @@ class Work:
         self._pool_classes: dict[str, list[int]] = {}
         # per-cycle caches of the preemption phase (see preemption.py)
         self.groups: dict[tuple[str, str], list[list[Job]]] = {}
-        self.lost: dict[str, float] = {}
+        self.lost: dict[str, float] = {}  # preemption.victim_cost per job
         self.sorted: set[tuple[str, str, int]] = set()
         # link health (placement.py): nodes gangs should avoid now, and what placement says about it
         self._avoid: dict[int, str] | None = None
