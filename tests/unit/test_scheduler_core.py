@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from events import (
     GpuIsolated,
     JobPreempted,
@@ -12,7 +14,7 @@ from events import (
     PoolDefined,
 )
 from events.codec import stable_id
-from services.scheduler.core import Admit, Preempt, Requeue, explain, queue_rows, select_victims
+from services.scheduler.core import Admit, Policy, Preempt, Requeue, explain, queue_rows, select_victims
 from tests.scheduler_builders import Driver, a_job, a_node, a_quota, done
 
 
@@ -357,3 +359,52 @@ def test_replaying_jobs_ahead_of_the_fleet_gives_the_same_state() -> None:
     assert jobs_first.state.capacity.digest() == d.state.capacity.digest()
     assert not jobs_first.state.displaced and jobs_first.where("j") == {"n1": [0, 1, 2]}
     assert jobs_first.state.nodes[("c1", "n1")].owners == {0: "j", 1: "j", 2: "j"}
+
+
+def a_borrower_running_since(t: float, *, estimate: float | None) -> Driver:
+    """nlp borrows vision's idle node with a low job that has run since `t`; vision wants it back."""
+    d = Driver().given(
+        a_node("n1"),
+        a_node("n2"),
+        a_quota("vision", 8),
+        a_quota("nlp", 8),
+        a_job("own", team="nlp", gpus=8, at=0),
+        a_job("borrow", team="nlp", gpus=8, priority="low", at=0, estimate=estimate),
+    )
+    d.cycle(now=t)
+    d.given(a_job("urgent", team="vision", gpus=8, priority="high", at=t + 1))
+    return d
+
+
+def test_no_preemption_that_throws_away_more_work_than_the_wait_it_saves() -> None:
+    """Issue 19: the borrower ends in 10 minutes by its estimate; preempting it after 5 hours would
+    throw away 40 GPU-hours to save 80 GPU-minutes of waiting (worth 2: twice that, at most)."""
+    d = a_borrower_running_since(0, estimate=5 * 3600 + 600)
+    cycle = d.cycle(now=5 * 3600)
+    assert not [x for x in cycle.decisions if isinstance(x, Preempt)]
+    assert d.state_of("borrow") == "running" and d.state_of("urgent") == "pending"
+    assert (
+        "not preempting borrow: they would lose 40.0 GPU-hours, more than waiting for GPUs that free from "
+        "about t=18600 costs (1.3 GPU-hours)"
+    ) in d.waiting["urgent"]
+    d.given(done("borrow", at=18600))
+    d.cycle(now=18600)
+    assert d.state_of("urgent") == "running"
+
+
+def test_preemption_when_the_wait_costs_more_than_the_work_lost_or_has_no_estimate() -> None:
+    soon = a_borrower_running_since(0, estimate=3600)  # 5 min in (0.7 GPU-hours) of 60: waiting 55 min costs more
+    soon.cycle(now=300)
+    assert soon.state_of("borrow") == "suspended" and soon.state_of("urgent") == "running"
+    unknown = a_borrower_running_since(0, estimate=None)  # no estimate: the wait is unknown, preempt as before
+    unknown.cycle(now=5 * 3600)
+    assert unknown.state_of("borrow") == "suspended" and unknown.state_of("urgent") == "running"
+    always = a_borrower_running_since(0, estimate=5 * 3600 + 600)  # the old rule: preemption_worth None
+    always.cycle(now=5 * 3600, policy=Policy(preemption_worth=None))
+    assert always.state_of("borrow") == "suspended"
+
+
+def test_preemption_worth_must_be_a_positive_number() -> None:
+    for bad in (0.0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="preemption_worth"):
+            Policy(preemption_worth=bad)

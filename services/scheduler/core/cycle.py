@@ -191,6 +191,7 @@ def _cycle(state: SchedulerState, work: Work, now: float, full: bool, since: Cyc
             continue
         # 4. preempt: the first waiting job of each (pool, team, priority) may search for victims
         head = (job.pool, spec.team, spec.priority.rank)
+        declined = None  # why it did not preempt the victims it found
         if (
             policy.preemption
             and head not in searched
@@ -199,6 +200,10 @@ def _cycle(state: SchedulerState, work: Work, now: float, full: bool, since: Cyc
         ):
             searched.add(head)
             victims = preemption.select(work, job)
+            if victims and not exempt and policy.preemption_worth is not None:
+                declined = _not_worth(work, job, key, victims, policy.preemption_worth)
+                if declined is not None:
+                    victims = None
             if victims:
                 kinds = sorted({r.value for _, r in victims})
                 for v, reason in victims:
@@ -274,6 +279,8 @@ def _cycle(state: SchedulerState, work: Work, now: float, full: bool, since: Cyc
                     why += f"; GPUs reserved for it from about t={new_res.shadow_at:.0f}"
                     waiting[jid] = why
                     continue
+        if declined is not None:
+            why += f"; {declined}"
         failed[shape] = why[len(guard) :]  # the same answer for the same shape, not the same guard
         waiting[jid] = why
 
@@ -285,6 +292,25 @@ def _cycle(state: SchedulerState, work: Work, now: float, full: bool, since: Cyc
         tuple(sorted(starving.items())),
     )
     return Cycle(decisions, waiting, mark, full, considered, reservations)
+
+
+def _not_worth(
+    work: Work, job: Job, key: QueueKey, victims: list[tuple[Job, PreemptionReason]], worth: float
+) -> str | None:
+    """Why preempting `victims` for `job` is not worth it (they would lose more GPU-time than the
+    job's wait costs, by runtime estimates), or None if it is (or the wait has no estimate)."""
+    wait = backfill.reservation(work, job, key)
+    if wait is None:
+        return None
+    lost = sum(lost_work_gpu_s(v, work.now) for v, _ in victims)
+    saved = job.gpus * max(0.0, wait.shadow_at - work.now)
+    if lost <= worth * saved:
+        return None
+    return (
+        f"not preempting {', '.join(v.id for v, _ in victims)}: they would lose {lost / 3600:.1f} GPU-hours, "
+        f"more than waiting for GPUs that free from about t={wait.shadow_at:.0f} costs "
+        f"({saved / 3600:.1f} GPU-hours)"
+    )
 
 
 def _first_come_first_served(
