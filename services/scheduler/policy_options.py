@@ -1,4 +1,4 @@
-"""Scheduler flags for the queue-order and starvation settings (the core's `Policy`), kept apart
+"""Scheduler flags for the queue-order, starvation and preemption settings (the core's `Policy`), kept apart
 from the service so the shell only calls `add_policy_arguments` and `policy_from_args`."""
 
 from __future__ import annotations
@@ -52,15 +52,28 @@ def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
         f"(default {0 if bound is None else bound / HOUR:g})",
     )
 
+    worth = d.preemption_worth
+    parser.add_argument(
+        "--preemption-worth",
+        type=_at_least_zero,
+        default=0 if worth is None else worth,
+        metavar="RATIO",
+        help="a job preempts only if its victims lose at most this many times the GPU-time its wait would "
+        "cost (by runtime estimates; critical work and waits without estimates preempt anyway); 0 always "
+        f"preempts when allowed (default {0 if worth is None else worth:g})",
+    )
+
 
 def policy_from_args(args: argparse.Namespace, **overrides: object) -> Policy:
     """The chamber policy with the flags' settings (checked by argparse: no bad value gets here);
     a namespace built without these flags (embedding, tests) gets the defaults."""
     d = CHAMBER
     bound = getattr(args, "starvation_bound", None if d.starvation_bound_s is None else d.starvation_bound_s / HOUR)
+    worth = getattr(args, "preemption_worth", d.preemption_worth)
     return Policy(
         age_weight=getattr(args, "age_weight", d.age_weight),
         age_cap_s=getattr(args, "age_cap", d.age_cap_s / HOUR) * HOUR,
         starvation_bound_s=None if not bound else bound * HOUR,
+        preemption_worth=worth or None,
         **overrides,  # type: ignore[arg-type]
     )
