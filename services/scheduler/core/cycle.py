@@ -8,6 +8,7 @@ Phases (after Kueue's scheduler loop):
   3. nominate   per job: backfill check against its pool's reservation, quota check, placement
   4. preempt    a job that does not fit may preempt (same team by priority, reclaim of borrowed
                 capacity, critical across classes) when `select_victims` finds a set that makes it fit
+                and that loses at most `policy.preemption_worth` x the GPU-time its wait would cost
   5. admit      placements and victims are applied to the cycle's scratch view, so later jobs see
                 them; a job still waiting records why, and the first job of a pool blocked for
                 capacity gets an EASY-backfill reservation
