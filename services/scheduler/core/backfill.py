@@ -4,6 +4,8 @@ delay it (they end before the reservation, or use only GPUs it leaves over)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from services.scheduler.core.decisions import Reservation
 from services.scheduler.core.policy import Order, QueueKey
 from services.scheduler.core.state import Job
@@ -34,27 +36,41 @@ def check(res: Reservation | None, job: Job, key: QueueKey, now: float, order: O
 
 def reservation(work: Work, job: Job, key: QueueKey) -> Reservation | None:
     """EASY backfill: when will enough GPUs be free for `job`, judging by runtime estimates?"""
-    s = work.s
+    return _first_fit(work, job, key, sorted(_ends(work, job.pool)))
+
+
+def free_by(work: Work, job: Job, horizon: float) -> float | None:
+    """When enough GPUs are free for `job` by runtime estimates, if that is at `horizon` or sooner;
+    else None. Keeps only the ends before the horizon (no sort of all running work)."""
+    soon = sorted(end for end in _ends(work, job.pool) if end[0] <= horizon)
+    found = _first_fit(work, job, (0, 0.0, 0.0, ""), soon)
+    return None if found is None else found.shadow_at
+
+
+def _first_fit(work: Work, job: Job, key: QueueKey, ends: list[tuple[float, int]]) -> Reservation | None:
     free = work.cap.free_in(work.classes(job))
-    ends: list[tuple[float, int]] = []
-    for (p, _), ids in s.running.items():
-        if p != job.pool:
-            continue
-        for jid in ids:
-            if jid in work.gone:
-                continue
-            r = s.jobs[jid]
-            est = estimate_s(r)
-            if est is not None and r.running_since is not None:
-                ends.append((max(work.now, r.running_since + est), r.gpus))
-    for jid in work.fresh:
-        r = s.jobs[jid]
-        est = estimate_s(r)
-        if est is not None and r.pool == job.pool:
-            ends.append((work.now + est, r.gpus))
-    ends.sort()
     for end, gpus in ends:
         free += gpus
         if free >= job.gpus:
             return Reservation(job.id, key, job.gpus, end, free - job.gpus)
     return None  # running work has no estimates: nothing to reserve against
+
+
+def _ends(work: Work, pool: str) -> Iterator[tuple[float, int]]:
+    """(estimated end, GPUs) of the pool's running work with runtime estimates, in no order."""
+    s, now, gone = work.s, work.now, work.gone
+    for (p, _), ids in s.running.items():
+        if p != pool:
+            continue
+        for jid in ids:
+            if jid in gone:
+                continue
+            r = s.jobs[jid]
+            est = estimate_s(r)
+            if est is not None and r.running_since is not None:
+                yield (max(now, r.running_since + est), r.gpus)
+    for jid in work.fresh:
+        r = s.jobs[jid]
+        est = estimate_s(r)
+        if est is not None and r.pool == pool:
+            yield (now + est, r.gpus)

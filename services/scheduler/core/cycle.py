@@ -202,7 +202,7 @@ def _cycle(state: SchedulerState, work: Work, now: float, full: bool, since: Cyc
             searched.add(head)
             victims = preemption.select(work, job)
             if victims and not exempt and policy.preemption_worth is not None:
-                declined = _not_worth(work, job, key, victims, policy.preemption_worth)
+                declined = _not_worth(work, job, victims, policy.preemption_worth)
                 if declined is not None:
                     victims = None
             if victims:
@@ -295,22 +295,20 @@ def _cycle(state: SchedulerState, work: Work, now: float, full: bool, since: Cyc
     return Cycle(decisions, waiting, mark, full, considered, reservations)
 
 
-def _not_worth(
-    work: Work, job: Job, key: QueueKey, victims: list[tuple[Job, PreemptionReason]], worth: float
-) -> str | None:
-    """Why preempting `victims` for `job` is not worth it (they would lose more GPU-time than the
-    job's wait costs, by runtime estimates), or None if it is (or the wait has no estimate)."""
-    wait = backfill.reservation(work, job, key)
-    if wait is None:
-        return None
+def _not_worth(work: Work, job: Job, victims: list[tuple[Job, PreemptionReason]], worth: float) -> str | None:
+    """Why preempting `victims` for `job` is not worth it (they would lose more than `worth` x the
+    GPU-time of its wait, by runtime estimates), or None if it is (or the wait has no estimate)."""
     lost = sum(lost_work_gpu_s(v, work.now) for v, _ in victims)
-    saved = job.gpus * max(0.0, wait.shadow_at - work.now)
-    if lost <= worth * saved:
+    if lost <= 0:
+        return None
+    # Worth it unless enough GPUs free (by estimates) within the wait that would cost lost / worth.
+    at = backfill.free_by(work, job, work.now + lost / (worth * job.gpus))
+    saved = 0.0 if at is None else job.gpus * (at - work.now)
+    if at is None or lost <= worth * saved:
         return None
     return (
         f"not preempting {', '.join(v.id for v, _ in victims)}: they would lose {lost / 3600:.1f} GPU-hours, "
-        f"more than waiting for GPUs that free from about t={wait.shadow_at:.0f} costs "
-        f"({saved / 3600:.1f} GPU-hours)"
+        f"more than waiting for GPUs that free from about t={at:.0f} costs ({saved / 3600:.1f} GPU-hours)"
     )
 
 
