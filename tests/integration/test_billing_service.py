@@ -7,6 +7,7 @@ import asyncio
 import json
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -38,9 +39,19 @@ async def billing_events(js: JetStreamContext) -> list[object]:
     return out
 
 
+def in_one_month(t0: float, span_s: float = 2 * 3600) -> float:
+    """`t0`, or an earlier hour when [t0, t0 + span_s] would straddle a calendar month: budgets are
+    monthly, so a scenario across midnight on the 1st splits its spending (the test failed in the
+    first hours of every month)."""
+    month_start = datetime.fromtimestamp(t0 + span_s, tz=UTC).replace(day=1, hour=0, minute=0, second=0)
+    start = month_start.timestamp()
+    return t0 if start <= t0 else start - 6 * 3600
+
+
 async def test_billing_accrues_published_costs_that_the_recorder_records_and_the_report_shows(
     nats_server: NatsServerProcess, nc: Client, js: JetStreamContext, tmp_path: Path
 ) -> None:
+    t0 = in_one_month(T0)
     warehouse = ChdbWarehouse(tmp_path)
     migrate(warehouse)
     rec_stop, rec_task, writer = await start_recorder(nats_server.url, warehouse)
@@ -49,15 +60,15 @@ async def test_billing_accrues_published_costs_that_the_recorder_records_and_the
     task = asyncio.create_task(billing_service.run(args, stop))
     try:
         pub = Publisher(js, source="test")
-        inv = an_inventory("n1", gpus=2, at=T0)
-        await pub.publish(PoolDefined(pool="train", at=T0, gpu_model="H100-80GB"))
-        await pub.publish(BudgetSet(team="vision", at=T0, amount=1.0))
-        await pub.publish(NodeDiscovered(cluster="c1", node="n1", at=T0, gpus=inv.gpus))
-        await pub.publish(submitted("j1", "vision", 1, T0))
-        await pub.publish(scheduled("j1", "vision", "n1", [0], T0))
-        await pub.publish(completed("j1", T0 + 1800))  # 1800 GPU-s at $2/h = $1.00 (budget not passed)
-        await pub.publish(scheduled("j2", "vision", "n1", [1], T0 + 3600))
-        await pub.publish(completed("j2", T0 + 3600 + 360))  # 360 GPU-s = $0.20: vision spent $1.20 > $1.00
+        inv = an_inventory("n1", gpus=2, at=t0)
+        await pub.publish(PoolDefined(pool="train", at=t0, gpu_model="H100-80GB"))
+        await pub.publish(BudgetSet(team="vision", at=t0, amount=1.0))
+        await pub.publish(NodeDiscovered(cluster="c1", node="n1", at=t0, gpus=inv.gpus))
+        await pub.publish(submitted("j1", "vision", 1, t0))
+        await pub.publish(scheduled("j1", "vision", "n1", [0], t0))
+        await pub.publish(completed("j1", t0 + 1800))  # 1800 GPU-s at $2/h = $1.00 (budget not passed)
+        await pub.publish(scheduled("j2", "vision", "n1", [1], t0 + 3600))
+        await pub.publish(completed("j2", t0 + 3600 + 360))  # 360 GPU-s = $0.20: vision spent $1.20 > $1.00
 
         async def exceeded() -> bool:
             return any(isinstance(e, BudgetExceeded) for e in await billing_events(js))
@@ -67,7 +78,7 @@ async def test_billing_accrues_published_costs_that_the_recorder_records_and_the
         job_costs = {e.job_id: e.cost for e in events if isinstance(e, CostAccrued) and not e.idle}
         assert job_costs == pytest.approx({"j1": 1.0, "j2": 0.2})
         # First hour idle: 2 GPUs x 3600 s - 1800 s held = 5400 s = $3.00 in pool train.
-        first_idle = next(e for e in events if isinstance(e, CostAccrued) and e.idle and e.period_start == T0)
+        first_idle = next(e for e in events if isinstance(e, CostAccrued) and e.idle and e.period_start == t0)
         assert (first_idle.pool, first_idle.gpu_seconds, first_idle.cost) == ("train", 5400, pytest.approx(3.0))
 
         reply = await request(nc, "billing", "price", {"gpu_model": "A100-40GB", "price_per_gpu_hour": 1.5})
