@@ -3,7 +3,7 @@ class mix, replayed with `--compare fifo,chamber` at 40 and 32 GPUs with DEFAULT
 an equal guaranteed share of the whole fleet), and the targets checked per run:
 every class's p99 wait <= fifo's, high's mean wait <= low's, utilization >= fifo's - 1 point.
 
-    .venv/bin/python bench/issue19_analogue.py [--seeds 0,1,2] [--gpus 40,32] [--jobs 6200]
+    .venv/bin/python bench/issue19_analogue.py [--seeds 0,1,2] [--gpus 40,32] [--jobs 6200] [--preemption-worth R]
 
 Prints one JSON object: per seed and fleet size, per class wait mean / p99 (hours) for fifo and
 chamber, utilizations, and which targets hold. `--write OUT.csv` also writes the seed's trace (the
@@ -22,6 +22,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from services.scheduler.policy_options import add_preemption_worth_argument  # noqa: E402
 from services.tracesim.analogue import analogue, met, targets  # noqa: E402
 from services.tracesim.classes import DEFAULT_MIX, assign, parse_mix  # noqa: E402
 from services.tracesim.engine import FleetSpec  # noqa: E402
@@ -32,9 +33,10 @@ from services.tracesim.trace import TraceJob, load  # noqa: E402
 ITP = ROOT / "data" / "traces" / "itp" / "jobs.csv"
 
 
-def run(jobs: list[TraceJob], gpus: int) -> dict[str, Any]:
+def run(jobs: list[TraceJob], gpus: int, tuning: dict[str, Any] | None = None) -> dict[str, Any]:
     teams = sorted({j.team for j in jobs})
-    result, _ = compare(jobs, FleetSpec(gpus=gpus, gpus_per_node=8), equal_shares(teams, gpus), ["fifo", "chamber"])
+    fleet = FleetSpec(gpus=gpus, gpus_per_node=8)
+    result, _ = compare(jobs, fleet, equal_shares(teams, gpus), ["fifo", "chamber"], tuning)
     fifo, chamber = result["policies"]["fifo"], result["policies"]["chamber"]
     h = 3600.0
     per_class = {
@@ -67,9 +69,13 @@ def main() -> None:
     ap.add_argument("--gpus", default="40,32", help="comma-separated fleet sizes")
     ap.add_argument("--jobs", type=int, default=6200)
     ap.add_argument("--write", type=Path, help="write the (first seed's) trace as CSV")
+    add_preemption_worth_argument(ap, default=None)
     args = ap.parse_args()
+    tuning = {} if args.preemption_worth is None else {"preemption_worth": args.preemption_worth or None}
     itp = load(ITP).jobs
     out: dict[str, Any] = {"jobs": args.jobs, "classes": DEFAULT_MIX, "quotas": "equal shares (default)", "runs": {}}
+    if tuning:
+        out["chamber_tuning"] = tuning
     for seed in (int(s) for s in args.seeds.split(",")):
         jobs = assign(analogue(itp, jobs=args.jobs, seed=seed), parse_mix(DEFAULT_MIX, seed=seed))
         if args.write is not None and seed == int(args.seeds.split(",")[0]):
@@ -79,7 +85,7 @@ def main() -> None:
                 for j in jobs:
                     w.writerow([j.id, j.submit_s, j.duration_s, j.gpus, j.team, j.priority.value, j.preemptible])
         for gpus in (int(g) for g in args.gpus.split(",")):
-            out["runs"][f"seed{seed}/{gpus}gpus"] = run(jobs, gpus)
+            out["runs"][f"seed{seed}/{gpus}gpus"] = run(jobs, gpus, tuning)
     out["all_targets_met"] = all(r["all_targets_met"] for r in out["runs"].values())
     print(json.dumps(out, indent=1))
 

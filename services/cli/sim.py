@@ -82,6 +82,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="with --classes: the classes whose jobs are preemptible, or 'none' (default low)",
     )
     p.add_argument("--class-seed", type=int, default=0, help="with --classes: seed of the class draw (default 0)")
+    from services.scheduler.policy_options import add_preemption_worth_argument
+
+    add_preemption_worth_argument(p, default=None)  # for the chamber policy; unset: the service's default
     p.add_argument("--strict", action="store_true", help="refuse the trace at its first bad row")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--plot", type=Path, metavar="OUT.png", help="draw utilization and queue length over time")
@@ -147,17 +150,20 @@ def run(args: argparse.Namespace) -> int:
         print(f"... and {len(trace.bad_rows) - 20} more bad rows skipped", file=sys.stderr)
     fleet = FleetSpec(gpus=args.gpus, gpus_per_node=args.gpus_per_node)
     options = {"fault_rate_per_node_day": args.fault_rate, "seed": args.seed, "until": args.until}
-    result, outcomes = compare(jobs, fleet, quotas, policies, fault_model=fault_model, **options)
+    tuning = {} if args.preemption_worth is None else {"preemption_worth": args.preemption_worth or None}
+    result, outcomes = compare(jobs, fleet, quotas, policies, tuning, fault_model=fault_model, **options)
     if fault_model is not None:
         from services.tracesim.run import fault_savings
 
         result["faults"] = fault_savings(
-            jobs, fleet, quotas, policies[-1], outcomes[policies[-1]], fault_model, options
+            jobs, fleet, quotas, policies[-1], outcomes[policies[-1]], fault_model, options, tuning
         )
     result["trace"] = {"file": str(args.trace), "jobs": len(jobs), "bad_rows": len(trace.bad_rows), "teams": len(teams)}
     if classes is not None:
         result["trace"]["classes"] = classes.describe()
     result["fleet"] = {"gpus": fleet.gpus, "gpus_per_node": fleet.gpus_per_node, "nodes": fleet.nodes}
+    if tuning:
+        result["chamber_tuning"] = tuning
     if args.plot:
         from services.tracesim.plot import plot
 

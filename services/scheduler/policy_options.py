@@ -53,10 +53,16 @@ def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
     worth = d.preemption_worth
+    add_preemption_worth_argument(parser, default=0 if worth is None else worth)
+
+
+def add_preemption_worth_argument(parser: argparse.ArgumentParser, default: float | None) -> None:
+    """`--preemption-worth RATIO` (the scheduler service's, and `chamber sim`'s for its chamber policy)."""
+    worth = CHAMBER.preemption_worth
     parser.add_argument(
         "--preemption-worth",
         type=_at_least_zero,
-        default=0 if worth is None else worth,
+        default=default,
         metavar="RATIO",
         help="a job preempts only if its victims lose at most this many times the GPU-time its wait would "
         "cost (by runtime estimates; critical work and waits without estimates preempt anyway); 0 always "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -14,14 +15,16 @@ from services.tracesim.trace import TraceJob
 POLICIES = ("fifo", "static-quota", "chamber")
 
 
-def make_policy(name: str) -> Policy:
-    """Every policy runs through the scheduler's own core (`services.scheduler.core.POLICIES`)."""
+def make_policy(name: str, tuning: Mapping[str, Any] | None = None) -> Policy:
+    """Every policy runs through the scheduler's own core (`services.scheduler.core.POLICIES`);
+    `tuning` sets fields of the chamber policy (e.g. `preemption_worth`), never of the baselines."""
     from services.scheduler.core import POLICIES as CORE_POLICIES
     from services.tracesim.chamber_policy import CorePolicy
 
     if name not in POLICIES:
         raise ValueError(f"unknown policy {name!r}; use one of {', '.join(POLICIES)}")
-    return CorePolicy(CORE_POLICIES[name])
+    core = CORE_POLICIES[name]
+    return CorePolicy(replace(core, **tuning) if tuning and name == "chamber" else core)
 
 
 def simulate(
@@ -29,15 +32,21 @@ def simulate(
     fleet: FleetSpec,
     quotas: dict[str, TeamQuota],
     policy: str,
+    tuning: Mapping[str, Any] | None = None,
     **options: Any,
 ) -> Outcome:
-    return Simulation(jobs, fleet, quotas, make_policy(policy), **options).run()
+    return Simulation(jobs, fleet, quotas, make_policy(policy, tuning), **options).run()
 
 
 def compare(
-    jobs: list[TraceJob], fleet: FleetSpec, quotas: dict[str, TeamQuota], policies: list[str], **options: Any
+    jobs: list[TraceJob],
+    fleet: FleetSpec,
+    quotas: dict[str, TeamQuota],
+    policies: list[str],
+    tuning: Mapping[str, Any] | None = None,
+    **options: Any,
 ) -> tuple[dict[str, Any], dict[str, Outcome]]:
-    outcomes = {name: simulate(jobs, fleet, quotas, name, **options) for name in policies}
+    outcomes = {name: simulate(jobs, fleet, quotas, name, tuning, **options) for name in policies}
     summaries = {name: summarize(o) for name, o in outcomes.items()}
     if "fifo" in summaries:  # per class, how each policy's waits compare with a plain FIFO cluster's
         for name, summary in summaries.items():
@@ -54,6 +63,7 @@ def fault_savings(
     proactive: Outcome,
     model: FaultModel,
     options: dict[str, Any],
+    tuning: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """GPU-hours lost to node faults moving jobs on a precursor versus waiting for each failure
     (tracesim/faults.py has the model).
@@ -62,7 +72,7 @@ def fault_savings(
     as if the scheduler had waited, on the same job at the same moment. A second, separate run that
     waits is reported too; its schedule diverges after the first fault (other jobs sit on the nodes
     that fail), so its difference to the first run mixes the saving with which jobs the faults hit."""
-    waiting = simulate(jobs, fleet, quotas, policy, fault_model=replace(model, proactive=False), **options)
+    waiting = simulate(jobs, fleet, quotas, policy, tuning, fault_model=replace(model, proactive=False), **options)
     keys = ("lost_to_faults_gpu_hours", "hang_gpu_hours", "fault_moves", "requeues")
     ours, theirs = summarize(proactive), summarize(waiting)
     paired = ours["lost_to_faults_if_waiting_gpu_hours"]

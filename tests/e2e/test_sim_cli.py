@@ -71,3 +71,26 @@ def test_classes_given_on_the_command_line_are_reported_per_class_against_fifo()
     assert "normal: jobs" not in out
     bad = sim("--gpus", "8", "--classes", "urgent=1")
     assert bad.returncode == 2 and "'urgent' is not a priority class" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_preemption_worth_tunes_the_chamber_policy(tmp_path: Path) -> None:
+    """Team y's low job borrows x's half of the node for 10,000 s; x's urgent job arrives at 6,000 s.
+    Preempting would throw away 48,000 GPU-s to save 16,000 (x's 4 GPUs for 4,000 s): not worth 2x."""
+    trace = tmp_path / "t.csv"
+    trace.write_text(
+        "job_id,submit_time_s,duration_s,num_gpus,team,priority,preemptible\n"
+        "long,0,10000,8,y,low,true\nurgent,6000,100,4,x,high,false\n"
+    )
+    runs = {}
+    for worth in (None, "0", "4"):
+        extra = () if worth is None else ("--preemption-worth", worth)
+        result = sim("--trace", str(trace), "--compare", "fifo,chamber", "--gpus", "8", "--json", *extra)
+        assert result.returncode == 0, result.stderr
+        runs[worth] = json.loads(result.stdout)
+    assert runs[None]["policies"]["chamber"]["preemptions"] == 0 and "chamber_tuning" not in runs[None]
+    assert runs["0"]["policies"]["chamber"]["preemptions"] == 1  # 0: preempt whenever allowed
+    assert runs["0"]["chamber_tuning"] == {"preemption_worth": None}
+    assert runs["4"]["policies"]["chamber"]["preemptions"] == 1  # 48,000 <= 4 x 16,000
+    assert all(r["policies"]["fifo"]["preemptions"] == 0 for r in runs.values())  # baselines untouched
+    bad = sim("--trace", str(trace), "--gpus", "8", "--preemption-worth", "-1")
+    assert bad.returncode == 2 and "--preemption-worth" in bad.stderr and "Traceback" not in bad.stderr

@@ -1,0 +1,119 @@
+"""Why jobs wait long in a simulated run: the chamber policy on a trace (the bundled ITP trace with
+issue 19's class mix by default), and for the jobs that waited longer than --late-hours, where
+they waited (time-weighted waiting reasons, recorded every scheduling cycle), plus the work each
+kind of preemption threw away.
+
+    .venv/bin/python bench/sim_late_jobs.py [--gpus 1280] [--late-hours 27.7] [--preemption-worth R]
+
+Prints one JSON object. With `--preemption-worth 0` (preempt whenever allowed) it reproduces the
+third pass of issue 19, whose late low jobs waited behind re-run work (README, priority classes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from events import JobPreempted  # noqa: E402
+from services.scheduler.core import schedule  # noqa: E402
+from services.scheduler.policy_options import add_preemption_worth_argument  # noqa: E402
+from services.tracesim.chamber_policy import CorePolicy  # noqa: E402
+from services.tracesim.classes import DEFAULT_MIX, assign, parse_mix  # noqa: E402
+from services.tracesim.engine import FleetSpec, Simulation  # noqa: E402
+from services.tracesim.model import Action, Start  # noqa: E402
+from services.tracesim.quotas import equal_shares  # noqa: E402
+from services.tracesim.run import make_policy  # noqa: E402
+from services.tracesim.trace import load  # noqa: E402
+
+HOUR = 3600.0
+
+
+def kind(why: str) -> str:
+    """A waiting reason without its numbers and names: what kind of wait it is."""
+    protected = why.startswith("protected by the starvation guard")
+    why = re.sub(r"^protected by the starvation guard since t=\d+ \(queued since t=\d+\); ", "", why)
+    why = re.sub(r"would delay \S+,", "would delay J,", why)
+    why = re.sub(r"\bteam \S+", "team T", why)
+    why = re.sub(r"\d+(\.\d+)?", "#", why)
+    return ("protected: " if protected else "") + why.split(";")[0][:100]
+
+
+class Recording(CorePolicy):
+    """The core policy, recording each queued job's waiting reason as cycles change it."""
+
+    def setup(self, fleet: FleetSpec, quotas: dict[str, Any]) -> None:
+        super().setup(fleet, quotas)
+        self.current: dict[str, tuple[str, float]] = {}
+        self.waited: dict[str, Counter[str]] = defaultdict(Counter)
+
+    def decide(self, now: float) -> list[Action]:
+        # `schedule` is pure: looking at the cycle first changes nothing the real decide does
+        for jid, why in schedule(self.state, now, self.mark, policy=self.policy).waiting.items():
+            k = kind(why)
+            old = self.current.get(jid)
+            if old is None or old[0] != k:
+                if old is not None:
+                    self.waited[jid][old[0]] += now - old[1]
+                self.current[jid] = (k, now)
+        actions = super().decide(now)
+        for a in actions:
+            if isinstance(a, Start) and a.job_id in self.current:
+                k, since = self.current.pop(a.job_id)
+                self.waited[a.job_id][k] += now - since
+        return actions
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--trace", type=Path, default=ROOT / "data" / "traces" / "itp" / "jobs.csv")
+    ap.add_argument("--gpus", type=int, default=1280)
+    ap.add_argument("--classes", default=DEFAULT_MIX, help="class mix (default issue 19's)")
+    ap.add_argument("--late-hours", type=float, default=27.7, help="a job is late past this wait (fifo's p99)")
+    add_preemption_worth_argument(ap, default=None)
+    args = ap.parse_args()
+    jobs = assign(load(args.trace).jobs, parse_mix(args.classes))
+    by_id = {j.id: j for j in jobs}
+    tuning = {} if args.preemption_worth is None else {"preemption_worth": args.preemption_worth or None}
+    policy = Recording(make_policy("chamber", tuning).policy)
+    quotas = equal_shares(sorted({j.team for j in jobs}), args.gpus)
+    outcome = Simulation(jobs, FleetSpec(gpus=args.gpus), quotas, policy).run()
+    late = [
+        j
+        for j in outcome.jobs.values()
+        if j.first_start is not None and j.first_start - j.t.submit_s > args.late_hours * HOUR
+    ]
+    reasons: Counter[str] = Counter()
+    for j in late:
+        for k, seconds in policy.waited[j.t.id].items():
+            reasons[k] += seconds / HOUR
+    lost: Counter[str] = Counter()
+    count: Counter[str] = Counter()
+    for e in policy.folded:
+        if isinstance(e, JobPreempted):
+            by = by_id.get(e.preemptor_job_id or "")
+            key = f"{e.reason.value} by {by.priority.value if by else '?'} of {by_id[e.job_id].priority.value}"
+            lost[key] += e.lost_work_gpu_s / HOUR
+            count[key] += 1
+    out = {
+        "gpus": args.gpus,
+        "chamber_tuning": tuning,
+        "late_hours": args.late_hours,
+        "late_jobs": len(late),
+        "late_by_class": dict(Counter(j.t.priority.value for j in late).most_common()),
+        "late_by_gpus": dict(Counter(str(j.t.gpus) for j in late).most_common()),
+        "late_waited_hours_by_reason": {k: round(h) for k, h in reasons.most_common(12)},
+        "preemptions": {k: {"count": count[k], "gpu_hours_lost": round(lost[k])} for k, _ in lost.most_common()},
+    }
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
