@@ -70,7 +70,7 @@ class Policy:
     # spend waiting otherwise (its GPUs x the time until they free by runtime estimates, the EASY
     # reservation's): throwing away more work than the wait it saves only slows everyone down. On the
     # ITP trace with classes (no checkpoints) preemption lost 122,864 GPU-hours, and low's p99 wait
-    # was 42.6 h against fifo's 27.7; with this rule 549 and 24.3 (README, issue 19). Critical work,
+    # was 42.6 h against fifo's 27.7; with this rule 1,350 and 24.2 (README, issue 19). Critical work,
     # and jobs whose wait has no estimate, preempt as before. None: always preempt when allowed.
     preemption_worth: float | None = 2.0
 
