@@ -191,6 +191,10 @@ class DeciderHost(Generic[S]):
         self._changed_since_snapshot = False
         self._deciding: asyncio.Task[None] | None = None
         self._decide_again = False  # folded since the last decision pass began
+        # The timer and the after-fold pass both call `tick`: one at a time, else both could pass the
+        # "caught up" check of a new leader and publish the same decisions twice (JetStream drops the
+        # duplicates, but core subscribers saw both; a flaky health e2e test caught it).
+        self._tick_lock = asyncio.Lock()
 
     # -- wiring --------------------------------------------------------------------------------
     def install(self) -> None:
@@ -534,6 +538,10 @@ class DeciderHost(Generic[S]):
                 return
 
     async def tick(self, now: float) -> None:
+        async with self._tick_lock:
+            await self._tick(now)
+
+    async def _tick(self, now: float) -> None:
         if not await self._become_ready():
             return
         decide = self.decider.decide

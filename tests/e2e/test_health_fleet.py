@@ -351,8 +351,7 @@ async def test_a_gpu_isolated_before_its_uuid_is_known_is_annotated_by_uuid_once
                 a_fault("gpu-2", kind=FaultKind.ECC_DBE, gpu=3, at=time.time(), cluster=CLUSTER), gpu_uuid=None
             )
             await agent.publish(fault)
-            # the services' start is in this first wait (slow on a fresh clone's first imports): 30 s, not 10
-            await eventually(lambda: len(fleet.of(GpuIsolated)) == 1, within=30)
+            await eventually(lambda: len(fleet.of(GpuIsolated)) == 1)
             await eventually(lambda: annotation() == "index-3")
             await agent.publish(an_inventory("gpu-2", cluster=CLUSTER, at=time.time()))
             await eventually(lambda: annotation() == "GPU-gpu-2-03")  # what a device plugin matches

@@ -19,6 +19,7 @@ from services.runtime.nats_cluster import NatsCluster
 from services.runtime.nats_server import NatsServerProcess, free_port
 from services.runtime.replicas import ReplicasUnavailable
 from services.runtime.streams import ensure_bucket_replicas
+from tests.integration.test_runtime import eventually
 
 pytestmark = pytest.mark.integration
 CHAMBER = str(Path(sys.executable).parent / "chamber")
@@ -88,6 +89,11 @@ async def test_on_three_servers_repair_raises_replicas_but_never_lowers_them(
             assert (await js.stream_info(name)).config.num_replicas == 3
         # a KV bucket made while the fleet had one server is raised too
         await js.create_key_value(bucket="chamber_lease_old", history=1)
+
+        async def listed() -> bool:  # the cluster's stream list may trail a create by a moment
+            return any(i.config.name == "KV_chamber_lease_old" for i in await js.streams_info())
+
+        await eventually(listed)
         assert await ensure_bucket_replicas(js) == ["updated KV_chamber_lease_old"]
         assert (await js.stream_info("KV_chamber_lease_old")).config.num_replicas == 3
         assert await ensure_bucket_replicas(js) == []
