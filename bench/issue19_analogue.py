@@ -22,7 +22,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from services.scheduler.policy_options import add_preemption_worth_argument  # noqa: E402
+from services.scheduler.policy_options import add_preemption_worth_argument, chamber_tuning  # noqa: E402
 from services.tracesim.analogue import analogue, met, targets  # noqa: E402
 from services.tracesim.classes import DEFAULT_MIX, assign, parse_mix  # noqa: E402
 from services.tracesim.engine import FleetSpec  # noqa: E402
@@ -71,7 +71,7 @@ def main() -> None:
     ap.add_argument("--write", type=Path, help="write the (first seed's) trace as CSV")
     add_preemption_worth_argument(ap, default=None)
     args = ap.parse_args()
-    tuning = {} if args.preemption_worth is None else {"preemption_worth": args.preemption_worth or None}
+    tuning = chamber_tuning(args)
     itp = load(ITP).jobs
     out: dict[str, Any] = {"jobs": args.jobs, "classes": DEFAULT_MIX, "quotas": "equal shares (default)", "runs": {}}
     if tuning:

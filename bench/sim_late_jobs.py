@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 from events import JobPreempted  # noqa: E402
 from services.scheduler.core import schedule  # noqa: E402
-from services.scheduler.policy_options import add_preemption_worth_argument  # noqa: E402
+from services.scheduler.policy_options import add_preemption_worth_argument, chamber_tuning  # noqa: E402
 from services.tracesim.chamber_policy import CorePolicy  # noqa: E402
 from services.tracesim.classes import DEFAULT_MIX, assign, parse_mix  # noqa: E402
 from services.tracesim.engine import FleetSpec, Simulation  # noqa: E402
@@ -81,7 +81,7 @@ def main() -> None:
     args = ap.parse_args()
     jobs = assign(load(args.trace).jobs, parse_mix(args.classes))
     by_id = {j.id: j for j in jobs}
-    tuning = {} if args.preemption_worth is None else {"preemption_worth": args.preemption_worth or None}
+    tuning = chamber_tuning(args)
     policy = Recording(make_policy("chamber", tuning).policy)
     quotas = equal_shares(sorted({j.team for j in jobs}), args.gpus)
     outcome = Simulation(jobs, FleetSpec(gpus=args.gpus), quotas, policy).run()

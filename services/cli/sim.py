@@ -150,7 +150,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"... and {len(trace.bad_rows) - 20} more bad rows skipped", file=sys.stderr)
     fleet = FleetSpec(gpus=args.gpus, gpus_per_node=args.gpus_per_node)
     options = {"fault_rate_per_node_day": args.fault_rate, "seed": args.seed, "until": args.until}
-    tuning = {} if args.preemption_worth is None else {"preemption_worth": args.preemption_worth or None}
+    from services.scheduler.policy_options import chamber_tuning
+
+    tuning = chamber_tuning(args)
     result, outcomes = compare(jobs, fleet, quotas, policies, tuning, fault_model=fault_model, **options)
     if fault_model is not None:
         from services.tracesim.run import fault_savings

@@ -70,6 +70,12 @@ def add_preemption_worth_argument(parser: argparse.ArgumentParser, default: floa
     )
 
 
+def chamber_tuning(args: argparse.Namespace) -> dict[str, float | None]:
+    """The chamber-policy fields `--preemption-worth` sets in a simulation ({} when not given)."""
+    worth = getattr(args, "preemption_worth", None)
+    return {} if worth is None else {"preemption_worth": worth or None}
+
+
 def policy_from_args(args: argparse.Namespace, **overrides: object) -> Policy:
     """The chamber policy with the flags' settings (checked by argparse: no bad value gets here);
     a namespace built without these flags (embedding, tests) gets the defaults."""

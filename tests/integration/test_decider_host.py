@@ -56,15 +56,15 @@ def scheduler(url: str, **overrides: Any) -> Running:
 
 
 @contextlib.asynccontextmanager
-async def probe_host(url: str) -> AsyncIterator[DeciderHost[list[Any]]]:
-    """A decider host over JOBS whose state is the list of events it folded, once ready."""
+async def probe_host(url: str, **decider: Any) -> AsyncIterator[DeciderHost[list[Any]]]:
+    """A decider host over JOBS whose state is the list of events it folded, once ready (`decider`:
+    more `Decider` fields, e.g. a `decide`)."""
     stop = asyncio.Event()
     hosts: list[DeciderHost[list[Any]]] = []
 
     async def setup(ctx: ServiceContext) -> None:
-        host: DeciderHost[list[Any]] = DeciderHost(
-            Decider(name="probe", inputs=(Input("JOBS"),), initial=list, evolve=lambda s, e: s.append(e)), ctx
-        )
+        probe = Decider(name="probe", inputs=(Input("JOBS"),), initial=list, evolve=lambda s, e: s.append(e))
+        host: DeciderHost[list[Any]] = DeciderHost(replace(probe, **decider), ctx)
         host.install()
         hosts.append(host)
 
@@ -292,8 +292,6 @@ async def test_two_ticks_at_once_on_a_new_leader_decide_once(nats_server: NatsSe
     """The timer and the after-fold pass may both tick a host that just became leader; each waits on
     the stream to check it caught up, so unserialized both passed and published the same decisions
     (JetStream dropped the copies, core subscribers saw them twice)."""
-    stop = asyncio.Event()
-    hosts: list[DeciderHost[list[Any]]] = []
     armed: list[bool] = []
 
     def decide(state: list[Any], now: float) -> list[tuple[Any, str]]:
@@ -302,30 +300,20 @@ async def test_two_ticks_at_once_on_a_new_leader_decide_once(nats_server: NatsSe
         event = JobScheduled(job_id="j1", at=now, team="vision", placements=[], pool="default")
         return [(event, stable_id("probe-decision", "j1"))]
 
-    async def setup(ctx: ServiceContext) -> None:
-        decider = Decider(name="probe", inputs=(Input("JOBS"),), initial=list, evolve=lambda s, e: s.append(e))
-        host: DeciderHost[list[Any]] = DeciderHost(replace(decider, decide=decide, tick_s=3600.0), ctx)
-        host.install()
-        hosts.append(host)
-
     seen: list[str] = []
 
     async def on_job(msg: Any) -> None:
         seen.append(msg.subject)
 
     sub = await nc.subscribe("chamber.jobs.>", cb=on_job)
-    task = asyncio.create_task(serve("probe", nats_server.url, setup, stop, health_port=None))
     try:
-        await eventually(lambda: bool(hosts) and hosts[0].ready)
-        host = hosts[0]
-        host.synced = False  # as after a lease change: the next tick checks it caught up first
-        armed.append(True)
-        await asyncio.gather(host.tick(time.time()), host.tick(time.time()))
-        await nc.flush()
-        await eventually(lambda: len(seen) >= 1)
-        await asyncio.sleep(0.5)  # a second publish would have arrived by now
-        assert len(seen) == 1, seen
+        async with probe_host(nats_server.url, decide=decide, tick_s=3600.0) as host:
+            host.synced = False  # as after a lease change: the next tick checks it caught up first
+            armed.append(True)
+            await asyncio.gather(host.tick(time.time()), host.tick(time.time()))
+            await nc.flush()
+            await eventually(lambda: len(seen) >= 1)
+            await asyncio.sleep(0.5)  # a second publish would have arrived by now
+            assert len(seen) == 1, seen
     finally:
-        stop.set()
-        await asyncio.wait_for(task, 15)
         await sub.unsubscribe()

@@ -36,24 +36,28 @@ def check(res: Reservation | None, job: Job, key: QueueKey, now: float, order: O
 
 def reservation(work: Work, job: Job, key: QueueKey) -> Reservation | None:
     """EASY backfill: when will enough GPUs be free for `job`, judging by runtime estimates?"""
-    return _first_fit(work, job, key, sorted(_ends(work, job.pool)))
+    found = _enough(work, job, sorted(_ends(work, job.pool)))
+    if found is None:
+        return None  # running work has no estimates: nothing to reserve against
+    shadow_at, extra = found
+    return Reservation(job.id, key, job.gpus, shadow_at, extra)
 
 
 def free_by(work: Work, job: Job, horizon: float) -> float | None:
     """When enough GPUs are free for `job` by runtime estimates, if that is at `horizon` or sooner;
     else None. Keeps only the ends before the horizon (no sort of all running work)."""
-    soon = sorted(end for end in _ends(work, job.pool) if end[0] <= horizon)
-    found = _first_fit(work, job, (0, 0.0, 0.0, ""), soon)
-    return None if found is None else found.shadow_at
+    found = _enough(work, job, sorted(end for end in _ends(work, job.pool) if end[0] <= horizon))
+    return None if found is None else found[0]
 
 
-def _first_fit(work: Work, job: Job, key: QueueKey, ends: list[tuple[float, int]]) -> Reservation | None:
+def _enough(work: Work, job: Job, ends: list[tuple[float, int]]) -> tuple[float, int] | None:
+    """The first of the (sorted) ends by which enough GPUs are free for `job`, and the GPUs left over."""
     free = work.cap.free_in(work.classes(job))
     for end, gpus in ends:
         free += gpus
         if free >= job.gpus:
-            return Reservation(job.id, key, job.gpus, end, free - job.gpus)
-    return None  # running work has no estimates: nothing to reserve against
+            return end, free - job.gpus
+    return None
 
 
 def _ends(work: Work, pool: str) -> Iterator[tuple[float, int]]:
