@@ -154,9 +154,15 @@ class SysfsSource:
         self.fds = FdCache()
         self.driver_version = fs.read_text(str(root / "sys/module/amdgpu/version")) or None
         self._static: dict[int, dict[str, Any]] = {}
+        self._partitions: dict[int, int] = {}
 
     def count(self) -> int:
         return len(self.cards)
+
+    def partitions(self, i: int) -> int:
+        """How many logical GPUs card i shows: its KFD compute nodes (one per compute partition),
+        else the partition table for the mode it reports."""
+        return self._partitions.get(i, 1)
 
     def info(self, i: int) -> tuple[GpuInfo, GpuLimits]:
         c = self.cards[i]
@@ -177,6 +183,17 @@ class SysfsSource:
             "limit_w": cap_uw / 1e6 if cap_uw else None,
             "threshold": bad_page_threshold(self.root, total),
         }
+        compute = fs.read_text(c.path("current_compute_partition")) or None
+        memory = fs.read_text(c.path("current_memory_partition")) or None
+        loc = fs.location_id(c.pci_bus_id)
+        kfd = [n for n in fs.read_kfd_nodes(self.root) if n.is_gpu and n.properties.get("location_id") == loc]
+        try:
+            by_mode = partition_layout(compute, memory).gpus_per_device
+        except ValueError:
+            by_mode = 1
+        self._partitions[i] = len(kfd) or by_mode
+        if kfd and len(kfd) != by_mode:
+            log.warning("KFD nodes and partition mode disagree", gpu=i, kfd_nodes=len(kfd), mode=compute)
         gpu = GpuInfo(
             index=i,
             uuid=f"GPU-{unique}" if unique else f"amd-{c.pci_bus_id or c.card}",
@@ -188,8 +205,8 @@ class SysfsSource:
             power_limit_w=self._static[i]["limit_w"],
             nvlink_links=None,
             vendor="amd",
-            compute_partition=fs.read_text(c.path("current_compute_partition")) or None,
-            memory_partition=fs.read_text(c.path("current_memory_partition")) or None,
+            compute_partition=compute,
+            memory_partition=memory,
         )
         limits = GpuLimits(
             slowdown_temp_c=crit / 1000.0 if crit else DEFAULT_SLOWDOWN_TEMP_C,
@@ -307,6 +324,9 @@ class AmdSmiSource:
 
     def count(self) -> int:
         return len(self.handles)
+
+    def partitions(self, i: int) -> int:
+        return 1  # amdsmi returns one processor handle per compute partition already
 
     def info(self, i: int) -> tuple[GpuInfo, GpuLimits]:
         smi, h, soft = self.smi, self.handles[i], self._soft
@@ -558,12 +578,7 @@ class AmdSampler:
         self._split = {}
         out: list[GpuInfo] = []
         for gpu in physical:
-            n = 1
-            if isinstance(self.source, SysfsSource):
-                try:
-                    n = partition_layout(gpu.compute_partition, gpu.memory_partition).gpus_per_device
-                except ValueError:
-                    n = 1
+            n = self.source.partitions(gpu.index)
             self._split[gpu.index] = n
             for part in range(n):
                 index = len(out)
