@@ -130,6 +130,10 @@ class FdCache:
             with contextlib.suppress(OSError):
                 os.close(fd)
 
+    def close_under(self, prefix: str) -> None:
+        for path in [p for p in self._fds if p.startswith(prefix)]:
+            self.forget(path)
+
     def close(self) -> None:
         for path in list(self._fds):
             self.forget(path)
@@ -216,11 +220,13 @@ class SysfsSource:
 
     def sample(self, i: int, uuid: str) -> tuple[GpuSample, AmdGpuHealth]:
         c, fds = self.cards[i], self.fds
+        # A GPU that fell off the bus loses its sysfs directory (open files then answer ENODEV).
+        if not os.path.exists(c.path("vendor")):
+            fds.close_under(c.device)
+            raise GpuLost()
         raw = fds.read(c.path("gpu_metrics"))
         m = fs.parse_gpu_metrics(raw) if raw else None
         used = fds.int(c.path("mem_info_vram_used"))
-        if raw is None and used is None and not os.path.exists(c.path("vendor")):
-            raise GpuLost()
         static = self._static.get(i, {})
         util = m.gfx_pct if m and m.gfx_pct is not None else _f(fds.int(c.path("gpu_busy_percent")))
         mem_util = m.umc_pct if m and m.umc_pct is not None else _f(fds.int(c.path("mem_busy_percent")))

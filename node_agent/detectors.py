@@ -305,6 +305,10 @@ def _detect_gpu(
         nvlink_recovery=recovery,
         dbe=dbe if dbe is not None else prev.dbe,
         raised=prev.raised,
+        amd_seen=prev.amd_seen,
+        amd_ue=prev.amd_ue,
+        reset_since=prev.reset_since,
+        reset_open=prev.reset_open,
     )
     return _raise(nxt, conditions, g.index, found)
 

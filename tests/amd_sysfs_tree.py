@@ -160,7 +160,7 @@ def write_amd_node(
             card.set_metrics()
         parts = COMPUTE_PARTITIONS[compute_partition]
         location = bus << 8
-        for part in range(parts):
+        for _part in range(parts):
             props = (
                 f"cpu_cores_count 0\nsimd_count {1216 // parts}\nvendor_id 4098\ndevice_id {MI300X_DEVICE_ID}\n"
                 f"location_id {location}\ndomain 0\ngfx_target_version 90402\nnum_xcc {8 // parts}\n"
