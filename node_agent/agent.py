@@ -72,11 +72,16 @@ class AgentOptions:
     sysfs_root: Path | None = Path("/")  # where the NICs are read (None: no fabric samples, simulated too)
     nccl_ras: bool = False  # also ask NCCL's RAS service on localhost:28028 for collective progress
     labels: dict[str, str] = field(default_factory=dict)  # topology (rack, leaf, spine) for this node
+    vendor: str = "auto"  # auto (AMD when sysfs shows an AMD GPU, else NVIDIA) | nvidia | amd
+    amd_nodes: int = 0  # simulated: this many of the nodes are AMD (MI300X) nodes
+    amd_gpu_model: str = "MI300X-192GB"
 
 
 class Agent:
-    def __init__(self, opts: AgentOptions, *, clock: Callable[[], float] = time.time, nvml: Any = None) -> None:
-        """`nvml` is the pynvml module (None: import the real one); tests pass a fake of it."""
+    def __init__(
+        self, opts: AgentOptions, *, clock: Callable[[], float] = time.time, nvml: Any = None, amdsmi: Any = None
+    ) -> None:
+        """`nvml` is the pynvml module and `amdsmi` AMD's (None: import the real ones); tests pass fakes."""
         configure_tracing("agent")
         self.opts = opts
         self.clock = clock
@@ -105,6 +110,8 @@ class Agent:
                 gpus_per_node=opts.gpus_per_node,
                 model=gpu_model(opts.gpu_model),
                 prefix=opts.node,
+                amd_nodes=opts.amd_nodes,
+                amd_model=gpu_model(opts.amd_gpu_model),
             )
             facts = NodeFacts(driver_version="sim", cuda_version="sim", simulated=True)
             self.runners = [
@@ -121,9 +128,7 @@ class Agent:
             ]
             self.executor = ex.ExecutorState(cluster=opts.cluster, nodes=frozenset(self.fleet.nodes))
         else:
-            from node_agent.nvml_adapter import NvmlSampler
-
-            sampler = NvmlSampler.open(nvml, node=opts.node)
+            sampler = self._open_sampler(nvml, amdsmi)
             host = None
             if opts.sysfs_root is not None:
                 from node_agent.dmi_adapter import read_host
@@ -146,6 +151,23 @@ class Agent:
                 NodeRunner(opts.cluster, opts.node, sampler, facts, seq=self.seqs.get(opts.node), fabric=fabric)
             ]
             self._nvml = sampler
+
+    def _open_sampler(self, nvml: Any, amdsmi: Any) -> Any:
+        """NVML, or AMD's adapter: `--vendor` forces one; auto reads AMD when sysfs shows an AMD GPU."""
+        opts = self.opts
+        vendor = opts.vendor
+        root = opts.sysfs_root if opts.sysfs_root is not None else Path("/")
+        if vendor == "auto":
+            from node_agent.amd_sysfs import find_cards
+
+            vendor = "amd" if opts.sysfs_root is not None and find_cards(root) else "nvidia"
+        if vendor == "amd":
+            from node_agent.amd_adapter import AmdSampler
+
+            return AmdSampler.open(root, amdsmi=amdsmi, node=opts.node)
+        from node_agent.nvml_adapter import NvmlSampler
+
+        return NvmlSampler.open(nvml, node=opts.node)
 
     # --- the loops ------------------------------------------------------------------------------
 
