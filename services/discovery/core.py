@@ -364,6 +364,7 @@ def view(state: DiscoveryState, rec: NodeRecord, now: float) -> dict[str, Any]:
                 "util": rec.util.get(g.index),
                 "isolated": g.index in rec.gpu_isolated or rec.isolated is not None,
                 "reason": rec.gpu_isolated.get(g.index) or (rec.isolated or ""),
+                "vendor": g.vendor,
             }
             for g in gpus
         ],
