@@ -35,6 +35,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+import msgspec
+
 from events.telemetry import AmdGpuHealth, GpuInfo, GpuSample, NodeSample, ProcessInfo, RasBlockCount
 from node_agent import amd_sysfs as fs
 from node_agent.amd_models import DEVICE_IDS, normalized_model, partition_layout
@@ -52,6 +54,10 @@ RAS_BAD_PAGE_COVER = 100 * 1024 * 1024
 AMDSMI_BLOCKS = ("UMC", "GFX", "SDMA", "MMHUB", "PCIE_BIF", "HDP", "XGMI_WAFL")
 CPER_SEVERITY_MASK = 0b111  # amdsmi_cper_sev_t: NON_FATAL_UNCORRECTED 0, FATAL 1, NON_FATAL_CORRECTED 2
 CPER_BUFFER = 256 * 1024
+REREAD_INVENTORY = 6
+# AMD GPUs have no NVLink: every sample shares this one empty list, so the detectors see "the same
+# links as last time" by identity (their fast path) and the wire form leaves it out as before.
+NO_LINKS: list[Any] = []
 _PCIE_GEN = {"2.5": 1, "5.0": 2, "8.0": 3, "16.0": 4, "32.0": 5, "64.0": 6}
 
 
@@ -113,6 +119,21 @@ class FdCache:
             self.forget(path)
             return None
 
+    def read_all(self, path: str) -> bytes | None:
+        """A file that may pass one read (gpu_vram_bad_pages: 28 bytes a page), in 64 KiB preads."""
+        first = self.read(path)
+        if first is None or len(first) < 65536:
+            return first
+        fd = self._fds[path]
+        chunks = [first]
+        try:
+            while chunk := os.pread(fd, 65536, 65536 * len(chunks)):
+                chunks.append(chunk)
+        except OSError:
+            self.forget(path)
+            return None
+        return b"".join(chunks)
+
     def text(self, path: str) -> str | None:
         raw = self.read(path)
         return None if raw is None else raw.decode("ascii", "replace").strip()
@@ -147,6 +168,71 @@ def _ras(blocks: list[tuple[str, fs.RasCount]]) -> tuple[list[RasBlockCount], in
     return out, ce, umc
 
 
+class _CardPaths:
+    """One card's per-sample files, opened once: gpu_metrics, mem_info_vram_used, each RAS block's
+    err_count, gpu_vram_bad_pages (-1: the file is not there). A sample is one pread of each."""
+
+    def __init__(self, c: fs.AmdCard) -> None:
+        self.vendor = c.path("vendor")
+        self.replays = c.path("pcie_replay_count")
+        self.ras = [(b, c.path(f"ras/{b}_err_count")) for b in c.ras_blocks]
+        self.bad_pages = c.path("ras/gpu_vram_bad_pages")
+        self.paths = [c.path("gpu_metrics"), c.path("mem_info_vram_used"), *(p for _, p in self.ras)]
+        if self.ras:
+            self.paths.append(self.bad_pages)
+        self.fds = [_open(p) for p in self.paths]
+        self.vendor_fd = _open(self.vendor)
+
+    def gone(self) -> bool:
+        """The device's files were removed (fstat of an open file: no links left)."""
+        try:
+            return self.vendor_fd < 0 or os.fstat(self.vendor_fd).st_nlink == 0
+        except OSError:
+            return True
+
+    def read(self) -> list[bytes | None]:
+        out: list[bytes | None] = []
+        pread = os.pread
+        for n, fd in enumerate(self.fds):
+            if fd < 0:
+                out.append(None)
+                continue
+            try:
+                out.append(pread(fd, 65536, 0))
+            except OSError:  # EIO / ENODEV: reopen next time
+                self._reopen(n)
+                out.append(None)
+        return out
+
+    def read_rest(self, n: int, first: bytes) -> bytes:
+        """A file longer than one read (gpu_vram_bad_pages holds 28 bytes per page)."""
+        chunks = [first]
+        with contextlib.suppress(OSError):
+            while chunk := os.pread(self.fds[n], 65536, 65536 * len(chunks)):
+                chunks.append(chunk)
+        return b"".join(chunks)
+
+    def _reopen(self, n: int) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self.fds[n])
+        self.fds[n] = _open(self.paths[n])
+
+    def close(self) -> None:
+        for fd in [*self.fds, self.vendor_fd]:
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self.fds = [-1] * len(self.fds)
+        self.vendor_fd = -1
+
+
+def _open(path: str) -> int:
+    try:
+        return os.open(path, os.O_RDONLY)
+    except OSError:
+        return -1
+
+
 class SysfsSource:
     """Physical AMD GPUs read from sysfs under `root`."""
 
@@ -159,9 +245,16 @@ class SysfsSource:
         self.driver_version = fs.read_text(str(root / "sys/module/amdgpu/version")) or None
         self._static: dict[int, dict[str, Any]] = {}
         self._partitions: dict[int, int] = {}
+        self._paths: dict[int, _CardPaths] = {}
+        self._kfd: list[fs.KfdNode] | None = None  # read once per inventory pass
+        self._memo: dict[int, tuple[Any, AmdGpuHealth, int | None, int | None, fs.BadPages | None]] = {}
 
     def count(self) -> int:
         return len(self.cards)
+
+    def refresh(self) -> None:
+        """A new inventory pass: read the KFD topology afresh (once for all cards)."""
+        self._kfd = None
 
     def partitions(self, i: int) -> int:
         """How many logical GPUs card i shows: its KFD compute nodes (one per compute partition),
@@ -190,7 +283,9 @@ class SysfsSource:
         compute = fs.read_text(c.path("current_compute_partition")) or None
         memory = fs.read_text(c.path("current_memory_partition")) or None
         loc = fs.location_id(c.pci_bus_id)
-        kfd = [n for n in fs.read_kfd_nodes(self.root) if n.is_gpu and n.properties.get("location_id") == loc]
+        if self._kfd is None:
+            self._kfd = fs.read_kfd_nodes(self.root)
+        kfd = [n for n in self._kfd if n.is_gpu and n.properties.get("location_id") == loc]
         try:
             by_mode = partition_layout(compute, memory).gpus_per_device
         except ValueError:
@@ -218,62 +313,47 @@ class SysfsSource:
         )
         return gpu, limits
 
-    def sample(self, i: int, uuid: str) -> tuple[GpuSample, AmdGpuHealth]:
+    def sample(self, i: int, uuid: str, index: int | None = None) -> tuple[GpuSample, AmdGpuHealth]:
         c, fds = self.cards[i], self.fds
-        # A GPU that fell off the bus loses its sysfs directory (open files then answer ENODEV).
-        if not os.path.exists(c.path("vendor")):
-            fds.close_under(c.device)
+        paths = self._paths.get(i)
+        if paths is None:
+            paths = self._paths[i] = _CardPaths(c)
+        raws = paths.read()
+        raw, used_raw = raws[0], raws[1]
+        # A GPU that fell off the bus loses its sysfs directory: its open files answer ENODEV (None
+        # here), and a recorded tree whose files were deleted shows them unlinked.
+        if (raw is None and used_raw is None) or paths.gone():
+            paths.close()
+            del self._paths[i]  # opened afresh next time: a GPU that comes back is read again
             raise GpuLost()
-        raw = fds.read(c.path("gpu_metrics"))
         m = fs.parse_gpu_metrics(raw) if raw else None
-        used = fds.int(c.path("mem_info_vram_used"))
+        used = _parse_int(used_raw)
         static = self._static.get(i, {})
-        util = m.gfx_pct if m and m.gfx_pct is not None else _f(fds.int(c.path("gpu_busy_percent")))
-        mem_util = m.umc_pct if m and m.umc_pct is not None else _f(fds.int(c.path("mem_busy_percent")))
-        power = m.power_w if m and m.power_w is not None else None
-        if power is None and c.power_file:
-            uw = fds.int(c.power_file)
-            power = uw / 1e6 if uw is not None else None
-        temp = m.hotspot_c if m and m.hotspot_c is not None else None
-        if temp is None and c.temp_file:
-            milli = fds.int(c.temp_file)
-            temp = milli / 1000.0 if milli is not None else None
+        if m is not None and m.gfx_pct is not None and m.power_w is not None and m.hotspot_c is not None:
+            util, mem_util, power, temp = m.gfx_pct, m.umc_pct, m.power_w, m.hotspot_c
+        else:
+            util, mem_util, power, temp = self._plain(c, m)
         sclk = m.gfxclk_mhz if m and m.gfxclk_mhz is not None else None
         if sclk is None:
             sclk = fs.parse_dpm(fds.text(c.path("pp_dpm_sclk")) or "")
         mclk = m.uclk_mhz if m and m.uclk_mhz is not None else None
         if mclk is None:
             mclk = fs.parse_dpm(fds.text(c.path("pp_dpm_mclk")) or "")
-        replays = m.pcie_replays if m and m.pcie_replays is not None else fds.int(c.path("pcie_replay_count"))
-        blocks: list[tuple[str, fs.RasCount]] = []
-        inaccessible = False
-        for block in c.ras_blocks:
-            text = fds.text(c.path(f"ras/{block}_err_count"))
-            if text is None:
-                continue
-            if fs.RAS_INACCESSIBLE in text:
-                inaccessible = True
-                continue
-            count = fs.parse_err_count(text)
-            if count is not None:
-                blocks.append((block, count))
-        bad = None
-        if c.ras_blocks:
-            text = fs.read_text(c.path("ras/gpu_vram_bad_pages"))  # may pass 64 KiB: read whole
-            bad = fs.parse_bad_pages(text) if text is not None else None
-        ras, ce, umc_ue = _ras(blocks)
+        replays = m.pcie_replays if m and m.pcie_replays is not None else fds.int(paths.replays)
+        # RAS counts and bad pages change rarely: parse them only when the files' bytes change.
+        nras = len(paths.ras)
+        ras_raw = tuple(raws[2 : 2 + nras])
+        bad_raw = raws[2 + nras] if nras else None
+        if bad_raw is not None and len(bad_raw) == 65536:
+            bad_raw = paths.read_rest(2 + nras, bad_raw)
         xgmi = m.xgmi_status if m else None
-        health = AmdGpuHealth(
-            ras=ras,
-            bad_pages=bad.total if bad else None,
-            bad_pages_pending=bad.pending if bad else None,
-            bad_page_threshold=static.get("threshold"),
-            xgmi_links=len(xgmi) if xgmi else None,
-            xgmi_down=[n for n, up in enumerate(xgmi) if up == 0] if xgmi else [],
-            ras_inaccessible=inaccessible,
-        )
+        key = (ras_raw, bad_raw, xgmi, static.get("threshold"))
+        memo = self._memo.get(i)
+        if memo is None or memo[0] != key:
+            memo = self._memo[i] = (key, *self._health(paths, ras_raw, bad_raw, xgmi, static.get("threshold")))
+        _, health, ce, umc_ue, bad = memo
         sample = GpuSample(
-            index=i,
+            index=index if index is not None else i,
             uuid=uuid,
             utilization_pct=util,
             memory_utilization_pct=mem_util,
@@ -289,14 +369,66 @@ class SysfsSource:
             retired_pages_dbe=bad.reserved if bad else None,
             retired_pages_pending=(bad.pending > 0) if bad else None,
             pcie_replay_count=replays,
+            amd=health,
+            nvlink=NO_LINKS,
         )
         return sample, health
+
+    def _plain(self, c: fs.AmdCard, m: fs.Metrics | None) -> tuple[float | None, ...]:
+        """Utilization, memory utilization, power, temperature from the plain files (no gpu_metrics)."""
+        fds = self.fds
+        util = m.gfx_pct if m and m.gfx_pct is not None else _f(fds.int(c.path("gpu_busy_percent")))
+        mem_util = m.umc_pct if m and m.umc_pct is not None else _f(fds.int(c.path("mem_busy_percent")))
+        power = m.power_w if m and m.power_w is not None else None
+        if power is None and c.power_file:
+            uw = fds.int(c.power_file)
+            power = uw / 1e6 if uw is not None else None
+        temp = m.hotspot_c if m and m.hotspot_c is not None else None
+        if temp is None and c.temp_file:
+            milli = fds.int(c.temp_file)
+            temp = milli / 1000.0 if milli is not None else None
+        return util, mem_util, power, temp
+
+    @staticmethod
+    def _health(
+        paths: _CardPaths,
+        ras_raw: tuple[bytes | None, ...],
+        bad_raw: bytes | None,
+        xgmi: tuple[int, ...] | None,
+        threshold: int | None,
+    ) -> tuple[AmdGpuHealth, int | None, int | None, fs.BadPages | None]:
+        blocks: list[tuple[str, fs.RasCount]] = []
+        inaccessible = False
+        for (block, _), raw in zip(paths.ras, ras_raw, strict=True):
+            if raw is None:
+                continue
+            text = raw.decode("ascii", "replace")
+            if fs.RAS_INACCESSIBLE in text:
+                inaccessible = True
+                continue
+            count = fs.parse_err_count(text)
+            if count is not None:
+                blocks.append((block, count))
+        bad = fs.parse_bad_pages(bad_raw.decode("ascii", "replace")) if bad_raw is not None else None
+        ras, ce, umc_ue = _ras(blocks)
+        health = AmdGpuHealth(
+            ras=ras,
+            bad_pages=bad.total if bad else None,
+            bad_pages_pending=bad.pending if bad else None,
+            bad_page_threshold=threshold,
+            xgmi_links=len(xgmi) if xgmi else None,
+            xgmi_down=[n for n, up in enumerate(xgmi) if up == 0] if xgmi else [],
+            ras_inaccessible=inaccessible,
+        )
+        return health, ce, umc_ue, bad
 
     def events(self, now: float) -> list[AmdEvent]:
         return []  # no CPER or reset notifications in sysfs (see the module docstring)
 
     def close(self) -> None:
         self.fds.close()
+        for paths in self._paths.values():
+            paths.close()
 
 
 class AmdSmiSource:
@@ -333,6 +465,9 @@ class AmdSmiSource:
 
     def partitions(self, i: int) -> int:
         return 1  # amdsmi returns one processor handle per compute partition already
+
+    def refresh(self) -> None:
+        pass
 
     def info(self, i: int) -> tuple[GpuInfo, GpuLimits]:
         smi, h, soft = self.smi, self.handles[i], self._soft
@@ -371,7 +506,7 @@ class AmdSmiSource:
         del links  # link count is reported per sample (xgmi_links)
         return gpu, GpuLimits(slowdown_temp_c=_f(crit) or DEFAULT_SLOWDOWN_TEMP_C)
 
-    def sample(self, i: int, uuid: str) -> tuple[GpuSample, AmdGpuHealth]:
+    def sample(self, i: int, uuid: str, index: int | None = None) -> tuple[GpuSample, AmdGpuHealth]:
         smi, h, soft = self.smi, self.handles[i], self._soft
         activity = soft(smi.amdsmi_get_gpu_activity, h)
         vram = soft(smi.amdsmi_get_gpu_vram_usage, h)
@@ -419,8 +554,10 @@ class AmdSmiSource:
             xgmi_down=[n for n, s in enumerate(status) if s == "D"],
         )
         sample = GpuSample(
-            index=i,
+            index=index if index is not None else i,
             uuid=uuid,
+            amd=health,
+            nvlink=NO_LINKS,
             utilization_pct=_f(activity.get("gfx_activity")),
             memory_utilization_pct=_f(activity.get("umc_activity")),
             memory_used_mib=_f(vram.get("vram_used")) if isinstance(vram, dict) else None,
@@ -526,6 +663,7 @@ class AmdSampler:
         self._inventory: list[GpuInfo] = []
         self._split: dict[int, int] = {}  # physical index -> partitions the sampler expands it into
         self._health: dict[int, AmdGpuHealth] = {}
+        self._asked = 0
         self._inventory = self._read_inventory()
 
     @classmethod
@@ -565,10 +703,15 @@ class AmdSampler:
         return self._limits
 
     def inventory_gpus(self) -> list[GpuInfo]:
-        self._inventory = self._read_inventory()
+        """The runner asks every 10 s; the identity files are read afresh every `REREAD_INVENTORY`-th
+        time (a minute), which is how soon a new partition mode shows (it takes a driver reconfiguration)."""
+        self._asked += 1
+        if self._asked % REREAD_INVENTORY == 0 or self.lost:
+            self._inventory = self._read_inventory()
         return self._inventory
 
     def _read_inventory(self) -> list[GpuInfo]:
+        self.source.refresh()
         physical: list[GpuInfo] = []
         limits: dict[int, GpuLimits] = {}
         for i in range(self.source.count()):
@@ -603,24 +746,33 @@ class AmdSampler:
         for phys in self._physical:
             n = self._split.get(phys.index, 1)
             try:
-                sample, health = self.source.sample(phys.index, phys.uuid)
+                sample, health = self.source.sample(phys.index, phys.uuid, first)
                 self.lost.discard(phys.index)
             except GpuLost:
                 if phys.index not in self.lost:
                     log.error("GPU lost", gpu=phys.index, uuid=phys.uuid)
                 self.lost.add(phys.index)
-                sample, health = GpuSample(index=phys.index, uuid=phys.uuid), None
+                sample, health = GpuSample(index=first, uuid=phys.uuid), None
             if health is not None:
                 prev = self._health.get(phys.index)
-                if prev is not None and prev == health:
+                if prev is not None and prev is not health and prev == health:
                     health = prev  # the same object while nothing changed: the detectors' fast path
+                    sample = msgspec.structs.replace(sample, amd=prev)
                 self._health[phys.index] = health
+            if n == 1 and (first >= len(self._inventory) or self._inventory[first].uuid == phys.uuid):
+                gpus.append(sample)  # the common case: no partitions, the source built it as it goes out
+                first += 1
+                continue
             for part in range(n):
                 index = first + part
                 uuid = self._inventory[index].uuid if index < len(self._inventory) else phys.uuid
                 gpus.append(_partition_sample(sample, health, index, uuid, n))
             first += n
-        lost = frozenset(i for i, g in enumerate(self._inventory) if self._physical_of(i) in self.lost)
+        lost = (
+            frozenset(i for i in range(len(self._inventory)) if self._physical_of(i) in self.lost)
+            if self.lost
+            else frozenset()
+        )
         for e in self.source.events(now):
             events.extend(_replace_event(e, idx) for idx in self._indices_of(e.gpu_index))
         out = NodeSample(cluster=cluster, node=self.node, seq=seq, observed_at=now, interval_s=interval_s, gpus=gpus)
@@ -667,6 +819,15 @@ def _replace_event(e: AmdEvent, index: int) -> AmdEvent:
     from dataclasses import replace
 
     return replace(e, gpu_index=index)
+
+
+def _parse_int(raw: bytes | None) -> int | None:
+    if not raw:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        return None
 
 
 def _f(value: Any) -> float | None:

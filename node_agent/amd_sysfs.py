@@ -29,6 +29,7 @@ import re
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 DRM_DIR = "sys/class/drm"
 KFD_NODES_DIR = "sys/class/kfd/kfd/topology/nodes"
@@ -151,9 +152,9 @@ def parse_dpm(text: str) -> float | None:
     return None
 
 
-@dataclass(frozen=True)
-class Metrics:
-    """The fields of one gpu_metrics table the agent uses (None: not in this revision / not supported)."""
+class Metrics(NamedTuple):
+    """The fields of one gpu_metrics table the agent uses (None: not in this revision / not supported).
+    A NamedTuple: one is decoded per GPU per sample, and a frozen dataclass costs several times more."""
 
     revision: tuple[int, int]
     hotspot_c: float | None = None
@@ -167,41 +168,62 @@ class Metrics:
     xgmi_status: tuple[int, ...] | None = None  # per link: 1 up, 0 down (v1.7+)
 
 
+def _na(value: int) -> float | None:
+    return None if value == _NA16 else float(value)
+
+
+def _compile(layout: dict[str, int | None]) -> tuple[struct.Struct, tuple[str, ...]]:
+    """One struct.Struct that picks every field of a layout in one unpack (pad bytes between them)."""
+    sizes = {"replay": 8, "xgmi": 2 * XGMI_LINKS_IN_METRICS}
+    fields = sorted((off, name) for name, off in layout.items() if off is not None)
+    fmt, at, names = "<", 0, []
+    for off, name in fields:
+        fmt += f"{off - at}x" if off > at else ""
+        fmt += {"replay": "Q", "xgmi": f"{XGMI_LINKS_IN_METRICS}H"}.get(name, "H")
+        at = off + sizes.get(name, 2)
+        names.append(name)
+    return struct.Struct(fmt), tuple(names)
+
+
+_COMPILED = {rev: _compile(layout) for rev, layout in _METRICS.items()}
+
+
+def _na(value: int) -> float | None:
+    return None if value == _NA16 else float(value)
+
+
 def parse_gpu_metrics(raw: bytes) -> Metrics | None:
     """Decode a gpu_metrics table of a known v1 revision; None for one we do not know or a short read."""
     if len(raw) < 4:
         return None
     size, fmt, content = struct.unpack_from("<HBB", raw, 0)
-    layout = _METRICS.get((fmt, content))
-    if layout is None or len(raw) < min(size, METRICS_SIZES[(fmt, content)]):
+    compiled = _COMPILED.get((fmt, content))
+    if compiled is None or len(raw) < min(size, METRICS_SIZES[(fmt, content)]):
         return None
-
-    def u16(name: str) -> float | None:
-        off = layout[name]
-        if off is None:
-            return None
-        value = struct.unpack_from("<H", raw, off)[0]
-        return None if value == _NA16 else float(value)
-
-    replay = None
-    if layout["replay"] is not None:
-        value = struct.unpack_from("<Q", raw, layout["replay"])[0]
-        replay = None if value == _NA64 else int(value)
-    xgmi = None
-    if layout["xgmi"] is not None:
-        links = struct.unpack_from(f"<{XGMI_LINKS_IN_METRICS}H", raw, layout["xgmi"])
-        xgmi = tuple(v for v in links if v != _NA16)
+    packer, names = compiled
+    values = packer.unpack_from(raw, 0)
+    got: dict[str, object] = {}
+    pos = 0
+    for name in names:
+        if name == "xgmi":
+            links = values[pos : pos + XGMI_LINKS_IN_METRICS]
+            got["xgmi"] = tuple(v for v in links if v != _NA16)
+            pos += XGMI_LINKS_IN_METRICS
+        else:
+            got[name] = values[pos]
+            pos += 1
+    replay = got.get("replay")
     return Metrics(
-        revision=(fmt, content),
-        hotspot_c=u16("hotspot"),
-        mem_temp_c=u16("mem"),
-        power_w=u16("power"),
-        gfx_pct=u16("gfx"),
-        umc_pct=u16("umc"),
-        gfxclk_mhz=u16("gfxclk"),
-        uclk_mhz=u16("uclk"),
-        pcie_replays=replay,
-        xgmi_status=xgmi,
+        (fmt, content),
+        _na(got["hotspot"]),  # type: ignore[arg-type]
+        _na(got["mem"]),  # type: ignore[arg-type]
+        _na(got["power"]),  # type: ignore[arg-type]
+        _na(got["gfx"]),  # type: ignore[arg-type]
+        _na(got["umc"]),  # type: ignore[arg-type]
+        _na(got["gfxclk"]),  # type: ignore[arg-type]
+        _na(got["uclk"]),  # type: ignore[arg-type]
+        None if replay is None or replay == _NA64 else int(replay),  # type: ignore[call-overload]
+        got.get("xgmi"),  # type: ignore[arg-type]
     )
 
 
