@@ -329,6 +329,10 @@ class SysfsSource:
         m = fs.parse_gpu_metrics(raw) if raw else None
         used = _parse_int(used_raw)
         static = self._static.get(i, {})
+        util: float | None
+        mem_util: float | None
+        power: float | None
+        temp: float | None
         if m is not None and m.gfx_pct is not None and m.power_w is not None and m.hotspot_c is not None:
             util, mem_util, power, temp = m.gfx_pct, m.umc_pct, m.power_w, m.hotspot_c
         else:
@@ -374,7 +378,9 @@ class SysfsSource:
         )
         return sample, health
 
-    def _plain(self, c: fs.AmdCard, m: fs.Metrics | None) -> tuple[float | None, ...]:
+    def _plain(
+        self, c: fs.AmdCard, m: fs.Metrics | None
+    ) -> tuple[float | None, float | None, float | None, float | None]:
         """Utilization, memory utilization, power, temperature from the plain files (no gpu_metrics)."""
         fds = self.fds
         util = m.gfx_pct if m and m.gfx_pct is not None else _f(fds.int(c.path("gpu_busy_percent")))
@@ -526,8 +532,8 @@ class AmdSmiSource:
         for name, block in self._blocks.get(i, []):
             ec = soft(smi.amdsmi_get_gpu_ecc_count, h, block)
             if isinstance(ec, dict):
-                ue, ce = int(ec["uncorrectable_count"]), int(ec["correctable_count"])
-                blocks.append((name, fs.RasCount(ue, ce, _int(ec.get("deferred_count")))))
+                ue, corrected = int(ec["uncorrectable_count"]), int(ec["correctable_count"])
+                blocks.append((name, fs.RasCount(ue, corrected, _int(ec.get("deferred_count")))))
         total = soft(smi.amdsmi_get_gpu_total_ecc_count, h)
         pages = soft(smi.amdsmi_get_gpu_bad_page_info, h)
         if isinstance(pages, str):  # older packages answer "No bad pages found."
@@ -541,7 +547,8 @@ class AmdSmiSource:
                 reserved += 1
         links = soft(smi.amdsmi_get_gpu_xgmi_link_status, h)
         status = links.get("status", []) if isinstance(links, dict) else []
-        ras, ce, umc_ue = _ras(blocks)
+        ras, ce_sum, umc_ue = _ras(blocks)
+        ce: int | None = ce_sum
         if ce is None and isinstance(total, dict):
             ce = int(total["correctable_count"])
         static = self._static.get(i, {})
@@ -597,7 +604,7 @@ class AmdSmiSource:
             entries, cursor, records, _status = got
             self._cursors[i] = cursor
             for n, entry in entries.items():
-                afids: list[int] = []
+                afids: list[int | None] = []
                 if n < len(records):
                     decoded = self._soft(smi.amdsmi_get_afids_from_cper, [records[n]])
                     afids = list(decoded[0]) if decoded else []

@@ -168,10 +168,6 @@ class Metrics(NamedTuple):
     xgmi_status: tuple[int, ...] | None = None  # per link: 1 up, 0 down (v1.7+)
 
 
-def _na(value: int) -> float | None:
-    return None if value == _NA16 else float(value)
-
-
 def _compile(layout: dict[str, int | None]) -> tuple[struct.Struct, tuple[str, ...]]:
     """One struct.Struct that picks every field of a layout in one unpack (pad bytes between them)."""
     sizes = {"replay": 8, "xgmi": 2 * XGMI_LINKS_IN_METRICS}

@@ -68,6 +68,7 @@ AMD_ONLY = {
     SimFaultKind.AMD_UMC_UE, SimFaultKind.AMD_GFX_UE, SimFaultKind.AMD_BAD_PAGES, SimFaultKind.AMD_CPER_FATAL,
     SimFaultKind.AMD_RESET_HANG, SimFaultKind.XGMI_DOWN,
 }  # fmt: skip
+_NO_LINKS: list[NvLinkCounters] = []  # AMD: no NVLink; one shared list keeps the detectors' fast path
 AMD_RAS_BLOCKS = ("umc", "gfx", "sdma", "mmhub", "pcie_bif", "hdp", "xgmi_wafl")
 
 # Injected error rates (per second) while a fault is on: above the detectors' thresholds, so that a
@@ -336,6 +337,7 @@ class SimNode:
                 pcie_replay_count=g.pcie,
                 processes=g._procs,
                 amd=self._amd_health(g),
+                nvlink=_NO_LINKS,
             )
         return GpuSample(
             index=g.index,
