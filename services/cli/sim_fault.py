@@ -24,7 +24,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("node", metavar="NODE", help="simulated node name, e.g. sim-003")
     p.add_argument("kind", metavar="KIND", help=f"one of: {', '.join(KINDS)}")
     p.add_argument("--gpu", type=int, metavar="I", help="GPU index (default 0; with clear: only this GPU)")
-    p.add_argument("--xid", type=int, metavar="N", help="XID code (required with KIND xid)")
+    p.add_argument(
+        "--xid", type=int, metavar="N", help="XID code (required with KIND xid); with amd_cper_fatal: the AFID"
+    )
     p.add_argument(
         "--nic", type=int, metavar="I", help="NIC index for the nic_* kinds (default 0; with clear: only this NIC)"
     )
