@@ -11,7 +11,8 @@ from services.cli.errors import UsageError
 KINDS = (
     "xid", "ecc_dbe", "sbe_storm", "row_remap_failure", "row_remap_pending", "thermal", "power_brake",
     "nvlink", "pcie_replay", "gpu_lost", "agent_silent",
-    "nic_down", "nic_flap", "nic_degraded", "nic_errors", "pfc_storm", "gpu_slow", "clear",
+    "nic_down", "nic_flap", "nic_degraded", "nic_errors", "pfc_storm", "gpu_slow",
+    "amd_umc_ue", "amd_gfx_ue", "amd_bad_pages", "amd_cper_fatal", "amd_reset_hang", "xgmi_down", "clear",
 )  # fmt: skip
 
 

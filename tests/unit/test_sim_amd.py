@@ -66,3 +66,10 @@ def test_amd_faults_are_refused_on_nvidia_nodes_and_nvlink_on_amd_nodes() -> Non
         f.inject("sim-000", "amd_umc_ue", 0, None, 1.0)
     with pytest.raises(SimError, match="AMD node"):
         f.inject("sim-002", "nvlink", 0, None, 1.0)
+
+
+def test_sim_fault_offers_every_kind_the_simulator_takes() -> None:
+    from node_agent.sim.fleet import SimFaultKind
+    from services.cli.sim_fault import KINDS
+
+    assert set(KINDS) == {k.value for k in SimFaultKind}
