@@ -91,6 +91,13 @@ class JobSlowdownDetected(Event, frozen=True, tag=event_type("perf", "job_slowdo
     leaf: str | None = None
     evidence: dict[str, float | str] = {}
     reason: str = ""
+    # Added with defaults (an old body decodes; an old subscriber ignores them): every GPU of the
+    # culprit (a tensor-parallel worker is several), the global ranks it covers, and the pattern the
+    # verdict rests on: slow_worker | stage_imbalance | data_imbalance | "" (per-GPU samples alone).
+    # An imbalance is not a hardware fault: culprit `unknown`, the reason says what to change.
+    gpu_indices: list[int] = []
+    ranks: list[int] = []
+    pattern: str = ""
 
 
 class JobSlowdownCleared(Event, frozen=True, tag=event_type("perf", "job_slowdown_cleared")):

@@ -38,7 +38,9 @@ from events.jobs import (
     JobScheduled,
     JobSuspended,
 )
+from events.steps import RankStepTimings
 from events.telemetry import NodeInventory, NodeSample
+from services.perf import steps as step_table
 
 WINDOW_S = 5.0  # progress rate window
 WARMUP_S = 10.0  # a job's best needs this much history first
@@ -73,9 +75,17 @@ class Culprit:
     confidence: float = 0.5
     evidence: tuple[tuple[str, float | str], ...] = ()
     reason: str = ""
+    gpus: tuple[int, ...] = ()  # every GPU of the culprit (a tensor-parallel worker); () = just `gpu`
+    ranks: tuple[int, ...] = ()  # global ranks (from step timings)
+    pattern: str = ""  # slow_worker | stage_imbalance | data_imbalance | nccl_hang | "" (samples alone)
+    score: float | None = None  # the speed the verdict rests on, when not the job's own-best score
+    since: float | None = None
 
     def identity(self) -> tuple[object, ...]:
-        return (self.kind, self.node, self.gpu, self.nic, self.leaf)
+        return (self.kind, self.node, self.gpu, self.nic, self.leaf, self.gpus, self.pattern)
+
+    def all_gpus(self) -> tuple[int, ...]:
+        return self.gpus or ((self.gpu,) if self.gpu is not None else ())
 
 
 @dataclass
@@ -120,6 +130,19 @@ class JobTrack:
     ready: Culprit | None = None
     verdict: str = "warming"  # warming | healthy | slow | phase
     t: float = 0.0
+    steps: step_table.StepTrack | None = None  # the job reports per-rank step timings
+    step_ready: Culprit | None = None  # the step table's verdict (services/perf/steps.py)
+
+    def culprit_now(self) -> Culprit | None:
+        """The verdict to act on. A job that reports its steps is judged by them (peers doing the same
+        work, no history needed); samples still win with hard fabric evidence (a NIC down, a congested
+        leaf), which a step table cannot see. Without step timings: the samples' verdict."""
+        if self.steps is None:
+            return self.ready
+        hard = self.ready is not None and self.ready.kind in (CulpritKind.NIC, CulpritKind.FABRIC)
+        if hard and (self.step_ready is None or self.step_ready.pattern == "slow_worker"):
+            return self.ready
+        return self.step_ready
 
     def ranks(self) -> list[tuple[NodeKey, int]]:
         return [(n, g) for n in sorted(self.placements) for g in self.placements[n]]
@@ -153,6 +176,8 @@ def evolve(state: PerfState, event: Event) -> PerfState:
             }
         case FabricSample():
             _on_fabric(state, event)
+        case RankStepTimings():
+            _on_steps(state, event)
         case NodeInventory():
             if event.labels:
                 _node(state, event.cluster, event.node).labels.update(event.labels)
@@ -180,8 +205,8 @@ def evolve(state: PerfState, event: Event) -> PerfState:
                 # samples it sees now (which would look "as good as ever" and clear the episode).
                 track.best = max(track.best, float(best))
             culprit = None
-            if track is not None and track.ready is not None:
-                culprit = track.ready
+            if track is not None and track.culprit_now() is not None:
+                culprit = track.culprit_now()
             elif event.node is not None and event.cluster is not None:
                 culprit = Culprit(event.culprit, (event.cluster, event.node), event.gpu_index, event.nic, event.leaf)
             state.episodes[event.job_id] = Episode(event.episode, event.since, culprit)
@@ -279,6 +304,97 @@ def _on_fabric(state: PerfState, s: FabricSample) -> None:
         track = state.jobs[job]
         if t - track.last_eval >= 0.9 * s.interval_s:
             _evaluate(state, track, t)
+
+
+def _on_steps(state: PerfState, e: RankStepTimings) -> None:
+    track = state.jobs.get(e.job_id)
+    key = (e.cluster, e.node)
+    if track is None or key not in track.placements:
+        return  # a job the perf service does not track here (not scheduled, or moved)
+    if track.steps is None:
+        track.steps = step_table.StepTrack()
+    gpus = track.placements[key]
+    # Ranks fill a node's GPUs in order (torchrun's local rank); a row's own gpu_index wins.
+    gpu_of_rank = {row.rank: gpus[row.rank % len(gpus)] for row in e.steps if gpus}
+    step_table.fold(track.steps, e, gpu_of_rank)
+    if step_table.evaluate(track.steps):
+        track.t = max(track.t, track.steps.t)
+        track.step_ready = _step_culprit(state, track, track.steps)
+
+
+def _step_culprit(state: PerfState, track: JobTrack, st: step_table.StepTrack) -> Culprit | None:
+    """The step table's finding as a culprit: a slow worker names its node and every GPU, or the NIC of
+    one of them when the fabric samples or Inspector flag it; an imbalance names no hardware."""
+    f = st.finding
+    if f is None:
+        return None
+    evidence = (*f.evidence, ("steps_from", float(f.since_step)))
+    if f.pattern != "slow_worker":
+        return Culprit(
+            CulpritKind.UNKNOWN,
+            confidence=0.8,
+            evidence=evidence,
+            reason=f.reason,
+            ranks=f.ranks,
+            pattern=f.pattern,
+            score=f.score,
+            since=f.since_t,
+        )
+    node = st.where[f.ranks[0]][0]
+    gpus = tuple(sorted({g for r in f.ranks if (w := st.where.get(r)) and w[0] == node and (g := w[1]) is not None}))
+    nic = _nic_evidence(state, node, gpus, st.t)
+    if nic is not None:
+        rail, name, why = nic
+        return Culprit(
+            CulpritKind.NIC,
+            node,
+            rail,
+            name,
+            confidence=0.85,
+            evidence=(*evidence, ("nic_evidence", why)),
+            reason=f"{f.reason}; NIC {name} on {node[1]} {why}",
+            ranks=f.ranks,
+            pattern=f.pattern,
+            score=f.score,
+            since=f.since_t,
+        )
+    return Culprit(
+        CulpritKind.GPU,
+        node,
+        gpus[0] if gpus else None,
+        confidence=0.85,
+        evidence=evidence,
+        reason=f"{f.reason} (GPU{'s' if len(gpus) > 1 else ''} {','.join(map(str, gpus))} on {node[1]})",
+        gpus=gpus,
+        ranks=f.ranks,
+        pattern=f.pattern,
+        score=f.score,
+        since=f.since_t,
+    )
+
+
+def _nic_evidence(state: PerfState, node: NodeKey, gpus: tuple[int, ...], t: float) -> tuple[int, str, str] | None:
+    """A NIC serving one of `gpus` that the node's fabric samples flag (down, flapping, trained low,
+    erroring) or whose Inspector bus bandwidth is an outlier in its communicator."""
+    v = state.nodes.get(node)
+    if v is None:
+        return None
+    rates = [n.rate_gbps for n in v.nics.values() if n.rate_gbps]
+    typical = median(rates) if rates else None
+    for g in gpus:
+        n = v.nics.get(g)
+        if n is None:
+            continue
+        if n.state is LinkState.DOWN:
+            return g, n.name, "is down"
+        if (last := v.flaps.get(g)) is not None and t - last <= FLAP_MEMORY_S:
+            return g, n.name, "flaps"
+        if n.rate_gbps and typical and n.rate_gbps < NIC_RATE_RATIO * typical:
+            return g, n.name, f"trained at {n.rate_gbps:g} Gb/s, peers {typical:g}"
+        q = v.errors.get(g)
+        if q and sum(c for _, c in q) / 10.0 >= ERRORS_PER_S:
+            return g, n.name, "retransmits"
+    return None
 
 
 # --- evaluation (inside evolve: the verdict follows the samples) -------------------------------------
@@ -532,38 +648,52 @@ def decide(state: PerfState, now: float) -> list[tuple[Event, str]]:
             continue
         if track is None:
             continue
-        if ep is None and track.ready is not None:
+        ready = track.culprit_now()
+        if ep is None and ready is not None:
             number = state.last_episode.get(job, 0) + 1
-            det = _detected(track, track.ready, number)
+            det = _detected(track, ready, number)
             out.append((det, stable_id("perf", "detected", job, number)))
-            if track.ready.kind in (CulpritKind.GPU, CulpritKind.NIC):
-                out.append(_straggler(track, track.ready, number, 1))
+            if ready.kind in (CulpritKind.GPU, CulpritKind.NIC):
+                out += _straggler(track, ready, number, 1)
         elif ep is not None:
-            if track.healthy_since is not None and track.t - track.healthy_since >= CLEAR_S:
+            if _recovered(track):
                 out.append(_cleared(job, ep, track.t, "recovered"))
             elif (
                 ep.culprit is not None
-                and track.ready is not None
-                and track.ready.identity() == ep.culprit.identity()
+                and ready is not None
+                and ready.identity() == ep.culprit.identity()
                 and ep.culprit.kind in (CulpritKind.GPU, CulpritKind.NIC)
                 and ep.last_confirm is not None
                 and track.t - ep.last_confirm >= RECONFIRM_S
             ):
-                out.append(_straggler(track, ep.culprit, ep.number, ep.confirms + 1))
+                out += _straggler(track, ep.culprit, ep.number, ep.confirms + 1)
     return out
 
 
+def _recovered(track: JobTrack) -> bool:
+    if track.steps is not None and track.culprit_now() is None and track.steps.finding is None:
+        # judged by its steps: CLEAR_STEPS quiet steps already passed (services/perf/steps.py)
+        return track.ready is None and track.steps.evaluated >= 0
+    return track.healthy_since is not None and track.t - track.healthy_since >= CLEAR_S
+
+
 def _detected(track: JobTrack, c: Culprit, number: int) -> JobSlowdownDetected:
-    evidence: dict[str, float | str] = {"score": round(track.score, 3), "best_rate": round(track.best, 1)}
-    evidence["rate"] = round(track.rate or 0.0, 1)
+    if c.score is not None:  # a step-table verdict: its own numbers, not the samples' own-best score
+        evidence: dict[str, float | str] = {"score": c.score}
+        score = c.score
+    else:
+        evidence = {"score": round(track.score, 3), "best_rate": round(track.best, 1)}
+        evidence["rate"] = round(track.rate or 0.0, 1)
+        score = round(track.score, 3)
     evidence.update(dict(c.evidence))
+    since = c.since if c.since is not None else track.slow_since
     return JobSlowdownDetected(
         job_id=track.job_id,
         episode=number,
         at=track.t,
-        since=track.slow_since if track.slow_since is not None else track.t,
+        since=since if since is not None else track.t,
         culprit=c.kind,
-        score=round(track.score, 3),
+        score=score,
         confidence=c.confidence,
         cluster=c.node[0] if c.node else None,
         node=c.node[1] if c.node else None,
@@ -572,23 +702,32 @@ def _detected(track: JobTrack, c: Culprit, number: int) -> JobSlowdownDetected:
         leaf=c.leaf,
         evidence=evidence,
         reason=c.reason,
+        gpu_indices=list(c.all_gpus()),
+        ranks=list(c.ranks),
+        pattern=c.pattern,
     )
 
 
-def _straggler(track: JobTrack, c: Culprit, episode: int, n: int) -> tuple[Event, str]:
+def _straggler(track: JobTrack, c: Culprit, episode: int, n: int) -> list[tuple[Event, str]]:
+    """One `straggler` fault per GPU of the culprit (a slow 4-GPU worker: four), so the health
+    policy's per-GPU escalation takes every GPU of the worker out, and no other."""
     assert c.node is not None
-    fault_id = f"perf/{track.job_id}/{episode}/{n}"
-    fault = GpuFaultDetected(
-        fault_id=fault_id,
-        cluster=c.node[0],
-        node=c.node[1],
-        kind=FaultKind.STRAGGLER,
-        severity=Severity.WARNING,
-        observed_at=track.t,
-        gpu_index=c.gpu,
-        detail=f"{track.job_id} {c.kind.value}: {c.reason}",
-    )
-    return fault, fault_id
+    gpus: tuple[int | None, ...] = c.all_gpus() if c.kind is CulpritKind.GPU and c.gpus else (c.gpu,)
+    out: list[tuple[Event, str]] = []
+    for g in gpus:
+        fault_id = f"perf/{track.job_id}/{episode}/{n}" + (f"/{g}" if len(gpus) > 1 else "")
+        fault = GpuFaultDetected(
+            fault_id=fault_id,
+            cluster=c.node[0],
+            node=c.node[1],
+            kind=FaultKind.STRAGGLER,
+            severity=Severity.WARNING,
+            observed_at=track.t,
+            gpu_index=g,
+            detail=f"{track.job_id} {c.kind.value}: {c.reason}",
+        )
+        out.append((fault, fault_id))
+    return out
 
 
 def _cleared(job: str, ep: Episode, at: float, reason: str) -> tuple[Event, str]:
@@ -602,7 +741,7 @@ def rank_heat(state: PerfState, job: str) -> dict[str, object] | None:
     if track is None:
         return None
     ep = state.episodes.get(job)
-    c = ep.culprit if ep is not None and ep.culprit is not None else track.ready
+    c = ep.culprit if ep is not None and ep.culprit is not None else track.culprit_now()
     return {
         "job": job,
         "ranks": [{"node": key[1], "gpu": g} for key, g in track.ranks()],
@@ -620,7 +759,7 @@ def verdicts(state: PerfState) -> list[dict[str, object]]:
     out: list[dict[str, object]] = []
     for job in sorted(state.jobs):
         tr, ep = state.jobs[job], state.episodes.get(job)
-        c = ep.culprit if ep is not None and ep.culprit is not None else tr.ready
+        c = ep.culprit if ep is not None and ep.culprit is not None else tr.culprit_now()
         out.append(
             {
                 "job": job,
@@ -630,6 +769,9 @@ def verdicts(state: PerfState) -> list[dict[str, object]]:
                 "culprit": c.kind.value if c else None,
                 "node": c.node[1] if c and c.node else None,
                 "gpu": c.gpu if c else None,
+                "gpus": list(c.all_gpus()) if c else [],
+                "culprit_ranks": list(c.ranks) if c else [],
+                "pattern": c.pattern if c else "",
                 "nic": c.nic if c else None,
                 "leaf": c.leaf if c else None,
                 "evidence": c.reason if c else "",
