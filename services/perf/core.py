@@ -312,7 +312,7 @@ def _on_steps(state: PerfState, e: RankStepTimings) -> None:
     if track is None or key not in track.placements:
         return  # a job the perf service does not track here (not scheduled, or moved)
     if track.steps is None:
-        track.steps = step_table.StepTrack()
+        track.steps = step_table.StepTrack(expected=sum(len(g) for g in track.placements.values()))
     gpus = track.placements[key]
     # Ranks fill a node's GPUs in order (torchrun's local rank); a row's own gpu_index wins.
     gpu_of_rank = {row.rank: gpus[row.rank % len(gpus)] for row in e.steps if gpus}

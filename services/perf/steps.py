@@ -89,6 +89,7 @@ class StepTrack:
     quiet_steps: int = 0
     t: float = 0.0
     last_step: int = -1
+    expected: int = 0  # ranks the job should report per step (its placement's GPUs)
 
 
 def fold(track: StepTrack, event: RankStepTimings, gpu_of_rank: dict[int, int] | None = None) -> None:
@@ -164,7 +165,7 @@ def analyse(step: int, rows: dict[int, RankStep]) -> StepFinding:
 def _complete_steps(track: StepTrack) -> list[int]:
     """Steps every known rank reported, or that two later steps have overtaken (a rank's row lost)."""
     ready = []
-    known = len(track.ranks)
+    known = max(len(track.ranks), track.expected)
     for step in sorted(track.pending):
         if len(track.pending[step]) >= known or step <= track.last_step - 2:
             ready.append(step)
