@@ -36,8 +36,10 @@ CLUSTER = "replay"
 REQUIRED = ("job", "rank", "step", "step_start_s", "step_end_s")
 FLOATS = ("step_start_s", "step_end_s", "compute_s", "comm_wait_s")
 INTS = ("rank", "step", "dp_rank", "pp_stage", "tp_rank", "cp_rank", "gpu_index", "tokens", "microbatches")
-OPTIONAL = ("compute_s", "comm_wait_s", "dp_rank", "pp_stage", "tp_rank", "cp_rank", "gpu_index", "tokens")
-OPTIONAL += ("microbatches", "node")
+OPTIONAL = (
+    *("compute_s", "comm_wait_s", "dp_rank", "pp_stage", "tp_rank", "cp_rank"),
+    *("gpu_index", "tokens", "microbatches", "node"),
+)
 
 
 class StepTableError(ValueError):

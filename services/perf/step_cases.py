@@ -26,8 +26,10 @@ COLLECTIVE_S = 0.5
 NOISE = 0.07
 STEPS = 60
 
-CASES = ("slow_worker_tp4", "slow_from_step_one", "stage_imbalance", "data_imbalance", "healthy_tp4")
-CASES += ("healthy_dp", "healthy_pp")
+CASES = (
+    *("slow_worker_tp4", "slow_from_step_one", "stage_imbalance", "data_imbalance"),
+    *("healthy_tp4", "healthy_dp", "healthy_pp"),
+)
 EXPECTED = {
     "slow_worker_tp4": "slow_worker",
     "slow_from_step_one": "slow_worker",
