@@ -27,6 +27,9 @@ class FaultKind(StrEnum):
     NIC_ERRORS = "nic_errors"
     # A job-performance culprit (services/perf): a GPU or NIC that slows its gang's collectives
     STRAGGLER = "straggler"
+    # An NCCL process of a job that NCCL's RAS declared dead (services/perf: PEER_DEAD): its node goes
+    # out of service and the scheduler requeues the job
+    NCCL_PEER_DEAD = "nccl_peer_dead"
     OTHER = "other"
 
 

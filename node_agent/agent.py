@@ -77,6 +77,7 @@ class AgentOptions:
 class Agent:
     def __init__(self, opts: AgentOptions, *, clock: Callable[[], float] = time.time, nvml: Any = None) -> None:
         """`nvml` is the pynvml module (None: import the real one); tests pass a fake of it."""
+        self.ras_poller: Any = None  # node_agent.ras_poller.RasPoller with --nccl-ras
         configure_tracing("agent")
         self.opts = opts
         self.clock = clock
@@ -137,10 +138,19 @@ class Agent:
             )
             fabric = None
             if opts.sysfs_root is not None:
-                from node_agent.fabric_adapter import FabricAdapter, read_nccl_ras
+                from node_agent.fabric_adapter import FabricAdapter, node_addresses
 
+                if opts.nccl_ras:
+                    from node_agent.ras_poller import RasPoller
+
+                    # STATUS every 5 s (a hang is flagged within three queries) and MONITOR for PEER_DEAD
+                    self.ras_poller = RasPoller(clock=clock)
                 fabric = FabricAdapter(
-                    root=opts.sysfs_root, labels=dict(opts.labels), ras=read_nccl_ras if opts.nccl_ras else None
+                    root=opts.sysfs_root,
+                    labels=dict(opts.labels),
+                    ras=self.ras_poller.comms if self.ras_poller else None,
+                    ras_dead=self.ras_poller.take_dead if self.ras_poller else None,
+                    addresses=node_addresses() if self.ras_poller else [],
                 )
             self.runners = [
                 NodeRunner(opts.cluster, opts.node, sampler, facts, seq=self.seqs.get(opts.node), fabric=fabric)
@@ -158,6 +168,8 @@ class Agent:
             asyncio.create_task(self._connect(stop)),
             asyncio.create_task(self._sample_loop(stop)),
         ]
+        if self.ras_poller is not None:
+            tasks.append(asyncio.create_task(self.ras_poller.run(stop)))
         stopped = asyncio.create_task(stop.wait())
         try:
             # A loop that dies is a bug: stop the agent loudly (its supervisor restarts it; the spool
@@ -167,9 +179,10 @@ class Agent:
             await asyncio.gather(tasks[2], tasks[0])
         finally:
             stopped.cancel()
-            tasks[1].cancel()
-            with contextlib.suppress(BaseException):
-                await tasks[1]
+            for task in tasks[1:2] + tasks[3:]:  # the NATS connection and the RAS poller
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
             await self._close()
 
     async def _sample_loop(self, stop: asyncio.Event) -> None:

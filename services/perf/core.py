@@ -25,7 +25,15 @@ from statistics import median
 
 from events.base import Event
 from events.codec import stable_id
-from events.fabric import CulpritKind, FabricSample, JobSlowdownCleared, JobSlowdownDetected, LinkState, NicSample
+from events.fabric import (
+    CulpritKind,
+    DeadPeer,
+    FabricSample,
+    JobSlowdownCleared,
+    JobSlowdownDetected,
+    LinkState,
+    NicSample,
+)
 from events.faults import FaultKind, GpuFaultDetected, Severity
 from events.fleet import NodeDiscovered, NodeUpdated
 from events.jobs import (
@@ -59,6 +67,7 @@ NIC_RATE_RATIO = 0.75
 ERRORS_PER_S = 5.0
 FLAP_MEMORY_S = 30.0
 PAUSE_PER_S = 1000.0  # pause frames per second per NIC (mean over the node's NICs): congestion
+RAS_HANG_QUERIES = 3  # node_agent/ras_watch.py HANG_QUERIES: counts frozen across 3 RAS queries
 STALE_S = 5.0  # a node sample older than this does not speak for the node
 HEAT_KEPT = 300  # per-rank activity kept per job (one per evaluation): `chamber perf JOB`
 
@@ -132,14 +141,18 @@ class JobTrack:
     t: float = 0.0
     steps: step_table.StepTrack | None = None  # the job reports per-rank step timings
     step_ready: Culprit | None = None  # the step table's verdict (services/perf/steps.py)
+    hung: dict[NodeKey, list[str]] = field(default_factory=dict)  # RAS: frozen communicators per node
+    hang: Culprit | None = None
 
     def culprit_now(self) -> Culprit | None:
         """The verdict to act on. A job that reports its steps is judged by them (peers doing the same
         work, no history needed); samples still win with hard fabric evidence (a NIC down, a congested
         leaf), which a step table cannot see. Without step timings: the samples' verdict."""
+        hard = self.ready is not None and self.ready.kind in (CulpritKind.NIC, CulpritKind.FABRIC)
+        if self.hang is not None and not hard:
+            return self.hang  # collectives stopped: nothing else the job shows matters until they move
         if self.steps is None:
             return self.ready
-        hard = self.ready is not None and self.ready.kind in (CulpritKind.NIC, CulpritKind.FABRIC)
         if hard and (self.step_ready is None or self.step_ready.pattern == "slow_worker"):
             return self.ready
         return self.step_ready
@@ -158,6 +171,9 @@ class PerfState:
     stopped: dict[str, float] = field(default_factory=dict)  # open episodes of jobs that stopped
     history: dict[str, list[str]] = field(default_factory=dict)  # what happened, for `chamber explain`
     node_jobs: dict[NodeKey, set[str]] = field(default_factory=dict)  # index: the jobs running on a node
+    addresses: dict[str, NodeKey] = field(default_factory=dict)  # a node's IP -> the node (RAS names hosts)
+    dead_pending: dict[str, tuple[NodeKey, DeadPeer]] = field(default_factory=dict)  # fault id -> peer
+    dead_reported: set[str] = field(default_factory=set)
 
 
 def _node(state: PerfState, cluster: str, node: str) -> NodeView:
@@ -232,6 +248,9 @@ def evolve(state: PerfState, event: Event) -> PerfState:
                 state.closed[event.job_id] = event.at
             _note(state, event.job_id, f"{event.at:.0f}: episode {event.episode} cleared ({event.reason})")
             state.stopped.pop(event.job_id, None)
+        case GpuFaultDetected() if event.kind is FaultKind.NCCL_PEER_DEAD:
+            state.dead_pending.pop(event.fault_id, None)
+            state.dead_reported.add(event.fault_id)
         case GpuFaultDetected() if event.kind is FaultKind.STRAGGLER:
             job = event.detail.partition(" ")[0]
             if (ep := state.episodes.get(job)) is not None:
@@ -293,17 +312,77 @@ def _on_fabric(state: PerfState, s: FabricSample) -> None:
         if n.pause is not None:
             pauses.append(n.pause / max(s.interval_s, 1e-9))
     v.pause_per_nic_s = sum(pauses) / len(pauses) if pauses else 0.0
+    for addr in s.addresses:
+        state.addresses[addr] = key
+    for peer in s.dead_peers:
+        _on_dead_peer(state, key, peer)
+    here = state.node_jobs.get(key, set())
+    touched: set[str] = set()
     for c in s.comms:
-        if c.job is None or (track := state.jobs.get(c.job)) is None or key not in track.placements:
+        # RAS does not know the job; on a node running one tracked job, its communicators are that job's
+        job = c.job if c.job is not None else (next(iter(here)) if len(here) == 1 else None)
+        if job is None or (track := state.jobs.get(job)) is None or key not in track.placements:
             continue
+        if job not in touched:
+            track.hung[key] = []
+            touched.add(job)
+        if c.frozen_queries >= RAS_HANG_QUERIES and c.ops >= 0 and c.status in ("RUNNING", ""):
+            track.hung[key].append(c.comm)
+        if c.ops < 0:
+            continue  # text-format RAS without counts for this communicator
         q = track.progress.setdefault(key, deque())
         q.append((t, c.ops))
         while len(q) > 2 and q[1][0] <= t - WINDOW_S:
             q.popleft()
+    for job in touched:
+        _judge_hang(state.jobs[job], t)
     for job in sorted(state.node_jobs.get(key, ())):
         track = state.jobs[job]
         if t - track.last_eval >= 0.9 * s.interval_s:
             _evaluate(state, track, t)
+
+
+def _on_dead_peer(state: PerfState, reporter: NodeKey, peer: DeadPeer) -> None:
+    """A process RAS declared dead: the node it ran on (by its address; the reporting node's cluster)."""
+    node = state.addresses.get(peer.host)
+    if node is None:
+        match = [k for k in state.nodes if k[0] == reporter[0] and k[1] == peer.host]
+        node = match[0] if match else None
+    if node is None:
+        _note_all(state, reporter, f"NCCL RAS: dead peer {peer.host} (pid {peer.pid}) on a node not known by address")
+        return
+    fault_id = f"perf/peer-dead/{node[1]}/{peer.pid if peer.pid is not None else 'x'}"
+    if fault_id in state.dead_reported or fault_id in state.dead_pending:
+        return
+    state.dead_pending[fault_id] = (node, peer)
+
+
+def _note_all(state: PerfState, key: NodeKey, line: str) -> None:
+    for job in sorted(state.node_jobs.get(key, ())):
+        _note(state, job, line)
+
+
+def _judge_hang(track: JobTrack, t: float) -> None:
+    frozen = sorted((k, c) for k, comms in track.hung.items() for c in comms)
+    if not frozen:
+        track.hang = None
+        return
+    if track.hang is not None:
+        return
+    node, comm = frozen[0]
+    track.hang = Culprit(
+        CulpritKind.UNKNOWN,
+        confidence=0.9,
+        evidence=(("comm", comm), ("frozen_queries", float(RAS_HANG_QUERIES))),
+        reason=(
+            f"NCCL communicator {comm} on {node[1]}: collective counts unchanged in {RAS_HANG_QUERIES} RAS "
+            f"queries while RUNNING: the job is hung ({len(frozen)} communicator(s) frozen)"
+        ),
+        pattern="nccl_hang",
+        score=0.0,
+        since=t,
+    )
+    track.t = max(track.t, t)
 
 
 def _on_steps(state: PerfState, e: RankStepTimings) -> None:
@@ -640,6 +719,8 @@ def decide(state: PerfState, now: float) -> list[tuple[Event, str]]:
     """Verdicts to publish, each with its deterministic id; fold them back in with `evolve` once
     published. Only reads `state`. Sorted by job id."""
     out: list[tuple[Event, str]] = []
+    for fault_id, (node, peer) in sorted(state.dead_pending.items()):
+        out.append((_peer_dead_fault(fault_id, node, peer, now), fault_id))
     for job in sorted(set(state.jobs) | set(state.episodes)):
         track, ep = state.jobs.get(job), state.episodes.get(job)
         if ep is not None and (track is None or job in state.stopped):
@@ -656,7 +737,7 @@ def decide(state: PerfState, now: float) -> list[tuple[Event, str]]:
             if ready.kind in (CulpritKind.GPU, CulpritKind.NIC):
                 out += _straggler(track, ready, number, 1)
         elif ep is not None:
-            if _recovered(track):
+            if _recovered(track, ep):
                 out.append(_cleared(job, ep, track.t, "recovered"))
             elif (
                 ep.culprit is not None
@@ -670,11 +751,26 @@ def decide(state: PerfState, now: float) -> list[tuple[Event, str]]:
     return out
 
 
-def _recovered(track: JobTrack) -> bool:
-    if track.steps is not None and track.culprit_now() is None and track.steps.finding is None:
-        # judged by its steps: CLEAR_STEPS quiet steps already passed (services/perf/steps.py)
-        return track.ready is None and track.steps.evaluated >= 0
+def _recovered(track: JobTrack, ep: Episode) -> bool:
+    if track.culprit_now() is None and track.ready is None:
+        if track.steps is not None and track.steps.finding is None and track.steps.evaluated >= 0:
+            return True  # judged by its steps: CLEAR_STEPS quiet steps already passed (services/perf/steps.py)
+        if ep.culprit is not None and ep.culprit.pattern == "nccl_hang":
+            return True  # its collectives move again
     return track.healthy_since is not None and track.t - track.healthy_since >= CLEAR_S
+
+
+def _peer_dead_fault(fault_id: str, node: NodeKey, peer: DeadPeer, now: float) -> GpuFaultDetected:
+    gpus = ",".join(str(g) for g in peer.gpus) or "?"
+    return GpuFaultDetected(
+        fault_id=fault_id,
+        cluster=node[0],
+        node=node[1],
+        kind=FaultKind.NCCL_PEER_DEAD,
+        severity=Severity.CRITICAL,
+        observed_at=peer.seen_at or now,
+        detail=f"NCCL RAS PEER_DEAD: process {peer.pid} on {peer.host} managing GPU {gpus}",
+    )
 
 
 def _detected(track: JobTrack, c: Culprit, number: int) -> JobSlowdownDetected:
