@@ -72,12 +72,15 @@ class AgentOptions:
     sysfs_root: Path | None = Path("/")  # where the NICs are read (None: no fabric samples, simulated too)
     nccl_ras: bool = False  # also ask NCCL's RAS service on localhost:28028 for collective progress
     labels: dict[str, str] = field(default_factory=dict)  # topology (rack, leaf, spine) for this node
+    inspector_dir: Path | None = None  # NCCL Inspector's Prometheus textfiles (node_agent/inspector.py)
+    inspector_otlp_port: int | None = None  # ...or its OTLP/HTTP JSON export, received on 127.0.0.1:PORT
 
 
 class Agent:
     def __init__(self, opts: AgentOptions, *, clock: Callable[[], float] = time.time, nvml: Any = None) -> None:
         """`nvml` is the pynvml module (None: import the real one); tests pass a fake of it."""
         self.ras_poller: Any = None  # node_agent.ras_poller.RasPoller with --nccl-ras
+        self.inspector_store: Any = None  # node_agent.inspector.OtlpStore with --nccl-inspector-*
         configure_tracing("agent")
         self.opts = opts
         self.clock = clock
@@ -145,7 +148,19 @@ class Agent:
 
                     # STATUS every 5 s (a hang is flagged within three queries) and MONITOR for PEER_DEAD
                     self.ras_poller = RasPoller(clock=clock)
+                inspector = None
+                if opts.inspector_dir is not None or opts.inspector_otlp_port is not None:
+                    from node_agent.inspector import InspectorDir, OtlpStore
+
+                    self.inspector_store = OtlpStore()
+                    files = InspectorDir(opts.inspector_dir) if opts.inspector_dir is not None else None
+                    store = self.inspector_store
+
+                    def inspector() -> list[Any]:
+                        return (files.read() if files is not None else []) + store.read()
+
                 fabric = FabricAdapter(
+                    inspector=inspector,
                     root=opts.sysfs_root,
                     labels=dict(opts.labels),
                     ras=self.ras_poller.comms if self.ras_poller else None,
@@ -170,6 +185,8 @@ class Agent:
         ]
         if self.ras_poller is not None:
             tasks.append(asyncio.create_task(self.ras_poller.run(stop)))
+        if self.opts.inspector_otlp_port is not None and self.inspector_store is not None:
+            tasks.append(asyncio.create_task(self._otlp_receiver(stop)))
         stopped = asyncio.create_task(stop.wait())
         try:
             # A loop that dies is a bug: stop the agent loudly (its supervisor restarts it; the spool
@@ -184,6 +201,20 @@ class Agent:
                 with contextlib.suppress(BaseException):
                     await task
             await self._close()
+
+    async def _otlp_receiver(self, stop: asyncio.Event) -> None:
+        """NCCL Inspector's OTLP/HTTP export, on loopback only (Inspector runs on this node)."""
+        from aiohttp import web
+
+        from node_agent.inspector import otlp_app
+
+        runner = web.AppRunner(otlp_app(self.inspector_store))
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", self.opts.inspector_otlp_port).start()
+        try:
+            await stop.wait()
+        finally:
+            await runner.cleanup()
 
     async def _sample_loop(self, stop: asyncio.Event) -> None:
         interval = self.opts.interval_s

@@ -49,7 +49,23 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="read NICs under DIR/sys/class/{infiniband,net} and the firmware identity under DIR/sys/class/dmi/id "
         "(default /; 'none': neither, and no simulated fabric samples)",
     )
-    p.add_argument("--nccl-ras", action="store_true", help="also read NCCL's RAS service on localhost:28028")
+    p.add_argument(
+        "--nccl-ras",
+        action="store_true",
+        help="also query NCCL's RAS service on localhost:28028 (STATUS every 5 s, MONITOR for PEER_DEAD)",
+    )
+    p.add_argument(
+        "--nccl-inspector-dir",
+        type=Path,
+        metavar="DIR",
+        help="read NCCL Inspector's Prometheus textfiles (NCCL_INSPECTOR_DUMP_DIR) into the fabric samples",
+    )
+    p.add_argument(
+        "--nccl-inspector-otlp-port",
+        type=int,
+        metavar="PORT",
+        help="receive NCCL Inspector's OTLP/HTTP JSON metrics on 127.0.0.1:PORT/v1/metrics (Inspector's default 4318)",
+    )
     p.add_argument(
         "--label",
         action="append",
@@ -112,6 +128,8 @@ def options(args: argparse.Namespace) -> AgentOptions:
         health_port=health_port,
         sysfs_root=None if root == "none" else Path(root),
         nccl_ras=getattr(args, "nccl_ras", False),
+        inspector_dir=getattr(args, "nccl_inspector_dir", None),
+        inspector_otlp_port=getattr(args, "nccl_inspector_otlp_port", None),
         labels=labels,
     )
 

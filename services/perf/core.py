@@ -67,6 +67,8 @@ NIC_RATE_RATIO = 0.75
 ERRORS_PER_S = 5.0
 FLAP_MEMORY_S = 30.0
 PAUSE_PER_S = 1000.0  # pause frames per second per NIC (mean over the node's NICs): congestion
+BUSBW_RATIO = 0.6  # NCCL Inspector: a rank under 60 % of its communicator's median bus bandwidth
+MIN_BUSBW_PEERS = 3
 RAS_HANG_QUERIES = 3  # node_agent/ras_watch.py HANG_QUERIES: counts frozen across 3 RAS queries
 STALE_S = 5.0  # a node sample older than this does not speak for the node
 HEAT_KEPT = 300  # per-rank activity kept per job (one per evaluation): `chamber perf JOB`
@@ -107,6 +109,7 @@ class NodeView:
     flaps: dict[int, float] = field(default_factory=dict)  # rail -> last time it flapped
     errors: dict[int, deque[tuple[float, int]]] = field(default_factory=dict)
     pause_per_nic_s: float = 0.0
+    collectives: dict[tuple[str, str, str], dict[int, float]] = field(default_factory=dict)  # Inspector busbw
 
 
 @dataclass
@@ -312,6 +315,12 @@ def _on_fabric(state: PerfState, s: FabricSample) -> None:
         if n.pause is not None:
             pauses.append(n.pause / max(s.interval_s, 1e-9))
     v.pause_per_nic_s = sum(pauses) / len(pauses) if pauses else 0.0
+    if s.collectives:
+        v.collectives = {}
+        for series in s.collectives:
+            if series.busbw_gbs is not None:
+                where = (series.comm, series.collective, series.message_size)
+                v.collectives.setdefault(where, {})[series.gpu_index] = series.busbw_gbs
     for addr in s.addresses:
         state.addresses[addr] = key
     for peer in s.dead_peers:
@@ -422,6 +431,8 @@ def _step_culprit(state: PerfState, track: JobTrack, st: step_table.StepTrack) -
     node = st.where[f.ranks[0]][0]
     gpus = tuple(sorted({g for r in f.ranks if (w := st.where.get(r)) and w[0] == node and (g := w[1]) is not None}))
     nic = _nic_evidence(state, node, gpus, st.t)
+    if nic is None and (link := _busbw_evidence(state, track, node, gpus)) is not None:
+        nic = (link.gpu or 0, link.nic or "", "has an outlier bus bandwidth (NCCL Inspector)")
     if nic is not None:
         rail, name, why = nic
         return Culprit(
@@ -474,6 +485,11 @@ def _nic_evidence(state: PerfState, node: NodeKey, gpus: tuple[int, ...], t: flo
         if q and sum(c for _, c in q) / 10.0 >= ERRORS_PER_S:
             return g, n.name, "retransmits"
     return None
+
+
+def _busbw_evidence(state: PerfState, track: JobTrack, node: NodeKey, gpus: tuple[int, ...]) -> Culprit | None:
+    c = inspector_outlier(state, track)
+    return c if c is not None and c.node == node and c.gpu in gpus else None
 
 
 # --- evaluation (inside evolve: the verdict follows the samples) -------------------------------------
@@ -638,6 +654,9 @@ def find_culprit(state: PerfState, track: JobTrack, t: float) -> Culprit | None:
             evidence=(("errors_per_s", round(per_s, 1)),),
             reason=f"NIC {n.name} on {key[1]}: {per_s:.0f} errors/s (retransmissions)",
         )
+    slow_link = inspector_outlier(state, track)
+    if slow_link is not None:
+        return slow_link
     congestion = _congestion(state, track, t)
     if congestion is not None:
         return congestion
@@ -671,6 +690,47 @@ def find_culprit(state: PerfState, track: JobTrack, t: float) -> Culprit | None:
                 reason=f"GPU {g} on {key[1]} busy {u:.0f} % while its peers wait ({typical:.0f} %)",
             )
     return None
+
+
+def inspector_outlier(state: PerfState, track: JobTrack) -> Culprit | None:
+    """NCCL Inspector: within one communicator and collective (and message-size bucket), a rank whose
+    bus bandwidth is below BUSBW_RATIO x the median of the communicator's ranks points at its NIC or
+    link (a GPU does not lower a collective's bus bandwidth for itself alone). Needs MIN_BUSBW_PEERS
+    ranks of the job reporting the same series."""
+    series: dict[tuple[str, str, str], list[tuple[float, NodeKey, int]]] = {}
+    for key, gpus in track.placements.items():
+        v = state.nodes.get(key)
+        if v is None:
+            continue
+        for s, per_gpu in v.collectives.items():
+            for g, bw in per_gpu.items():
+                if g in gpus:
+                    series.setdefault(s, []).append((bw, key, g))
+    worst: tuple[float, tuple[str, str, str], float, NodeKey, int] | None = None
+    for s, members in sorted(series.items()):
+        if len(members) < MIN_BUSBW_PEERS:
+            continue
+        typical = median(bw for bw, _, _ in members)
+        bw, key, g = min(members)
+        if typical > 0 and bw < BUSBW_RATIO * typical and (worst is None or bw / typical < worst[0]):
+            worst = (bw / typical, s, typical, key, g)
+    if worst is None:
+        return None
+    share, (comm, coll, size), typical, key, g = worst
+    n = state.nodes[key].nics.get(g)
+    name = n.name if n is not None else f"rail {g}"
+    return Culprit(
+        CulpritKind.NIC,
+        key,
+        g,
+        name,
+        confidence=0.8,
+        evidence=(("busbw_share", round(share, 3)), ("peer_busbw_gbs", round(typical, 1)), ("comm", comm)),
+        reason=(
+            f"NCCL Inspector: GPU {g} on {key[1]} reaches {share:.0%} of its peers' bus bandwidth in {coll} "
+            f"{size} on {comm} ({typical:.0f} GB/s): its NIC or link"
+        ),
+    )
 
 
 def _congestion(state: PerfState, track: JobTrack, t: float) -> Culprit | None:
