@@ -116,7 +116,7 @@ def parse_otlp_json(doc: Any) -> list[CollectiveBandwidth]:
                 name = str(metric.get("name", ""))
                 body = _obj(metric.get("gauge") or metric.get("sum"))
                 for dp in _objects(body.get("dataPoints")):
-                    raw = dp.get("asDouble", dp.get("asInt"))
+                    raw: Any = dp.get("asDouble", dp.get("asInt"))  # asInt is a string in OTLP JSON
                     try:
                         value = float(raw)
                     except (TypeError, ValueError):
