@@ -72,6 +72,7 @@ class AgentOptions:
     sysfs_root: Path | None = Path("/")  # where the NICs are read (None: no fabric samples, simulated too)
     nccl_ras: bool = False  # also ask NCCL's RAS service on localhost:28028 for collective progress
     labels: dict[str, str] = field(default_factory=dict)  # topology (rack, leaf, spine) for this node
+    step_logs: dict[str, Path] = field(default_factory=dict)  # job -> its JSONL step log (node_agent/step_log.py)
     inspector_dir: Path | None = None  # NCCL Inspector's Prometheus textfiles (node_agent/inspector.py)
     inspector_otlp_port: int | None = None  # ...or its OTLP/HTTP JSON export, received on 127.0.0.1:PORT
 
@@ -80,6 +81,9 @@ class Agent:
     def __init__(self, opts: AgentOptions, *, clock: Callable[[], float] = time.time, nvml: Any = None) -> None:
         """`nvml` is the pynvml module (None: import the real one); tests pass a fake of it."""
         self.ras_poller: Any = None  # node_agent.ras_poller.RasPoller with --nccl-ras
+        from node_agent.step_log import StepLogTail
+
+        self.step_logs = [StepLogTail(job, path) for job, path in sorted(opts.step_logs.items())]
         self.inspector_store: Any = None  # node_agent.inspector.OtlpStore with --nccl-inspector-*
         configure_tracing("agent")
         self.opts = opts
@@ -263,9 +267,26 @@ class Agent:
                         samples_refused=runner.samples_refused,
                     )
                 runner.refusals.clear()
+        records.extend(self._step_records(now))
         self.seqs.save(self.runners)  # before publishing: a sequence is never used twice
         self.ticks += 1
         return records
+
+    def _step_records(self, now: float) -> list[Record]:
+        """New rows of the jobs' step logs, one RankStepTimings per job (the first runner's node)."""
+        if not self.step_logs or not self.runners:
+            return []
+        from node_agent.runner import envelope
+
+        node = self.runners[0].node
+        out = []
+        for tail in self.step_logs:
+            event = tail.event(self.opts.cluster, node, now)
+            if event is not None:
+                msg_id = f"{self.opts.cluster}/{node}/steps/{tail.job}/{tail.offset}"
+                subject = subjects.subject_for(event)
+                out.append(Record(int(Kind.SAMPLE), subject, *envelope(event, "chamber/agent", msg_id, now)))
+        return out
 
     def _execute(self, now: float) -> list[Record]:
         """The simulated executor: start and complete jobs, and let the GPUs' load follow them."""

@@ -55,6 +55,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="also query NCCL's RAS service on localhost:28028 (STATUS every 5 s, MONITOR for PEER_DEAD)",
     )
     p.add_argument(
+        "--step-log",
+        action="append",
+        default=[],
+        metavar="JOB=PATH",
+        help="tail a job's JSONL step log (chamber_hooks.StepLog) and publish its per-rank step timings (repeatable)",
+    )
+    p.add_argument(
         "--nccl-inspector-dir",
         type=Path,
         metavar="DIR",
@@ -128,10 +135,23 @@ def options(args: argparse.Namespace) -> AgentOptions:
         health_port=health_port,
         sysfs_root=None if root == "none" else Path(root),
         nccl_ras=getattr(args, "nccl_ras", False),
+        step_logs=_step_logs(getattr(args, "step_log", [])),
         inspector_dir=getattr(args, "nccl_inspector_dir", None),
         inspector_otlp_port=getattr(args, "nccl_inspector_otlp_port", None),
         labels=labels,
     )
+
+
+def _step_logs(values: list[str]) -> dict[str, Path]:
+    from services.cli.errors import UsageError
+
+    out = {}
+    for v in values:
+        job, sep, path = v.partition("=")
+        if not sep or not job or not path:
+            raise UsageError(f"--step-log takes JOB=PATH, not {v!r}")
+        out[job] = Path(path)
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
