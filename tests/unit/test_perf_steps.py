@@ -226,3 +226,16 @@ def test_an_old_subscriber_decodes_a_new_slowdown_and_ignores_the_new_fields() -
     _, body = encode(new, source="test")
     old = msgspec.json.decode(body, type=_OldJobSlowdownDetected)
     assert (old.job_id, old.gpu_index, old.culprit) == ("j", 4, "gpu")
+
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+
+
+def test_the_replay_examples_of_the_docs_page_print_what_the_page_shows() -> None:
+    page = (DOCS / "perf-steps.md").read_text()
+    for example in ("steps-slow-rank.csv", "steps-stage-imbalance.csv"):
+        out = _chamber("perf", "replay", "--steps", str(DOCS / "examples" / example))
+        assert out.returncode == 0, out.stderr
+        for line in out.stdout.splitlines():
+            shown = line if ": straggler: " not in line else line.split(": straggler: ")[0]
+            assert shown in page, f"{example}: {line!r} is not on docs/perf-steps.md"
