@@ -16,6 +16,8 @@ import msgspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from events.base import Event, event_type
 from events.codec import decode, encode
@@ -239,3 +241,31 @@ def test_the_replay_examples_of_the_docs_page_print_what_the_page_shows() -> Non
         for line in out.stdout.splitlines():
             shown = line if ": straggler: " not in line else line.split(": straggler: ")[0]
             assert shown in page, f"{example}: {line!r} is not on docs/perf-steps.md"
+
+
+_num = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False)
+_row = st.builds(
+    RankStep,
+    rank=st.integers(-2, 40),
+    step=st.integers(-2, 30),
+    step_start_s=_num,
+    step_end_s=_num,
+    compute_s=st.none() | _num,
+    comm_wait_s=st.none() | _num,
+    dp_rank=st.none() | st.integers(-1, 8),
+    pp_stage=st.none() | st.integers(-1, 4),
+    gpu_index=st.none() | st.integers(-1, 9),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["n0", "n1"]), st.lists(_row, max_size=12)), max_size=25))
+def test_any_step_rows_fold_and_decide_without_raising(batches: list[tuple[str, list[RankStep]]]) -> None:
+    state = perf.PerfState()
+    placements = [Placement(cluster="c", node=n, gpu_indices=[0, 1, 2, 3]) for n in ("n0", "n1")]
+    perf.evolve(state, JobScheduled(job_id="j", at=0.0, team="t", placements=placements, pool="default"))
+    for i, (node, rows) in enumerate(batches):
+        perf.evolve(state, RankStepTimings(cluster="c", node=node, job_id="j", observed_at=float(i), steps=rows))
+        for event, _ in perf.decide(state, float(i)):
+            perf.evolve(state, event)
+    perf.verdicts(state)
