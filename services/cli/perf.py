@@ -60,9 +60,12 @@ def run_perf(args: argparse.Namespace) -> int:
         return 0
     for j in jobs:
         where = "/".join(str(x) for x in (j.get("node"), j.get("leaf")) if x)
-        part = f" gpu {j['gpu']}" if j.get("gpu") is not None else ""
+        gpus = j.get("gpus") or []
+        part = f" gpu{'s' if len(gpus) > 1 else ''} {','.join(map(str, gpus))}" if gpus else ""
+        part = part or (f" gpu {j['gpu']}" if j.get("gpu") is not None else "")
         part += f" nic {j['nic']}" if j.get("nic") else ""
         culprit = f"  culprit {j['culprit']} {where}{part}" if j.get("culprit") else ""
+        culprit += f" ({j['pattern']})" if j.get("pattern") else ""
         print(f"{j['job']:<24} {j['verdict'].upper():<8} score {j['score']:.2f}  ranks {j['ranks']}{culprit}")
         if j.get("evidence"):
             print(f"   {j['evidence']}")
