@@ -269,3 +269,38 @@ def test_any_step_rows_fold_and_decide_without_raising(batches: list[tuple[str, 
         for event, _ in perf.decide(state, float(i)):
             perf.evolve(state, event)
     perf.verdicts(state)
+
+
+def test_a_slow_worker_whose_nic_the_fabric_samples_flag_is_blamed_on_that_nic() -> None:
+    from events.fabric import FabricSample, LinkState, NicSample
+
+    state = perf.PerfState()
+    nodes = [f"node-{i}" for i in range(4)]
+    placements = [Placement(cluster="c", node=n, gpu_indices=list(range(8))) for n in nodes]
+    perf.evolve(state, JobScheduled(job_id="j", at=0.0, team="t", placements=placements, pool="default"))
+    for n in nodes:
+        nics = [
+            NicSample(name=f"mlx5_{g}/1", index=g, state=LinkState.UP, gpu_index=g,
+                      rate_gbps=200.0 if (n, g) == ("node-2", 5) else 400.0)
+            for g in range(8)
+        ]  # fmt: skip
+        perf.evolve(state, FabricSample(cluster="c", node=n, seq=1, observed_at=1.0, interval_s=1.0, nics=nics))
+    published = []
+    for step in range(6):
+        for i, n in enumerate(nodes):
+            rows = [
+                RankStep(rank=r, step=step, step_start_s=10.0 * step, step_end_s=10.0 * step + 9.5,
+                         compute_s=8.0 * (1.6 if r == 21 else 1.0) + 0.01 * (r % 3))
+                for r in range(8 * i, 8 * i + 8)
+            ]  # fmt: skip
+            perf.evolve(state, RankStepTimings(cluster="c", node=n, job_id="j", observed_at=10.0 * step, steps=rows))
+        for event, _ in perf.decide(state, 10.0 * step + 9.5):
+            perf.evolve(state, event)
+            published.append(event)
+    (verdict,) = [e for e in published if isinstance(e, JobSlowdownDetected)]
+    assert verdict.culprit is CulpritKind.NIC and (verdict.node, verdict.gpu_index, verdict.nic) == (
+        "node-2",
+        5,
+        "mlx5_5/1",
+    )
+    assert verdict.pattern == "slow_worker" and verdict.ranks == [21] and "trained at 200" in verdict.reason
