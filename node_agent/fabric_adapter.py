@@ -202,8 +202,8 @@ def read_nccl_ras(host: str = "127.0.0.1", port: int = RAS_PORT, timeout_s: floa
     """Per-communicator collective counts from NCCL's RAS service (JSON output: NCCL >= 2.28.7), or None
     when it is unreachable or too old to answer in JSON. The agent no longer uses this one-shot reader:
     `--nccl-ras` runs node_agent/ras_poller.py (the documented handshake, text fallback, MONITOR).
-    Unverified against a live NCCL here: the parser takes what it recognises (`communicators[*].{id|commHash, ranks, ops|collOpCount, missingRanks}`)
-    and ignores the rest."""
+    Unverified against a live NCCL here: the parser takes what it recognises
+    (`communicators[*].{id|commHash, ranks, ops|collOpCount, missingRanks}`) and ignores the rest."""
     import json
 
     try:
