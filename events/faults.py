@@ -33,6 +33,9 @@ class FaultKind(StrEnum):
     AMD_CPER = "amd_cper"  # a CPER record from the driver (`afid` names its AMD Field ID, when decoded)
     GPU_RESET_STUCK = "gpu_reset_stuck"  # a GPU reset began and did not complete in time
     XGMI = "xgmi"  # an XGMI (Infinity Fabric) link down or erroring: a fabric fault
+    # An NCCL process of a job that NCCL's RAS declared dead (services/perf: PEER_DEAD): its node goes
+    # out of service and the scheduler requeues the job
+    NCCL_PEER_DEAD = "nccl_peer_dead"
     OTHER = "other"
 
 

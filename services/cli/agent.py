@@ -67,7 +67,30 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--amd-gpu-model", default="MI300X-192GB", help="GPU model of the simulated AMD nodes (default MI300X-192GB)"
     )
-    p.add_argument("--nccl-ras", action="store_true", help="also read NCCL's RAS service on localhost:28028")
+    p.add_argument(
+        "--nccl-ras",
+        action="store_true",
+        help="also query NCCL's RAS service on localhost:28028 (STATUS every 5 s, MONITOR for PEER_DEAD)",
+    )
+    p.add_argument(
+        "--step-log",
+        action="append",
+        default=[],
+        metavar="JOB=PATH",
+        help="tail a job's JSONL step log (chamber_hooks.StepLog) and publish its per-rank step timings (repeatable)",
+    )
+    p.add_argument(
+        "--nccl-inspector-dir",
+        type=Path,
+        metavar="DIR",
+        help="read NCCL Inspector's Prometheus textfiles (NCCL_INSPECTOR_DUMP_DIR) into the fabric samples",
+    )
+    p.add_argument(
+        "--nccl-inspector-otlp-port",
+        type=int,
+        metavar="PORT",
+        help="receive NCCL Inspector's OTLP/HTTP JSON metrics on 127.0.0.1:PORT/v1/metrics (Inspector's default 4318)",
+    )
     p.add_argument(
         "--label",
         action="append",
@@ -141,11 +164,26 @@ def options(args: argparse.Namespace) -> AgentOptions:
         health_port=health_port,
         sysfs_root=None if root == "none" else Path(root),
         nccl_ras=getattr(args, "nccl_ras", False),
+        step_logs=_step_logs(getattr(args, "step_log", [])),
+        inspector_dir=getattr(args, "nccl_inspector_dir", None),
+        inspector_otlp_port=getattr(args, "nccl_inspector_otlp_port", None),
         labels=labels,
         vendor=getattr(args, "vendor", "auto"),
         amd_nodes=getattr(args, "amd_nodes", 0) if args.simulate else 0,
         amd_gpu_model=amd_model_name,
     )
+
+
+def _step_logs(values: list[str]) -> dict[str, Path]:
+    from services.cli.errors import UsageError
+
+    out = {}
+    for v in values:
+        job, sep, path = v.partition("=")
+        if not sep or not job or not path:
+            raise UsageError(f"--step-log takes JOB=PATH, not {v!r}")
+        out[job] = Path(path)
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
