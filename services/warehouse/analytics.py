@@ -48,6 +48,9 @@ class Limits:
     max_memory_bytes: int = 2 * 1024**3
     max_rows: int = 100_000
     max_threads: int = 0  # 0: default_threads()
+    # The nice value of the query's threads: where the engine may renice (CAP_SYS_NICE, root in a
+    # container) ingest's threads win the CPU from a heavy query; elsewhere the engine skips it.
+    nice: int = 19
 
     def settings(self, rows: int | None = None) -> dict[str, Any]:
         wanted = self.max_rows if rows is None else max(0, min(rows, self.max_rows))
@@ -59,6 +62,7 @@ class Limits:
             "max_result_rows": wanted + 1,
             "result_overflow_mode": "break",
             "max_threads": self.max_threads or default_threads(),
+            "os_thread_priority": self.nice,
         }
 
     def explain(self, message: str) -> str:
