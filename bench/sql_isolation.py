@@ -10,8 +10,9 @@ the last sample stored:
   path (`chamber.cmd.recorder.sql`), each one running until the query time limit stops it (5 s
   here, `--query-time-limit`, so a round ends soon after its last sample; the next query follows at
   once, so the load does not pause).
-Quiet and heavy rounds alternate (`--rounds` of each) so a change in the machine's load falls on both;
-the medians are compared. Prints one JSON object; `ratio` is heavy over quiet (the target: >= 0.9).
+Quiet and heavy rounds alternate (`--rounds` pairs, quiet first), so a change in the machine's load
+falls on both of a pair; `ratio` is the median over the pairs of heavy over quiet (the target:
+>= 0.9), `pair_ratios` each pair's. Prints one JSON object.
 Run: `python bench/sql_isolation.py` (about two minutes).
 """
 
@@ -30,18 +31,18 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import ingest as ingest_bench  # noqa: E402 (bench/ingest.py: the agent's samples, the timed writer)
+import ingest as ingest_bench  # bench/ingest.py: the agent's samples, the timed writer
 
-from services.recorder.service import setup_recorder  # noqa: E402
-from services.runtime import connect, ensure_streams  # noqa: E402
-from services.runtime.commands import CommandRefused, CommandUnavailable, request  # noqa: E402
-from services.runtime.host import ServiceContext, serve  # noqa: E402
-from services.runtime.logs import configure_logging  # noqa: E402
-from services.runtime.nats_server import NatsServerProcess  # noqa: E402
-from services.warehouse import migrate  # noqa: E402
-from services.warehouse.analytics import Limits  # noqa: E402
-from services.warehouse.chdb_backend import ChdbWarehouse  # noqa: E402
-from services.warehouse.door import open_door  # noqa: E402
+from services.recorder.service import setup_recorder
+from services.runtime import connect, ensure_streams
+from services.runtime.commands import CommandRefused, CommandUnavailable, request
+from services.runtime.host import ServiceContext, serve
+from services.runtime.logs import configure_logging
+from services.runtime.nats_server import NatsServerProcess
+from services.warehouse import migrate
+from services.warehouse.analytics import Limits
+from services.warehouse.chdb_backend import ChdbWarehouse
+from services.warehouse.door import open_door
 
 # CPU-bound until the time limit stops it: hashes a trillion numbers, reads no table.
 HEAVY = "SELECT count() FROM numbers(1000000000000) WHERE cityHash64(number) % 7 = 3"
@@ -123,9 +124,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="quiet rounds and heavy rounds, alternating (2)")
     parser.add_argument("--query-threads", type=int, default=0, help="threads of the heavy query (0: the default)")
     parser.add_argument("--query-time-limit", type=int, default=5, help="seconds each heavy query runs (5)")
+    parser.add_argument("--nice", type=int, default=Limits().nice, help=f"the query threads' nice ({Limits().nice})")
     args = parser.parse_args()
     configure_logging("error")
-    limits = Limits(max_execution_time_s=args.query_time_limit, max_threads=args.query_threads)
+    limits = Limits(max_execution_time_s=args.query_time_limit, max_threads=args.query_threads, nice=args.nice)
     out: dict[str, object] = {"load_average_1m_at_start": round(os.getloadavg()[0], 2), "rounds": []}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.rounds * 2):
@@ -133,23 +135,28 @@ def main() -> None:
             server = NatsServerProcess(Path(tmp) / f"nats-{i}")
             server.start()
             try:
-                result = asyncio.run(one_round(server.url, Path(tmp) / f"wh-{i}", args.messages, heavy=heavy, limits=limits))
+                result = asyncio.run(
+                    one_round(server.url, Path(tmp) / f"wh-{i}", args.messages, heavy=heavy, limits=limits)
+                )
             finally:
                 server.stop()
             out["rounds"].append(result)  # type: ignore[attr-defined]
     rounds: list[dict[str, object]] = out["rounds"]  # type: ignore[assignment]
-    quiet = statistics.median(int(r["gpu_samples_per_s"]) for r in rounds if not r["heavy"])  # type: ignore[call-overload]
-    loaded = statistics.median(int(r["gpu_samples_per_s"]) for r in rounds if r["heavy"])  # type: ignore[call-overload]
+    rates = [int(r["gpu_samples_per_s"]) for r in rounds]  # type: ignore[call-overload]
+    quiet, loaded = statistics.median(rates[0::2]), statistics.median(rates[1::2])
+    pairs = [round(h / q, 3) for q, h in zip(rates[0::2], rates[1::2], strict=True)]
     out.update(
         {
             "messages": args.messages,
             "quiet_gpu_samples_per_s": round(quiet),
             "heavy_gpu_samples_per_s": round(loaded),
-            "ratio": round(loaded / quiet, 3),
+            "ratio": round(statistics.median(pairs), 3),
+            "pair_ratios": pairs,
             "target_ratio": 0.9,
             "heavy_query": HEAVY,
             "query_threads": limits.settings()["max_threads"],
             "query_time_limit_s": limits.max_execution_time_s,
+            "query_nice": limits.nice,
             "cpus": os.cpu_count() or 0,
             "load_average_1m_at_end": round(os.getloadavg()[0], 2),
         }

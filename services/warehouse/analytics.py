@@ -12,6 +12,7 @@ constraints) without an HTTP session, so nothing one query sets reaches the next
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -150,10 +151,8 @@ class ChdbAnalytics(AnalyticsSession):
                 result = self._session.query(sql, "JSONCompact")
             except Exception as exc:
                 # chDB hands what a failed query wrote to the next call's result; a throwaway query takes it
-                try:
+                with contextlib.suppress(Exception):  # the query's own error is the one to report
                     self._session.query("SELECT 1", "CSV")
-                except Exception:  # noqa: S110 (the query's own error is the one to report)
-                    pass
                 raise WarehouseError(str(exc)) from None
         return QueryResult.from_json_compact(result.bytes() if result is not None else b"")
 

@@ -165,7 +165,8 @@ def nodes_from_json(tree: Any) -> list[Node]:
             detail = "outfile"
         else:
             detail = "attach" if node.get("attach") is True else ""
-        name = node.get("name")
+        # `* APPLY f` names its function in `func_name`, not as a Function node
+        name = node.get("func_name") if kind == "ColumnsApplyTransformer" else node.get("name")
         yield Node(depth, kind, name if isinstance(name, str) else "", parent, key, detail)
         for child_key, value in node.items():
             children = value if isinstance(value, list) else [value]
@@ -191,7 +192,9 @@ def nodes_from_explain(lines: list[str]) -> list[Node]:
         del parents[depth:]
         name = text.split(" ", 1)[0] if text else ""
         detail = text.split(" (", 1)[0] if kind == "Explain" else ""
-        nodes.append(Node(depth, kind, name if not name.startswith("(") else "", parents[-1] if parents else "", "", detail))
+        nodes.append(
+            Node(depth, kind, name if not name.startswith("(") else "", parents[-1] if parents else "", "", detail)
+        )
         parents.append(kind)
     if not nodes:
         raise OutsideTheWarehouse("empty query")
@@ -238,7 +241,12 @@ def check_tree(nodes: list[Node], catalog: Catalog) -> None:
             database = name.split(".", 1)[0]
             if database in catalog.other_databases or (node.kind == "TableIdentifier" and database != DATABASE):
                 raise _refuse(f"{name} is in another database")
-        if node.kind != "Function":
+        if node.kind == "ColumnsApplyTransformer" and not node.key:
+            # a server's EXPLAIN AST shows neither the function nor the lambda that APPLY calls
+            raise ReadOnlyViolation("refused: APPLY is not accepted on a ClickHouse server; call the function by name")
+        if node.kind == "ColumnsApplyTransformer" and not name:
+            continue  # `APPLY(x -> ...)`: the lambda's own nodes follow and are checked
+        if node.kind not in ("Function", "ColumnsApplyTransformer"):
             continue
         own = name.removeprefix(f"{DATABASE}.") in catalog.views
         if node.parent == "TableExpression" and not (lowered in SAFE_TABLE_FUNCTIONS or own):

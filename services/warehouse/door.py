@@ -71,8 +71,7 @@ class SqlDoor:
 
     def _busy(self, why: str) -> Busy:
         return Busy(
-            f"busy: {self.running} of {self.slots} query slots running, {self.queued} queued{why}; "
-            "try again shortly"
+            f"busy: {self.running} of {self.slots} query slots running, {self.queued} queued{why}; try again shortly"
         )
 
     async def _acquire(self) -> AnalyticsSession:

@@ -97,7 +97,7 @@ async def test_ingest_goes_on_while_a_query_holds_its_slot(warehouse: ChdbWareho
 async def test_a_recorder_that_never_answers_gets_the_limit_named_not_a_fallback(
     nats_server: NatsServerProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert access.REQUEST_TIMEOUT_S > Limits().max_execution_time_s + QUEUE_WAIT_S
+    assert Limits().max_execution_time_s + QUEUE_WAIT_S < access.REQUEST_TIMEOUT_S
     nc = await connect(nats_server.url, name="a stuck recorder")
 
     async def take_and_never_answer(msg: object) -> None:

@@ -138,7 +138,7 @@ async def test_every_function_that_reaches_outside_is_refused_with_a_clear_messa
             await answer_sql(door, sql)
         message = str(refused.value)
         assert message.startswith("refused:"), (sql, message)
-        assert "s3cr3t" not in message and "root:" not in message and "vm" != message
+        assert "s3cr3t" not in message and "root:" not in message
     assert seen == []  # not one request reached the loopback server
     # a line break in a name cannot forge nodes of the JSON tree: it stays a name
     assert (await answer_sql(door, "SELECT 1 AS `a\nFunction numbers`"))["columns"] == ["a\nFunction numbers"]
@@ -185,7 +185,7 @@ def test_the_engine_itself_refuses_what_the_parse_check_would_miss(warehouse: Ch
             "SELECT 1 SETTINGS max_memory_usage = 0",
             "CREATE TABLE chamber.x (a Int8) ENGINE = Memory",
         ]:
-            with pytest.raises(WarehouseError, match="(?i)readonly"):
+            with pytest.raises(WarehouseError, match=r"(?i)readonly"):
                 session.run(sql, 10)
         session.run("USE system", 10)  # allowed by the engine, and undone before the next query
         assert session.run("SELECT currentDatabase(), getSetting('readonly')", 10).rows == [["chamber", 1]]

@@ -12,6 +12,7 @@ from services.warehouse.confine import (
     check_tree,
     explain_parse_error,
     is_simple_statement,
+    nodes_from_explain,
     nodes_from_json,
     refused_text,
     sql_literal,
@@ -63,6 +64,21 @@ def test_what_reaches_outside_is_refused() -> None:
     assert "another database" in refusal(select({"type": "Identifier", "name": "default.x"}))
     for name in ("hostName", "hostname", "HOSTNAME", "aiGenerate", "dictGet", "getServerSetting", "url"):
         assert f"function {name}()" in refusal(select(function(name))), name
+
+
+def test_a_function_called_through_apply_is_checked_like_any_other() -> None:
+    def applying(transformer: dict[str, object]) -> dict[str, object]:
+        columns = {"type": "ColumnsTransformerList", "children": [{"type": "ColumnsApplyTransformer", **transformer}]}
+        return select({"type": "Asterisk", "transformers": columns})
+
+    assert "function hostName()" in refusal(applying({"func_name": "hostName"}))
+    assert "function hostName()" in refusal(applying({"lambda": function("hostName")}))
+    check_tree(nodes_from_json(applying({"func_name": "plus"})), CATALOG)
+    server_tree = ["SelectWithUnionQuery (children 1)", " ExpressionList (children 1)", "  SelectQuery (children 1)"]
+    server_tree += ["   ExpressionList (children 1)", "    Asterisk (children 1)", "     ColumnsTransformerList"]
+    server_tree += ["      ColumnsApplyTransformer"]
+    with pytest.raises(ReadOnlyViolation, match="APPLY is not accepted on a ClickHouse server"):
+        check_tree(nodes_from_explain(server_tree), CATALOG)
 
 
 def test_statements_settings_and_output_clauses_are_refused() -> None:
