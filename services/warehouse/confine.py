@@ -20,7 +20,6 @@ whole text is exactly their plain form: `SHOW TABLES`, `DESCRIBE [TABLE] name`, 
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -215,6 +214,7 @@ def _statement_name(kind: str, nodes: list[Node]) -> str:
 def check_tree(nodes: list[Node], catalog: Catalog) -> None:
     """Raise ReadOnlyViolation unless the parsed query is one read-only query on `chamber`."""
     root = nodes[0]
+    from_explain_ast = all(not n.key for n in nodes)  # a server's tree: no JSON keys
     if root.kind == "Explain":
         explained = [n for n in nodes if n.depth == 1 and n.kind != "Set"]
         if root.detail.upper() not in _EXPLAIN_KINDS:
@@ -228,8 +228,8 @@ def check_tree(nodes: list[Node], catalog: Catalog) -> None:
             f"refused: {_statement_name(root.kind, nodes)} is not accepted; the warehouse is read-only here: "
             f"use {ACCEPTED}"
         )
-    elif not root.key and [n.kind for n in nodes if n.depth == 1 and not n.key] not in ([], ["ExpressionList"]):
-        # EXPLAIN AST: what follows the selects at the top is a FORMAT name or an INTO OUTFILE path
+    elif from_explain_ast and [n.kind for n in nodes if n.depth == 1] != ["ExpressionList"]:
+        # what follows the selects at the top is a FORMAT name or an INTO OUTFILE path (JSON: their keys)
         raise ReadOnlyViolation("refused: FORMAT and INTO OUTFILE are not accepted; the tool formats the results")
     for node in nodes:
         name, lowered = node.name, node.name.lower()
@@ -241,7 +241,7 @@ def check_tree(nodes: list[Node], catalog: Catalog) -> None:
             database = name.split(".", 1)[0]
             if database in catalog.other_databases or (node.kind == "TableIdentifier" and database != DATABASE):
                 raise _refuse(f"{name} is in another database")
-        if node.kind == "ColumnsApplyTransformer" and not node.key:
+        if node.kind == "ColumnsApplyTransformer" and from_explain_ast:
             # a server's EXPLAIN AST shows neither the function nor the lambda that APPLY calls
             raise ReadOnlyViolation("refused: APPLY is not accepted on a ClickHouse server; call the function by name")
         if node.kind == "ColumnsApplyTransformer" and not name:
@@ -262,10 +262,6 @@ def check_tree(nodes: list[Node], catalog: Catalog) -> None:
             )
         if node.parent != "TableExpression" and lowered in catalog.table_functions - SAFE_TABLE_FUNCTIONS - {"format"}:
             raise _refuse(f"function {name}() reaches outside the warehouse (files, URLs, other servers)")
-
-
-def parse_json_answer(raw: str) -> list[Node]:
-    return nodes_from_json(json.loads(raw))
 
 
 _NOT_SERIALIZABLE = re.compile(r"AST node of type '([A-Za-z]+?)(?:_[^']*)?' does not support JSON")
