@@ -84,7 +84,7 @@ async def one_round(url: str, data_dir: Path, n: int, *, heavy: bool, limits: Li
         await setup_recorder(ctx, writer, telemetry_consumers=3, door=door)
         for consumer in ctx.consumers:
             if consumer.options.stream == "TELEMETRY":
-                consumer.fetch = ingest_bench._timed(consumer.fetch, first_fetch)  # type: ignore[method-assign]
+                consumer.fetch = ingest_bench._timed(consumer.fetch, first_fetch)  # type: ignore[method-assign,assignment]
 
     outcomes: list[str] = []
     heavy_stop = asyncio.Event()

@@ -59,7 +59,7 @@ def test_a_plain_select_on_chamber_passes() -> None:
 
 def test_what_reaches_outside_is_refused() -> None:
     assert "table function file()" in refusal(from_table(select(), {"table_function": function("file")}))
-    system = {"database_and_table_name": {"type": "TableIdentifier", "name": "system.users"}}
+    system: dict[str, object] = {"database_and_table_name": {"type": "TableIdentifier", "name": "system.users"}}
     assert "system.users is in another database" in refusal(from_table(select(), system))
     assert "another database" in refusal(select({"type": "Identifier", "name": "default.x"}))
     for name in ("hostName", "hostname", "HOSTNAME", "aiGenerate", "dictGet", "getServerSetting", "url"):
