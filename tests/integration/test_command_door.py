@@ -12,11 +12,11 @@ from nats.js import JetStreamContext
 from services.quota import service as quota_service
 from services.runtime import Publisher
 from services.runtime.commands import MAX_REPLY_BYTES, CommandRefused, page_of_rows, request
-from services.runtime.nats_server import NatsServerProcess
 from services.scheduler import service as scheduler_service
 from tests.integration.test_runtime import eventually
 from tests.integration.test_scheduler_service import Running, answers
 from tests.scheduler_builders import a_node, a_quota
+from tests.secured_bus import SecuredNatsServer
 
 pytestmark = pytest.mark.integration
 
@@ -32,12 +32,12 @@ async def stream_messages(js: JetStreamContext, stream: str) -> int:
 
 
 async def test_bad_submits_are_refused_naming_the_field_and_nothing_reaches_the_log(
-    nats_server: NatsServerProcess, nc: Client, js: JetStreamContext
+    nats_server: SecuredNatsServer, nc: Client, js: JetStreamContext
 ) -> None:
     publisher = Publisher(js, source="test/setup")
     await publisher.publish(a_node("n1", gpus=8))
     await publisher.publish(a_quota("vision", 4))
-    sched = Running(scheduler_service, nats_server.url)
+    sched = Running(scheduler_service, nats_server.url_for("scheduler"))
     try:
         await eventually(lambda: answers(nc, "scheduler", "queue", {}))
         cases = [
@@ -67,10 +67,10 @@ async def test_bad_submits_are_refused_naming_the_field_and_nothing_reaches_the_
 
 
 async def test_quota_commands_normalise_the_team_and_refuse_unknown_fields(
-    nats_server: NatsServerProcess, nc: Client, js: JetStreamContext
+    nats_server: SecuredNatsServer, nc: Client, js: JetStreamContext
 ) -> None:
     await Publisher(js, source="test/setup").publish(a_node("n1", gpus=8))
-    quota = Running(quota_service, nats_server.url)
+    quota = Running(quota_service, nats_server.url_for("quota"))
     try:
         await eventually(lambda: answers(nc, "quota", "list", {}))
         assert (await refused(nc, "quota", "set", {"team": "vision", "gpus": 4, "borrow": 0})).field == "borrow"
@@ -96,7 +96,7 @@ def test_a_page_of_rows_stays_under_the_budget_and_says_where_the_rest_starts() 
 
 
 async def test_an_answer_or_a_request_over_the_max_payload_is_refused_with_the_truth(
-    nats_server: NatsServerProcess, nc: Client
+    nats_server: SecuredNatsServer, nc: Client
 ) -> None:
     import asyncio
 

@@ -15,9 +15,9 @@ from services.cli import main
 from services.cli.up import DEMO_SETUP_MARKER, mark_demo_setup
 from services.cli.workload import _main as workload
 from services.runtime.commands import CommandServer
-from services.runtime.nats_server import NatsServerProcess
 from tests.integration.test_gateway_api import start_gateway
 from tests.integration.test_runtime import eventually
+from tests.secured_bus import SecuredNatsServer
 
 pytestmark = pytest.mark.integration
 
@@ -79,7 +79,7 @@ async def _run_workload(url: str, marker: Path) -> dict[str, list[Any]]:
 
 
 async def test_a_restarted_workload_submits_without_touching_quotas(
-    nats_server: NatsServerProcess, tmp_path: Path
+    nats_server: SecuredNatsServer, tmp_path: Path
 ) -> None:
     marker = tmp_path / DEMO_SETUP_MARKER
     marker.touch()
@@ -89,8 +89,8 @@ async def test_a_restarted_workload_submits_without_touching_quotas(
     assert again["price"] == [] and again["set"] == [] and again["submit"]
 
 
-async def test_healthz_answers_503_while_the_bus_is_down(nats_server: NatsServerProcess) -> None:
-    stop, task, url = await start_gateway(nats_server.url)
+async def test_healthz_answers_503_while_the_bus_is_down(nats_server: SecuredNatsServer) -> None:
+    stop, task, url = await start_gateway(nats_server.url_for("gateway"))
 
     async def status() -> tuple[int, dict[str, Any]]:
         try:
@@ -118,7 +118,7 @@ async def _is(status: Any, code: int) -> bool:
 
 
 async def test_a_gpu_model_that_matches_no_gpu_of_the_fleet_is_warned_about(
-    nats_server: NatsServerProcess, js: Any, tmp_path: Path
+    nats_server: SecuredNatsServer, js: Any, tmp_path: Path
 ) -> None:
     """Issue 16, finding 17: `--gpu-model H100` on a fleet of H100-80GB matched nothing, silently."""
     import json
