@@ -4,7 +4,8 @@ users and permissions `chamber nats-config` generates (tests/secured_bus.py).
 `nats_server.url` logs in as `admin` (the operator); a service under test logs in as its own role,
 `nats_server.url_for("scheduler")` or `await connect_as(nats_server, "scheduler")`. A test ends in
 failure if the server refused any client a permission, unless it is marked
-`@pytest.mark.refusals_expected` (a test of the refusals themselves)."""
+`@pytest.mark.refusals_expected` (a test of the refusals themselves). The users' cluster is `c1`,
+or the one a test names with `@pytest.mark.bus_cluster("NAME")` (fleet and fault subjects carry it)."""
 
 from __future__ import annotations
 
@@ -23,12 +24,14 @@ __all__ = ["SecuredNatsServer", "connect_as"]
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "refusals_expected: the test makes the bus refuse a permission on purpose")
+    config.addinivalue_line("markers", "bus_cluster(name): the cluster the bus's users are generated for")
 
 
 @pytest.fixture
 def nats_server(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[SecuredNatsServer]:
     """A running nats-server; the test may stop(), kill() and start()/restart() it (same port, store)."""
-    server = SecuredNatsServer(tmp_path)
+    cluster = request.node.get_closest_marker("bus_cluster")
+    server = SecuredNatsServer(tmp_path, *(cluster.args if cluster else ()))
     server.start()
     try:
         yield server

@@ -56,12 +56,16 @@ class SecuredNatsServer(NatsServerProcess):
         return f"nats://{user}:{self.passwords.password(user)}@{self.host}:{self.port}"
 
     def violations(self) -> list[str]:
-        """Every permission the server refused so far (its log lines, e.g. `Publish Violation - User
-        "svc-scheduler", Subject "$O.snapshots..."`)."""
-        if self.log_file is None or not self.log_file.exists():
-            return []
-        text = self.log_file.read_text(errors="replace")
-        return [m.group(0) for m in _VIOLATION.finditer(text)]
+        """Every permission the server refused so far (see `violations_in`)."""
+        return violations_in(self.log_file) if self.log_file is not None else []
+
+
+def violations_in(log: Path) -> list[str]:
+    """The refusals in a nats-server log, one line each (e.g. `... "$G/user:svc-scheduler" - Publish
+    Violation - Subject "$O.chamber_snapshots.C..."`)."""
+    if not log.exists():
+        return []
+    return [m.group(0) for m in _VIOLATION.finditer(log.read_text(errors="replace"))]
 
 
 async def connect_as(server: SecuredNatsServer, role: str, *, name: str | None = None) -> Client:

@@ -120,6 +120,7 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
             stop=stop,
             stream_interval_s=args.stream_interval,
             ready=ready,
+            replaying=host.replaying,
             protect_reads=args.protect_reads,
             history=None if args.no_warehouse_history else WarehouseHistory(forward).get,
         )

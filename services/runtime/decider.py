@@ -154,6 +154,7 @@ class _Source:
 
 @dataclass
 class HostStats:
+    taken: int = 0  # messages read from the inputs since start (folded, skipped or dead-lettered)
     folded: int = 0
     skipped: int = 0
     dead: int = 0
@@ -205,6 +206,8 @@ class DeciderHost(Generic[S]):
             lease = LeaderLease(ctx.js, d.lease.strip(), holder, ttl_s=d.lease_ttl_s)
             self.lease = lease
             ctx.task(lambda: lease.run(ctx.stop, self._on_leadership))
+        if ctx.health_state is not None:  # /readyz answers 503 and /metrics says so until caught up
+            ctx.health_state.replaying = self.replaying
         ctx.task(self._run)
         ctx.every(d.tick_s, self.tick)
         ctx.every(min(d.tick_s, 0.25), self._check_ready)  # ready soon after catching up, whatever the tick
@@ -221,19 +224,25 @@ class DeciderHost(Generic[S]):
 
     # -- start: snapshot + positions -----------------------------------------------------------
     async def restore(self) -> None:
+        """Load the latest snapshot and the positions it covers. Every outcome is logged once: the
+        restore with its positions and how long it took, or why the host folds from the start."""
         codec = self.decider.snapshot
         if codec is None:
             return
+        name = self.decider.name
+        began = time.monotonic()
         try:
-            snap = await self.store.load(self.decider.name)
+            snap = await self.store.load(name)
         except Exception as exc:  # a broken store must not keep the service from replaying
-            log.warning("snapshot unreadable; folding from the start", service=self.decider.name, error=repr(exc))
+            log.warning("snapshot unreadable; folding from the start", service=name, error=repr(exc))
             return
         if snap is None:
+            log.info("no snapshot; folding from the start", service=name)
             return
         if snap.format != self.snapshot_format:
             log.info(
-                "snapshot of another build or settings; folding from the start",
+                "snapshot of another state version or settings; folding from the start",
+                service=name,
                 have=snap.format,
                 want=self.snapshot_format,
             )
@@ -241,11 +250,17 @@ class DeciderHost(Generic[S]):
         try:
             state = codec.decode(snap.state)
         except Exception as exc:
-            log.warning("snapshot does not decode; folding from the start", error=repr(exc))
+            log.warning("snapshot does not decode; folding from the start", service=name, error=repr(exc))
             return
         self.state, self.positions = state, dict(snap.positions)
         self.stats.restored_from = dict(snap.positions)
-        log.info("state restored from snapshot", service=self.decider.name, positions=snap.positions)
+        log.info(
+            "state restored from snapshot",
+            service=name,
+            positions=snap.positions,
+            bytes=len(snap.state),
+            seconds=round(time.monotonic() - began, 3),
+        )
 
     async def _open(self, source: _Source) -> None:
         spec = source.spec
@@ -418,7 +433,7 @@ class DeciderHost(Generic[S]):
                 buffer.appendleft(item)  # the next input's head comes first
                 break
             taken += 1
-            source.pending = pos.pending
+            source.pending = pos.pending  # what the server still had after this one
             positions[stream] = pos.stream_seq
             try:
                 event, event_id = decode_event(msg.headers, msg.data, max_bytes=DEFAULT_MAX_BYTES)
@@ -437,6 +452,7 @@ class DeciderHost(Generic[S]):
                 awaiting.discard(event_id)
             if on_event is not None:
                 self._on_event(event)
+        self.stats.taken += taken
         if folded:
             self.stats.folded += folded
             self._changed_since_snapshot = True
@@ -483,6 +499,26 @@ class DeciderHost(Generic[S]):
             if info.num_pending or (delivered or 0) > source.received:
                 return False  # still on the server, or on the wire to us
         return True
+
+    def progress(self) -> tuple[int, int]:
+        """(messages read since start, that plus what the servers still hold for our consumers)."""
+        return self.stats.taken, self.stats.taken + sum(s.pending for s in self.sources)
+
+    @property
+    def resyncing(self) -> bool:
+        """A new leader folding what the previous one published before it decides (`_tick`)."""
+        return self.decider.decide is not None and self.lease is not None and self.leading and not self.synced
+
+    def replaying(self) -> str | None:
+        """Why this service is not serving yet: "replaying: folded N of M" until caught up once, and
+        again while a new leader re-syncs; None when caught up."""
+        if self.ready and not self.resyncing:
+            return None
+        if not all(s.consumer for s in self.sources):
+            return "replaying: opening the inputs"
+        done, total = self.progress()
+        what = "replaying" if not self.ready else "replaying (new leader re-syncing)"
+        return f"{what}: folded {done} of {total}"
 
     def inject(self, item: object) -> None:
         """Fold a fact from outside the log (e.g. a Kubernetes listing) at this point of the fold."""
@@ -631,4 +667,9 @@ class DeciderHost(Generic[S]):
         return size
 
     def health(self) -> dict[str, Any]:
-        return {"ready": self.ready, "leading": self.leading, "positions": dict(self.positions)}
+        return {
+            "ready": self.ready,
+            "leading": self.leading,
+            "replaying": self.replaying(),
+            "positions": dict(self.positions),
+        }
