@@ -25,16 +25,17 @@ from events.base import Event
 from events.commands import RestoreNode
 from events.fleet import GpuIsolated, GpuRestored, NodeDiscovered, NodeIsolated, NodeRestored, NodeUpdated
 from services.health import core
-from services.health.core import HealthRefusal, HealthState, Isolation, NodeHealth
+from services.health.core import HealthRefusal, HealthState, NodeHealth
 from services.health.kube import gpu_entry
 from services.health.policy import Policy, PolicyError, load_policy
 from services.runtime.backoff import Backoff
 from services.runtime.commands import CommandRefused
-from services.runtime.decider import Decider, DeciderHost, Input, SnapshotCodec, pickle_codec
+from services.runtime.decider import Decider, DeciderHost, Input, SnapshotCodec
 from services.runtime.host import ServiceContext, serve
 from services.runtime.logs import get_logger
 from services.runtime.options import add_cluster_option
 from services.runtime.partitions import telemetry_inputs
+from services.runtime.state_codec import facts_codec
 
 NAME = "health"
 DESCRIPTION = "isolate failing GPUs and nodes by policy (XID, ECC, remap, thermal, power, NVLink, PCIe)"
@@ -70,9 +71,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def snapshot_codec(policy: Policy) -> SnapshotCodec[HealthState]:
-    """Pickled state; the policy in force comes from this start, never from the snapshot (an operator
-    who changed the policy file gets the new one)."""
-    base = pickle_codec(HealthState, NodeHealth, Isolation, core.Pending)
+    """The state's facts (msgspec, `core.STATE_VERSION`); the policy in force comes from this start,
+    never from the snapshot (an operator who changed the policy file gets the new one)."""
+    base = facts_codec(HealthState, version=core.STATE_VERSION)
 
     def decode(data: bytes) -> HealthState:
         return dataclasses.replace(base.decode(data), policy=policy)

@@ -42,7 +42,6 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from types import ModuleType
 from typing import Any, Generic, TypeVar
 
 import nats.errors
@@ -59,7 +58,7 @@ from services.runtime.host import ServiceContext
 from services.runtime.lease import LeaderLease
 from services.runtime.logs import get_logger
 from services.runtime.pull import BatchPuller, Position, position
-from services.runtime.snapshot_codec import build_digest, packages_of, safe_loads
+from services.runtime.snapshot_codec import packages_of, safe_loads, shape_digest
 from services.runtime.snapshots import Snapshot, SnapshotStore
 
 log = get_logger("chamber.runtime.decider")
@@ -88,15 +87,15 @@ class SnapshotCodec(Generic[S]):
     decode: Callable[[bytes], S]
 
 
-def pickle_codec(*shapes: type, modules: Sequence[ModuleType] = ()) -> SnapshotCodec[Any]:
+def pickle_codec(*shapes: type, version: int) -> SnapshotCodec[Any]:
     """Snapshots as pickle (it keeps the shared references and indexes of a state as they are),
     loaded through an allow-list of the core's own classes (`snapshot_codec.SafeUnpickler`: a
-    snapshot naming anything else is refused, never run), and named by build: the fields of the
-    `shapes` and the source of their modules and of `modules` (where the fold lives), so a snapshot
-    taken by another build is refused and the host replays from the start."""
+    snapshot naming anything else is refused, never run), and named by the core's `version` and the
+    fields of the `shapes`: a snapshot of another state version is refused and the host replays from
+    the start; one written by a build that changed only comments or code outside the state restores."""
     packages = packages_of(shapes)
     return SnapshotCodec(
-        format=f"pickle-{pickle.DEFAULT_PROTOCOL}-{build_digest(shapes, modules)}",
+        format=f"pickle-{pickle.DEFAULT_PROTOCOL}-v{version}-{shape_digest(shapes)}",
         encode=lambda state: pickle.dumps(state, protocol=pickle.DEFAULT_PROTOCOL),
         decode=lambda data: safe_loads(data, packages),
     )

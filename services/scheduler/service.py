@@ -79,9 +79,10 @@ def new_job_id(name: str, team: str) -> str:
 
 
 def snapshot_codec() -> SnapshotCodec[SchedulerState]:
-    from services.scheduler.core import budget, capacity, pools
+    """Pickle (the state shares objects between its indexes), named by the core's STATE_VERSION."""
+    from services.scheduler.core.snapshot_version import STATE_VERSION
 
-    return pickle_codec(SchedulerState, Job, Node, LinkHealth, modules=(budget, capacity, pools))  # where it folds
+    return pickle_codec(SchedulerState, Job, Node, LinkHealth, version=STATE_VERSION)
 
 
 class Scheduler:
