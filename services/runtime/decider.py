@@ -68,13 +68,23 @@ APPEND_ATTEMPTS = 8  # about 10 s of retries: longer than a JetStream leader ele
 WRONG_LAST_SEQUENCE = 10071  # JetStream's error code for a failed Nats-Expected-Last-Subject-Sequence
 
 
+DELIVER_MODES = {"all": DeliverPolicy.BY_START_SEQUENCE, "last_per_subject": DeliverPolicy.LAST_PER_SUBJECT}
+DELIVER_MODES["new"] = DeliverPolicy.NEW
+
+
 @dataclass(frozen=True)
 class Input:
     stream: str
     subjects: tuple[str, ...] = ()  # empty: every subject of the stream
     # "all": from the start (or the snapshot's position); "last_per_subject": the latest message of
-    # every subject, then live (a current picture, e.g. each node's last sample; not a resume point)
+    # every subject, then live (a current picture, e.g. each node's last sample; not a resume point);
+    # "new": only what arrives after the consumer is made (perf's telemetry: a rate is measured from
+    # fresh samples, replaying an hour of them would only delay readiness). Neither is a resume point.
     deliver: str = "all"
+
+    def __post_init__(self) -> None:
+        if self.deliver not in DELIVER_MODES:
+            raise ValueError(f"Input({self.stream!r}).deliver must be one of {sorted(DELIVER_MODES)}")
 
 
 @dataclass(frozen=True)
@@ -263,13 +273,13 @@ class DeciderHost(Generic[S]):
 
     async def _open(self, source: _Source) -> None:
         spec = source.spec
-        last_per_subject = spec.deliver == "last_per_subject"
+        from_position = spec.deliver == "all"
         start = self.positions.get(spec.stream, 0) + 1
         filters = list(spec.subjects)
         config = ConsumerConfig(
             ack_policy=AckPolicy.NONE,  # the snapshot is the tracking record; nothing to redeliver
-            deliver_policy=DeliverPolicy.LAST_PER_SUBJECT if last_per_subject else DeliverPolicy.BY_START_SEQUENCE,
-            opt_start_seq=None if last_per_subject else start,
+            deliver_policy=DELIVER_MODES[spec.deliver],
+            opt_start_seq=start if from_position else None,
             filter_subject=filters[0] if len(filters) == 1 else None,
             filter_subjects=filters if len(filters) > 1 else None,
             inactive_threshold=60.0,  # the server removes it when we are gone
@@ -281,7 +291,7 @@ class DeciderHost(Generic[S]):
         first = stream.state.first_seq or 0
         c = stream.config
         kept = not c.max_age and (c.max_bytes or -1) < 0 and (c.max_msgs or -1) < 0  # no limit ages it out
-        if kept and not last_per_subject and start < first and start <= (stream.state.last_seq or 0):
+        if kept and from_position and start < first and start <= (stream.state.last_seq or 0):
             # The snapshot is the base of replay: trimming below it is safe, trimming above it is not.
             self.stats.trimmed[spec.stream] = (start, first)
             log.error(

@@ -119,6 +119,8 @@ async def test_a_slowed_gpu_is_found_as_the_culprit_of_its_gang(
     ]
     lines = (await request(nc, "perf", "explain", {"job": job}))["lines"]
     assert "culprit gpu sim-001 GPU 2" in lines[0]
+    # folded once, when the verdict came back from JOBS (not also when it was published)
+    assert len([line for line in lines if "slow (episode 1" in line]) == 1, lines
     heat = await request(nc, "perf", "ranks", {"job": job})
     assert len(heat["ranks"]) == 8 and heat["culprit"]["gpu"] == 2 and heat["activity_pct"]
     straggler = heat["ranks"].index({"node": "sim-001", "gpu": 2})
