@@ -47,7 +47,7 @@ from typing import Any, Generic, TypeVar
 import nats.errors
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-from nats.js.errors import APIError, NoStreamResponseError
+from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
 
 from events import Event
 from events.codec import DEFAULT_MAX_BYTES, DecodeError, UnknownEventType, decode_event
@@ -623,6 +623,20 @@ class DeciderHost(Generic[S]):
         log.info("cycle", service=self.decider.name, positions=positions, decisions=len(out), at=now)
 
     # -- commands --------------------------------------------------------------------------------
+    async def entity_seq(self, stream: str, subject: str, timeout: float = 5.0) -> int:
+        """The last sequence of an entity's subject (0: none yet), once this host has folded it: a
+        command validated against the state now sees the entity's latest event, and appending with
+        `expected_subject_seq` set to it refuses the command if anything reached the entity since
+        (of two concurrent commands on one entity, exactly one wins)."""
+        try:
+            msg = await self.ctx.js.get_last_msg(stream, subject)
+        except NotFoundError:
+            return 0
+        seq = int(msg.seq or 0)
+        if not await self.wait_folded(stream, seq, timeout):
+            raise CommandConflict(f"{subject} is not folded up to {seq} yet; try again")
+        return seq
+
     async def append(self, event: Event, *, id: str, expected_subject_seq: int | None, wait: bool = True) -> int:
         """Publish a command's event; with `expected_subject_seq` (0: a new entity) the stream refuses
         it when the subject moved on (`CommandConflict`). With `wait`, returns once it is folded."""

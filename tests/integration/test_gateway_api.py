@@ -82,11 +82,12 @@ async def gateway(nats_server: SecuredNatsServer, nc: Client) -> AsyncIterator[G
 
 
 async def _up(gw: Gateway) -> bool:
+    """Connected and caught up: /api/* answers 503 "catching up" until the read model is folded."""
     try:
-        status, _ = await gw.get("/healthz")
+        status, body = await gw.get("/healthz")
     except aiohttp.ClientError:
         return False
-    return status == 200
+    return status == 200 and body.get("replaying") is None
 
 
 async def _folded(gw: Gateway, count: int) -> bool:
@@ -99,7 +100,7 @@ async def test_a_scripted_fleet_is_served_as_json_and_metrics(gateway: Gateway, 
     await eventually(lambda: _folded(gateway, len(events)))
 
     status, fleet = await gateway.get("/api/fleet")
-    assert status == 200
+    assert status == 200, (fleet, await gateway.get("/healthz"))
     assert (fleet["gpus_total"], fleet["gpus_allocated"], fleet["gpus_idle"], fleet["gpus_isolated"]) == (24, 14, 2, 8)
     assert [n["node"] for n in fleet["nodes"]] == ["n1", "n2", "n3"] and fleet["nodes"][2]["isolated"] is True
 
