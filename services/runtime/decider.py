@@ -426,12 +426,18 @@ class DeciderHost(Generic[S]):
                 self.stats.skipped += 1
                 continue
             except DecodeError as exc:
-                self._dead_letter(source, msg, exc)
+                self._dead_letter(source, msg, exc.reason, exc.detail)
                 continue
-            if with_id:
-                evolve(state, event, event_id)  # type: ignore[call-arg]
-            else:
-                evolve(state, event)
+            try:
+                if with_id:
+                    evolve(state, event, event_id)  # type: ignore[call-arg]
+                else:
+                    evolve(state, event)
+            except Exception as exc:
+                # A core bug on a well-formed event: it would fail again at every replay, so the
+                # service would crash-loop on it. Every replica and every replay skips it alike.
+                self._dead_letter(source, msg, "evolve_failed", f"{type(exc).__name__}: {exc}")
+                continue
             folded += 1
             if awaiting:
                 awaiting.discard(event_id)
@@ -449,18 +455,18 @@ class DeciderHost(Generic[S]):
         except Exception as exc:  # acting on one event must not stop the fold
             log.warning("on_event failed", service=self.decider.name, event_type=type(event).__name__, error=repr(exc))
 
-    def _dead_letter(self, source: _Source, msg: Msg, exc: DecodeError) -> None:
+    def _dead_letter(self, source: _Source, msg: Msg, reason: str, detail: str) -> None:
         """Copy a poison message to chamber.dead.<stream> with the reason (in the background)."""
         self.stats.dead += 1
-        log.warning("dead-lettering message", stream=source.spec.stream, subject=msg.subject, reason=exc.reason)
+        log.warning("dead-lettering message", stream=source.spec.stream, subject=msg.subject, reason=reason)
         task = asyncio.get_running_loop().create_task(
             dead_letter(
                 self.ctx.js,
                 msg,
                 stream=source.spec.stream,
                 consumer=f"{self.decider.name}-host",
-                reason=exc.reason,
-                detail=exc.detail,
+                reason=reason,
+                detail=detail,
             )
         )
         self._background.add(task)
