@@ -185,7 +185,7 @@ class DeciderHost(Generic[S]):
         self.awaiting: set[str] = set()
         self.awaiting_since = 0.0
         self._folded = asyncio.Condition()
-        self._background: set[asyncio.Task[None]] = set()
+        self._background: set[asyncio.Task[object]] = set()
         self._started = time.monotonic()
         self._last_snapshot = time.monotonic()
         self._changed_since_snapshot = False
