@@ -18,7 +18,6 @@ from typing import Any
 
 import msgspec
 from nats.aio.client import Client
-from nats.js.errors import NotFoundError
 
 from events import subjects
 from events.codec import encode
@@ -279,7 +278,7 @@ class Agent:
 
     async def _setup_streams(self) -> None:
         assert self.nc is not None
-        await ensure_streams(self.nc.jetstream())
+        await ensure_streams(self.nc.jetstream(), update=False)
 
     async def _start_simulation_io(self, stop: asyncio.Event) -> None:
         """Commands and the JOBS consumer of the simulated fleet (both need NATS)."""
@@ -288,21 +287,19 @@ class Agent:
         self._commands.register("inject", InjectFault, self._inject)
         while not stop.is_set():
             try:
-                await ensure_streams(self.nc.jetstream())
+                await ensure_streams(self.nc.jetstream(), update=False)
                 await self._commands.start()
                 break
             except Exception as exc:
                 log.warning("simulator commands not ready, retrying", error=repr(exc))
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), 1.0)
-        # The executor rebuilds its state from the whole JOBS log at every start.
+        # The executor rebuilds its state from the whole JOBS log at every start: an ephemeral consumer
+        # (the server removes it when we are gone), so its role owns no durable name on JOBS.
         js = self.nc.jetstream()
-        durable = f"sim-executor-{subjects.token(self.opts.cluster)}-{subjects.token(self.opts.node)}"
-        with contextlib.suppress(NotFoundError):
-            await js.delete_consumer("JOBS", durable)
         info = await js.stream_info("JOBS")
         self._replay_started = time.monotonic()
-        self._consumer = Consumer(js, ConsumerOptions(stream="JOBS", durable=durable), handler=self._on_job_event)
+        self._consumer = Consumer(js, ConsumerOptions(stream="JOBS", durable=None), handler=self._on_job_event)
         self.health_state.consumers = [self._consumer]
         self._replay_until = info.state.last_seq
         await self._consumer.run(stop)

@@ -283,8 +283,9 @@ def mark_demo_setup(data_dir: Path, quota_events: int) -> bool:
 async def _serve(args: argparse.Namespace, data_dir: Path, partitions: int = 1) -> None:
     from events.streams import QUOTA
     from services.cli.service import discover
-    from services.runtime import connect, ensure_streams, run_until_stopped
+    from services.runtime import connect, run_until_stopped
     from services.runtime.nats_server import NatsServerProcess
+    from services.runtime.setup import set_up
     from services.stack.credentials import nats_auth, password_file
     from services.stack.supervisor import Component, Supervisor
 
@@ -328,7 +329,7 @@ async def _serve(args: argparse.Namespace, data_dir: Path, partitions: int = 1) 
                 operator = {"user": "admin", "password": password_file(data_dir).read_text().strip()}
             nc = await connect(url, name="chamber-up", credentials=operator)
             try:
-                changed = await ensure_streams(nc.jetstream())
+                changed = await set_up(nc.jetstream())  # streams and buckets: services may not make them
                 if not args.no_workload:
                     mark_demo_setup(data_dir, (await nc.jetstream().stream_info(QUOTA.name)).state.messages)
             finally:

@@ -24,11 +24,18 @@ from services.runtime.commands import CommandRefused
 from services.runtime.consumer import ConsumerOptions, Delivery
 from services.runtime.host import ServiceContext, serve
 from services.runtime.logs import get_logger
+from services.runtime.manifest import Manifest
 
 NAME = "perf"
 DESCRIPTION = "find slow multi-node jobs and the GPU, NIC or leaf switch to blame (JobSlowdownDetected)"
 log = get_logger("chamber.perf")
 TELEMETRY_SUBJECTS = ("chamber.telemetry.sample.>", "chamber.telemetry.fabric.>", "chamber.telemetry.inventory.>")
+
+ROLE = Manifest(
+    reads=("JOBS", "FLEET", "TELEMETRY"),
+    publishes=("chamber.jobs.*.perf", "chamber.faults.{cluster}.*"),
+    why="flags slow multi-node jobs (chamber.jobs.<job>.perf) and fabric faults it infers",
+)
 
 
 Empty = NoArguments  # the request types are defined once, in events/commands.py

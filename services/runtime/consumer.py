@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -43,6 +44,13 @@ from services.runtime.tracing import consume_span, traced
 log = get_logger("chamber.runtime.consumer")
 _fetch_failed = Throttled("fetch failed", logger=log)  # a dead bus fails every fetch of every consumer
 FETCH_BACKOFF = Backoff(first_s=0.2, max_s=5.0)  # the server is restarting or away
+
+
+def ephemeral_name() -> str:
+    """A name for an ephemeral consumer. Named, it is created on `$JS.API.CONSUMER.CREATE.<stream>.
+    <name>`: the unnamed form (`...CREATE.<stream>`) also accepts a durable's name in its body and would
+    change that durable, so no role may use it on the event streams (services/cli/nats_config.py)."""
+    return f"eph-{secrets.token_hex(8)}"
 
 
 class TransientError(Exception):
@@ -156,6 +164,7 @@ class Consumer:
             config.deliver_policy = o.deliver
         if o.durable is None:
             config.inactive_threshold = 60.0  # ephemeral: the server removes it when we are gone
+            config.name = ephemeral_name()
         return config
 
     async def start(self) -> None:

@@ -53,7 +53,7 @@ from nats.js.errors import APIError, NoStreamResponseError
 from events import Event
 from events.codec import DEFAULT_MAX_BYTES, DecodeError, UnknownEventType, decode_event
 from services.runtime.backoff import Backoff
-from services.runtime.consumer import FETCH_BACKOFF
+from services.runtime.consumer import FETCH_BACKOFF, ephemeral_name
 from services.runtime.dead_letter import dead_letter
 from services.runtime.host import ServiceContext
 from services.runtime.lease import LeaderLease
@@ -202,7 +202,7 @@ class DeciderHost(Generic[S]):
         d, ctx = self.decider, self.ctx
         if d.lease.strip():
             holder = f"{os.environ.get('POD_NAME') or socket.gethostname()}:{os.getpid()}"
-            lease = LeaderLease(ctx.js, d.lease.strip(), holder, ttl_s=d.lease_ttl_s)
+            lease = LeaderLease(ctx.js, d.lease.strip(), holder, ttl_s=d.lease_ttl_s, service=ctx.name)
             self.lease = lease
             ctx.task(lambda: lease.run(ctx.stop, self._on_leadership))
         ctx.task(self._run)
@@ -260,6 +260,7 @@ class DeciderHost(Generic[S]):
             filter_subjects=filters if len(filters) > 1 else None,
             inactive_threshold=60.0,  # the server removes it when we are gone
             max_deliver=-1,
+            name=ephemeral_name(),  # created by name: the roles refuse the unnamed form on event streams
         )
         # with its stream's replicas: an R1 consumer dies with its server, and the fold with it
         stream = await self.ctx.js.stream_info(spec.stream)

@@ -1,4 +1,6 @@
-"""Create or update the design's streams, idempotently (safe for every service to call at start)."""
+"""Create or update the design's streams, idempotently. The operator's set-up (`services/runtime/setup.py`)
+creates and updates them; a service or agent only creates a missing one (on a bus without roles, a
+developer's), never changes one: its NATS role may not."""
 
 from __future__ import annotations
 
@@ -49,9 +51,14 @@ def stream_config(spec: StreamSpec, replicas: int = 1, *, byte_shares: int = 1) 
 
 
 async def ensure_streams(
-    js: JetStreamContext, specs: Iterable[StreamSpec] | None = None, *, replicas: int | None = None
+    js: JetStreamContext,
+    specs: Iterable[StreamSpec] | None = None,
+    *,
+    replicas: int | None = None,
+    update: bool = True,
 ) -> list[str]:
     """Add missing streams and update drifted ones; returns what changed ("added X", "updated X").
+    `update=False` (services, agents): a drifted stream is only logged, for the set-up to fix.
 
     `specs` default: the design's streams, TELEMETRY split into the configured partitions (keeping
     partition streams of an earlier, larger count: see `events.partitions`).
@@ -86,6 +93,9 @@ async def ensure_streams(
             or have.description != wanted.description
             or (have.num_replicas or 1) != wanted.num_replicas
         ):
+            if not update:
+                log.warning("stream differs from the design; `chamber setup` updates it", stream=spec.name)
+                continue
             await _placed(partial(js.update_stream, wanted), spec.name, wanted.num_replicas)
             changed.append(f"updated {spec.name}")
     if changed:

@@ -34,6 +34,7 @@ from services.runtime.decider import CommandConflict, Decider, DeciderHost, Inpu
 from services.runtime.host import ServiceContext, serve
 from services.runtime.lease import ENV_NAME, ENV_TTL
 from services.runtime.logs import get_logger
+from services.runtime.manifest import Manifest
 from services.runtime.options import add_cluster_option
 from services.scheduler.actuator import KubernetesActuator
 from services.scheduler.core import (
@@ -61,6 +62,14 @@ NAME = "scheduler"
 DESCRIPTION = "queue, place, preempt and resume jobs within team quotas"
 log = get_logger("chamber.scheduler")
 DEFAULT_RETENTION_H = 6.0
+
+ROLE = Manifest(
+    reads=("FLEET", "QUOTA", "JOBS", "BILLING", "FAULTS"),
+    publishes=("chamber.jobs.>",),
+    snapshots=True,
+    leases=True,
+    why="owns the job lifecycle (JOBS); replicas share a leader lease",
+)
 
 
 # The request types are shared with the gateway and the API documents (events/commands.py).

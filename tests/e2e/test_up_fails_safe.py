@@ -1,6 +1,7 @@
 """`chamber up` fails safe: every service stops within 5 s of SIGTERM, killing the supervisor
 (SIGKILL, no chance to clean up) leaves nothing running, and the next `chamber up` on the same data
-directory and ports starts."""
+directory and ports starts. Throughout, the server refuses no process anything: each role's derived
+permissions are all it needs."""
 
 from __future__ import annotations
 
@@ -66,6 +67,9 @@ async def test_services_stop_on_sigterm_and_a_killed_up_leaves_nothing_running(t
         up.kill()  # the supervisor dies at once, with no chance to stop anything itself
         await up.wait()
         await eventually(lambda: not any(running(p) for p in left.values()), within=10)
+        # every process ran under the role `chamber nats-config` derives for it, and needed nothing more
+        refused = [line for line in (data_dir / "logs" / "nats.log").read_text().splitlines() if "Violation" in line]
+        assert refused == [], "\n".join(refused)
     finally:
         if up.returncode is None:
             up.kill()
