@@ -47,7 +47,7 @@ from typing import Any, Generic, TypeVar
 
 import nats.errors
 from nats.aio.msg import Msg
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, DiscardPolicy
 from nats.js.errors import APIError, NoStreamResponseError
 
 from events import Event
@@ -267,7 +267,8 @@ class DeciderHost(Generic[S]):
         config.num_replicas = stream.config.num_replicas or 1
         first = stream.state.first_seq or 0
         c = stream.config
-        kept = not c.max_age and (c.max_bytes or -1) < 0 and (c.max_msgs or -1) < 0  # no limit ages it out
+        # nothing ages it out: no age, and its other limits (if any) refuse new messages, never drop old ones
+        kept = not c.max_age and (c.discard == DiscardPolicy.NEW or ((c.max_bytes or -1) < 0 and (c.max_msgs or -1) < 0))
         if kept and not last_per_subject and start < first and start <= (stream.state.last_seq or 0):
             # The snapshot is the base of replay: trimming below it is safe, trimming above it is not.
             self.stats.trimmed[spec.stream] = (start, first)

@@ -45,7 +45,8 @@ def stream_config(spec: StreamSpec, replicas: int = 1, *, byte_shares: int = 1) 
         max_bytes=max_bytes or -1,
         duplicate_window=spec.duplicate_window_s,
         max_msg_size=spec.max_msg_size,
-        discard=DiscardPolicy.OLD,
+        max_msgs_per_subject=spec.max_msgs_per_subject or -1,
+        discard=DiscardPolicy.NEW if spec.discard_new else DiscardPolicy.OLD,
         num_replicas=replicas,
     )
 
@@ -90,6 +91,8 @@ async def ensure_streams(
             or (have.max_bytes or -1) != wanted.max_bytes
             or have.duplicate_window != wanted.duplicate_window
             or have.max_msg_size != wanted.max_msg_size
+            or (have.max_msgs_per_subject or -1) != wanted.max_msgs_per_subject
+            or (have.discard or DiscardPolicy.OLD) != wanted.discard
             or have.description != wanted.description
             or (have.num_replicas or 1) != wanted.num_replicas
         ):

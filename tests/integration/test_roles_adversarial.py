@@ -328,3 +328,29 @@ async def test_refusals_do_not_need_the_connection_to_die(bus: tuple[NatsServerP
         await asyncio.sleep(0)
     finally:
         await agent.nc.close()
+
+
+async def test_an_agent_cannot_flood_faults_past_its_nodes_share(
+    bus: tuple[NatsServerProcess, PasswordSource], admin: Session
+) -> None:
+    """A message over FAULTS' size limit is refused by the stream; past its per-node count, an
+    agent's faults push out only its own older ones, never another node's."""
+    from nats.js.errors import APIError
+
+    from events.streams import FAULTS, FAULTS_PER_NODE
+
+    server, passwords = bus
+    await admin.nc.jetstream().publish("chamber.faults.c1.other", b"{}")  # another node's fault (admin stands in)
+    agent = await login(server, passwords, AGENT_NODE)
+    js = agent.nc.jetstream()
+    try:
+        with pytest.raises(APIError, match=r"(?i)maximum"):
+            await js.publish("chamber.faults.c1.n1", b"x" * (FAULTS.max_msg_size + 1))
+        for _ in range((FAULTS_PER_NODE + 200) // 100):
+            await asyncio.gather(*(js.publish("chamber.faults.c1.n1", b"{}") for _i in range(100)))
+    finally:
+        await agent.nc.close()
+    info = await admin.nc.jetstream().stream_info("FAULTS", subjects_filter="chamber.faults.c1.>")
+    assert info.state.subjects is not None
+    assert info.state.subjects["chamber.faults.c1.n1"] == FAULTS_PER_NODE
+    assert info.state.subjects["chamber.faults.c1.other"] == 1
