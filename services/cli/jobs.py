@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from services.cli.common import add_nats_option, send_command
+from services.cli.common import add_nats_option, finite_float, send_command
 from services.cli.errors import UsageError
 from services.cli.model_check import warn_unknown_model
 
@@ -40,13 +40,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=True,
         help="may be suspended for more urgent work and resumed later (default yes)",
     )
-    p.add_argument("--checkpoint-interval", type=float, metavar="S", help="seconds between checkpoints")
+    p.add_argument("--checkpoint-interval", type=finite_float, metavar="S", help="seconds between checkpoints")
     p.add_argument("--name", default="")
     p.add_argument("--id", help="job id (default: derived from the name, unique)")
     p.add_argument("--pool", help="pool to run in (default: the team's pool)")
-    p.add_argument("--expected-duration", type=float, metavar="S", help="runtime estimate, for backfill")
+    p.add_argument("--expected-duration", type=finite_float, metavar="S", help="runtime estimate, for backfill")
     p.add_argument(
-        "--sim-duration", type=float, metavar="S", help="simulated fleet: complete after S seconds of running"
+        "--sim-duration", type=finite_float, metavar="S", help="simulated fleet: complete after S seconds of running"
     )
     p.add_argument("--cluster", help="run within this cluster only (default: any one cluster)")
     p.add_argument("--json", action="store_true", help='print {"id": ...}')

@@ -26,6 +26,7 @@ from services.cli.common import (
     add_replicas_option,
     apply_partitions_option,
     apply_replicas_option,
+    finite_float,
 )
 from services.cli.errors import UsageError
 
@@ -74,10 +75,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--no-workload", action="store_true", help="do not generate jobs for the demo teams")
     p.add_argument(
         "--telemetry-keep-min",
-        type=float,
+        type=finite_float,
         help="minutes TELEMETRY keeps samples (default 15; the warehouse is the history)",
     )
-    p.add_argument("--telemetry-max-mb", type=float, help="most MiB TELEMETRY keeps on disk (default 1024)")
+    p.add_argument("--telemetry-max-mb", type=finite_float, help="most MiB TELEMETRY keeps on disk (default 1024)")
     p.set_defaults(func=run)
 
 

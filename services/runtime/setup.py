@@ -43,10 +43,26 @@ def buckets(manifests: Mapping[str, Manifest]) -> list[Bucket]:
 
 
 def service_manifests() -> dict[str, Manifest]:
-    """The manifests of the services found (`chamber service` discovery)."""
-    from services.cli.service import discover
+    """The manifests of the services found: every `services/<name>/service.py` with a `ROLE` (the
+    packages `chamber service` discovers too)."""
+    import importlib
+    import pkgutil
 
-    return {name: module.ROLE for name, module in discover().items() if hasattr(module, "ROLE")}
+    import services
+
+    found: dict[str, Manifest] = {}
+    for info in pkgutil.iter_modules(services.__path__):
+        if not info.ispkg or info.name in ("cli", "runtime", "stack"):
+            continue
+        try:
+            module = importlib.import_module(f"services.{info.name}.service")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"services.{info.name}.service":
+                raise
+            continue
+        if isinstance(getattr(module, "ROLE", None), Manifest):
+            found[getattr(module, "NAME", info.name)] = module.ROLE
+    return dict(sorted(found.items()))
 
 
 async def set_up(js: JetStreamContext, manifests: Mapping[str, Manifest] | None = None) -> list[str]:
