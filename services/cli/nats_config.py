@@ -427,6 +427,9 @@ def render(users_: Sequence[User], passwords: PasswordSource) -> str:
 TITLES = {"publish": "may publish", "subscribe": "may subscribe", "deny": "may NOT publish (wins over the above)"}
 
 
+TITLES = {"publish": "may publish", "subscribe": "may subscribe", "deny": "may NOT publish (wins over the above)"}
+
+
 def explain(user: User) -> str:
     """What a user may do and why, one subject a line."""
     lines = [f"{user.name} ({user.role}): {user.why}"]
@@ -434,12 +437,9 @@ def explain(user: User) -> str:
     if p is None:
         return "\n".join([*lines, "  may publish and subscribe to everything"])
     for kind, items in (("publish", p.publish), ("subscribe", p.subscribe), ("deny", p.deny_publish)):
-        title = {
-            "publish": "may publish",
-            "subscribe": "may subscribe",
-            "deny": "may NOT publish (wins over the above)",
-        }
-        lines.append(f"  {title[kind]}:")
+        if not items:
+            continue
+        lines.append(f"  {TITLES[kind]}:")
         width = max((len(s) for s in items), default=0)
         lines += [f"    {s:<{width}}  {p.reasons.get(f'{kind} {s}', '')}" for s in items]
     if p.allow_responses:
