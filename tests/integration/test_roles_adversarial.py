@@ -354,3 +354,42 @@ async def test_an_agent_cannot_flood_faults_past_its_nodes_share(
     assert info.state.subjects is not None
     assert info.state.subjects["chamber.faults.c1.n1"] == FAULTS_PER_NODE
     assert info.state.subjects["chamber.faults.c1.other"] == 1
+
+
+async def test_the_simulated_executor_dead_letters_a_poison_job_event_and_goes_on(
+    bus: tuple[NatsServerProcess, PasswordSource], admin: Session
+) -> None:
+    """Under its own role the executor's consumer may dead-letter JOBS: one poison event (here, one
+    the executor's core cannot fold) ends in DEAD once, and the placements after it still arrive."""
+    from node_agent.sim import executor as ex
+    from services.runtime import Publisher
+    from services.runtime.consumer import Consumer, ConsumerOptions, Delivery
+    from tests.warehouse_builders import T0, scheduled, submitted
+
+    ajs = admin.nc.jetstream()
+    dead_before = (await ajs.stream_info("DEAD")).state.last_seq
+    await ajs.publish("chamber.jobs.poison", b"not an event", headers={"ce-type": "chamber.jobs.JobSubmitted.v1"})
+    pub = Publisher(ajs, source="test")
+    await pub.publish(submitted("sim-j1", "vision", 1, T0), id="sim-j1")
+    await pub.publish(scheduled("sim-j1", "vision", "sim-000", [0], T0 + 1), id="sim-j1-s")
+    server, passwords = bus
+    sim = await login(server, passwords, "simulator")
+    state = ex.ExecutorState(cluster=CLUSTER, nodes=frozenset({"sim-000"}))
+
+    async def fold(d: Delivery) -> None:
+        ex.evolve(state, d.envelope.event)
+
+    consumer = Consumer(sim.nc.jetstream(), ConsumerOptions(stream="JOBS", durable=None), handler=fold)
+    stop = asyncio.Event()
+    task = asyncio.create_task(consumer.run(stop))
+    try:
+        await eventually(lambda: "sim-j1" in state.jobs and state.jobs["sim-j1"].running_since is not None)
+        assert consumer.stats.dead >= 1
+    finally:
+        stop.set()
+        await task
+        await sim.nc.close()
+    last = (await ajs.stream_info("DEAD")).state.last_seq
+    copied = [(await ajs.get_msg("DEAD", seq)).headers or {} for seq in range(dead_before + 1, last + 1)]
+    assert [h.get("chamber-dead-subject") for h in copied].count("chamber.jobs.poison") == 1
+    assert not any("permissions violation" in e.lower() for e in sim.errors)
