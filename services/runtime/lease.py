@@ -50,7 +50,8 @@ class LeaderLease:
         self.holder = holder
         self.ttl_s = ttl_s
         self.bucket = lease_bucket(service or name)
-        self.key = self.name
+        # a service's own lease (named after it) keeps the key `leader`; others are keyed by name
+        self.key = "leader" if not service or token(service) == self.name else self.name
         self._kv: KeyValue | None = None
         self._revision: int | None = None
         self.renewed_at = 0.0  # monotonic time of the last successful create/renew
