@@ -407,7 +407,12 @@ def _command(
 
 @_command
 async def submit_job(request: web.Request) -> web.Response:
-    return await _forward(request, "scheduler", "submit", await _body(request, required=True))
+    """`Idempotency-Key` (or `request_id` in the body): a retried submit is applied once."""
+    body = await _body(request, required=True)
+    key = request.headers.get("Idempotency-Key", "").strip()
+    if key and "request_id" not in body:
+        body["request_id"] = key
+    return await _forward(request, "scheduler", "submit", body)
 
 
 @_command

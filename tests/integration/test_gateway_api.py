@@ -219,6 +219,13 @@ async def test_commands_need_the_token_and_change_nothing_without_it(
         status, body = await gateway.send("PUT", "/api/teams/nlp/quota", json={"team": "vision", "guaranteed_gpus": 1})
         assert (status, body["field"]) == (400, "team")
         assert len(received) == count
+        # a client's retry key travels to the scheduler, which applies a retried submit once
+        job = {"team": "vision", "gpus_per_replica": 1}
+        async with gateway.http.post(
+            gateway.url + "/api/jobs", json=job, headers={**_auth(), "Idempotency-Key": "k-1"}
+        ) as r:
+            assert r.status == 200
+        assert received[-1]["request_id"] == "k-1"
     finally:
         stop.set()
         await asyncio.wait_for(task, 10)
@@ -295,9 +302,10 @@ def _auth() -> dict[str, str]:
     return {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
 
 
-class _Submit(msgspec.Struct):
+class _Submit(msgspec.Struct, omit_defaults=True):
     team: str
     gpus_per_replica: int
+    request_id: str | None = None
 
 
 class _Anything(msgspec.Struct):
