@@ -209,7 +209,13 @@ def _node_subjects(cluster: str, node: str | None) -> list[Grant]:
     who = f"node {node}" if node is not None else f"any node of cluster {cluster}"
     if node is not None:
         sample = subjects.sample(cluster, node)
-        subjects_ = [sample, f"{sample}.*", subjects.inventory(cluster, node), subjects.fabric(cluster, node)]
+        subjects_ = [
+            sample,
+            f"{sample}.*",
+            subjects.inventory(cluster, node),
+            subjects.fabric(cluster, node),
+            subjects.steps(cluster, node),
+        ]
         fault = subjects.faults(cluster, node)
     else:
         c = subjects.token(cluster)
@@ -218,6 +224,7 @@ def _node_subjects(cluster: str, node: str | None) -> list[Grant]:
             f"chamber.telemetry.sample.{c}.*.*",
             f"chamber.telemetry.inventory.{c}.*",
             f"chamber.telemetry.fabric.{c}.*",
+            f"chamber.telemetry.steps.{c}.*",
         ]
         fault = f"chamber.faults.{c}.*"
     return [Grant(s, f"telemetry of {who}") for s in subjects_] + [Grant(fault, f"GPU faults of {who}")]

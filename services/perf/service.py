@@ -29,7 +29,12 @@ from services.runtime.manifest import Manifest
 NAME = "perf"
 DESCRIPTION = "find slow multi-node jobs and the GPU, NIC or leaf switch to blame (JobSlowdownDetected)"
 log = get_logger("chamber.perf")
-TELEMETRY_SUBJECTS = ("chamber.telemetry.sample.>", "chamber.telemetry.fabric.>", "chamber.telemetry.inventory.>")
+TELEMETRY_SUBJECTS = (
+    "chamber.telemetry.sample.>",
+    "chamber.telemetry.fabric.>",
+    "chamber.telemetry.inventory.>",
+    "chamber.telemetry.steps.>",  # per-rank step timings (events/steps.py)
+)
 
 ROLE = Manifest(
     reads=("JOBS", "FLEET", "TELEMETRY"),

@@ -268,7 +268,8 @@ class DeciderHost(Generic[S]):
         first = stream.state.first_seq or 0
         c = stream.config
         # nothing ages it out: no age, and its other limits (if any) refuse new messages, never drop old ones
-        kept = not c.max_age and (c.discard == DiscardPolicy.NEW or ((c.max_bytes or -1) < 0 and (c.max_msgs or -1) < 0))
+        unbounded = (c.max_bytes or -1) < 0 and (c.max_msgs or -1) < 0
+        kept = not c.max_age and (c.discard == DiscardPolicy.NEW or unbounded)
         if kept and not last_per_subject and start < first and start <= (stream.state.last_seq or 0):
             # The snapshot is the base of replay: trimming below it is safe, trimming above it is not.
             self.stats.trimmed[spec.stream] = (start, first)
