@@ -79,7 +79,9 @@ TELEMETRY = StreamSpec(
 # bounded like TELEMETRY (the oldest go first) and per subject, and FAULTS messages are small: a GPU
 # fault event is under 2 KiB, so a node's agent can keep at most FAULTS_PER_NODE x 16 KiB there
 # (32 MiB), however fast it publishes. The domain streams keep their history: when full, they
-# refuse new events (publishers see the error) rather than drop old ones.
+# refuse new events (publishers see the error) rather than drop old ones. JetStream reserves each
+# cap on the server's store: together (8 GiB with TELEMETRY's default) they fit the chart's 10 GiB
+# volume with room for the KV buckets and snapshot stores.
 FAULTS_PER_NODE = 2000
 FAULTS = StreamSpec(
     "FAULTS",
@@ -97,7 +99,7 @@ FLEET = StreamSpec(
     "nodes discovered, updated, lost, isolated, restored",
     None,
     600,
-    max_bytes=2048 * MIB,
+    max_bytes=1024 * MIB,
     discard_new=True,
 )
 JOBS = StreamSpec(
@@ -106,7 +108,7 @@ JOBS = StreamSpec(
     "job lifecycle and scheduling decisions",
     None,
     600,
-    max_bytes=8192 * MIB,
+    max_bytes=4096 * MIB,
     discard_new=True,
 )
 QUOTA = StreamSpec(
@@ -115,7 +117,7 @@ QUOTA = StreamSpec(
     "pools, team quotas, fair-share factors, budgets",
     None,
     600,
-    max_bytes=1024 * MIB,
+    max_bytes=256 * MIB,
     discard_new=True,
 )
 BILLING = StreamSpec(
@@ -124,7 +126,7 @@ BILLING = StreamSpec(
     "prices, accrued cost, budgets exceeded",
     None,
     600,
-    max_bytes=2048 * MIB,
+    max_bytes=1024 * MIB,
     discard_new=True,
 )
 # A dead letter is the original plus a few headers: a little more room than the largest message.

@@ -8,6 +8,8 @@ created with someone else's subjects would record their traffic); they find what
 
 from __future__ import annotations
 
+import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -20,6 +22,19 @@ from services.runtime.streams import ensure_bucket_replicas, ensure_streams
 LEASE_TTL_S = 15.0  # the leases' default (--leader-lease-ttl, --partition-lease-ttl): a key expires after it
 # Buckets whose entries expire (the bucket's max age), by name; others keep their last value.
 BUCKET_TTL_S = {"chamber_recorders": LEASE_TTL_S}
+
+
+def lease_ttl_s() -> float:
+    """The lease buckets' entry lifetime: `$CHAMBER_LEADER_LEASE_TTL_S` (what the chart gives the
+    scheduler and this set-up alike), else the default. A lease adopts its bucket's."""
+    from services.runtime.lease import ENV_TTL
+
+    raw = os.environ.get(ENV_TTL, "").strip()
+    try:
+        value = float(raw) if raw else LEASE_TTL_S
+    except ValueError:
+        return LEASE_TTL_S
+    return value if math.isfinite(value) and value > 0 else LEASE_TTL_S
 
 
 @dataclass(frozen=True)
@@ -36,7 +51,7 @@ def buckets(manifests: Mapping[str, Manifest]) -> list[Bucket]:
     for service, m in sorted(manifests.items()):
         out += [Bucket(b, service, "kv", BUCKET_TTL_S.get(b)) for b in m.buckets]
         if m.leases:
-            out.append(Bucket(lease_bucket(service), service, "kv", LEASE_TTL_S))
+            out.append(Bucket(lease_bucket(service), service, "kv", lease_ttl_s()))
         if m.snapshots:
             out.append(Bucket(snapshot_bucket(service), service, "object"))
     return out

@@ -15,7 +15,7 @@ def test_the_stream_budget_follows_the_fleet_and_the_limits(monkeypatch: pytest.
     assert small.startswith("TELEMETRY keeps 15 min, at most 1 GiB: about ") and "for 16 nodes x 8 GPUs" in small
     # every other stream has its cap, and says what happens when it is reached
     assert "FAULTS 256 MiB (oldest dropped first, 2,000 per subject)" in others
-    assert "JOBS 8 GiB (then refuses new events)" in others and "DEAD 512 MiB" in others
+    assert "JOBS 4 GiB (then refuses new events)" in others and "DEAD 512 MiB" in others
     monkeypatch.setenv(ENV_TELEMETRY_MAX_AGE, "120")
     monkeypatch.setenv(ENV_TELEMETRY_MAX_BYTES, str(10 * 2**20))
     capped, _, _ = describe(10_000, 8)
