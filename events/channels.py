@@ -209,6 +209,17 @@ class KvBucket:
 KV_BUCKETS: tuple[KvBucket, ...] = (
     KvBucket("chamber_fleet", "{cluster}.{node}", "discovery", "The current view of every node (JSON)."),
     KvBucket("chamber_quota", "{pool}.{team}", "quota", "Each team's quota row in a pool, for dashboards (JSON)."),
-    KvBucket("chamber_snapshots", "{service}", "every service host", "Service state snapshots + stream positions."),
-    KvBucket("chamber_lease_{name}", "leader", "scheduler", "The leader lease of a replicated service (TTL)."),
+    KvBucket(
+        "chamber_snapshots_{service}",
+        "{service}",
+        "each service host, its own",
+        "Service state snapshots + stream positions (an object store per service).",
+    ),
+    KvBucket(
+        "chamber_lease_{service}",
+        "{lease}",
+        "scheduler, recorder",
+        "A service's leader leases, one key each (TTL); key `leader` for the service's own lease.",
+    ),
+    KvBucket("chamber_recorders", "{holder}", "recorder", "Live recorders sharing telemetry partitions (TTL)."),
 )

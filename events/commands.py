@@ -59,6 +59,9 @@ class SubmitJob(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     expected_duration_s: Seconds | None = None
     sim_duration_s: SecondsOrZero | None = None
     topology_key: Name | None = None
+    # The client's id for this request: a retry with the same one (after a timeout, a 503) is
+    # applied once and answers with the same job. Without `id`, the job id is derived from it.
+    request_id: Name | None = None
 
     def __post_init__(self) -> None:
         self.team = normalize_team(self.team)

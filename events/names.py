@@ -12,6 +12,7 @@ value and a subject token unchanged).
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated, Any
 
@@ -115,6 +116,22 @@ def check_event(event: msgspec.Struct) -> None:
         raise InvalidName(f"a value is out of range: {exc}") from None
 
 
+def _refuse_non_finite(value: Any, field: str = "") -> None:
+    """NaN and infinity are not amounts: `--budget nan` must not quietly remove a budget."""
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise InvalidName(f"{field or 'value'}: {value} is not a finite number", field=field or None)
+    elif isinstance(value, msgspec.Struct):
+        for name in value.__struct_fields__:
+            _refuse_non_finite(getattr(value, name), name)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            _refuse_non_finite(item, field)
+    elif isinstance(value, dict):
+        for item in value.values():
+            _refuse_non_finite(item, field)
+
+
 def decode_request(body: bytes | Any, request_type: type[Any]) -> Any:
     """Decode a command's JSON body (bytes) or an already parsed object into its request type.
 
@@ -123,8 +140,11 @@ def decode_request(body: bytes | Any, request_type: type[Any]) -> Any:
     """
     try:
         if isinstance(body, bytes | bytearray | memoryview):
-            return msgspec.json.decode(body or b"{}", type=request_type)
-        return msgspec.convert(body, request_type)
+            decoded = msgspec.json.decode(body or b"{}", type=request_type)
+        else:
+            decoded = msgspec.convert(body, request_type)
+        _refuse_non_finite(decoded)
+        return decoded
     except InvalidName:
         raise
     except msgspec.ValidationError as exc:

@@ -45,6 +45,11 @@ class StreamSpec:
     storage: Storage = Storage.FILE
     max_msg_size: int = 1024 * 1024
     max_bytes: int | None = None  # None: no byte cap
+    # At most this many messages per subject (per node for FAULTS): one publisher that floods its
+    # subject only pushes out its own older messages, never another node's.
+    max_msgs_per_subject: int | None = None
+    # Full: refuse new messages instead of dropping the oldest (domain history is never lost).
+    discard_new: bool = False
 
     def covers(self, subject: str) -> bool:
         return any(_matches(pattern, subject) for pattern in self.subjects)
@@ -70,12 +75,71 @@ TELEMETRY = StreamSpec(
     120,
     max_bytes=TELEMETRY_MAX_BYTES,
 )
-FAULTS = StreamSpec("FAULTS", ("chamber.faults.>",), "GPU faults from on-node detectors", 30 * DAY, 600)
-FLEET = StreamSpec("FLEET", ("chamber.fleet.>",), "nodes discovered, updated, lost, isolated, restored", None, 600)
-JOBS = StreamSpec("JOBS", ("chamber.jobs.>",), "job lifecycle and scheduling decisions", None, 600)
-QUOTA = StreamSpec("QUOTA", ("chamber.quota.>",), "pools, team quotas, fair-share factors, budgets", None, 600)
-BILLING = StreamSpec("BILLING", ("chamber.billing.>",), "prices, accrued cost, budgets exceeded", None, 600)
-DEAD = StreamSpec("DEAD", ("chamber.dead.>",), "poison messages, with the reason in a header", 30 * DAY, 120)
+# Every stream has a byte cap (`chamber up` prints them with its disk budget). FAULTS and DEAD are
+# bounded like TELEMETRY (the oldest go first) and per subject, and FAULTS messages are small: a GPU
+# fault event is under 2 KiB, so a node's agent can keep at most FAULTS_PER_NODE x 16 KiB there
+# (32 MiB), however fast it publishes. The domain streams keep their history: when full, they
+# refuse new events (publishers see the error) rather than drop old ones. JetStream reserves each
+# cap on the server's store: together (8 GiB with TELEMETRY's default) they fit the chart's 10 GiB
+# volume with room for the KV buckets and snapshot stores.
+FAULTS_PER_NODE = 2000
+FAULTS = StreamSpec(
+    "FAULTS",
+    ("chamber.faults.>",),
+    "GPU faults from on-node detectors",
+    30 * DAY,
+    600,
+    max_msg_size=16 * 1024,
+    max_bytes=256 * MIB,
+    max_msgs_per_subject=FAULTS_PER_NODE,
+)
+FLEET = StreamSpec(
+    "FLEET",
+    ("chamber.fleet.>",),
+    "nodes discovered, updated, lost, isolated, restored",
+    None,
+    600,
+    max_bytes=1024 * MIB,
+    discard_new=True,
+)
+JOBS = StreamSpec(
+    "JOBS",
+    ("chamber.jobs.>",),
+    "job lifecycle and scheduling decisions",
+    None,
+    600,
+    max_bytes=4096 * MIB,
+    discard_new=True,
+)
+QUOTA = StreamSpec(
+    "QUOTA",
+    ("chamber.quota.>",),
+    "pools, team quotas, fair-share factors, budgets",
+    None,
+    600,
+    max_bytes=256 * MIB,
+    discard_new=True,
+)
+BILLING = StreamSpec(
+    "BILLING",
+    ("chamber.billing.>",),
+    "prices, accrued cost, budgets exceeded",
+    None,
+    600,
+    max_bytes=1024 * MIB,
+    discard_new=True,
+)
+# A dead letter is the original plus a few headers: a little more room than the largest message.
+DEAD = StreamSpec(
+    "DEAD",
+    ("chamber.dead.>",),
+    "poison messages, with the reason in a header",
+    30 * DAY,
+    120,
+    max_msg_size=1024 * 1024 + 64 * 1024,
+    max_bytes=512 * MIB,
+    max_msgs_per_subject=100_000,  # per source stream: a poisoned stream does not erase another's
+)
 
 STREAMS: tuple[StreamSpec, ...] = (TELEMETRY, FAULTS, FLEET, JOBS, QUOTA, BILLING, DEAD)
 

@@ -346,7 +346,7 @@ class Agent:
 
     async def _setup_streams(self) -> None:
         assert self.nc is not None
-        await ensure_streams(self.nc.jetstream())
+        await ensure_streams(self.nc.jetstream(), update=False)
 
     async def _start_simulation_io(self, stop: asyncio.Event) -> None:
         """Commands and the JOBS consumer of the simulated fleet (both need NATS)."""
@@ -355,7 +355,7 @@ class Agent:
         self._commands.register("inject", InjectFault, self._inject)
         while not stop.is_set():
             try:
-                await ensure_streams(self.nc.jetstream())
+                await ensure_streams(self.nc.jetstream(), update=False)
                 await self._commands.start()
                 break
             except Exception as exc:

@@ -11,6 +11,8 @@ A role is a service name (`scheduler` logs in as `svc-scheduler`) or a user name
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import re
 from pathlib import Path
 
@@ -40,6 +42,25 @@ class SecuredNatsServer(NatsServerProcess):
         conf = tmp / "nats-auth.conf"
         conf.write_text(render(list(self.users.values()), self.passwords))
         super().__init__(tmp / "jetstream", log_file=tmp / "nats-server.log", extra_args=["-c", str(conf)])
+        self._set_up = False
+
+    def start(self, timeout_s: float = 15.0) -> None:
+        """Start, then (the first time) set the bus up as `chamber up` and the chart's set-up Job do,
+        as admin: services may not create streams or buckets themselves."""
+        super().start(timeout_s)
+        if not self._set_up:
+            self._set_up = True
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:  # a test's event loop may be running
+                pool.submit(asyncio.run, self._run_set_up()).result()
+
+    async def _run_set_up(self) -> None:
+        from services.runtime.setup import set_up
+
+        nc = await connect(self.url, name="test-setup")
+        try:
+            await set_up(nc.jetstream())
+        finally:
+            await nc.close()
 
     @property
     def url(self) -> str:

@@ -20,12 +20,20 @@ from services.runtime.commands import CommandRefused
 from services.runtime.decider import Decider, DeciderHost, Input, SnapshotCodec
 from services.runtime.host import ServiceContext, serve
 from services.runtime.logs import get_logger
+from services.runtime.manifest import Manifest
 from services.runtime.state_codec import facts_codec
 
 NAME = "billing"
 DESCRIPTION = "accrue GPU-hour cost per team and job, idle cost per pool, and budgets exceeded"
 STREAMS = ("JOBS", "FLEET", "QUOTA", "BILLING")
 log = get_logger("chamber.billing")
+
+ROLE = Manifest(
+    reads=STREAMS,
+    publishes=("chamber.billing.>",),
+    snapshots=True,
+    why="owns prices, accrued cost and budgets (BILLING)",
+)
 
 
 class SetPrice(msgspec.Struct):

@@ -11,6 +11,7 @@ import signal
 import sys
 from collections.abc import Sequence
 from types import ModuleType
+from typing import Any
 
 from services.cli.errors import UsageError
 
@@ -51,6 +52,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Commands print their results on stdout; library chatter (e.g. a connection closing) must not
     # mix into it. Long-running commands raise their own level.
     configure_logging("error", json=False)
+    escape = args.command not in LONG_RUNNING
+    streams = sys.stdout, sys.stderr
+    if escape:  # names, reasons and bodies come from the bus: they must not drive the terminal
+        sys.stdout, sys.stderr = EscapingWriter(sys.stdout), EscapingWriter(sys.stderr)
     try:
         code = int(args.func(args) or 0)
         sys.stdout.flush()  # inside the try: a reader that went away (`| head`) is not an error of ours
@@ -63,8 +68,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         # The reader stopped reading (`chamber queue | head`): stop quietly, as `cat` would. Point stdout
         # at /dev/null so that Python's own flush at exit does not raise again.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        os.dup2(os.open(os.devnull, os.O_WRONLY), streams[0].fileno())
         return 128 + signal.SIGPIPE
+    finally:
+        if escape:
+            sys.stdout, sys.stderr = streams
+
+
+# Commands that run for long and print their own logs (colours included): not filtered.
+LONG_RUNNING = frozenset({"up", "service", "agent", "workload"})
+
+
+class EscapingWriter:
+    """A text stream that writes control characters (other than newline and tab) escaped: `\\x1b`
+    for ESC. A job name or a dead letter's body carrying terminal escapes prints as text.
+    JSON output is unchanged (json.dumps already escapes them)."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def write(self, text: str) -> int:
+        self._inner.write(text.translate(_ESCAPES))
+        return len(text)
+
+    def __getattr__(self, name: str) -> Any:  # flush, fileno, isatty, encoding...
+        return getattr(self._inner, name)
+
+
+_ESCAPES = {c: repr(chr(c))[1:-1] for c in (*range(0x20), *range(0x7F, 0xA0)) if chr(c) not in "\n\t"}
 
 
 if __name__ == "__main__":

@@ -9,7 +9,13 @@ import socket
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from services.cli.common import add_cluster_option, add_nats_option, add_replicas_option, apply_replicas_option
+from services.cli.common import (
+    add_cluster_option,
+    add_nats_option,
+    add_replicas_option,
+    apply_replicas_option,
+    finite_float,
+)
 from services.cli.errors import UsageError
 
 if TYPE_CHECKING:  # imported lazily at run time: `chamber --help` stays fast
@@ -22,7 +28,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_replicas_option(p)
     add_cluster_option(p)
     p.add_argument("--node", help="this node's name (default: the hostname; with --simulate, the name prefix 'sim')")
-    p.add_argument("--interval", type=float, default=1.0, metavar="SECONDS", help="seconds between samples (default 1)")
+    p.add_argument(
+        "--interval", type=finite_float, default=1.0, metavar="SECONDS", help="seconds between samples (default 1)"
+    )
     p.add_argument(
         "--spool",
         type=Path,
@@ -30,7 +38,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="DIR",
         help="where samples wait while NATS is unreachable (default: $CHAMBER_AGENT_SPOOL or .chamber/agent-spool)",
     )
-    p.add_argument("--spool-max-mb", type=float, default=256.0, help="spool size limit in MiB (default 256)")
+    p.add_argument("--spool-max-mb", type=finite_float, default=256.0, help="spool size limit in MiB (default 256)")
     p.add_argument("--simulate", action="store_true", help="simulate a fleet of GPU nodes instead of reading NVML")
     p.add_argument("--nodes", type=int, default=4, help="simulated nodes (default 4)")
     p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per simulated node (default 8)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -14,6 +15,17 @@ from services.runtime.options import DEFAULT_CLUSTER, add_cluster_option  # noqa
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 CONNECT_DEADLINE_S = 2.0  # the first connection fails within this, naming the URL (never hangs)
 T = TypeVar("T")
+
+
+def finite_float(text: str) -> float:
+    """An argparse type: a number, refusing NaN and infinity (`--budget nan` would remove a budget)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
 
 
 def add_nats_option(parser: argparse.ArgumentParser) -> None:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import secrets
 import sys
 from typing import Any
 
-from services.cli.common import add_nats_option, send_command
+from services.cli.common import add_nats_option, finite_float, send_command
 from services.cli.errors import UsageError
 from services.cli.model_check import warn_unknown_model
 
@@ -40,13 +41,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=True,
         help="may be suspended for more urgent work and resumed later (default yes)",
     )
-    p.add_argument("--checkpoint-interval", type=float, metavar="S", help="seconds between checkpoints")
+    p.add_argument("--checkpoint-interval", type=finite_float, metavar="S", help="seconds between checkpoints")
     p.add_argument("--name", default="")
     p.add_argument("--id", help="job id (default: derived from the name, unique)")
-    p.add_argument("--pool", help="pool to run in (default: the team's pool)")
-    p.add_argument("--expected-duration", type=float, metavar="S", help="runtime estimate, for backfill")
     p.add_argument(
-        "--sim-duration", type=float, metavar="S", help="simulated fleet: complete after S seconds of running"
+        "--request-id",
+        metavar="ID",
+        help="this request's id (default: a new one, printed if the answer does not come): "
+        "running the command again with the same one submits the job once",
+    )
+    p.add_argument("--pool", help="pool to run in (default: the team's pool)")
+    p.add_argument("--expected-duration", type=finite_float, metavar="S", help="runtime estimate, for backfill")
+    p.add_argument(
+        "--sim-duration", type=finite_float, metavar="S", help="simulated fleet: complete after S seconds of running"
     )
     p.add_argument("--cluster", help="run within this cluster only (default: any one cluster)")
     p.add_argument("--json", action="store_true", help='print {"id": ...}')
@@ -107,7 +114,15 @@ def submit(args: argparse.Namespace) -> int:
         "sim_duration_s": args.sim_duration,
     }
     payload.update({k: v for k, v in optional.items() if v is not None})
-    result = _send(args, "scheduler", "submit", payload)
+    payload["request_id"] = args.request_id or secrets.token_hex(8)
+    try:
+        result = _send(args, "scheduler", "submit", payload)
+    except UsageError as exc:
+        if args.request_id is None and "start it with" in str(exc):  # no answer: it may have been applied
+            raise UsageError(
+                f"{exc}; to retry without submitting twice: --request-id {payload['request_id']}"
+            ) from None
+        raise
     for warning in result.get("warnings", []):
         print(f"chamber submit: warning: {warning}", file=sys.stderr)
     print(json.dumps({"id": result["id"]}) if args.json else result["id"])

@@ -1,20 +1,29 @@
 """`chamber nats-config`: the nats-server `authorization` block for Chamber's roles.
 
-Roles (least privilege, one NATS user each):
-- `svc-<service>`  publishes only the subjects its service owns (design table), plus dead letters and
-                   the JetStream API it needs (never deleting or purging the event streams); serves its
-                   own commands. Only the gateway may send commands to other services.
-- `agent-<node>`   publishes only `chamber.telemetry.{sample,inventory,fabric}.<cluster>.<node>` and
-                   `chamber.faults.<cluster>.<node>`; may read stream info (it runs `ensure_streams`),
-                   nothing else: it cannot create, change or delete streams.
-- `agent`          (--shared-agent) one user for every node agent of the cluster, when nodes are not
-                   known up front: the same subjects for any node of *this* cluster only.
-- `simulator`      (--simulator) the simulated fleet: any node's telemetry and faults in this cluster,
-                   reads JOBS placements and reports job progress (it stands in for the executor),
-                   answers fault injection on `chamber.cmd.sim.*`.
+Every permission is derived from what a role declares (a service's `ROLE` manifest,
+services/runtime/manifest.py; the fixed roles below), down to the JetStream API subject, and each
+comes with the reason `--explain ROLE` prints:
+
+- `svc-<service>`  publishes the subjects it owns and dead letters of the streams it reads; reads its
+                   streams through consumers it creates (ephemeral, server-named) and its own
+                   durables; writes only its own KV buckets, lease bucket and snapshot store; serves
+                   `chamber.cmd.<service>.>` (the gateway alone sends commands to others). It may not
+                   create, update, delete or purge a stream (the set-up does that: `chamber setup`).
+- `agent-<node>`   publishes only its node's telemetry and faults; reads stream info, nothing else.
+- `agent`          (--shared-agent) the same for any node of this cluster.
+- `simulator`      (--simulator) the simulated fleet: any node's telemetry and faults of this cluster,
+                   job progress (`chamber.jobs.<job>`), reads JOBS through its own consumers, answers
+                   `chamber.cmd.sim.>`.
 - `reader`         read-only external subscriber: core and JetStream reads of the event streams
-                   through consumers (its read cursors); no events, commands, streams or purges.
+                   through consumers of its own; no events, commands, streams or purges.
+- `setup`          (--setup-user) creates and updates the streams and buckets (`chamber setup`);
+                   never deletes or purges.
 - `admin`          the operator's `chamber` CLI: everything.
+
+Everywhere: a user subscribes under `_INBOX.<user>.>` only (clients connect with that inbox prefix,
+services/runtime/credentials.py), so no one reads another client's replies; a durable consumer one
+role owns is out of every other role's reach (deny rules beat the wildcards that let a role manage
+the server-named ephemerals it creates).
 
 Passwords come from a directory holding one file per user (a mounted Kubernetes Secret), or are
 created there with `--create-missing`. Clients put them in the URL: nats://USER:PASSWORD@host:4222.
@@ -27,7 +36,7 @@ import json
 import os
 import secrets
 import string
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,24 +45,20 @@ from events.partitions import partition_stream
 from events.streams import STREAMS
 from services.cli.common import add_cluster_option
 from services.cli.errors import UsageError
-from services.runtime.snapshots import BUCKET as SNAPSHOT_BUCKET
+from services.runtime.credentials import inbox_prefix
+from services.runtime.manifest import Manifest, lease_bucket, snapshot_bucket
 
 DEFAULT_SERVICES = ("discovery", "health", "quota", "scheduler", "billing", "recorder", "gateway", "perf")
 EVENT_STREAMS = tuple(s.name for s in STREAMS if s.name != "DEAD")
-INBOX = "_INBOX.>"
+SIM_COMMANDS = "sim"  # the simulated fleet's command subject token (node_agent/agent.py SIM_SERVICE)
 
 
-def owned_subjects(service: str, cluster: str) -> list[str]:
-    """What each service publishes (DESIGN.md, services table). Unknown services own nothing."""
-    fleet = f"chamber.fleet.{subjects.token(cluster)}.*"
-    return {
-        "discovery": [fleet],
-        "health": [fleet],
-        "quota": ["chamber.quota.>"],
-        "scheduler": ["chamber.jobs.>"],
-        "billing": ["chamber.billing.>"],
-        "perf": ["chamber.jobs.*.perf", f"chamber.faults.{subjects.token(cluster)}.*"],
-    }.get(service, [])
+@dataclass(frozen=True)
+class Grant:
+    """One subject in an allow or deny list, with the reason it is there."""
+
+    subject: str
+    why: str
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,32 @@ class Permissions:
     subscribe: tuple[str, ...] = ()
     deny_publish: tuple[str, ...] = ()
     allow_responses: bool = False
+    reasons: Mapping[str, str] = field(default_factory=dict, compare=False)  # subject -> why (for --explain)
+
+    @staticmethod
+    def of(
+        publish: Iterable[Grant],
+        subscribe: Iterable[Grant] = (),
+        deny_publish: Iterable[Grant] = (),
+        *,
+        allow_responses: bool = False,
+    ) -> Permissions:
+        reasons: dict[str, str] = {}
+
+        def unique(grants: Iterable[Grant], kind: str) -> tuple[str, ...]:
+            out: dict[str, None] = {}
+            for g in grants:
+                out.setdefault(g.subject)
+                reasons.setdefault(f"{kind} {g.subject}", g.why)
+            return tuple(out)
+
+        return Permissions(
+            publish=unique(publish, "publish"),
+            subscribe=unique(subscribe, "subscribe"),
+            deny_publish=unique(deny_publish, "deny"),
+            allow_responses=allow_responses,
+            reasons=reasons,
+        )
 
     def to_conf(self) -> dict[str, object]:
         out: dict[str, object] = {}
@@ -80,93 +111,184 @@ class User:
     name: str
     role: str
     permissions: Permissions | None  # None: everything (admin)
+    why: str = ""
 
 
-def _read_streams(streams: Iterable[str]) -> list[str]:
-    """Read a stream through consumers: info, create, fetch, ack, delete; nothing that changes the stream."""
-    out = ["$JS.API.INFO", "$JS.API.STREAM.NAMES", "$JS.API.STREAM.LIST"]
-    for s in streams:
+# --- building blocks ---------------------------------------------------------------------------
+
+
+def _streams(names: Iterable[str], partitions: int) -> list[str]:
+    """Stream names, TELEMETRY standing for its partition streams too (events/partitions.py)."""
+    out: list[str] = []
+    for name in names:
+        out.append(name)
+        if name == "TELEMETRY" and partitions > 1:
+            out += [partition_stream(i) for i in range(partitions)]
+    return out
+
+
+def _inbox(user: str) -> Grant:
+    return Grant(f"{inbox_prefix(user)}.>", "its own replies (JetStream API answers, pulled messages, command replies)")
+
+
+def _api_basics() -> list[Grant]:
+    why = "JetStream account info, stream names and info (finding streams; read-only)"
+    return [Grant("$JS.API.INFO", why), Grant("$JS.API.STREAM.NAMES", why), Grant("$JS.API.STREAM.INFO.*", why)]
+
+
+def _consumer_reads(stream: str, durables: Iterable[str], why: str) -> list[Grant]:
+    """Read `stream` through consumers of its own: create ephemerals (random names, so the name is
+    a wildcard, fenced by `_others_durables`), its durables by name, pull, ack, delete. Never the
+    unnamed create (`$JS.API.CONSUMER.CREATE.<stream>`): the server takes a durable's name from its
+    body and would change that durable (another role's, say) through it."""
+    out = [
+        Grant(f"$JS.API.CONSUMER.CREATE.{stream}.>", f"{why}: create a consumer by name (ephemerals too)"),
+        Grant(f"$JS.API.CONSUMER.INFO.{stream}.*", f"{why}: its consumers' positions"),
+        Grant(f"$JS.API.CONSUMER.MSG.NEXT.{stream}.*", f"{why}: pull from its consumers"),
+        Grant(f"$JS.API.CONSUMER.DELETE.{stream}.*", f"{why}: remove its ephemeral consumers"),
+        Grant(f"$JS.API.STREAM.MSG.GET.{stream}", f"{why}: read one message"),
+        Grant(f"$JS.API.DIRECT.GET.{stream}", f"{why}: read one message"),
+        Grant(f"$JS.API.DIRECT.GET.{stream}.>", f"{why}: read one message by subject"),
+        Grant(f"$JS.ACK.{stream}.>", f"{why}: acknowledge what it was delivered"),
+        Grant(f"$JS.FC.{stream}.>", f"{why}: flow control of push consumers"),
+    ]
+    for name in durables:
+        out.append(Grant(f"$JS.API.CONSUMER.DURABLE.CREATE.{stream}.{name}", f"{why}: its durable consumer {name}"))
+    return out
+
+
+def _others_durables(mine: set[tuple[str, str]], every: Iterable[tuple[str, str]]) -> list[Grant]:
+    """Deny everything on the durable consumers other roles own: no delete, pull, ack, change."""
+    out: list[Grant] = []
+    for stream, name in sorted(set(every) - mine):
+        why = f"the durable consumer {stream}/{name} belongs to another role"
         out += [
-            f"$JS.API.STREAM.INFO.{s}",
-            f"$JS.API.STREAM.MSG.GET.{s}",
-            f"$JS.API.CONSUMER.CREATE.{s}",
-            f"$JS.API.CONSUMER.CREATE.{s}.>",
-            f"$JS.API.CONSUMER.INFO.{s}.*",
-            f"$JS.API.CONSUMER.DELETE.{s}.*",
-            f"$JS.API.CONSUMER.MSG.NEXT.{s}.*",
-            f"$JS.ACK.{s}.>",
-            f"$JS.FC.{s}.>",
+            Grant(f"$JS.API.CONSUMER.*.{stream}.{name}", why),  # CREATE (update), DELETE, INFO, PAUSE, ...
+            Grant(f"$JS.API.CONSUMER.*.*.{stream}.{name}", why),  # MSG.NEXT, DURABLE.CREATE, LEADER.STEPDOWN
+            Grant(f"$JS.API.CONSUMER.CREATE.{stream}.{name}.>", why),
+            Grant(f"$JS.ACK.{stream}.{name}.>", why),
         ]
     return out
 
 
-def _partition_streams(partitions: int) -> list[str]:
-    """TELEMETRY_P0..N-1 when telemetry is partitioned (see events/partitions.py), else none."""
-    return [partition_stream(i) for i in range(partitions)] if partitions > 1 else []
+def _kv(bucket: str, *, write: bool, why: str) -> list[Grant]:
+    stream = f"KV_{bucket}"
+    out = [
+        Grant(f"$JS.API.DIRECT.GET.{stream}.>", f"{why}: read keys"),
+        Grant(f"$JS.API.DIRECT.GET.{stream}", f"{why}: read keys"),
+        Grant(f"$JS.API.STREAM.MSG.GET.{stream}", f"{why}: read keys"),
+        Grant(f"$JS.API.CONSUMER.CREATE.{stream}", f"{why}: list and watch keys"),
+        Grant(f"$JS.API.CONSUMER.CREATE.{stream}.>", f"{why}: list and watch keys"),
+        Grant(f"$JS.API.CONSUMER.DELETE.{stream}.*", f"{why}: end a watch"),
+        Grant(f"$JS.FC.{stream}.>", f"{why}: list and watch keys"),
+    ]
+    if write:
+        out.append(Grant(f"$KV.{bucket}.>", f"{why}: put and delete keys"))
+    return out
 
 
-def _protect_streams(partitions: int = 1) -> tuple[str, ...]:
-    """No service deletes, purges or deletes messages from the event history (KV buckets, also
-    streams, stay manageable). Stream UPDATE stays allowed: every service ensures the streams' config."""
-    verbs = ("DELETE", "PURGE", "MSG.DELETE")
-    names = [s.name for s in STREAMS] + _partition_streams(partitions)
-    return tuple(f"$JS.API.STREAM.{verb}.{name}" for name in names for verb in verbs)
+def _object_store(bucket: str, why: str) -> list[Grant]:
+    stream = f"OBJ_{bucket}"
+    return [
+        Grant(f"$O.{bucket}.>", f"{why}: write chunks and metadata"),
+        Grant(f"$JS.API.DIRECT.GET.{stream}.>", f"{why}: read metadata"),
+        Grant(f"$JS.API.DIRECT.GET.{stream}", f"{why}: read metadata"),
+        Grant(f"$JS.API.STREAM.MSG.GET.{stream}", f"{why}: read metadata"),
+        Grant(f"$JS.API.CONSUMER.CREATE.{stream}", f"{why}: read chunks"),
+        Grant(f"$JS.API.CONSUMER.CREATE.{stream}.>", f"{why}: read chunks"),
+        Grant(f"$JS.API.CONSUMER.DELETE.{stream}.*", f"{why}: read chunks"),
+        Grant(f"$JS.API.STREAM.PURGE.{stream}", f"{why}: drop the chunks a new snapshot replaces (own store only)"),
+        Grant(f"$JS.FC.{stream}.>", f"{why}: read chunks"),
+    ]
 
 
-def service_user(service: str, cluster: str, partitions: int = 1) -> User:
-    publish = [*owned_subjects(service, cluster), "chamber.dead.>", "$JS.API.>", "$JS.ACK.>", "$JS.FC.>", "$KV.>"]
-    # The snapshot object store (services/runtime/snapshots.py) writes its chunks and metadata on
-    # `$O.<bucket>.>`; without it every snapshot save was refused (found by the tests' secured bus).
-    publish.append(f"$O.{SNAPSHOT_BUCKET}.>")
-    if service == "gateway":
-        publish.append("chamber.cmd.>")
-    return User(
-        f"svc-{service}",
-        "service",
-        Permissions(
-            publish=tuple(publish),
-            subscribe=(INBOX, f"chamber.cmd.{subjects.token(service)}.>"),
-            deny_publish=_protect_streams(partitions),
-            allow_responses=True,
-        ),
-    )
-
-
-def _node_subjects(cluster: str, node: str | None) -> list[str]:
+def _node_subjects(cluster: str, node: str | None) -> list[Grant]:
     """One node's telemetry and fault subjects; `None`: any node of the cluster (a `*` wildcard).
     nats-server checks publish permissions on the subject after its mappings, so a node's samples
     are also allowed with the partition token the telemetry mapping appends (events/partitions.py)."""
+    who = f"node {node}" if node is not None else f"any node of cluster {cluster}"
     if node is not None:
         sample = subjects.sample(cluster, node)
-        return [
+        subjects_ = [
             sample,
             f"{sample}.*",
             subjects.inventory(cluster, node),
             subjects.fabric(cluster, node),
             subjects.steps(cluster, node),
-            subjects.faults(cluster, node),
         ]
+        fault = subjects.faults(cluster, node)
+    else:
+        c = subjects.token(cluster)
+        subjects_ = [
+            f"chamber.telemetry.sample.{c}.*",
+            f"chamber.telemetry.sample.{c}.*.*",
+            f"chamber.telemetry.inventory.{c}.*",
+            f"chamber.telemetry.fabric.{c}.*",
+            f"chamber.telemetry.steps.{c}.*",
+        ]
+        fault = f"chamber.faults.{c}.*"
+    return [Grant(s, f"telemetry of {who}") for s in subjects_] + [Grant(fault, f"GPU faults of {who}")]
+
+
+# --- roles ---------------------------------------------------------------------------------------
+
+
+def every_durable(manifests: Mapping[str, Manifest], partitions: int = 1) -> list[tuple[str, str]]:
+    out = []
+    for m in manifests.values():
+        for stream, name in m.durables:
+            out += [(s, name) for s in _streams([stream], partitions)]
+    return out
+
+
+def service_user(
+    service: str, manifest: Manifest, cluster: str, manifests: Mapping[str, Manifest], partitions: int = 1
+) -> User:
+    user = f"svc-{service}"
     c = subjects.token(cluster)
-    return [
-        f"chamber.telemetry.sample.{c}.*",
-        f"chamber.telemetry.sample.{c}.*.*",
-        f"chamber.telemetry.inventory.{c}.*",
-        f"chamber.telemetry.fabric.{c}.*",
-        f"chamber.telemetry.steps.{c}.*",
-        f"chamber.faults.{c}.*",
+    publish: list[Grant] = [
+        Grant(s.replace("{cluster}", c), f"events {service} owns") for s in manifest.publishes
+    ] + _api_basics()
+    mine: set[tuple[str, str]] = set()
+    for stream in _streams(manifest.reads, partitions):
+        durables = [name for s, name in manifest.durables if stream in _streams([s], partitions)]
+        mine |= {(stream, d) for d in durables}
+        publish += _consumer_reads(stream, durables, f"reads {stream}")
+        publish.append(Grant(subjects.dead(stream), f"dead-letters poison messages of {stream}"))
+    for bucket in manifest.buckets:
+        publish += _kv(bucket, write=True, why=f"its KV bucket {bucket}")
+    for bucket in manifest.reads_buckets:
+        publish += _kv(bucket, write=False, why=f"reads the KV bucket {bucket}")
+    if manifest.leases:
+        publish += _kv(lease_bucket(service), write=True, why="its leader leases")
+    if manifest.snapshots:
+        publish += _object_store(snapshot_bucket(service), "its state snapshots")
+    for target in manifest.sends_commands:
+        name = ">" if target == "*" else f"{subjects.token(target)}.>"
+        publish.append(Grant(f"chamber.cmd.{name}", "sends commands (the one door: HTTP API to services)"))
+    subscribe = [_inbox(user)]
+    if manifest.commands:
+        subscribe.append(Grant(f"chamber.cmd.{subjects.token(service)}.>", f"serves {service}'s commands"))
+    deny = _others_durables(mine, every_durable(manifests, partitions))
+    deny += [  # its own durables are its position: deleting one would restart or lose it
+        Grant(f"$JS.API.CONSUMER.DELETE.{stream}.{name}", f"its durable consumer {stream}/{name} is never deleted")
+        for stream, name in sorted(mine)
     ]
-
-
-def _stream_exists_checks() -> list[str]:
-    """Read-only stream info: the agent runs `ensure_streams` (a no-op once the services made them)."""
-    return ["$JS.API.INFO", "$JS.API.STREAM.INFO.*"]
+    return User(
+        user,
+        "service",
+        Permissions.of(publish, subscribe, deny, allow_responses=manifest.commands),
+        manifest.why,
+    )
 
 
 def agent_user(cluster: str, node: str) -> User:
+    user = f"agent-{node}"
     return User(
-        f"agent-{node}",
+        user,
         "agent",
-        Permissions(publish=(*_node_subjects(cluster, node), *_stream_exists_checks()), subscribe=(INBOX,)),
+        Permissions.of([*_node_subjects(cluster, node), *_api_basics()], [_inbox(user)]),
+        f"the node agent of {node}: its own node's samples, inventory, fabric and faults",
     )
 
 
@@ -174,39 +296,73 @@ def shared_agent_user(cluster: str) -> User:
     return User(
         "agent",
         "agent",
-        Permissions(publish=(*_node_subjects(cluster, None), *_stream_exists_checks()), subscribe=(INBOX,)),
+        Permissions.of([*_node_subjects(cluster, None), *_api_basics()], [_inbox("agent")]),
+        f"one user for every node agent of cluster {cluster}",
     )
 
 
-def simulator_user(cluster: str) -> User:
-    """The simulated fleet also replays JOBS with its own durable consumer (recreated at start) and
-    serves `chamber.cmd.sim.*` (fault injection)."""
+def simulator_user(cluster: str, manifests: Mapping[str, Manifest] | None = None) -> User:
+    """The simulated fleet replays JOBS with an ephemeral consumer at every start (its executor),
+    reports job progress and serves `chamber.cmd.sim.*` (fault injection)."""
+    publish = [
+        *_node_subjects(cluster, None),
+        Grant("chamber.jobs.*", "job progress of the simulated executor (JobStarted, JobCompleted)"),
+        *_api_basics(),
+        *_consumer_reads("JOBS", [], "reads JOBS (placements to run)"),
+        Grant(subjects.dead("JOBS"), "dead-letters poison messages of JOBS"),
+    ]
+    deny = _others_durables(set(), every_durable(manifests if manifests is not None else service_manifests()))
+    subscribe = [_inbox("simulator"), Grant(f"chamber.cmd.{SIM_COMMANDS}.>", "serves fault injection")]
     return User(
         "simulator",
         "simulator",
-        Permissions(
-            publish=(
-                *_node_subjects(cluster, None),
-                "chamber.jobs.>",
-                *_stream_exists_checks(),
-                *_read_streams(["JOBS"]),
-                "$JS.API.CONSUMER.DURABLE.CREATE.JOBS.*",
-            ),
-            subscribe=(INBOX, "chamber.jobs.>", "chamber.cmd.sim.>"),
-            allow_responses=True,
-        ),
+        Permissions.of(publish, subscribe, deny, allow_responses=True),
+        f"the simulated fleet of cluster {cluster} and its job executor",
     )
 
 
-def reader_user(partitions: int = 1) -> User:
+def reader_user(partitions: int = 1, manifests: Mapping[str, Manifest] | None = None) -> User:
+    publish = [*_api_basics(), Grant("$JS.API.STREAM.LIST", "lists the streams")]
+    for stream in _streams(EVENT_STREAMS, partitions):
+        publish += _consumer_reads(stream, [], f"reads {stream}")
+    core = [
+        Grant(p, "core subscription to live events") for s in STREAMS if s.name in EVENT_STREAMS for p in s.subjects
+    ]
+    deny = _others_durables(
+        set(), every_durable(manifests if manifests is not None else service_manifests(), partitions)
+    )
     return User(
         "reader",
         "reader",
-        Permissions(
-            publish=tuple(_read_streams([*EVENT_STREAMS, *_partition_streams(partitions)])),
-            subscribe=(INBOX, *(p for s in STREAMS if s.name in EVENT_STREAMS for p in s.subjects)),
-        ),
+        Permissions.of(publish, [_inbox("reader"), *core], deny),
+        "read-only external subscriber: every event stream, through consumers of its own",
     )
+
+
+def setup_user() -> User:
+    why = "sets up the streams and buckets (`chamber setup`): creates and updates, never deletes or purges"
+    publish = [
+        Grant("$JS.API.INFO", why),
+        Grant("$JS.API.STREAM.NAMES", why),
+        Grant("$JS.API.STREAM.LIST", why),
+        Grant("$JS.API.STREAM.INFO.*", why),
+        Grant("$JS.API.STREAM.CREATE.*", why),
+        Grant("$JS.API.STREAM.UPDATE.*", why),
+    ]
+    return User("setup", "setup", Permissions.of(publish, [_inbox("setup")]), why)
+
+
+def service_manifests(services: Sequence[str] | None = None) -> dict[str, Manifest]:
+    """The `ROLE` manifests of the services found (all, or those named)."""
+    from services.runtime.setup import service_manifests as found
+
+    manifests = found()
+    if services is None:
+        return manifests
+    unknown = sorted(set(services) - set(manifests))
+    if unknown:
+        raise UsageError(f"--service {', '.join(unknown)}: no such service (known: {', '.join(sorted(manifests))})")
+    return {s: manifests[s] for s in services}
 
 
 def users(
@@ -217,15 +373,24 @@ def users(
     shared_agent: bool = False,
     simulator: bool = False,
     telemetry_partitions: int = 1,
+    setup: bool = True,
 ) -> list[User]:
-    out = [service_user(s, cluster, telemetry_partitions) for s in services]
+    every = service_manifests()
+    chosen = service_manifests(services)
+    out = [service_user(s, m, cluster, every, telemetry_partitions) for s, m in chosen.items()]
     out += [agent_user(cluster, n) for n in agent_nodes]
     if shared_agent:
         out.append(shared_agent_user(cluster))
     if simulator:
-        out.append(simulator_user(cluster))
-    out += [reader_user(telemetry_partitions), User("admin", "admin", None)]
+        out.append(simulator_user(cluster, every))
+    out.append(reader_user(telemetry_partitions, every))
+    if setup:
+        out.append(setup_user())
+    out.append(User("admin", "admin", None, "the operator's chamber CLI: everything"))
     return out
+
+
+# --- output ----------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -266,16 +431,45 @@ def render(users_: Sequence[User], passwords: PasswordSource) -> str:
     return "\n".join(lines)
 
 
+TITLES = {"publish": "may publish", "subscribe": "may subscribe", "deny": "may NOT publish (wins over the above)"}
+
+
+TITLES = {"publish": "may publish", "subscribe": "may subscribe", "deny": "may NOT publish (wins over the above)"}
+
+
+def explain(user: User) -> str:
+    """What a user may do and why, one subject a line."""
+    lines = [f"{user.name} ({user.role}): {user.why}"]
+    p = user.permissions
+    if p is None:
+        return "\n".join([*lines, "  may publish and subscribe to everything"])
+    for kind, items in (("publish", p.publish), ("subscribe", p.subscribe), ("deny", p.deny_publish)):
+        if not items:
+            continue
+        lines.append(f"  {TITLES[kind]}:")
+        width = max((len(s) for s in items), default=0)
+        lines += [f"    {s:<{width}}  {p.reasons.get(f'{kind} {s}', '')}" for s in items]
+    if p.allow_responses:
+        lines.append("  may answer requests it receives (allow_responses)")
+    lines.append("  anything else: refused by the server")
+    return "\n".join(lines)
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("nats-config", help="generate nats-server's authorization block from Chamber's roles")
     add_cluster_option(p)
-    p.add_argument("--passwords", type=Path, required=True, metavar="DIR", help="one file per user name")
+    p.add_argument("--passwords", type=Path, metavar="DIR", help="one file per user name (required unless --explain)")
     p.add_argument("--create-missing", action="store_true", help="generate passwords missing from DIR")
     p.add_argument("--service", action="append", dest="services", metavar="NAME", help="repeatable (default: all)")
     p.add_argument("--agent-node", action="append", default=[], metavar="NODE", help="a per-node agent user")
     p.add_argument("--shared-agent", action="store_true", help="one agent user for any node of the cluster")
     p.add_argument("--simulator", action="store_true", help="a user for the simulated fleet")
     p.add_argument("--out", type=Path, help="write here (default: stdout)")
+    p.add_argument(
+        "--explain",
+        metavar="USER",
+        help="print what USER (svc-scheduler, reader, agent-NODE, ...) may do and why, instead of the block",
+    )
     p.add_argument(
         "--telemetry-partitions",
         default=os.environ.get("CHAMBER_TELEMETRY_PARTITIONS") or "1",
@@ -289,16 +483,28 @@ def run(args: argparse.Namespace) -> int:
     from services.runtime.partitions import parse_partitions
 
     for node in args.agent_node:
-        if not node or any(c.isspace() for c in node):
+        if not node or any(c.isspace() or c in "*>." for c in node):
             raise UsageError(f"--agent-node {node!r}: give a Kubernetes node name")
+    explaining = args.explain is not None
     chosen = users(
         args.cluster,
         services=args.services or DEFAULT_SERVICES,
-        agent_nodes=args.agent_node,
-        shared_agent=args.shared_agent,
-        simulator=args.simulator,
+        agent_nodes=[
+            *args.agent_node,
+            *([args.explain[6:]] if explaining and args.explain.startswith("agent-") else []),
+        ],
+        shared_agent=args.shared_agent or (explaining and args.explain == "agent"),
+        simulator=args.simulator or (explaining and args.explain == "simulator"),
         telemetry_partitions=parse_partitions(args.telemetry_partitions),
     )
+    if explaining:
+        found = {u.name: u for u in chosen}
+        if args.explain not in found:
+            raise UsageError(f"--explain {args.explain!r}: no such user (users: {', '.join(sorted(found))})")
+        print(explain(found[args.explain]))
+        return 0
+    if args.passwords is None:
+        raise UsageError("--passwords DIR is required (where each user's password is, or is created)")
     text = render(chosen, PasswordSource(args.passwords, create_missing=args.create_missing))
     if args.out is None:
         print(text, end="")

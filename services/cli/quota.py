@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from services.cli.common import add_nats_option, send_command
+from services.cli.common import add_nats_option, finite_float, send_command
 from services.cli.errors import UsageError
 from services.cli.model_check import warn_unknown_model
 
@@ -36,13 +36,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="of the idle guarantee it lends, GPUs other teams' non-preemptible work may use: returned by "
         "draining, not preemption (default: half of what it lends; 0: none)",
     )
-    s.add_argument("--weight", type=float, default=1.0, help="fair-share weight (default 1)")
+    s.add_argument("--weight", type=finite_float, default=1.0, help="fair-share weight (default 1)")
     s.add_argument(
         "--critical",
         action="store_true",
         help="the team may submit critical work in this pool (it preempts other teams' work); off by default",
     )
-    s.add_argument("--budget", type=float, metavar="AMOUNT", help="optional spending limit per month (USD)")
+    s.add_argument("--budget", type=finite_float, metavar="AMOUNT", help="optional spending limit per month (USD)")
     s.add_argument(
         "--on-budget",
         choices=["demote", "hold", "notify"],

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from services.cli.common import add_nats_option
+from services.cli.common import add_nats_option, finite_float
 from services.cli.errors import UsageError
 
 DEFAULT_TRACE = Path("data/traces/itp/jobs.csv")
@@ -22,16 +22,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--gpus", type=int, help="GPUs in the simulated fleet (with --from-warehouse: the recorded fleet)")
     p.add_argument("--gpus-per-node", type=int, help="GPUs per node (8; with --from-warehouse: the recorded most)")
     p.add_argument("--quotas", type=Path, help="TOML quota set (default: every team an equal share)")
-    p.add_argument("--until", type=float, metavar="SECONDS", help="stop the clock this long after the first submit")
+    p.add_argument(
+        "--until", type=finite_float, metavar="SECONDS", help="stop the clock this long after the first submit"
+    )
     p.add_argument("--jobs", type=int, metavar="N", help="only the first N jobs of the trace")
     p.add_argument("--team", action="append", help="only this team's jobs (repeatable)")
-    p.add_argument("--fault-rate", type=float, default=0.0, metavar="PER_NODE_DAY", help="node faults per node-day")
+    p.add_argument(
+        "--fault-rate", type=finite_float, default=0.0, metavar="PER_NODE_DAY", help="node faults per node-day"
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the fault generator")
     from services.tracesim import faults as fm
 
     p.add_argument(
         "--precursor-share",
-        type=float,
+        type=finite_float,
         default=fm.PRECURSOR_SHARE,
         metavar="0..1",
         help="with --fault-rate: share of node faults whose jobs slow down visibly before the node fails "
@@ -39,21 +43,21 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument(
         "--precursor-lead",
-        type=float,
+        type=finite_float,
         default=fm.LEAD_S,
         metavar="SECONDS",
         help=f"with --fault-rate: how long before the failure the slowdown starts (default {fm.LEAD_S:g})",
     )
     p.add_argument(
         "--detection-delay",
-        type=float,
+        type=finite_float,
         default=fm.DETECTION_S,
         metavar="SECONDS",
         help=f"with --fault-rate: slowdown to move (default {fm.DETECTION_S:g}: bench/fabric.py's detection p99)",
     )
     p.add_argument(
         "--hang-timeout",
-        type=float,
+        type=finite_float,
         default=fm.HANG_S,
         metavar="SECONDS",
         help=f"with --fault-rate: a job whose node fails hangs this long before it is restarted (default "
@@ -61,7 +65,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument(
         "--checkpoint-default",
-        type=float,
+        type=finite_float,
         default=fm.CHECKPOINT_S,
         metavar="SECONDS",
         help=f"with --fault-rate: checkpoint interval of jobs whose trace row has none (default "

@@ -26,6 +26,7 @@ from services.cli.common import (
     add_replicas_option,
     apply_partitions_option,
     apply_replicas_option,
+    finite_float,
 )
 from services.cli.errors import UsageError
 
@@ -62,6 +63,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=int(os.environ.get("CHAMBER_PORT", "8080")),
         help="dashboard and HTTP API port (default: $CHAMBER_PORT or 8080)",
     )
+    p.add_argument(
+        "--nats-monitor-port",
+        type=int,
+        metavar="PORT",
+        help="also serve the embedded NATS's HTTP monitoring on 127.0.0.1:PORT (off by default: it has no "
+        "login, and any local user could read the server's connections and subjects from it)",
+    )
     p.add_argument("--nodes", type=int, default=16, help="simulated nodes when no GPU is present (default 16)")
     p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per simulated node (default 8)")
     p.add_argument(
@@ -74,10 +82,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--no-workload", action="store_true", help="do not generate jobs for the demo teams")
     p.add_argument(
         "--telemetry-keep-min",
-        type=float,
+        type=finite_float,
         help="minutes TELEMETRY keeps samples (default 15; the warehouse is the history)",
     )
-    p.add_argument("--telemetry-max-mb", type=float, help="most MiB TELEMETRY keeps on disk (default 1024)")
+    p.add_argument("--telemetry-max-mb", type=finite_float, help="most MiB TELEMETRY keeps on disk (default 1024)")
     p.set_defaults(func=run)
 
 
@@ -104,8 +112,8 @@ def _validate(args: argparse.Namespace) -> None:
     for name in ("nodes", "gpus_per_node"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
-    for name in ("port", "nats_port"):
-        if not 0 < getattr(args, name) < 65536:
+    for name in ("port", "nats_port", "nats_monitor_port"):
+        if getattr(args, name, None) is not None and not 0 < getattr(args, name) < 65536:
             raise UsageError(f"--{name.replace('_', '-')} must be a TCP port (1-65535)")
     if args.nats is None and args.port == args.nats_port:
         raise UsageError(f"--port and --nats-port are both {args.port}; give them different ports")
@@ -168,12 +176,25 @@ def run(args: argparse.Namespace) -> int:
     data_dir = args.data_dir.resolve()
     lock = _lock(data_dir)  # first: "already running on this data dir" says more than "port in use"
     try:
+        _clean_up_after_crash(data_dir)  # we hold the lock: anything still recorded is a crashed run's
         check_ports(args)
         _print_disk_budget(args)
         asyncio.run(_serve(args, data_dir, partitions))
     finally:
         os.close(lock)
     return 0
+
+
+CHILDREN = "children.jsonl"  # the supervisor's record of what it started (for the next start)
+
+
+def _clean_up_after_crash(data_dir: Path) -> None:
+    from services.stack.containment import clean_up_after_crash
+
+    stopped = clean_up_after_crash(data_dir / CHILDREN)
+    if stopped:
+        names = ", ".join(f"{c.name} (pid {c.pid})" for c in stopped)
+        print(f"  {'cleanup':<11}stopped what a previous chamber up left running: {names}", flush=True)
 
 
 def _print_disk_budget(args: argparse.Namespace) -> None:
@@ -272,12 +293,13 @@ def mark_demo_setup(data_dir: Path, quota_events: int) -> bool:
 async def _serve(args: argparse.Namespace, data_dir: Path, partitions: int = 1) -> None:
     from events.streams import QUOTA
     from services.cli.service import discover
-    from services.runtime import connect, ensure_streams, run_until_stopped
-    from services.runtime.nats_server import NatsServerProcess, free_port
+    from services.runtime import connect, run_until_stopped
+    from services.runtime.nats_server import NatsServerProcess
+    from services.runtime.setup import set_up
     from services.stack.credentials import nats_auth, password_file
     from services.stack.supervisor import Component, Supervisor
 
-    supervisor = Supervisor(data_dir / "logs")
+    supervisor = Supervisor(data_dir / "logs", record=data_dir / CHILDREN)
     url = args.nats
     store = data_dir / "nats"
     server: NatsServerProcess | None = None
@@ -286,9 +308,16 @@ async def _serve(args: argparse.Namespace, data_dir: Path, partitions: int = 1) 
 
         mapping = server_mapping_conf(partitions)  # the telemetry partition mapping, when there is one
         conf = nats_auth(data_dir, _cluster(), list(discover()), extra=mapping)
-        server = NatsServerProcess(store, port=args.nats_port, monitor_port=free_port(), extra_args=["-c", str(conf)])
+        monitor = args.nats_monitor_port is not None  # off unless asked: it answers any local user
+        server = NatsServerProcess(
+            store,
+            port=args.nats_port,
+            monitor=monitor,
+            monitor_port=args.nats_monitor_port or None,
+            extra_args=["-c", str(conf)],
+        )
         # supervised like every component: a killed nats-server is restarted on the same store and port
-        supervisor.add(Component("nats", server.argv(), stop_last=True, unset=SECRETS))
+        supervisor.add(Component("nats", server.argv(), stop_last=True, unset=SECRETS, heartbeat=False))
         url = server.url
     api_token(data_dir)  # created now, before the gateway reads it
 
@@ -301,8 +330,8 @@ async def _serve(args: argparse.Namespace, data_dir: Path, partitions: int = 1) 
                     return
                 print(
                     f"  {'nats':<11}ready   {url}  (JetStream store {store}; no anonymous clients: "
-                    f"users and passwords in {data_dir / 'nats-users'}; monitoring on "
-                    f"127.0.0.1:{server.monitor_port})",
+                    f"users and passwords in {data_dir / 'nats-users'}; "
+                    + (f"monitoring on 127.0.0.1:{server.monitor_port})" if server.monitor else "no monitoring port)"),
                     flush=True,
                 )
             operator = None
@@ -310,7 +339,7 @@ async def _serve(args: argparse.Namespace, data_dir: Path, partitions: int = 1) 
                 operator = {"user": "admin", "password": password_file(data_dir).read_text().strip()}
             nc = await connect(url, name="chamber-up", credentials=operator)
             try:
-                changed = await ensure_streams(nc.jetstream())
+                changed = await set_up(nc.jetstream())  # streams and buckets: services may not make them
                 if not args.no_workload:
                     mark_demo_setup(data_dir, (await nc.jetstream().stream_info(QUOTA.name)).state.messages)
             finally:
@@ -329,7 +358,7 @@ async def _serve(args: argparse.Namespace, data_dir: Path, partitions: int = 1) 
             if server is not None:
                 print(f"  {'nats':<11}stopped", flush=True)
 
-    await run_until_stopped(until_stopped)
+    await run_until_stopped(until_stopped, grace_s=None)  # it stops its children first, in order
 
 
 async def _wait_for_nats(server: object, supervisor: object, stop: asyncio.Event, timeout_s: float = 30.0) -> bool:

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from services.cli.common import add_nats_option
+from services.cli.common import add_nats_option, finite_float
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -17,8 +17,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_nats_option(p)
     p.add_argument("--gpus", type=int, default=128, help="GPUs in the fleet, to size quotas and load (128)")
     p.add_argument("--gpu-model", default="H100-80GB", help="GPU model to price (default H100-80GB)")
-    p.add_argument("--price", type=float, default=3.50, help="price per GPU-hour set at start (3.50)")
-    p.add_argument("--load", type=float, default=1.1, help="offered load as a multiple of the fleet (1.1)")
+    p.add_argument("--price", type=finite_float, default=3.50, help="price per GPU-hour set at start (3.50)")
+    p.add_argument("--load", type=finite_float, default=1.1, help="offered load as a multiple of the fleet (1.1)")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument(
         "--setup-marker",

@@ -24,6 +24,7 @@ from services.runtime.buckets import open_kv
 from services.runtime.decider import Decider, DeciderHost, Input
 from services.runtime.host import ServiceContext, serve
 from services.runtime.logs import get_logger
+from services.runtime.manifest import Manifest
 from services.runtime.options import add_cluster_option
 from services.runtime.partitions import telemetry_inputs
 
@@ -33,6 +34,14 @@ SOURCE = f"chamber/{NAME}"
 BUCKET = "chamber_fleet"
 log = get_logger("chamber.discovery")
 _json = msgspec.json.Encoder()
+
+ROLE = Manifest(
+    reads=("TELEMETRY", "FLEET"),
+    publishes=("chamber.fleet.{cluster}.*",),
+    buckets=(BUCKET,),
+    snapshots=True,
+    why="announces nodes from agents' inventories and keeps the fleet view bucket",
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -321,15 +321,48 @@ def _authorize(request: web.Request) -> web.Response | None:
     return None
 
 
+MAX_JSON_DEPTH = 32  # a command body is a flat object with a few lists: far less than this
+
+
+def _no_constant(name: str) -> float:
+    """JSON has no NaN or Infinity (Python's parser accepts them): a number must be finite."""
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def _nesting(raw: bytes) -> int:
+    """The deepest nesting of arrays and objects in `raw`, brackets inside strings not counted (the
+    parser would recurse that deep before anything could refuse it)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for byte in raw:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:  # quote
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):  # [ {
+            depth += 1
+            deepest = max(deepest, depth)
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+    return deepest
+
+
 async def _body(request: web.Request, *, required: bool) -> dict[str, Any]:
     raw = await request.read()
     if not raw.strip():
         if required:
             raise BadRequest("a JSON object body is required")
         return {}
+    if _nesting(raw) > MAX_JSON_DEPTH:
+        raise BadRequest(f"body is nested deeper than {MAX_JSON_DEPTH} levels")
     try:
-        value = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
+        value = json.loads(raw, parse_constant=_no_constant)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise BadRequest(f"body is not valid JSON: {exc}") from None
     if not isinstance(value, dict):
         raise BadRequest(f"body must be a JSON object, not {type(value).__name__}")
@@ -378,7 +411,12 @@ def _command(
 
 @_command
 async def submit_job(request: web.Request) -> web.Response:
-    return await _forward(request, "scheduler", "submit", await _body(request, required=True))
+    """`Idempotency-Key` (or `request_id` in the body): a retried submit is applied once."""
+    body = await _body(request, required=True)
+    key = request.headers.get("Idempotency-Key", "").strip()
+    if key and "request_id" not in body:
+        body["request_id"] = key
+    return await _forward(request, "scheduler", "submit", body)
 
 
 @_command

@@ -25,6 +25,7 @@ from services.runtime.commands import CommandRefused, CommandUnavailable, reques
 from services.runtime.decider import Decider, DeciderHost, Input, SnapshotCodec
 from services.runtime.host import ServiceContext, serve
 from services.runtime.logs import get_logger
+from services.runtime.manifest import Manifest
 from services.runtime.partitions import telemetry_inputs
 from services.runtime.state_codec import facts_codec
 
@@ -32,6 +33,13 @@ NAME = "gateway"
 DESCRIPTION = "HTTP API, dashboard and Prometheus /metrics (default http://127.0.0.1:8080)"
 DEFAULT_PORT = 8080
 log = get_logger("chamber.gateway")
+
+ROLE = Manifest(
+    reads=("FLEET", "JOBS", "QUOTA", "BILLING", "FAULTS", "TELEMETRY"),
+    snapshots=True,
+    sends_commands=("*",),
+    why="serves the HTTP API and dashboard from every stream; the one door for commands to services",
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

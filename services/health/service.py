@@ -34,6 +34,7 @@ from services.runtime.commands import CommandRefused
 from services.runtime.decider import CommandConflict, Decider, DeciderHost, Input, SnapshotCodec
 from services.runtime.host import ServiceContext, serve
 from services.runtime.logs import get_logger
+from services.runtime.manifest import Manifest
 from services.runtime.options import add_cluster_option
 from services.runtime.partitions import telemetry_inputs
 from services.runtime.state_codec import facts_codec
@@ -44,6 +45,13 @@ SOURCE = f"chamber/{NAME}"
 log = get_logger("chamber.health")
 KUBE_WORKERS = 16
 PATCH_BACKOFF = Backoff(first_s=2.0, max_s=30.0)  # the API server busy or away: 2, 4, 8, 16, 30 s
+
+ROLE = Manifest(
+    reads=("FAULTS", "FLEET", "TELEMETRY"),
+    publishes=("chamber.fleet.{cluster}.*",),
+    snapshots=True,
+    why="isolates and restores nodes and GPUs (FLEET events) from faults and telemetry",
+)
 
 
 TargetRequest = RestoreNode  # shared with the gateway and the API documents (events/commands.py)

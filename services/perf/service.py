@@ -23,11 +23,18 @@ from services.runtime.commands import CommandRefused
 from services.runtime.decider import Decider, DeciderHost, Input
 from services.runtime.host import ServiceContext, serve
 from services.runtime.logs import get_logger
+from services.runtime.manifest import Manifest
 from services.runtime.partitions import telemetry_inputs
 
 NAME = "perf"
 DESCRIPTION = "find slow multi-node jobs and the GPU, NIC or leaf switch to blame (JobSlowdownDetected)"
 log = get_logger("chamber.perf")
+
+ROLE = Manifest(
+    reads=("JOBS", "FLEET", "FAULTS", "TELEMETRY"),
+    publishes=("chamber.jobs.*.perf", "chamber.faults.{cluster}.*"),
+    why="flags slow multi-node jobs (chamber.jobs.<job>.perf) and fabric faults it infers",
+)
 
 
 Empty = NoArguments  # the request types are defined once, in events/commands.py

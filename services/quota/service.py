@@ -36,11 +36,20 @@ from services.runtime.buckets import open_kv
 from services.runtime.commands import CommandRefused
 from services.runtime.decider import Decider, DeciderHost, Input, SnapshotCodec
 from services.runtime.host import ServiceContext, serve
+from services.runtime.manifest import Manifest
 from services.runtime.state_codec import facts_codec
 
 NAME = "quota"
 DESCRIPTION = "pools, team quotas (guarantee, borrow and lend limits) and decayed fair share"
 KV_BUCKET = "chamber_quota"
+
+ROLE = Manifest(
+    reads=("FLEET", "QUOTA", "JOBS"),
+    publishes=("chamber.quota.>",),
+    buckets=(KV_BUCKET,),
+    snapshots=True,
+    why="owns pools, team quotas and fair share (QUOTA) and the quota rows bucket",
+)
 
 
 SetQuotaRequest = SetTeamQuota  # shared with the gateway and the API documents (events/commands.py)

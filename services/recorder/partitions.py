@@ -71,7 +71,9 @@ class PartitionOwnership:
         self.holder = holder
         self.ttl_s = ttl_s
         self._start, self._stop = start, stop
-        self.leases = {s: LeaderLease(js, f"recorder-{s.lower()}", holder, ttl_s=ttl_s) for s in streams}
+        self.leases = {
+            s: LeaderLease(js, f"recorder-{s.lower()}", holder, ttl_s=ttl_s, service="recorder") for s in streams
+        }
         self.owned: set[str] = set()
         self.members = 1
         self._kv: KeyValue | None = None

@@ -15,7 +15,8 @@ batch takes the per-message path: each sample is decoded into the lean struct th
 dead-letters it with the reason.
 
 Everything else (acks after the batch is stored, in-process retries, dead letters) is the runtime
-Consumer's, through its public `process` and `attempt`.
+Consumer's, through its public `process` and `attempt`. A bulk batch the store keeps refusing takes
+the per-message path too, whose halving finds the samples that fail on their own.
 """
 
 from __future__ import annotations
@@ -120,10 +121,13 @@ class SampleConsumer(Consumer):
                 rest = [msg for msg, _ in bulk] + rest
             else:
                 handler = self.table_handler
-                if not await self.attempt(bulk, bulk, lambda: handler(table, suspect), stop):
+                stored = lambda: handler(table, suspect)  # noqa: E731 - one call, named for the line below
+                if not await self.attempt(bulk, bulk, stored, stop, dead_letter_on_failure=False):
                     for msg in rest:  # stopping with the store failing: hand these back too
                         await msg.nak()
                     return
+                if self.last_failure is not None:  # the per-message path finds the samples that fail
+                    rest = [msg for msg, _ in bulk] + rest
         if rest:
             await super().process(rest, stop)
 

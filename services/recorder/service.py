@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from events.streams import BILLING, FAULTS, FLEET, JOBS, QUOTA, TELEMETRY
 from services.errors import UsageError
-from services.recorder.partitions import own_partitions
+from services.recorder.partitions import MEMBERS_BUCKET, own_partitions
 from services.recorder.retention import RAW_TTL_DAYS, ROLLUP_TTL_DAYS, apply_retention
 from services.recorder.rows import Recorded
 from services.recorder.samples import FETCH_MAX_BYTES, MIN_FETCH_MAX_BYTES, SampleConsumer
@@ -31,6 +31,7 @@ from services.runtime.backoff import Backoff
 from services.runtime.commands import CommandRefused
 from services.runtime.host import ServiceContext, serve
 from services.runtime.logs import get_logger
+from services.runtime.manifest import Manifest
 from services.warehouse import (
     ReadOnlyViolation,
     Warehouse,
@@ -52,6 +53,14 @@ MAX_REPLY_BYTES = 768 * 1024
 _json = msgspec.json.Encoder()
 log = get_logger("chamber.recorder")
 WAREHOUSE_BACKOFF = Backoff(first_s=0.5, max_s=30.0)  # a ClickHouse server still starting
+
+ROLE = Manifest(
+    reads=tuple(s.name for s in STREAMS),
+    durables=tuple((s.name, DURABLE) for s in STREAMS),
+    buckets=(MEMBERS_BUCKET,),
+    leases=True,
+    why="stores every stream in the warehouse through its durable consumers; answers SQL",
+)
 
 
 class SqlRequest(msgspec.Struct):

@@ -21,7 +21,7 @@ from nats.aio.client import Client
 from events import subjects
 from events.names import InvalidName, decode_request
 from services.runtime.connection import server_urls
-from services.runtime.credentials import login
+from services.runtime.credentials import inbox_prefix, login, user_of
 from services.runtime.logs import get_logger
 from services.runtime.tracing import client_span, command_span, current_traceparent
 
@@ -99,8 +99,14 @@ class CommandServer:
         servers = server_urls(url)
         credentials = login(servers)
         security = SASLPlaintext(credentials["user"], credentials["password"]) if credentials else None
+        user = user_of(servers, credentials)
         self.broker = NatsBroker(
-            servers, name=f"chamber-{service}-commands", logger=None, max_reconnect_attempts=-1, security=security
+            servers,
+            name=f"chamber-{service}-commands",
+            logger=None,
+            max_reconnect_attempts=-1,
+            security=security,
+            inbox_prefix=inbox_prefix(user) if user else "_INBOX",  # its role's only inbox
         )
 
     def register(self, verb: str, request_type: type[T], handler: Callable[[T], Awaitable[Any]]) -> None:

@@ -16,7 +16,7 @@ import nats
 from nats.aio.client import Client
 
 from services.runtime.backoff import Backoff
-from services.runtime.credentials import CredentialsError, login
+from services.runtime.credentials import CredentialsError, inbox_prefix, login, user_of
 from services.runtime.logs import get_logger
 
 log = get_logger("chamber.runtime.connection")
@@ -50,9 +50,11 @@ async def connect(
     servers = server_urls(url)
     if credentials is None:
         credentials = login(servers)  # this process's NATS user, password read from its file
+    user = user_of(servers, credentials)
+    inbox: dict[str, Any] = {"inbox_prefix": inbox_prefix(user)} if user else {}  # its role's only inbox
     if deadline_s is not None:
         return await asyncio.wait_for(
-            _connect_once(servers, name=name, user_credentials=user_credentials, credentials=credentials),
+            _connect_once(servers, name=name, user_credentials=user_credentials, credentials=credentials, **inbox),
             timeout=deadline_s,
         )
     backoff = Backoff(first_s=first_delay_s, max_s=max_delay_s)
@@ -68,6 +70,7 @@ async def connect(
                 connect_timeout=2,
                 user_credentials=user_credentials,
                 **credentials,
+                **inbox,
                 disconnected_cb=_on_disconnect,
                 reconnected_cb=_on_reconnect,
             )
@@ -80,7 +83,7 @@ async def connect(
 
 
 async def _connect_once(
-    url: str | list[str], *, name: str, user_credentials: str | None, credentials: dict[str, str]
+    url: str | list[str], *, name: str, user_credentials: str | None, credentials: dict[str, str], **inbox: Any
 ) -> Client:
     """Two tries at every server, no reconnects: for short-lived clients (the CLI). The error raised
     says what went wrong with the last try (refused, unknown host...)."""
@@ -100,6 +103,7 @@ async def _connect_once(
             user_credentials=user_credentials,
             error_cb=remember,
             **credentials,
+            **inbox,
         )
     except Exception as exc:
         if any("authorization violation" in str(e).lower() for e in [*errors, exc]):

@@ -6,7 +6,9 @@ Outcomes per message:
 - bad input         -> copy to chamber.dead.<stream> with the reason, then terminate
 - TransientError    -> retried in process with a growing delay until it succeeds; order is kept and
                        the held messages' ack timers are extended, so nothing is redelivered or lost
-- handler crashed   -> retried `max_attempts` times, then dead-lettered as `handler_failed`
+- handler crashed   -> retried `max_attempts` times, then dead-lettered as `handler_failed` with the
+                       exception; a batch handler's failing batch is halved until the messages
+                       that fail alone are found, and only those are dead-lettered
 - redelivered often -> (the process died on it repeatedly) dead-lettered before handling
 The loop never dies on one message.
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -41,6 +44,13 @@ from services.runtime.tracing import consume_span, traced
 log = get_logger("chamber.runtime.consumer")
 _fetch_failed = Throttled("fetch failed", logger=log)  # a dead bus fails every fetch of every consumer
 FETCH_BACKOFF = Backoff(first_s=0.2, max_s=5.0)  # the server is restarting or away
+
+
+def ephemeral_name() -> str:
+    """A name for an ephemeral consumer. Named, it is created on `$JS.API.CONSUMER.CREATE.<stream>.
+    <name>`: the unnamed form (`...CREATE.<stream>`) also accepts a durable's name in its body and would
+    change that durable, so no role may use it on the event streams (services/cli/nats_config.py)."""
+    return f"eph-{secrets.token_hex(8)}"
 
 
 class TransientError(Exception):
@@ -84,6 +94,7 @@ class ConsumerStats:
     skipped: int = 0
     dead: int = 0
     retried: int = 0
+    split: int = 0  # failing batches halved to find the message that fails
     last_acked_seq: int = 0
     reasons: dict[str, int] = field(default_factory=dict)
 
@@ -122,6 +133,7 @@ class Consumer:
         self.stats = ConsumerStats()
         self.name = options.durable or ""
         self._sub: JetStreamContext.PullSubscription | None = None
+        self.last_failure: Exception | None = None  # of the last `attempt` that gave up
 
     @property
     def puller(self) -> BatchPuller | None:
@@ -152,6 +164,7 @@ class Consumer:
             config.deliver_policy = o.deliver
         if o.durable is None:
             config.inactive_threshold = 60.0  # ephemeral: the server removes it when we are gone
+            config.name = ephemeral_name()
         return config
 
     async def start(self) -> None:
@@ -217,8 +230,7 @@ class Consumer:
             return
         acks = [(msg, d.stream_seq) for msg, d in good]
         if self.batch_handler is not None:
-            batch_handler = self.batch_handler
-            await self.attempt(acks, acks, lambda: batch_handler([d for _, d in good]), stop)
+            await self.attempt_batch(good, acks, stop)
             return
         for i, (msg, delivery) in enumerate(good):
             if not await self.attempt(acks[i : i + 1], acks[i:], self._traced_call(msg, delivery), stop):
@@ -244,25 +256,35 @@ class Consumer:
         held: list[tuple[Msg, int]],
         call: Callable[[], Awaitable[None]],
         stop: asyncio.Event | None,
+        *,
+        attempts: int | None = None,
+        dead_letter_on_failure: bool = True,
     ) -> bool:
         """Run the handler for `current` until it succeeds, keeping the rest of the batch (`held`).
         Both are (message, stream sequence) pairs.
 
         Retries happen here, in process, while the held messages' ack timers are extended: naking the
-        rest of a batch would spend their delivery counts. Returns False when stopping with the held
-        messages handed back (nak) to the server for the next process.
+        rest of a batch would spend their delivery counts. After `attempts` failures (default
+        `max_attempts`; a TransientError does not count) `current` is dead-lettered, or with
+        `dead_letter_on_failure=False` left unacked for the caller, which `last_failure` tells.
+        Returns False when stopping with the held messages handed back (nak) to the server for the
+        next process.
         """
         o = self.options
+        limit = attempts if attempts is not None else o.max_attempts
         attempt = 0
+        self.last_failure = None
         while True:
             attempt += 1
             try:
                 await call()
             except Exception as exc:
                 transient = isinstance(exc, TransientError)
-                if not transient and attempt >= o.max_attempts:
-                    for msg, _ in current:
-                        await self._dead(msg, "handler_failed", f"{type(exc).__name__}: {exc}")
+                if not transient and attempt >= limit:
+                    self.last_failure = exc
+                    if dead_letter_on_failure:
+                        for msg, _ in current:
+                            await self._dead(msg, "handler_failed", f"{type(exc).__name__}: {exc}")
                     return True
                 delay = Backoff(o.retry_delay_s, o.max_retry_delay_s).for_attempt(attempt)
                 log.warning(
@@ -289,6 +311,39 @@ class Consumer:
             for msg, stream_seq in current:
                 await self._ack(msg, stream_seq)
             return True
+
+    async def attempt_batch(
+        self,
+        good: list[tuple[Msg, Delivery]],
+        held: list[tuple[Msg, int]],
+        stop: asyncio.Event | None,
+        *,
+        whole_attempts: int | None = None,
+    ) -> bool:
+        """The batch handler over `good` (`max_attempts` times, or `whole_attempts`); when it keeps
+        failing, the batch is halved and each half tried once, down to single messages: only the
+        messages that crash the handler on their own are dead-lettered, not the batch they came in
+        (each was tried `max_attempts` times with its batch, and once more at every halving).
+        `held` is everything not yet acked (for the ack timers). False: stopping (handed back)."""
+        batch_handler = self.batch_handler
+        assert batch_handler is not None
+        acks = [(msg, d.stream_seq) for msg, d in good]
+        single = len(good) == 1
+        ok = await self.attempt(
+            acks,
+            held,
+            lambda: batch_handler([d for _, d in good]),
+            stop,
+            attempts=whole_attempts,
+            dead_letter_on_failure=single,
+        )
+        if not ok or self.last_failure is None or single:
+            return ok
+        self.stats.split += 1
+        middle = len(good) // 2  # `held` begins with `good`: the second half holds what follows it
+        if not await self.attempt_batch(good[:middle], held, stop, whole_attempts=1):
+            return False
+        return await self.attempt_batch(good[middle:], held[middle:], stop, whole_attempts=1)
 
     async def _decode_or_divert(self, msg: Msg) -> Delivery | None:
         pos = position(msg)  # from the ack subject: no metadata object per message

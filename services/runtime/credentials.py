@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from urllib.parse import urlparse
+from urllib.parse import unquote, urlparse
 
 USERS_DIR = "nats-users"  # under the data directory: one file per NATS user, its password
 OPERATOR = "admin"
@@ -43,3 +43,20 @@ def login(servers: list[str]) -> dict[str, str]:
     if not password:
         raise CredentialsError(f"{path} is empty: no password for NATS user {user!r}")
     return {"user": user, "password": password}
+
+
+def inbox_prefix(user: str) -> str:
+    """Where a user's replies arrive: `_INBOX.<user>.<id>`. Its NATS role may subscribe there and
+    nowhere else under `_INBOX`, so no one reads another client's replies."""
+    return f"_INBOX.{user}"
+
+
+def user_of(servers: list[str], credentials: dict[str, str]) -> str | None:
+    """The user a connection logs in as: from `credentials`, else from the first URL that names one."""
+    if credentials.get("user"):
+        return credentials["user"]
+    for s in servers:
+        name = urlparse(s if "://" in s else f"nats://{s}").username
+        if name:
+            return unquote(name)
+    return None

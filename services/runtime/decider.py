@@ -46,13 +46,13 @@ from typing import Any, Generic, TypeVar
 
 import nats.errors
 from nats.aio.msg import Msg
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, DiscardPolicy
 from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
 
 from events import Event
 from events.codec import DEFAULT_MAX_BYTES, DecodeError, UnknownEventType, decode_event
 from services.runtime.backoff import Backoff
-from services.runtime.consumer import FETCH_BACKOFF
+from services.runtime.consumer import FETCH_BACKOFF, ephemeral_name
 from services.runtime.dead_letter import dead_letter
 from services.runtime.host import ServiceContext
 from services.runtime.lease import LeaderLease
@@ -195,7 +195,7 @@ class DeciderHost(Generic[S]):
         self.awaiting: set[str] = set()
         self.awaiting_since = 0.0
         self._folded = asyncio.Condition()
-        self._background: set[asyncio.Task[None]] = set()
+        self._background: set[asyncio.Task[object]] = set()
         self._started = time.monotonic()
         self._last_snapshot = time.monotonic()
         self._changed_since_snapshot = False
@@ -212,7 +212,7 @@ class DeciderHost(Generic[S]):
         d, ctx = self.decider, self.ctx
         if d.lease.strip():
             holder = f"{os.environ.get('POD_NAME') or socket.gethostname()}:{os.getpid()}"
-            lease = LeaderLease(ctx.js, d.lease.strip(), holder, ttl_s=d.lease_ttl_s)
+            lease = LeaderLease(ctx.js, d.lease.strip(), holder, ttl_s=d.lease_ttl_s, service=ctx.name)
             self.lease = lease
             ctx.task(lambda: lease.run(ctx.stop, self._on_leadership))
         if ctx.health_state is not None:  # /readyz answers 503 and /metrics says so until caught up
@@ -284,13 +284,16 @@ class DeciderHost(Generic[S]):
             filter_subjects=filters if len(filters) > 1 else None,
             inactive_threshold=60.0,  # the server removes it when we are gone
             max_deliver=-1,
+            name=ephemeral_name(),  # created by name: the roles refuse the unnamed form on event streams
         )
         # with its stream's replicas: an R1 consumer dies with its server, and the fold with it
         stream = await self.ctx.js.stream_info(spec.stream)
         config.num_replicas = stream.config.num_replicas or 1
         first = stream.state.first_seq or 0
         c = stream.config
-        kept = not c.max_age and (c.max_bytes or -1) < 0 and (c.max_msgs or -1) < 0  # no limit ages it out
+        # nothing ages it out: no age, and its other limits (if any) refuse new messages, never drop old ones
+        unbounded = (c.max_bytes or -1) < 0 and (c.max_msgs or -1) < 0
+        kept = not c.max_age and (c.discard == DiscardPolicy.NEW or unbounded)
         if kept and from_position and start < first and start <= (stream.state.last_seq or 0):
             # The snapshot is the base of replay: trimming below it is safe, trimming above it is not.
             self.stats.trimmed[spec.stream] = (start, first)
@@ -450,12 +453,18 @@ class DeciderHost(Generic[S]):
                 self.stats.skipped += 1
                 continue
             except DecodeError as exc:
-                self._dead_letter(source, msg, exc)
+                self._dead_letter(source, msg, exc.reason, exc.detail)
                 continue
-            if with_id:
-                evolve(state, event, event_id)  # type: ignore[call-arg]
-            else:
-                evolve(state, event)
+            try:
+                if with_id:
+                    evolve(state, event, event_id)  # type: ignore[call-arg]
+                else:
+                    evolve(state, event)
+            except Exception as exc:
+                # A core bug on a well-formed event: it would fail again at every replay, so the
+                # service would crash-loop on it. Every replica and every replay skips it alike.
+                self._dead_letter(source, msg, "evolve_failed", f"{type(exc).__name__}: {exc}")
+                continue
             folded += 1
             if awaiting:
                 awaiting.discard(event_id)
@@ -474,18 +483,18 @@ class DeciderHost(Generic[S]):
         except Exception as exc:  # acting on one event must not stop the fold
             log.warning("on_event failed", service=self.decider.name, event_type=type(event).__name__, error=repr(exc))
 
-    def _dead_letter(self, source: _Source, msg: Msg, exc: DecodeError) -> None:
+    def _dead_letter(self, source: _Source, msg: Msg, reason: str, detail: str) -> None:
         """Copy a poison message to chamber.dead.<stream> with the reason (in the background)."""
         self.stats.dead += 1
-        log.warning("dead-lettering message", stream=source.spec.stream, subject=msg.subject, reason=exc.reason)
+        log.warning("dead-lettering message", stream=source.spec.stream, subject=msg.subject, reason=reason)
         task = asyncio.get_running_loop().create_task(
             dead_letter(
                 self.ctx.js,
                 msg,
                 stream=source.spec.stream,
                 consumer=f"{self.decider.name}-host",
-                reason=exc.reason,
-                detail=exc.detail,
+                reason=reason,
+                detail=detail,
             )
         )
         self._background.add(task)

@@ -1,4 +1,4 @@
-"""Host one service process: connect, ensure streams, run its consumers, tickers and commands until
+"""Host one service process: connect, find the streams, run its consumers, tickers and commands until
 stopped, then finish the batch in hand and drain. Services describe themselves in `setup`."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from services.runtime.consumer import BatchHandler, Consumer, ConsumerOptions, H
 from services.runtime.health import HealthServer, HealthState, port_from_env
 from services.runtime.logs import get_logger
 from services.runtime.publisher import Publisher
-from services.runtime.streams import ensure_bucket_replicas, ensure_streams
+from services.runtime.streams import ensure_streams
 from services.runtime.tracing import configure_tracing
 
 log = get_logger("chamber.runtime.host")
@@ -107,8 +107,8 @@ async def serve(
     ctx.health, ctx.health_state = health, health_state
     health_state.nc, health_state.consumers = nc, ctx.consumers
     try:
-        await _with_retries(name, lambda: ensure_streams(js))
-        await _with_retries(name, lambda: ensure_bucket_replicas(js))
+        # the set-up's job (services/runtime/setup.py); a missing stream is made only on a bus without roles
+        await _with_retries(name, lambda: ensure_streams(js, update=False))
         await setup(ctx)
         if ctx._commands is not None:
             await ctx._commands.start()

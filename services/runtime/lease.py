@@ -29,6 +29,7 @@ from nats.js.kv import KeyValue
 from events.subjects import token
 from services.runtime.buckets import open_kv
 from services.runtime.logs import get_logger
+from services.runtime.manifest import lease_bucket
 from services.runtime.replicas import replicas_for
 
 log = get_logger("chamber.runtime.lease")
@@ -39,14 +40,18 @@ OnChange = Callable[[bool], Awaitable[None]]
 
 
 class LeaderLease:
-    def __init__(self, js: JetStreamContext, name: str, holder: str, *, ttl_s: float = 15.0) -> None:
+    def __init__(self, js: JetStreamContext, name: str, holder: str, *, ttl_s: float = 15.0, service: str = "") -> None:
+        """The lease `name` of `service` (default: a service of that name): key `name` in the
+        service's own lease bucket, the one bucket its NATS role may write leases in."""
         if ttl_s <= 0:
             raise ValueError("ttl_s must be positive")
         self.js = js
         self.name = token(name)
         self.holder = holder
         self.ttl_s = ttl_s
-        self.bucket = f"chamber_lease_{self.name}"
+        self.bucket = lease_bucket(service or name)
+        # a service's own lease (named after it) keeps the key `leader`; others are keyed by name
+        self.key = "leader" if not service or token(service) == self.name else self.name
         self._kv: KeyValue | None = None
         self._revision: int | None = None
         self.renewed_at = 0.0  # monotonic time of the last successful create/renew
@@ -59,7 +64,14 @@ class LeaderLease:
 
     async def _bucket(self) -> KeyValue:
         if self._kv is None:
-            self._kv = await open_kv(self.js, self.bucket, history=1, ttl=self.ttl_s, replicas=replicas_for(self.js))
+            kv = await open_kv(self.js, self.bucket, history=1, ttl=self.ttl_s, replicas=replicas_for(self.js))
+            # The set-up made the bucket (services may not): its entries expire after ITS ttl, so
+            # that is the lease's, whatever was asked; renewing on a longer one would outlive the key.
+            ttl = (await kv.status()).ttl
+            if ttl and ttl != self.ttl_s:
+                log.warning("lease ttl is the bucket's", lease=self.name, asked_s=self.ttl_s, bucket_s=ttl)
+                self.ttl_s = float(ttl)
+            self._kv = kv
         return self._kv
 
     async def try_acquire_or_renew(self) -> bool:
@@ -68,9 +80,9 @@ class LeaderLease:
         started = time.monotonic()  # a renewal counts from when it was sent, not when it was acked
         try:
             if self._revision is None:
-                self._revision = await kv.create("leader", self.holder.encode())
+                self._revision = await kv.create(self.key, self.holder.encode())
             else:
-                self._revision = await kv.update("leader", self.holder.encode(), last=self._revision)
+                self._revision = await kv.update(self.key, self.holder.encode(), last=self._revision)
             self.renewed_at = started
             return True
         except KeyWrongLastSequenceError:  # someone else holds it (or took it while we were away)
@@ -83,7 +95,7 @@ class LeaderLease:
         revision, self._revision = self._revision, None
         kv = await self._bucket()
         with contextlib.suppress(KeyWrongLastSequenceError, NotFoundError, nats.errors.Error):
-            await kv.delete("leader", last=revision)
+            await kv.delete(self.key, last=revision)
 
     async def run(self, stop: asyncio.Event, on_change: OnChange | None = None) -> None:
         """Hold or wait for the lease until `stop`; `on_change(leading)` on every flip."""
@@ -109,11 +121,11 @@ class LeaderLease:
                 await on_change(False)
 
 
-def from_env(js: JetStreamContext) -> LeaderLease | None:
+def from_env(js: JetStreamContext, service: str = "") -> LeaderLease | None:
     """The lease the deployment asks for ($CHAMBER_LEADER_LEASE), or None to always lead."""
     name = os.environ.get(ENV_NAME, "").strip()
     if not name:
         return None
     ttl = float(os.environ.get(ENV_TTL, "15"))
     holder = os.environ.get("POD_NAME") or socket.gethostname()
-    return LeaderLease(js, name, holder, ttl_s=ttl)
+    return LeaderLease(js, name, holder, ttl_s=ttl, service=service)

@@ -6,6 +6,7 @@ kill -9 and restart it on the same port and store.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -40,6 +41,23 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _info_says_jetstream(host: str, port: int) -> bool:
+    """The server's greeting (`INFO {...}`, sent before authentication) says JetStream is on."""
+    try:
+        with socket.create_connection((host, port), timeout=0.5) as conn:
+            conn.settimeout(0.5)
+            line = conn.recv(4096).split(b"\r\n", 1)[0]
+    except OSError:
+        return False
+    if not line.startswith(b"INFO "):
+        return False
+    try:
+        info = json.loads(line[5:])
+    except ValueError:
+        return False
+    return bool(info.get("jetstream"))
+
+
 class NatsServerProcess:
     def __init__(
         self,
@@ -50,11 +68,16 @@ class NatsServerProcess:
         host: str = "127.0.0.1",
         log_file: Path | None = None,
         extra_args: list[str] | None = None,
+        monitor: bool = True,
     ) -> None:
+        """`monitor=False`: no HTTP monitoring port at all (it has no authentication: any local
+        user could read connections, subjects and accounts from it); readiness is then read from
+        the INFO line the client port sends before anyone logs in."""
         self.store_dir = Path(store_dir)
         self.host = host
         self.port = port or free_port()
-        self.monitor_port = monitor_port or free_port()
+        self.monitor = monitor
+        self.monitor_port = (monitor_port or free_port()) if monitor else 0
         self.log_file = log_file
         self.extra_args = extra_args or []
         self.proc: subprocess.Popen[bytes] | None = None
@@ -79,13 +102,15 @@ class NatsServerProcess:
             "-js",
             "-a", self.host,
             "-p", str(self.port),
-            "-m", str(self.monitor_port),
+            *(["-m", str(self.monitor_port)] if self.monitor else []),
             "-sd", str(self.store_dir),
             *self.extra_args,
         ]  # fmt: skip
 
     def ready(self) -> bool:
-        """JetStream answers on the monitoring port."""
+        """JetStream answers on the monitoring port (without one: the server says it has JetStream)."""
+        if not self.monitor:
+            return _info_says_jetstream(self.host, self.port)
         url = f"http://{self.host}:{self.monitor_port}/healthz?js-enabled-only=true"
         try:
             with urllib.request.urlopen(url, timeout=0.5) as resp:

@@ -15,8 +15,9 @@ from nats.js.object_store import ObjectStore
 
 from events.subjects import token
 from services.runtime.buckets import open_object_store
+from services.runtime.manifest import snapshot_bucket
 
-BUCKET = "chamber_snapshots"
+BUCKET = "chamber_snapshots"  # the one store of earlier versions (their snapshots are not read)
 
 
 class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
@@ -28,26 +29,34 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class SnapshotStore:
-    def __init__(self, js: JetStreamContext, *, bucket: str = BUCKET) -> None:
+    """Each service's snapshot in its own object store (`chamber_snapshots_<service>`): a service's
+    NATS role may write only its own (`services/runtime/manifest.py`). `bucket` puts every
+    service's in one store instead (tools, tests)."""
+
+    def __init__(self, js: JetStreamContext, *, bucket: str | None = None) -> None:
         self.js = js
         self.bucket = bucket
-        self._store: ObjectStore | None = None
+        self._stores: dict[str, ObjectStore] = {}
 
-    async def _open(self) -> ObjectStore:
-        if self._store is None:
-            self._store = await open_object_store(self.js, self.bucket, description="service state snapshots")
-        return self._store
+    def bucket_for(self, service: str) -> str:
+        return self.bucket or snapshot_bucket(service)
+
+    async def _open(self, service: str) -> ObjectStore:
+        name = self.bucket_for(service)
+        if name not in self._stores:
+            self._stores[name] = await open_object_store(self.js, name, description="service state snapshots")
+        return self._stores[name]
 
     async def save(self, snapshot: Snapshot) -> int:
         """Store the snapshot (replacing the previous one); returns its size in bytes."""
-        store = await self._open()
+        store = await self._open(snapshot.service)
         data = msgspec.msgpack.encode(snapshot)
         await store.put(token(snapshot.service), data)
         return len(data)
 
     async def delete(self, service: str) -> bool:
         """Remove the service's snapshot (its next start folds from the start); False if none."""
-        store = await self._open()
+        store = await self._open(service)
         try:
             await store.delete(token(service))
         except (ObjectNotFoundError, NotFoundError):
@@ -55,7 +64,7 @@ class SnapshotStore:
         return True
 
     async def load(self, service: str) -> Snapshot | None:
-        store = await self._open()
+        store = await self._open(service)
         try:
             result = await store.get(token(service))
         except (ObjectNotFoundError, NotFoundError):

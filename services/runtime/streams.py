@@ -1,4 +1,6 @@
-"""Create or update the design's streams, idempotently (safe for every service to call at start)."""
+"""Create or update the design's streams, idempotently. The operator's set-up (`services/runtime/setup.py`)
+creates and updates them; a service or agent only creates a missing one (on a bus without roles, a
+developer's), never changes one: its NATS role may not."""
 
 from __future__ import annotations
 
@@ -43,15 +45,21 @@ def stream_config(spec: StreamSpec, replicas: int = 1, *, byte_shares: int = 1) 
         max_bytes=max_bytes or -1,
         duplicate_window=spec.duplicate_window_s,
         max_msg_size=spec.max_msg_size,
-        discard=DiscardPolicy.OLD,
+        max_msgs_per_subject=spec.max_msgs_per_subject or -1,
+        discard=DiscardPolicy.NEW if spec.discard_new else DiscardPolicy.OLD,
         num_replicas=replicas,
     )
 
 
 async def ensure_streams(
-    js: JetStreamContext, specs: Iterable[StreamSpec] | None = None, *, replicas: int | None = None
+    js: JetStreamContext,
+    specs: Iterable[StreamSpec] | None = None,
+    *,
+    replicas: int | None = None,
+    update: bool = True,
 ) -> list[str]:
     """Add missing streams and update drifted ones; returns what changed ("added X", "updated X").
+    `update=False` (services, agents): a drifted stream is only logged, for the set-up to fix.
 
     `specs` default: the design's streams, TELEMETRY split into the configured partitions (keeping
     partition streams of an earlier, larger count: see `events.partitions`).
@@ -83,9 +91,14 @@ async def ensure_streams(
             or (have.max_bytes or -1) != wanted.max_bytes
             or have.duplicate_window != wanted.duplicate_window
             or have.max_msg_size != wanted.max_msg_size
+            or (have.max_msgs_per_subject or -1) != wanted.max_msgs_per_subject
+            or (have.discard or DiscardPolicy.OLD) != wanted.discard
             or have.description != wanted.description
             or (have.num_replicas or 1) != wanted.num_replicas
         ):
+            if not update:
+                log.warning("stream differs from the design; `chamber setup` updates it", stream=spec.name)
+                continue
             await _placed(partial(js.update_stream, wanted), spec.name, wanted.num_replicas)
             changed.append(f"updated {spec.name}")
     if changed:

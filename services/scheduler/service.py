@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import os
 import re
 import secrets
@@ -34,6 +35,7 @@ from services.runtime.decider import CommandConflict, Decider, DeciderHost, Inpu
 from services.runtime.host import ServiceContext, serve
 from services.runtime.lease import ENV_NAME, ENV_TTL
 from services.runtime.logs import get_logger
+from services.runtime.manifest import Manifest
 from services.runtime.options import add_cluster_option
 from services.scheduler.actuator import KubernetesActuator
 from services.scheduler.core import (
@@ -62,6 +64,14 @@ DESCRIPTION = "queue, place, preempt and resume jobs within team quotas"
 log = get_logger("chamber.scheduler")
 DEFAULT_RETENTION_H = 6.0
 
+ROLE = Manifest(
+    reads=("FLEET", "QUOTA", "JOBS", "BILLING", "FAULTS"),
+    publishes=("chamber.jobs.>",),
+    snapshots=True,
+    leases=True,
+    why="owns the job lifecycle (JOBS); replicas share a leader lease",
+)
+
 
 # The request types are shared with the gateway and the API documents (events/commands.py).
 SubmitRequest = SubmitJob
@@ -71,6 +81,12 @@ ExplainRequest = ExplainJob
 
 
 _SLUG = re.compile(r"[^a-z0-9-]+")
+
+
+def request_job_id(team: str, request_id: str) -> str:
+    """The job id of a submit that carries a client request id: the same for every retry of it."""
+    digest = hashlib.sha256(f"{team}\n{request_id}".encode()).hexdigest()[:12]
+    return f"req-{digest}"
 
 
 def new_job_id(name: str, team: str) -> str:
@@ -158,7 +174,11 @@ class Scheduler:
     async def submit(self, req: SubmitRequest) -> dict[str, Any]:
         if not await self._caught_up():
             raise CommandRefused("the scheduler is still reading its log; try again in a moment")
-        job_id = req.id or new_job_id(req.name, req.team)
+        job_id = req.id or (
+            request_job_id(req.team, req.request_id) if req.request_id else new_job_id(req.name, req.team)
+        )
+        if req.request_id and job_id in self.state.jobs and await self._submitted_by(job_id, req):
+            return {"id": job_id, "job_id": job_id, "duplicate": True}  # a retry: applied once
         event = submitted(self.state, req, job_id, time.time())  # InvalidName: refused, naming the field
         refused = critical_block(
             self.state, event.spec.team, job_pool(event.spec, self.state.team_pools), event.spec.priority
@@ -171,12 +191,27 @@ class Scheduler:
             # from another replica or after the first one left memory (retention).
             await self.host.append(event, id=stable_id("submitted", job_id), expected_subject_seq=0)
         except CommandConflict:
+            if req.request_id and await self._submitted_by(job_id, req):
+                return {"id": job_id, "job_id": job_id, "duplicate": True}  # a retry: applied once
             raise CommandRefused(f"job {job_id} exists already; pick another id", field="id") from None
         answer: dict[str, Any] = {"id": job_id, "job_id": job_id}
         warnings = size_warnings(self.state, event.spec)
         if warnings:
             answer["warnings"] = warnings
         return answer
+
+    async def _submitted_by(self, job_id: str, req: SubmitRequest, within_s: float = 3.0) -> bool:
+        """Is `job_id` the job this very request (same request id, same team) submitted before?
+        Its event may still be on its way to our fold: wait for it briefly."""
+        deadline = time.monotonic() + within_s
+        while job_id not in self.state.jobs and time.monotonic() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+        job = self.state.jobs.get(job_id)
+        return (
+            job is not None
+            and job.spec.team == req.team
+            and job_id == (req.id or request_job_id(req.team, req.request_id or ""))
+        )
 
     async def _caught_up(self, within_s: float = 3.0) -> bool:
         """A submit is checked against the quotas and jobs in the log: wait (briefly) until they are read."""

@@ -8,8 +8,8 @@ import secrets
 import string
 from pathlib import Path
 
-from services.cli.nats_config import PasswordSource, Permissions, User, render, users
-from services.runtime.credentials import OPERATOR, users_dir
+from services.cli.nats_config import Grant, PasswordSource, Permissions, User, render, users
+from services.runtime.credentials import OPERATOR, inbox_prefix, users_dir
 
 _ALPHABET = string.ascii_letters + string.digits  # URL-safe, and safe inside the server's config
 
@@ -58,13 +58,26 @@ def replace_private(path: Path, text: str) -> None:
 def workload_user() -> User:
     """The demo workload: sets a price and quotas once, then submits jobs; nothing else."""
     verbs = ("chamber.cmd.billing.price", "chamber.cmd.quota.set", "chamber.cmd.scheduler.submit")
-    return User("workload", "workload", Permissions(publish=verbs, subscribe=("_INBOX.>",)))
+    return User(
+        "workload",
+        "workload",
+        Permissions.of(
+            [Grant(v, "the demo's commands: a price, quotas, job submissions") for v in verbs],
+            [Grant(f"{inbox_prefix('workload')}.>", "its own command replies")],
+        ),
+        "the demo workload: sets a price and quotas once, then submits jobs",
+    )
 
 
 def stack_users(cluster: str, services: list[str]) -> list[User]:
     """Chamber's roles (`chamber nats-config`) for one machine: a user per service, the simulated
     fleet, one agent user for a real GPU, the demo workload, the operator (`admin`) and `reader`."""
-    return [*users(cluster, services=services, shared_agent=True, simulator=True), workload_user()]
+    from services.cli.nats_config import service_manifests
+
+    on_the_bus = [s for s in services if s in service_manifests()]  # the admission webhook has no NATS user
+    # no `setup` user: `chamber up` sets the bus up itself, as the operator
+    chosen = users(cluster, services=on_the_bus, shared_agent=True, simulator=True, setup=False)
+    return [*chosen, workload_user()]
 
 
 def nats_auth(data_dir: Path, cluster: str, services: list[str], *, extra: str = "") -> Path:

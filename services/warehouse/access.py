@@ -31,11 +31,13 @@ async def _via_recorder(url: str, sql: str, max_rows: int) -> dict[str, Any] | N
 
     from services.runtime.commands import CommandRefused, CommandTimedOut, CommandUnavailable, request
     from services.runtime.connection import server_urls
-    from services.runtime.credentials import login
+    from services.runtime.credentials import inbox_prefix, login, user_of
 
     async def quiet(exc: Exception) -> None:
         pass  # no NATS is an expected case here: we fall back to opening the warehouse directly
 
+    credentials = login(server_urls(url))
+    user = user_of(server_urls(url), credentials)
     try:
         # nats-py keeps retrying a refused first connection; a one-shot query must not stall on it.
         nc = await asyncio.wait_for(
@@ -45,7 +47,8 @@ async def _via_recorder(url: str, sql: str, max_rows: int) -> dict[str, Any] | N
                 allow_reconnect=False,
                 connect_timeout=1,
                 error_cb=quiet,
-                **login(server_urls(url)),
+                **credentials,
+                **({"inbox_prefix": inbox_prefix(user)} if user else {}),
             ),
             2.0,
         )

@@ -364,6 +364,7 @@ async def test_health_rebuilds_the_same_state_from_the_log_alone_as_from_its_sna
     """Every decision is an event: a start with no snapshot folds FAULTS and FLEET back to the state a
     snapshot holds, recorded faults and extended probations included, and decides nothing again."""
     from events.fleet import FaultRecorded, IsolationExtended
+    from services.runtime.manifest import snapshot_bucket
     from services.runtime.snapshots import SnapshotStore
     from tests.conformance.harness import canon
 
@@ -389,7 +390,7 @@ async def test_health_rebuilds_the_same_state_from_the_log_alone_as_from_its_sna
         health_url = nats_server.url_for("health")
         for from_snapshot in (True, False):
             if not from_snapshot:
-                store = await js.object_store("chamber_snapshots")
+                store = await js.object_store(snapshot_bucket("health"))
                 await store.delete("health")
                 assert await SnapshotStore(js).load("health") is None
             shells: list[health.HealthShell] = []

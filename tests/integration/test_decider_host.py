@@ -92,6 +92,26 @@ async def test_a_second_submit_with_the_same_id_is_refused_even_when_both_race(
     await sched.close()
 
 
+async def test_a_submit_retried_with_its_request_id_is_applied_once_and_answers_the_same_job(
+    nats_server: SecuredNatsServer, nc: Client, js: JetStreamContext
+) -> None:
+    """A client that got no answer (a timeout, a 503) and retries with the same request id gets the
+    same job back, not a second one; another request id is another job."""
+    sched = scheduler(nats_server.url_for("scheduler"))
+    await eventually(lambda: answers(nc, "scheduler", "queue", {}))
+    payload = {"team": "vision", "gpus": 1, "name": "train", "request_id": "r-1"}
+    first = await request(nc, "scheduler", "submit", payload)
+    retry = await request(nc, "scheduler", "submit", payload)
+    assert retry["id"] == first["id"] and retry.get("duplicate") is True and "duplicate" not in first
+    other = await request(nc, "scheduler", "submit", {**payload, "request_id": "r-2"})
+    assert other["id"] != first["id"]
+    info = await js.stream_info("JOBS", subjects_filter=f"chamber.jobs.{first['id']}")
+    assert info.state.subjects == {f"chamber.jobs.{first['id']}": 1}
+    with pytest.raises(CommandRefused, match="exists already"):  # the same id from another team is not a retry
+        await request(nc, "scheduler", "submit", {**payload, "team": "nlp", "id": first["id"]})
+    await sched.close()
+
+
 async def test_append_with_expected_sequence_zero_is_refused_by_the_stream_for_a_known_subject(
     nats_server: SecuredNatsServer, js: JetStreamContext
 ) -> None:

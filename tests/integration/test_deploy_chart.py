@@ -531,7 +531,9 @@ async def test_the_charts_nats_admits_each_pod_with_the_url_the_chart_gives_it(
     import nats as nats_py
 
     from services.runtime import ensure_streams
+    from services.runtime.credentials import inbox_prefix
     from services.runtime.nats_server import NatsServerProcess
+    from services.runtime.setup import set_up
 
     docs = rendered["default"]
     config = named(docs, "ConfigMap", "chamber-nats")["data"]["nats.conf"]
@@ -552,8 +554,9 @@ async def test_the_charts_nats_admits_each_pod_with_the_url_the_chart_gives_it(
     server.extra_args = ["-c", str(tmp_path / "config" / "nats.conf")]
     server.start()
     try:
-        # services first: they create the streams; the agent may only check them (until then it spools)
-        for _, spec in sorted(pod_specs(docs), key=lambda item: item[0] == "DaemonSet/chamber-agent"):
+        # the set-up Job first: it creates the streams and buckets; services and the agent only find them
+        jobs = [(f"Job/{d['metadata']['name']}", d["spec"]["template"]["spec"]) for d in kinds(docs, "Job")]
+        for name, spec in [*jobs, *pod_specs(docs)]:
             for c in spec["containers"]:
                 env = {e["name"]: e for e in c.get("env", [])}
                 if "CHAMBER_NATS_URL" not in env:
@@ -561,8 +564,12 @@ async def test_the_charts_nats_admits_each_pod_with_the_url_the_chart_gives_it(
                 user = env["CHAMBER_NATS_PASSWORD"]["valueFrom"]["secretKeyRef"]["key"]
                 url = env["CHAMBER_NATS_URL"]["value"].replace("$(CHAMBER_NATS_PASSWORD)", f"pw-{user}")
                 url = url.replace("chamber-nats.chamber.svc:4222", f"127.0.0.1:{server.port}")
-                nc = await nats_py.connect(url, allow_reconnect=False)
-                await ensure_streams(nc.jetstream())
+                nc = await nats_py.connect(url, allow_reconnect=False, inbox_prefix=inbox_prefix(user))
+                if name.startswith("Job/"):
+                    assert spec["containers"][0]["args"] == ["setup"]
+                    await set_up(nc.jetstream())
+                else:
+                    assert await ensure_streams(nc.jetstream(), update=False) == []  # all there
                 await nc.close()
         with pytest.raises(nats_py.errors.Error, match=r"(?i)authorization"):
             await nats_py.connect(f"nats://svc-gateway:wrong@127.0.0.1:{server.port}", allow_reconnect=False)

@@ -10,12 +10,16 @@ import nats
 import nats.errors
 import pytest
 from nats.aio.client import Client
-from nats.js.api import StreamConfig
+from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
 
 from events import subjects
 from services.cli import main
 from services.runtime import Publisher, ensure_streams
+from services.runtime.consumer import ephemeral_name
+from services.runtime.credentials import inbox_prefix
+from services.runtime.manifest import lease_bucket
 from services.runtime.nats_server import NatsServerProcess
+from services.runtime.setup import set_up
 from tests.builders import a_job_submitted, a_node_sample
 from tests.integration.test_runtime import eventually
 
@@ -63,13 +67,16 @@ async def login(secured_server: tuple[NatsServerProcess, Path]) -> AsyncIterator
 
         password = (passwords / user).read_text()
         nc = await nats.connect(
-            f"nats://{user}:{password}@127.0.0.1:{server.port}", error_cb=on_error, allow_reconnect=False
+            f"nats://{user}:{password}@127.0.0.1:{server.port}",
+            error_cb=on_error,
+            allow_reconnect=False,
+            inbox_prefix=inbox_prefix(user),  # the only inbox its role may subscribe to
         )
         sessions.append(nc)
         return Session(nc, errors)
 
     admin = await as_user("admin")
-    await ensure_streams(admin.nc.jetstream())
+    await set_up(admin.nc.jetstream())  # streams and buckets, as `chamber setup` makes them
     yield as_user
     for nc in sessions:
         await nc.close()
@@ -103,7 +110,7 @@ async def test_an_agent_publishes_its_own_node_and_is_refused_on_another_nodes_s
     await eventually(lambda: agent.refused("chamber.cmd.scheduler.submit"))
 
     # it may check the streams (the agent runs ensure_streams) but not change them
-    assert await ensure_streams(agent.nc.jetstream()) == []
+    assert await ensure_streams(agent.nc.jetstream(), update=False) == []
     with pytest.raises(nats.errors.TimeoutError):
         await agent.nc.jetstream(timeout=0.5).delete_stream("TELEMETRY")
 
@@ -124,14 +131,14 @@ async def test_the_simulated_fleet_speaks_for_its_cluster_nodes_and_jobs_but_not
     js = sim.nc.jetstream()
     await js.publish(subjects.sample(CLUSTER, "sim-007"), b"{}")
     await js.publish(subjects.jobs("j1"), b"{}")  # it stands in for the executor (started, completed)
-    sub = await js.subscribe("chamber.jobs.>", ordered_consumer=True)  # placements
-    assert (await sub.next_msg(timeout=5)).subject == subjects.jobs("j1")
-    # the executor's own durable consumer on JOBS, as the agent makes it
-    await js.add_consumer("JOBS", durable_name="sim-executor-c1-sim")
-    pull = await js.pull_subscribe_bind(consumer="sim-executor-c1-sim", stream="JOBS")
+    # the executor's own (ephemeral, named) consumer on JOBS, as the agent makes it: the placements
+    config = ConsumerConfig(name=ephemeral_name(), ack_policy=AckPolicy.EXPLICIT, inactive_threshold=60.0)
+    info = await js.add_consumer("JOBS", config)
+    pull = await js.pull_subscribe_bind(consumer=info.name, stream="JOBS")
     [msg] = await pull.fetch(1, timeout=5)
+    assert msg.subject == subjects.jobs("j1")
     await msg.ack()
-    await js.delete_consumer("JOBS", "sim-executor-c1-sim")
+    await js.delete_consumer("JOBS", info.name)
 
     async def answer(msg) -> None:  # type: ignore[no-untyped-def]
         await msg.respond(b"injected")
@@ -159,10 +166,13 @@ async def test_services_publish_only_what_they_own_and_cannot_erase_history(logi
     await eventually(lambda: scheduler.refused("$JS.API.STREAM.MSG.DELETE.JOBS"))
     assert (await scheduler.nc.jetstream().stream_info("JOBS")).state.messages == 1
 
-    # but it may keep its own state (KV buckets are streams too)
-    kv = await scheduler.nc.jetstream().create_key_value(bucket="chamber_scheduler_test")
+    # it keeps its state in the buckets the set-up made for it, and makes none itself
+    kv = await scheduler.nc.jetstream().key_value(lease_bucket("scheduler"))
     await kv.put("k", b"v")
     assert (await kv.get("k")).value == b"v"
+    with pytest.raises(nats.errors.TimeoutError):
+        await scheduler.nc.jetstream(timeout=0.5).create_key_value(bucket="chamber_scheduler_test")
+    await eventually(lambda: scheduler.refused("$JS.API.STREAM.CREATE.KV_chamber_scheduler_test"))
 
 
 async def test_only_the_gateway_sends_commands_and_a_service_answers_its_own(login) -> None:
@@ -185,8 +195,9 @@ async def test_the_reader_follows_every_event_stream_and_publishes_nothing(login
     admin, reader = await login("admin"), await login("reader")
     await Publisher(admin.nc.jetstream(), source="test").publish(a_job_submitted("j7"))
 
-    sub = await reader.nc.jetstream().subscribe("chamber.jobs.>", ordered_consumer=True)
-    msg = await sub.next_msg(timeout=5)
+    js = reader.nc.jetstream()  # its read cursor: an ephemeral consumer it creates by name
+    info = await js.add_consumer("JOBS", ConsumerConfig(name=ephemeral_name(), inactive_threshold=60.0))
+    [msg] = await (await js.pull_subscribe_bind(consumer=info.name, stream="JOBS")).fetch(1, timeout=5)
     assert msg.subject == subjects.jobs("j7")
 
     await reader.nc.publish(subjects.jobs("j8"), b"{}")

@@ -212,9 +212,22 @@ async def test_commands_need_the_token_and_change_nothing_without_it(
             assert r.status == 400 and "not valid JSON" in (await r.json())["error"]
         status, body = await gateway.send("POST", "/api/jobs", json=[1, 2])
         assert status == 400 and "JSON object" in body["error"]
+        deep = b'{"team": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"  # the parser would recurse 100,000 deep
+        async with gateway.http.post(gateway.url + "/api/jobs", data=deep, headers=_auth()) as r:
+            assert r.status == 400 and "nested deeper" in (await r.json())["error"]
+        nan = b'{"team": "vision", "gpus_per_replica": 1, "expected_duration_s": NaN}'
+        async with gateway.http.post(gateway.url + "/api/jobs", data=nan, headers=_auth()) as r:
+            assert r.status == 400 and "NaN" in (await r.json())["error"]
         status, body = await gateway.send("PUT", "/api/teams/nlp/quota", json={"team": "vision", "guaranteed_gpus": 1})
         assert (status, body["field"]) == (400, "team")
         assert len(received) == count
+        # a client's retry key travels to the scheduler, which applies a retried submit once
+        job = {"team": "vision", "gpus_per_replica": 1}
+        async with gateway.http.post(
+            gateway.url + "/api/jobs", json=job, headers={**_auth(), "Idempotency-Key": "k-1"}
+        ) as r:
+            assert r.status == 200
+        assert received[-1]["request_id"] == "k-1"
     finally:
         stop.set()
         await asyncio.wait_for(task, 10)
@@ -291,9 +304,10 @@ def _auth() -> dict[str, str]:
     return {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
 
 
-class _Submit(msgspec.Struct):
+class _Submit(msgspec.Struct, omit_defaults=True):
     team: str
     gpus_per_replica: int
+    request_id: str | None = None
 
 
 class _Anything(msgspec.Struct):

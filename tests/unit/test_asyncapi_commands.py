@@ -46,5 +46,5 @@ def test_events_are_sent_by_chamber_and_kv_buckets_are_listed() -> None:
         assert DOC["operations"][f"send_{ch.id}"]["action"] == "send"
     assert not any(k.startswith("receive_") and not k.startswith("receive_cmd") for k in DOC["operations"])
     buckets = {c.get("x-nats-kv-bucket") for c in DOC["channels"].values()}
-    assert {"chamber_fleet", "chamber_quota", "chamber_snapshots"} <= buckets
+    assert {"chamber_fleet", "chamber_quota", "chamber_snapshots_{service}"} <= buckets
     assert {kv.bucket for kv in KV_BUCKETS} <= buckets

@@ -11,11 +11,14 @@ from services.cli.disk_budget import describe, sample_bytes
 def test_the_stream_budget_follows_the_fleet_and_the_limits(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(ENV_TELEMETRY_MAX_AGE, raising=False)
     monkeypatch.delenv(ENV_TELEMETRY_MAX_BYTES, raising=False)
-    small, _ = describe(16, 8)
+    small, _, others = describe(16, 8)
     assert small.startswith("TELEMETRY keeps 15 min, at most 1 GiB: about ") and "for 16 nodes x 8 GPUs" in small
+    # every other stream has its cap, and says what happens when it is reached
+    assert "FAULTS 256 MiB (oldest dropped first, 2,000 per subject)" in others
+    assert "JOBS 4 GiB (then refuses new events)" in others and "DEAD 512 MiB" in others
     monkeypatch.setenv(ENV_TELEMETRY_MAX_AGE, "120")
     monkeypatch.setenv(ENV_TELEMETRY_MAX_BYTES, str(10 * 2**20))
-    capped, _ = describe(10_000, 8)
+    capped, _, _ = describe(10_000, 8)
     assert capped.startswith("TELEMETRY keeps 2 min, at most 10 MiB: about 10 MiB for 10000 nodes")
 
 

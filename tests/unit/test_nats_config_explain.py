@@ -1,0 +1,55 @@
+"""`chamber nats-config --explain USER`: what a role may do and why, derived from the manifests."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.cli import main
+from services.cli.nats_config import service_manifests, users
+from services.runtime.manifest import lease_bucket
+
+
+def explained(capsys: pytest.CaptureFixture[str], user: str) -> str:
+    assert main(["nats-config", "--cluster", "c1", "--explain", user]) == 0
+    return capsys.readouterr().out
+
+
+def test_the_reader_reads_streams_through_its_own_consumers_and_never_the_recorders(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    out = explained(capsys, "reader")
+    assert "$JS.API.CONSUMER.MSG.NEXT.JOBS.*" in out and "reads JOBS: pull from its consumers" in out
+    assert "$JS.API.CONSUMER.*.*.JOBS.recorder" in out and "belongs to another role" in out
+    assert "_INBOX.reader.>" in out and "_INBOX.>" not in out.replace("_INBOX.reader.>", "")
+    assert "STREAM.CREATE" not in out and "STREAM.UPDATE" not in out and "$KV." not in out
+
+
+def test_a_service_writes_only_its_own_buckets_and_owns_its_leases(capsys: pytest.CaptureFixture[str]) -> None:
+    out = explained(capsys, "svc-scheduler")
+    assert f"$KV.{lease_bucket('scheduler')}.>" in out and "its leader leases" in out
+    assert "$KV.chamber_fleet" not in out and "chamber.fleet" not in out
+    assert "chamber.jobs.>" in out and "events scheduler owns" in out
+
+
+def test_an_agent_is_limited_to_its_node(capsys: pytest.CaptureFixture[str]) -> None:
+    out = explained(capsys, "agent-n7")
+    assert "chamber.faults.c1.n7" in out and "chamber.faults.c1.*" not in out
+
+
+def test_an_unknown_user_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["nats-config", "--explain", "nobody"]) == 2
+    assert "no such user" in capsys.readouterr().err
+
+
+def test_every_service_has_a_manifest_and_each_owned_bucket_has_one_owner() -> None:
+    manifests = service_manifests()
+    assert {"discovery", "health", "quota", "scheduler", "billing", "recorder", "gateway", "perf"} <= set(manifests)
+    owners = [b for m in manifests.values() for b in m.buckets]
+    assert len(owners) == len(set(owners))
+    kv_writes = {
+        u.name: {s for s in u.permissions.publish if s.startswith("$KV.")}
+        for u in users("c1")
+        if u.permissions is not None
+    }
+    assert kv_writes["svc-discovery"] == {"$KV.chamber_fleet.>"}
+    assert kv_writes["reader"] == set() and kv_writes["setup"] == set()
