@@ -104,6 +104,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     add_warehouse_options(p)
     p.set_defaults(func=run)
+    from services.cli.sim_place import register_place
+
+    register_place(p.add_subparsers(dest="sim_command", metavar="{place}", required=False))
 
 
 def run(args: argparse.Namespace) -> int:

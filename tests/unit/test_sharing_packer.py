@@ -1,0 +1,112 @@
+"""The shared-GPU packer: whole GPUs, shares of one GPU, node CPU and memory, model allow-lists."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from services.scheduler.core.sharing import (
+    MAX_PODS,
+    MILLI,
+    Mix,
+    NodeSpec,
+    Packer,
+    PackError,
+    PodRequest,
+    _MixArrays,
+    fragment,
+)
+
+
+def a_node(name: str = "n0", gpus: int = 8, cpu: int = 96_000, mem: int = 512_000, model: str = "G2") -> NodeSpec:
+    return NodeSpec(name=name, cpu_milli=cpu, memory_mib=mem, gpus=gpus, model=model)
+
+
+def a_pod(gpus: int = 1, milli: int = MILLI, cpu: int = 1000, mem: int = 1024, models: str = "") -> PodRequest:
+    return PodRequest(cpu, mem, gpus, milli if gpus else 0, frozenset(m for m in models.split("|") if m))
+
+
+@pytest.mark.parametrize("policy", ["chamber", "fgd", "bestfit"])
+def test_shares_of_one_gpu_stack_on_one_gpu_before_breaking_another(policy: str) -> None:
+    packer = Packer([a_node(gpus=2)], policy=policy, mix=Mix.of([a_pod(milli=500), a_pod()]))
+    first = packer.place(a_pod(milli=500))
+    second = packer.place(a_pod(milli=500))
+    assert first is not None and second is not None
+    assert first[1] == second[1], "the second half goes on the GPU the first half opened"
+    assert packer.place(a_pod()) == ("n0", [1]), "a whole GPU is still free for a whole-GPU pod"
+
+
+def test_a_whole_gpu_pod_needs_fully_free_gpus() -> None:
+    packer = Packer([a_node(gpus=2)], mix=Mix.of([a_pod(milli=300)]))
+    packer.place(a_pod(milli=300))
+    assert packer.place(a_pod(gpus=2)) is None
+    assert packer.place(a_pod(gpus=1)) is not None
+
+
+def test_cpu_memory_and_the_pod_limit_are_hard_limits() -> None:
+    packer = Packer([a_node(gpus=8, cpu=4000, mem=8192)])
+    assert packer.place(a_pod(cpu=5000)) is None
+    assert packer.place(a_pod(mem=9000)) is None
+    assert packer.place(a_pod(gpus=0, cpu=4000, mem=8192)) == ("n0", [])
+    assert packer.place(a_pod(gpus=0, cpu=1, mem=1)) is None, "the node's CPU is spent"
+    many = Packer([a_node(gpus=0, cpu=10**9, mem=10**9)])
+    placed = [many.place(a_pod(gpus=0, cpu=1, mem=1)) for _ in range(MAX_PODS + 1)]
+    assert placed[-1] is None and all(p is not None for p in placed[:-1])
+
+
+def test_a_model_allow_list_is_respected_and_scarce_models_are_kept_for_those_that_need_them() -> None:
+    nodes = [a_node("t4", gpus=1, model="T4"), a_node("g2", gpus=1, model="G2")]
+    mix = Mix.of([a_pod(models="T4"), a_pod(models="T4"), a_pod()])
+    packer = Packer(nodes, mix=mix)
+    assert packer.place(a_pod()) == ("g2", [0]), "an unconstrained pod leaves the T4 to the T4-only pods"
+    assert packer.place(a_pod(models="T4")) == ("t4", [0])
+    assert packer.place(a_pod(models="V100")) is None
+
+
+def test_rejected_pods_change_nothing_and_runs_are_deterministic() -> None:
+    rng = random.Random(7)
+    nodes = [a_node(f"n{i}", gpus=rng.choice([1, 2, 4, 8]), cpu=rng.choice([8000, 32000])) for i in range(30)]
+    pods = [
+        a_pod(gpus=rng.choice([0, 1, 1, 1, 2, 8]), milli=rng.choice([100, 250, 460, 1000]), cpu=rng.choice([500, 4000]))
+        for _ in range(400)
+    ]
+    pods = [p if p.num_gpu <= 1 else a_pod(gpus=p.num_gpu, cpu=p.cpu_milli) for p in pods]
+
+    def run() -> tuple[list[object], int]:
+        packer = Packer(nodes, mix=Mix.of(pods))
+        return [packer.place(p) for p in pods], packer.allocated_milli()
+
+    first, allocated = run()
+    assert (first, allocated) == run()
+    assert allocated == sum(p.gpu_milli_total for p, spot in zip(pods, first, strict=True) if spot is not None)
+    assert any(spot is None for spot in first), "the inventory is over-asked, so some pods are refused"
+
+
+def test_an_unknown_policy_is_refused_with_the_choices() -> None:
+    with pytest.raises(PackError, match="bestfit, chamber, fgd"):
+        Packer([a_node()], policy="nope")
+
+
+states = st.tuples(
+    st.sampled_from(["T4", "G2"]),
+    st.integers(0, 96_000),
+    st.integers(0, 300_000),
+    st.booleans(),
+    st.lists(st.sampled_from([0, 50, 270, 460, 500, 999, 1000]), min_size=1, max_size=8).map(
+        lambda g: tuple(sorted(g))
+    ),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(state=states, with_memory=st.booleans())
+def test_the_vectorised_fragmentation_is_fgds_definition(state: tuple, with_memory: bool) -> None:  # type: ignore[type-arg]
+    mix = Mix.of(
+        [a_pod(milli=460, cpu=4000), a_pod(cpu=12000, mem=65536), a_pod(gpus=8, cpu=64000), a_pod(models="T4")] * 2
+        + [a_pod(milli=270, mem=200_000)]
+    )
+    columns = _MixArrays(mix, ["T4", "G2"])
+    assert columns.fragment(state, with_memory) == pytest.approx(fragment(state, mix, with_memory))
