@@ -2,13 +2,13 @@
 run through the simulator's own `compare` (what `chamber sim --compare fifo,chamber` runs), on
 several public traces, each at two fleet sizes that leave it under pressure, with equal-share quotas.
 
-    .venv/bin/python bench/fairness.py [--traces itp-analogue,itp-cluster02,itp-cluster08,openb]
+    .venv/bin/python bench/fairness.py [--traces itp-analogue,itp-cluster02,itp-cluster03,openb]
         [--openb PATH] [--seeds N] [--json-only]
 
 Traces (docs/fairness.md has the class mappings and why these fleet sizes):
   tuning   itp-analogue   issue 19's 6,200-job 4-team slice of the bundled ITP trace; random classes
   held out itp-cluster02  one ITP cluster (3,975 jobs); random classes, 4 random teams
-  held out itp-cluster08  another ITP cluster (12,002 jobs, 1 to 4 GPUs); random classes, 4 random teams
+  held out itp-cluster03  another ITP cluster (914 jobs, mostly 8 GPUs); random classes, 4 random teams
   held out openb          Alibaba's 2023 GPU pod trace (6,203 GPU pods): its real QoS classes, 4 random
                           teams; not in the repository (licence), read from --openb
 "Random" draws are seeded: seeds 0..N-1 (`--seeds`, default 3; openb 2, its 32-GPU run is slow).
@@ -82,8 +82,8 @@ TRACES: dict[str, Spec] = {
     "itp-cluster02": Spec(
         "held out", _itp_cluster("cluster02"), (80, 64), f"random, seeded: {DEFAULT_MIX}; low preemptible"
     ),
-    "itp-cluster08": Spec(
-        "held out", _itp_cluster("cluster08"), (72, 64), f"random, seeded: {DEFAULT_MIX}; low preemptible"
+    "itp-cluster03": Spec(
+        "held out", _itp_cluster("cluster03"), (96, 80), f"random, seeded: {DEFAULT_MIX}; low preemptible"
     ),
     "openb": Spec(
         "held out",
@@ -186,11 +186,19 @@ def main() -> int:
     names = [n.strip() for n in args.traces.split(",") if n.strip()]
     unknown = [n for n in names if n not in TRACES]
     if unknown or (args.seeds is not None and args.seeds < 1):
-        print(f"fairness.py: unknown trace {', '.join(unknown)}; use {', '.join(TRACES)}" if unknown else
-              "fairness.py: --seeds must be at least 1", file=sys.stderr)
+        print(
+            f"fairness.py: unknown trace {', '.join(unknown)}; use {', '.join(TRACES)}"
+            if unknown
+            else "fairness.py: --seeds must be at least 1",
+            file=sys.stderr,
+        )
         return 2
-    out: dict[str, Any] = {"policy": "chamber (default, no tuning flags) vs fifo", "quotas": "equal shares",
-                           "traces": {}, "runs": {}}
+    out: dict[str, Any] = {
+        "policy": "chamber (default, no tuning flags) vs fifo",
+        "quotas": "equal shares",
+        "traces": {},
+        "runs": {},
+    }
     for name in names:
         spec = TRACES[name]
         gpus = tuple(int(g) for g in args.gpus.split(",")) if args.gpus else spec.gpus

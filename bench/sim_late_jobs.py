@@ -85,7 +85,7 @@ def main() -> None:
     add_preemption_worth_argument(ap, default=None)
     args = ap.parse_args()
     if args.bench_trace:
-        from bench.fairness import OPENB, TRACES  # noqa: PLC0415
+        from bench.fairness import OPENB, TRACES
 
         if args.bench_trace not in TRACES:
             ap.error(f"--bench-trace: use one of {', '.join(TRACES)}")

@@ -63,9 +63,7 @@ def load_openb(path: Path, *, seed: int = 0, teams: int = 4) -> list[TraceJob]:
             raise TraceError(f"{path}:{line}: qos is {r['qos']!r}; expected one of {', '.join(QOS_CLASS)}")
         name = r["name"].strip()
         team = f"team-{random.Random(f'{seed}:{name}').randrange(teams)}"
-        jobs.append(
-            TraceJob(name, submit, duration, gpus, team, cls, preemptible=cls == PriorityClass.LOW)
-        )
+        jobs.append(TraceJob(name, submit, duration, gpus, team, cls, preemptible=cls == PriorityClass.LOW))
     if not jobs:
         raise TraceError(f"{path}: no GPU pod that ran")
     start = min(j.submit_s for j in jobs)

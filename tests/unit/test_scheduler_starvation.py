@@ -79,15 +79,22 @@ def schedule_and_fold(d: Driver, now: float, policy: Policy) -> None:
         d.given(event)
 
 
-def test_a_job_that_waited_the_age_cap_ranks_with_fresh_work_two_classes_up() -> None:
-    low_aged = CHAMBER.priority((LOW, -1.0, 0.0, "l"), CHAMBER.age_cap_s * 5)  # age stops at the cap
-    high_fresh = CHAMBER.priority((HIGH, -1.0, 9.0, "h"), 0.0)
-    assert low_aged == pytest.approx(high_fresh)
-    assert CHAMBER.priority((LOW, -1.0, 0.0, "l"), CHAMBER.age_cap_s / 2) < high_fresh
-    # two classes up from normal or high would be critical: aged work stops just below it
-    crit_fresh = CHAMBER.priority((CRIT, -0.001, 9.0, "c"), 0.0)
-    for rank in (HIGH, NORMAL):
-        assert CHAMBER.priority((rank, -1.0, 0.0, "x"), 1e9) < crit_fresh
+def test_age_orders_work_within_its_class_and_never_lifts_it_above_a_higher_class() -> None:
+    """Classes are strict in the default order (the starvation guard, not age, bounds a class's
+    tail): fair share plus age stay below one class step, so however long a job waited and however
+    good its team's share, it ranks below fresh work of the next class up with the worst share."""
+    assert CHAMBER.fair_share_weight + CHAMBER.age_weight < CHAMBER.class_weight / 3
+    for rank, up in ((LOW, NORMAL), (NORMAL, HIGH), (HIGH, CRIT)):
+        aged = CHAMBER.priority((rank, -1.0, 0.0, "old"), CHAMBER.age_cap_s * 5)  # the best share, any age
+        fresh = CHAMBER.priority((up, 0.0, 9.0, "new"), 0.0)  # the worst share, just queued
+        assert aged < fresh
+    # within a class, age counts up to the cap
+    young = CHAMBER.priority((LOW, -0.5, 0.0, "l"), CHAMBER.age_cap_s / 2)
+    assert (
+        young
+        < CHAMBER.priority((LOW, -0.5, 0.0, "l"), CHAMBER.age_cap_s)
+        == CHAMBER.priority((LOW, -0.5, 0.0, "l"), CHAMBER.age_cap_s * 9)
+    )
 
 
 def test_age_lets_a_long_waiting_job_pass_fresher_work_of_a_higher_class() -> None:
@@ -198,7 +205,7 @@ def test_a_team_without_quota_runs_non_preemptible_work_only_on_what_is_lent_to_
     )
     d.cycle()
     assert d.state_of("np") == "pending"
-    assert "non-preemptible jobs borrow only unguaranteed GPUs or idle guarantees lent" in d.waiting["np"]
+    assert "non-preemptible jobs borrow only unguaranteed GPUs, idle guarantees lent" in d.waiting["np"]
     d.given(a_quota("vision", 16, np_lend=8))  # now 8 of its idle guarantee are lent to such work
     d.cycle(now=20.0)
     assert d.state_of("np") == "running"
@@ -332,15 +339,23 @@ scenario = st.lists(
     st.sampled_from([(8, 8, 8), (4, 8, 0), (8, 0, 0), (2, 2, 2)]),
     st.tuples(*(st.sampled_from([None, 0, 1, 4]) for _ in range(3))),
     st.lists(st.integers(0, 13), max_size=6),
+    st.booleans(),  # the default policy (fair-share borrowing on) or the lending rule alone
 )
-def test_every_guarantee_stays_reclaimable_whatever_runs(jobs, guarantees, np_lend, ends) -> None:  # type: ignore[no-untyped-def]
-    """After any sequence of cycles (jobs arriving and ending), in the pool
+def test_every_guarantee_stays_reclaimable_whatever_runs(jobs, guarantees, np_lend, ends, fair) -> None:  # type: ignore[no-untyped-def]
+    """After any sequence of cycles (jobs arriving and ending), in the pool, with the lending rule
+    alone (np_fair_share off)
 
         sum over teams of max(guarantee - np_lend_limit, non-preemptible GPUs held) <= capacity:
 
     what a team holds beyond its guarantee is preemptible (reclaimed by preemption), except GPUs
     of idle guarantees their owners lend to non-preemptible work (at most `np_lend_limit` each,
-    given back by draining). With np_lend_limit 0 everywhere this is the strict rule."""
+    given back by draining). With np_lend_limit 0 everywhere this is the strict rule.
+
+    With fair-share borrowing (the default) a team may also run non-preemptible work up to its
+    fair share of the pool: every cycle that starts such work beyond the lending rule leaves the
+    team within the fair share it had when the cycle began (what it holds of other teams'
+    guarantees then drains back as it ends)."""
+    policy = CHAMBER if fair else replace(CHAMBER, np_fair_share=False)
     d = Driver().given(a_node("n1"), a_node("n2"), a_node("n3"))
     for team, g, lend in zip("abc", guarantees, np_lend, strict=True):
         if g:
@@ -350,13 +365,24 @@ def test_every_guarantee_stays_reclaimable_whatever_runs(jobs, guarantees, np_le
         for k in ends:
             if k < i and d.state_of(f"j{k}") == "running" and (k * 7 + i) % 3 == 0:
                 d.given(done(f"j{k}", at=float(i) + 0.2))
-        d.cycle(now=float(i) + 0.5)
-        work = Work(d.state, 0.0)
+        before = Work(d.state, 0.0, policy)
+        shares = {t: before.fair_share("default", t) for t in "abc"}
+        held_before = {t: nonpreemptible(before, "default", t) for t in "abc"}
+        cycle = d.cycle(now=float(i) + 0.5, policy=policy)
+        work = Work(d.state, 0.0, policy)
         kept = 0
         for t in "abc":
             q = d.state.quotas.get(("default", t))
             kept += max((q.guaranteed - q.np_lendable) if q else 0, nonpreemptible(work, "default", t))
-        assert kept <= 24
+        if not fair:
+            assert kept <= 24
+            continue
+        if kept > 24:  # beyond the lending rule: only teams that grew within their fair share
+            started = {x.team for x in cycle.decisions if isinstance(x, Admit)}
+            for t in started:
+                held = nonpreemptible(work, "default", t)
+                g = d.state.quotas[("default", t)].guaranteed if ("default", t) in d.state.quotas else 0
+                assert held <= held_before[t] or held <= max(g, shares[t]) + 1e-9, (t, held, shares[t])
 
 
 # -- who may use critical --------------------------------------------------------------------------

@@ -16,6 +16,16 @@ np_lend_limit 0 everywhere this is the strict rule: non-preemptible work beyond 
 only on capacity nobody is guaranteed. To make room such work may also preempt preemptible borrowers
 of a lower class (preemption.eligible: `urgent`). A job runs in one pool (its own), so the rule is
 kept per pool.
+
+Fair-share borrowing (`Policy.np_fair_share`, on by default): beyond that rule, a team's
+non-preemptible work may grow up to the team's fair share of the pool (`Work.fair_share`: the pool
+water-filled over the teams' demand, held plus queued, by quota weight; a team never counts for less
+than the part of its guarantee it does not lend). Without it, on a trace whose every team always
+has work queued nobody lends, and the idle GPUs of a team's guarantee went to other teams'
+preemptible low work while their high work waited (docs/fairness.md). What such work holds of
+another team's guarantee comes back by draining: that team's jobs wait for it ("waits for a drain")
+holding the reservation, and nobody borrows more of it while its own demand wants it (its fair share
+rises back to its guarantee).
 """
 
 from __future__ import annotations
@@ -127,10 +137,10 @@ def nonpreemptible(work: Work, pool: str, team: str) -> int:
     return held
 
 
-def promised(work: Work, pool: str, team: str, lending: bool = True) -> int:
+def promised(work: Work, pool: str, team: str, lending: bool = True, rank: int = RANKS[-1]) -> int:
     """What the rule keeps for `team` in the pool: max(guarantee - what it lends to non-preemptible
     work now, its non-preemptible GPUs); with `lending` False, its whole guarantee."""
-    lent = work.lends_to_nonpreemptible(pool, team) if lending else 0
+    lent = work.lends_to_nonpreemptible(pool, team, rank) if lending else 0
     return max(work.guarantee(pool, team) - lent, nonpreemptible(work, pool, team))
 
 
@@ -142,20 +152,23 @@ def nonpreemptible_block(work: Work, job: Job) -> str | None:
     g = q.guaranteed if q else 0
     own = g - q.np_lendable if q else 0  # the part of its guarantee no one else's such work may hold
     teams = {t for (p, t) in s.quotas if p == pool} | {t for (p, t) in work.usage if p == pool}
-    others = sum(promised(work, pool, t) for t in teams if t != team)
+    others = sum(promised(work, pool, t, rank=job.spec.priority.rank) for t in teams if t != team)
     spare = work.pool_capacity(pool) - others
     if max(own, mine) <= spare:
         return None
+    if work.policy.np_fair_share and g < mine <= work.fair_share(pool, team):
+        return None  # within its fair share of the pool: what it holds of others' guarantees drains back
     if mine <= g:
         lent = sorted(t for t in teams if t != team and nonpreemptible(work, pool, t) > work.guarantee(pool, t))
         return (
             f"{DRAIN}: {max(own, mine) - spare} GPUs of team {team}'s guarantee in pool {pool} are "
             f"lent to non-preemptible work of {', '.join(lent) or 'other teams'}, returned as it ends (never preempted)"
         )
+    fair = f", fair share {work.fair_share(pool, team):.0f}" if work.policy.np_fair_share else ""
     return (
-        f"quota: non-preemptible jobs borrow only unguaranteed GPUs or idle guarantees lent to them (team {team} "
-        f"would run {mine} non-preemptible GPUs in pool {pool}, guarantee {g}; room for "
-        f"{max(spare - mine + n, 0)} now: teams with work waiting for their guarantee lend none)"
+        f"quota: non-preemptible jobs borrow only unguaranteed GPUs, idle guarantees lent to them, or up to "
+        f"their fair share (team {team} would run {mine} non-preemptible GPUs in pool {pool}, guarantee {g}{fair}; "
+        f"room for {max(spare - mine + n, 0)} now: teams with work waiting for their guarantee lend none)"
     )
 
 
