@@ -486,3 +486,58 @@ def test_explain_gives_the_position_the_next_cycle_uses() -> None:
     assert fresh is not None and "position 2 of 2" in fresh["text"]  # class first
     starving = explain(d.state, "old-low", d.waiting, now=1 + bound + 1, policy=CHAMBER)
     assert starving is not None and "position 1 of 2" in starving["text"]  # protected: first in line
+
+
+# -- fair-share borrowing (issue 29) ---------------------------------------------------------------
+def _four_teams_and_a_quiet_one(policy: Policy) -> Driver:
+    """32 GPUs, four teams guaranteed 8 each; a, c and d hold their 8 in non-preemptible work, b
+    holds 2 and has one more 1-GPU job queued (so b lends nothing under the lending rule alone).
+    Then a wants 3 more non-preemptible GPUs: b's demand is 3, so a's fair share is 11."""
+    d = Driver().given(*(a_node(f"n{i}") for i in range(4)), *(a_quota(t, 8) for t in "abcd"))
+    for t, gpus in (("a", 8), ("c", 8), ("d", 8), ("b", 2)):
+        d.given(a_job(f"{t}-np", team=t, gpus=gpus, priority="high", preemptible=False, at=1))
+    d.cycle(now=10.0, policy=policy)
+    d.given(
+        a_job("a-more", team="a", gpus=3, priority="high", preemptible=False, at=20),
+        a_job("b-wait", team="b", gpus=1, priority="high", preemptible=False, at=21),
+    )
+    d.cycle(now=30.0, policy=policy)
+    return d
+
+
+def test_non_preemptible_work_grows_to_its_fair_share_while_a_quiet_team_has_work_queued() -> None:
+    d = _four_teams_and_a_quiet_one(CHAMBER)
+    assert d.state_of("a-more") == "running" and d.state_of("b-wait") == "running"
+    work = Work(d.state, 30.0)
+    assert nonpreemptible(work, "default", "a") == 11
+    lone = _four_teams_and_a_quiet_one(replace(CHAMBER, np_fair_share=False))  # the lending rule alone
+    assert lone.state_of("a-more") == "pending" and lone.state_of("b-wait") == "running"
+    assert "non-preemptible jobs borrow only" in lone.waiting["a-more"]
+
+
+def test_beyond_its_fair_share_non_preemptible_work_waits_and_says_what_its_share_is() -> None:
+    d = Driver().given(*(a_node(f"n{i}") for i in range(4)), *(a_quota(t, 8) for t in "abcd"))
+    for t in "abcd":
+        d.given(a_job(f"{t}-np", team=t, gpus=8, priority="high", preemptible=False, at=1))
+    d.given(a_job("d-more", team="d", gpus=1, priority="high", preemptible=False, at=2))
+    d.cycle(now=10.0)
+    d.given(done("b-np", at=11.0), a_job("a-more", team="a", gpus=8, priority="high", preemptible=False, at=12))
+    d.cycle(now=20.0)
+    # b wants nothing now (it counts for the 4 it never lends), c wants its 8, d 9, a 16: the pool's
+    # 32 water-filled gives b 4, c 8, d 9 and a the 11 left
+    share = Work(d.state, 20.0).fair_share("default", "a")
+    assert share == 11.0
+    assert d.state_of("d-more") == "running"  # 9 is within d's share
+    assert d.state_of("a-more") == "pending" and "fair share 11" in d.waiting["a-more"]
+
+
+def test_the_fair_share_water_fills_the_pool_over_demand_by_weight() -> None:
+    d = Driver().given(*(a_node(f"n{i}") for i in range(4)), a_quota("a", 8), a_quota("b", 8), a_quota("c", 16))
+    d.given(a_job("a1", team="a", gpus=2, at=1), *(a_job(f"c{i}", team="c", gpus=8, at=2 + i) for i in range(4)))
+    d.cycle(now=10.0)
+    work = Work(d.state, 10.0)
+    share = {t: work.fair_share("default", t) for t in "abc"}
+    # a wants 2 but never counts for less than what it does not lend (8 - 4); b wants nothing (4);
+    # c takes the rest: 32 - 4 - 4 = 24
+    assert share == {"a": 4.0, "b": 4.0, "c": 24.0}
+    assert work.fair_share("default", "nobody") == 0.0  # no quota in the pool: no share
