@@ -523,12 +523,12 @@ def test_beyond_its_fair_share_non_preemptible_work_waits_and_says_what_its_shar
     d.cycle(now=10.0)
     d.given(done("b-np", at=11.0), a_job("a-more", team="a", gpus=8, priority="high", preemptible=False, at=12))
     d.cycle(now=20.0)
-    # b wants nothing now (it counts for the 4 it never lends), c wants its 8, d 9, a 16: the pool's
-    # 32 water-filled gives b 4, c 8, d 9 and a the 11 left
+    # b wants nothing now (so counts for nothing), c wants its 8, d 9, a 16: the pool's 32
+    # water-filled gives c 8, d 9 and a the 15 left
     share = Work(d.state, 20.0).fair_share("default", "a")
-    assert share == 11.0
+    assert share == 15.0
     assert d.state_of("d-more") == "running"  # 9 is within d's share
-    assert d.state_of("a-more") == "pending" and "fair share 11" in d.waiting["a-more"]
+    assert d.state_of("a-more") == "pending" and "fair share 15" in d.waiting["a-more"]
 
 
 def test_the_fair_share_water_fills_the_pool_over_demand_by_weight() -> None:
@@ -537,7 +537,9 @@ def test_the_fair_share_water_fills_the_pool_over_demand_by_weight() -> None:
     d.cycle(now=10.0)
     work = Work(d.state, 10.0)
     share = {t: work.fair_share("default", t) for t in "abc"}
-    # a wants 2 but never counts for less than what it does not lend (8 - 4); b wants nothing (4);
-    # c takes the rest: 32 - 4 - 4 = 24
-    assert share == {"a": 4.0, "b": 4.0, "c": 24.0}
+    # a wants 2 but, wanting something, counts for what it does not lend (8 - 4); b wants nothing:
+    # nothing; c takes the rest: 32 - 4 = 28
+    assert share == {"a": 4.0, "b": 0.0, "c": 28.0}
+    d.given(a_quota("b", 8, np_lend=2))  # a limit an operator set always holds: b keeps 8 - 2
+    assert Work(d.state, 10.0).fair_share("default", "b") == 6.0
     assert work.fair_share("default", "nobody") == 0.0  # no quota in the pool: no share

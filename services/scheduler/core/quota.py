@@ -84,9 +84,10 @@ def room_block(work: Work, job: Job, usage: Usage | None = None) -> str | None:
     if held and n > room:  # with nothing held by others, placement itself says what is missing
         lent = _lent_out(work, pool, team) if u + n <= work.guarantee(pool, team) else 0
         if lent:
+            holders = sorted(t for t in teams if t != team and nonpreemptible(work, pool, t) > work.guarantee(pool, t))
             return (
-                f"{DRAIN}: {lent} GPUs of pool {pool} are held by other teams' non-preemptible work on idle "
-                f"guarantees lent to it (team {team}'s included), returned as it ends (never preempted); needs {n}"
+                f"{DRAIN}: {lent} GPUs of pool {pool} are held by non-preemptible work of {', '.join(holders)} on "
+                f"idle guarantees lent to it (team {team}'s included), returned as it ends (never preempted); needs {n}"
             )
         return (
             f"quota: pool {pool} has {max(room, 0)} GPUs team {team} may use now "
@@ -156,8 +157,13 @@ def nonpreemptible_block(work: Work, job: Job) -> str | None:
     spare = work.pool_capacity(pool) - others
     if max(own, mine) <= spare:
         return None
-    if work.policy.np_fair_share and g < mine <= work.fair_share(pool, team):
+    if work.policy.np_fair_share and mine <= work.fair_share(pool, team):
         return None  # within its fair share of the pool: what it holds of others' guarantees drains back
+    if work.policy.np_fair_share and work.longest_protected(pool) == job.id:
+        # The starvation guard's oldest job in the pool is not held to the share: with every team
+        # wanting more than its share, jobs larger than any share (64 GPUs of 80 with four teams)
+        # waited for good. One job at a time, and it drains back like any lent capacity.
+        return None
     if mine <= g:
         lent = sorted(t for t in teams if t != team and nonpreemptible(work, pool, t) > work.guarantee(pool, t))
         return (

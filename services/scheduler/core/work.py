@@ -7,6 +7,7 @@ left exactly as found.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from events import Placement
@@ -39,6 +40,7 @@ class Work:
         self.link_notes: dict[str, str] = {}
         self._smallest_waiting: dict[tuple[str, str, int], int] | None = None
         self._fair: dict[tuple[str, str], float] | None = None
+        self._oldest: dict[str, tuple[float, str]] | None = None
 
     # -- lookups -------------------------------------------------------------------------------
     def classes(self, job: Job) -> list[int]:
@@ -103,6 +105,24 @@ class Work:
             self._fair = _water_fill(self.s, self.pool_capacity)
         return self._fair.get((pool, team), 0.0)
 
+    def longest_protected(self, pool: str) -> str | None:
+        """The queued job of the pool that joined the queue first, if the starvation guard protects
+        it now (at the start of the cycle); else None."""
+        if self._oldest is None:
+            oldest: dict[str, tuple[float, str]] = {}
+            jobs = self.s.jobs
+            for line in self.s.fifo_lines.values():
+                for _, jid in line:
+                    j = jobs[jid]
+                    if (j.queued_since, jid) < oldest.get(j.pool, (math.inf, "")):
+                        oldest[j.pool] = (j.queued_since, jid)
+            self._oldest = oldest
+        found = self._oldest.get(pool)
+        if found is None:
+            return None
+        at = self.policy.protected_since(found[0])
+        return found[1] if at is not None and at <= self.now else None
+
     def lends_to_nonpreemptible(self, pool: str, team: str, rank: int = LOWEST_RANK) -> int:
         """Guaranteed GPUs of `team` that other teams' non-preemptible work at priority `rank` may
         use now: its `np_lend_limit` while it has no queued work in the pool as urgent as that
@@ -158,19 +178,26 @@ class Work:
 def _water_fill(state: SchedulerState, capacity: Callable[[str], int]) -> dict[tuple[str, str], float]:
     """(pool, team) -> fair share, for the teams with a quota in the pool (others have none).
 
-    A team's demand is what it holds plus what it has queued, but never less than the part of its
-    guarantee it does not lend to non-preemptible work (guarantee - np_lend_limit): an idle team
-    keeps that much of its share, as under the lending rule."""
-    demand: dict[tuple[str, str], float] = {}
-    for k, q in state.quotas.items():
-        demand[k] = float(max(state.usage.get(k, 0), q.guaranteed - q.np_lendable))
+    A team's demand is what it holds plus what it has queued; a team with any demand counts for at
+    least the part of its guarantee it does not lend to non-preemptible work (guarantee -
+    np_lend_limit), as under the lending rule, and so does a team whose np_lend_limit an operator
+    set. A team that wants nothing (under the default limit) counts for nothing, so a job
+    larger than a team's share can start while the others are idle (under the lending rule alone it
+    never could: with equal shares and the default np_lend_limit it waited for good on the ITP
+    clusters); an owner that comes back waits for the drain, holding the reservation."""
+    held = {k: float(state.usage.get(k, 0)) for k in state.quotas}
+    queued = dict.fromkeys(state.quotas, 0.0)
     jobs = state.jobs
     for t, line in state.fifo_lines.items():
         for _, jid in line:
             j = jobs[jid]
-            k = (j.pool, t)
-            if k in demand:
-                demand[k] += j.gpus
+            if (j.pool, t) in queued:
+                queued[(j.pool, t)] += j.gpus
+    demand: dict[tuple[str, str], float] = {}
+    for k, q in state.quotas.items():
+        wants = held[k] + queued[k]
+        keeps = wants > 0 or q.np_lend_limit is not None  # a limit set by an operator always holds
+        demand[k] = max(held[k], q.guaranteed - q.np_lendable) + queued[k] if keeps else 0.0
     fair: dict[tuple[str, str], float] = {}
     for pool in sorted({p for p, _ in demand}):
         left = float(capacity(pool))
