@@ -72,11 +72,24 @@ class AgentOptions:
     sysfs_root: Path | None = Path("/")  # where the NICs are read (None: no fabric samples, simulated too)
     nccl_ras: bool = False  # also ask NCCL's RAS service on localhost:28028 for collective progress
     labels: dict[str, str] = field(default_factory=dict)  # topology (rack, leaf, spine) for this node
+    vendor: str = "auto"  # auto (AMD when sysfs shows an AMD GPU, else NVIDIA) | nvidia | amd
+    amd_nodes: int = 0  # simulated: this many of the nodes are AMD (MI300X) nodes
+    amd_gpu_model: str = "MI300X-192GB"
+    step_logs: dict[str, Path] = field(default_factory=dict)  # job -> its JSONL step log (node_agent/step_log.py)
+    inspector_dir: Path | None = None  # NCCL Inspector's Prometheus textfiles (node_agent/inspector.py)
+    inspector_otlp_port: int | None = None  # ...or its OTLP/HTTP JSON export, received on 127.0.0.1:PORT
 
 
 class Agent:
-    def __init__(self, opts: AgentOptions, *, clock: Callable[[], float] = time.time, nvml: Any = None) -> None:
-        """`nvml` is the pynvml module (None: import the real one); tests pass a fake of it."""
+    def __init__(
+        self, opts: AgentOptions, *, clock: Callable[[], float] = time.time, nvml: Any = None, amdsmi: Any = None
+    ) -> None:
+        """`nvml` is the pynvml module and `amdsmi` AMD's (None: import the real ones); tests pass fakes."""
+        self.ras_poller: Any = None  # node_agent.ras_poller.RasPoller with --nccl-ras
+        from node_agent.step_log import StepLogTail
+
+        self.step_logs = [StepLogTail(job, path) for job, path in sorted(opts.step_logs.items())]
+        self.inspector_store: Any = None  # node_agent.inspector.OtlpStore with --nccl-inspector-*
         configure_tracing("agent")
         self.opts = opts
         self.clock = clock
@@ -105,6 +118,8 @@ class Agent:
                 gpus_per_node=opts.gpus_per_node,
                 model=gpu_model(opts.gpu_model),
                 prefix=opts.node,
+                amd_nodes=opts.amd_nodes,
+                amd_model=gpu_model(opts.amd_gpu_model),
             )
             facts = NodeFacts(driver_version="sim", cuda_version="sim", simulated=True)
             self.runners = [
@@ -121,9 +136,7 @@ class Agent:
             ]
             self.executor = ex.ExecutorState(cluster=opts.cluster, nodes=frozenset(self.fleet.nodes))
         else:
-            from node_agent.nvml_adapter import NvmlSampler
-
-            sampler = NvmlSampler.open(nvml, node=opts.node)
+            sampler = self._open_sampler(nvml, amdsmi)
             host = None
             if opts.sysfs_root is not None:
                 from node_agent.dmi_adapter import read_host
@@ -137,15 +150,53 @@ class Agent:
             )
             fabric = None
             if opts.sysfs_root is not None:
-                from node_agent.fabric_adapter import FabricAdapter, read_nccl_ras
+                from node_agent.fabric_adapter import FabricAdapter, node_addresses
+
+                if opts.nccl_ras:
+                    from node_agent.ras_poller import RasPoller
+
+                    # STATUS every 5 s (a hang is flagged within three queries) and MONITOR for PEER_DEAD
+                    self.ras_poller = RasPoller(clock=clock)
+                inspector = None
+                if opts.inspector_dir is not None or opts.inspector_otlp_port is not None:
+                    from node_agent.inspector import InspectorDir, OtlpStore
+
+                    self.inspector_store = OtlpStore()
+                    files = InspectorDir(opts.inspector_dir) if opts.inspector_dir is not None else None
+                    store = self.inspector_store
+
+                    def inspector() -> list[Any]:
+                        return (files.read() if files is not None else []) + store.read()
 
                 fabric = FabricAdapter(
-                    root=opts.sysfs_root, labels=dict(opts.labels), ras=read_nccl_ras if opts.nccl_ras else None
+                    inspector=inspector,
+                    root=opts.sysfs_root,
+                    labels=dict(opts.labels),
+                    ras=self.ras_poller.comms if self.ras_poller else None,
+                    ras_dead=self.ras_poller.take_dead if self.ras_poller else None,
+                    addresses=node_addresses() if self.ras_poller else [],
                 )
             self.runners = [
                 NodeRunner(opts.cluster, opts.node, sampler, facts, seq=self.seqs.get(opts.node), fabric=fabric)
             ]
             self._nvml = sampler
+
+    def _open_sampler(self, nvml: Any, amdsmi: Any) -> Any:
+        """NVML, or AMD's adapter: `--vendor` forces one; auto reads AMD when sysfs shows an AMD GPU."""
+        opts = self.opts
+        vendor = opts.vendor
+        root = opts.sysfs_root if opts.sysfs_root is not None else Path("/")
+        if vendor == "auto":
+            from node_agent.amd_sysfs import find_cards
+
+            vendor = "amd" if opts.sysfs_root is not None and find_cards(root) else "nvidia"
+        if vendor == "amd":
+            from node_agent.amd_adapter import AmdSampler
+
+            return AmdSampler.open(root, amdsmi=amdsmi, node=opts.node)
+        from node_agent.nvml_adapter import NvmlSampler
+
+        return NvmlSampler.open(nvml, node=opts.node)
 
     # --- the loops ------------------------------------------------------------------------------
 
@@ -158,6 +209,10 @@ class Agent:
             asyncio.create_task(self._connect(stop)),
             asyncio.create_task(self._sample_loop(stop)),
         ]
+        if self.ras_poller is not None:
+            tasks.append(asyncio.create_task(self.ras_poller.run(stop)))
+        if self.opts.inspector_otlp_port is not None and self.inspector_store is not None:
+            tasks.append(asyncio.create_task(self._otlp_receiver(stop)))
         stopped = asyncio.create_task(stop.wait())
         try:
             # A loop that dies is a bug: stop the agent loudly (its supervisor restarts it; the spool
@@ -167,10 +222,25 @@ class Agent:
             await asyncio.gather(tasks[2], tasks[0])
         finally:
             stopped.cancel()
-            tasks[1].cancel()
-            with contextlib.suppress(BaseException):
-                await tasks[1]
+            for task in tasks[1:2] + tasks[3:]:  # the NATS connection and the RAS poller
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
             await self._close()
+
+    async def _otlp_receiver(self, stop: asyncio.Event) -> None:
+        """NCCL Inspector's OTLP/HTTP export, on loopback only (Inspector runs on this node)."""
+        from aiohttp import web
+
+        from node_agent.inspector import otlp_app
+
+        runner = web.AppRunner(otlp_app(self.inspector_store))
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", self.opts.inspector_otlp_port).start()
+        try:
+            await stop.wait()
+        finally:
+            await runner.cleanup()
 
     async def _sample_loop(self, stop: asyncio.Event) -> None:
         interval = self.opts.interval_s
@@ -219,9 +289,26 @@ class Agent:
                         samples_refused=runner.samples_refused,
                     )
                 runner.refusals.clear()
+        records.extend(self._step_records(now))
         self.seqs.save(self.runners)  # before publishing: a sequence is never used twice
         self.ticks += 1
         return records
+
+    def _step_records(self, now: float) -> list[Record]:
+        """New rows of the jobs' step logs, one RankStepTimings per job (the first runner's node)."""
+        if not self.step_logs or not self.runners:
+            return []
+        from node_agent.runner import envelope
+
+        node = self.runners[0].node
+        out = []
+        for tail in self.step_logs:
+            event = tail.event(self.opts.cluster, node, now)
+            if event is not None:
+                msg_id = f"{self.opts.cluster}/{node}/steps/{tail.job}/{tail.offset}"
+                subject = subjects.subject_for(event)
+                out.append(Record(int(Kind.SAMPLE), subject, *envelope(event, "chamber/agent", msg_id, now)))
+        return out
 
     def _execute(self, now: float) -> list[Record]:
         """The simulated executor: start and complete jobs, and let the GPUs' load follow them."""

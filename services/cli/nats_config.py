@@ -139,6 +139,7 @@ def _node_subjects(cluster: str, node: str | None) -> list[str]:
             f"{sample}.*",
             subjects.inventory(cluster, node),
             subjects.fabric(cluster, node),
+            subjects.steps(cluster, node),
             subjects.faults(cluster, node),
         ]
     c = subjects.token(cluster)
@@ -147,6 +148,7 @@ def _node_subjects(cluster: str, node: str | None) -> list[str]:
         f"chamber.telemetry.sample.{c}.*.*",
         f"chamber.telemetry.inventory.{c}.*",
         f"chamber.telemetry.fabric.{c}.*",
+        f"chamber.telemetry.steps.{c}.*",
         f"chamber.faults.{c}.*",
     ]
 

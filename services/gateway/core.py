@@ -96,6 +96,7 @@ class Gpu:
     index: int
     uuid: str = ""
     model: str = "unknown"
+    vendor: str = "nvidia"  # "amd" for an AMD Instinct GPU (GpuInfo.vendor)
     memory_total_mib: float | None = None
     utilization_pct: float | None = None
     memory_used_mib: float | None = None
@@ -299,6 +300,7 @@ def _merge_gpus(node: Node, gpus: list[GpuInfo]) -> None:
             gpu = node.gpus[info.index] = Gpu(info.index)
         gpu.uuid = info.uuid
         gpu.model = info.model
+        gpu.vendor = info.vendor
         gpu.memory_total_mib = info.memory_total_mib
 
 

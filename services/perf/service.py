@@ -28,7 +28,12 @@ from services.runtime.logs import get_logger
 NAME = "perf"
 DESCRIPTION = "find slow multi-node jobs and the GPU, NIC or leaf switch to blame (JobSlowdownDetected)"
 log = get_logger("chamber.perf")
-TELEMETRY_SUBJECTS = ("chamber.telemetry.sample.>", "chamber.telemetry.fabric.>", "chamber.telemetry.inventory.>")
+TELEMETRY_SUBJECTS = (
+    "chamber.telemetry.sample.>",
+    "chamber.telemetry.fabric.>",
+    "chamber.telemetry.inventory.>",
+    "chamber.telemetry.steps.>",  # per-rank step timings (events/steps.py)
+)
 
 
 Empty = NoArguments  # the request types are defined once, in events/commands.py

@@ -1,9 +1,9 @@
 """The warehouse: ClickHouse DDL migrations, two backends behind one interface, read-only queries."""
 
 from services.warehouse.backend import QueryResult, Warehouse, WarehouseError, WarehouseUnavailable
+from services.warehouse.confine import ReadOnlyViolation
 from services.warehouse.migrations import migrate
 from services.warehouse.options import add_warehouse_options, open_from_args, open_warehouse
-from services.warehouse.readonly import ReadOnlyViolation, check_read_only
 
 __all__ = [
     "QueryResult",
@@ -12,7 +12,6 @@ __all__ = [
     "WarehouseError",
     "WarehouseUnavailable",
     "add_warehouse_options",
-    "check_read_only",
     "migrate",
     "open_from_args",
     "open_warehouse",

@@ -61,6 +61,9 @@ class Outage(Warehouse):
             raise WarehouseUnavailable("connection refused (outage)")
         self.inner.insert(table, data, dedup_token=dedup_token)
 
+    def open_analytics(self, limits: Any) -> Any:
+        return self.inner.open_analytics(limits)  # analytics SQL has its own session: no outage there
+
     def close(self) -> None:
         self.inner.close()
 

@@ -93,7 +93,7 @@ function renderHeatmap(fleet) {
         else if (g.utilization_pct != null && g.utilization_pct < HELD_IDLE_PCT) cls += " held-idle";
       }
       const tip = [
-        `${n.node} GPU ${g.index} · ${g.model}`,
+        `${n.node} GPU ${g.index} · ${g.vendor === "amd" ? "AMD" : "NVIDIA"} ${g.model}`,
         `health: ${health}`,
         g.utilization_pct == null ? "utilization: unknown" : `utilization: ${g.utilization_pct.toFixed(0)} %`,
         g.temperature_c == null ? "" : `temperature: ${g.temperature_c.toFixed(0)} °C`,
@@ -103,8 +103,10 @@ function renderHeatmap(fleet) {
       return `<div class="${cls}" style="${style}" title="${esc(tip)}">${label}</div>`;
     }).join("");
     const sub = n.isolated ? `isolated: ${n.isolation?.reason ?? ""}` : n.status === "healthy" ? `${n.gpus_allocated}/${n.gpus_total} in use` : n.status;
+    const vendors = [...new Set(n.gpus.map((g) => g.vendor === "amd" ? "AMD" : "NVIDIA"))].join("+");
+    const vendor = vendors ? `<span class="vendor ${vendors === "AMD" ? "amd" : "nvidia"}">${esc(vendors)}</span>` : "";
     return `<div class="node ${esc(n.status)}${n.isolated ? " isolated" : ""}" data-node="${esc(n.node)}">
-      <div class="name" title="${esc(n.cluster + "/" + n.node)}">${esc(n.node)}<small>${esc(sub)}</small></div>
+      <div class="name" title="${esc(n.cluster + "/" + n.node)}">${esc(n.node)} ${vendor}<small>${esc(sub)}</small></div>
       <div class="cells">${cells}</div></div>`;
   }).join("");
   $("heatmap").innerHTML = html || `<div class="muted">No nodes reported yet.</div>`;
