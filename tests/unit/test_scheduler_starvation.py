@@ -543,3 +543,24 @@ def test_the_fair_share_water_fills_the_pool_over_demand_by_weight() -> None:
     d.given(a_quota("b", 8, np_lend=2))  # a limit an operator set always holds: b keeps 8 - 2
     assert Work(d.state, 10.0).fair_share("default", "b") == 6.0
     assert work.fair_share("default", "nobody") == 0.0  # no quota in the pool: no share
+
+
+def test_a_protected_non_preemptible_job_keeps_room_in_its_teams_share() -> None:
+    """Without it, a team's own small jobs refill its fair share and its large job never fits."""
+    policy = replace(CHAMBER, starvation_bound_s=100.0)
+    d = Driver().given(a_node("n1", gpus=16), a_quota("a", 4), a_quota("b", 4), a_quota("c", 8, np_lend=0))
+    d.given(
+        a_job("a-run", team="a", gpus=4, priority="high", preemptible=False, at=0),
+        a_job("b-run", team="b", gpus=4, priority="high", preemptible=False, at=0),
+    )
+    d.cycle(now=1.0, policy=policy)
+    d.given(a_job("a-big", team="a", gpus=10, priority="normal", preemptible=False, at=2))
+    d.cycle(now=3.0, policy=policy)
+    assert d.state_of("a-big") == "pending"  # 14 GPUs would be beyond a's share
+    d.given(a_job("a-small", team="a", gpus=1, priority="high", preemptible=False, at=150))
+    d.cycle(now=200.0, policy=policy)  # a-big is protected; a's share: 16 water-filled, b 4, a and c 6
+    assert d.state_of("a-small") == "pending"
+    assert "keeps room for a-big (10 GPUs), protected by the starvation guard" in d.waiting["a-small"]
+    d.given(done("a-run", at=210.0))
+    d.cycle(now=220.0, policy=policy)
+    assert d.state_of("a-big") == "running"  # the guard's oldest job: not held to the share

@@ -157,8 +157,18 @@ def nonpreemptible_block(work: Work, job: Job) -> str | None:
     spare = work.pool_capacity(pool) - others
     if max(own, mine) <= spare:
         return None
-    if work.policy.np_fair_share and mine <= work.fair_share(pool, team):
-        return None  # within its fair share of the pool: what it holds of others' guarantees drains back
+    fair = work.fair_share(pool, team)
+    if work.policy.np_fair_share and mine <= fair:
+        # Within its fair share of the pool (what it holds of others' guarantees drains back), except
+        # that the team's protected non-preemptible job keeps room in the share: else the team's
+        # own smaller jobs refill it and a large job waits for good (openb's 8-GPU jobs).
+        held_for = work.protected_np(pool, team)
+        if held_for is None or held_for.id == job.id or mine + held_for.gpus <= fair:
+            return None
+        return (
+            f"quota: team {team}'s fair share of pool {pool} ({fair:.0f} GPUs) keeps room for {held_for.id} "
+            f"({held_for.gpus} GPUs), protected by the starvation guard; with this job {max(fair - mine, 0):.0f} left"
+        )
     if work.policy.np_fair_share and work.longest_protected(pool) == job.id:
         # The starvation guard's oldest job in the pool is not held to the share: with every team
         # wanting more than its share, jobs larger than any share (64 GPUs of 80 with four teams)
@@ -170,10 +180,10 @@ def nonpreemptible_block(work: Work, job: Job) -> str | None:
             f"{DRAIN}: {max(own, mine) - spare} GPUs of team {team}'s guarantee in pool {pool} are "
             f"lent to non-preemptible work of {', '.join(lent) or 'other teams'}, returned as it ends (never preempted)"
         )
-    fair = f", fair share {work.fair_share(pool, team):.0f}" if work.policy.np_fair_share else ""
+    share = f", fair share {fair:.0f}" if work.policy.np_fair_share else ""
     return (
         f"quota: non-preemptible jobs borrow only unguaranteed GPUs, idle guarantees lent to them, or up to "
-        f"their fair share (team {team} would run {mine} non-preemptible GPUs in pool {pool}, guarantee {g}{fair}; "
+        f"their fair share (team {team} would run {mine} non-preemptible GPUs in pool {pool}, guarantee {g}{share}; "
         f"room for {max(spare - mine + n, 0)} now: teams with work waiting for their guarantee lend none)"
     )
 

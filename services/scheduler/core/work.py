@@ -42,6 +42,7 @@ class Work:
         self._smallest_waiting: dict[tuple[str, str, int], int] | None = None
         self._fair: dict[tuple[str, str], float] | None = None
         self._oldest: dict[str, tuple[float, str]] | None = None
+        self._protected_np: dict[tuple[str, str], Job] | None = None
 
     # -- lookups -------------------------------------------------------------------------------
     def classes(self, job: Job) -> list[int]:
@@ -126,6 +127,24 @@ class Work:
             return None
         at = self.policy.protected_since(found[0])
         return found[1] if at is not None and at <= self.now else None
+
+    def protected_np(self, pool: str, team: str) -> Job | None:
+        """The team's longest-waiting queued non-preemptible job in the pool, if the starvation
+        guard protects it now (at the start of the cycle)."""
+        if self._protected_np is None:
+            found: dict[tuple[str, str], Job] = {}
+            jobs = self.s.jobs
+            for t, line in self.s.fifo_lines.items():
+                for _, jid in line:
+                    j = jobs[jid]
+                    at = self.policy.protected_since(j.queued_since)
+                    if j.spec.preemptible or at is None or at > self.now:
+                        continue
+                    old = found.get((j.pool, t))
+                    if old is None or (j.queued_since, j.id) < (old.queued_since, old.id):
+                        found[(j.pool, t)] = j
+            self._protected_np = found
+        return self._protected_np.get((pool, team))
 
     def lends_to_nonpreemptible(self, pool: str, team: str, rank: int = LOWEST_RANK) -> int:
         """Guaranteed GPUs of `team` that other teams' non-preemptible work at priority `rank` may
