@@ -18,10 +18,8 @@ from typing import Any
 
 import msgspec
 from nats.aio.client import Client
-from nats.js.errors import NotFoundError
 
-from events import subjects
-from events.codec import encode
+from events import Event, subjects
 from node_agent.outbox import Outbox
 from node_agent.runner import NodeFacts, NodeRunner, SeqStore
 from node_agent.sim import executor as ex
@@ -31,17 +29,18 @@ from node_agent.spool import Kind, Record, Spool
 from services.runtime.backoff import Backoff
 from services.runtime.commands import CommandRefused, CommandServer
 from services.runtime.connection import connect
-from services.runtime.consumer import Consumer, ConsumerOptions, Delivery
+from services.runtime.decider import Decider, DeciderHost, Input
 from services.runtime.health import HealthServer, HealthState
+from services.runtime.host import ServiceContext
 from services.runtime.logs import get_logger
+from services.runtime.publisher import Publisher
 from services.runtime.streams import ensure_streams
-from services.runtime.tracing import configure_tracing, publish_traceparent
+from services.runtime.tracing import configure_tracing
 
 log = get_logger("chamber.agent")
 CONNECT_BACKOFF = Backoff(first_s=0.2, max_s=5.0)  # NATS away: samples go to the spool meanwhile
 
 SIM_SERVICE = "sim"
-REPLAY_PATIENCE_S = 10.0
 
 
 class InjectFault(msgspec.Struct, kw_only=True):
@@ -102,13 +101,11 @@ class Agent:
         self.executor: ex.ExecutorState | None = None
         self._alloc_version = -1
         self._commands: CommandServer | None = None
-        self._consumer: Consumer | None = None
-        self._replay_until: int | None = None
-        self._replay_started = 0.0
+        self.executor_host: DeciderHost[ex.ExecutorState] | None = None
         self.ticks = 0
         self.job_events = 0  # JobStarted / JobCompleted this process decided
-        # Live while the loop answers; ready once NATS is connected (and the simulated executor's
-        # JOBS consumer is bound). Sampling goes on into the spool either way.
+        # Live while the loop answers; ready once NATS is connected (and the simulated executor has
+        # folded JOBS). Sampling goes on into the spool either way.
         self.health_state = HealthState(service="agent", checks=[lambda: self.outbox.problem])
         self.health: HealthServer | None = None
         if opts.simulate:
@@ -273,7 +270,7 @@ class Agent:
         records: list[Record] = []
         fleet = self.fleet
         if fleet is not None and self.executor is not None:
-            records.extend(self._execute(now))
+            self._follow_jobs()
             fleet.step(now)
         for runner in self.runners:
             if fleet is not None and fleet.nodes[runner.node].silent:
@@ -310,37 +307,20 @@ class Agent:
                 out.append(Record(int(Kind.SAMPLE), subject, *envelope(event, "chamber/agent", msg_id, now)))
         return out
 
-    def _execute(self, now: float) -> list[Record]:
-        """The simulated executor: start and complete jobs, and let the GPUs' load follow them."""
+    def _follow_jobs(self) -> None:
+        """Let the simulated GPUs' load follow the jobs the executor runs. Its decisions (JobStarted,
+        JobCompleted) are the decider host's (`_run_executor`): published, and folded when they
+        come back on JOBS."""
         state = self.executor
         assert state is not None and self.fleet is not None
-        out = []
-        decisions = ex.decide(state, now) if self._replayed() else []
-        for event, msg_id in decisions:
-            ex.evolve(state, event)  # the outbox will publish it: do not decide it again
-            self.job_events += 1
-            traceparent, _ = publish_traceparent()
-            headers, body = encode(
-                event, source="chamber/agent/sim-executor", id=msg_id, time=now, traceparent=traceparent
-            )
-            out.append(Record(int(Kind.JOB), subjects.subject_for(event), headers, body))
         if state.version != self._alloc_version:
             self._alloc_version = state.version
             self.fleet.assign(ex.allocations(state))
-        return out
 
-    def _replayed(self) -> bool:
-        """Decide only once the JOBS log has been read up to where it stood at start: before that,
-        a job may look unstarted only because its JobStarted has not been read yet."""
-        if self._replay_until is None or self._consumer is None:
-            return False
-        if self._consumer.stats.last_acked_seq >= self._replay_until:
-            return True
-        if time.monotonic() - self._replay_started > REPLAY_PATIENCE_S:  # e.g. the last event was skipped
-            log.warning("JOBS replay not confirmed, deciding anyway", until=self._replay_until)
-            self._replay_until = 0
-            return True
-        return False
+    def _decide_jobs(self, state: ex.ExecutorState, now: float) -> list[tuple[Event, str]]:
+        out = ex.decide(state, now)
+        self.job_events += len(out)
+        return out
 
     # --- NATS -----------------------------------------------------------------------------------
 
@@ -382,21 +362,35 @@ class Agent:
                 log.warning("simulator commands not ready, retrying", error=repr(exc))
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), 1.0)
-        # The executor rebuilds its state from the whole JOBS log at every start.
-        js = self.nc.jetstream()
-        durable = f"sim-executor-{subjects.token(self.opts.cluster)}-{subjects.token(self.opts.node)}"
-        with contextlib.suppress(NotFoundError):
-            await js.delete_consumer("JOBS", durable)
-        info = await js.stream_info("JOBS")
-        self._replay_started = time.monotonic()
-        self._consumer = Consumer(js, ConsumerOptions(stream="JOBS", durable=durable), handler=self._on_job_event)
-        self.health_state.consumers = [self._consumer]
-        self._replay_until = info.state.last_seq
-        await self._consumer.run(stop)
+        await self._run_executor(stop)
 
-    async def _on_job_event(self, delivery: Delivery) -> None:
-        assert self.executor is not None
-        ex.evolve(self.executor, delivery.envelope.event)
+    async def _run_executor(self, stop: asyncio.Event) -> None:
+        """The simulated executor on the decider host: it folds the whole JOBS log at every start and
+        decides only once caught up (the host's one definition), then on every interval."""
+        assert self.nc is not None and self.executor is not None
+        js = self.nc.jetstream()
+        state = self.executor
+        name = f"sim-executor-{subjects.token(self.opts.cluster)}-{subjects.token(self.opts.node)}"
+        ctx = ServiceContext(
+            name=name,
+            url=self.opts.nats,
+            nc=self.nc,
+            js=js,
+            publisher=Publisher(js, source="chamber/agent/sim-executor"),
+            stop=stop,
+            health_state=self.health_state,  # ready (and chamber_replaying 0) once JOBS is folded
+        )
+        decider = Decider(
+            name=name,
+            inputs=(Input("JOBS"),),
+            initial=lambda: state,
+            evolve=ex.evolve,
+            decide=self._decide_jobs,
+            tick_s=self.opts.interval_s,
+        )
+        self.executor_host = DeciderHost(decider, ctx)
+        self.executor_host.install()
+        await asyncio.gather(*(task() for task in ctx._tasks))
 
     async def _inject(self, cmd: InjectFault) -> dict[str, object]:
         assert self.fleet is not None
@@ -413,9 +407,6 @@ class Agent:
         if self._commands is not None:
             with contextlib.suppress(Exception):
                 await self._commands.stop()
-        if self._consumer is not None:
-            with contextlib.suppress(Exception):
-                await self._consumer.unsubscribe()
         if self.nc is not None:
             with contextlib.suppress(Exception):
                 await self.nc.drain()

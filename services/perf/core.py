@@ -177,6 +177,10 @@ class PerfState:
     addresses: dict[str, NodeKey] = field(default_factory=dict)  # a node's IP -> the node (RAS names hosts)
     dead_pending: dict[str, tuple[NodeKey, DeadPeer]] = field(default_factory=dict)  # fault id -> peer
     dead_reported: set[str] = field(default_factory=set)
+    # Straggler reports (FAULTS) folded before their episode's JobSlowdownDetected (JOBS): two streams,
+    # so a replay or a live race may bring the report first. (job, episode) -> the reports' times,
+    # counted when the episode opens, as if they had come after it.
+    early_confirms: dict[tuple[str, int], list[float]] = field(default_factory=dict)
 
 
 def _node(state: PerfState, cluster: str, node: str) -> NodeView:
@@ -245,6 +249,8 @@ def evolve(state: PerfState, event: Event) -> PerfState:
                 f"{event.at:.0f}: slow (episode {event.episode}, {event.score:.0%} of its best since "
                 f"{event.since:.0f}), culprit {event.culprit.value} {where}: {event.reason}",
             )
+            for at in state.early_confirms.pop((event.job_id, event.episode), []):
+                _confirm(state, event.job_id, state.episodes[event.job_id], at)
         case JobSlowdownCleared():
             if (ep := state.episodes.get(event.job_id)) is not None and ep.number == event.episode:
                 del state.episodes[event.job_id]
@@ -256,11 +262,25 @@ def evolve(state: PerfState, event: Event) -> PerfState:
             state.dead_reported.add(event.fault_id)
         case GpuFaultDetected() if event.kind is FaultKind.STRAGGLER:
             job = event.detail.partition(" ")[0]
-            if (ep := state.episodes.get(job)) is not None:
-                ep.confirms += 1
-                ep.last_confirm = event.observed_at
-                _note(state, job, f"{event.observed_at:.0f}: culprit reported to health ({ep.confirms}x: straggler)")
+            number = _episode_of(event.fault_id)
+            ep = state.episodes.get(job)
+            if ep is not None and number in (None, ep.number):
+                _confirm(state, job, ep, event.observed_at)
+            elif number is not None and number > state.last_episode.get(job, 0):
+                state.early_confirms.setdefault((job, number), []).append(event.observed_at)
     return state
+
+
+def _episode_of(fault_id: str) -> int | None:
+    """The episode a straggler report names: its id is `perf/<job>/<episode>/<n>` (`_straggler`)."""
+    parts = fault_id.rsplit("/", 2)
+    return int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
+
+
+def _confirm(state: PerfState, job: str, ep: Episode, at: float) -> None:
+    ep.confirms += 1
+    ep.last_confirm = at
+    _note(state, job, f"{at:.0f}: culprit reported to health ({ep.confirms}x: straggler)")
 
 
 HISTORY_KEPT = 20

@@ -26,7 +26,7 @@ import secrets
 import time
 from typing import Any
 
-from events import Event, JobCancelled
+from events import Event, JobCancelled, subjects
 from events.codec import stable_id
 from events.commands import CancelJob, ExplainJob, ListQueue, SubmitJob
 from services.runtime.commands import CommandRefused, page_of_rows
@@ -79,9 +79,10 @@ def new_job_id(name: str, team: str) -> str:
 
 
 def snapshot_codec() -> SnapshotCodec[SchedulerState]:
-    from services.scheduler.core import budget, capacity, pools
+    """Pickle (the state shares objects between its indexes), named by the core's STATE_VERSION."""
+    from services.scheduler.core.snapshot_version import STATE_VERSION
 
-    return pickle_codec(SchedulerState, Job, Node, LinkHealth, modules=(budget, capacity, pools))  # where it folds
+    return pickle_codec(SchedulerState, Job, Node, LinkHealth, version=STATE_VERSION)
 
 
 class Scheduler:
@@ -188,14 +189,28 @@ class Scheduler:
         name = req.job or req.job_id
         if not name:
             raise CommandRefused("which job? give its id", field="job")
+        assert self.host is not None
+        try:
+            # the job's latest event, folded: checked below, then expected by the stream on append
+            seq = await self.host.entity_seq("JOBS", subjects.jobs(name))
+        except CommandConflict as exc:
+            raise CommandRefused(str(exc), field="job") from None
         job = self.state.jobs.get(name)
         if job is None:
             raise CommandRefused(f"no job {name!r}; `chamber queue` lists the jobs", field="job")
         if job.state in FINISHED:
             raise CommandRefused(f"job {name} is already {job.state.value}", field="job")
         event = JobCancelled(job_id=job.id, at=time.time(), by=req.by, reason=req.reason)
-        assert self.host is not None
-        await self.host.append(event, id=stable_id("cancelled", job.id), expected_subject_seq=None)
+        try:
+            # Of two cancels at once (two operators, two replicas) the stream takes one; the other,
+            # or a cancel racing the job's own next event, is refused and says why.
+            await self.host.append(event, id=stable_id("cancelled", job.id), expected_subject_seq=seq)
+        except CommandConflict:
+            raise CommandRefused(
+                f"job {job.id} changed while this cancel was on its way (cancelled by another command?); "
+                "`chamber queue` shows it now",
+                field="job",
+            ) from None
         return {"id": job.id, "state": "cancelled"}
 
     def _refresh_waiting(self) -> None:

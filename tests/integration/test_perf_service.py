@@ -22,9 +22,9 @@ from services.perf import service as perf_service
 from services.perf.scenario import busy_job_id
 from services.runtime import Publisher
 from services.runtime.commands import CommandRefused, CommandUnavailable, request
-from services.runtime.nats_server import NatsServerProcess
 from tests.integration.test_agent_fleet import read_stream
 from tests.integration.test_runtime import eventually
+from tests.secured_bus import SecuredNatsServer
 
 pytestmark = pytest.mark.integration
 SEED = 3
@@ -59,14 +59,15 @@ async def running_perf(url: str) -> AsyncIterator[None]:
 
 
 @pytest.fixture
-async def fleet(nats_server: NatsServerProcess, tmp_path: Path) -> AsyncIterator[Agent]:
-    async with running_fleet(nats_server.url, tmp_path / "spool") as agent:
+async def fleet(nats_server: SecuredNatsServer, js: JetStreamContext, tmp_path: Path) -> AsyncIterator[Agent]:
+    # `js`: the streams exist first, as the services make them; the simulator may not create them
+    async with running_fleet(nats_server.url_for("simulator"), tmp_path / "spool") as agent:
         yield agent
 
 
 @pytest.fixture
-async def perf(nats_server: NatsServerProcess) -> AsyncIterator[None]:
-    async with running_perf(nats_server.url):
+async def perf(nats_server: SecuredNatsServer) -> AsyncIterator[None]:
+    async with running_perf(nats_server.url_for("perf")):
         yield None
 
 
@@ -118,6 +119,8 @@ async def test_a_slowed_gpu_is_found_as_the_culprit_of_its_gang(
     ]
     lines = (await request(nc, "perf", "explain", {"job": job}))["lines"]
     assert "culprit gpu sim-001 GPU 2" in lines[0]
+    # folded once, when the verdict came back from JOBS (not also when it was published)
+    assert len([line for line in lines if "slow (episode 1" in line]) == 1, lines
     heat = await request(nc, "perf", "ranks", {"job": job})
     assert len(heat["ranks"]) == 8 and heat["culprit"]["gpu"] == 2 and heat["activity_pct"]
     straggler = heat["ranks"].index({"node": "sim-001", "gpu": 2})

@@ -318,23 +318,33 @@ function setLive(on) {
 }
 
 // The gateway keeps pushing while its bus (NATS) is down, but the numbers are frozen then: /healthz
-// answers 503, and the header says "bus down" instead of a green live dot.
+// answers 503, and the header says "bus down" instead of a green live dot. While the gateway is still
+// folding the log at start, /api/* answers 503 and /healthz names the progress: "catching up".
 let busDownSince = null;
+let catchingUp = null;
 function showBus() {
+  if (catchingUp !== null) {
+    $("live-dot").className = "dot off";
+    $("live-text").textContent = `catching up · ${catchingUp}`;
+    return;
+  }
   if (busDownSince === null) return;
   $("live-dot").className = "dot off";
   $("live-text").textContent = `bus down since ${clock(busDownSince)} · numbers frozen`;
 }
 function checkBus() {
   fetch("/healthz")
-    .then((r) => r.json().then((h) => !r.ok || h.nats_connected === false))
+    .then((r) => r.json().then((h) => {
+      catchingUp = h.replaying || null;
+      return !r.ok || h.nats_connected === false;
+    }))
     .then((down) => {
       if (down && busDownSince === null) busDownSince = Date.now() / 1000;
       if (!down) busDownSince = null;
       showBus();
     })
     .catch(() => {})
-    .finally(() => setTimeout(checkBus, 5000));
+    .finally(() => setTimeout(checkBus, catchingUp === null ? 5000 : 1000));
 }
 
 // Server-sent events, reconnecting on their own; polling if the browser has no EventSource.
@@ -346,8 +356,13 @@ function connect() {
     return;
   }
   const source = new EventSource("/api/stream");
-  source.addEventListener("summary", (ev) => { setLive(true); render(JSON.parse(ev.data)); });
-  source.onerror = () => setLive(false);
+  source.addEventListener("summary", (ev) => { catchingUp = null; setLive(true); render(JSON.parse(ev.data)); });
+  source.onerror = () => {
+    setLive(false);
+    showBus();
+    // a 503 (catching up) closes an EventSource for good: open a new one once it has had time
+    if (source.readyState === EventSource.CLOSED) setTimeout(connect, 3000);
+  };
 }
 
 // The fabric panel: its own document (/api/fabric), refreshed every few seconds.
