@@ -1,9 +1,11 @@
-"""Why jobs wait long in a simulated run: the chamber policy on a trace (the bundled ITP trace with
-issue 19's class mix by default), and for the jobs that waited longer than --late-hours, where
-they waited (time-weighted waiting reasons, recorded every scheduling cycle), plus the work each
-kind of preemption threw away.
+"""Why jobs wait in a simulated run: the chamber policy on a trace (the bundled ITP trace with
+issue 19's class mix by default, or one of bench/fairness.py's traces with --bench-trace), and
+where the jobs waited (time-weighted waiting reasons, recorded every scheduling cycle): per class
+over all jobs, and for the jobs that waited longer than --late-hours; plus the work each kind of
+preemption threw away.
 
     .venv/bin/python bench/sim_late_jobs.py [--gpus 1280] [--late-hours 27.7] [--preemption-worth R]
+    .venv/bin/python bench/sim_late_jobs.py --bench-trace openb --seed 0 --gpus 40 --late-hours 24
 
 Prints one JSON object. With `--preemption-worth 0` (preempt whenever allowed) it reproduces the
 third pass of issue 19, whose late low jobs waited behind re-run work (README, priority classes).
@@ -77,9 +79,19 @@ def main() -> None:
     ap.add_argument("--gpus", type=int, default=1280)
     ap.add_argument("--classes", default=DEFAULT_MIX, help="class mix (default issue 19's)")
     ap.add_argument("--late-hours", type=float, default=27.7, help="a job is late past this wait (fifo's p99)")
+    ap.add_argument("--bench-trace", help="one of bench/fairness.py's traces instead of --trace")
+    ap.add_argument("--seed", type=int, default=0, help="with --bench-trace: its seed (classes, teams)")
+    ap.add_argument("--openb", type=Path, help="with --bench-trace openb: the pod list CSV")
     add_preemption_worth_argument(ap, default=None)
     args = ap.parse_args()
-    jobs = assign(load(args.trace).jobs, parse_mix(args.classes))
+    if args.bench_trace:
+        from bench.fairness import OPENB, TRACES
+
+        if args.bench_trace not in TRACES:
+            ap.error(f"--bench-trace: use one of {', '.join(TRACES)}")
+        jobs = [j for j in TRACES[args.bench_trace].build(args.seed, args.openb or OPENB) if j.gpus <= args.gpus]
+    else:
+        jobs = assign(load(args.trace).jobs, parse_mix(args.classes))
     by_id = {j.id: j for j in jobs}
     tuning = chamber_tuning(args)
     policy = Recording(make_policy("chamber", tuning).policy)
@@ -94,6 +106,15 @@ def main() -> None:
     for j in late:
         for k, seconds in policy.waited[j.t.id].items():
             reasons[k] += seconds / HOUR
+    # every job's wait by class and reason: what each class waits for, in hours summed over its jobs
+    by_class: dict[str, Counter[str]] = defaultdict(Counter)
+    waited_by_class: Counter[str] = Counter()
+    for j in outcome.jobs.values():
+        if j.first_start is None:
+            continue
+        waited_by_class[j.t.priority.value] += (j.first_start - j.t.submit_s) / HOUR
+        for k, seconds in policy.waited[j.t.id].items():
+            by_class[j.t.priority.value][k] += seconds / HOUR
     lost: Counter[str] = Counter()
     count: Counter[str] = Counter()
     for e in policy.folded:
@@ -110,6 +131,10 @@ def main() -> None:
         "late_by_class": dict(Counter(j.t.priority.value for j in late).most_common()),
         "late_by_gpus": dict(Counter(str(j.t.gpus) for j in late).most_common()),
         "late_waited_hours_by_reason": {k: round(h) for k, h in reasons.most_common(12)},
+        "waited_hours_by_class": {
+            c: {"total": round(waited_by_class[c]), "by_reason": {k: round(h) for k, h in r.most_common(8)}}
+            for c, r in sorted(by_class.items())
+        },
         "preemptions": {k: {"count": count[k], "gpu_hours_lost": round(lost[k])} for k, _ in lost.most_common()},
     }
     print(json.dumps(out, indent=1))

@@ -79,15 +79,22 @@ def schedule_and_fold(d: Driver, now: float, policy: Policy) -> None:
         d.given(event)
 
 
-def test_a_job_that_waited_the_age_cap_ranks_with_fresh_work_two_classes_up() -> None:
-    low_aged = CHAMBER.priority((LOW, -1.0, 0.0, "l"), CHAMBER.age_cap_s * 5)  # age stops at the cap
-    high_fresh = CHAMBER.priority((HIGH, -1.0, 9.0, "h"), 0.0)
-    assert low_aged == pytest.approx(high_fresh)
-    assert CHAMBER.priority((LOW, -1.0, 0.0, "l"), CHAMBER.age_cap_s / 2) < high_fresh
-    # two classes up from normal or high would be critical: aged work stops just below it
-    crit_fresh = CHAMBER.priority((CRIT, -0.001, 9.0, "c"), 0.0)
-    for rank in (HIGH, NORMAL):
-        assert CHAMBER.priority((rank, -1.0, 0.0, "x"), 1e9) < crit_fresh
+def test_age_orders_work_within_its_class_and_never_lifts_it_above_a_higher_class() -> None:
+    """Classes are strict in the default order (the starvation guard, not age, bounds a class's
+    tail): fair share plus age stay below one class step, so however long a job waited and however
+    good its team's share, it ranks below fresh work of the next class up with the worst share."""
+    assert CHAMBER.fair_share_weight + CHAMBER.age_weight < CHAMBER.class_weight / 3
+    for rank, up in ((LOW, NORMAL), (NORMAL, HIGH), (HIGH, CRIT)):
+        aged = CHAMBER.priority((rank, -1.0, 0.0, "old"), CHAMBER.age_cap_s * 5)  # the best share, any age
+        fresh = CHAMBER.priority((up, 0.0, 9.0, "new"), 0.0)  # the worst share, just queued
+        assert aged < fresh
+    # within a class, age counts up to the cap
+    young = CHAMBER.priority((LOW, -0.5, 0.0, "l"), CHAMBER.age_cap_s / 2)
+    assert (
+        young
+        < CHAMBER.priority((LOW, -0.5, 0.0, "l"), CHAMBER.age_cap_s)
+        == CHAMBER.priority((LOW, -0.5, 0.0, "l"), CHAMBER.age_cap_s * 9)
+    )
 
 
 def test_age_lets_a_long_waiting_job_pass_fresher_work_of_a_higher_class() -> None:
@@ -198,7 +205,7 @@ def test_a_team_without_quota_runs_non_preemptible_work_only_on_what_is_lent_to_
     )
     d.cycle()
     assert d.state_of("np") == "pending"
-    assert "non-preemptible jobs borrow only unguaranteed GPUs or idle guarantees lent" in d.waiting["np"]
+    assert "non-preemptible jobs borrow only unguaranteed GPUs, idle guarantees lent" in d.waiting["np"]
     d.given(a_quota("vision", 16, np_lend=8))  # now 8 of its idle guarantee are lent to such work
     d.cycle(now=20.0)
     assert d.state_of("np") == "running"
@@ -332,15 +339,23 @@ scenario = st.lists(
     st.sampled_from([(8, 8, 8), (4, 8, 0), (8, 0, 0), (2, 2, 2)]),
     st.tuples(*(st.sampled_from([None, 0, 1, 4]) for _ in range(3))),
     st.lists(st.integers(0, 13), max_size=6),
+    st.booleans(),  # the default policy (fair-share borrowing on) or the lending rule alone
 )
-def test_every_guarantee_stays_reclaimable_whatever_runs(jobs, guarantees, np_lend, ends) -> None:  # type: ignore[no-untyped-def]
-    """After any sequence of cycles (jobs arriving and ending), in the pool
+def test_every_guarantee_stays_reclaimable_whatever_runs(jobs, guarantees, np_lend, ends, fair) -> None:  # type: ignore[no-untyped-def]
+    """After any sequence of cycles (jobs arriving and ending), in the pool, with the lending rule
+    alone (np_fair_share off)
 
         sum over teams of max(guarantee - np_lend_limit, non-preemptible GPUs held) <= capacity:
 
     what a team holds beyond its guarantee is preemptible (reclaimed by preemption), except GPUs
     of idle guarantees their owners lend to non-preemptible work (at most `np_lend_limit` each,
-    given back by draining). With np_lend_limit 0 everywhere this is the strict rule."""
+    given back by draining). With np_lend_limit 0 everywhere this is the strict rule.
+
+    With fair-share borrowing (the default) a team may also run non-preemptible work up to its
+    fair share of the pool: every cycle that starts such work beyond the lending rule leaves the
+    team within the fair share it had when the cycle began (what it holds of other teams'
+    guarantees then drains back as it ends)."""
+    policy = CHAMBER if fair else replace(CHAMBER, np_fair_share=False)
     d = Driver().given(a_node("n1"), a_node("n2"), a_node("n3"))
     for team, g, lend in zip("abc", guarantees, np_lend, strict=True):
         if g:
@@ -350,13 +365,24 @@ def test_every_guarantee_stays_reclaimable_whatever_runs(jobs, guarantees, np_le
         for k in ends:
             if k < i and d.state_of(f"j{k}") == "running" and (k * 7 + i) % 3 == 0:
                 d.given(done(f"j{k}", at=float(i) + 0.2))
-        d.cycle(now=float(i) + 0.5)
-        work = Work(d.state, 0.0)
+        before = Work(d.state, 0.0, policy)
+        shares = {t: before.fair_share("default", t) for t in "abc"}
+        held_before = {t: nonpreemptible(before, "default", t) for t in "abc"}
+        cycle = d.cycle(now=float(i) + 0.5, policy=policy)
+        work = Work(d.state, 0.0, policy)
         kept = 0
         for t in "abc":
             q = d.state.quotas.get(("default", t))
             kept += max((q.guaranteed - q.np_lendable) if q else 0, nonpreemptible(work, "default", t))
-        assert kept <= 24
+        if not fair:
+            assert kept <= 24
+            continue
+        if kept > 24:  # beyond the lending rule: only teams that grew within their fair share
+            started = {x.team for x in cycle.decisions if isinstance(x, Admit)}
+            for t in started:
+                held = nonpreemptible(work, "default", t)
+                g = d.state.quotas[("default", t)].guaranteed if ("default", t) in d.state.quotas else 0
+                assert held <= held_before[t] or held <= max(g, shares[t]) + 1e-9, (t, held, shares[t])
 
 
 # -- who may use critical --------------------------------------------------------------------------
@@ -460,3 +486,81 @@ def test_explain_gives_the_position_the_next_cycle_uses() -> None:
     assert fresh is not None and "position 2 of 2" in fresh["text"]  # class first
     starving = explain(d.state, "old-low", d.waiting, now=1 + bound + 1, policy=CHAMBER)
     assert starving is not None and "position 1 of 2" in starving["text"]  # protected: first in line
+
+
+# -- fair-share borrowing (issue 29) ---------------------------------------------------------------
+def _four_teams_and_a_quiet_one(policy: Policy) -> Driver:
+    """32 GPUs, four teams guaranteed 8 each; a, c and d hold their 8 in non-preemptible work, b
+    holds 2 and has one more 1-GPU job queued (so b lends nothing under the lending rule alone).
+    Then a wants 3 more non-preemptible GPUs: b's demand is 3, so a's fair share is 11."""
+    d = Driver().given(*(a_node(f"n{i}") for i in range(4)), *(a_quota(t, 8) for t in "abcd"))
+    for t, gpus in (("a", 8), ("c", 8), ("d", 8), ("b", 2)):
+        d.given(a_job(f"{t}-np", team=t, gpus=gpus, priority="high", preemptible=False, at=1))
+    d.cycle(now=10.0, policy=policy)
+    d.given(
+        a_job("a-more", team="a", gpus=3, priority="high", preemptible=False, at=20),
+        a_job("b-wait", team="b", gpus=1, priority="high", preemptible=False, at=21),
+    )
+    d.cycle(now=30.0, policy=policy)
+    return d
+
+
+def test_non_preemptible_work_grows_to_its_fair_share_while_a_quiet_team_has_work_queued() -> None:
+    d = _four_teams_and_a_quiet_one(CHAMBER)
+    assert d.state_of("a-more") == "running" and d.state_of("b-wait") == "running"
+    work = Work(d.state, 30.0)
+    assert nonpreemptible(work, "default", "a") == 11
+    lone = _four_teams_and_a_quiet_one(replace(CHAMBER, np_fair_share=False))  # the lending rule alone
+    assert lone.state_of("a-more") == "pending" and lone.state_of("b-wait") == "running"
+    assert "non-preemptible jobs borrow only" in lone.waiting["a-more"]
+
+
+def test_beyond_its_fair_share_non_preemptible_work_waits_and_says_what_its_share_is() -> None:
+    d = Driver().given(*(a_node(f"n{i}") for i in range(4)), *(a_quota(t, 8) for t in "abcd"))
+    for t in "abcd":
+        d.given(a_job(f"{t}-np", team=t, gpus=8, priority="high", preemptible=False, at=1))
+    d.given(a_job("d-more", team="d", gpus=1, priority="high", preemptible=False, at=2))
+    d.cycle(now=10.0)
+    d.given(done("b-np", at=11.0), a_job("a-more", team="a", gpus=8, priority="high", preemptible=False, at=12))
+    d.cycle(now=20.0)
+    # b wants nothing now (so counts for nothing), c wants its 8, d 9, a 16: the pool's 32
+    # water-filled gives c 8, d 9 and a the 15 left
+    share = Work(d.state, 20.0).fair_share("default", "a")
+    assert share == 15.0
+    assert d.state_of("d-more") == "running"  # 9 is within d's share
+    assert d.state_of("a-more") == "pending" and "fair share 15" in d.waiting["a-more"]
+
+
+def test_the_fair_share_water_fills_the_pool_over_demand_by_weight() -> None:
+    d = Driver().given(*(a_node(f"n{i}") for i in range(4)), a_quota("a", 8), a_quota("b", 8), a_quota("c", 16))
+    d.given(a_job("a1", team="a", gpus=2, at=1), *(a_job(f"c{i}", team="c", gpus=8, at=2 + i) for i in range(4)))
+    d.cycle(now=10.0)
+    work = Work(d.state, 10.0)
+    share = {t: work.fair_share("default", t) for t in "abc"}
+    # a wants 2 but, wanting something, counts for what it does not lend (8 - 4); b wants nothing:
+    # nothing; c takes the rest: 32 - 4 = 28
+    assert share == {"a": 4.0, "b": 0.0, "c": 28.0}
+    d.given(a_quota("b", 8, np_lend=2))  # a limit an operator set always holds: b keeps 8 - 2
+    assert Work(d.state, 10.0).fair_share("default", "b") == 6.0
+    assert work.fair_share("default", "nobody") == 0.0  # no quota in the pool: no share
+
+
+def test_a_protected_non_preemptible_job_keeps_room_in_its_teams_share() -> None:
+    """Without it, a team's own small jobs refill its fair share and its large job never fits."""
+    policy = replace(CHAMBER, starvation_bound_s=100.0)
+    d = Driver().given(a_node("n1", gpus=16), a_quota("a", 4), a_quota("b", 4), a_quota("c", 8, np_lend=0))
+    d.given(
+        a_job("a-run", team="a", gpus=4, priority="high", preemptible=False, at=0),
+        a_job("b-run", team="b", gpus=4, priority="high", preemptible=False, at=0),
+    )
+    d.cycle(now=1.0, policy=policy)
+    d.given(a_job("a-big", team="a", gpus=10, priority="normal", preemptible=False, at=2))
+    d.cycle(now=3.0, policy=policy)
+    assert d.state_of("a-big") == "pending"  # 14 GPUs would be beyond a's share
+    d.given(a_job("a-small", team="a", gpus=1, priority="high", preemptible=False, at=150))
+    d.cycle(now=200.0, policy=policy)  # a-big is protected; a's share: 16 water-filled, b 4, a and c 6
+    assert d.state_of("a-small") == "pending"
+    assert "keeps room for a-big (10 GPUs), protected by the starvation guard" in d.waiting["a-small"]
+    d.given(done("a-run", at=210.0))
+    d.cycle(now=220.0, policy=policy)
+    assert d.state_of("a-big") == "running"  # the guard's oldest job: not held to the share

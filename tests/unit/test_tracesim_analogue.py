@@ -49,12 +49,15 @@ def test_with_default_quotas_every_issue_target_holds(jobs, gpus) -> None:  # ty
 
 
 def test_the_strict_rule_fails_the_same_run(jobs) -> None:  # type: ignore[no-untyped-def]
-    """np_lend_limit 0 everywhere is the old rule (non-preemptible work never borrows a guarantee):
-    on the same trace it leaves non-preemptible jobs larger than their team's 10 GPUs unstarted and
-    serves high later than low: the lending rule is what meets the targets."""
+    """np_lend_limit 0 everywhere, without fair-share borrowing, is the old rule (non-preemptible
+    work never borrows a guarantee): on the same trace it leaves non-preemptible jobs larger than
+    their team's 10 GPUs unstarted and serves high later than low. Fair-share borrowing (with the
+    starvation guard's oldest job not held to the share) starts them even under that rule."""
     teams = sorted({j.team for j in jobs})
     quotas = {t: replace(q, np_lend_limit=0) for t, q in equal_shares(teams, 40).items()}
-    result, _ = compare(jobs, FleetSpec(gpus=40), quotas, ["fifo", "chamber"])
+    result, _ = compare(jobs, FleetSpec(gpus=40), quotas, ["fifo", "chamber"], {"np_fair_share": False})
     fifo, chamber = result["policies"]["fifo"], result["policies"]["chamber"]
     assert chamber["jobs_unfinished"] > 0
     assert not met(targets(fifo, chamber))
+    result, _ = compare(jobs, FleetSpec(gpus=40), quotas, ["chamber"])
+    assert result["policies"]["chamber"]["jobs_unfinished"] == 0

@@ -11,11 +11,13 @@ normalised to 0..1 and weighted,
     priority = class_weight x class + fair_share_weight x fair share + age_weight x min(age / age_cap_s, 1)
 
 class is 1 (critical), 2/3 (high), 1/3 (normal), 0 (low); age counts from when the job last
-joined the queue. With the defaults one class step (1,000) outweighs fair share (at most 500), and
-age can lift a job by up to two class steps: a low job that has waited `age_cap_s` ranks with a
-fresh high one (issue 19: low's tail wait), but no job is ever lifted above critical work (its
-priority stops just below the lowest a critical job can have). Ties go to the earlier submit, then
-the job id.
+joined the queue. With the defaults one class step (1,000) outweighs fair share (at most 500) and
+age (at most 400) together: classes are strict, and age orders work within its class. The
+starvation guard, not age, bounds a class's tail. (Before, age could lift a job two class steps,
+so after `age_cap_s` high and normal work ranked alike and normal's few jobs waited less than
+high's on every trace of bench/fairness.py: docs/fairness.md.) No job is ever lifted above
+critical work (its priority stops just below the lowest a critical job can have). Ties go to the
+earlier submit, then the job id.
 
 Starvation guard: a job queued longer than `starvation_bound_s` is protected. Protected jobs go
 first (the longest waiting first), so the first of them blocked for capacity in its pool holds the
@@ -55,7 +57,7 @@ class Policy:
     preemption_searches: int = 4  # victim searches per cycle at most (the costly part)
     class_weight: float = 3000.0
     fair_share_weight: float = 500.0
-    age_weight: float = 2000.0
+    age_weight: float = 400.0
     age_cap_s: float = 1.5 * 3600.0  # Slurm's PriorityMaxAge: age stops counting here
     starvation_bound_s: float | None = 24 * 3600.0  # None: no guard
     # Multi-node gangs keep off nodes with a degraded NIC and leaves with congestion when anything
@@ -73,6 +75,12 @@ class Policy:
     # was 42.6 h against fifo's 27.7; with this rule 1,350 and 24.2 (README, issue 19). Critical work,
     # and jobs whose wait has no estimate, preempt as before. None: always preempt when allowed.
     preemption_worth: float | None = 2.0
+    # Non-preemptible work may hold up to its team's fair share of the pool (the capacity water-filled
+    # over the teams' demand, by quota weight), beyond what the lending rule allows, taking idle GPUs
+    # or preempting lower-class preemptible borrowers of any team (preemption.eligible: `urgent`).
+    # What it then holds of another team's guarantee returns by draining (the lender's jobs wait
+    # for it holding the reservation). Off: the lending rule alone (quota.py).
+    np_fair_share: bool = True
 
     def __post_init__(self) -> None:
         for name in ("class_weight", "fair_share_weight", "age_weight"):

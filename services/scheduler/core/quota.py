@@ -16,6 +16,16 @@ np_lend_limit 0 everywhere this is the strict rule: non-preemptible work beyond 
 only on capacity nobody is guaranteed. To make room such work may also preempt preemptible borrowers
 of a lower class (preemption.eligible: `urgent`). A job runs in one pool (its own), so the rule is
 kept per pool.
+
+Fair-share borrowing (`Policy.np_fair_share`, on by default): beyond that rule, a team's
+non-preemptible work may grow up to the team's fair share of the pool (`Work.fair_share`: the pool
+water-filled over the teams' demand, held plus queued, by quota weight; a team never counts for less
+than the part of its guarantee it does not lend). Without it, on a trace whose every team always
+has work queued nobody lends, and the idle GPUs of a team's guarantee went to other teams'
+preemptible low work while their high work waited (docs/fairness.md). What such work holds of
+another team's guarantee comes back by draining: that team's jobs wait for it ("waits for a drain")
+holding the reservation, and nobody borrows more of it while its own demand wants it (its fair share
+rises back to its guarantee).
 """
 
 from __future__ import annotations
@@ -74,9 +84,10 @@ def room_block(work: Work, job: Job, usage: Usage | None = None) -> str | None:
     if held and n > room:  # with nothing held by others, placement itself says what is missing
         lent = _lent_out(work, pool, team) if u + n <= work.guarantee(pool, team) else 0
         if lent:
+            holders = sorted(t for t in teams if t != team and nonpreemptible(work, pool, t) > work.guarantee(pool, t))
             return (
-                f"{DRAIN}: {lent} GPUs of pool {pool} are held by other teams' non-preemptible work on idle "
-                f"guarantees lent to it (team {team}'s included), returned as it ends (never preempted); needs {n}"
+                f"{DRAIN}: {lent} GPUs of pool {pool} are held by non-preemptible work of {', '.join(holders)} on "
+                f"idle guarantees lent to it (team {team}'s included), returned as it ends (never preempted); needs {n}"
             )
         return (
             f"quota: pool {pool} has {max(room, 0)} GPUs team {team} may use now "
@@ -127,10 +138,10 @@ def nonpreemptible(work: Work, pool: str, team: str) -> int:
     return held
 
 
-def promised(work: Work, pool: str, team: str, lending: bool = True) -> int:
+def promised(work: Work, pool: str, team: str, lending: bool = True, rank: int = RANKS[-1]) -> int:
     """What the rule keeps for `team` in the pool: max(guarantee - what it lends to non-preemptible
     work now, its non-preemptible GPUs); with `lending` False, its whole guarantee."""
-    lent = work.lends_to_nonpreemptible(pool, team) if lending else 0
+    lent = work.lends_to_nonpreemptible(pool, team, rank) if lending else 0
     return max(work.guarantee(pool, team) - lent, nonpreemptible(work, pool, team))
 
 
@@ -142,9 +153,26 @@ def nonpreemptible_block(work: Work, job: Job) -> str | None:
     g = q.guaranteed if q else 0
     own = g - q.np_lendable if q else 0  # the part of its guarantee no one else's such work may hold
     teams = {t for (p, t) in s.quotas if p == pool} | {t for (p, t) in work.usage if p == pool}
-    others = sum(promised(work, pool, t) for t in teams if t != team)
+    others = sum(promised(work, pool, t, rank=job.spec.priority.rank) for t in teams if t != team)
     spare = work.pool_capacity(pool) - others
     if max(own, mine) <= spare:
+        return None
+    fair = work.fair_share(pool, team)
+    if work.policy.np_fair_share and mine <= fair:
+        # Within its fair share of the pool (what it holds of others' guarantees drains back), except
+        # that the team's protected non-preemptible job keeps room in the share: else the team's
+        # own smaller jobs refill it and a large job waits for good (openb's 8-GPU jobs).
+        held_for = work.protected_np(pool, team)
+        if held_for is None or held_for.id == job.id or mine + held_for.gpus <= fair:
+            return None
+        return (
+            f"quota: team {team}'s fair share of pool {pool} ({fair:.0f} GPUs) keeps room for {held_for.id} "
+            f"({held_for.gpus} GPUs), protected by the starvation guard; with this job {max(fair - mine, 0):.0f} left"
+        )
+    if work.policy.np_fair_share and work.longest_protected(pool) == job.id:
+        # The starvation guard's oldest job in the pool is not held to the share: with every team
+        # wanting more than its share, jobs larger than any share (64 GPUs of 80 with four teams)
+        # waited for good. One job at a time, and it drains back like any lent capacity.
         return None
     if mine <= g:
         lent = sorted(t for t in teams if t != team and nonpreemptible(work, pool, t) > work.guarantee(pool, t))
@@ -152,10 +180,11 @@ def nonpreemptible_block(work: Work, job: Job) -> str | None:
             f"{DRAIN}: {max(own, mine) - spare} GPUs of team {team}'s guarantee in pool {pool} are "
             f"lent to non-preemptible work of {', '.join(lent) or 'other teams'}, returned as it ends (never preempted)"
         )
+    share = f", fair share {fair:.0f}" if work.policy.np_fair_share else ""
     return (
-        f"quota: non-preemptible jobs borrow only unguaranteed GPUs or idle guarantees lent to them (team {team} "
-        f"would run {mine} non-preemptible GPUs in pool {pool}, guarantee {g}; room for "
-        f"{max(spare - mine + n, 0)} now: teams with work waiting for their guarantee lend none)"
+        f"quota: non-preemptible jobs borrow only unguaranteed GPUs, idle guarantees lent to them, or up to "
+        f"their fair share (team {team} would run {mine} non-preemptible GPUs in pool {pool}, guarantee {g}{share}; "
+        f"room for {max(spare - mine + n, 0)} now: teams with work waiting for their guarantee lend none)"
     )
 
 

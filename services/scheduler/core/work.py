@@ -7,10 +7,13 @@ left exactly as found.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+
 from events import Placement
 from services.pools import model_vendor
 from services.scheduler.core.links import degraded
-from services.scheduler.core.policy import CHAMBER, Policy
+from services.scheduler.core.policy import CHAMBER, LOWEST_RANK, RANKS, Policy
 from services.scheduler.core.state import Job, SchedulerState
 
 Spot = list[tuple[int, list[int]]]  # (node id, GPU indices) per node
@@ -36,7 +39,10 @@ class Work:
         # link health (placement.py): nodes gangs should avoid now, and what placement says about it
         self._avoid: dict[int, str] | None = None
         self.link_notes: dict[str, str] = {}
-        self._smallest_waiting: dict[tuple[str, str], int] | None = None
+        self._smallest_waiting: dict[tuple[str, str, int], int] | None = None
+        self._fair: dict[tuple[str, str], float] | None = None
+        self._oldest: dict[str, tuple[float, str]] | None = None
+        self._protected_np: dict[tuple[str, str], Job] | None = None
 
     # -- lookups -------------------------------------------------------------------------------
     def classes(self, job: Job) -> list[int]:
@@ -78,28 +84,78 @@ class Work:
         usage = self.usage if usage is None else usage
         return usage.get((pool, team), 0) > self.guarantee(pool, team)
 
-    def smallest_waiting(self, pool: str, team: str) -> int | None:
-        """GPUs of the team's smallest queued job in the pool (at the start of the cycle), or None."""
+    def smallest_waiting(self, pool: str, team: str, rank: int = LOWEST_RANK) -> int | None:
+        """GPUs of the team's smallest queued job in the pool at priority `rank` or more urgent (at
+        the start of the cycle), or None."""
         if self._smallest_waiting is None:
-            found: dict[tuple[str, str], int] = {}
+            found: dict[tuple[str, str, int], int] = {}
             jobs = self.s.jobs
             for t, line in self.s.fifo_lines.items():
                 for _, jid in line:
                     j = jobs[jid]
-                    k = (j.pool, t)
+                    k = (j.pool, t, j.spec.priority.rank)
                     if j.gpus < found.get(k, 1 << 30):
                         found[k] = j.gpus
             self._smallest_waiting = found
-        return self._smallest_waiting.get((pool, team))
+        sizes = [g for r in RANKS if r <= rank if (g := self._smallest_waiting.get((pool, team, r))) is not None]
+        return min(sizes) if sizes else None
 
-    def lends_to_nonpreemptible(self, pool: str, team: str) -> int:
-        """Guaranteed GPUs of `team` that other teams' non-preemptible work may use now: its
-        `np_lend_limit` while it has no queued work in the pool that would fit its idle guarantee
-        (a team that wants its guarantee back lends nothing new; what it lent drains)."""
+    def fair_share(self, pool: str, team: str) -> float:
+        """The team's fair share of the pool now (at the start of the cycle): the pool's capacity
+        water-filled over the teams' demand (GPUs held plus GPUs queued), in proportion to their
+        quota weights. A team that wants less than its share gets what it wants; the rest is split
+        among the others. With every team wanting more than its guarantee, the shares are the
+        guarantees' proportions (equal shares: the guarantees)."""
+        if self._fair is None:
+            self._fair = _water_fill(self.s, self.pool_capacity)
+        return self._fair.get((pool, team), 0.0)
+
+    def longest_protected(self, pool: str) -> str | None:
+        """The queued job of the pool that joined the queue first, if the starvation guard protects
+        it now (at the start of the cycle); else None."""
+        if self._oldest is None:
+            oldest: dict[str, tuple[float, str]] = {}
+            jobs = self.s.jobs
+            for line in self.s.fifo_lines.values():
+                for _, jid in line:
+                    j = jobs[jid]
+                    if (j.queued_since, jid) < oldest.get(j.pool, (math.inf, "")):
+                        oldest[j.pool] = (j.queued_since, jid)
+            self._oldest = oldest
+        found = self._oldest.get(pool)
+        if found is None:
+            return None
+        at = self.policy.protected_since(found[0])
+        return found[1] if at is not None and at <= self.now else None
+
+    def protected_np(self, pool: str, team: str) -> Job | None:
+        """The team's longest-waiting queued non-preemptible job in the pool, if the starvation
+        guard protects it now (at the start of the cycle)."""
+        if self._protected_np is None:
+            found: dict[tuple[str, str], Job] = {}
+            jobs = self.s.jobs
+            for t, line in self.s.fifo_lines.items():
+                for _, jid in line:
+                    j = jobs[jid]
+                    at = self.policy.protected_since(j.queued_since)
+                    if j.spec.preemptible or at is None or at > self.now:
+                        continue
+                    old = found.get((j.pool, t))
+                    if old is None or (j.queued_since, j.id) < (old.queued_since, old.id):
+                        found[(j.pool, t)] = j
+            self._protected_np = found
+        return self._protected_np.get((pool, team))
+
+    def lends_to_nonpreemptible(self, pool: str, team: str, rank: int = LOWEST_RANK) -> int:
+        """Guaranteed GPUs of `team` that other teams' non-preemptible work at priority `rank` may
+        use now: its `np_lend_limit` while it has no queued work in the pool as urgent as that
+        (or more) that would fit its idle guarantee (a team that wants its guarantee back for such
+        work lends nothing new to it; what it lent drains). Its queued work of lower classes does
+        not stop it lending to more urgent work: that would stand lower-class work in front of it."""
         q = self.s.quotas.get((pool, team))
         if q is None or q.np_lendable <= 0:
             return 0
-        smallest = self.smallest_waiting(pool, team)
+        smallest = self.smallest_waiting(pool, team, rank)
         if smallest is not None and smallest <= q.guaranteed - self.usage.get((pool, team), 0):
             return 0
         return q.np_lendable
@@ -140,3 +196,43 @@ class Work:
     def describe(self, spot: Spot) -> str:
         nodes = self.s.node_by_id
         return ", ".join(f"{nodes[nid].name}[{','.join(map(str, g))}]" for nid, g in spot)
+
+
+def _water_fill(state: SchedulerState, capacity: Callable[[str], int]) -> dict[tuple[str, str], float]:
+    """(pool, team) -> fair share, for the teams with a quota in the pool (others have none).
+
+    A team's demand is what it holds plus what it has queued; a team with any demand counts for at
+    least the part of its guarantee it does not lend to non-preemptible work (guarantee -
+    np_lend_limit), as under the lending rule, and so does a team whose np_lend_limit an operator
+    set. A team that wants nothing (under the default limit) counts for nothing, so a job
+    larger than a team's share can start while the others are idle (under the lending rule alone it
+    never could: with equal shares and the default np_lend_limit it waited for good on the ITP
+    clusters); an owner that comes back waits for the drain, holding the reservation."""
+    held = {k: float(state.usage.get(k, 0)) for k in state.quotas}
+    queued = dict.fromkeys(state.quotas, 0.0)
+    jobs = state.jobs
+    for t, line in state.fifo_lines.items():
+        for _, jid in line:
+            j = jobs[jid]
+            if (j.pool, t) in queued:
+                queued[(j.pool, t)] += j.gpus
+    demand: dict[tuple[str, str], float] = {}
+    for k, q in state.quotas.items():
+        wants = held[k] + queued[k]
+        keeps = wants > 0 or q.np_lend_limit is not None  # a limit set by an operator always holds
+        demand[k] = max(held[k], q.guaranteed - q.np_lendable) + queued[k] if keeps else 0.0
+    fair: dict[tuple[str, str], float] = {}
+    for pool in sorted({p for p, _ in demand}):
+        left = float(capacity(pool))
+        weight = {k: state.quotas[k].weight for k in demand if k[0] == pool}
+        open_ = sorted(weight, key=lambda k: (demand[k] / weight[k], k))
+        while open_:
+            per_weight = left / sum(weight[k] for k in open_)
+            first = open_[0]
+            if demand[first] > per_weight * weight[first]:  # everyone left wants more than an even split
+                fair.update((k, per_weight * weight[k]) for k in open_)
+                break
+            fair[first] = demand[first]  # wants less than an even split: gets what it wants
+            left -= demand[first]
+            open_.pop(0)
+    return fair
