@@ -125,7 +125,7 @@ async def test_a_gpu_model_that_matches_no_gpu_of_the_fleet_is_warned_about(
     import json
     import sys
 
-    kv = await js.create_key_value(bucket="chamber_fleet")
+    kv = await js.key_value("chamber_fleet")  # made by the set-up, as deployed
     node = {"cluster": "local", "node": "sim-000", "status": "ready", "gpus": [{"index": 0, "model": "H100-80GB"}]}
     await kv.put("local.sim-000", json.dumps(node).encode())
     scheduler = CommandServer(nats_server.url_for("scheduler"), "scheduler")
