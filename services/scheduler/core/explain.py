@@ -115,35 +115,9 @@ def explain(
     head = f"job {job.id} ({spec.name or 'unnamed'}, team {spec.team}, {spec.priority.value} priority, {ask}"
     head += f", pool {job.pool})"
     if job.state == JobState.RUNNING:
-        where = ", ".join(f"{p.node}[{','.join(map(str, p.gpu_indices))}]" for p in job.placements)
-        text = f"{head} is running on {where}: {job.reason}"
-        if job.borrowed_gpus and not spec.preemptible:  # issue 19: lent to it, returned by draining
-            text += (
-                f" ({job.borrowed_gpus} GPUs borrowed: runs on lent capacity, given back when it ends, never preempted)"
-            )
-        elif job.borrowed_gpus:
-            text += f" ({job.borrowed_gpus} GPUs borrowed: may be reclaimed by their owner)"
+        text = _running_text(job, head)
     elif job.state in QUEUED:
-        # the order the next cycle uses (age and the starvation guard included); without a time, the
-        # static part of it (class, fair share, submit time)
-        queue = state.queue() if now is None else queue_order(state, now, policy)
-        position = next((i for i, k in enumerate(queue) if k[3] == job.id), None)
-        pos = f"position {position + 1} of {len(queue)} in the queue" if position is not None else "queued"
-        why = waiting.get(job.id) or job.reason
-        if guard is not None and now is not None:
-            if guard["protected"] and "starvation guard" not in why:
-                why = (
-                    f"protected by the starvation guard since t={protected_at:.0f} (queued since "
-                    f"t={job.queued_since:.0f}): later jobs may not delay it; {why}"
-                )
-            elif not guard["protected"]:
-                why += f" (the starvation guard protects it from t={protected_at:.0f} if it still waits)"
-        if job.state == JobState.SUSPENDED:
-            text = (
-                f"{head} is suspended: {job.reason}; it resumes automatically when capacity frees ({pos}; now: {why})"
-            )
-        else:
-            text = f"{head} is pending ({pos}): {why}"
+        text = _queued_text(state, job, head, waiting, guard, now, policy)
     else:
         text = f"{head} is {job.state.value}: {job.reason}"
     if job.note:
@@ -161,3 +135,42 @@ def explain(
         "preemptions": job.preemptions,
         "starvation_guard": guard,
     }
+
+
+def _running_text(job: Job, head: str) -> str:
+    where = ", ".join(f"{p.node}[{','.join(map(str, p.gpu_indices))}]" for p in job.placements)
+    text = f"{head} is running on {where}: {job.reason}"
+    if job.borrowed_gpus and not job.spec.preemptible:  # issue 19: lent to it, returned by draining
+        text += f" ({job.borrowed_gpus} GPUs borrowed: runs on lent capacity, given back when it ends, never preempted)"
+    elif job.borrowed_gpus:
+        text += f" ({job.borrowed_gpus} GPUs borrowed: may be reclaimed by their owner)"
+    return text
+
+
+def _queued_text(
+    state: SchedulerState,
+    job: Job,
+    head: str,
+    waiting: Mapping[str, str],
+    guard: dict[str, Any] | None,
+    now: float | None,
+    policy: Policy,
+) -> str:
+    # the order the next cycle uses (age and the starvation guard included); without a time, the
+    # static part of it (class, fair share, submit time)
+    queue = state.queue() if now is None else queue_order(state, now, policy)
+    position = next((i for i, k in enumerate(queue) if k[3] == job.id), None)
+    pos = f"position {position + 1} of {len(queue)} in the queue" if position is not None else "queued"
+    why = waiting.get(job.id) or job.reason
+    if guard is not None and now is not None:
+        protected_at = guard["protected_since"]
+        if guard["protected"] and "starvation guard" not in why:
+            why = (
+                f"protected by the starvation guard since t={protected_at:.0f} (queued since "
+                f"t={job.queued_since:.0f}): later jobs may not delay it; {why}"
+            )
+        elif not guard["protected"]:
+            why += f" (the starvation guard protects it from t={protected_at:.0f} if it still waits)"
+    if job.state == JobState.SUSPENDED:
+        return f"{head} is suspended: {job.reason}; it resumes automatically when capacity frees ({pos}; now: {why})"
+    return f"{head} is pending ({pos}): {why}"

@@ -86,7 +86,7 @@ def may_preempt(work: Work, job: Job) -> bool:
     for (p, t, r), gpus in work.preemptible.items():
         if p != pool or gpus <= 0:
             continue
-        if eligible(team, rank, t, r, reclaim=reclaim, victim_borrowing=work.borrowing(p, t), urgent=urgent):
+        if eligible(team, rank, t, r, reclaim=reclaim, victim_borrowing=quota.borrowing(work, p, t), urgent=urgent):
             return True
     return False
 
@@ -108,7 +108,7 @@ def select(work: Work, job: Job) -> Victims | None:
         if (
             p == pool
             and gpus > 0
-            and eligible(team, rank, t, r, reclaim=reclaim, victim_borrowing=work.borrowing(p, t), urgent=urgent)
+            and eligible(team, rank, t, r, reclaim=reclaim, victim_borrowing=quota.borrowing(work, p, t), urgent=urgent)
             is not None
         ):
             usage[(p, t)] = usage.get((p, t), 0) - gpus
@@ -145,7 +145,7 @@ def _in_order(work: Work, pool: str, team: str, rank: int, reclaim: bool, urgent
     for p, t in s.running:
         if p != pool:
             continue
-        borrowing = work.borrowing(p, t, s.usage)
+        borrowing = quota.borrowing(work, p, t, s.usage)
         for r in RANKS:
             if eligible(team, rank, t, r, reclaim=reclaim, victim_borrowing=borrowing, urgent=urgent):
                 by_class.setdefault((0 if borrowing else 1, -r), []).append((t, r))
@@ -190,7 +190,7 @@ def _reason(work: Work, job: Job, victim: Job, usage: Usage, reclaim: bool) -> P
         vt,
         victim.spec.priority.rank,
         reclaim=reclaim,
-        victim_borrowing=work.borrowing(job.pool, vt, usage),
+        victim_borrowing=quota.borrowing(work, job.pool, vt, usage),
         urgent=not job.spec.preemptible,
     )
 

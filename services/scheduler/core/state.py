@@ -97,6 +97,21 @@ class Job:
         self.gpus = self.spec.total_gpus
 
 
+def estimate_s(job: Job) -> float | None:
+    """The runtime estimate used for backfill: the user's estimate, else the simulated duration."""
+    return job.spec.expected_duration_s or job.spec.sim_duration_s
+
+
+EndEntry = tuple[float, int, str]  # (estimated end: running since + estimate, GPUs, job id)
+
+
+def _end_entry(job: Job) -> EndEntry | None:
+    est = estimate_s(job)
+    if est is None or job.running_since is None:
+        return None
+    return (job.running_since + est, job.gpus, job.id)
+
+
 @dataclass
 class Node:
     nid: int
@@ -188,6 +203,10 @@ class SchedulerState:
     fifo_lines: dict[str, list[tuple[float, str]]] = field(default_factory=dict)
     # Degraded NICs and congested leaves (perf verdicts, NIC faults): gangs are placed away from them
     links: LinkHealth = field(default_factory=LinkHealth)
+    # Derived, built on first use (None: not built): pool -> the running jobs with a runtime
+    # estimate, sorted by estimated end. EASY backfill and the preemption-worth check read the ends
+    # up to a horizon from it instead of walking every running job each time.
+    _ends: dict[str, list[EndEntry]] | None = None
 
     # -- the queue -----------------------------------------------------------------------------
     def queue_key(self, job: Job) -> tuple[int, float, float, str]:
@@ -230,6 +249,31 @@ class SchedulerState:
         free = [i for i in healthy if i not in node.owners]
         domain = node.labels.get(self.topology_key, "")
         self.capacity.set_slot(node.nid, self.node_class(node), free, len(healthy), node.in_service, domain)
+
+    # -- estimated ends ------------------------------------------------------------------------
+    def running_ends(self, pool: str) -> list[EndEntry]:
+        """(estimated end, GPUs, job id) of the pool's running jobs with an estimate, by end."""
+        if self._ends is None:
+            ends: dict[str, list[EndEntry]] = {}
+            for (p, _), ids in self.running.items():
+                for jid in ids:
+                    if (entry := _end_entry(self.jobs[jid])) is not None:
+                        ends.setdefault(p, []).append(entry)
+            for line in ends.values():
+                line.sort()
+            self._ends = ends
+        return self._ends.get(pool, [])
+
+    def _add_end(self, job: Job) -> None:
+        if self._ends is not None and (entry := _end_entry(job)) is not None:
+            insort(self._ends.setdefault(job.pool, []), entry)
+
+    def _drop_end(self, job: Job) -> None:
+        if self._ends is not None and (entry := _end_entry(job)) is not None:
+            line = self._ends.get(job.pool, [])
+            i = bisect_left(line, entry)
+            if i < len(line) and line[i] == entry:
+                del line[i]
 
     def pool_of_node(self, node: Node) -> str:
         return self.capacity.class_keys[self.capacity.slots[node.nid].cls][0]
@@ -317,6 +361,7 @@ def _hold(
     key = (job.pool, job.spec.team)
     s.usage[key] = s.usage.get(key, 0) + job.gpus
     s.running.setdefault(key, set()).add(job.id)
+    s._add_end(job)
     if job.spec.preemptible:
         pkey = (job.pool, job.spec.team, job.spec.priority.rank)
         s.preemptible[pkey] = s.preemptible.get(pkey, 0) + job.gpus
@@ -343,6 +388,7 @@ def _release(s: SchedulerState, job: Job) -> None:
     key = (job.pool, job.spec.team)
     s.usage[key] = s.usage.get(key, 0) - job.gpus
     s.running.get(key, set()).discard(job.id)
+    s._drop_end(job)
     if job.spec.preemptible:
         pkey = (job.pool, job.spec.team, job.spec.priority.rank)
         s.preemptible[pkey] = s.preemptible.get(pkey, 0) - job.gpus

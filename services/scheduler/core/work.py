@@ -1,8 +1,8 @@
 """The cycle's scratch view: the live capacity index (journaled) plus copies of small tables.
 
 Every phase module (quota, placement, preemption, backfill) reads and changes the cycle's view
-through this one object; `schedule` rolls the index back at the end of the cycle, so the state is
-left exactly as found.
+through this one object (the quota rules themselves, guarantees and borrowing, live in quota.py);
+`schedule` rolls the index back at the end of the cycle, so the state is left exactly as found.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class Work:
         # link health (placement.py): nodes gangs should avoid now, and what placement says about it
         self._avoid: dict[int, str] | None = None
         self.link_notes: dict[str, str] = {}
-        self._smallest_waiting: dict[tuple[str, str], int] | None = None
+        self.smallest_waiting: dict[tuple[str, str], int] | None = None  # quota.smallest_waiting's cache
 
     # -- lookups -------------------------------------------------------------------------------
     def classes(self, job: Job) -> list[int]:
@@ -64,41 +64,6 @@ class Work:
         if cls is None:
             cls = self._pool_classes[pool] = [c for c, k in enumerate(self.cap.class_keys) if k[0] == pool]
         return sum(self.cap.class_total[c] for c in cls)
-
-    def guarantee(self, pool: str, team: str) -> int:
-        q = self.s.quotas.get((pool, team))
-        return q.guaranteed if q else 0
-
-    def borrowing(self, pool: str, team: str, usage: Usage | None = None) -> bool:
-        """Whether the team holds more than its guarantee in the pool (by `usage`, else the scratch view)."""
-        usage = self.usage if usage is None else usage
-        return usage.get((pool, team), 0) > self.guarantee(pool, team)
-
-    def smallest_waiting(self, pool: str, team: str) -> int | None:
-        """GPUs of the team's smallest queued job in the pool (at the start of the cycle), or None."""
-        if self._smallest_waiting is None:
-            found: dict[tuple[str, str], int] = {}
-            jobs = self.s.jobs
-            for t, line in self.s.fifo_lines.items():
-                for _, jid in line:
-                    j = jobs[jid]
-                    k = (j.pool, t)
-                    if j.gpus < found.get(k, 1 << 30):
-                        found[k] = j.gpus
-            self._smallest_waiting = found
-        return self._smallest_waiting.get((pool, team))
-
-    def lends_to_nonpreemptible(self, pool: str, team: str) -> int:
-        """Guaranteed GPUs of `team` that other teams' non-preemptible work may use now: its
-        `np_lend_limit` while it has no queued work in the pool that would fit its idle guarantee
-        (a team that wants its guarantee back lends nothing new; what it lent drains)."""
-        q = self.s.quotas.get((pool, team))
-        if q is None or q.np_lendable <= 0:
-            return 0
-        smallest = self.smallest_waiting(pool, team)
-        if smallest is not None and smallest <= q.guaranteed - self.usage.get((pool, team), 0):
-            return 0
-        return q.np_lendable
 
     # -- scratch changes -----------------------------------------------------------------------
     def count(self, job: Job, sign: int, usage: Usage | None = None) -> None:
