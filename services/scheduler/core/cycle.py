@@ -21,14 +21,15 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from events import PreemptionReason, PriorityClass
 from services.scheduler.core import backfill, placement, preemption, quota
 from services.scheduler.core.budget import held as budget_held
 from services.scheduler.core.decisions import Admit, Cycle, CycleMark, Decision, Preempt, Requeue, Reservation
-from services.scheduler.core.policy import CHAMBER, ORDERINGS, Order, Policy, QueueKey
+from services.scheduler.core.policy import CHAMBER, ORDERINGS, Order, Policy, QueueKey, sorted_queue
 from services.scheduler.core.pools import DEFAULT_POOL
 from services.scheduler.core.preemption import Victims, lost_work_gpu_s
 from services.scheduler.core.state import QUEUED, Job, JobState, SchedulerState, estimate_s
@@ -61,7 +62,12 @@ def schedule(state: SchedulerState, now: float, since: CycleMark | None = None, 
     try:
         ctx = CycleContext(state, work, now, policy, full, since)
         for key in phase1_heads(ctx):
-            _consider(ctx, key)
+            ctx.considered += 1
+            found = phase2_nominate(ctx, key)
+            if isinstance(found, Wait):
+                ctx.waiting[key[3]] = found.text
+            elif not phase3_admit(ctx, found):
+                phase4_requeue(ctx, found)
         return ctx.result()
     finally:
         state.capacity.end()
@@ -86,15 +92,15 @@ class CycleContext:
     searched: set[tuple[str, str, int]] = field(default_factory=set)  # (pool, team, priority) heads that searched
     guard_at: float = math.inf  # when the next queued job becomes protected
     considered: int = 0
+    bound: float | None = field(init=False)  # policy.starvation_bound_s
+    # Set by phase 1 once the displaced jobs are back in the queue (they count as queued now).
+    queued_since: Callable[[str], float] = field(init=False)
     order: Order = field(init=False)
 
     def __post_init__(self) -> None:
-        self.order = ORDERINGS[self.policy.order](self.policy, self.queued_since, self.now)
+        self.bound = self.policy.starvation_bound_s
         if self.since is not None and not self.full:
             self.guard_at = self.since.guard_at
-
-    def queued_since(self, jid: str) -> float:
-        return self.now if jid in self.requeued else self.state.jobs[jid].queued_since
 
     def wait(self, jid: str, wait: Wait) -> None:
         self.waiting[jid] = wait.text
@@ -126,31 +132,44 @@ class Candidate:
     declined: str | None = None  # why it did not preempt the victims it found
 
 
-def _consider(ctx: CycleContext, key: QueueKey) -> None:
-    """One job's turn: nominate, then admit, else requeue with its wait."""
-    ctx.considered += 1
-    found = phase2_nominate(ctx, key)
-    if isinstance(found, Wait):
-        ctx.wait(key[3], found)
-    elif not phase3_admit(ctx, found):
-        phase4_requeue(ctx, found)
-
-
 # -- 1. heads ---------------------------------------------------------------------------------
 def phase1_heads(ctx: CycleContext) -> Iterable[QueueKey]:
     """Work on a GPU or node out of service goes back to the queue (keeping its place); then the
     queue keys to consider, in order."""
     _requeue_displaced(ctx)
     state, since = ctx.state, ctx.since
+    ctx.queued_since = _queued_since(state, ctx.requeued, ctx.now)
+    ctx.order = ORDERINGS[ctx.policy.order](ctx.policy, ctx.queued_since, ctx.now)
     if ctx.policy.head_of_line:
         return _first_come_first_served(state, ctx.requeued, ctx.policy, ctx.waiting)
     if ctx.full or since is None:
-        return sorted([*state.queue(), *(state.queue_key(j) for j in ctx.requeued.values())], key=ctx.order)
+        keys = [*state.queue(), *(state.queue_key(j) for j in ctx.requeued.values())]
+        return sorted_queue(ctx.policy, keys, _since_column(ctx, keys), ctx.now)
     jobs = state.jobs
     new = set(state.pending_log[since.pending_seq :])
     ctx.reservations = dict(since.reservations)
     ctx.starving = {pool: j for pool, j in since.starving if j in jobs and jobs[j].state in QUEUED}
-    return sorted((state.queue_key(jobs[j]) for j in new if jobs[j].state in QUEUED), key=ctx.order)
+    keys = [state.queue_key(jobs[j]) for j in new if jobs[j].state in QUEUED]
+    return sorted_queue(ctx.policy, keys, _since_column(ctx, keys), ctx.now)
+
+
+def _queued_since(state: SchedulerState, requeued: dict[str, Job], now: float) -> Callable[[str], float]:
+    """When a job last joined the queue (a displaced one: now). Called for every queued job of a
+    full cycle by the sort, hence the plain closure."""
+    jobs = state.jobs
+    if not requeued:
+        return lambda jid: jobs[jid].queued_since
+    return lambda jid: now if jid in requeued else jobs[jid].queued_since
+
+
+def _since_column(ctx: CycleContext, keys: list[QueueKey]) -> list[float]:
+    """When each job last joined the queue, in the keys' order (C-level maps: a full cycle asks
+    for every queued job)."""
+    jobs = ctx.state.jobs
+    since = list(map(attrgetter("queued_since"), map(jobs.__getitem__, [k[3] for k in keys])))
+    if ctx.requeued:
+        since = [ctx.now if k[3] in ctx.requeued else t for k, t in zip(keys, since, strict=True)]
+    return since
 
 
 def _requeue_displaced(ctx: CycleContext) -> None:
@@ -174,25 +193,30 @@ def phase2_nominate(ctx: CycleContext, key: QueueKey) -> Candidate | Wait:
     state, work, now, policy = ctx.state, ctx.work, ctx.now, ctx.policy
     job = state.jobs[key[3]]
     spec = job.spec
-    protected_at = policy.protected_since(ctx.queued_since(job.id))
-    if protected_at is not None and protected_at > now:
-        ctx.guard_at = min(ctx.guard_at, protected_at)
-    if job.pool != DEFAULT_POOL and job.pool not in state.pools:
-        return Wait(WaitKind.POOL, f"pool {job.pool} is not defined (define it with `chamber quota pool set`)")
-    if state.budgets and (hold := budget_held(state, job, now)) is not None:
-        return Wait(WaitKind.BUDGET, hold)
+    # policy.protected_since, inlined: this runs for every queued job
+    since = now if job.id in ctx.requeued else job.queued_since
+    protected_at = None if ctx.bound is None else since + ctx.bound
+    if protected_at is not None and protected_at > now and protected_at < ctx.guard_at:
+        ctx.guard_at = protected_at
+    # key[0] is the priority's rank (cheaper to hash than the enum)
     shape = (
         job.pool,
         spec.team,
-        spec.priority,
+        key[0],
         spec.gpu_model,
         spec.cluster,
         spec.gpus_per_replica,
         spec.replicas,
         spec.preemptible,
     )
+    # First, as most jobs of a long queue end here: a job of the same shape already found no room
+    # this cycle (it passed the pool and budget checks, which depend only on the shape's pool and team).
     if (same := ctx.failed.get(shape)) is not None:
         return same
+    if job.pool != DEFAULT_POOL and job.pool not in state.pools:
+        return Wait(WaitKind.POOL, f"pool {job.pool} is not defined (define it with `chamber quota pool set`)")
+    if state.budgets and (hold := budget_held(state, job, now)) is not None:
+        return Wait(WaitKind.BUDGET, hold)
     if policy.quotas and (refused := quota.critical_block(state, spec.team, job.pool, spec.priority)) is not None:
         return Wait(WaitKind.CRITICAL, refused)
     res = ctx.reservations.get(job.pool)

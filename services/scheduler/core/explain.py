@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from services.scheduler.core.budget import note as budget_note
-from services.scheduler.core.policy import CHAMBER, ORDERINGS, Policy, QueueKey, by_multifactor_priority
+from services.scheduler.core.policy import CHAMBER, ORDERINGS, Policy, QueueKey, by_multifactor_priority, sorted_queue
 from services.scheduler.core.state import FINISHED, QUEUED, Job, JobState, SchedulerState
 
 
@@ -27,8 +27,8 @@ def queue_order(state: SchedulerState, now: float, policy: Policy = CHAMBER) -> 
     """The queued jobs in the order the next cycle at `now` takes them: the policy's own ordering
     (ORDERINGS, the key the cycle sorts by: protected jobs first, then multifactor priority with
     age). The one definition behind `chamber queue` and `chamber explain`."""
-    jobs = state.jobs
-    return sorted(state.queue(), key=ORDERINGS[policy.order](policy, lambda jid: jobs[jid].queued_since, now))
+    keys = state.queue()
+    return sorted_queue(policy, keys, [state.jobs[k[3]].queued_since for k in keys], now)
 
 
 def _queued_facts(policy: Policy, key: QueueKey, position: int, since: float, now: float) -> dict[str, Any]:

@@ -7,10 +7,15 @@ through this one object (the quota rules themselves, guarantees and borrowing, l
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from events import Placement
 from services.scheduler.core.links import degraded
 from services.scheduler.core.policy import CHAMBER, Policy
 from services.scheduler.core.state import Job, SchedulerState
+
+if TYPE_CHECKING:
+    from services.scheduler.core.preemption import Walk
 
 Spot = list[tuple[int, list[int]]]  # (node id, GPU indices) per node
 Usage = dict[tuple[str, str], int]  # (pool, team) -> GPUs held
@@ -31,7 +36,7 @@ class Work:
         # per-cycle caches of the preemption phase (see preemption.py)
         self.groups: dict[tuple[str, str], list[list[Job]]] = {}
         self.lost: dict[str, float] = {}  # preemption.victim_cost per job
-        self.sorted: set[tuple[str, str, int]] = set()
+        self.walks: dict[tuple[str, str, int], Walk] = {}  # per (pool, team, priority), see preemption.py
         # link health (placement.py): nodes gangs should avoid now, and what placement says about it
         self._avoid: dict[int, str] | None = None
         self.link_notes: dict[str, str] = {}
