@@ -29,6 +29,7 @@ from events import PreemptionReason, PriorityClass
 from services.scheduler.core import backfill, placement, preemption, quota
 from services.scheduler.core.budget import held as budget_held
 from services.scheduler.core.decisions import Admit, Cycle, CycleMark, Decision, Preempt, Requeue, Reservation
+from services.scheduler.core.degraded import only_degraded, out_of_service, stay_note
 from services.scheduler.core.policy import CHAMBER, ORDERINGS, Order, Policy, QueueKey, sorted_queue
 from services.scheduler.core.pools import DEFAULT_POOL
 from services.scheduler.core.preemption import Victims, lost_work_gpu_s
@@ -53,7 +54,7 @@ def schedule(state: SchedulerState, now: float, since: CycleMark | None = None, 
     full = (
         since is None
         or since.capacity_epoch != state.capacity_epoch
-        or bool(state.displaced)
+        or _displaced_changed(state, since)
         or now >= since.guard_at  # a queued job became protected by the starvation guard
         or bool(policy.head_of_line)  # a blocked head holds back everything behind it, new or not
     )
@@ -73,6 +74,14 @@ def schedule(state: SchedulerState, now: float, since: CycleMark | None = None, 
         state.capacity.end()
 
 
+def _displaced_changed(state: SchedulerState, since: CycleMark) -> bool:
+    """Some job runs on out-of-service hardware that the last cycle did not leave there as it is."""
+    if not state.displaced:
+        return False
+    staying = dict(since.staying)
+    return any(staying.get(jid) != out_of_service(state, state.jobs[jid])[1] for jid in state.displaced)
+
+
 @dataclass
 class CycleContext:
     """Everything one cycle reads and builds, handed from phase to phase."""
@@ -86,6 +95,7 @@ class CycleContext:
     decisions: list[Decision] = field(default_factory=list)
     waiting: dict[str, str] = field(default_factory=dict)  # job id -> why it waits (Cycle.waiting)
     requeued: dict[str, Job] = field(default_factory=dict)  # displaced this cycle, back in the queue
+    staying: dict[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict)  # on degraded hardware: why, faults
     reservations: dict[str, Reservation] = field(default_factory=dict)  # pool -> its EASY reservation
     starving: dict[str, str] = field(default_factory=dict)  # pool -> its first protected job waiting for capacity
     failed: dict[Shape, Wait] = field(default_factory=dict)  # shapes that found no room this cycle
@@ -112,8 +122,10 @@ class CycleContext:
             tuple(sorted(self.reservations.items())),
             self.guard_at,
             tuple(sorted(self.starving.items())),
+            tuple(sorted((jid, faults) for jid, (_, faults) in self.staying.items())),
         )
-        return Cycle(self.decisions, self.waiting, mark, self.full, self.considered, self.reservations)
+        staying = {jid: why for jid, (why, _) in self.staying.items()}
+        return Cycle(self.decisions, self.waiting, mark, self.full, self.considered, self.reservations, staying)
 
 
 @dataclass
@@ -173,17 +185,45 @@ def _since_column(ctx: CycleContext, keys: list[QueueKey]) -> list[float]:
 
 
 def _requeue_displaced(ctx: CycleContext) -> None:
+    """Jobs on failing hardware rejoin the queue; a job on degraded hardware (degraded.py) moves
+    only where it lands now, else stays, flagged."""
     state = ctx.state
     for jid in sorted(state.displaced):
         job = state.jobs[jid]
         if job.state != JobState.RUNNING:
             continue
         nodes = sorted({p.node for p in job.placements})
-        out, faults = _out_of_service(state, job)
+        out, faults = out_of_service(state, job)
+        if ctx.policy.move_only_where_it_lands and only_degraded(state, job):
+            _move_or_stay(ctx, job, out, faults)
+            continue
         ctx.work.release(job)
         ctx.requeued[jid] = job
         why = f"a GPU or node it ran on went out of service ({'; '.join(out) or ', '.join(nodes)})"
         ctx.decisions.append(Requeue(jid, why, nodes[0] if nodes else None, job.generation, faults))
+
+
+def _move_or_stay(ctx: CycleContext, job: Job, out: list[str], faults: tuple[str, ...]) -> None:
+    """Off degraded hardware: a move (requeue and resume in this cycle, before the queue: the job did
+    not ask to wait) when a healthy place takes it now; else it stays where it is, flagged."""
+    work = ctx.work
+    mark = work.cap.mark()
+    work.release(job)
+    spot = placement.place(work, job) if quota.block(work, job) is None else None
+    if spot is None:
+        work.cap.rollback(mark)
+        work.count(job, +1)
+        work.gone.discard(job.id)
+        ctx.staying[job.id] = (stay_note(job, out), faults)
+        return
+    was = ", ".join(f"{p.node}[{','.join(map(str, p.gpu_indices))}]" for p in job.placements)
+    causes = "; ".join(out) or "degraded hardware"
+    node = min((p.node for p in job.placements), default=None)
+    ctx.decisions.append(Requeue(job.id, f"moved off degraded hardware ({causes})", node, job.generation, faults))
+    borrowed = quota.borrowed(work, job)
+    placements = work.admit(job, spot)
+    why = f"moved from {was} (degraded: {causes}) to {work.describe(spot)}"
+    ctx.decisions.append(Admit(job.id, job.spec.team, placements, borrowed, why, True, job.generation + 1, job.pool))
 
 
 # -- 2. nominate ------------------------------------------------------------------------------
@@ -441,23 +481,3 @@ def select_victims(state: SchedulerState, job_id: str, now: float) -> list[tuple
     finally:
         state.capacity.end()
     return None if found is None else [(v.id, r) for v, r in found]
-
-
-def _out_of_service(state: SchedulerState, job: Job) -> tuple[list[str], tuple[str, ...]]:
-    """What took the job's nodes or GPUs out of service ("node: reason"), and the fault ids behind it."""
-    why: list[str] = []
-    faults: list[str] = []
-    for p in sorted(job.placements, key=lambda p: (p.cluster, p.node)):
-        node = state.nodes.get((p.cluster, p.node))
-        if node is None:
-            continue
-        if node.isolated or node.lost:
-            if node.out_reason:
-                why.append(f"{node.name}: {node.out_reason}")
-            faults.extend(node.out_faults)
-            continue
-        for i in sorted(set(p.gpu_indices) & set(node.gpu_out)):
-            reason, ids = node.gpu_out[i]
-            why.append(f"{node.name} GPU {i}: {reason}")
-            faults.extend(ids)
-    return why, tuple(dict.fromkeys(faults))

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from services.scheduler.core.budget import note as budget_note
+from services.scheduler.core.degraded import only_degraded, out_of_service, stay_note
 from services.scheduler.core.policy import CHAMBER, ORDERINGS, Policy, QueueKey, by_multifactor_priority, sorted_queue
 from services.scheduler.core.state import FINISHED, QUEUED, Job, JobState, SchedulerState
 
@@ -115,7 +116,7 @@ def explain(
     head = f"job {job.id} ({spec.name or 'unnamed'}, team {spec.team}, {spec.priority.value} priority, {ask}"
     head += f", pool {job.pool})"
     if job.state == JobState.RUNNING:
-        text = _running_text(job, head)
+        text = _running_text(state, job, head)
     elif job.state in QUEUED:
         text = _queued_text(state, job, head, waiting, guard, now, policy)
     else:
@@ -137,9 +138,11 @@ def explain(
     }
 
 
-def _running_text(job: Job, head: str) -> str:
+def _running_text(state: SchedulerState, job: Job, head: str) -> str:
     where = ", ".join(f"{p.node}[{','.join(map(str, p.gpu_indices))}]" for p in job.placements)
     text = f"{head} is running on {where}: {job.reason}"
+    if job.id in state.displaced and only_degraded(state, job):  # the cycle leaves it there (cycle.py)
+        text += f"; {stay_note(job, out_of_service(state, job)[0], at_least=True)}"
     if job.borrowed_gpus and not job.spec.preemptible:  # issue 19: lent to it, returned by draining
         text += f" ({job.borrowed_gpus} GPUs borrowed: runs on lent capacity, given back when it ends, never preempted)"
     elif job.borrowed_gpus:

@@ -75,6 +75,10 @@ class Policy:
     # was 42.6 h against fifo's 27.7; with this rule 1,350 and 24.2 (README, issue 19). Critical work,
     # and jobs whose wait has no estimate, preempt as before. None: always preempt when allowed.
     preemption_worth: float | None = 2.0
+    # A job whose GPU or node health took out of service for a degrading fault (a straggler verdict,
+    # a flapping or slow NIC: it still runs, slower) moves only where it can land now, else stays
+    # (core/degraded.py). Off: every out-of-service holder is requeued, whatever it can get.
+    move_only_where_it_lands: bool = True
 
     def __post_init__(self) -> None:
         for name in ("class_weight", "fair_share_weight", "age_weight"):

@@ -49,7 +49,7 @@ from events.telemetry import GpuInfo
 from services.pools import DEFAULT_POOL, PoolDef, Quota, job_pool, node_pool
 from services.scheduler.core.budget import BudgetRule, demoted, fold_budget_exceeded, fold_budget_set
 from services.scheduler.core.capacity import Capacity
-from services.scheduler.core.links import LinkHealth, fold_cleared, fold_fault, fold_slowdown
+from services.scheduler.core.links import LinkHealth, fold_cleared, fold_fault, fold_kind, fold_slowdown
 
 DEFAULT_TOPOLOGY_KEY = "rack"
 
@@ -629,6 +629,11 @@ def _fair_share(s: SchedulerState, e: FairShareUpdated) -> None:
         s.capacity_epoch += 1
 
 
+def _fault(s: SchedulerState, e: GpuFaultDetected) -> None:
+    fold_fault(s.links, e)  # NIC faults keep gangs off the node for a while
+    fold_kind(s.links, e)  # degrading faults: a job they displace moves only where it lands
+
+
 # each handler takes its own event type: the dict is keyed by that type, so the call is checked there
 _HANDLERS: dict[type[Event], Callable[[SchedulerState, Any], None]] = {
     JobSubmitted: _submitted,
@@ -655,7 +660,7 @@ _HANDLERS: dict[type[Event], Callable[[SchedulerState, Any], None]] = {
     BudgetExceeded: fold_budget_exceeded,
     JobSlowdownDetected: lambda s, e: fold_slowdown(s.links, e),
     JobSlowdownCleared: lambda s, e: fold_cleared(s.links, e),
-    GpuFaultDetected: lambda s, e: fold_fault(s.links, e),
+    GpuFaultDetected: _fault,
 }
 
 _JOB_EVENTS = frozenset(
