@@ -161,7 +161,8 @@ def phase1_heads(ctx: CycleContext) -> Iterable[QueueKey]:
     new = set(state.pending_log[since.pending_seq :])
     ctx.reservations = dict(since.reservations)
     ctx.starving = {pool: j for pool, j in since.starving if j in jobs and jobs[j].state in QUEUED}
-    keys = [state.queue_key(jobs[j]) for j in new if jobs[j].state in QUEUED]
+    # a job that joined and finished since may have left memory already (state.retention_s)
+    keys = [state.queue_key(job) for j in new if (job := jobs.get(j)) is not None and job.state in QUEUED]
     return sorted_queue(ctx.policy, keys, _since_column(ctx, keys), ctx.now)
 
 

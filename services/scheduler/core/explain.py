@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from events import Event, JobCancelled, JobCompleted, JobFailed, JobSubmitted
 from services.scheduler.core.budget import note as budget_note
 from services.scheduler.core.degraded import only_degraded, out_of_service, stay_note
 from services.scheduler.core.policy import CHAMBER, ORDERINGS, Policy, QueueKey, by_multifactor_priority, sorted_queue
@@ -177,3 +178,39 @@ def _queued_text(
     if job.state == JobState.SUSPENDED:
         return f"{head} is suspended: {job.reason}; it resumes automatically when capacity frees ({pos}; now: {why})"
     return f"{head} is pending ({pos}): {why}"
+
+
+def explain_finished(job_id: str, submitted: Event, ended: Event) -> dict[str, Any]:
+    """`chamber explain` of a finished job that has left the scheduler's memory, from its first event
+    (the submit) and its last one on the log."""
+    head = f"job {job_id}"
+    if isinstance(submitted, JobSubmitted):
+        spec = submitted.spec
+        ask = f"{spec.replicas}x{spec.gpus_per_replica} GPUs" + (f" of {spec.gpu_model}" if spec.gpu_model else "")
+        head += f" ({spec.name or 'unnamed'}, team {spec.team}, {spec.priority.value} priority, {ask})"
+    state, why = _ending(ended)
+    text = f"{head} is {state}: {why} (from the log: finished jobs leave the scheduler's memory as they finish)"
+    return {
+        "id": job_id,
+        "state": state,
+        "text": text,
+        "reason": why,
+        "placement": {},
+        "preempted_by": None,
+        "preempt_reason": None,
+        "preemptions": None,
+        "starvation_guard": None,
+    }
+
+
+def _ending(ended: Event) -> tuple[str, str]:
+    at = getattr(ended, "at", None)
+    when = f" at t={at:.0f}" if isinstance(at, float | int) else ""
+    if isinstance(ended, JobCompleted):
+        return JobState.COMPLETED.value, f"completed{when}"
+    if isinstance(ended, JobFailed):
+        return JobState.FAILED.value, f"failed{when}: {ended.reason}"
+    if isinstance(ended, JobCancelled):
+        by = f" by {ended.by}" if ended.by else ""
+        return JobState.CANCELLED.value, f"cancelled{by}{when}" + (f": {ended.reason}" if ended.reason else "")
+    return "unknown", f"its last event is {type(ended).__name__}{when}"

@@ -52,6 +52,8 @@ from services.scheduler.core.capacity import Capacity
 from services.scheduler.core.links import LinkHealth, fold_cleared, fold_fault, fold_kind, fold_slowdown
 
 DEFAULT_TOPOLOGY_KEY = "rack"
+KUBERNETES_KEEP_S = 6 * 3600.0  # a finished Kubernetes workload's job stays known this long at least
+PENDING_LOG_KEPT = 100_000  # queue entries kept for incremental cycles; then a trim (and one full cycle)
 
 
 class JobState(StrEnum):
@@ -191,12 +193,15 @@ class SchedulerState:
     pending_log: PendingLog = field(default_factory=PendingLog)  # job ids as they (re)entered the queue
     budgets: dict[str, BudgetRule] = field(default_factory=dict)  # team -> budget and its action (budget.py)
     # Bounded memory: a finished job leaves the state `retention_s` (event time, the JOBS stream's
-    # `at`) after it finished; None keeps every job. The warehouse keeps the history.
+    # `at`) after it finished; 0: as soon as it finishes (nothing in a cycle needs it: fair share is
+    # the quota service's aggregate), except a Kubernetes workload's, kept `KUBERNETES_KEEP_S` so the
+    # reconcile tells a cancelled workload from a new one; None keeps every job. The log and the
+    # warehouse keep the history (`chamber explain` of a forgotten job reads the log).
     retention_s: float | None = None
     jobs_clock: float = 0.0  # the latest `at` folded from JOBS: the clock retention runs on
-    finished_heap: list[tuple[float, str]] = field(default_factory=list)  # (finished_at, job id)
+    finished_heap: list[tuple[float, str]] = field(default_factory=list)  # (leaves memory at, job id)
     forgotten: int = 0  # finished jobs dropped so far
-    forgotten_until: float = 0.0  # every job that finished before this has been dropped
+    forgotten_until: float = 0.0  # the JOBS time expired jobs were last dropped at (in steps: `_age`)
     _queue: list[tuple[int, float, float, str]] | None = None
     # Queued jobs per team in submit order, (submit time, id): first-come-first-served lines for
     # the head-of-line baselines (fifo, static-quota), so a cycle reads heads, not the whole queue.
@@ -224,6 +229,10 @@ class SchedulerState:
         insort(self.fifo_lines.setdefault(job.spec.team, []), (job.submitted_at, job.id))
         if self._queue is not None:
             insort(self._queue, self.queue_key(job))
+        if len(self.pending_log.items) >= PENDING_LOG_KEPT:
+            # Bounded: no incremental cycle reads from before the trim (the epoch makes the next one full).
+            self.pending_log.trim()
+            self.capacity_epoch += 1
         self.pending_log.append(job.id)
 
     def _dequeue(self, job: Job) -> None:
@@ -298,16 +307,16 @@ def _age(s: SchedulerState, at: float) -> None:
         return
     s.jobs_clock = at
     assert s.retention_s is not None
-    horizon = at - s.retention_s
-    if horizon - s.forgotten_until < s.retention_s / 10 or not s.finished_heap:
+    window = max(s.retention_s, KUBERNETES_KEEP_S) if s.retention_s == 0 else s.retention_s
+    if at - s.forgotten_until < window / 10 or not s.finished_heap:
         return
-    while s.finished_heap and s.finished_heap[0][0] < horizon:
+    while s.finished_heap and s.finished_heap[0][0] < at:
         _, job_id = heapq.heappop(s.finished_heap)
         job = s.jobs.get(job_id)
         if job is not None and job.state in FINISHED:
             del s.jobs[job_id]
             s.forgotten += 1
-    s.forgotten_until = horizon
+    s.forgotten_until = at
     s.pending_log.trim()
     s.capacity_epoch += 1
 
@@ -468,8 +477,16 @@ def _finish(s: SchedulerState, job_id: str, state: JobState, at: float, reason: 
     job.state = state
     job.finished_at = at
     job.reason = reason
-    if s.retention_s is not None:
-        heapq.heappush(s.finished_heap, (at, job_id))
+    if s.retention_s is None:
+        return
+    keep = s.retention_s
+    if keep == 0 and job.spec.namespace:
+        keep = KUBERNETES_KEEP_S
+    if keep > 0:
+        heapq.heappush(s.finished_heap, (at + keep, job_id))
+    else:
+        del s.jobs[job_id]  # leaves at once
+        s.forgotten += 1
 
 
 def _completed(s: SchedulerState, e: JobCompleted) -> None:
