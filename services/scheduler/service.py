@@ -193,6 +193,9 @@ class Scheduler:
             raise CommandRefused("which job? give its id", field="job")
         job = self.state.jobs.get(name)
         if job is None:
+            ended = await self._explain_from_log(name) if self.state.forgotten else None
+            if ended is not None:  # finished, and it has left memory since
+                raise CommandRefused(f"job {name} is already {ended['state']}", field="job")
             raise CommandRefused(f"no job {name!r}; `chamber queue` lists the jobs", field="job")
         if job.state in FINISHED:
             raise CommandRefused(f"job {name} is already {job.state.value}", field="job")
