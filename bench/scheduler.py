@@ -6,7 +6,9 @@ sizes (1-8 GPUs on one node, gangs of 2-4 x 8) and priorities. Measures:
   folding its events back into the state (what the service does);
 - incremental_p50_ms / p99_ms: one cycle (plus folding) after a single submit or a single completion
   (the state loaded so far is frozen out of the garbage collector first, as the service does).
-Prints one JSON object.
+`*_cpu_*`: the same from this process's CPU time, less moved by other work on a shared machine.
+Prints one JSON object; with `--before DIR` (another checkout, e.g. `git archive 3993ac3 | tar -x -C
+DIR`) runs both, alternating, each in its own process, and adds a summary with after/before ratios.
 """
 
 from __future__ import annotations
@@ -14,18 +16,37 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import random
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# The checkout to measure comes first on the path: `--code DIR` (set by --before's runs), else this one.
+sys.path.insert(
+    0,
+    str(
+        Path(
+            sys.argv[sys.argv.index("--code") + 1] if "--code" in sys.argv[:-1] else Path(__file__).parents[1]
+        ).resolve()
+    ),
+)
 
 from events import GpuInfo, JobCompleted, JobSpec, JobSubmitted, NodeDiscovered, PriorityClass, TeamQuotaSet
 from services.scheduler.core import SchedulerState, events_for, evolve, schedule
 
 PRIORITIES = [PriorityClass.CRITICAL, PriorityClass.HIGH, PriorityClass.NORMAL, PriorityClass.LOW]
+ROOT = Path(__file__).resolve().parents[1]
+METRICS = (
+    "placements_per_s",
+    "incremental_p50_ms",
+    "incremental_p99_ms",
+    "incremental_cpu_p50_ms",
+    "incremental_cpu_p99_ms",
+)
 SHAPES = [(1, 1), (2, 1), (4, 1), (8, 1), (8, 2), (8, 4)]  # gpus per replica, replicas
 
 
@@ -52,13 +73,11 @@ def run(nodes: int, jobs: int, teams: int, samples: int, seed: int) -> dict[str,
         gpus = [GpuInfo(index=i, uuid=f"GPU-{n}-{i}", model="H100") for i in range(8)]
         evolve(state, NodeDiscovered(cluster="c1", node=f"n{n:05d}", at=0.0, gpus=gpus, labels={"rack": f"r{n // 32}"}))
     share = nodes * 8 // teams
+    # Teams may run critical work (a quota setting since 3993ac3, which let every team)
+    may: dict[str, Any] = {"critical": True} if "critical" in TeamQuotaSet.__struct_fields__ else {}
     for t in range(teams):
-        evolve(
-            state,
-            TeamQuotaSet(
-                team=f"team{t}", pool="default", at=0.0, guaranteed_gpus=share, borrow_limit=share, critical=True
-            ),
-        )
+        quota = TeamQuotaSet(team=f"team{t}", pool="default", at=0.0, guaranteed_gpus=share, borrow_limit=share, **may)
+        evolve(state, quota)
     for i in range(jobs):
         evolve(state, a_job(rng, i, teams, at=float(i) / 1000))
 
@@ -76,6 +95,7 @@ def run(nodes: int, jobs: int, teams: int, samples: int, seed: int) -> dict[str,
     gc.freeze()
 
     latencies: list[float] = []
+    cpu: list[float] = []
     next_id = jobs
     for k in range(samples):
         now += 1.0
@@ -85,13 +105,15 @@ def run(nodes: int, jobs: int, teams: int, samples: int, seed: int) -> dict[str,
         else:
             running = sorted(j.id for j in state.jobs.values() if j.state.value == "running")
             evolve(state, JobCompleted(job_id=rng.choice(running), at=now))
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.process_time()
         cycle = schedule(state, now, mark)
         for event, _ in events_for(cycle.decisions, now):
             evolve(state, event)
         latencies.append((time.perf_counter() - t1) * 1000)
+        cpu.append((time.process_time() - c1) * 1000)
         mark = cycle.mark
     latencies.sort()
+    cpu.sort()
     pending = sum(1 for j in state.jobs.values() if j.state.value in ("pending", "suspended"))
     return {
         "nodes": nodes,
@@ -105,7 +127,37 @@ def run(nodes: int, jobs: int, teams: int, samples: int, seed: int) -> dict[str,
         "incremental_p50_ms": round(statistics.median(latencies), 2),
         "incremental_p99_ms": round(latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))], 2),
         "incremental_max_ms": round(latencies[-1], 2),
+        "incremental_cpu_p50_ms": round(statistics.median(cpu), 2),
+        "incremental_cpu_p99_ms": round(_p99(cpu), 2),
     }
+
+
+def _p99(values: list[float]) -> float:
+    return values[min(len(values) - 1, int(len(values) * 0.99))]
+
+
+def side_by_side(before: Path, args: argparse.Namespace) -> None:
+    """Both checkouts, alternating, each run in its own process; the best of each, and the ratios."""
+    runs: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
+    sizes = ["--nodes", str(args.nodes), "--jobs", str(args.jobs), "--teams", str(args.teams)]
+    for _ in range(args.rounds):
+        for label, code in (("before", before.resolve()), ("after", ROOT)):
+            cmd = [sys.executable, __file__, "--code", str(code), *sizes, "--samples", str(args.samples)]
+            out = subprocess.run([*cmd, "--seed", str(args.seed)], capture_output=True, text=True)
+            if out.returncode != 0:
+                raise SystemExit(f"the bench failed for {code}:\n{out.stderr[-2000:]}")
+            result = {"run": label, **json.loads(out.stdout.strip().splitlines()[-1])}
+            runs[label].append(result)
+            print(json.dumps(result), flush=True)
+    summary: dict[str, Any] = {"summary": "scheduler", "rounds": args.rounds}
+    for metric in METRICS:
+        higher_is_better = metric == "placements_per_s"
+        pick = max if higher_is_better else min  # the least disturbed run
+        best = {label: pick(float(r[metric]) for r in rs) for label, rs in runs.items()}
+        summary[metric] = best
+        summary[f"{metric}_ratio"] = round(best["after"] / best["before"], 2) if best["before"] else None
+    summary["load_average_1m_at_end"] = round(os.getloadavg()[0], 2)
+    print(json.dumps(summary), flush=True)
 
 
 def main() -> None:
@@ -115,7 +167,15 @@ def main() -> None:
     parser.add_argument("--teams", type=int, default=10)
     parser.add_argument("--samples", type=int, default=200)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--before", type=Path, help="another checkout to measure side by side")
+    parser.add_argument("--rounds", type=int, default=1, help="with --before: runs of each, alternating")
+    parser.add_argument("--code", type=Path, help=argparse.SUPPRESS)  # the checkout this process measures
     args = parser.parse_args()
+    if args.before is not None:
+        if not (args.before / "services" / "scheduler" / "core").is_dir():
+            raise SystemExit(f"--before {args.before}: not a Chamber checkout (no services/scheduler/core)")
+        side_by_side(args.before, args)
+        return
     print(json.dumps(run(args.nodes, args.jobs, args.teams, args.samples, args.seed)))
 
 

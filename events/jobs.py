@@ -20,15 +20,12 @@ class PriorityClass(StrEnum):
 
     @property
     def rank(self) -> int:
-        return _PRIORITY_RANK[self]
+        # keyed by the value: a str hashes in C, an Enum member through Python (read on every
+        # scheduling hot path)
+        return _PRIORITY_RANK[self._value_]
 
 
-_PRIORITY_RANK = {
-    PriorityClass.CRITICAL: 0,
-    PriorityClass.HIGH: 1,
-    PriorityClass.NORMAL: 2,
-    PriorityClass.LOW: 3,
-}
+_PRIORITY_RANK = {"critical": 0, "high": 1, "normal": 2, "low": 3}
 
 
 class PreemptionReason(StrEnum):

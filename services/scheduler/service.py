@@ -4,7 +4,7 @@ A manifest for the decider host (`services/runtime/decider.py`): inputs FLEET, Q
 BILLING (BudgetExceeded: budgets act), the core's `evolve`, and a cycle every `--interval` seconds as
 `decide`. The host restores the latest snapshot, folds the tail in one deterministic order, decides
 only when caught up, publishes the decisions (deterministic ids) and folds them when they come back
-from the log, never before. Finished jobs leave memory `--retention-hours` after they finish.
+from the log, never before. Finished jobs leave memory as they finish (`--retention-hours`).
 Commands: submit (refused by the stream for an id it has seen: expected subject sequence 0), cancel,
 queue, explain.
 
@@ -27,8 +27,10 @@ import secrets
 import time
 from typing import Any
 
+from nats.js.errors import NotFoundError
+
 from events import Event, JobCancelled, subjects
-from events.codec import stable_id
+from events.codec import decode, stable_id
 from events.commands import CancelJob, ExplainJob, ListQueue, SubmitJob
 from services.runtime.commands import CommandRefused, page_of_rows
 from services.runtime.decider import CommandConflict, Decider, DeciderHost, Input, SnapshotCodec, pickle_codec
@@ -53,6 +55,7 @@ from services.scheduler.core import (
 )
 from services.scheduler.core.cycle import PREEMPTION_SEARCHES
 from services.scheduler.core.door import size_warnings, submitted
+from services.scheduler.core.explain import explain_finished
 from services.scheduler.core.links import DEFAULT_FAULT_MEMORY_S, KEEP_S, LinkHealth
 from services.scheduler.core.pools import job_pool
 from services.scheduler.core.quota import critical_block
@@ -62,7 +65,7 @@ from services.scheduler.policy_options import add_policy_arguments, policy_from_
 NAME = "scheduler"
 DESCRIPTION = "queue, place, preempt and resume jobs within team quotas"
 log = get_logger("chamber.scheduler")
-DEFAULT_RETENTION_H = 6.0
+DEFAULT_RETENTION_H = 0.0  # finished jobs leave memory as they finish (core/state.py: retention_s)
 
 ROLE = Manifest(
     reads=("FLEET", "QUOTA", "JOBS", "BILLING", "FAULTS"),
@@ -104,7 +107,7 @@ def snapshot_codec() -> SnapshotCodec[SchedulerState]:
 class Scheduler:
     def __init__(self, args: argparse.Namespace) -> None:
         self.topology_key = args.topology_key
-        self.retention_s = getattr(args, "retention_hours", DEFAULT_RETENTION_H) * 3600.0 or None
+        self.retention_s = max(0.0, getattr(args, "retention_hours", DEFAULT_RETENTION_H)) * 3600.0
         self.interval = args.interval
         self.full_every = args.full_every
         self.policy = policy_from_args(
@@ -232,6 +235,9 @@ class Scheduler:
             raise CommandRefused(str(exc), field="job") from None
         job = self.state.jobs.get(name)
         if job is None:
+            ended = await self._explain_from_log(name) if self.state.forgotten else None
+            if ended is not None:  # finished, and it has left memory since
+                raise CommandRefused(f"job {name} is already {ended['state']}", field="job")
             raise CommandRefused(f"no job {name!r}; `chamber queue` lists the jobs", field="job")
         if job.state in FINISHED:
             raise CommandRefused(f"job {name} is already {job.state.value}", field="job")
@@ -264,18 +270,25 @@ class Scheduler:
     async def explain(self, req: ExplainRequest) -> dict[str, Any]:
         self._refresh_waiting()
         found = explain(self.state, req.job, self.waiting, now=time.time(), policy=self.policy)
+        if found is None and self.state.forgotten:
+            found = await self._explain_from_log(req.job)
         if found is None:
-            state = self.state
-            if state.forgotten and state.retention_s is not None:
-                raise CommandRefused(
-                    f"no job {req.job!r} among the scheduler's jobs; finished jobs leave its memory "
-                    f"{state.retention_s / 3600:g} h after they finish ({state.forgotten} so far), so an older "
-                    f'one is in the warehouse: chamber sql "SELECT kind, at, pool FROM job_events '
-                    f"WHERE job_id = '{req.job}' ORDER BY at\"",
-                    field="job",
-                )
             raise CommandRefused(f"no job {req.job!r}; `chamber queue --all` lists the jobs", field="job")
         return found
+
+    async def _explain_from_log(self, job_id: str) -> dict[str, Any] | None:
+        """A finished job has left memory (core/state.py, `retention_s`): its first and last events on
+        its JOBS subject say what it was and how it ended; the warehouse has the rest."""
+        assert self.host is not None
+        js, subject = self.host.ctx.js, subjects.jobs(job_id)
+        try:
+            first = await js.get_msg("JOBS", seq=1, subject=subject, next=True)
+            last = await js.get_last_msg("JOBS", subject)
+        except NotFoundError:
+            return None
+        submitted_event = decode(first.headers, first.data or b"").event
+        ended = decode(last.headers, last.data or b"").event
+        return explain_finished(job_id, submitted_event, ended)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -341,8 +354,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--retention-hours",
         type=float,
         default=DEFAULT_RETENTION_H,
-        help=f"finished jobs leave memory this long after they finish; the warehouse keeps them "
-        f"(default {DEFAULT_RETENTION_H:g}; 0: keep all)",
+        help="finished jobs leave memory this long after they finish (default 0: as they finish; a "
+        "Kubernetes workload's job stays 6 h); `chamber explain` of one reads the log, the warehouse keeps them",
     )
     parser.add_argument(
         "--snapshot-every", type=float, default=300.0, help="seconds between state snapshots (default 300)"

@@ -157,7 +157,7 @@ async def test_a_restart_starts_from_the_snapshot_and_decides_nothing_twice(
     await sched.close()
 
 
-async def test_finished_jobs_leave_memory_after_the_retention_window_and_explain_says_so(
+async def test_finished_jobs_leave_memory_after_the_retention_window_and_explain_reads_the_log(
     nats_server: SecuredNatsServer, nc: Client, js: JetStreamContext
 ) -> None:
     publisher = Publisher(js, source="test/executor")
@@ -170,17 +170,18 @@ async def test_finished_jobs_leave_memory_after_the_retention_window_and_explain
     await publisher.publish(a_job("new", at=1_001.0 + 2 * 3600), id="new")  # two hours of JOBS time later
 
     async def forgotten() -> bool:
-        try:
-            await request(nc, "scheduler", "explain", {"job": "old"})
-        except CommandRefused as exc:
-            return "warehouse" in str(exc)
-        return False
+        return "from the log" in (await request(nc, "scheduler", "explain", {"job": "old"}))["text"]
 
     await eventually(forgotten)
+    explained = await request(nc, "scheduler", "explain", {"job": "old"})
+    assert explained["state"] == "cancelled" and "from the log" in explained["text"]
+    assert "team vision" in explained["text"] and "cancelled at t=1001: test" in explained["text"]
     explained = await request(nc, "scheduler", "explain", {"job": "new"})
     assert "new" in explained["text"]
     with pytest.raises(CommandRefused, match="exists already"):  # its id stays taken in the log
         await request(nc, "scheduler", "submit", {"team": "vision", "gpus": 1, "id": "old"})
+    with pytest.raises(CommandRefused, match="no job 'never'"):
+        await request(nc, "scheduler", "explain", {"job": "never"})
     await sched.close()
 
 

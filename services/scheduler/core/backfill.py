@@ -4,17 +4,13 @@ delay it (they end before the reservation, or use only GPUs it leaves over)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 from services.scheduler.core.decisions import Reservation
 from services.scheduler.core.policy import Order, QueueKey
-from services.scheduler.core.state import Job
+from services.scheduler.core.state import Job, estimate_s
 from services.scheduler.core.work import Work
-
-
-def estimate_s(job: Job) -> float | None:
-    """The runtime estimate used for backfill: the user's estimate, else the simulated duration."""
-    return job.spec.expected_duration_s or job.spec.sim_duration_s
 
 
 def check(res: Reservation | None, job: Job, key: QueueKey, now: float, order: Order) -> tuple[str | None, bool]:
@@ -46,7 +42,7 @@ def reservation(work: Work, job: Job, key: QueueKey) -> Reservation | None:
 def free_by(work: Work, job: Job, horizon: float) -> float | None:
     """When enough GPUs are free for `job` by runtime estimates, if that is at `horizon` or sooner;
     else None. Keeps only the ends before the horizon (no sort of all running work)."""
-    found = _enough(work, job, sorted(end for end in _ends(work, job.pool) if end[0] <= horizon))
+    found = _enough(work, job, sorted(end for end in _ends(work, job.pool, horizon) if end[0] <= horizon))
     return None if found is None else found[0]
 
 
@@ -60,19 +56,15 @@ def _enough(work: Work, job: Job, ends: list[tuple[float, int]]) -> tuple[float,
     return None
 
 
-def _ends(work: Work, pool: str) -> Iterator[tuple[float, int]]:
-    """(estimated end, GPUs) of the pool's running work with runtime estimates, in no order."""
+def _ends(work: Work, pool: str, horizon: float = math.inf) -> Iterator[tuple[float, int]]:
+    """(estimated end, GPUs) of the pool's running work with runtime estimates, in no order (an
+    end already past counts as now); of what ran before this cycle, only ends up to `horizon`."""
     s, now, gone = work.s, work.now, work.gone
-    for (p, _), ids in s.running.items():
-        if p != pool:
-            continue
-        for jid in ids:
-            if jid in gone:
-                continue
-            r = s.jobs[jid]
-            est = estimate_s(r)
-            if est is not None and r.running_since is not None:
-                yield (max(now, r.running_since + est), r.gpus)
+    for end, gpus, jid in s.running_ends(pool):
+        if end > horizon:
+            break  # sorted by end: the rest end later
+        if jid not in gone:
+            yield (max(now, end), gpus)
     for jid in work.fresh:
         r = s.jobs[jid]
         est = estimate_s(r)

@@ -1,17 +1,18 @@
 """One scheduling cycle: `schedule(state, now, since) -> Cycle` (pure: the state is left unchanged).
 
-Phases (after Kueue's scheduler loop):
-  1. requeue    jobs holding a GPU or node that went out of service give it back and rejoin the queue
-  2. heads      the queue in order (priority class, fair share, submit time, job id); a full cycle
-                looks at every queued job, an incremental one (nothing freed, no rule changed since
-                the last cycle's mark) only at the jobs that joined the queue since
-  3. nominate   per job: backfill check against its pool's reservation, quota check, placement
-  4. preempt    a job that does not fit may preempt (same team by priority, reclaim of borrowed
-                capacity, critical across classes) when `select_victims` finds a set that makes it fit
-                and that loses at most `policy.preemption_worth` x the GPU-time its wait would cost
-  5. admit      placements and victims are applied to the cycle's scratch view, so later jobs see
-                them; a job still waiting records why, and the first job of a pool blocked for
-                capacity gets an EASY-backfill reservation
+Phases (after Kueue's scheduler loop), each a function over one `CycleContext`:
+  1. heads      jobs holding a GPU or node that went out of service give it back and rejoin the
+                queue; then the queue in order (priority class, fair share, age, submit time, job
+                id). A full cycle looks at every queued job, an incremental one (nothing freed, no
+                rule changed since the last cycle's mark) only at the jobs that joined the queue since
+  2. nominate   per job: pool, budget, critical permission, backfill check against its pool's
+                reservation, quota check; a `Wait` ends its turn
+  3. admit      placement on the scratch view (later jobs see it); a job that does not fit may
+                preempt (same team by priority, reclaim of borrowed capacity, critical across
+                classes) when `preemption.select` finds a set that makes it fit and that loses at most
+                `policy.preemption_worth` x the GPU-time its wait would cost
+  4. requeue    a job still waiting records why; the first job of a pool blocked for capacity gets
+                an EASY-backfill reservation, and its shape's answer serves the same shapes after it
 The cycle works on the live capacity index with a journal and rolls it back at the end; the
 decisions only take effect when their events are folded back by `evolve`.
 """
@@ -20,22 +21,27 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from operator import attrgetter
 
 from events import PreemptionReason, PriorityClass
 from services.scheduler.core import backfill, placement, preemption, quota
-from services.scheduler.core.backfill import estimate_s
 from services.scheduler.core.budget import held as budget_held
 from services.scheduler.core.decisions import Admit, Cycle, CycleMark, Decision, Preempt, Requeue, Reservation
-from services.scheduler.core.policy import CHAMBER, ORDERINGS, Policy, QueueKey
+from services.scheduler.core.degraded import only_degraded, out_of_service, stay_note
+from services.scheduler.core.policy import CHAMBER, ORDERINGS, Order, Policy, QueueKey, sorted_queue
 from services.scheduler.core.pools import DEFAULT_POOL
-from services.scheduler.core.preemption import lost_work_gpu_s
-from services.scheduler.core.state import QUEUED, Job, JobState, SchedulerState
-from services.scheduler.core.work import Work
+from services.scheduler.core.preemption import Victims, lost_work_gpu_s
+from services.scheduler.core.state import QUEUED, Job, JobState, SchedulerState, estimate_s
+from services.scheduler.core.waits import Wait, WaitKind
+from services.scheduler.core.work import Spot, Work
 
 __all__ = ["PREEMPTION_SEARCHES", "estimate_s", "lost_work_gpu_s", "schedule", "select_victims"]
 
 PREEMPTION_SEARCHES = CHAMBER.preemption_searches
+
+Shape = tuple[object, ...]  # what decides a job's answer when it does not fit (same shape, same answer)
 
 
 def schedule(state: SchedulerState, now: float, since: CycleMark | None = None, *, policy: Policy = CHAMBER) -> Cycle:
@@ -48,251 +54,381 @@ def schedule(state: SchedulerState, now: float, since: CycleMark | None = None, 
     full = (
         since is None
         or since.capacity_epoch != state.capacity_epoch
-        or bool(state.displaced)
+        or _displaced_changed(state, since)
         or now >= since.guard_at  # a queued job became protected by the starvation guard
         or bool(policy.head_of_line)  # a blocked head holds back everything behind it, new or not
     )
     work = Work(state, now, policy)
     state.capacity.begin()
     try:
-        return _cycle(state, work, now, full, since, policy)
+        ctx = CycleContext(state, work, now, policy, full, since)
+        for key in phase1_heads(ctx):
+            ctx.considered += 1
+            found = phase2_nominate(ctx, key)
+            if isinstance(found, Wait):
+                ctx.waiting[key[3]] = found.text
+            elif not phase3_admit(ctx, found):
+                phase4_requeue(ctx, found)
+        return ctx.result()
     finally:
         state.capacity.end()
 
 
-def _cycle(state: SchedulerState, work: Work, now: float, full: bool, since: CycleMark | None, policy: Policy) -> Cycle:
-    decisions: list[Decision] = []
-    waiting: dict[str, str] = {}
-    jobs = state.jobs
+def _displaced_changed(state: SchedulerState, since: CycleMark) -> bool:
+    """Some job runs on out-of-service hardware that the last cycle did not leave there as it is."""
+    if not state.displaced:
+        return False
+    staying = dict(since.staying)
+    return any(staying.get(jid) != out_of_service(state, state.jobs[jid])[1] for jid in state.displaced)
 
-    # 1. requeue: work on a GPU or node out of service goes back to the queue, keeping its place
-    requeued: dict[str, Job] = {}
+
+@dataclass
+class CycleContext:
+    """Everything one cycle reads and builds, handed from phase to phase."""
+
+    state: SchedulerState
+    work: Work
+    now: float
+    policy: Policy
+    full: bool
+    since: CycleMark | None
+    decisions: list[Decision] = field(default_factory=list)
+    waiting: dict[str, str] = field(default_factory=dict)  # job id -> why it waits (Cycle.waiting)
+    requeued: dict[str, Job] = field(default_factory=dict)  # displaced this cycle, back in the queue
+    staying: dict[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict)  # on degraded hardware: why, faults
+    reservations: dict[str, Reservation] = field(default_factory=dict)  # pool -> its EASY reservation
+    starving: dict[str, str] = field(default_factory=dict)  # pool -> its first protected job waiting for capacity
+    failed: dict[Shape, Wait] = field(default_factory=dict)  # shapes that found no room this cycle
+    searched: set[tuple[str, str, int]] = field(default_factory=set)  # (pool, team, priority) heads that searched
+    guard_at: float = math.inf  # when the next queued job becomes protected
+    considered: int = 0
+    bound: float | None = field(init=False)  # policy.starvation_bound_s
+    # Set by phase 1 once the displaced jobs are back in the queue (they count as queued now).
+    queued_since: Callable[[str], float] = field(init=False)
+    order: Order = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.bound = self.policy.starvation_bound_s
+        if self.since is not None and not self.full:
+            self.guard_at = self.since.guard_at
+
+    def wait(self, jid: str, wait: Wait) -> None:
+        self.waiting[jid] = wait.text
+
+    def result(self) -> Cycle:
+        mark = CycleMark(
+            self.state.capacity_epoch,
+            len(self.state.pending_log),
+            tuple(sorted(self.reservations.items())),
+            self.guard_at,
+            tuple(sorted(self.starving.items())),
+            tuple(sorted((jid, faults) for jid, (_, faults) in self.staying.items())),
+        )
+        staying = {jid: why for jid, (why, _) in self.staying.items()}
+        return Cycle(self.decisions, self.waiting, mark, self.full, self.considered, self.reservations, staying)
+
+
+@dataclass
+class Candidate:
+    """A job that passed nomination's checks, and what they found out about it."""
+
+    job: Job
+    key: QueueKey
+    shape: Shape
+    res: Reservation | None  # its pool's reservation when it was nominated
+    exempt: bool  # critical work: never held back by a reservation
+    via_extra: bool  # may start only on the reserved job's leftover GPUs
+    block: Wait | None  # what its team's quota says
+    protected_at: float | None
+    starved_by: str | None  # a protected job waiting for capacity in its pool holds its free GPUs
+    declined: str | None = None  # why it did not preempt the victims it found
+
+
+# -- 1. heads ---------------------------------------------------------------------------------
+def phase1_heads(ctx: CycleContext) -> Iterable[QueueKey]:
+    """Work on a GPU or node out of service goes back to the queue (keeping its place); then the
+    queue keys to consider, in order."""
+    _requeue_displaced(ctx)
+    state, since = ctx.state, ctx.since
+    ctx.queued_since = _queued_since(state, ctx.requeued, ctx.now)
+    ctx.order = ORDERINGS[ctx.policy.order](ctx.policy, ctx.queued_since, ctx.now)
+    if ctx.policy.head_of_line:
+        return _first_come_first_served(state, ctx.requeued, ctx.policy, ctx.waiting)
+    if ctx.full or since is None:
+        keys = [*state.queue(), *(state.queue_key(j) for j in ctx.requeued.values())]
+        return sorted_queue(ctx.policy, keys, _since_column(ctx, keys), ctx.now)
+    jobs = state.jobs
+    new = set(state.pending_log[since.pending_seq :])
+    ctx.reservations = dict(since.reservations)
+    ctx.starving = {pool: j for pool, j in since.starving if j in jobs and jobs[j].state in QUEUED}
+    # a job that joined and finished since may have left memory already (state.retention_s)
+    keys = [state.queue_key(job) for j in new if (job := jobs.get(j)) is not None and job.state in QUEUED]
+    return sorted_queue(ctx.policy, keys, _since_column(ctx, keys), ctx.now)
+
+
+def _queued_since(state: SchedulerState, requeued: dict[str, Job], now: float) -> Callable[[str], float]:
+    """When a job last joined the queue (a displaced one: now). Called for every queued job of a
+    full cycle by the sort, hence the plain closure."""
+    jobs = state.jobs
+    if not requeued:
+        return lambda jid: jobs[jid].queued_since
+    return lambda jid: now if jid in requeued else jobs[jid].queued_since
+
+
+def _since_column(ctx: CycleContext, keys: list[QueueKey]) -> list[float]:
+    """When each job last joined the queue, in the keys' order (C-level maps: a full cycle asks
+    for every queued job)."""
+    jobs = ctx.state.jobs
+    since = list(map(attrgetter("queued_since"), map(jobs.__getitem__, [k[3] for k in keys])))
+    if ctx.requeued:
+        since = [ctx.now if k[3] in ctx.requeued else t for k, t in zip(keys, since, strict=True)]
+    return since
+
+
+def _requeue_displaced(ctx: CycleContext) -> None:
+    """Jobs on failing hardware rejoin the queue; a job on degraded hardware (degraded.py) moves
+    only where it lands now, else stays, flagged."""
+    state = ctx.state
     for jid in sorted(state.displaced):
-        job = jobs[jid]
+        job = state.jobs[jid]
         if job.state != JobState.RUNNING:
             continue
         nodes = sorted({p.node for p in job.placements})
-        out, faults = _out_of_service(state, job)
-        work.release(job)
-        requeued[jid] = job
-        decisions.append(
-            Requeue(
-                jid,
-                f"a GPU or node it ran on went out of service ({'; '.join(out) or ', '.join(nodes)})",
-                nodes[0] if nodes else None,
-                job.generation,
-                faults,
-            )
-        )
+        out, faults = out_of_service(state, job)
+        if ctx.policy.move_only_where_it_lands and only_degraded(state, job):
+            _move_or_stay(ctx, job, out, faults)
+            continue
+        ctx.work.release(job)
+        ctx.requeued[jid] = job
+        why = f"a GPU or node it ran on went out of service ({'; '.join(out) or ', '.join(nodes)})"
+        ctx.decisions.append(Requeue(jid, why, nodes[0] if nodes else None, job.generation, faults))
 
-    # 2. heads, in queue order (multifactor priority with age; protected jobs first)
-    def queued_since(jid: str) -> float:
-        return now if jid in requeued else jobs[jid].queued_since
 
-    order = ORDERINGS[policy.order](policy, queued_since, now)
-    guard_at = since.guard_at if since is not None and not full else math.inf
-    keys: Iterable[tuple[int, float, float, str]]
-    reservations: dict[str, Reservation]
-    starving: dict[str, str]  # pool -> its first protected job waiting for capacity
-    if policy.head_of_line:
-        keys = _first_come_first_served(state, requeued, policy, waiting)
-        reservations = {}
-        starving = {}
-    elif full or since is None:
-        keys = sorted([*state.queue(), *(state.queue_key(j) for j in requeued.values())], key=order)
-        reservations = {}
-        starving = {}
-    else:
-        new = set(state.pending_log[since.pending_seq :])
-        keys = sorted((state.queue_key(jobs[j]) for j in new if jobs[j].state in QUEUED), key=order)
-        reservations = dict(since.reservations)
-        starving = {pool: j for pool, j in since.starving if j in jobs and jobs[j].state in QUEUED}
+def _move_or_stay(ctx: CycleContext, job: Job, out: list[str], faults: tuple[str, ...]) -> None:
+    """Off degraded hardware: a move (requeue and resume in this cycle, before the queue: the job did
+    not ask to wait) when a healthy place takes it now; else it stays where it is, flagged."""
+    work = ctx.work
+    mark = work.cap.mark()
+    work.release(job)
+    spot = placement.place(work, job) if quota.block(work, job) is None else None
+    if spot is None:
+        work.cap.rollback(mark)
+        work.count(job, +1)
+        work.gone.discard(job.id)
+        ctx.staying[job.id] = (stay_note(job, out), faults)
+        return
+    was = ", ".join(f"{p.node}[{','.join(map(str, p.gpu_indices))}]" for p in job.placements)
+    causes = "; ".join(out) or "degraded hardware"
+    node = min((p.node for p in job.placements), default=None)
+    ctx.decisions.append(Requeue(job.id, f"moved off degraded hardware ({causes})", node, job.generation, faults))
+    borrowed = quota.borrowed(work, job)
+    placements = work.admit(job, spot)
+    why = f"moved from {was} (degraded: {causes}) to {work.describe(spot)}"
+    ctx.decisions.append(Admit(job.id, job.spec.team, placements, borrowed, why, True, job.generation + 1, job.pool))
 
-    # 3-5. per job in order: nominate, preempt, admit (admissions change the scratch view at once)
-    failed: dict[tuple[object, ...], str] = {}  # shapes that found no room this cycle: same answer
-    considered = 0
-    searched: set[tuple[str, str, int]] = set()  # (pool, team, priority) heads that searched for victims
-    for key in keys:
-        jid = key[3]
-        job = jobs[jid]
-        considered += 1
-        spec = job.spec
-        protected_at = policy.protected_since(queued_since(jid))
-        if protected_at is not None and protected_at > now:
-            guard_at = min(guard_at, protected_at)
-        if job.pool != DEFAULT_POOL and job.pool not in state.pools:
-            waiting[jid] = f"pool {job.pool} is not defined (define it with `chamber quota pool set`)"
-            continue
-        if (hold := budget_held(state, job, now)) is not None:
-            waiting[jid] = hold
-            continue
-        shape = (
-            job.pool,
-            spec.team,
-            spec.priority,
-            spec.gpu_model,
-            spec.cluster,
-            spec.gpus_per_replica,
-            spec.replicas,
-            spec.preemptible,
-        )
-        if shape in failed:
-            waiting[jid] = failed[shape]
-            continue
-        refused = quota.critical_block(state, spec.team, job.pool, spec.priority) if policy.quotas else None
-        if refused is not None:
-            waiting[jid] = refused
-            continue
-        # 3. nominate: the pool's backfill reservation, the team's quota, then placement
-        res = reservations.get(job.pool)
-        # Critical work (rare, and a per-team permission) is never held back by a reservation.
-        exempt = spec.priority == PriorityClass.CRITICAL
-        behind, via_extra = (None, False) if exempt else backfill.check(res, job, key, now, order)
-        if behind is not None:
-            waiting[jid] = behind
-            continue
-        generation = job.generation + (1 if jid in requeued else 0)
-        resume = job.ran_before
-        block = quota.block(work, job)
-        protected = protected_at is not None and protected_at <= now
-        # The starvation guard's second half: while a protected job waits for capacity in its pool,
-        # jobs not yet protected do not take that pool's free GPUs (they may still preempt), so the
-        # GPUs that free up go to the protected jobs, and whole nodes can free for whole-node jobs
-        # (issue 19: low's tail on the ITP trace).
-        starved_by = None if protected or exempt else starving.get(job.pool)
-        spot = (
-            placement.place(work, job)
-            if block is None and starved_by is None and placement.could_fit(work, job)
-            else None
-        )
-        if spot is not None:
-            borrowed = quota.borrowed(work, job)
-            lent = quota.lent_to(work, job)
-            placements = work.admit(job, spot)
-            why = f"placed on {work.describe(spot)}"
-            if jid in work.link_notes:
-                why += f"; {work.link_notes[jid]}"
-            if borrowed:
-                why += f", borrowing {borrowed} idle GPUs of pool {job.pool}"
-            if lent:
-                why += (
-                    f" ({lent} on idle guarantees lent to non-preemptible work: returned by draining, not preemption)"
-                )
-            if res is not None and order(res.key) < order(key):
-                why += (
-                    f"; critical: started ahead of {res.job_id}, which has GPUs reserved"
-                    if exempt
-                    else f"; backfilled ahead of {res.job_id} without delaying it"
-                )
-                if via_extra:
-                    reservations[job.pool] = Reservation(
-                        res.job_id, res.key, res.gpus, res.shadow_at, res.extra_gpus - job.gpus
-                    )
-            decisions.append(Admit(jid, spec.team, placements, borrowed, why, resume, generation, job.pool))
-            continue
-        # 4. preempt: the first waiting job of each (pool, team, priority) may search for victims
-        head = (job.pool, spec.team, spec.priority.rank)
-        declined = None  # why it did not preempt the victims it found
-        if (
-            policy.preemption
-            and head not in searched
-            and len(searched) < policy.preemption_searches
-            and preemption.may_preempt(work, job)
-        ):
-            searched.add(head)
-            victims = preemption.select(work, job)
-            if victims and not exempt and policy.preemption_worth is not None:
-                declined = _not_worth(work, job, victims, policy.preemption_worth)
-                if declined is not None:
-                    victims = None
-            if victims:
-                kinds = sorted({r.value for _, r in victims})
-                for v, reason in victims:
-                    lost = lost_work_gpu_s(v, now)
-                    decisions.append(
-                        Preempt(
-                            v.id,
-                            v.spec.team,
-                            reason,
-                            jid,
-                            lost,
-                            f"preempted by {jid} ({reason.value}, {spec.priority.value} priority, team {spec.team})",
-                            v.generation,
-                        )
-                    )
-                    work.release(v)
-                spot = placement.place(work, job)
-                assert spot is not None, "select_victims promised a fit"
-                borrowed = quota.borrowed(work, job)
-                lent = quota.lent_to(work, job)
-                placements = work.admit(job, spot)
-                names = ", ".join(v.id for v, _ in victims)
-                why = f"placed on {work.describe(spot)} after preempting {names} ({', '.join(kinds)})"
-                if jid in work.link_notes:
-                    why += f"; {work.link_notes[jid]}"
-                if lent:
-                    why += f"; {lent} GPUs on idle guarantees lent to non-preemptible work (returned by draining)"
-                decisions.append(Admit(jid, spec.team, placements, borrowed, why, resume, generation, job.pool))
-                failed.clear()  # freed capacity may fit shapes that failed before
-                continue
-        # 5. wait: record why; the first job of a pool blocked for capacity reserves (EASY backfill)
-        if starved_by is not None:
-            waiting[jid] = (
-                f"held back: {starved_by} is protected by the starvation guard and waits for capacity in pool "
-                f"{job.pool}; until it starts, jobs not yet protected start there only by preemption"
-            )
-            continue
-        guard = ""
-        if protected:
-            guard = (
-                f"protected by the starvation guard since t={protected_at:.0f} "
-                f"(queued since t={queued_since(jid):.0f}); "
-            )
-        classes = work.classes(job)
-        # A lender's job waiting within its guarantee for lent GPUs to drain reserves them (so later
-        # arrivals cannot take what drains). Other quota waits do not reserve: measured on the ITP
-        # trace with classes, protected jobs reserving GPUs other teams hold raised high's p99 wait
-        # from about 3 h to 49 h (README, issue 19).
-        may_reserve = block is None or (quota.waits_for_drain(block) and quota.within_guarantee(work, job))
-        if block is not None and not may_reserve:
-            why = guard + block
-        else:
-            model = f" of model {spec.gpu_model}" if spec.gpu_model else ""
-            why = guard + (
-                block
-                or f"waiting for capacity: needs {spec.replicas}x{spec.gpus_per_replica} GPUs{model} "
-                f"in pool {job.pool}; {work.cap.free_in(classes)} free, "
-                f"at most {work.cap.max_free(classes)} on one node"
-            )
-            if spec.gpus_per_replica > work.cap.max_gpus:
-                why += f"; no node has {spec.gpus_per_replica} GPUs (the largest has {work.cap.max_gpus})"
-            fits_ever = spec.gpus_per_replica <= work.cap.max_gpus and job.gpus <= sum(
-                work.cap.class_total[c] for c in classes
-            )
-            if protected and block is None and fits_ever and policy.guard_holds_free_gpus and not policy.head_of_line:
-                starving.setdefault(job.pool, jid)
-            if (
-                policy.backfill and fits_ever and (res is None or order(key) < order(res.key))
-            ):  # never reserve for what cannot fit
-                new_res = backfill.reservation(work, job, key)
-                if new_res is not None:
-                    reservations[job.pool] = new_res
-                    why += f"; GPUs reserved for it from about t={new_res.shadow_at:.0f}"
-                    waiting[jid] = why
-                    continue
-        if declined is not None:
-            why += f"; {declined}"
-        failed[shape] = why[len(guard) :]  # the same answer for the same shape, not the same guard
-        waiting[jid] = why
 
-    mark = CycleMark(
-        state.capacity_epoch,
-        len(state.pending_log),
-        tuple(sorted(reservations.items())),
-        guard_at,
-        tuple(sorted(starving.items())),
+# -- 2. nominate ------------------------------------------------------------------------------
+def phase2_nominate(ctx: CycleContext, key: QueueKey) -> Candidate | Wait:
+    """The checks before placement: pool, budget, the answer for its shape so far this cycle,
+    critical permission, the pool's backfill reservation, then the team's quota."""
+    state, work, now, policy = ctx.state, ctx.work, ctx.now, ctx.policy
+    job = state.jobs[key[3]]
+    spec = job.spec
+    # policy.protected_since, inlined: this runs for every queued job
+    since = now if job.id in ctx.requeued else job.queued_since
+    protected_at = None if ctx.bound is None else since + ctx.bound
+    if protected_at is not None and protected_at > now and protected_at < ctx.guard_at:
+        ctx.guard_at = protected_at
+    # key[0] is the priority's rank (cheaper to hash than the enum)
+    shape = (
+        job.pool,
+        spec.team,
+        key[0],
+        spec.gpu_model,
+        spec.cluster,
+        spec.gpus_per_replica,
+        spec.replicas,
+        spec.preemptible,
     )
-    return Cycle(decisions, waiting, mark, full, considered, reservations)
+    # First, as most jobs of a long queue end here: a job of the same shape already found no room
+    # this cycle (it passed the pool and budget checks, which depend only on the shape's pool and team).
+    if (same := ctx.failed.get(shape)) is not None:
+        return same
+    if job.pool != DEFAULT_POOL and job.pool not in state.pools:
+        return Wait(WaitKind.POOL, f"pool {job.pool} is not defined (define it with `chamber quota pool set`)")
+    if state.budgets and (hold := budget_held(state, job, now)) is not None:
+        return Wait(WaitKind.BUDGET, hold)
+    if policy.quotas and (refused := quota.critical_block(state, spec.team, job.pool, spec.priority)) is not None:
+        return Wait(WaitKind.CRITICAL, refused)
+    res = ctx.reservations.get(job.pool)
+    # Critical work (rare, and a per-team permission) is never held back by a reservation.
+    exempt = spec.priority == PriorityClass.CRITICAL
+    behind, via_extra = (None, False) if exempt else backfill.check(res, job, key, now, ctx.order)
+    if behind is not None:
+        return Wait(WaitKind.BACKFILL, behind)
+    protected = protected_at is not None and protected_at <= now
+    # The starvation guard's second half: while a protected job waits for capacity in its pool,
+    # jobs not yet protected do not take that pool's free GPUs (they may still preempt), so the
+    # GPUs that free up go to the protected jobs, and whole nodes can free for whole-node jobs
+    # (issue 19: low's tail on the ITP trace).
+    starved_by = None if protected or exempt else ctx.starving.get(job.pool)
+    block = quota.block(work, job)
+    return Candidate(job, key, shape, res, exempt, via_extra, block, protected_at, starved_by)
+
+
+# -- 3. admit ---------------------------------------------------------------------------------
+def phase3_admit(ctx: CycleContext, c: Candidate) -> bool:
+    """Place the job on free GPUs, else on what the victims it may preempt would free. Admitted
+    (and any victims preempted) on the scratch view at once, so later jobs see it."""
+    work, job = ctx.work, c.job
+    if c.block is None and c.starved_by is None and placement.could_fit(work, job):
+        spot = placement.place(work, job)
+        if spot is not None:
+            _admit(ctx, c, spot, _placed_why(ctx, c, spot))
+            return True
+    victims = _victims(ctx, c)
+    if not victims:
+        return False
+    names = ", ".join(v.id for v, _ in victims)
+    kinds = ", ".join(sorted({r.value for _, r in victims}))
+    for v, reason in victims:
+        detail = f"preempted by {job.id} ({reason.value}, {job.spec.priority.value} priority, team {job.spec.team})"
+        ctx.decisions.append(
+            Preempt(v.id, v.spec.team, reason, job.id, lost_work_gpu_s(v, ctx.now), detail, v.generation)
+        )
+        work.release(v)
+    spot = placement.place(work, job)
+    assert spot is not None, "select_victims promised a fit"
+    why = f"placed on {work.describe(spot)} after preempting {names} ({kinds})"
+    if job.id in work.link_notes:
+        why += f"; {work.link_notes[job.id]}"
+    if lent := quota.lent_to(work, job):
+        why += f"; {lent} GPUs on idle guarantees lent to non-preemptible work (returned by draining)"
+    _admit(ctx, c, spot, why)
+    ctx.failed.clear()  # freed capacity may fit shapes that failed before
+    return True
+
+
+def _admit(ctx: CycleContext, c: Candidate, spot: Spot, why: str) -> None:
+    job, work = c.job, ctx.work
+    borrowed = quota.borrowed(work, job)  # before the admission counts the job
+    placements = work.admit(job, spot)
+    generation = job.generation + (1 if job.id in ctx.requeued else 0)
+    ctx.decisions.append(Admit(job.id, job.spec.team, placements, borrowed, why, job.ran_before, generation, job.pool))
+
+
+def _placed_why(ctx: CycleContext, c: Candidate, spot: Spot) -> str:
+    """The reason an admission on free GPUs gives (measured before the admission counts the job)."""
+    work, job, res = ctx.work, c.job, c.res
+    why = f"placed on {work.describe(spot)}"
+    if job.id in work.link_notes:
+        why += f"; {work.link_notes[job.id]}"
+    if borrowed := quota.borrowed(work, job):
+        why += f", borrowing {borrowed} idle GPUs of pool {job.pool}"
+    if lent := quota.lent_to(work, job):
+        why += f" ({lent} on idle guarantees lent to non-preemptible work: returned by draining, not preemption)"
+    if res is not None and ctx.order(res.key) < ctx.order(c.key):
+        why += (
+            f"; critical: started ahead of {res.job_id}, which has GPUs reserved"
+            if c.exempt
+            else f"; backfilled ahead of {res.job_id} without delaying it"
+        )
+        if c.via_extra:
+            left = res.extra_gpus - job.gpus
+            ctx.reservations[job.pool] = Reservation(res.job_id, res.key, res.gpus, res.shadow_at, left)
+    return why
+
+
+def _victims(ctx: CycleContext, c: Candidate) -> Victims | None:
+    """The first waiting job of each (pool, team, priority) may search for victims; the search's
+    answer stands unless preempting them is not worth the wait it saves (`c.declined` says so)."""
+    work, job, policy = ctx.work, c.job, ctx.policy
+    head = (job.pool, job.spec.team, job.spec.priority.rank)
+    if (
+        not policy.preemption
+        or head in ctx.searched
+        or len(ctx.searched) >= policy.preemption_searches
+        or not preemption.may_preempt(work, job)
+    ):
+        return None
+    ctx.searched.add(head)
+    victims = preemption.select(work, job)
+    if victims and not c.exempt and policy.preemption_worth is not None:
+        c.declined = _not_worth(work, job, victims, policy.preemption_worth)
+        if c.declined is not None:
+            return None
+    return victims
+
+
+# -- 4. requeue -------------------------------------------------------------------------------
+def phase4_requeue(ctx: CycleContext, c: Candidate) -> None:
+    """The job stays queued: record why. The first job of a pool blocked for capacity reserves
+    (EASY backfill); otherwise the answer serves every later job of the same shape this cycle."""
+    job = c.job
+    if c.starved_by is not None:
+        ctx.wait(
+            job.id,
+            Wait(
+                WaitKind.HELD_BACK,
+                f"held back: {c.starved_by} is protected by the starvation guard and waits for capacity in pool "
+                f"{job.pool}; until it starts, jobs not yet protected start there only by preemption",
+            ),
+        )
+        return
+    guard = _guard_text(ctx, c)
+    # A lender's job waiting within its guarantee for lent GPUs to drain reserves them (so later
+    # arrivals cannot take what drains). Other quota waits do not reserve: measured on the ITP
+    # trace with classes, protected jobs reserving GPUs other teams hold raised high's p99 wait
+    # from about 3 h to 49 h (README, issue 19).
+    block = c.block
+    may_reserve = block is None or (block.kind == WaitKind.DRAIN and quota.within_guarantee(ctx.work, job))
+    wait = block if block is not None and not may_reserve else _capacity_wait(ctx, c, guard)
+    if wait is None:
+        return  # it reserved (and said so)
+    if c.declined is not None:
+        wait = Wait(wait.kind, f"{wait.text}; {c.declined}")
+    ctx.failed[c.shape] = wait  # the same answer for the same shape, not the same guard
+    ctx.wait(job.id, wait.prefixed(guard))
+
+
+def _guard_text(ctx: CycleContext, c: Candidate) -> str:
+    """What a protected job's wait starts with ("" for one not protected)."""
+    if c.protected_at is None or c.protected_at > ctx.now:
+        return ""
+    return (
+        f"protected by the starvation guard since t={c.protected_at:.0f} "
+        f"(queued since t={ctx.queued_since(c.job.id):.0f}); "
+    )
+
+
+def _capacity_wait(ctx: CycleContext, c: Candidate, guard: str) -> Wait | None:
+    """What the job waits for (capacity, or a drain it may reserve for), with what is free where;
+    None when it took its pool's reservation (its wait is recorded then, not shared by its shape)."""
+    work, job, spec = ctx.work, c.job, c.job.spec
+    classes = work.classes(job)
+    model = f" of model {spec.gpu_model}" if spec.gpu_model else ""
+    why = (
+        c.block.text
+        if c.block is not None
+        else f"waiting for capacity: needs {spec.replicas}x{spec.gpus_per_replica} GPUs{model} "
+        f"in pool {job.pool}; {work.cap.free_in(classes)} free, at most {work.cap.max_free(classes)} on one node"
+    )
+    if spec.gpus_per_replica > work.cap.max_gpus:
+        why += f"; no node has {spec.gpus_per_replica} GPUs (the largest has {work.cap.max_gpus})"
+    fits_ever = spec.gpus_per_replica <= work.cap.max_gpus and job.gpus <= sum(work.cap.class_total[k] for k in classes)
+    policy = ctx.policy
+    if guard and c.block is None and fits_ever and policy.guard_holds_free_gpus and not policy.head_of_line:
+        ctx.starving.setdefault(job.pool, job.id)
+    kind = c.block.kind if c.block is not None else WaitKind.CAPACITY
+    res = c.res
+    if policy.backfill and fits_ever and (res is None or ctx.order(c.key) < ctx.order(res.key)):
+        new_res = backfill.reservation(work, job, c.key)  # never reserved for what cannot fit
+        if new_res is not None:
+            ctx.reservations[job.pool] = new_res
+            why += f"; GPUs reserved for it from about t={new_res.shadow_at:.0f}"
+            ctx.waiting[job.id] = guard + why
+            return None
+    return Wait(kind, why)
 
 
 def _not_worth(work: Work, job: Job, victims: list[tuple[Job, PreemptionReason]], worth: float) -> str | None:
@@ -346,23 +482,3 @@ def select_victims(state: SchedulerState, job_id: str, now: float) -> list[tuple
     finally:
         state.capacity.end()
     return None if found is None else [(v.id, r) for v, r in found]
-
-
-def _out_of_service(state: SchedulerState, job: Job) -> tuple[list[str], tuple[str, ...]]:
-    """What took the job's nodes or GPUs out of service ("node: reason"), and the fault ids behind it."""
-    why: list[str] = []
-    faults: list[str] = []
-    for p in sorted(job.placements, key=lambda p: (p.cluster, p.node)):
-        node = state.nodes.get((p.cluster, p.node))
-        if node is None:
-            continue
-        if node.isolated or node.lost:
-            if node.out_reason:
-                why.append(f"{node.name}: {node.out_reason}")
-            faults.extend(node.out_faults)
-            continue
-        for i in sorted(set(p.gpu_indices) & set(node.gpu_out)):
-            reason, ids = node.gpu_out[i]
-            why.append(f"{node.name} GPU {i}: {reason}")
-            faults.extend(ids)
-    return why, tuple(dict.fromkeys(faults))

@@ -75,6 +75,9 @@ class CycleMark:
     # pool -> the first protected job waiting there for capacity: jobs not yet protected start in that
     # pool only by preemption (kept for incremental cycles, which do not look at old jobs)
     starving: tuple[tuple[str, str], ...] = ()
+    # running jobs left on degraded hardware (no healthy place then), with the faults behind it: the
+    # next cycle need not be full for them unless capacity frees or their hardware's state changes
+    staying: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
 @dataclass
@@ -85,6 +88,7 @@ class Cycle:
     full: bool
     considered: int = 0
     reservations: dict[str, Reservation] = field(default_factory=dict)
+    staying: dict[str, str] = field(default_factory=dict)  # job id -> why it keeps running on degraded hardware
 
 
 def events_for(decisions: list[Decision], now: float) -> list[tuple[Event, str]]:

@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from events import Event, JobCancelled, JobCompleted, JobFailed, JobSubmitted
 from services.scheduler.core.budget import note as budget_note
-from services.scheduler.core.policy import CHAMBER, ORDERINGS, Policy, QueueKey, by_multifactor_priority
+from services.scheduler.core.degraded import only_degraded, out_of_service, stay_note
+from services.scheduler.core.policy import CHAMBER, ORDERINGS, Policy, QueueKey, by_multifactor_priority, sorted_queue
 from services.scheduler.core.state import FINISHED, QUEUED, Job, JobState, SchedulerState
 
 
@@ -27,8 +29,8 @@ def queue_order(state: SchedulerState, now: float, policy: Policy = CHAMBER) -> 
     """The queued jobs in the order the next cycle at `now` takes them: the policy's own ordering
     (ORDERINGS, the key the cycle sorts by: protected jobs first, then multifactor priority with
     age). The one definition behind `chamber queue` and `chamber explain`."""
-    jobs = state.jobs
-    return sorted(state.queue(), key=ORDERINGS[policy.order](policy, lambda jid: jobs[jid].queued_since, now))
+    keys = state.queue()
+    return sorted_queue(policy, keys, [state.jobs[k[3]].queued_since for k in keys], now)
 
 
 def _queued_facts(policy: Policy, key: QueueKey, position: int, since: float, now: float) -> dict[str, Any]:
@@ -115,35 +117,9 @@ def explain(
     head = f"job {job.id} ({spec.name or 'unnamed'}, team {spec.team}, {spec.priority.value} priority, {ask}"
     head += f", pool {job.pool})"
     if job.state == JobState.RUNNING:
-        where = ", ".join(f"{p.node}[{','.join(map(str, p.gpu_indices))}]" for p in job.placements)
-        text = f"{head} is running on {where}: {job.reason}"
-        if job.borrowed_gpus and not spec.preemptible:  # issue 19: lent to it, returned by draining
-            text += (
-                f" ({job.borrowed_gpus} GPUs borrowed: runs on lent capacity, given back when it ends, never preempted)"
-            )
-        elif job.borrowed_gpus:
-            text += f" ({job.borrowed_gpus} GPUs borrowed: may be reclaimed by their owner)"
+        text = _running_text(state, job, head)
     elif job.state in QUEUED:
-        # the order the next cycle uses (age and the starvation guard included); without a time, the
-        # static part of it (class, fair share, submit time)
-        queue = state.queue() if now is None else queue_order(state, now, policy)
-        position = next((i for i, k in enumerate(queue) if k[3] == job.id), None)
-        pos = f"position {position + 1} of {len(queue)} in the queue" if position is not None else "queued"
-        why = waiting.get(job.id) or job.reason
-        if guard is not None and now is not None:
-            if guard["protected"] and "starvation guard" not in why:
-                why = (
-                    f"protected by the starvation guard since t={protected_at:.0f} (queued since "
-                    f"t={job.queued_since:.0f}): later jobs may not delay it; {why}"
-                )
-            elif not guard["protected"]:
-                why += f" (the starvation guard protects it from t={protected_at:.0f} if it still waits)"
-        if job.state == JobState.SUSPENDED:
-            text = (
-                f"{head} is suspended: {job.reason}; it resumes automatically when capacity frees ({pos}; now: {why})"
-            )
-        else:
-            text = f"{head} is pending ({pos}): {why}"
+        text = _queued_text(state, job, head, waiting, guard, now, policy)
     else:
         text = f"{head} is {job.state.value}: {job.reason}"
     if job.note:
@@ -161,3 +137,80 @@ def explain(
         "preemptions": job.preemptions,
         "starvation_guard": guard,
     }
+
+
+def _running_text(state: SchedulerState, job: Job, head: str) -> str:
+    where = ", ".join(f"{p.node}[{','.join(map(str, p.gpu_indices))}]" for p in job.placements)
+    text = f"{head} is running on {where}: {job.reason}"
+    if job.id in state.displaced and only_degraded(state, job):  # the cycle leaves it there (cycle.py)
+        text += f"; {stay_note(job, out_of_service(state, job)[0], at_least=True)}"
+    if job.borrowed_gpus and not job.spec.preemptible:  # issue 19: lent to it, returned by draining
+        text += f" ({job.borrowed_gpus} GPUs borrowed: runs on lent capacity, given back when it ends, never preempted)"
+    elif job.borrowed_gpus:
+        text += f" ({job.borrowed_gpus} GPUs borrowed: may be reclaimed by their owner)"
+    return text
+
+
+def _queued_text(
+    state: SchedulerState,
+    job: Job,
+    head: str,
+    waiting: Mapping[str, str],
+    guard: dict[str, Any] | None,
+    now: float | None,
+    policy: Policy,
+) -> str:
+    # the order the next cycle uses (age and the starvation guard included); without a time, the
+    # static part of it (class, fair share, submit time)
+    queue = state.queue() if now is None else queue_order(state, now, policy)
+    position = next((i for i, k in enumerate(queue) if k[3] == job.id), None)
+    pos = f"position {position + 1} of {len(queue)} in the queue" if position is not None else "queued"
+    why = waiting.get(job.id) or job.reason
+    if guard is not None and now is not None:
+        protected_at = guard["protected_since"]
+        if guard["protected"] and "starvation guard" not in why:
+            why = (
+                f"protected by the starvation guard since t={protected_at:.0f} (queued since "
+                f"t={job.queued_since:.0f}): later jobs may not delay it; {why}"
+            )
+        elif not guard["protected"]:
+            why += f" (the starvation guard protects it from t={protected_at:.0f} if it still waits)"
+    if job.state == JobState.SUSPENDED:
+        return f"{head} is suspended: {job.reason}; it resumes automatically when capacity frees ({pos}; now: {why})"
+    return f"{head} is pending ({pos}): {why}"
+
+
+def explain_finished(job_id: str, submitted: Event, ended: Event) -> dict[str, Any]:
+    """`chamber explain` of a finished job that has left the scheduler's memory, from its first event
+    (the submit) and its last one on the log."""
+    head = f"job {job_id}"
+    if isinstance(submitted, JobSubmitted):
+        spec = submitted.spec
+        ask = f"{spec.replicas}x{spec.gpus_per_replica} GPUs" + (f" of {spec.gpu_model}" if spec.gpu_model else "")
+        head += f" ({spec.name or 'unnamed'}, team {spec.team}, {spec.priority.value} priority, {ask})"
+    state, why = _ending(ended)
+    text = f"{head} is {state}: {why} (from the log: finished jobs leave the scheduler's memory as they finish)"
+    return {
+        "id": job_id,
+        "state": state,
+        "text": text,
+        "reason": why,
+        "placement": {},
+        "preempted_by": None,
+        "preempt_reason": None,
+        "preemptions": None,
+        "starvation_guard": None,
+    }
+
+
+def _ending(ended: Event) -> tuple[str, str]:
+    at = getattr(ended, "at", None)
+    when = f" at t={at:.0f}" if isinstance(at, float | int) else ""
+    if isinstance(ended, JobCompleted):
+        return JobState.COMPLETED.value, f"completed{when}"
+    if isinstance(ended, JobFailed):
+        return JobState.FAILED.value, f"failed{when}: {ended.reason}"
+    if isinstance(ended, JobCancelled):
+        by = f" by {ended.by}" if ended.by else ""
+        return JobState.CANCELLED.value, f"cancelled{by}{when}" + (f": {ended.reason}" if ended.reason else "")
+    return "unknown", f"its last event is {type(ended).__name__}{when}"

@@ -33,6 +33,9 @@ NIC_FAULTS = frozenset({FaultKind.NIC_DOWN, FaultKind.NIC_FLAP, FaultKind.NIC_DO
 LINK_FAULTS = NIC_FAULTS | {FaultKind.XGMI}
 
 NodeKey = tuple[str, str]  # (cluster, node)
+# Faults that slow a job without stopping it (degraded.py: a job on them moves only where it lands)
+DEGRADING = frozenset({FaultKind.STRAGGLER, FaultKind.NIC_FLAP, FaultKind.NIC_DOWNSHIFT, FaultKind.NIC_ERRORS})
+KINDS_KEPT = 20_000  # degrading fault ids remembered (the newest); an isolation outlives none in practice
 
 
 @dataclass
@@ -43,6 +46,7 @@ class LinkHealth:
     nodes: dict[NodeKey, dict[str, tuple[str, float]]] = field(default_factory=dict)
     leaves: dict[str, dict[str, tuple[str, float]]] = field(default_factory=dict)
     episodes: dict[tuple[str, int], tuple[NodeKey | str, str]] = field(default_factory=dict)
+    degrading: dict[str, float] = field(default_factory=dict)  # fault id -> observed at (DEGRADING kinds)
 
     @property
     def empty(self) -> bool:
@@ -88,6 +92,16 @@ def fold_fault(links: LinkHealth, e: GpuFaultDetected) -> None:
         flags[source] = (f"{e.kind.value}{rail}" + (f": {e.detail}" if e.detail else ""), e.observed_at)
     for s in [s for s, (_, at) in flags.items() if s.startswith("fault ") and at < e.observed_at - KEEP_S]:
         del flags[s]
+
+
+def fold_kind(links: LinkHealth, e: GpuFaultDetected) -> None:
+    """Remember a degrading fault's id (and when it was observed), bounded to the newest KINDS_KEPT."""
+    if e.kind not in DEGRADING:
+        return
+    links.degrading[e.fault_id] = max(e.observed_at, links.degrading.get(e.fault_id, e.observed_at))
+    if len(links.degrading) > 2 * KINDS_KEPT:
+        newest = sorted(links.degrading.items(), key=lambda item: (item[1], item[0]))[-KINDS_KEPT:]
+        links.degrading = dict(newest)
 
 
 def _current(flags: dict[str, tuple[str, float]], now: float, fault_memory_s: float) -> str | None:

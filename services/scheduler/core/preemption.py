@@ -86,7 +86,7 @@ def may_preempt(work: Work, job: Job) -> bool:
     for (p, t, r), gpus in work.preemptible.items():
         if p != pool or gpus <= 0:
             continue
-        if eligible(team, rank, t, r, reclaim=reclaim, victim_borrowing=work.borrowing(p, t), urgent=urgent):
+        if eligible(team, rank, t, r, reclaim=reclaim, victim_borrowing=quota.borrowing(work, p, t), urgent=urgent):
             return True
     return False
 
@@ -108,7 +108,7 @@ def select(work: Work, job: Job) -> Victims | None:
         if (
             p == pool
             and gpus > 0
-            and eligible(team, rank, t, r, reclaim=reclaim, victim_borrowing=work.borrowing(p, t), urgent=urgent)
+            and eligible(team, rank, t, r, reclaim=reclaim, victim_borrowing=quota.borrowing(work, p, t), urgent=urgent)
             is not None
         ):
             usage[(p, t)] = usage.get((p, t), 0) - gpus
@@ -145,7 +145,7 @@ def _in_order(work: Work, pool: str, team: str, rank: int, reclaim: bool, urgent
     for p, t in s.running:
         if p != pool:
             continue
-        borrowing = work.borrowing(p, t, s.usage)
+        borrowing = quota.borrowing(work, p, t, s.usage)
         for r in RANKS:
             if eligible(team, rank, t, r, reclaim=reclaim, victim_borrowing=borrowing, urgent=urgent):
                 by_class.setdefault((0 if borrowing else 1, -r), []).append((t, r))
@@ -158,9 +158,29 @@ def _in_order(work: Work, pool: str, team: str, rank: int, reclaim: bool, urgent
             yield from heapq.merge(*lists, key=lambda v: (lost[v.id], v.id))
 
 
-def _group(work: Work, pool: str, team: str, rank: int) -> list[Job]:
+class Walk:
+    """Running jobs in (victim cost, id) order, ordered only as far as the walks have read: a heap
+    (built in linear time) popped into `done` on demand. A search usually stops after a few jobs of
+    its first group, so most of a large group is never sorted."""
+
+    def __init__(self, items: list[tuple[float, str, Job]]) -> None:
+        heapq.heapify(items)
+        self.heap = items
+        self.done: list[Job] = []
+
+    def __iter__(self) -> Iterator[Job]:
+        done, heap = self.done, self.heap
+        i = 0
+        while i < len(done) or heap:
+            if i == len(done):
+                done.append(heapq.heappop(heap)[2])
+            yield done[i]
+            i += 1
+
+
+def _group(work: Work, pool: str, team: str, rank: int) -> Walk:
     """Running preemptible jobs of one team and priority, least `victim_cost` first. A team's jobs
-    are split by priority once per cycle; a group is sorted when a walk first reaches it."""
+    are split by priority once per cycle; a group's costs are computed when a walk first reaches it."""
     key = (pool, team)
     groups = work.groups.get(key)
     if groups is None:
@@ -170,14 +190,15 @@ def _group(work: Work, pool: str, team: str, rank: int) -> list[Job]:
             v = jobs[jid]
             if v.spec.preemptible:
                 groups[v.spec.priority.rank].append(v)
-    group = groups[rank]
-    if (pool, team, rank) not in work.sorted:
+    walk = work.walks.get((pool, team, rank))
+    if walk is None:
         now, lost = work.now, work.lost
-        for v in group:
-            lost[v.id] = victim_cost(v, now)
-        group.sort(key=lambda v: (lost[v.id], v.id))
-        work.sorted.add((pool, team, rank))
-    return group
+        items = []
+        for v in groups[rank]:
+            cost = lost[v.id] = lost_work_gpu_s(v, now) * (1 + v.preemptions)  # victim_cost, inlined
+            items.append((cost, v.id, v))
+        walk = work.walks[(pool, team, rank)] = Walk(items)
+    return walk
 
 
 def _reason(work: Work, job: Job, victim: Job, usage: Usage, reclaim: bool) -> PreemptionReason | None:
@@ -190,7 +211,7 @@ def _reason(work: Work, job: Job, victim: Job, usage: Usage, reclaim: bool) -> P
         vt,
         victim.spec.priority.rank,
         reclaim=reclaim,
-        victim_borrowing=work.borrowing(job.pool, vt, usage),
+        victim_borrowing=quota.borrowing(work, job.pool, vt, usage),
         urgent=not job.spec.preemptible,
     )
 

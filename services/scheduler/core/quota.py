@@ -31,17 +31,39 @@ rises back to its guarantee).
 from __future__ import annotations
 
 from events import PriorityClass
-from services.scheduler.core.policy import RANKS
+from services.scheduler.core.policy import LOWEST_RANK, RANKS
 from services.scheduler.core.state import Job, SchedulerState
+from services.scheduler.core.waits import Wait, WaitKind
 from services.scheduler.core.work import Usage, Work
 
 
-def block(work: Work, job: Job, usage: Usage | None = None) -> str | None:
+# -- a team's standing in a pool (the cycle's scratch view) ---------------------------------------
+def guarantee(work: Work, pool: str, team: str) -> int:
+    return work.guarantee(pool, team)
+
+
+def borrowing(work: Work, pool: str, team: str, usage: Usage | None = None) -> bool:
+    """Whether the team holds more than its guarantee in the pool (by `usage`, else the scratch view)."""
+    return work.borrowing(pool, team, usage)
+
+
+def smallest_waiting(work: Work, pool: str, team: str, rank: int = LOWEST_RANK) -> int | None:
+    """GPUs of the team's smallest queued job in the pool at priority `rank` or more urgent, or None."""
+    return work.smallest_waiting(pool, team, rank)
+
+
+def lends_to_nonpreemptible(work: Work, pool: str, team: str, rank: int = LOWEST_RANK) -> int:
+    """Guaranteed GPUs of `team` that other teams' non-preemptible work at priority `rank` may use now
+    (`Work.lends_to_nonpreemptible`)."""
+    return work.lends_to_nonpreemptible(pool, team, rank)
+
+
+def block(work: Work, job: Job, usage: Usage | None = None) -> Wait | None:
     """Why the team's quota does not allow this job now, or None if it does."""
     return limits_block(work, job, usage) or room_block(work, job, usage)
 
 
-def limits_block(work: Work, job: Job, usage: Usage | None = None) -> str | None:
+def limits_block(work: Work, job: Job, usage: Usage | None = None) -> Wait | None:
     """The team's own limits: guarantee (static quota, non-preemptible work) and borrow limit."""
     if not work.policy.quotas:
         return None
@@ -52,20 +74,21 @@ def limits_block(work: Work, job: Job, usage: Usage | None = None) -> str | None
     g = q.guaranteed if q else 0
     u = usage.get((pool, team), 0)
     if not work.policy.borrowing and u + n > g:
-        return f"static quota: team {team} would hold {u + n} GPUs in pool {pool}, above its guarantee {g}"
+        return Wait(
+            WaitKind.QUOTA, f"static quota: team {team} would hold {u + n} GPUs in pool {pool}, above its guarantee {g}"
+        )
     if q is not None and q.borrow_limit is not None and u + n > g + q.borrow_limit:
-        return (
+        return Wait(
+            WaitKind.QUOTA,
             f"quota: team {team} would hold {u + n} GPUs in pool {pool}, above its guarantee {g}"
-            f" + borrow limit {q.borrow_limit}"
+            f" + borrow limit {q.borrow_limit}",
         )
     if not job.spec.preemptible:
-        why = nonpreemptible_block(work, job)
-        if why is not None:
-            return why
+        return nonpreemptible_block(work, job)
     return None
 
 
-def room_block(work: Work, job: Job, usage: Usage | None = None) -> str | None:
+def room_block(work: Work, job: Job, usage: Usage | None = None) -> Wait | None:
     """The pool's room: what other teams hold or keep back (their unlendable guarantee). Held GPUs
     free as work ends, so for the starvation guard this is a wait for capacity (it may reserve)."""
     if not work.policy.quotas:
@@ -82,16 +105,19 @@ def room_block(work: Work, job: Job, usage: Usage | None = None) -> str | None:
             held += max(usage.get((pool, other), 0), oq.locked if oq else 0)
     room = work.pool_capacity(pool) - held - u
     if held and n > room:  # with nothing held by others, placement itself says what is missing
-        lent = _lent_out(work, pool, team) if u + n <= work.guarantee(pool, team) else 0
+        lent = _lent_out(work, pool, team) if u + n <= guarantee(work, pool, team) else 0
         if lent:
             holders = sorted(t for t in teams if t != team and nonpreemptible(work, pool, t) > work.guarantee(pool, t))
-            return (
+            return Wait(
+                WaitKind.DRAIN,
                 f"{DRAIN}: {lent} GPUs of pool {pool} are held by non-preemptible work of {', '.join(holders)} on "
-                f"idle guarantees lent to it (team {team}'s included), returned as it ends (never preempted); needs {n}"
+                f"idle guarantees lent to it (team {team}'s included), returned as it ends (never preempted); "
+                f"needs {n}",
             )
-        return (
+        return Wait(
+            WaitKind.ROOM,
             f"quota: pool {pool} has {max(room, 0)} GPUs team {team} may use now "
-            f"(others hold or keep back {held}); needs {n}"
+            f"(others hold or keep back {held}); needs {n}",
         )
     return None
 
@@ -99,19 +125,14 @@ def room_block(work: Work, job: Job, usage: Usage | None = None) -> str | None:
 DRAIN = "quota: waits for a drain"  # GPUs lent to others' non-preemptible work, freed as that work ends
 
 
-def waits_for_drain(why: str) -> bool:
-    """The quota wait is for lent GPUs to come back (running work ending resolves it)."""
-    return why.startswith(DRAIN)
-
-
 def within_guarantee(work: Work, job: Job) -> bool:
     """The job's team would stay within its guarantee with it."""
-    return work.usage.get((job.pool, job.spec.team), 0) + job.gpus <= work.guarantee(job.pool, job.spec.team)
+    return work.usage.get((job.pool, job.spec.team), 0) + job.gpus <= guarantee(work, job.pool, job.spec.team)
 
 
 def borrowed(work: Work, job: Job) -> int:
     """GPUs beyond the team's guarantee that admitting the job now would add."""
-    g = work.guarantee(job.pool, job.spec.team)
+    g = guarantee(work, job.pool, job.spec.team)
     u = work.usage.get((job.pool, job.spec.team), 0)
     return max(0, u + job.gpus - g) - max(0, u - g)
 
@@ -141,11 +162,11 @@ def nonpreemptible(work: Work, pool: str, team: str) -> int:
 def promised(work: Work, pool: str, team: str, lending: bool = True, rank: int = RANKS[-1]) -> int:
     """What the rule keeps for `team` in the pool: max(guarantee - what it lends to non-preemptible
     work now, its non-preemptible GPUs); with `lending` False, its whole guarantee."""
-    lent = work.lends_to_nonpreemptible(pool, team, rank) if lending else 0
-    return max(work.guarantee(pool, team) - lent, nonpreemptible(work, pool, team))
+    lent = lends_to_nonpreemptible(work, pool, team, rank) if lending else 0
+    return max(guarantee(work, pool, team) - lent, nonpreemptible(work, pool, team))
 
 
-def nonpreemptible_block(work: Work, job: Job) -> str | None:
+def nonpreemptible_block(work: Work, job: Job) -> Wait | None:
     """Why a non-preemptible job may not start now (see the module's rule), or None."""
     s, pool, team, n = work.s, job.pool, job.spec.team, job.gpus
     mine = nonpreemptible(work, pool, team) + n
@@ -165,9 +186,10 @@ def nonpreemptible_block(work: Work, job: Job) -> str | None:
         held_for = work.protected_np(pool, team)
         if held_for is None or held_for.id == job.id or mine + held_for.gpus <= fair:
             return None
-        return (
+        return Wait(
+            WaitKind.QUOTA,
             f"quota: team {team}'s fair share of pool {pool} ({fair:.0f} GPUs) keeps room for {held_for.id} "
-            f"({held_for.gpus} GPUs), protected by the starvation guard; with this job {max(fair - mine, 0):.0f} left"
+            f"({held_for.gpus} GPUs), protected by the starvation guard; with this job {max(fair - mine, 0):.0f} left",
         )
     if work.policy.np_fair_share and work.longest_protected(pool) == job.id:
         # The starvation guard's oldest job in the pool is not held to the share: with every team
@@ -175,23 +197,26 @@ def nonpreemptible_block(work: Work, job: Job) -> str | None:
         # waited for good. One job at a time, and it drains back like any lent capacity.
         return None
     if mine <= g:
-        lent = sorted(t for t in teams if t != team and nonpreemptible(work, pool, t) > work.guarantee(pool, t))
-        return (
+        lent = sorted(t for t in teams if t != team and nonpreemptible(work, pool, t) > guarantee(work, pool, t))
+        return Wait(
+            WaitKind.DRAIN,
             f"{DRAIN}: {max(own, mine) - spare} GPUs of team {team}'s guarantee in pool {pool} are "
-            f"lent to non-preemptible work of {', '.join(lent) or 'other teams'}, returned as it ends (never preempted)"
+            f"lent to non-preemptible work of {', '.join(lent) or 'other teams'}, "
+            "returned as it ends (never preempted)",
         )
     share = f", fair share {fair:.0f}" if work.policy.np_fair_share else ""
-    return (
+    return Wait(
+        WaitKind.QUOTA,
         f"quota: non-preemptible jobs borrow only unguaranteed GPUs, idle guarantees lent to them, or up to "
         f"their fair share (team {team} would run {mine} non-preemptible GPUs in pool {pool}, guarantee {g}{share}; "
-        f"room for {max(spare - mine + n, 0)} now: teams with work waiting for their guarantee lend none)"
+        f"room for {max(spare - mine + n, 0)} now: teams with work waiting for their guarantee lend none)",
     )
 
 
 def _lent_out(work: Work, pool: str, team: str) -> int:
     """Non-preemptible GPUs other teams hold beyond their guarantees in the pool."""
     teams = {t for (p, t) in work.s.quotas if p == pool} | {t for (p, t) in work.usage if p == pool}
-    return sum(max(0, nonpreemptible(work, pool, t) - work.guarantee(pool, t)) for t in teams if t != team)
+    return sum(max(0, nonpreemptible(work, pool, t) - guarantee(work, pool, t)) for t in teams if t != team)
 
 
 def lent_to(work: Work, job: Job) -> int:
@@ -201,7 +226,7 @@ def lent_to(work: Work, job: Job) -> int:
         return 0
     s, pool, team = work.s, job.pool, job.spec.team
     mine = nonpreemptible(work, pool, team) + job.gpus
-    g = work.guarantee(pool, team)
+    g = guarantee(work, pool, team)
     if mine <= g:
         return 0
     teams = {t for (p, t) in s.quotas if p == pool} | {t for (p, t) in work.usage if p == pool}

@@ -49,9 +49,11 @@ from events.telemetry import GpuInfo
 from services.pools import DEFAULT_POOL, PoolDef, Quota, job_pool, node_pool
 from services.scheduler.core.budget import BudgetRule, demoted, fold_budget_exceeded, fold_budget_set
 from services.scheduler.core.capacity import Capacity
-from services.scheduler.core.links import LinkHealth, fold_cleared, fold_fault, fold_slowdown
+from services.scheduler.core.links import LinkHealth, fold_cleared, fold_fault, fold_kind, fold_slowdown
 
 DEFAULT_TOPOLOGY_KEY = "rack"
+KUBERNETES_KEEP_S = 6 * 3600.0  # a finished Kubernetes workload's job stays known this long at least
+PENDING_LOG_KEPT = 100_000  # queue entries kept for incremental cycles; then a trim (and one full cycle)
 
 
 class JobState(StrEnum):
@@ -95,6 +97,21 @@ class Job:
 
     def __post_init__(self) -> None:
         self.gpus = self.spec.total_gpus
+
+
+def estimate_s(job: Job) -> float | None:
+    """The runtime estimate used for backfill: the user's estimate, else the simulated duration."""
+    return job.spec.expected_duration_s or job.spec.sim_duration_s
+
+
+EndEntry = tuple[float, int, str]  # (estimated end: running since + estimate, GPUs, job id)
+
+
+def _end_entry(job: Job) -> EndEntry | None:
+    est = estimate_s(job)
+    if est is None or job.running_since is None:
+        return None
+    return (job.running_since + est, job.gpus, job.id)
 
 
 @dataclass
@@ -176,18 +193,25 @@ class SchedulerState:
     pending_log: PendingLog = field(default_factory=PendingLog)  # job ids as they (re)entered the queue
     budgets: dict[str, BudgetRule] = field(default_factory=dict)  # team -> budget and its action (budget.py)
     # Bounded memory: a finished job leaves the state `retention_s` (event time, the JOBS stream's
-    # `at`) after it finished; None keeps every job. The warehouse keeps the history.
+    # `at`) after it finished; 0: as soon as it finishes (nothing in a cycle needs it: fair share is
+    # the quota service's aggregate), except a Kubernetes workload's, kept `KUBERNETES_KEEP_S` so the
+    # reconcile tells a cancelled workload from a new one; None keeps every job. The log and the
+    # warehouse keep the history (`chamber explain` of a forgotten job reads the log).
     retention_s: float | None = None
     jobs_clock: float = 0.0  # the latest `at` folded from JOBS: the clock retention runs on
-    finished_heap: list[tuple[float, str]] = field(default_factory=list)  # (finished_at, job id)
+    finished_heap: list[tuple[float, str]] = field(default_factory=list)  # (leaves memory at, job id)
     forgotten: int = 0  # finished jobs dropped so far
-    forgotten_until: float = 0.0  # every job that finished before this has been dropped
+    forgotten_until: float = 0.0  # the JOBS time expired jobs were last dropped at (in steps: `_age`)
     _queue: list[tuple[int, float, float, str]] | None = None
     # Queued jobs per team in submit order, (submit time, id): first-come-first-served lines for
     # the head-of-line baselines (fifo, static-quota), so a cycle reads heads, not the whole queue.
     fifo_lines: dict[str, list[tuple[float, str]]] = field(default_factory=dict)
     # Degraded NICs and congested leaves (perf verdicts, NIC faults): gangs are placed away from them
     links: LinkHealth = field(default_factory=LinkHealth)
+    # Derived, built on first use (None: not built): pool -> the running jobs with a runtime
+    # estimate, sorted by estimated end. EASY backfill and the preemption-worth check read the ends
+    # up to a horizon from it instead of walking every running job each time.
+    _ends: dict[str, list[EndEntry]] | None = None
 
     # -- the queue -----------------------------------------------------------------------------
     def queue_key(self, job: Job) -> tuple[int, float, float, str]:
@@ -205,6 +229,10 @@ class SchedulerState:
         insort(self.fifo_lines.setdefault(job.spec.team, []), (job.submitted_at, job.id))
         if self._queue is not None:
             insort(self._queue, self.queue_key(job))
+        if len(self.pending_log.items) >= PENDING_LOG_KEPT:
+            # Bounded: no incremental cycle reads from before the trim (the epoch makes the next one full).
+            self.pending_log.trim()
+            self.capacity_epoch += 1
         self.pending_log.append(job.id)
 
     def _dequeue(self, job: Job) -> None:
@@ -231,6 +259,31 @@ class SchedulerState:
         domain = node.labels.get(self.topology_key, "")
         self.capacity.set_slot(node.nid, self.node_class(node), free, len(healthy), node.in_service, domain)
 
+    # -- estimated ends ------------------------------------------------------------------------
+    def running_ends(self, pool: str) -> list[EndEntry]:
+        """(estimated end, GPUs, job id) of the pool's running jobs with an estimate, by end."""
+        if self._ends is None:
+            ends: dict[str, list[EndEntry]] = {}
+            for (p, _), ids in self.running.items():
+                for jid in ids:
+                    if (entry := _end_entry(self.jobs[jid])) is not None:
+                        ends.setdefault(p, []).append(entry)
+            for line in ends.values():
+                line.sort()
+            self._ends = ends
+        return self._ends.get(pool, [])
+
+    def _add_end(self, job: Job) -> None:
+        if self._ends is not None and (entry := _end_entry(job)) is not None:
+            insort(self._ends.setdefault(job.pool, []), entry)
+
+    def _drop_end(self, job: Job) -> None:
+        if self._ends is not None and (entry := _end_entry(job)) is not None:
+            line = self._ends.get(job.pool, [])
+            i = bisect_left(line, entry)
+            if i < len(line) and line[i] == entry:
+                del line[i]
+
     def pool_of_node(self, node: Node) -> str:
         return self.capacity.class_keys[self.capacity.slots[node.nid].cls][0]
 
@@ -254,16 +307,16 @@ def _age(s: SchedulerState, at: float) -> None:
         return
     s.jobs_clock = at
     assert s.retention_s is not None
-    horizon = at - s.retention_s
-    if horizon - s.forgotten_until < s.retention_s / 10 or not s.finished_heap:
+    window = max(s.retention_s, KUBERNETES_KEEP_S) if s.retention_s == 0 else s.retention_s
+    if at - s.forgotten_until < window / 10 or not s.finished_heap:
         return
-    while s.finished_heap and s.finished_heap[0][0] < horizon:
+    while s.finished_heap and s.finished_heap[0][0] < at:
         _, job_id = heapq.heappop(s.finished_heap)
         job = s.jobs.get(job_id)
         if job is not None and job.state in FINISHED:
             del s.jobs[job_id]
             s.forgotten += 1
-    s.forgotten_until = horizon
+    s.forgotten_until = at
     s.pending_log.trim()
     s.capacity_epoch += 1
 
@@ -317,6 +370,7 @@ def _hold(
     key = (job.pool, job.spec.team)
     s.usage[key] = s.usage.get(key, 0) + job.gpus
     s.running.setdefault(key, set()).add(job.id)
+    s._add_end(job)
     if job.spec.preemptible:
         pkey = (job.pool, job.spec.team, job.spec.priority.rank)
         s.preemptible[pkey] = s.preemptible.get(pkey, 0) + job.gpus
@@ -343,6 +397,7 @@ def _release(s: SchedulerState, job: Job) -> None:
     key = (job.pool, job.spec.team)
     s.usage[key] = s.usage.get(key, 0) - job.gpus
     s.running.get(key, set()).discard(job.id)
+    s._drop_end(job)
     if job.spec.preemptible:
         pkey = (job.pool, job.spec.team, job.spec.priority.rank)
         s.preemptible[pkey] = s.preemptible.get(pkey, 0) - job.gpus
@@ -422,8 +477,16 @@ def _finish(s: SchedulerState, job_id: str, state: JobState, at: float, reason: 
     job.state = state
     job.finished_at = at
     job.reason = reason
-    if s.retention_s is not None:
-        heapq.heappush(s.finished_heap, (at, job_id))
+    if s.retention_s is None:
+        return
+    keep = s.retention_s
+    if keep == 0 and job.spec.namespace:
+        keep = KUBERNETES_KEEP_S
+    if keep > 0:
+        heapq.heappush(s.finished_heap, (at + keep, job_id))
+    else:
+        del s.jobs[job_id]  # leaves at once
+        s.forgotten += 1
 
 
 def _completed(s: SchedulerState, e: JobCompleted) -> None:
@@ -583,6 +646,11 @@ def _fair_share(s: SchedulerState, e: FairShareUpdated) -> None:
         s.capacity_epoch += 1
 
 
+def _fault(s: SchedulerState, e: GpuFaultDetected) -> None:
+    fold_fault(s.links, e)  # NIC faults keep gangs off the node for a while
+    fold_kind(s.links, e)  # degrading faults: a job they displace moves only where it lands
+
+
 # each handler takes its own event type: the dict is keyed by that type, so the call is checked there
 _HANDLERS: dict[type[Event], Callable[[SchedulerState, Any], None]] = {
     JobSubmitted: _submitted,
@@ -609,7 +677,7 @@ _HANDLERS: dict[type[Event], Callable[[SchedulerState, Any], None]] = {
     BudgetExceeded: fold_budget_exceeded,
     JobSlowdownDetected: lambda s, e: fold_slowdown(s.links, e),
     JobSlowdownCleared: lambda s, e: fold_cleared(s.links, e),
-    GpuFaultDetected: lambda s, e: fold_fault(s.links, e),
+    GpuFaultDetected: _fault,
 }
 
 _JOB_EVENTS = frozenset(

@@ -1,20 +1,24 @@
 """The cycle's scratch view: the live capacity index (journaled) plus copies of small tables.
 
 Every phase module (quota, placement, preemption, backfill) reads and changes the cycle's view
-through this one object; `schedule` rolls the index back at the end of the cycle, so the state is
-left exactly as found.
+through this one object (the quota rules themselves, guarantees and borrowing, live in quota.py);
+`schedule` rolls the index back at the end of the cycle, so the state is left exactly as found.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from events import Placement
 from services.pools import model_vendor
 from services.scheduler.core.links import degraded
 from services.scheduler.core.policy import CHAMBER, LOWEST_RANK, RANKS, Policy
 from services.scheduler.core.state import Job, SchedulerState
+
+if TYPE_CHECKING:
+    from services.scheduler.core.preemption import Walk
 
 Spot = list[tuple[int, list[int]]]  # (node id, GPU indices) per node
 Usage = dict[tuple[str, str], int]  # (pool, team) -> GPUs held
@@ -35,7 +39,7 @@ class Work:
         # per-cycle caches of the preemption phase (see preemption.py)
         self.groups: dict[tuple[str, str], list[list[Job]]] = {}
         self.lost: dict[str, float] = {}  # preemption.victim_cost per job
-        self.sorted: set[tuple[str, str, int]] = set()
+        self.walks: dict[tuple[str, str, int], Walk] = {}  # per (pool, team, priority), see preemption.py
         # link health (placement.py): nodes gangs should avoid now, and what placement says about it
         self._avoid: dict[int, str] | None = None
         self.link_notes: dict[str, str] = {}
