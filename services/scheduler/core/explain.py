@@ -23,6 +23,19 @@ def _reason(job: Job, waiting: Mapping[str, str]) -> str:
     return job.reason
 
 
+def _held_under(state: SchedulerState, job: Job) -> str:
+    """The isolations health's budget held back on the GPUs (or nodes) a running job holds, with why."""
+    out = []
+    for p in job.placements:
+        node = state.nodes.get((p.cluster, p.node))
+        if node is None:
+            continue
+        for gpu in ([None] if None in node.held else []) + [i for i in p.gpu_indices if i in node.held]:
+            where = p.node if gpu is None else f"{p.node} GPU {gpu}"
+            out.append(f"{where} ({node.held[gpu]})")
+    return "; ".join(out)
+
+
 def queue_order(state: SchedulerState, now: float, policy: Policy = CHAMBER) -> list[QueueKey]:
     """The queued jobs in the order the next cycle at `now` takes them: the policy's own ordering
     (ORDERINGS, the key the cycle sorts by: protected jobs first, then multifactor priority with
@@ -123,6 +136,8 @@ def explain(
             )
         elif job.borrowed_gpus:
             text += f" ({job.borrowed_gpus} GPUs borrowed: may be reclaimed by their owner)"
+        if held := _held_under(state, job):
+            text += f"; an isolation is held for {held}: it runs on, and no new work is placed there"
     elif job.state in QUEUED:
         # the order the next cycle uses (age and the starvation guard included); without a time, the
         # static part of it (class, fair share, submit time)
