@@ -32,6 +32,7 @@ from services.scheduler.core.pools import DEFAULT_POOL
 from services.scheduler.core.preemption import lost_work_gpu_s
 from services.scheduler.core.state import QUEUED, Job, JobState, SchedulerState
 from services.scheduler.core.work import Work
+from services.timefmt import distinct, when
 
 __all__ = ["PREEMPTION_SEARCHES", "estimate_s", "lost_work_gpu_s", "schedule", "select_victims"]
 
@@ -245,8 +246,8 @@ def _cycle(state: SchedulerState, work: Work, now: float, full: bool, since: Cyc
         guard = ""
         if protected:
             guard = (
-                f"protected by the starvation guard since t={protected_at:.0f} "
-                f"(queued since t={queued_since(jid):.0f}); "
+                f"protected by the starvation guard since {when(protected_at, now)} "
+                f"(queued since {when(queued_since(jid), now)}); "
             )
         classes = work.classes(job)
         # A lender's job waiting within its guarantee for lent GPUs to drain reserves them (so later
@@ -277,7 +278,7 @@ def _cycle(state: SchedulerState, work: Work, now: float, full: bool, since: Cyc
                 new_res = backfill.reservation(work, job, key)
                 if new_res is not None:
                     reservations[job.pool] = new_res
-                    why += f"; GPUs reserved for it from about t={new_res.shadow_at:.0f}"
+                    why += f"; GPUs reserved for it from about {when(new_res.shadow_at, now)}"
                     waiting[jid] = why
                     continue
         if declined is not None:
@@ -306,9 +307,10 @@ def _not_worth(work: Work, job: Job, victims: list[tuple[Job, PreemptionReason]]
     saved = 0.0 if at is None else job.gpus * (at - work.now)
     if at is None or lost <= worth * saved:
         return None
+    lost_h, saved_h = distinct(lost / 3600, saved / 3600)  # never "0.0, more than ... 0.0"
     return (
-        f"not preempting {', '.join(v.id for v, _ in victims)}: they would lose {lost / 3600:.1f} GPU-hours, "
-        f"more than waiting for GPUs that free from about t={at:.0f} costs ({saved / 3600:.1f} GPU-hours)"
+        f"not preempting {', '.join(v.id for v, _ in victims)}: they would lose {lost_h} GPU-hours, "
+        f"more than waiting for GPUs that free from about {when(at, work.now)} costs ({saved_h} GPU-hours)"
     )
 
 

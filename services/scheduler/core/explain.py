@@ -8,6 +8,7 @@ from typing import Any
 from services.scheduler.core.budget import note as budget_note
 from services.scheduler.core.policy import CHAMBER, ORDERINGS, Policy, QueueKey, by_multifactor_priority
 from services.scheduler.core.state import FINISHED, QUEUED, Job, JobState, SchedulerState
+from services.timefmt import when
 
 
 def _placement(job: Job) -> dict[str, list[int]]:
@@ -148,11 +149,11 @@ def explain(
         if guard is not None and now is not None:
             if guard["protected"] and "starvation guard" not in why:
                 why = (
-                    f"protected by the starvation guard since t={protected_at:.0f} (queued since "
-                    f"t={job.queued_since:.0f}): later jobs may not delay it; {why}"
+                    f"protected by the starvation guard since {when(protected_at, now)} (queued since "
+                    f"{when(job.queued_since, now)}): later jobs may not delay it; {why}"
                 )
             elif not guard["protected"]:
-                why += f" (the starvation guard protects it from t={protected_at:.0f} if it still waits)"
+                why += f" (the starvation guard protects it from {when(protected_at, now)} if it still waits)"
         if job.state == JobState.SUSPENDED:
             text = (
                 f"{head} is suspended: {job.reason}; it resumes automatically when capacity frees ({pos}; now: {why})"
