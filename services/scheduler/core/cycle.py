@@ -244,7 +244,7 @@ def _cycle(state: SchedulerState, work: Work, now: float, full: bool, since: Cyc
             )
             continue
         guard = ""
-        if protected:
+        if protected and protected_at is not None:  # protected implies a time it became so
             guard = (
                 f"protected by the starvation guard since {when(protected_at, now)} "
                 f"(queued since {when(queued_since(jid), now)}); "

@@ -149,11 +149,12 @@ def explain(
         if guard is not None and now is not None:
             if guard["protected"] and "starvation guard" not in why:
                 why = (
-                    f"protected by the starvation guard since {when(protected_at, now)} (queued since "
+                    f"protected by the starvation guard since {when(guard['protected_since'], now)} (queued since "
                     f"{when(job.queued_since, now)}): later jobs may not delay it; {why}"
                 )
             elif not guard["protected"]:
-                why += f" (the starvation guard protects it from {when(protected_at, now)} if it still waits)"
+                from_at = when(guard["protected_since"], now)
+                why += f" (the starvation guard protects it from {from_at} if it still waits)"
         if job.state == JobState.SUSPENDED:
             text = (
                 f"{head} is suspended: {job.reason}; it resumes automatically when capacity frees ({pos}; now: {why})"
