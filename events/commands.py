@@ -59,6 +59,9 @@ class SubmitJob(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     expected_duration_s: Seconds | None = None
     sim_duration_s: SecondsOrZero | None = None
     topology_key: Name | None = None
+    # keep a job that cannot run on the fleet as installed (its model absent, larger than the fleet or
+    # than its team may hold) waiting, instead of refusing it
+    allow_wait: bool = False
 
     def __post_init__(self) -> None:
         self.team = normalize_team(self.team)

@@ -542,8 +542,9 @@ ROUTES: list[tuple[Operation, Callable[[web.Request], Awaitable[web.StreamRespon
             command="scheduler.submit",
             body=True,
             request=SubmitJob,
-            description="The team must have a quota (0 is allowed). A job larger than the fleet is accepted with "
-            "`warnings` in the result.",
+            description="The team must have a quota (0 is allowed). A job that can never run on the fleet as "
+            "installed (no GPU of its model, larger than its pool or than its team may hold) is refused (422) "
+            "unless `allow_wait` is true; then it is accepted with `warnings` in the result.",
         ),
         submit_job,
     ),

@@ -50,7 +50,7 @@ from services.scheduler.core import (
     schedule,
 )
 from services.scheduler.core.cycle import PREEMPTION_SEARCHES
-from services.scheduler.core.door import size_warnings, submitted
+from services.scheduler.core.door import cannot_run, submitted
 from services.scheduler.core.links import DEFAULT_FAULT_MEMORY_S, KEEP_S, LinkHealth
 from services.scheduler.core.pools import job_pool
 from services.scheduler.core.quota import critical_block
@@ -159,6 +159,14 @@ class Scheduler:
             raise CommandRefused("the scheduler is still reading its log; try again in a moment")
         job_id = req.id or new_job_id(req.name, req.team)
         event = submitted(self.state, req, job_id, time.time())  # InvalidName: refused, naming the field
+        impossible = cannot_run(self.state, event.spec)
+        if impossible and not req.allow_wait:
+            raise CommandRefused(
+                "the job cannot run on this fleet: "
+                + "; ".join(impossible)
+                + ". Change the request, or submit with --allow-wait (allow_wait) to keep it waiting until it can",
+                field="gpu_model" if impossible[0].startswith("no GPU") else "gpus",
+            )
         refused = critical_block(
             self.state, event.spec.team, job_pool(event.spec, self.state.team_pools), event.spec.priority
         )
@@ -172,9 +180,8 @@ class Scheduler:
         except CommandConflict:
             raise CommandRefused(f"job {job_id} exists already; pick another id", field="id") from None
         answer: dict[str, Any] = {"id": job_id, "job_id": job_id}
-        warnings = size_warnings(self.state, event.spec)
-        if warnings:
-            answer["warnings"] = warnings
+        if impossible:
+            answer["warnings"] = [f"it cannot run until this changes: {why}" for why in impossible]
         return answer
 
     async def _caught_up(self, within_s: float = 3.0) -> bool:
