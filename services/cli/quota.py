@@ -98,6 +98,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     which.add_argument("--gpu-model", help="nodes with this GPU model")
     which.add_argument("--node-label", metavar="K=V", help="nodes with this label")
     s.set_defaults(func=set_pool)
+    s = ps.add_parser("list", help="pools: what selects their nodes, GPUs installed and in service, guaranteed")
+    add_nats_option(s)
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=list_pools)
 
 
 def _count(text: str) -> int:
@@ -278,4 +282,26 @@ def set_pool(args: argparse.Namespace) -> int:
     warn_unknown_model(args, args.gpu_model, f"pool {args.name}")
     what = f"GPU model {result['gpu_model']}" if result["gpu_model"] else f"nodes labeled {result['node_selector']}"
     print(f"pool {result['pool']}: {what}")
+    return 0
+
+
+def list_pools(args: argparse.Namespace) -> int:
+    pools = _send(args, "quota", "list", {}).get("pools", [])
+    if args.json:
+        print(json.dumps({"pools": pools}))
+        return 0
+    if not pools:
+        print("no pools yet; every node is in pool default (define one with `chamber quota pool set`)")
+        return 0
+    rows = []
+    for p in pools:
+        if p["gpu_model"]:
+            selects = f"model {p['gpu_model']}"
+        elif p["node_selector"]:
+            selects = ",".join(f"{k}={v}" for k, v in sorted(p["node_selector"].items()))
+        else:
+            selects = "every node no other pool selects" if p["pool"] == "default" else "-"
+        over = f"over by {p['over_committed']}" if p["over_committed"] else "-"
+        rows.append((p["pool"], selects, str(p["installed"]), str(p["in_service"]), str(p["guaranteed"]), over))
+    print(table(("POOL", "SELECTS", "INSTALLED", "IN SERVICE", "GUARANTEED", "OVER-COMMITTED"), rows, left=2))
     return 0

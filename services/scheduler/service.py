@@ -55,6 +55,7 @@ from services.scheduler.core.links import DEFAULT_FAULT_MEMORY_S, KEEP_S, LinkHe
 from services.scheduler.core.pools import job_pool
 from services.scheduler.core.quota import critical_block
 from services.scheduler.core.state import DEFAULT_TOPOLOGY_KEY
+from services.scheduler.jobref import JobRefError, resolve
 from services.scheduler.policy_options import add_policy_arguments, policy_from_args
 
 NAME = "scheduler"
@@ -195,9 +196,8 @@ class Scheduler:
         name = req.job or req.job_id
         if not name:
             raise CommandRefused("which job? give its id", field="job")
-        job = self.state.jobs.get(name)
-        if job is None:
-            raise CommandRefused(f"no job {name!r}; `chamber queue` lists the jobs", field="job")
+        job = self.state.jobs.get(self._job_id(name, "`chamber queue` lists the jobs"))
+        assert job is not None
         if job.state in FINISHED:
             raise CommandRefused(f"job {name} is already {job.state.value}", field="job")
         event = JobCancelled(job_id=job.id, at=time.time(), by=req.by, reason=req.reason)
@@ -218,20 +218,30 @@ class Scheduler:
         rows = queue_rows(self.state, waiting, now=time.time(), policy=self.policy, include_finished=req.all)
         return page_of_rows(rows, offset=req.offset, limit=req.limit)
 
+    def _job_id(self, ref: str, hint: str) -> str:
+        """The id of the job `ref` names (id, exact name or unique id prefix); refused naming why."""
+        try:
+            return resolve(ref, ((j.id, j.spec.name) for j in self.state.jobs.values()))
+        except JobRefError as exc:
+            raise CommandRefused(f"{exc}; {hint}", field="job") from None
+
     async def explain(self, req: ExplainRequest) -> dict[str, Any]:
         self._refresh_waiting()
-        found = explain(self.state, req.job, self.waiting, now=time.time(), policy=self.policy)
-        if found is None:
-            state = self.state
-            if state.forgotten and state.retention_s is not None:
+        state = self.state
+        try:
+            job_id = resolve(req.job, ((j.id, j.spec.name) for j in state.jobs.values()))
+        except JobRefError as exc:
+            if state.forgotten and state.retention_s is not None and str(exc).startswith("no job"):
                 raise CommandRefused(
                     f"no job {req.job!r} among the scheduler's jobs; finished jobs leave its memory "
                     f"{state.retention_s / 3600:g} h after they finish ({state.forgotten} so far), so an older "
                     f'one is in the warehouse: chamber sql "SELECT kind, at, pool FROM job_events '
                     f"WHERE job_id = '{req.job}' ORDER BY at\"",
                     field="job",
-                )
-            raise CommandRefused(f"no job {req.job!r}; `chamber queue --all` lists the jobs", field="job")
+                ) from None
+            raise CommandRefused(f"{exc}; `chamber queue --all` lists the jobs", field="job") from None
+        found = explain(state, job_id, self.waiting, now=time.time(), policy=self.policy)
+        assert found is not None
         return found
 
 

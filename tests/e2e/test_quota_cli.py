@@ -150,3 +150,8 @@ async def test_a_week_of_quota_edits(nats_server: NatsServerProcess, js: JetStre
     assert "  borrow-limit   4 \u2192 no limit (changed)" in done.stdout
     answer = json.loads(ok(url, "quota", "set", "vision", "--weight", "2", "--json").stdout)
     assert answer["settings"]["borrow_limit"] is None and answer["warnings"] == []
+
+    # the pools: what is installed, in service (n1 isolated) and guaranteed
+    pools = ok(url, "quota", "pool", "list").stdout.splitlines()
+    assert pools[0].split() == ["POOL", "SELECTS", "INSTALLED", "IN", "SERVICE", "GUARANTEED", "OVER-COMMITTED"]
+    assert pools[1].split()[0] == "default" and pools[1].split()[-4:] == ["24", "16", "24", "-"]

@@ -127,6 +127,11 @@ async def test_submit_schedule_explain_cancel_and_a_restart_rebuilds_the_same_st
     assert "is running on n1[0,1,2]" in text
     with pytest.raises(CommandRefused, match="no job"):
         await request(nc, "scheduler", "explain", {"job": "nope"})
+    # by its exact name, or a unique prefix of its id; an ambiguous prefix lists the candidates
+    assert (await request(nc, "scheduler", "explain", {"job": "train"}))["id"] == "train-1"
+    assert (await request(nc, "scheduler", "explain", {"job": "wait"}))["id"] == "wait-1"
+    with pytest.raises(CommandRefused, match="did you mean train-1"):
+        await request(nc, "scheduler", "explain", {"job": "train-2"})
 
     # restart: the state comes back from the log, and nothing is scheduled twice
     await sched.close()

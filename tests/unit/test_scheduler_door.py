@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from events import GpuIsolated, JobSpec, NodeIsolated
-from services.scheduler.core.door import cannot_run
+from events.commands import SubmitJob
+from events.names import InvalidName
+from services.scheduler.core.door import cannot_run, submitted
 from tests.scheduler_builders import Driver, a_node, a_quota
 
 
@@ -34,3 +38,11 @@ def test_isolations_do_not_make_a_job_impossible_and_an_empty_fleet_says_nothing
     )
     assert cannot_run(d.state, spec(8, 2)) == []  # they come back
     assert cannot_run(Driver().state, spec(64, 64)) == []  # nodes may still be joining
+
+
+def test_a_team_typo_gets_a_did_you_mean() -> None:
+    d = Driver().given(a_node("n1"), a_quota("vision", 8))
+    with pytest.raises(InvalidName, match="no team 'vison'; did you mean 'vision'"):
+        submitted(d.state, SubmitJob(team="vison", gpus=1), "j", 1.0)
+    with pytest.raises(InvalidName, match="has no quota"):
+        submitted(d.state, SubmitJob(team="speech", gpus=1), "j", 1.0)

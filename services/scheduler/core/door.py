@@ -27,6 +27,9 @@ def submitted(state: SchedulerState, req: SubmitJob, job_id: str, at: float) -> 
     if job_id in state.jobs:
         raise InvalidName(f"job {job_id} exists already; pick another id", field="id")
     if req.team not in state.team_pools:
+        close = difflib.get_close_matches(req.team, sorted(state.team_pools), n=1, cutoff=0.6)
+        if close:
+            raise InvalidName(f"no team {req.team!r}; did you mean {close[0]!r}?", field="team")
         raise InvalidName(
             f"team {req.team!r} has no quota, so it may not submit; an operator sets one with "
             f"`chamber quota set {req.team} --gpus N` (0 is allowed: the team then only borrows idle GPUs)",
