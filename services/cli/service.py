@@ -28,10 +28,10 @@ def focus(names: list[str]) -> None:
     _FOCUS["names"] = list(names)
 
 
-def discover() -> dict[str, ModuleType]:
+def discover(wanted: list[str] | None = None) -> dict[str, ModuleType]:
+    """Every service's module by name (or only those `wanted`, when they all exist)."""
     found: dict[str, ModuleType] = {}
     names = [i.name for i in pkgutil.iter_modules(services.__path__) if i.ispkg and i.name not in ("cli", "runtime")]
-    wanted = _FOCUS.get("names")
     if wanted is not None and set(wanted) <= set(names):
         names = wanted  # an unknown name falls through to all, so argparse lists the choices
     for name in names:
@@ -48,7 +48,7 @@ def discover() -> dict[str, ModuleType]:
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("service", help="run one Chamber service in the foreground")
     services_sub = p.add_subparsers(dest="service", metavar="NAME", required=True)
-    for name, module in discover().items():
+    for name, module in discover(_FOCUS.get("names")).items():
         sp = services_sub.add_parser(name, help=getattr(module, "DESCRIPTION", ""))
         add_nats_option(sp)
         add_replicas_option(sp)

@@ -49,3 +49,14 @@ def test_a_service_process_imports_only_its_own_service_and_no_warehouse_engine(
     done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[] ['services.quota.service']", done.stdout
+
+
+def test_focus_narrows_the_parser_only_and_chamber_up_still_finds_every_service() -> None:
+    from services.cli import service
+
+    try:
+        service.focus([])  # what `chamber up` sets for its own process
+        assert {"quota", "scheduler", "recorder", "gateway"} <= set(service.discover())
+        assert service.discover(["quota"]).keys() == {"quota"}
+    finally:
+        service._FOCUS.clear()
