@@ -19,6 +19,16 @@ Prints one JSON object: scenarios, detection_p50_s / p99_s, precision, recall, a
 lost per fault, moving the job off the culprit when health isolates it versus waiting for failure, and
 the perf core's CPU cost per node sample (GPU sample + fabric sample folded, decisions included).
 
+Step-table cases (`step_cases` in the output; `--steps-only` runs just them): synthetic per-rank step
+timings (services/perf/step_cases.py, a model, NOT real traces) replayed through `chamber perf replay`'s
+code (services/perf/replay.py: the perf and health cores on a virtual clock): a slow tensor-parallel
+worker of 4 GPUs (1.5x from step 20), a rank slow from step one (2.35x), stage imbalance (the last of 4
+pipeline stages computes 1.6x), data imbalance (work follows per-rank token counts), and healthy jobs
+with the same 7 % step-time noise. Per case: precision, recall, attribution (the verdict names the slow
+worker's node and every one of its GPUs), steps from onset to the verdict, straggler faults and
+isolations (imbalance and healthy cases must have none). The step thresholds were set from published
+rules before these cases existed (services/perf/steps.py), not fitted to them.
+
 Work-lost model (GPU-hours, per fault; the assumptions are printed with the result):
 - proactive: the job runs at the measured slowed speed until health takes the culprit out of service,
   then checkpoints on the signal and restarts elsewhere (RESTART_S); a hung job cannot checkpoint and
@@ -83,7 +93,12 @@ def main() -> None:
         "noise) in every scenario, and two faults at once (services/perf/scenario.py)",
     )
     ap.add_argument("--verbose", action="store_true", help="one line per scenario on stderr")
+    ap.add_argument("--step-seeds", type=int, default=5, help="step-table cases per kind (5)")
+    ap.add_argument("--steps-only", action="store_true", help="only the step-table cases (no simulated fleet)")
     args = ap.parse_args()
+    if args.steps_only:
+        print(json.dumps({"step_cases": step_cases(args.step_seeds)}, indent=2))
+        return
     gangs = tuple(int(g) for g in args.gangs.split(","))
     scenarios: list[Scenario] = plan(args.seeds, gangs, args.fault_at, ras=not args.no_ras, noise=args.noise)
     started = time.perf_counter()
@@ -157,7 +172,73 @@ def main() -> None:
         ),
         "wall_s": round(time.perf_counter() - started, 1),
     }
+    result["step_cases"] = step_cases(args.step_seeds)
     print(json.dumps(result, indent=2))
+
+
+def step_cases(seeds: int) -> dict[str, object]:
+    """Every step-table case per seed through the replay (perf + health cores), scored per case."""
+    from services.perf.replay import parse_rows, replay
+    from services.perf.step_cases import CASES, make
+
+    out: dict[str, object] = {}
+    for case in CASES:
+        runs = []
+        for seed in range(1, seeds + 1):
+            sc = make(case, seed)
+            r = replay(parse_rows(sc.rows))
+            ends = sorted({row["step"]: row["step_end_s"] for row in sc.rows}.items())
+            right = [v for v in r.verdicts if sc.expected and v.pattern == sc.expected]
+            first = right[0] if right else None
+            steps_to = None
+            if first is not None:
+                at_step = next(step for step, end in ends if end >= first.at)
+                steps_to = at_step - sc.onset_step + 1  # steps seen from the onset up to the verdict
+            attributed = first is not None and (
+                sc.expected != "slow_worker"
+                or (first.node == sc.target_node and sorted(first.gpu_indices) == sorted(sc.target_gpus))
+            )
+            runs.append(
+                {
+                    "right": first is not None,
+                    "wrong": len(r.verdicts) - len(right),
+                    "attributed": attributed,
+                    "steps_to_verdict": steps_to,
+                    "stragglers": len(r.stragglers),
+                    "isolations": len(r.isolations),
+                    "isolated_gpus": sorted(
+                        (d.node, d.gpu_index if d.gpu_index is not None else -1) for d in r.isolations
+                    ),
+                    "target": [sc.target_node, list(sc.target_gpus)],
+                }
+            )
+        faulty = case in ("slow_worker_tp4", "slow_from_step_one")
+        right = sum(1 for x in runs if x["right"])
+        wrong = sum(int(x["wrong"]) for x in runs)  # type: ignore[call-overload]
+        expect_verdict = case.startswith(("slow", "stage", "data"))
+        false_iso = 0 if faulty else sum(int(x["isolations"]) for x in runs)  # type: ignore[call-overload]
+        if faulty:  # an isolation of anything but the slow worker's GPUs is false too
+            false_iso = sum(
+                1
+                for x in runs
+                for node, gpu in x["isolated_gpus"]
+                if [node, gpu] not in [[x["target"][0], g] for g in x["target"][1]]  # type: ignore[attr-defined,index]
+            )
+        out[case] = {
+            "cases": len(runs),
+            "expected": "slow_worker"
+            if faulty
+            else (case.split("_", 1)[0] + "_imbalance" if expect_verdict else "none"),
+            "precision": round(right / (right + wrong), 3) if right + wrong else (1.0 if not expect_verdict else 0.0),
+            "recall": round(right / len(runs), 3) if expect_verdict else None,
+            "attribution": round(sum(1 for x in runs if x["attributed"]) / len(runs), 3) if expect_verdict else None,
+            "steps_to_verdict": [x["steps_to_verdict"] for x in runs] if expect_verdict else None,
+            "straggler_faults": sum(int(x["stragglers"]) for x in runs),  # type: ignore[call-overload]
+            "isolations": sum(int(x["isolations"]) for x in runs),  # type: ignore[call-overload]
+            "false_isolations": false_iso,
+            "false_verdicts": wrong,
+        }
+    return out
 
 
 if __name__ == "__main__":

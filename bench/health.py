@@ -27,7 +27,7 @@ from msgspec.structs import replace
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from events import GpuIsolated, NodeIsolated, decode
-from events.faults import FaultKind
+from events.faults import FaultKind, Severity
 from services.health import service as health
 from services.health.kube import KubeActuator
 from services.health.policy import Budget, load_policy
@@ -59,8 +59,18 @@ async def sample_fleet(url: str, nodes: int) -> None:
         await asyncio.sleep(max(0.0, 1.0 - (time.perf_counter() - t0)))
 
 
+# --amd CLASS: the AMD fault classes, as the agent's AMD detectors publish them (kind, block, AFID, severity)
+AMD_FAULTS: dict[str, tuple[FaultKind, str | None, int | None, Severity]] = {
+    "umc": (FaultKind.AMD_RAS_UE, "umc", None, Severity.CRITICAL),  # isolate the GPU
+    "bad_pages": (FaultKind.AMD_BAD_PAGES, None, None, Severity.CRITICAL),  # isolate the GPU
+    "cper": (FaultKind.AMD_CPER, None, 30, Severity.CRITICAL),  # a fatal CPER record: isolate the GPU
+    "reset": (FaultKind.GPU_RESET_STUCK, None, None, Severity.CRITICAL),  # isolate the node
+    "xgmi": (FaultKind.XGMI, None, None, Severity.CRITICAL),  # isolate the node
+}
+
+
 async def measure(
-    url: str, nodes: int, faults: int, rate: float, with_samples: bool, node_faults: bool
+    url: str, nodes: int, faults: int, rate: float, with_samples: bool, node_faults: bool, amd: str | None = None
 ) -> dict[str, Any]:
     names = [f"node-{i:04d}" for i in range(nodes)]
     nc = await connect(url, name="bench")
@@ -113,7 +123,11 @@ async def measure(
         start = time.perf_counter()
         for i in range(faults):
             node = names[i % nodes]
-            if node_faults:  # XID 79: the whole node (read, cordon + taint, condition)
+            if amd is not None:
+                kind, block, afid, severity = AMD_FAULTS[amd]
+                fault = a_fault(node, kind=kind, gpu=i % 8, at=time.time(), cluster="bench", fault_id=f"f{i}")
+                fault = replace(fault, severity=severity, ras_block=block, afid=afid)
+            elif node_faults:  # XID 79: the whole node (read, cordon + taint, condition)
                 fault = a_fault(node, xid=79, gpu=i % 8, at=time.time(), cluster="bench", fault_id=f"f{i}")
             else:  # a DBE: one GPU (the node's isolated-GPU list, written without a read)
                 fault = a_fault(
@@ -142,7 +156,7 @@ async def measure(
         "faults": faults,
         "nodes": nodes,
         "rate_per_s": rate,
-        "fault": "xid79 (isolate node)" if node_faults else "ecc_dbe (isolate gpu)",
+        "fault": f"amd {amd}" if amd else "xid79 (isolate node)" if node_faults else "ecc_dbe (isolate gpu)",
         "fleet_sampling_hz": 1.0 if with_samples else 0.0,
         "isolations": len(event_ms),
         "p50_ms": round(percentile(event_ms, 0.50), 2),
@@ -161,6 +175,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=200.0, help="faults per second (default 200)")
     parser.add_argument("--no-samples", action="store_true", help="no background 1 Hz samples from every node")
     parser.add_argument("--node-faults", action="store_true", help="XID 79 (node isolation) instead of DBEs")
+    parser.add_argument("--amd", choices=sorted(AMD_FAULTS), help="an AMD fault class instead (see AMD_FAULTS)")
     parser.add_argument("--sampler", metavar="URL", help=argparse.SUPPRESS)  # internal: the sampling process
     args = parser.parse_args()
     configure_logging("error")
@@ -172,7 +187,7 @@ def main() -> None:
         server.start()
         try:
             result = asyncio.run(
-                measure(server.url, args.nodes, args.faults, args.rate, not args.no_samples, args.node_faults)
+                measure(server.url, args.nodes, args.faults, args.rate, not args.no_samples, args.node_faults, args.amd)
             )
         finally:
             server.kill()

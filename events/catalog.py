@@ -32,12 +32,14 @@ from events.jobs import (
     JobSuspended,
 )
 from events.quota import BudgetSet, FairShareUpdated, PoolDefined, TeamQuotaSet
+from events.steps import RankStepTimings
 from events.telemetry import NodeInventory, NodeSample
 
 ALL_EVENTS: tuple[type[Event], ...] = (
     NodeInventory,
     NodeSample,
     FabricSample,
+    RankStepTimings,
     GpuFaultDetected,
     NodeDiscovered,
     NodeUpdated,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from events import billing, fabric, faults, fleet, jobs, quota, telemetry
+from events import billing, fabric, faults, fleet, jobs, quota, steps, telemetry
 from events.base import Event
 from events.streams import BILLING, DEAD, FAULTS, FLEET, JOBS, QUOTA, TELEMETRY, StreamSpec
 
@@ -51,6 +51,15 @@ CHANNELS: tuple[Channel, ...] = (
         TELEMETRY,
         "One sample of a node's NICs per interval (link state, rate, traffic, error/pause/flap deltas).",
         (fabric.FabricSample,),
+        _NODE,
+    ),
+    Channel(
+        "telemetrySteps",
+        "chamber.telemetry.steps.{cluster}.{node}",
+        TELEMETRY,
+        "Per-rank step timings of the training jobs on a node (a training-loop hook or the agent tailing a "
+        "job's step log): step start and end, compute and wait time, parallel coordinates.",
+        (steps.RankStepTimings,),
         _NODE,
     ),
     Channel(

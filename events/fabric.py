@@ -51,6 +51,35 @@ class CommProgress(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True
     job: str | None = None
     ranks: int | None = None
     missing_ranks: int = 0
+    # RAS queries in a row that returned the same collective counts (node_agent/ras_watch.py): 3 or
+    # more while the communicator is RUNNING is a hang (NCCL's RAS guide: counts that do not change
+    # across repeated queries mean the communicator is stuck).
+    frozen_queries: int = 0
+    status: str = ""  # RUNNING | INIT | FINALIZE | ABORT (RAS), "" when unknown
+    errors: list[str] = []  # RAS's error words for the communicator: MISMATCH, INCOMPLETE, ERROR
+
+
+class DeadPeer(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """An NCCL process NCCL's RAS declared dead (unreachable for 60 s), as RAS names it: the host is
+    its address on the bootstrap network, `gpus` the CUDA devices it managed."""
+
+    host: str
+    pid: int | None = None
+    gpus: list[int] = []
+    seen_at: float = 0.0
+
+
+class CollectiveBandwidth(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One NCCL Inspector series of one GPU on this node (its Prometheus textfile or OTLP export):
+    bus bandwidth and execution time for one communicator, collective and message-size bucket."""
+
+    gpu_index: int
+    comm: str  # comm_name (or comm_id where Inspector gives it)
+    collective: str  # AllReduce, AllGather, ... or Send / Recv for P2P
+    message_size: str = ""  # Inspector's bucket, e.g. "4-5GB"
+    busbw_gbs: float | None = None
+    exec_time_us: float | None = None
+    nranks: int | None = None
 
 
 class FabricSample(Event, frozen=True, tag=event_type("telemetry", "fabric_sample")):
@@ -64,6 +93,9 @@ class FabricSample(Event, frozen=True, tag=event_type("telemetry", "fabric_sampl
     nics: list[NicSample]
     comms: list[CommProgress] = []
     labels: dict[str, str] = {}  # topology: rack, leaf, spine (when the agent knows them)
+    dead_peers: list[DeadPeer] = []  # NCCL RAS: processes declared dead (on any node of the job)
+    addresses: list[str] = []  # this node's IP addresses, so a dead peer's host maps to its node
+    collectives: list[CollectiveBandwidth] = []  # NCCL Inspector: per communicator and collective
 
 
 class CulpritKind(StrEnum):
@@ -91,6 +123,13 @@ class JobSlowdownDetected(Event, frozen=True, tag=event_type("perf", "job_slowdo
     leaf: str | None = None
     evidence: dict[str, float | str] = {}
     reason: str = ""
+    # Added with defaults (an old body decodes; an old subscriber ignores them): every GPU of the
+    # culprit (a tensor-parallel worker is several), the global ranks it covers, and the pattern the
+    # verdict rests on: slow_worker | stage_imbalance | data_imbalance | "" (per-GPU samples alone).
+    # An imbalance is not a hardware fault: culprit `unknown`, the reason says what to change.
+    gpu_indices: list[int] = []
+    ranks: list[int] = []
+    pattern: str = ""
 
 
 class JobSlowdownCleared(Event, frozen=True, tag=event_type("perf", "job_slowdown_cleared")):

@@ -27,6 +27,15 @@ class FaultKind(StrEnum):
     NIC_ERRORS = "nic_errors"
     # A job-performance culprit (services/perf): a GPU or NIC that slows its gang's collectives
     STRAGGLER = "straggler"
+    # AMD Instinct faults (node_agent/detectors.py, rules in services/health/default_policy.yaml)
+    AMD_RAS_UE = "amd_ras_ue"  # an uncorrectable error in a RAS block (`ras_block` names it)
+    AMD_BAD_PAGES = "amd_bad_pages"  # retired VRAM pages near or past the board's threshold
+    AMD_CPER = "amd_cper"  # a CPER record from the driver (`afid` names its AMD Field ID, when decoded)
+    GPU_RESET_STUCK = "gpu_reset_stuck"  # a GPU reset began and did not complete in time
+    XGMI = "xgmi"  # an XGMI (Infinity Fabric) link down or erroring: a fabric fault
+    # An NCCL process of a job that NCCL's RAS declared dead (services/perf: PEER_DEAD): its node goes
+    # out of service and the scheduler requeues the job
+    NCCL_PEER_DEAD = "nccl_peer_dead"
     OTHER = "other"
 
 
@@ -49,3 +58,5 @@ class GpuFaultDetected(Event, frozen=True, tag=event_type("faults", "gpu_fault_d
     gpu_uuid: str | None = None
     xid: int | None = None
     detail: str = ""
+    ras_block: str | None = None  # AMD RAS block of an `amd_ras_ue` fault (umc, gfx, ...)
+    afid: int | None = None  # AMD Field ID of an `amd_cper` fault

@@ -55,6 +55,7 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True):
     namespace: Name | None = None  # Kubernetes Job reference, when the job came from the cluster
     topology_key: Name | None = None  # node label whose value names a topology domain (e.g. rack)
     cluster: Name | None = None  # run within this cluster only (None: any one cluster of the fleet)
+    gpu_vendor: Name | None = None  # "nvidia" | "amd": only GPUs of this vendor (what a pod's resource asks)
 
     @property
     def total_gpus(self) -> int:

@@ -15,6 +15,7 @@ from events.billing import BudgetExceeded, CostAccrued, PriceSet
 from events.fabric import FabricSample, JobSlowdownCleared, JobSlowdownDetected
 from events.faults import GpuFaultDetected
 from events.quota import BudgetSet, FairShareUpdated, PoolDefined, TeamQuotaSet
+from events.steps import RankStepTimings
 from events.telemetry import NodeInventory, NodeSample
 
 ROOT = "chamber"
@@ -43,6 +44,11 @@ def inventory(cluster: str, node: str) -> str:
 
 def fabric(cluster: str, node: str) -> str:
     return f"{ROOT}.telemetry.fabric.{token(cluster)}.{token(node)}"
+
+
+def steps(cluster: str, node: str) -> str:
+    """Per-rank step timings of the jobs on a node (events/steps.py)."""
+    return f"{ROOT}.telemetry.steps.{token(cluster)}.{token(node)}"
 
 
 def perf(job_id: str) -> str:
@@ -88,6 +94,8 @@ def subject_for(event: Event) -> str:
             return inventory(event.cluster, event.node)
         case FabricSample():
             return fabric(event.cluster, event.node)
+        case RankStepTimings():
+            return steps(event.cluster, event.node)
         case JobSlowdownDetected() | JobSlowdownCleared():
             return perf(event.job_id)
         case GpuFaultDetected():

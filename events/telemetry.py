@@ -75,6 +75,35 @@ class GpuInfo(msgspec.Struct, frozen=True, kw_only=True):
     mig_mode: bool | None = None
     power_limit_w: float | None = None
     nvlink_links: int | None = None
+    # "nvidia" | "amd": an inventory from before vendors were recorded is NVML's, so NVIDIA is the default.
+    vendor: str = "nvidia"
+    # AMD Instinct (MI300-class) partition modes, e.g. "CPX" / "NPS4"; None where the GPU has none.
+    compute_partition: str | None = None
+    memory_partition: str | None = None
+
+
+class RasBlockCount(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One amdgpu RAS block's cumulative error counts (`ras/<block>_err_count`: `ue:`, `ce:`, `de:` lines)."""
+
+    block: str  # umc | gfx | sdma | mmhub | pcie_bif | hdp | xgmi_wafl | ...
+    ue: int = 0  # uncorrectable
+    ce: int = 0  # corrected
+    de: int | None = None  # deferred (newer kernels; None where the file has no `de:` line)
+
+
+class AmdGpuHealth(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """What an AMD Instinct GPU says about its health beyond the NVML-shaped fields (`GpuSample.amd`).
+
+    `ras_inaccessible`: the RAS counters answered "Query currently inaccessible", which amdgpu does while a
+    GPU reset is under way; `reset_pending_since` is set by the adapter from the reset events it saw."""
+
+    ras: list[RasBlockCount] = []
+    bad_pages: int | None = None  # lines of ras/gpu_vram_bad_pages (retired R + pending P + failed F)
+    bad_pages_pending: int | None = None
+    bad_page_threshold: int | None = None  # the driver's RMA threshold; None when it cannot be known
+    xgmi_links: int | None = None
+    xgmi_down: list[int] = []  # XGMI links reported down
+    ras_inaccessible: bool = False
 
 
 class GpuSample(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -102,6 +131,7 @@ class GpuSample(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     nvlink: list[NvLinkCounters] = []
     processes: list[ProcessInfo] = []
     nvlink_total: NvLinkTotals | None = None  # None: no NVLink counters known (no links, or old form)
+    amd: AmdGpuHealth | None = None  # AMD GPUs only (RAS blocks, bad pages, XGMI); None on NVIDIA
 
 
 # Inventory-like fields: they change seldom, so a sample may leave them out while they stay the same

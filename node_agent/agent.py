@@ -18,10 +18,8 @@ from typing import Any
 
 import msgspec
 from nats.aio.client import Client
-from nats.js.errors import NotFoundError
 
-from events import subjects
-from events.codec import encode
+from events import Event, subjects
 from node_agent.outbox import Outbox
 from node_agent.runner import NodeFacts, NodeRunner, SeqStore
 from node_agent.sim import executor as ex
@@ -31,17 +29,18 @@ from node_agent.spool import Kind, Record, Spool
 from services.runtime.backoff import Backoff
 from services.runtime.commands import CommandRefused, CommandServer
 from services.runtime.connection import connect
-from services.runtime.consumer import Consumer, ConsumerOptions, Delivery
+from services.runtime.decider import Decider, DeciderHost, Input
 from services.runtime.health import HealthServer, HealthState
+from services.runtime.host import ServiceContext
 from services.runtime.logs import get_logger
+from services.runtime.publisher import Publisher
 from services.runtime.streams import ensure_streams
-from services.runtime.tracing import configure_tracing, publish_traceparent
+from services.runtime.tracing import configure_tracing
 
 log = get_logger("chamber.agent")
 CONNECT_BACKOFF = Backoff(first_s=0.2, max_s=5.0)  # NATS away: samples go to the spool meanwhile
 
 SIM_SERVICE = "sim"
-REPLAY_PATIENCE_S = 10.0
 
 
 class InjectFault(msgspec.Struct, kw_only=True):
@@ -72,11 +71,24 @@ class AgentOptions:
     sysfs_root: Path | None = Path("/")  # where the NICs are read (None: no fabric samples, simulated too)
     nccl_ras: bool = False  # also ask NCCL's RAS service on localhost:28028 for collective progress
     labels: dict[str, str] = field(default_factory=dict)  # topology (rack, leaf, spine) for this node
+    vendor: str = "auto"  # auto (AMD when sysfs shows an AMD GPU, else NVIDIA) | nvidia | amd
+    amd_nodes: int = 0  # simulated: this many of the nodes are AMD (MI300X) nodes
+    amd_gpu_model: str = "MI300X-192GB"
+    step_logs: dict[str, Path] = field(default_factory=dict)  # job -> its JSONL step log (node_agent/step_log.py)
+    inspector_dir: Path | None = None  # NCCL Inspector's Prometheus textfiles (node_agent/inspector.py)
+    inspector_otlp_port: int | None = None  # ...or its OTLP/HTTP JSON export, received on 127.0.0.1:PORT
 
 
 class Agent:
-    def __init__(self, opts: AgentOptions, *, clock: Callable[[], float] = time.time, nvml: Any = None) -> None:
-        """`nvml` is the pynvml module (None: import the real one); tests pass a fake of it."""
+    def __init__(
+        self, opts: AgentOptions, *, clock: Callable[[], float] = time.time, nvml: Any = None, amdsmi: Any = None
+    ) -> None:
+        """`nvml` is the pynvml module and `amdsmi` AMD's (None: import the real ones); tests pass fakes."""
+        self.ras_poller: Any = None  # node_agent.ras_poller.RasPoller with --nccl-ras
+        from node_agent.step_log import StepLogTail
+
+        self.step_logs = [StepLogTail(job, path) for job, path in sorted(opts.step_logs.items())]
+        self.inspector_store: Any = None  # node_agent.inspector.OtlpStore with --nccl-inspector-*
         configure_tracing("agent")
         self.opts = opts
         self.clock = clock
@@ -89,13 +101,11 @@ class Agent:
         self.executor: ex.ExecutorState | None = None
         self._alloc_version = -1
         self._commands: CommandServer | None = None
-        self._consumer: Consumer | None = None
-        self._replay_until: int | None = None
-        self._replay_started = 0.0
+        self.executor_host: DeciderHost[ex.ExecutorState] | None = None
         self.ticks = 0
         self.job_events = 0  # JobStarted / JobCompleted this process decided
-        # Live while the loop answers; ready once NATS is connected (and the simulated executor's
-        # JOBS consumer is bound). Sampling goes on into the spool either way.
+        # Live while the loop answers; ready once NATS is connected (and the simulated executor has
+        # folded JOBS). Sampling goes on into the spool either way.
         self.health_state = HealthState(service="agent", checks=[lambda: self.outbox.problem])
         self.health: HealthServer | None = None
         if opts.simulate:
@@ -105,6 +115,8 @@ class Agent:
                 gpus_per_node=opts.gpus_per_node,
                 model=gpu_model(opts.gpu_model),
                 prefix=opts.node,
+                amd_nodes=opts.amd_nodes,
+                amd_model=gpu_model(opts.amd_gpu_model),
             )
             facts = NodeFacts(driver_version="sim", cuda_version="sim", simulated=True)
             self.runners = [
@@ -121,9 +133,7 @@ class Agent:
             ]
             self.executor = ex.ExecutorState(cluster=opts.cluster, nodes=frozenset(self.fleet.nodes))
         else:
-            from node_agent.nvml_adapter import NvmlSampler
-
-            sampler = NvmlSampler.open(nvml, node=opts.node)
+            sampler = self._open_sampler(nvml, amdsmi)
             host = None
             if opts.sysfs_root is not None:
                 from node_agent.dmi_adapter import read_host
@@ -137,15 +147,53 @@ class Agent:
             )
             fabric = None
             if opts.sysfs_root is not None:
-                from node_agent.fabric_adapter import FabricAdapter, read_nccl_ras
+                from node_agent.fabric_adapter import FabricAdapter, node_addresses
+
+                if opts.nccl_ras:
+                    from node_agent.ras_poller import RasPoller
+
+                    # STATUS every 5 s (a hang is flagged within three queries) and MONITOR for PEER_DEAD
+                    self.ras_poller = RasPoller(clock=clock)
+                inspector = None
+                if opts.inspector_dir is not None or opts.inspector_otlp_port is not None:
+                    from node_agent.inspector import InspectorDir, OtlpStore
+
+                    self.inspector_store = OtlpStore()
+                    files = InspectorDir(opts.inspector_dir) if opts.inspector_dir is not None else None
+                    store = self.inspector_store
+
+                    def inspector() -> list[Any]:
+                        return (files.read() if files is not None else []) + store.read()
 
                 fabric = FabricAdapter(
-                    root=opts.sysfs_root, labels=dict(opts.labels), ras=read_nccl_ras if opts.nccl_ras else None
+                    inspector=inspector,
+                    root=opts.sysfs_root,
+                    labels=dict(opts.labels),
+                    ras=self.ras_poller.comms if self.ras_poller else None,
+                    ras_dead=self.ras_poller.take_dead if self.ras_poller else None,
+                    addresses=node_addresses() if self.ras_poller else [],
                 )
             self.runners = [
                 NodeRunner(opts.cluster, opts.node, sampler, facts, seq=self.seqs.get(opts.node), fabric=fabric)
             ]
             self._nvml = sampler
+
+    def _open_sampler(self, nvml: Any, amdsmi: Any) -> Any:
+        """NVML, or AMD's adapter: `--vendor` forces one; auto reads AMD when sysfs shows an AMD GPU."""
+        opts = self.opts
+        vendor = opts.vendor
+        root = opts.sysfs_root if opts.sysfs_root is not None else Path("/")
+        if vendor == "auto":
+            from node_agent.amd_sysfs import find_cards
+
+            vendor = "amd" if opts.sysfs_root is not None and find_cards(root) else "nvidia"
+        if vendor == "amd":
+            from node_agent.amd_adapter import AmdSampler
+
+            return AmdSampler.open(root, amdsmi=amdsmi, node=opts.node)
+        from node_agent.nvml_adapter import NvmlSampler
+
+        return NvmlSampler.open(nvml, node=opts.node)
 
     # --- the loops ------------------------------------------------------------------------------
 
@@ -158,6 +206,10 @@ class Agent:
             asyncio.create_task(self._connect(stop)),
             asyncio.create_task(self._sample_loop(stop)),
         ]
+        if self.ras_poller is not None:
+            tasks.append(asyncio.create_task(self.ras_poller.run(stop)))
+        if self.opts.inspector_otlp_port is not None and self.inspector_store is not None:
+            tasks.append(asyncio.create_task(self._otlp_receiver(stop)))
         stopped = asyncio.create_task(stop.wait())
         try:
             # A loop that dies is a bug: stop the agent loudly (its supervisor restarts it; the spool
@@ -167,10 +219,25 @@ class Agent:
             await asyncio.gather(tasks[2], tasks[0])
         finally:
             stopped.cancel()
-            tasks[1].cancel()
-            with contextlib.suppress(BaseException):
-                await tasks[1]
+            for task in tasks[1:2] + tasks[3:]:  # the NATS connection and the RAS poller
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
             await self._close()
+
+    async def _otlp_receiver(self, stop: asyncio.Event) -> None:
+        """NCCL Inspector's OTLP/HTTP export, on loopback only (Inspector runs on this node)."""
+        from aiohttp import web
+
+        from node_agent.inspector import otlp_app
+
+        runner = web.AppRunner(otlp_app(self.inspector_store))
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", self.opts.inspector_otlp_port).start()
+        try:
+            await stop.wait()
+        finally:
+            await runner.cleanup()
 
     async def _sample_loop(self, stop: asyncio.Event) -> None:
         interval = self.opts.interval_s
@@ -203,7 +270,7 @@ class Agent:
         records: list[Record] = []
         fleet = self.fleet
         if fleet is not None and self.executor is not None:
-            records.extend(self._execute(now))
+            self._follow_jobs()
             fleet.step(now)
         for runner in self.runners:
             if fleet is not None and fleet.nodes[runner.node].silent:
@@ -219,41 +286,41 @@ class Agent:
                         samples_refused=runner.samples_refused,
                     )
                 runner.refusals.clear()
+        records.extend(self._step_records(now))
         self.seqs.save(self.runners)  # before publishing: a sequence is never used twice
         self.ticks += 1
         return records
 
-    def _execute(self, now: float) -> list[Record]:
-        """The simulated executor: start and complete jobs, and let the GPUs' load follow them."""
+    def _step_records(self, now: float) -> list[Record]:
+        """New rows of the jobs' step logs, one RankStepTimings per job (the first runner's node)."""
+        if not self.step_logs or not self.runners:
+            return []
+        from node_agent.runner import envelope
+
+        node = self.runners[0].node
+        out = []
+        for tail in self.step_logs:
+            event = tail.event(self.opts.cluster, node, now)
+            if event is not None:
+                msg_id = f"{self.opts.cluster}/{node}/steps/{tail.job}/{tail.offset}"
+                subject = subjects.subject_for(event)
+                out.append(Record(int(Kind.SAMPLE), subject, *envelope(event, "chamber/agent", msg_id, now)))
+        return out
+
+    def _follow_jobs(self) -> None:
+        """Let the simulated GPUs' load follow the jobs the executor runs. Its decisions (JobStarted,
+        JobCompleted) are the decider host's (`_run_executor`): published, and folded when they
+        come back on JOBS."""
         state = self.executor
         assert state is not None and self.fleet is not None
-        out = []
-        decisions = ex.decide(state, now) if self._replayed() else []
-        for event, msg_id in decisions:
-            ex.evolve(state, event)  # the outbox will publish it: do not decide it again
-            self.job_events += 1
-            traceparent, _ = publish_traceparent()
-            headers, body = encode(
-                event, source="chamber/agent/sim-executor", id=msg_id, time=now, traceparent=traceparent
-            )
-            out.append(Record(int(Kind.JOB), subjects.subject_for(event), headers, body))
         if state.version != self._alloc_version:
             self._alloc_version = state.version
             self.fleet.assign(ex.allocations(state))
-        return out
 
-    def _replayed(self) -> bool:
-        """Decide only once the JOBS log has been read up to where it stood at start: before that,
-        a job may look unstarted only because its JobStarted has not been read yet."""
-        if self._replay_until is None or self._consumer is None:
-            return False
-        if self._consumer.stats.last_acked_seq >= self._replay_until:
-            return True
-        if time.monotonic() - self._replay_started > REPLAY_PATIENCE_S:  # e.g. the last event was skipped
-            log.warning("JOBS replay not confirmed, deciding anyway", until=self._replay_until)
-            self._replay_until = 0
-            return True
-        return False
+    def _decide_jobs(self, state: ex.ExecutorState, now: float) -> list[tuple[Event, str]]:
+        out = ex.decide(state, now)
+        self.job_events += len(out)
+        return out
 
     # --- NATS -----------------------------------------------------------------------------------
 
@@ -295,21 +362,35 @@ class Agent:
                 log.warning("simulator commands not ready, retrying", error=repr(exc))
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), 1.0)
-        # The executor rebuilds its state from the whole JOBS log at every start.
-        js = self.nc.jetstream()
-        durable = f"sim-executor-{subjects.token(self.opts.cluster)}-{subjects.token(self.opts.node)}"
-        with contextlib.suppress(NotFoundError):
-            await js.delete_consumer("JOBS", durable)
-        info = await js.stream_info("JOBS")
-        self._replay_started = time.monotonic()
-        self._consumer = Consumer(js, ConsumerOptions(stream="JOBS", durable=durable), handler=self._on_job_event)
-        self.health_state.consumers = [self._consumer]
-        self._replay_until = info.state.last_seq
-        await self._consumer.run(stop)
+        await self._run_executor(stop)
 
-    async def _on_job_event(self, delivery: Delivery) -> None:
-        assert self.executor is not None
-        ex.evolve(self.executor, delivery.envelope.event)
+    async def _run_executor(self, stop: asyncio.Event) -> None:
+        """The simulated executor on the decider host: it folds the whole JOBS log at every start and
+        decides only once caught up (the host's one definition), then on every interval."""
+        assert self.nc is not None and self.executor is not None
+        js = self.nc.jetstream()
+        state = self.executor
+        name = f"sim-executor-{subjects.token(self.opts.cluster)}-{subjects.token(self.opts.node)}"
+        ctx = ServiceContext(
+            name=name,
+            url=self.opts.nats,
+            nc=self.nc,
+            js=js,
+            publisher=Publisher(js, source="chamber/agent/sim-executor"),
+            stop=stop,
+            health_state=self.health_state,  # ready (and chamber_replaying 0) once JOBS is folded
+        )
+        decider = Decider(
+            name=name,
+            inputs=(Input("JOBS"),),
+            initial=lambda: state,
+            evolve=ex.evolve,
+            decide=self._decide_jobs,
+            tick_s=self.opts.interval_s,
+        )
+        self.executor_host = DeciderHost(decider, ctx)
+        self.executor_host.install()
+        await asyncio.gather(*(task() for task in ctx._tasks))
 
     async def _inject(self, cmd: InjectFault) -> dict[str, object]:
         assert self.fleet is not None
@@ -326,9 +407,6 @@ class Agent:
         if self._commands is not None:
             with contextlib.suppress(Exception):
                 await self._commands.stop()
-        if self._consumer is not None:
-            with contextlib.suppress(Exception):
-                await self._consumer.unsubscribe()
         if self.nc is not None:
             with contextlib.suppress(Exception):
                 await self.nc.drain()

@@ -25,6 +25,19 @@ Detectors and thresholds (sources in /work/shared/reference/gpu-faults.md):
 - pcie: PCIe replays within 60 s above ceil(per-lane rate x lanes) (DCGM PCIE watch; Gen4 x16 = 16,
   Gen5 x16 = 31, the default when the link is unknown). warning.
 - gpu_lost: the GPU cannot be read (NVML_ERROR_GPU_IS_LOST). critical.
+
+AMD Instinct GPUs (`GpuSample.amd` set; sources in docs/amd.md):
+- amd_ras_ue: a RAS block's uncorrectable count (`ras/<block>_err_count` "ue:") rises, or is > 0 when
+  first seen; `ras_block` names the block and the policy's `amd_ras` table decides. critical. (The
+  generic ecc_dbe detector is not run on AMD GPUs: the UMC block is the DBE analogue and has its rule.)
+- amd_bad_pages: retired VRAM pages >= the board's threshold (amdgpu flags the board for RMA there)
+  -> critical; >= 90 % of it (where amdgpu warns) -> warning. Threshold unknown: one page per 100 MB
+  of VRAM (amdgpu's RAS_BAD_PAGE_COVER formula).
+- amd_cper: each CPER record the driver logged: fatal -> critical, non-fatal uncorrected -> warning,
+  corrected -> info; `afid` carries its AMD Field ID for the policy's `amd_afid` table.
+- gpu_reset_stuck: a GPU reset began (amdsmi's GPU_PRE_RESET, or RAS counters answering "Query currently
+  inaccessible") and has not completed within 60 s. critical (the policy isolates the node).
+- xgmi: an XGMI link reported down. critical.
 """
 
 from __future__ import annotations
@@ -39,6 +52,11 @@ from node_agent.xid_catalog import SOURCE as XID_SOURCE
 from node_agent.xid_catalog import classify
 
 WINDOW_S = 60.0
+RESET_TIMEOUT_S = 60.0  # a GPU reset still under way after this long is stuck (AMD: isolate the node)
+RAS_BAD_PAGE_COVER_MIB = 100.0  # amdgpu_ras.c: "typical ECC bad page rate is 1 bad page per 100MB VRAM"
+BAD_PAGE_WARN_SHARE = 0.9  # amdgpu_ras_eeprom.c warns at 90 % of the threshold
+AMD_SCOPE = "amd:"  # condition keys of the AMD detectors (kept apart from the NVML-shaped ones)
+_CPER_SEVERITY = {"fatal": Severity.CRITICAL, "non_fatal_uncorrected": Severity.WARNING}
 SBE_STORM_PER_WINDOW = 100
 NVLINK_CRC_CRITICAL_PER_S = 100.0  # DCGM_LIMIT_MAX_NVLINK_CRC_ERROR: "CRC errors only matter at 100+/s"
 DEFAULT_SLOWDOWN_TEMP_C = 85.0  # DCGM's fallback when the device does not report its slowdown temperature
@@ -72,12 +90,26 @@ class XidEvent:
 
 
 @dataclass(frozen=True)
+class AmdEvent:
+    """An AMD driver event since the last reading: a CPER record (`afid` decoded from it, `severity`
+    the CPER header's: fatal | non_fatal_uncorrected | non_fatal_corrected), or a GPU reset's
+    begin / end (amdsmi's GPU_PRE_RESET / GPU_POST_RESET notifications)."""
+
+    gpu_index: int
+    kind: str  # cper | reset_begin | reset_end
+    at: float
+    afid: int | None = None
+    severity: str | None = None
+
+
+@dataclass(frozen=True)
 class Reading:
     """One interval as the sampler saw it: the sample, XID events since the last one, lost GPUs."""
 
     sample: NodeSample
     xids: tuple[XidEvent, ...] = ()
     lost_gpus: frozenset[int] = frozenset()
+    amd_events: tuple[AmdEvent, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -122,6 +154,10 @@ class GpuState:
     nvlink_seen: object = None  # the last sample's link list, and its totals (crc, replay, recovery)
     nvlink_totals: tuple[int | None, int | None, int | None] = (None, None, None)
     raised: Mapping[str, Severity] = field(default_factory=dict)  # conditions already published
+    amd_seen: object = None  # the last AmdGpuHealth seen (the same object while nothing changed)
+    amd_ue: Mapping[str, int] = field(default_factory=dict)  # uncorrectable count per RAS block
+    reset_since: float | None = None  # when the GPU reset now under way began
+    reset_open: bool = False  # a reset-begin notification without its end yet
 
 
 @dataclass(frozen=True)
@@ -141,6 +177,8 @@ class _Found:
     detail: str
     xid: int | None = None
     at: float | None = None
+    ras_block: str | None = None
+    afid: int | None = None
 
 
 def detect(
@@ -171,7 +209,11 @@ def detect(
     for g in sample.gpus:
         prev = state.gpus.get(g.index) or _NEW_GPU
         lim = limits.get(g.index, _DEFAULT_LIMITS) if limits else _DEFAULT_LIMITS
-        nxt = gpus[g.index] = _detect_gpu(prev, g, g.index in reading.lost_gpus, lim, now, window_s, found)
+        nxt = _detect_gpu(prev, g, g.index in reading.lost_gpus, lim, now, window_s, found)
+        if g.amd is not None or nxt.amd_seen is not None or reading.amd_events:
+            events = [e for e in reading.amd_events if e.gpu_index == g.index]
+            nxt = _detect_amd(nxt, g, events, now, found)
+        gpus[g.index] = nxt
         changed = changed or nxt is not prev
     if not found:
         return (DetectorState(gpus) if changed else state), []
@@ -190,7 +232,7 @@ def _detect_gpu(
     if _quiet(prev, g, lim):
         return prev
     dbe = g.ecc_dbe_volatile
-    if dbe is not None and dbe > (prev.dbe if prev.dbe is not None else 0):
+    if g.amd is None and dbe is not None and dbe > (prev.dbe if prev.dbe is not None else 0):
         before = prev.dbe if prev.dbe is not None else 0
         found.append(_Found(FaultKind.ECC_DBE, Severity.CRITICAL, g.index, f"volatile DBE count {before} -> {dbe}"))
 
@@ -263,6 +305,10 @@ def _detect_gpu(
         nvlink_recovery=recovery,
         dbe=dbe if dbe is not None else prev.dbe,
         raised=prev.raised,
+        amd_seen=prev.amd_seen,
+        amd_ue=prev.amd_ue,
+        reset_since=prev.reset_since,
+        reset_open=prev.reset_open,
     )
     return _raise(nxt, conditions, g.index, found)
 
@@ -306,11 +352,88 @@ def _nvlink_condition(
     return FaultKind.NVLINK, severity, detail
 
 
+def _detect_amd(st: GpuState, g: GpuSample, events: list[AmdEvent], now: float, found: list[_Found]) -> GpuState:
+    """The AMD rules (module docstring) over one GPU's `amd` health and its driver events."""
+    a = g.amd
+    quiet = a is st.amd_seen and not events and st.reset_since is None
+    if quiet and not any(k.startswith(AMD_SCOPE) for k in st.raised):
+        return st
+    conditions: dict[str, tuple[FaultKind, Severity, str]] = {}
+    ue = dict(st.amd_ue)
+    if a is not None:
+        for b in a.ras:
+            before = st.amd_ue.get(b.block)
+            if b.ue > (before if before is not None else 0):
+                found.append(
+                    _Found(
+                        FaultKind.AMD_RAS_UE,
+                        Severity.CRITICAL,
+                        g.index,
+                        f"RAS {b.block}: uncorrectable errors {before or 0} -> {b.ue}",
+                        ras_block=b.block,
+                    )
+                )
+            ue[b.block] = b.ue  # a lower count (driver reload) is the new base
+        threshold = a.bad_page_threshold
+        if threshold is None and g.memory_total_mib:
+            threshold = int(g.memory_total_mib // RAS_BAD_PAGE_COVER_MIB)
+        if a.bad_pages is not None and threshold:
+            if a.bad_pages >= threshold:
+                conditions["amd:bad_pages"] = (
+                    FaultKind.AMD_BAD_PAGES,
+                    Severity.CRITICAL,
+                    f"{a.bad_pages} retired VRAM pages >= the board's threshold {threshold} (RMA)",
+                )
+            elif a.bad_pages >= BAD_PAGE_WARN_SHARE * threshold:
+                conditions["amd:bad_pages"] = (
+                    FaultKind.AMD_BAD_PAGES,
+                    Severity.WARNING,
+                    f"{a.bad_pages} retired VRAM pages, 90 % of the threshold {threshold}",
+                )
+        if a.xgmi_down:
+            links = f" of {a.xgmi_links}" if a.xgmi_links else ""
+            conditions["amd:xgmi"] = (
+                FaultKind.XGMI,
+                Severity.CRITICAL,
+                f"XGMI link(s) {', '.join(map(str, a.xgmi_down))}{links} down",
+            )
+    since, open_event = st.reset_since, st.reset_open
+    for e in events:
+        if e.kind == "reset_begin":
+            open_event = True
+            since = e.at if since is None else since
+        elif e.kind == "reset_end":
+            open_event, since = False, None
+        elif e.kind == "cper":
+            severity = _CPER_SEVERITY.get(e.severity or "", Severity.INFO)
+            afid = f"AFID {e.afid}" if e.afid is not None else "no AFID decoded"
+            detail = f"CPER {e.severity or '?'} record, {afid}"
+            found.append(_Found(FaultKind.AMD_CPER, severity, g.index, detail, afid=e.afid, at=e.at))
+    if a is not None and a.ras_inaccessible:
+        since = now if since is None else since
+    elif not open_event:
+        since = None
+    if since is not None and now - since >= RESET_TIMEOUT_S:
+        conditions["amd:reset"] = (
+            FaultKind.GPU_RESET_STUCK,
+            Severity.CRITICAL,
+            f"GPU reset begun {now - since:.0f} s ago has not completed (limit {RESET_TIMEOUT_S:g} s)",
+        )
+    nxt = replace(st, amd_seen=a, amd_ue=ue, reset_since=since, reset_open=open_event)
+    return _raise(nxt, conditions, g.index, found, scope=AMD_SCOPE)
+
+
 def _raise(
-    st: GpuState, conditions: dict[str, tuple[FaultKind, Severity, str]], gpu: int, found: list[_Found]
+    st: GpuState,
+    conditions: dict[str, tuple[FaultKind, Severity, str]],
+    gpu: int,
+    found: list[_Found],
+    *,
+    scope: str = "",
 ) -> GpuState:
-    """Publish conditions that are new or got worse; forget the ones that cleared (they re-arm)."""
-    raised: dict[str, Severity] = {}
+    """Publish conditions that are new or got worse; forget the ones that cleared (they re-arm).
+    Only the conditions of `scope` are weighed (the NVML-shaped ones, or the AMD ones)."""
+    raised: dict[str, Severity] = {k: v for k, v in st.raised.items() if _scope(k) != scope}
     for key, (kind, severity, detail) in conditions.items():
         before = st.raised.get(key)
         if before is None or _RANK[severity] > _RANK[before]:
@@ -321,6 +444,10 @@ def _raise(
     if raised == st.raised:
         return st
     return replace(st, raised=raised)
+
+
+def _scope(key: str) -> str:
+    return AMD_SCOPE if key.startswith(AMD_SCOPE) else ""
 
 
 def _nvlink_totals(links: list[NvLinkCounters]) -> tuple[int | None, int | None, int | None]:
@@ -360,4 +487,6 @@ def _fault(sample: NodeSample, f: _Found, n: int) -> GpuFaultDetected:
         gpu_uuid=uuid,
         xid=f.xid,
         detail=f.detail,
+        ras_block=f.ras_block,
+        afid=f.afid,
     )

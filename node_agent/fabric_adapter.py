@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from events.fabric import CommProgress, FabricSample, LinkState, NicSample
+from events.fabric import CollectiveBandwidth, CommProgress, DeadPeer, FabricSample, LinkState, NicSample
 from services.runtime.logs import get_logger
 
 log = get_logger("chamber.agent.fabric")
@@ -200,9 +200,10 @@ RAS_PORT = 28028
 
 def read_nccl_ras(host: str = "127.0.0.1", port: int = RAS_PORT, timeout_s: float = 0.5) -> list[CommProgress] | None:
     """Per-communicator collective counts from NCCL's RAS service (JSON output: NCCL >= 2.28.7), or None
-    when it is unreachable or too old to answer in JSON. Unverified against a live NCCL here: the
-    parser takes what it recognises (`communicators[*].{id|commHash, ranks, ops|collOpCount, missingRanks}`)
-    and ignores the rest."""
+    when it is unreachable or too old to answer in JSON. The agent no longer uses this one-shot reader:
+    `--nccl-ras` runs node_agent/ras_poller.py (the documented handshake, text fallback, MONITOR).
+    Unverified against a live NCCL here: the parser takes what it recognises
+    (`communicators[*].{id|commHash, ranks, ops|collOpCount, missingRanks}`) and ignores the rest."""
     import json
 
     try:
@@ -246,6 +247,15 @@ def read_nccl_ras(host: str = "127.0.0.1", port: int = RAS_PORT, timeout_s: floa
     return out
 
 
+def node_addresses() -> list[str]:
+    """This host's IP addresses as the resolver knows them (NCCL RAS names peers by address)."""
+    try:
+        infos = socket.getaddrinfo(socket.gethostname(), None)
+    except OSError:
+        return []
+    return sorted({str(i[4][0]) for i in infos if not str(i[4][0]).startswith(("127.", "::1"))})
+
+
 # --- the adapter -------------------------------------------------------------------------------------
 
 
@@ -280,6 +290,9 @@ class FabricAdapter:
     rails: dict[str, int] = field(default_factory=dict)
     ethtool: Callable[[str], dict[str, int] | None] | None = ethtool_stats
     ras: Callable[[], list[CommProgress] | None] | None = None
+    ras_dead: Callable[[], list[DeadPeer]] | None = None  # NCCL RAS peers declared dead (node_agent/ras_poller.py)
+    addresses: list[str] = field(default_factory=list)  # this node's IPs: RAS names a dead peer by address
+    inspector: Callable[[], list[CollectiveBandwidth]] | None = None  # NCCL Inspector (node_agent/inspector.py)
     _prev: dict[str, _Prev] = field(default_factory=dict)
     _ras_failed: bool = False
 
@@ -354,6 +367,9 @@ class FabricAdapter:
             nics=nics,
             comms=self._comms(),
             labels=self.labels,
+            dead_peers=self.ras_dead() if self.ras_dead is not None else [],
+            addresses=list(self.addresses),
+            collectives=self.inspector() if self.inspector is not None else [],
         )
 
     def _comms(self) -> list[CommProgress]:

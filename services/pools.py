@@ -9,12 +9,19 @@ quotas in several), else in `default`.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from events import JobSpec
 
 DEFAULT_POOL = "default"
+_AMD_MODEL = re.compile(r"^MI\d{3}", re.I)  # AMD Instinct: MI250X-64GB, MI300X-192GB, MI325X-256GB, MI355X-288GB
+
+
+def model_vendor(model: str) -> str:
+    """ "amd" for an AMD Instinct model name (they all start MI + three digits), else "nvidia"."""
+    return "amd" if _AMD_MODEL.match(model) else "nvidia"
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
-from events.telemetry import GpuInfo, GpuSample, NodeSample, NvLinkCounters, ProcessInfo, RowRemapState
-from node_agent.detectors import GpuLimits, Reading, XidEvent, pcie_replay_limit
+from events.telemetry import (
+    AmdGpuHealth,
+    GpuInfo,
+    GpuSample,
+    NodeSample,
+    NvLinkCounters,
+    ProcessInfo,
+    RasBlockCount,
+    RowRemapState,
+)
+from node_agent.detectors import AmdEvent, GpuLimits, Reading, XidEvent, pcie_replay_limit
 from node_agent.sim.fabric import FabricFault, GpuLoad, SimFabric, SimNicReader, Topology
 from node_agent.sim.models import GpuModel
 
@@ -44,10 +53,23 @@ class SimFaultKind(StrEnum):
     NIC_ERRORS = "nic_errors"
     PFC_STORM = "pfc_storm"
     GPU_SLOW = "gpu_slow"
+    # AMD Instinct nodes only (a simulated MI300X node, `chamber up --amd-nodes N`)
+    AMD_UMC_UE = "amd_umc_ue"  # an HBM uncorrectable error (ras/umc_err_count ue: +1)
+    AMD_GFX_UE = "amd_gfx_ue"  # an uncorrectable error in the GFX block
+    AMD_BAD_PAGES = "amd_bad_pages"  # retired pages past the board's threshold
+    AMD_CPER_FATAL = "amd_cper_fatal"  # a fatal CPER record (AFID from --xid N, when given)
+    AMD_RESET_HANG = "amd_reset_hang"  # a GPU reset that begins and never completes
+    XGMI_DOWN = "xgmi_down"  # an XGMI link goes down
     CLEAR = "clear"
 
 
 NODE_LEVEL = {SimFaultKind.AGENT_SILENT, SimFaultKind.CLEAR}
+AMD_ONLY = {
+    SimFaultKind.AMD_UMC_UE, SimFaultKind.AMD_GFX_UE, SimFaultKind.AMD_BAD_PAGES, SimFaultKind.AMD_CPER_FATAL,
+    SimFaultKind.AMD_RESET_HANG, SimFaultKind.XGMI_DOWN,
+}  # fmt: skip
+_NO_LINKS: list[NvLinkCounters] = []  # AMD: no NVLink; one shared list keeps the detectors' fast path
+AMD_RAS_BLOCKS = ("umc", "gfx", "sdma", "mmhub", "pcie_bif", "hdp", "xgmi_wafl")
 
 # Injected error rates (per second) while a fault is on: above the detectors' thresholds, so that a
 # fault shows within a few seconds of `chamber sim-fault`.
@@ -99,10 +121,15 @@ def _uuid(node: str, index: int) -> str:
 
 class SimGpu:
     __slots__ = (
+        "_amd",
         "_links",
         "_procs",
         "_remap",
         "_remap_key",
+        "amd_bad_pages",
+        "amd_events",
+        "amd_resetting",
+        "amd_ue",
         "crc",
         "crc_rate",
         "dbe",
@@ -125,6 +152,7 @@ class SimGpu:
         "temp",
         "thermal",
         "uuid",
+        "xgmi_down",
         "xids",
     )
 
@@ -141,6 +169,10 @@ class SimGpu:
         self._remap_key: tuple[int, bool, bool] | None = None
         self.frac = 0.0  # fractional error counts carried between steps
         self.sbe = self.dbe = self.pcie = self.crc = self.replay = self.recovery = self.remap_unc = 0
+        self._amd: AmdGpuHealth | None = None
+        self.amd_ue: dict[str, int] = {}
+        self.amd_bad_pages = 0
+        self.amd_events: list[AmdEvent] = []
         self.clear()
 
     def clear(self) -> None:
@@ -152,6 +184,10 @@ class SimGpu:
         self.sbe = self.dbe = 0
         self.xids = []
         self._links = None
+        self.amd_ue = {}  # the reset cleared amdgpu's counts (they count since the driver loaded)
+        self.amd_resetting = False
+        self.xgmi_down: list[int] = []
+        self._amd = None
 
 
 class SimNode:
@@ -184,6 +220,23 @@ class SimNode:
 
     def _make_inventory(self) -> list[GpuInfo]:
         m = self.model
+        if m.vendor == "amd":
+            return [
+                GpuInfo(
+                    index=g.index,
+                    uuid=g.uuid,
+                    model=m.model,
+                    name=m.product_name,
+                    serial=f"SIM{hashlib.sha256(g.uuid.encode()).hexdigest()[:10].upper()}",
+                    pci_bus_id=f"0000:{0x0C + 0x10 * g.index:02x}:00.0",
+                    memory_total_mib=m.memory_mib,
+                    power_limit_w=m.tdp_w,
+                    vendor="amd",
+                    compute_partition="SPX",
+                    memory_partition="NPS1",
+                )
+                for g in self.gpus
+            ]
         return [
             GpuInfo(
                 index=g.index,
@@ -210,10 +263,14 @@ class SimNode:
         samples = []
         xids: list[XidEvent] = []
         lost: set[int] = set()
+        events: list[AmdEvent] = []
         for g in self.gpus:
             if g.xids:
                 xids.extend(g.xids)
                 g.xids = []
+            if g.amd_events:
+                events.extend(g.amd_events)
+                g.amd_events = []
             if g.lost:
                 lost.add(g.index)
                 samples.append(GpuSample(index=g.index, uuid=g.uuid))
@@ -222,7 +279,7 @@ class SimNode:
         sample = NodeSample(
             cluster=cluster, node=self.name, seq=seq, observed_at=now, interval_s=interval_s, gpus=samples
         )
-        return Reading(sample, tuple(xids), frozenset(lost))
+        return Reading(sample, tuple(xids), frozenset(lost), tuple(events))
 
     def _sample(self, g: SimGpu, dt: float) -> GpuSample:
         m = self.model
@@ -259,6 +316,29 @@ class SimNode:
         g.temp += (target - g.temp) * min(1.0, dt / THERMAL_TAU_S) if not g.thermal else (target - g.temp)
         if g.sbe_rate or g.crc_rate or g.replay_rate or g.pcie_rate:
             self._count_errors(g, dt)
+        if m.vendor == "amd":
+            return GpuSample(
+                index=g.index,
+                uuid=g.uuid,
+                utilization_pct=_tenth(util),
+                memory_utilization_pct=_tenth(util * 0.45),
+                sm_activity_pct=_tenth(util) if load is not None else None,
+                memory_used_mib=mem,
+                memory_total_mib=m.memory_mib,
+                power_w=_tenth(max(power, 0.5 * m.idle_w)),
+                power_limit_w=m.tdp_w,
+                temperature_c=float(int(g.temp + 0.5)),
+                sm_clock_mhz=clock,
+                mem_clock_mhz=m.mem_clock_mhz,
+                ecc_sbe_volatile=g.sbe,
+                ecc_dbe_volatile=g.amd_ue.get("umc", 0),
+                retired_pages_dbe=g.amd_bad_pages,
+                retired_pages_pending=False,
+                pcie_replay_count=g.pcie,
+                processes=g._procs,
+                amd=self._amd_health(g),
+                nvlink=_NO_LINKS,
+            )
         return GpuSample(
             index=g.index,
             uuid=g.uuid,
@@ -297,13 +377,35 @@ class SimNode:
             mean = rate * dt
             return int(mean) + (1 if self.rng.random() < mean - int(mean) else 0)
 
-        g.sbe += take(g.sbe_rate)
+        sbe = take(g.sbe_rate)
+        if sbe:
+            g.sbe += sbe
+            g._amd = None
         g.pcie += take(g.pcie_rate)
         crc, replay = take(g.crc_rate), take(g.replay_rate)
         if crc or replay:
             g.crc += crc
             g.replay += replay
             g._links = None
+
+    def _amd_health(self, g: SimGpu) -> AmdGpuHealth:
+        if g._amd is None:  # one shared object until something changes (the detectors' fast path)
+            ce = g.sbe
+            g._amd = AmdGpuHealth(
+                ras=[
+                    RasBlockCount(
+                        block=b, ue=g.amd_ue.get(b, 0), ce=ce if b == "umc" else 0, de=0 if b == "umc" else None
+                    )
+                    for b in AMD_RAS_BLOCKS
+                ],
+                bad_pages=g.amd_bad_pages,
+                bad_pages_pending=0,
+                bad_page_threshold=int(self.model.memory_mib // 100),
+                xgmi_links=self.model.nvlink_links,
+                xgmi_down=list(g.xgmi_down),
+                ras_inaccessible=g.amd_resetting,
+            )
+        return g._amd
 
     def _remap(self, g: SimGpu) -> RowRemapState:
         key = (g.remap_unc, g.remap_pending, g.remap_failure)
@@ -359,13 +461,34 @@ class SimNode:
                 self.silent = False
             return {"node": self.name, "kind": kind.value, "gpu": gpu}
         g = self._gpu(0 if gpu is None else gpu)
+        amd = self.model.vendor == "amd"
+        if kind in AMD_ONLY and not amd:
+            raise SimError(f"{kind.value} is an AMD fault and {self.name} is a {self.model.model} node", "kind")
+        if amd and kind in (SimFaultKind.ROW_REMAP_FAILURE, SimFaultKind.ROW_REMAP_PENDING, SimFaultKind.NVLINK):
+            raise SimError(f"{self.name} is an AMD node: no {kind.value}; try amd_bad_pages or xgmi_down", "kind")
+        g._amd = None
         match kind:
             case SimFaultKind.XID:
                 if xid is None or xid < 1:
                     raise SimError("an xid fault needs the XID code: pass --xid N (N >= 1)", "xid")
                 g.xids.append(XidEvent(g.index, xid, now))
+            case SimFaultKind.ECC_DBE if amd:
+                g.amd_ue["umc"] = g.amd_ue.get("umc", 0) + 1
             case SimFaultKind.ECC_DBE:
                 g.dbe += 1
+            case SimFaultKind.AMD_UMC_UE:
+                g.amd_ue["umc"] = g.amd_ue.get("umc", 0) + 1
+            case SimFaultKind.AMD_GFX_UE:
+                g.amd_ue["gfx"] = g.amd_ue.get("gfx", 0) + 1
+            case SimFaultKind.AMD_BAD_PAGES:
+                g.amd_bad_pages = int(self.model.memory_mib // 100)
+            case SimFaultKind.AMD_CPER_FATAL:
+                g.amd_events.append(AmdEvent(g.index, "cper", now, afid=xid, severity="fatal"))
+            case SimFaultKind.AMD_RESET_HANG:
+                g.amd_resetting = True
+                g.amd_events.append(AmdEvent(g.index, "reset_begin", now))
+            case SimFaultKind.XGMI_DOWN:
+                g.xgmi_down = [*g.xgmi_down, len(g.xgmi_down) % max(1, self.model.nvlink_links)]
             case SimFaultKind.SBE_STORM:
                 g.sbe_rate = SBE_STORM_PER_S
             case SimFaultKind.ROW_REMAP_FAILURE:
@@ -406,11 +529,18 @@ class SimFleet:
         model: GpuModel,
         prefix: str = "sim",
         topology: Topology | None = None,
+        amd_nodes: int = 0,
+        amd_model: GpuModel | None = None,
     ) -> None:
+        """`amd_nodes`: the last that many nodes are AMD nodes of `amd_model` (a mixed fleet)."""
         width = max(3, len(str(nodes - 1)))
+        names = [f"{prefix}-{i:0{width}d}" for i in range(nodes)]
+        first_amd = nodes - amd_nodes
+        if amd_nodes and (amd_model is None or amd_model.vendor != "amd"):
+            raise ValueError("amd_nodes needs an AMD amd_model")
         self.nodes = {
-            name: SimNode(seed, name, gpus_per_node, model)
-            for name in (f"{prefix}-{i:0{width}d}" for i in range(nodes))
+            name: SimNode(seed, name, gpus_per_node, amd_model if i >= first_amd and amd_model else model)
+            for i, name in enumerate(names)
         }
         # One NIC per GPU (rail-optimised), topology labels by position; see node_agent/sim/fabric.py.
         self.fabric = SimFabric(seed, list(self.nodes), nics_per_node=gpus_per_node, topology=topology)

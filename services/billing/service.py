@@ -14,11 +14,13 @@ import msgspec
 
 from events import Event, PriceSet
 from events.codec import new_id, stable_id
+from services.billing import core
 from services.billing.core import BillingState, decide, evolve
 from services.runtime.commands import CommandRefused
-from services.runtime.decider import Decider, DeciderHost, Input, SnapshotCodec, pickle_codec
+from services.runtime.decider import Decider, DeciderHost, Input, SnapshotCodec
 from services.runtime.host import ServiceContext, serve
 from services.runtime.logs import get_logger
+from services.runtime.state_codec import facts_codec
 
 NAME = "billing"
 DESCRIPTION = "accrue GPU-hour cost per team and job, idle cost per pool, and budgets exceeded"
@@ -64,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def snapshot_codec() -> SnapshotCodec[BillingState]:
-    return pickle_codec(BillingState)
+    return facts_codec(BillingState, version=core.STATE_VERSION)
 
 
 class Billing:

@@ -46,10 +46,51 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--sysfs-root",
         default="/",
         metavar="DIR",
-        help="read NICs under DIR/sys/class/{infiniband,net} and the firmware identity under DIR/sys/class/dmi/id "
-        "(default /; 'none': neither, and no simulated fabric samples)",
+        help="read NICs under DIR/sys/class/{infiniband,net}, AMD GPUs under DIR/sys/class/{drm,kfd} and the "
+        "firmware identity under DIR/sys/class/dmi/id (default /; 'none': none of them, and no simulated fabric "
+        "samples)",
     )
-    p.add_argument("--nccl-ras", action="store_true", help="also read NCCL's RAS service on localhost:28028")
+    p.add_argument(
+        "--vendor",
+        choices=["auto", "nvidia", "amd"],
+        default="auto",
+        help="GPU vendor: auto (AMD when DIR/sys/class/drm shows a GPU with vendor 0x1002, else NVIDIA through "
+        "NVML), or force one (default auto)",
+    )
+    p.add_argument(
+        "--amd-nodes",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --simulate: make N of the nodes AMD Instinct nodes (default 0)",
+    )
+    p.add_argument(
+        "--amd-gpu-model", default="MI300X-192GB", help="GPU model of the simulated AMD nodes (default MI300X-192GB)"
+    )
+    p.add_argument(
+        "--nccl-ras",
+        action="store_true",
+        help="also query NCCL's RAS service on localhost:28028 (STATUS every 5 s, MONITOR for PEER_DEAD)",
+    )
+    p.add_argument(
+        "--step-log",
+        action="append",
+        default=[],
+        metavar="JOB=PATH",
+        help="tail a job's JSONL step log (chamber_hooks.StepLog) and publish its per-rank step timings (repeatable)",
+    )
+    p.add_argument(
+        "--nccl-inspector-dir",
+        type=Path,
+        metavar="DIR",
+        help="read NCCL Inspector's Prometheus textfiles (NCCL_INSPECTOR_DUMP_DIR) into the fabric samples",
+    )
+    p.add_argument(
+        "--nccl-inspector-otlp-port",
+        type=int,
+        metavar="PORT",
+        help="receive NCCL Inspector's OTLP/HTTP JSON metrics on 127.0.0.1:PORT/v1/metrics (Inspector's default 4318)",
+    )
     p.add_argument(
         "--label",
         action="append",
@@ -79,6 +120,7 @@ def options(args: argparse.Namespace) -> AgentOptions:
             raise UsageError(str(exc)) from None
     elif not 0 <= health_port <= 65535:
         raise UsageError(f"--health-port must be a port number (0-65535), not {health_port}")
+    amd_model_name = "MI300X-192GB"
     if args.simulate:
         if args.nodes < 1:
             raise UsageError(f"--nodes must be 1 or more, not {args.nodes}")
@@ -88,6 +130,16 @@ def options(args: argparse.Namespace) -> AgentOptions:
             model = gpu_model(args.gpu_model).model
         except KeyError as exc:
             raise UsageError(f"--gpu-model: {exc.args[0]}") from None
+        amd_nodes = getattr(args, "amd_nodes", 0)
+        if not 0 <= amd_nodes <= args.nodes:
+            raise UsageError(f"--amd-nodes must be between 0 and --nodes ({args.nodes}), not {amd_nodes}")
+        try:
+            amd_model = gpu_model(getattr(args, "amd_gpu_model", "MI300X-192GB"))
+        except KeyError as exc:
+            raise UsageError(f"--amd-gpu-model: {exc.args[0]}") from None
+        if amd_model.vendor != "amd":
+            raise UsageError(f"--amd-gpu-model {amd_model.model} is not an AMD model (e.g. MI300X-192GB)")
+        amd_model_name = amd_model.model
     else:
         model = args.gpu_model
     labels = {}
@@ -112,12 +164,31 @@ def options(args: argparse.Namespace) -> AgentOptions:
         health_port=health_port,
         sysfs_root=None if root == "none" else Path(root),
         nccl_ras=getattr(args, "nccl_ras", False),
+        step_logs=_step_logs(getattr(args, "step_log", [])),
+        inspector_dir=getattr(args, "nccl_inspector_dir", None),
+        inspector_otlp_port=getattr(args, "nccl_inspector_otlp_port", None),
         labels=labels,
+        vendor=getattr(args, "vendor", "auto"),
+        amd_nodes=getattr(args, "amd_nodes", 0) if args.simulate else 0,
+        amd_gpu_model=amd_model_name,
     )
+
+
+def _step_logs(values: list[str]) -> dict[str, Path]:
+    from services.cli.errors import UsageError
+
+    out = {}
+    for v in values:
+        job, sep, path = v.partition("=")
+        if not sep or not job or not path:
+            raise UsageError(f"--step-log takes JOB=PATH, not {v!r}")
+        out[job] = Path(path)
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
     from node_agent.agent import Agent
+    from node_agent.amd_adapter import AmdUnavailable
     from node_agent.nvml_adapter import NvmlUnavailable
     from services.runtime import run_until_stopped
     from services.runtime.logs import configure_logging
@@ -127,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
     opts = options(args)
     try:
         agent = Agent(opts)
-    except NvmlUnavailable as exc:
+    except (NvmlUnavailable, AmdUnavailable) as exc:
         raise UsageError(str(exc)) from None
     except OSError as exc:
         raise UsageError(f"--spool {opts.spool_dir}: {exc.strerror or exc}; pick a writable directory") from None

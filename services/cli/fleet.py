@@ -47,8 +47,10 @@ async def read_fleet(nc: Any, cluster: str | None = None) -> list[dict[str, Any]
 
 def contract(node: dict[str, Any]) -> dict[str, Any]:
     """The documented shape (other tools rely on it), plus extra fields after it."""
+    documented = ("index", "uuid", "model", "util", "isolated", "reason")
     gpus = [
-        {k: g.get(k) for k in ("index", "uuid", "model", "util", "isolated", "reason")} for g in node.get("gpus", [])
+        {**{k: g.get(k) for k in documented}, **{k: v for k, v in g.items() if k not in documented}}
+        for g in node.get("gpus", [])
     ]
     base = {k: node.get(k) for k in ("cluster", "node", "status", "reason")}
     extra = {k: v for k, v in node.items() if k not in base and k != "gpus"}
@@ -75,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
             util = "-" if g.get("util") is None else f"{g['util']:.0f}%"
             health = "isolated" if g["isolated"] else "ok"
             reason = f"  {g['reason']}" if g["isolated"] and g.get("reason") else ""
-            print(f"   gpu {g['index']:<2} {g['model']:<20} util {util:>5}  {health}{reason}")
+            model = f"AMD {g['model']}" if g.get("vendor") == "amd" else g["model"]  # NVIDIA lines as before
+            print(f"   gpu {g['index']:<2} {model:<20} util {util:>5}  {health}{reason}")
     gpus = sum(len(n["gpus"]) for n in nodes)
     in_service = sum(
         sum(1 for g in n["gpus"] if not g["isolated"]) for n in nodes if n["status"] not in ("lost", "isolated")

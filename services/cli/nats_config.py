@@ -36,6 +36,7 @@ from events.partitions import partition_stream
 from events.streams import STREAMS
 from services.cli.common import add_cluster_option
 from services.cli.errors import UsageError
+from services.runtime.snapshots import BUCKET as SNAPSHOT_BUCKET
 
 DEFAULT_SERVICES = ("discovery", "health", "quota", "scheduler", "billing", "recorder", "gateway", "perf")
 EVENT_STREAMS = tuple(s.name for s in STREAMS if s.name != "DEAD")
@@ -114,6 +115,9 @@ def _protect_streams(partitions: int = 1) -> tuple[str, ...]:
 
 def service_user(service: str, cluster: str, partitions: int = 1) -> User:
     publish = [*owned_subjects(service, cluster), "chamber.dead.>", "$JS.API.>", "$JS.ACK.>", "$JS.FC.>", "$KV.>"]
+    # The snapshot object store (services/runtime/snapshots.py) writes its chunks and metadata on
+    # `$O.<bucket>.>`; without it every snapshot save was refused (found by the tests' secured bus).
+    publish.append(f"$O.{SNAPSHOT_BUCKET}.>")
     if service == "gateway":
         publish.append("chamber.cmd.>")
     return User(
@@ -139,6 +143,7 @@ def _node_subjects(cluster: str, node: str | None) -> list[str]:
             f"{sample}.*",
             subjects.inventory(cluster, node),
             subjects.fabric(cluster, node),
+            subjects.steps(cluster, node),
             subjects.faults(cluster, node),
         ]
     c = subjects.token(cluster)
@@ -147,6 +152,7 @@ def _node_subjects(cluster: str, node: str | None) -> list[str]:
         f"chamber.telemetry.sample.{c}.*.*",
         f"chamber.telemetry.inventory.{c}.*",
         f"chamber.telemetry.fabric.{c}.*",
+        f"chamber.telemetry.steps.{c}.*",
         f"chamber.faults.{c}.*",
     ]
 

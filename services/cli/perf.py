@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
 
 from services.cli.common import add_nats_option, send_command
@@ -13,8 +14,19 @@ from services.cli.common import add_nats_option, send_command
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("perf", help="running multi-node jobs: healthy or slow, the culprit and the evidence")
     add_nats_option(p)
-    p.add_argument("job", nargs="?", metavar="JOB", help="one job's view: per-rank GPU activity over time")
+    p.add_argument(
+        "job",
+        nargs="?",
+        metavar="JOB",
+        help="one job's view: per-rank GPU activity over time; `replay` replays a step table offline (--steps)",
+    )
     p.add_argument("--json", action="store_true", help='print {"jobs": [...]} (with JOB: the heat) for scripts')
+    r = p.add_argument_group("replay (chamber perf replay --steps FILE): no NATS, a virtual clock")
+    r.add_argument("--steps", type=Path, metavar="FILE", help="per-rank step timings: .csv, .parquet or .jsonl")
+    r.add_argument("--job", dest="replay_job", metavar="ID", help="replay only this job's rows")
+    r.add_argument(
+        "--gpus-per-node", type=int, default=8, metavar="N", help="without a node column: rank r on node r // N (8)"
+    )
     p.set_defaults(func=run_perf)
     f = sub.add_parser("fabric", help="per node: NICs, link state, rate, traffic, error/pause rates, flagged links")
     add_nats_option(f)
@@ -34,6 +46,8 @@ SHADES = " .:-=+*#%@"  # activity 0..100 % as one character per rank and time co
 
 def run_perf(args: argparse.Namespace) -> int:
     _quiet()
+    if args.job == "replay" or args.steps is not None:
+        return _replay(args)
     if args.job:
         return _job_view(args)
     result: dict[str, Any] = send_command(args, "perf", "status", {})
@@ -46,9 +60,12 @@ def run_perf(args: argparse.Namespace) -> int:
         return 0
     for j in jobs:
         where = "/".join(str(x) for x in (j.get("node"), j.get("leaf")) if x)
-        part = f" gpu {j['gpu']}" if j.get("gpu") is not None else ""
+        gpus = j.get("gpus") or []
+        part = f" gpu{'s' if len(gpus) > 1 else ''} {','.join(map(str, gpus))}" if gpus else ""
+        part = part or (f" gpu {j['gpu']}" if j.get("gpu") is not None else "")
         part += f" nic {j['nic']}" if j.get("nic") else ""
         culprit = f"  culprit {j['culprit']} {where}{part}" if j.get("culprit") else ""
+        culprit += f" ({j['pattern']})" if j.get("pattern") else ""
         print(f"{j['job']:<24} {j['verdict'].upper():<8} score {j['score']:.2f}  ranks {j['ranks']}{culprit}")
         if j.get("evidence"):
             print(f"   {j['evidence']}")
@@ -104,3 +121,24 @@ def _shade(value: float | None) -> str:
     if value is None:
         return "?"
     return SHADES[min(len(SHADES) - 1, max(0, int(value / 100 * (len(SHADES) - 1) + 0.5)))]
+
+
+def _replay(args: argparse.Namespace) -> int:
+    """`chamber perf replay --steps FILE`: the perf and health cores over a step table, offline."""
+    from services.cli.errors import UsageError
+    from services.perf.replay import StepTableError, parse_rows, read_table, replay, summary_lines
+
+    if args.job not in (None, "replay"):
+        raise UsageError("--steps goes with `chamber perf replay`, not with a job id")
+    if args.steps is None:
+        raise UsageError("chamber perf replay needs --steps FILE (a .csv, .parquet or .jsonl step table)")
+    try:
+        rows = parse_rows(read_table(args.steps), where=str(args.steps))
+        result = replay(rows, job=args.replay_job, gpus_per_node=args.gpus_per_node)
+    except StepTableError as err:
+        raise UsageError(str(err)) from None
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2))
+    else:
+        print("\n".join(summary_lines(result)))
+    return 0

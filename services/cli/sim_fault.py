@@ -11,7 +11,8 @@ from services.cli.errors import UsageError
 KINDS = (
     "xid", "ecc_dbe", "sbe_storm", "row_remap_failure", "row_remap_pending", "thermal", "power_brake",
     "nvlink", "pcie_replay", "gpu_lost", "agent_silent",
-    "nic_down", "nic_flap", "nic_degraded", "nic_errors", "pfc_storm", "gpu_slow", "clear",
+    "nic_down", "nic_flap", "nic_degraded", "nic_errors", "pfc_storm", "gpu_slow",
+    "amd_umc_ue", "amd_gfx_ue", "amd_bad_pages", "amd_cper_fatal", "amd_reset_hang", "xgmi_down", "clear",
 )  # fmt: skip
 
 
@@ -24,7 +25,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("node", metavar="NODE", help="simulated node name, e.g. sim-003")
     p.add_argument("kind", metavar="KIND", help=f"one of: {', '.join(KINDS)}")
     p.add_argument("--gpu", type=int, metavar="I", help="GPU index (default 0; with clear: only this GPU)")
-    p.add_argument("--xid", type=int, metavar="N", help="XID code (required with KIND xid)")
+    p.add_argument(
+        "--xid", type=int, metavar="N", help="XID code (required with KIND xid); with amd_cper_fatal: the AFID"
+    )
     p.add_argument(
         "--nic", type=int, metavar="I", help="NIC index for the nic_* kinds (default 0; with clear: only this NIC)"
     )

@@ -64,6 +64,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--nodes", type=int, default=16, help="simulated nodes when no GPU is present (default 16)")
     p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per simulated node (default 8)")
+    p.add_argument(
+        "--amd-nodes",
+        type=int,
+        default=0,
+        metavar="N",
+        help="of the simulated nodes, N are AMD Instinct MI300X nodes (default 0)",
+    )
     p.add_argument("--no-workload", action="store_true", help="do not generate jobs for the demo teams")
     p.add_argument(
         "--telemetry-keep-min",
@@ -232,10 +239,12 @@ def _components(args: argparse.Namespace, url: str, data_dir: Path, *, secured: 
         components.append(Component(name, argv, {**env, **login(f"svc-{name}"), **extra}))
     commands = {m.__name__.rsplit(".", 1)[-1] for m in command_modules()}
     if "agent" in commands:
-        if Path("/dev/nvidiactl").exists():
+        if Path("/dev/nvidiactl").exists() or Path("/dev/kfd").exists():  # NVIDIA, or AMD (ROCm's KFD)
             agent, user = ["agent", "--nats", url], "agent"
         else:
             agent = ["agent", "--simulate", "--nodes", str(args.nodes), "--gpus-per-node", str(args.gpus_per_node)]
+            if getattr(args, "amd_nodes", 0):
+                agent += ["--amd-nodes", str(args.amd_nodes)]
             agent, user = [*agent, "--nats", url], "simulator"
         components.append(Component("agent", [*chamber, *agent], {**env, **login(user)}))
     if "workload" in commands and not args.no_workload:

@@ -31,6 +31,7 @@ from events.telemetry import GpuInfo, HostInfo, NodeInventory, NodeSample
 from services.discovery.cloud import cloud_labels, host_labels
 
 GPU_RESOURCE = "nvidia.com/gpu"
+AMD_GPU_RESOURCE = "amd.com/gpu"
 # GPU feature discovery labels worth carrying into the fleet view (product, memory, count, family...).
 GFD_PREFIX = "nvidia.com/"
 K8S_CAPACITY_LABEL = "chamber.io/k8s-gpu-capacity"
@@ -215,10 +216,32 @@ def _on_kube_listing(state: DiscoveryState, listing: KubeNodesListed) -> None:
 
 def _kube_gpus(kube: KubeNode) -> list[GpuInfo]:
     """GPUs as Kubernetes knows them (count, GFD product and memory labels): no UUIDs without an agent."""
+    if "amd.com/gpu.device-id" in kube.labels or "amd.com/gpu.product-name" in kube.labels:
+        return _kube_amd_gpus(kube)
     model = kube.labels.get("nvidia.com/gpu.product", "unknown")
     memory = kube.labels.get("nvidia.com/gpu.memory")
     memory_mib = float(memory) if memory and memory.replace(".", "", 1).isdigit() else None
     return [GpuInfo(index=i, uuid="", model=model, memory_total_mib=memory_mib) for i in range(kube.capacity_gpus or 0)]
+
+
+def _kube_amd_gpus(kube: KubeNode) -> list[GpuInfo]:
+    """AMD's node labeller (ROCm/k8s-device-plugin): amd.com/gpu.device-id (74a1), .product-name, .vram (192G)."""
+    from node_agent.amd_models import DEVICE_IDS, normalized_model
+
+    labels = kube.labels
+    device = labels.get("amd.com/gpu.device-id", "")
+    try:
+        name = DEVICE_IDS.get(int(device, 16), "") if device else ""
+    except ValueError:
+        name = ""
+    name = name or labels.get("amd.com/gpu.product-name", "").replace("_", " ")
+    vram = labels.get("amd.com/gpu.vram", "").upper().rstrip("B").rstrip("G")
+    memory_mib = float(vram) * 1024 if vram.replace(".", "", 1).isdigit() else None
+    model = normalized_model(name, memory_mib) if name else "unknown"
+    return [
+        GpuInfo(index=i, uuid="", model=model, memory_total_mib=memory_mib, vendor="amd")
+        for i in range(kube.capacity_gpus or 0)
+    ]
 
 
 def desired_status(state: DiscoveryState, rec: NodeRecord, now: float) -> tuple[NodeStatus, float, str]:
@@ -341,6 +364,7 @@ def view(state: DiscoveryState, rec: NodeRecord, now: float) -> dict[str, Any]:
                 "util": rec.util.get(g.index),
                 "isolated": g.index in rec.gpu_isolated or rec.isolated is not None,
                 "reason": rec.gpu_isolated.get(g.index) or (rec.isolated or ""),
+                "vendor": g.vendor,
             }
             for g in gpus
         ],

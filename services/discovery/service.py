@@ -114,13 +114,19 @@ def list_kube_nodes(api: Any, cluster: str, now: float) -> KubeNodesListed:
             KubeNode(
                 name=n.metadata.name,
                 labels=dict(n.metadata.labels or {}),
-                capacity_gpus=_count(capacity.get(core.GPU_RESOURCE)),
-                allocatable_gpus=_count(allocatable.get(core.GPU_RESOURCE)),
+                capacity_gpus=_gpus(capacity),
+                allocatable_gpus=_gpus(allocatable),
                 unschedulable=bool(n.spec.unschedulable) if n.spec else False,
                 provider_id=(n.spec.provider_id or "") if n.spec else "",
             )
         )
     return KubeNodesListed(cluster=cluster, at=now, nodes=tuple(sorted(nodes, key=lambda k: k.name)))
+
+
+def _gpus(resources: dict[str, Any]) -> int | None:
+    """nvidia.com/gpu, else amd.com/gpu (AMD's device plugin): a node has one vendor's GPUs."""
+    found = _count(resources.get(core.GPU_RESOURCE))
+    return found if found is not None else _count(resources.get(core.AMD_GPU_RESOURCE))
 
 
 def _count(value: Any) -> int | None:

@@ -56,6 +56,9 @@ class GatewayContext:
     clock: Callable[[], float] = time.time
     ready: Callable[[], dict[str, Any]] = field(default=lambda: {})  # extra /healthz facts (stream positions)
     protect_reads: bool = False  # reads under /api/ and /metrics need the bearer token too
+    # "replaying: folded N of M" while the read model is still folding the log (None: caught up);
+    # /api/* answers 503 with Retry-After meanwhile rather than serve a half-folded fleet
+    replaying: Callable[[], str | None] = field(default=lambda: None)
     _summary: tuple[float, bytes] | None = None
 
     def summary_body(self) -> bytes:
@@ -269,7 +272,8 @@ async def healthz(request: web.Request) -> web.Response:
     ctx = _ctx(request)
     facts = ctx.ready()
     ok = facts.get("nats_connected") is not False
-    return json_response({"ok": ok, "events_seen": ctx.state.events_seen, **facts}, 200 if ok else 503)
+    body = {"ok": ok, "events_seen": ctx.state.events_seen, "replaying": ctx.replaying(), **facts}
+    return json_response(body, 200 if ok else 503)
 
 
 async def get_metrics(request: web.Request) -> web.Response:
@@ -668,11 +672,27 @@ async def read_auth(request: web.Request, handler: Callable[[web.Request], Await
     return await handler(request)
 
 
+RETRY_AFTER_S = 5  # what a client told "catching up" waits before asking again
+
+
+@web.middleware
+async def catching_up(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> Any:
+    """While the read model is still folding the log, /api/* answers 503 and Retry-After: its numbers
+    would be a half-built fleet. /healthz says why ("replaying"), /metrics has `chamber_replaying`."""
+    if request.path.startswith("/api/"):
+        replaying = _ctx(request).replaying()
+        if replaying:
+            response = problem(503, f"catching up ({replaying}); try again in {RETRY_AFTER_S} s")
+            response.headers["Retry-After"] = str(RETRY_AFTER_S)
+            return response
+    return await handler(request)
+
+
 def make_app(ctx: GatewayContext) -> web.Application:
-    app = web.Application(middlewares=[json_errors, read_auth], client_max_size=1024 * 1024)
+    app = web.Application(middlewares=[json_errors, read_auth, catching_up], client_max_size=1024 * 1024)
     app.on_response_prepare.append(_security_headers)
     app[STATE] = ctx
-    app[REGISTRY] = metrics.registry_for(lambda: ctx.state)
+    app[REGISTRY] = metrics.registry_for(lambda: ctx.state, replaying=ctx.replaying)
     app[OPENAPI] = openapi.build(
         [op for op, _ in ROUTES], title="Chamber gateway", version=_version(), protect_reads=ctx.protect_reads
     )

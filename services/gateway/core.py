@@ -97,6 +97,7 @@ class Gpu:
     index: int
     uuid: str = ""
     model: str = "unknown"
+    vendor: str = "nvidia"  # "amd" for an AMD Instinct GPU (GpuInfo.vendor)
     memory_total_mib: float | None = None
     utilization_pct: float | None = None
     memory_used_mib: float | None = None
@@ -223,6 +224,12 @@ class Point:
     cost_total: float
 
 
+# The meaning of this core's fold, for its snapshots (services/runtime/state_codec.py): bump it when a
+# change makes a state folded by the previous release wrong for this one (a field's meaning, what an
+# event does); the first start after it folds the log from the start. Comments, logs, speed: no bump.
+STATE_VERSION = 1
+
+
 @dataclass
 class GatewayState:
     nodes: dict[NodeKey, Node] = field(default_factory=dict)
@@ -318,6 +325,7 @@ def _merge_gpus(node: Node, gpus: list[GpuInfo]) -> None:
             gpu = node.gpus[info.index] = Gpu(info.index)
         gpu.uuid = info.uuid
         gpu.model = info.model
+        gpu.vendor = info.vendor
         gpu.memory_total_mib = info.memory_total_mib
 
 

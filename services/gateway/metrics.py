@@ -127,8 +127,26 @@ class ReadModelCollector(Collector):
         )
 
 
-def registry_for(state: Callable[[], GatewayState]) -> CollectorRegistry:
+class ReplayingCollector(Collector):
+    """`chamber_replaying{service="gateway"}`: 1 while the read model folds the log (the numbers
+    beside it are then a half-built fleet), 0 once caught up."""
+
+    def __init__(self, replaying: Callable[[], str | None]) -> None:
+        self.replaying = replaying
+
+    def collect(self) -> Iterator[Metric]:
+        from services.runtime.health import REPLAYING_GAUGE
+
+        gauge = GaugeMetricFamily(*REPLAYING_GAUGE, labels=["service"])
+        gauge.add_metric(["gateway"], 1.0 if self.replaying() else 0.0)
+        yield gauge
+
+
+def registry_for(
+    state: Callable[[], GatewayState], *, replaying: Callable[[], str | None] = lambda: None
+) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ReadModelCollector(state))
+    registry.register(ReplayingCollector(replaying))
     registry.register(FabricCollector(lambda: state().fabric))
     return registry

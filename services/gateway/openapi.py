@@ -92,6 +92,13 @@ def build(operations: list[Operation], *, title: str, version: str, protect_read
                 "description": "missing or wrong bearer token",
                 "headers": {"WWW-Authenticate": {"schema": {"type": "string"}}},
             }
+        if op.path.startswith("/api/"):
+            catching_up = "the gateway is still folding the log at start (`catching up`); retry after `Retry-After` s"
+            owner = responses.get("503", {}).get("description")
+            responses["503"] = {
+                "description": f"{owner}, or {catching_up}" if owner else catching_up,
+                "headers": {"Retry-After": {"schema": {"type": "integer"}}},
+            }
         if op.request is not None:
             entry["requestBody"] = {
                 "required": op.body,

@@ -22,10 +22,11 @@ from services.gateway.api import GatewayContext, make_app
 from services.gateway.core import GatewayState, evolve, record_point, scheduler_said
 from services.gateway.history import WarehouseHistory
 from services.runtime.commands import CommandRefused, CommandUnavailable, request
-from services.runtime.decider import Decider, DeciderHost, Input, SnapshotCodec, pickle_codec
+from services.runtime.decider import Decider, DeciderHost, Input, SnapshotCodec
 from services.runtime.host import ServiceContext, serve
 from services.runtime.logs import get_logger
 from services.runtime.partitions import telemetry_inputs
+from services.runtime.state_codec import facts_codec
 
 NAME = "gateway"
 DESCRIPTION = "HTTP API, dashboard and Prometheus /metrics (default http://127.0.0.1:8080)"
@@ -78,9 +79,10 @@ def read_model(state: GatewayState, telemetry: list[tuple[str, str]] | None = No
 
 def snapshot_codec(state: GatewayState) -> SnapshotCodec[GatewayState]:
     """Snapshots of the read model, restored INTO `state`: the HTTP handlers hold that object."""
-    from services.gateway import core, fabric
+    from services.gateway import core
 
-    codec: SnapshotCodec[GatewayState] = pickle_codec(GatewayState, modules=(core, fabric))
+    # the scheduler's reasons and queue order are its answers, asked again every few seconds: not facts
+    codec = facts_codec(GatewayState, version=core.STATE_VERSION, caches=("waiting_reasons", "queue_positions"))
 
     def restore(data: bytes) -> GatewayState:
         restored = codec.decode(data)
@@ -120,6 +122,7 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
             stop=stop,
             stream_interval_s=args.stream_interval,
             ready=ready,
+            replaying=host.replaying,
             protect_reads=args.protect_reads,
             history=None if args.no_warehouse_history else WarehouseHistory(forward).get,
         )

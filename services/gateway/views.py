@@ -41,6 +41,7 @@ class GpuView(msgspec.Struct, kw_only=True):
     job_id: str | None = None
     team: str | None = None
     isolation: Isolation | None = None
+    vendor: str = "nvidia"  # nvidia | amd
 
 
 class NodeView(msgspec.Struct, kw_only=True):
@@ -309,6 +310,7 @@ def node_view(state: GatewayState, node: Node, *, with_gpus: bool = True) -> Nod
                     index=gpu.index,
                     uuid=gpu.uuid,
                     model=gpu.model,
+                    vendor=gpu.vendor,
                     health=_health(node, gpu),
                     utilization_pct=gpu.utilization_pct,
                     memory_used_mib=gpu.memory_used_mib,

@@ -64,6 +64,7 @@ class Rule(_Part, frozen=True):
     if_critical: Action | None = None
     nvidia: str = ""
     dcgm: str = ""
+    amd: str = ""  # AMD's documentation for an AMD rule (block, AFID)
     mnemonic: str = ""
     note: str = ""
     key: str = ""  # "xid-79", "ecc_dbe": where the rule sits (set on load); the short code in taints and reasons
@@ -96,6 +97,8 @@ class _Document(_Part, frozen=True):
     unknown_xid: Rule
     kinds: dict[str, Any]
     xid: dict[str | int, Any] = {}
+    amd_ras: dict[str, Any] = {}
+    amd_afid: dict[str | int, Any] = {}
     version: Literal[1] = 1
 
 
@@ -106,8 +109,14 @@ class Policy(_Part, frozen=True):
     unknown_xid: Rule
     kinds: dict[FaultKind, Rule]
     xid: dict[int, Rule] = {}
+    amd_ras: dict[str, Rule] = {}  # AMD RAS block -> the rule for an uncorrectable error there
+    amd_afid: dict[int, Rule] = {}  # AMD Field ID (from a CPER record) -> its rule
 
     def rule_for(self, fault: GpuFaultDetected) -> Rule:
+        if fault.kind == FaultKind.AMD_RAS_UE and fault.ras_block in self.amd_ras:
+            return self.amd_ras[fault.ras_block]
+        if fault.kind == FaultKind.AMD_CPER and fault.afid is not None and fault.afid in self.amd_afid:
+            return self.amd_afid[fault.afid]
         if fault.kind == FaultKind.XID or fault.xid is not None:
             if fault.xid is None:
                 return self.unknown_xid
@@ -129,6 +138,8 @@ class Policy(_Part, frozen=True):
             "unknown_xid": rule(self.unknown_xid),
             "kinds": {str(k): rule(r) for k, r in sorted(self.kinds.items())},
             "xid": {str(code): rule(r) for code, r in sorted(self.xid.items())},
+            "amd_ras": {block: rule(r) for block, r in sorted(self.amd_ras.items())},
+            "amd_afid": {str(afid): rule(r) for afid, r in sorted(self.amd_afid.items())},
         }
 
 
@@ -196,6 +207,17 @@ def parse_policy(data: Mapping[str, Any]) -> Policy:
         except (TypeError, ValueError):
             raise PolicyError(f"xid.{code}: XID codes are integers") from None
         xids[number] = _replace_key(_convert(raw, Rule, f"xid.{code}"), f"xid-{number}")
+    amd_ras = {
+        str(block): _replace_key(_convert(raw, Rule, f"amd_ras.{block}"), f"amd_ras-{block}")
+        for block, raw in doc.amd_ras.items()
+    }
+    amd_afid: dict[int, Rule] = {}
+    for code, raw in doc.amd_afid.items():
+        try:
+            number = int(code)
+        except (TypeError, ValueError):
+            raise PolicyError(f"amd_afid.{code}: AMD Field IDs are integers") from None
+        amd_afid[number] = _replace_key(_convert(raw, Rule, f"amd_afid.{code}"), f"amd_afid-{number}")
     return Policy(
         probation=doc.probation,
         flap=doc.flap,
@@ -203,6 +225,8 @@ def parse_policy(data: Mapping[str, Any]) -> Policy:
         unknown_xid=_replace_key(doc.unknown_xid, "xid-unknown"),
         kinds=kinds,
         xid=xids,
+        amd_ras=amd_ras,
+        amd_afid=amd_afid,
     )
 
 

@@ -21,20 +21,22 @@ from typing import Any
 
 import msgspec
 
+from events import subjects
 from events.base import Event
 from events.commands import RestoreNode
 from events.fleet import GpuIsolated, GpuRestored, NodeDiscovered, NodeIsolated, NodeRestored, NodeUpdated
 from services.health import core
-from services.health.core import HealthRefusal, HealthState, Isolation, NodeHealth
+from services.health.core import HealthRefusal, HealthState, NodeHealth
 from services.health.kube import gpu_entry
 from services.health.policy import Policy, PolicyError, load_policy
 from services.runtime.backoff import Backoff
 from services.runtime.commands import CommandRefused
-from services.runtime.decider import Decider, DeciderHost, Input, SnapshotCodec, pickle_codec
+from services.runtime.decider import CommandConflict, Decider, DeciderHost, Input, SnapshotCodec
 from services.runtime.host import ServiceContext, serve
 from services.runtime.logs import get_logger
 from services.runtime.options import add_cluster_option
 from services.runtime.partitions import telemetry_inputs
+from services.runtime.state_codec import facts_codec
 
 NAME = "health"
 DESCRIPTION = "isolate failing GPUs and nodes by policy (XID, ECC, remap, thermal, power, NVLink, PCIe)"
@@ -70,9 +72,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def snapshot_codec(policy: Policy) -> SnapshotCodec[HealthState]:
-    """Pickled state; the policy in force comes from this start, never from the snapshot (an operator
-    who changed the policy file gets the new one)."""
-    base = pickle_codec(HealthState, NodeHealth, Isolation, core.Pending)
+    """The state's facts (msgspec, `core.STATE_VERSION`); the policy in force comes from this start,
+    never from the snapshot (an operator who changed the policy file gets the new one)."""
+    base = facts_codec(HealthState, version=core.STATE_VERSION)
 
     def decode(data: bytes) -> HealthState:
         return dataclasses.replace(base.decode(data), policy=policy)
@@ -262,12 +264,23 @@ class HealthShell:
             raise CommandRefused("health is still replaying its history; try again in a few seconds")
         async with self.lock:
             try:
+                # the node's latest event, folded: the command is checked against it, and the stream
+                # refuses the append if anything reached the node since (another replica's command,
+                # health's own decision): of two commands on one node at once, exactly one wins
                 decision = command(self.state, req.cluster, req.node, req.gpu, time.time(), req.by)
-            except HealthRefusal as exc:
-                raise CommandRefused(str(exc), field=exc.field) from None
+                seq = await self.host.entity_seq("FLEET", subjects.subject_for(decision.event))
+                decision = command(self.state, req.cluster, req.node, req.gpu, time.time(), req.by)  # on it
+            except (HealthRefusal, CommandConflict) as exc:
+                raise CommandRefused(str(exc), field=getattr(exc, "field", "node")) from None
             # Into the log, answered once folded back: the next command sees it, whichever replica
             # takes it; Kubernetes follows when the event is folded (`on_event`).
-            await self.host.append(decision.event, id=core.event_id(decision), expected_subject_seq=None)
+            try:
+                await self.host.append(decision.event, id=core.event_id(decision), expected_subject_seq=seq)
+            except CommandConflict:
+                raise CommandRefused(
+                    f"{req.node} changed while this command was on its way; `chamber health` shows it now",
+                    field="node",
+                ) from None
         log.info("decision", action=decision.action, node=req.node, gpu=req.gpu, reason=decision.reason)
         return {"action": decision.action, "node": req.node, "gpu": req.gpu, "reason": decision.reason}
 

@@ -36,7 +36,7 @@ from services.kube.patches import (
     saved_affinities,
     set_value,
 )
-from services.kube.resources import MAX_PODS, WorkloadError, count, pod_gpus
+from services.kube.resources import MAX_PODS, WorkloadError, count, pod_gpus, pod_vendor
 
 SCHEDULING_GATE = "chamber.io/admission"
 PLACEMENT_ANNOTATION = "chamber.io/placement-override"  # TrainJob: index of the override Chamber added
@@ -55,6 +55,7 @@ class PodGroup:
 class Demand:
     gpus_per_pod: int
     pods: int
+    vendor: str | None = None  # "nvidia" (nvidia.com/gpu) | "amd" (amd.com/gpu)
 
 
 class WorkloadKind:
@@ -84,10 +85,14 @@ class WorkloadKind:
     def demand(self, obj: dict[str, Any]) -> Demand | None:
         """GPUs per pod and pods that hold them; None when the workload asks for no GPU."""
         per_pod: dict[int, int] = {}
+        vendors: set[str] = set()
         for group in self.groups(obj):
             gpus = pod_gpus(group.spec, group.pointer or "spec")
             if gpus and group.pods:
                 per_pod[gpus] = per_pod.get(gpus, 0) + group.pods
+                vendor = pod_vendor(group.spec, group.pointer or "spec")
+                if vendor is not None:
+                    vendors.add(vendor)
         if not per_pod:
             return None
         if len(per_pod) > 1:
@@ -99,7 +104,9 @@ class WorkloadKind:
         [(gpus, pods)] = per_pod.items()
         if pods > MAX_PODS:
             raise WorkloadError(f"{self.kind} has {pods} GPU pods, more than {MAX_PODS}; check the replica counts")
-        return Demand(gpus, pods)
+        if len(vendors) > 1:
+            raise WorkloadError(f"{self.kind} mixes nvidia.com/gpu and amd.com/gpu pods; a gang runs on one vendor")
+        return Demand(gpus, pods, next(iter(vendors), None))
 
     def held(self, obj: dict[str, Any]) -> bool:
         return bool(resolve(obj, self.suspend_pointer or ""))

@@ -11,6 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 GPU_RESOURCE = "nvidia.com/gpu"
+AMD_GPU_RESOURCE = "amd.com/gpu"  # AMD's Kubernetes device plugin (ROCm/k8s-device-plugin; one per partition)
+GPU_RESOURCES = {GPU_RESOURCE: "nvidia", AMD_GPU_RESOURCE: "amd"}
 MAX_GPUS_PER_POD = 64  # more than any node holds: a typo (e.g. 800 for 8), not a request
 MAX_PODS = 10_000  # one workload's pods; beyond it the number is a typo too
 
@@ -19,12 +21,12 @@ class WorkloadError(ValueError):
     """A workload Chamber cannot manage as written; the message names the field and the fix."""
 
 
-def _quantity(value: Any, where: str) -> int:
+def _quantity(value: Any, where: str, resource: str = GPU_RESOURCE) -> int:
     text = str(value).strip()
     try:
         n = int(text)
     except ValueError:
-        raise WorkloadError(f"{where}: {GPU_RESOURCE} must be a whole number of GPUs, not {text!r}") from None
+        raise WorkloadError(f"{where}: {resource} must be a whole number of GPUs, not {text!r}") from None
     if n < 0 or n > MAX_GPUS_PER_POD:
         raise WorkloadError(f"{where}: {n} GPUs is outside 0..{MAX_GPUS_PER_POD} per pod; check the number")
     return n
@@ -32,13 +34,39 @@ def _quantity(value: Any, where: str) -> int:
 
 def container_gpus(container: dict[str, Any], where: str) -> int:
     """Limits and requests must agree for extended resources; either alone is the request."""
+    return _container_gpus(container, where)[0]
+
+
+def _container_gpus(container: dict[str, Any], where: str) -> tuple[int, str | None]:
+    """(GPUs, vendor) of one container: nvidia.com/gpu or amd.com/gpu, never both."""
     resources = container.get("resources") or {}
-    limit = (resources.get("limits") or {}).get(GPU_RESOURCE)
-    request = (resources.get("requests") or {}).get(GPU_RESOURCE)
-    counted = [_quantity(v, where) for v in (limit, request) if v is not None]
-    if len(counted) == 2 and counted[0] != counted[1]:
-        raise WorkloadError(f"{where}: {GPU_RESOURCE} request {counted[1]} differs from limit {counted[0]}")
-    return counted[0] if counted else 0
+    found: list[tuple[int, str]] = []
+    for resource, vendor in GPU_RESOURCES.items():
+        limit = (resources.get("limits") or {}).get(resource)
+        request = (resources.get("requests") or {}).get(resource)
+        counted = [_quantity(v, where, resource) for v in (limit, request) if v is not None]
+        if len(counted) == 2 and counted[0] != counted[1]:
+            raise WorkloadError(f"{where}: {resource} request {counted[1]} differs from limit {counted[0]}")
+        if counted and counted[0]:
+            found.append((counted[0], vendor))
+    if len(found) > 1:
+        raise WorkloadError(f"{where}: asks for both {GPU_RESOURCE} and {AMD_GPU_RESOURCE}; a pod uses one vendor")
+    return found[0] if found else (0, None)
+
+
+def pod_vendor(pod_spec: dict[str, Any], where: str = "spec") -> str | None:
+    """ "nvidia" or "amd": the GPU resource the pod's containers ask for (None: no GPU); both is refused."""
+    vendors = set()
+    for key in ("containers", "initContainers"):
+        for i, c in enumerate(pod_spec.get(key) or []):
+            _, vendor = _container_gpus(c, f"{where}.{key}[{c.get('name', i)}]")
+            if vendor is not None:
+                vendors.add(vendor)
+    if len(vendors) > 1:
+        raise WorkloadError(
+            f"{where}: containers ask for both {GPU_RESOURCE} and {AMD_GPU_RESOURCE}; a pod uses one vendor"
+        )
+    return next(iter(vendors), None)
 
 
 def pod_gpus(pod_spec: dict[str, Any], where: str = "spec") -> int:

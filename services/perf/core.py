@@ -25,7 +25,15 @@ from statistics import median
 
 from events.base import Event
 from events.codec import stable_id
-from events.fabric import CulpritKind, FabricSample, JobSlowdownCleared, JobSlowdownDetected, LinkState, NicSample
+from events.fabric import (
+    CulpritKind,
+    DeadPeer,
+    FabricSample,
+    JobSlowdownCleared,
+    JobSlowdownDetected,
+    LinkState,
+    NicSample,
+)
 from events.faults import FaultKind, GpuFaultDetected, Severity
 from events.fleet import NodeDiscovered, NodeUpdated
 from events.jobs import (
@@ -38,7 +46,9 @@ from events.jobs import (
     JobScheduled,
     JobSuspended,
 )
+from events.steps import RankStepTimings
 from events.telemetry import NodeInventory, NodeSample
+from services.perf import steps as step_table
 
 WINDOW_S = 5.0  # progress rate window
 WARMUP_S = 10.0  # a job's best needs this much history first
@@ -57,6 +67,9 @@ NIC_RATE_RATIO = 0.75
 ERRORS_PER_S = 5.0
 FLAP_MEMORY_S = 30.0
 PAUSE_PER_S = 1000.0  # pause frames per second per NIC (mean over the node's NICs): congestion
+BUSBW_RATIO = 0.6  # NCCL Inspector: a rank under 60 % of its communicator's median bus bandwidth
+MIN_BUSBW_PEERS = 3
+RAS_HANG_QUERIES = 3  # node_agent/ras_watch.py HANG_QUERIES: counts frozen across 3 RAS queries
 STALE_S = 5.0  # a node sample older than this does not speak for the node
 HEAT_KEPT = 300  # per-rank activity kept per job (one per evaluation): `chamber perf JOB`
 
@@ -73,9 +86,17 @@ class Culprit:
     confidence: float = 0.5
     evidence: tuple[tuple[str, float | str], ...] = ()
     reason: str = ""
+    gpus: tuple[int, ...] = ()  # every GPU of the culprit (a tensor-parallel worker); () = just `gpu`
+    ranks: tuple[int, ...] = ()  # global ranks (from step timings)
+    pattern: str = ""  # slow_worker | stage_imbalance | data_imbalance | nccl_hang | "" (samples alone)
+    score: float | None = None  # the speed the verdict rests on, when not the job's own-best score
+    since: float | None = None
 
     def identity(self) -> tuple[object, ...]:
-        return (self.kind, self.node, self.gpu, self.nic, self.leaf)
+        return (self.kind, self.node, self.gpu, self.nic, self.leaf, self.gpus, self.pattern)
+
+    def all_gpus(self) -> tuple[int, ...]:
+        return self.gpus or ((self.gpu,) if self.gpu is not None else ())
 
 
 @dataclass
@@ -88,6 +109,7 @@ class NodeView:
     flaps: dict[int, float] = field(default_factory=dict)  # rail -> last time it flapped
     errors: dict[int, deque[tuple[float, int]]] = field(default_factory=dict)
     pause_per_nic_s: float = 0.0
+    collectives: dict[tuple[str, str, str], dict[int, float]] = field(default_factory=dict)  # Inspector busbw
 
 
 @dataclass
@@ -120,6 +142,23 @@ class JobTrack:
     ready: Culprit | None = None
     verdict: str = "warming"  # warming | healthy | slow | phase
     t: float = 0.0
+    steps: step_table.StepTrack | None = None  # the job reports per-rank step timings
+    step_ready: Culprit | None = None  # the step table's verdict (services/perf/steps.py)
+    hung: dict[NodeKey, list[str]] = field(default_factory=dict)  # RAS: frozen communicators per node
+    hang: Culprit | None = None
+
+    def culprit_now(self) -> Culprit | None:
+        """The verdict to act on. A job that reports its steps is judged by them (peers doing the same
+        work, no history needed); samples still win with hard fabric evidence (a NIC down, a congested
+        leaf), which a step table cannot see. Without step timings: the samples' verdict."""
+        hard = self.ready is not None and self.ready.kind in (CulpritKind.NIC, CulpritKind.FABRIC)
+        if self.hang is not None and not hard:
+            return self.hang  # collectives stopped: nothing else the job shows matters until they move
+        if self.steps is None:
+            return self.ready
+        if hard and (self.step_ready is None or self.step_ready.pattern == "slow_worker"):
+            return self.ready
+        return self.step_ready
 
     def ranks(self) -> list[tuple[NodeKey, int]]:
         return [(n, g) for n in sorted(self.placements) for g in self.placements[n]]
@@ -135,6 +174,13 @@ class PerfState:
     stopped: dict[str, float] = field(default_factory=dict)  # open episodes of jobs that stopped
     history: dict[str, list[str]] = field(default_factory=dict)  # what happened, for `chamber explain`
     node_jobs: dict[NodeKey, set[str]] = field(default_factory=dict)  # index: the jobs running on a node
+    addresses: dict[str, NodeKey] = field(default_factory=dict)  # a node's IP -> the node (RAS names hosts)
+    dead_pending: dict[str, tuple[NodeKey, DeadPeer]] = field(default_factory=dict)  # fault id -> peer
+    dead_reported: set[str] = field(default_factory=set)
+    # Straggler reports (FAULTS) folded before their episode's JobSlowdownDetected (JOBS): two streams,
+    # so a replay or a live race may bring the report first. (job, episode) -> the reports' times,
+    # counted when the episode opens, as if they had come after it.
+    early_confirms: dict[tuple[str, int], list[float]] = field(default_factory=dict)
 
 
 def _node(state: PerfState, cluster: str, node: str) -> NodeView:
@@ -153,6 +199,8 @@ def evolve(state: PerfState, event: Event) -> PerfState:
             }
         case FabricSample():
             _on_fabric(state, event)
+        case RankStepTimings():
+            _on_steps(state, event)
         case NodeInventory():
             if event.labels:
                 _node(state, event.cluster, event.node).labels.update(event.labels)
@@ -180,8 +228,8 @@ def evolve(state: PerfState, event: Event) -> PerfState:
                 # samples it sees now (which would look "as good as ever" and clear the episode).
                 track.best = max(track.best, float(best))
             culprit = None
-            if track is not None and track.ready is not None:
-                culprit = track.ready
+            if track is not None and track.culprit_now() is not None:
+                culprit = track.culprit_now()
             elif event.node is not None and event.cluster is not None:
                 culprit = Culprit(event.culprit, (event.cluster, event.node), event.gpu_index, event.nic, event.leaf)
             state.episodes[event.job_id] = Episode(event.episode, event.since, culprit)
@@ -201,19 +249,38 @@ def evolve(state: PerfState, event: Event) -> PerfState:
                 f"{event.at:.0f}: slow (episode {event.episode}, {event.score:.0%} of its best since "
                 f"{event.since:.0f}), culprit {event.culprit.value} {where}: {event.reason}",
             )
+            for at in state.early_confirms.pop((event.job_id, event.episode), []):
+                _confirm(state, event.job_id, state.episodes[event.job_id], at)
         case JobSlowdownCleared():
             if (ep := state.episodes.get(event.job_id)) is not None and ep.number == event.episode:
                 del state.episodes[event.job_id]
                 state.closed[event.job_id] = event.at
             _note(state, event.job_id, f"{event.at:.0f}: episode {event.episode} cleared ({event.reason})")
             state.stopped.pop(event.job_id, None)
+        case GpuFaultDetected() if event.kind is FaultKind.NCCL_PEER_DEAD:
+            state.dead_pending.pop(event.fault_id, None)
+            state.dead_reported.add(event.fault_id)
         case GpuFaultDetected() if event.kind is FaultKind.STRAGGLER:
             job = event.detail.partition(" ")[0]
-            if (ep := state.episodes.get(job)) is not None:
-                ep.confirms += 1
-                ep.last_confirm = event.observed_at
-                _note(state, job, f"{event.observed_at:.0f}: culprit reported to health ({ep.confirms}x: straggler)")
+            number = _episode_of(event.fault_id)
+            ep = state.episodes.get(job)
+            if ep is not None and number in (None, ep.number):
+                _confirm(state, job, ep, event.observed_at)
+            elif number is not None and number > state.last_episode.get(job, 0):
+                state.early_confirms.setdefault((job, number), []).append(event.observed_at)
     return state
+
+
+def _episode_of(fault_id: str) -> int | None:
+    """The episode a straggler report names: its id is `perf/<job>/<episode>/<n>` (`_straggler`)."""
+    parts = fault_id.rsplit("/", 2)
+    return int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
+
+
+def _confirm(state: PerfState, job: str, ep: Episode, at: float) -> None:
+    ep.confirms += 1
+    ep.last_confirm = at
+    _note(state, job, f"{at:.0f}: culprit reported to health ({ep.confirms}x: straggler)")
 
 
 HISTORY_KEPT = 20
@@ -268,17 +335,181 @@ def _on_fabric(state: PerfState, s: FabricSample) -> None:
         if n.pause is not None:
             pauses.append(n.pause / max(s.interval_s, 1e-9))
     v.pause_per_nic_s = sum(pauses) / len(pauses) if pauses else 0.0
+    if s.collectives:
+        v.collectives = {}
+        for series in s.collectives:
+            if series.busbw_gbs is not None:
+                where = (series.comm, series.collective, series.message_size)
+                v.collectives.setdefault(where, {})[series.gpu_index] = series.busbw_gbs
+    for addr in s.addresses:
+        state.addresses[addr] = key
+    for peer in s.dead_peers:
+        _on_dead_peer(state, key, peer)
+    here = state.node_jobs.get(key, set())
+    touched: set[str] = set()
     for c in s.comms:
-        if c.job is None or (track := state.jobs.get(c.job)) is None or key not in track.placements:
+        # RAS does not know the job; on a node running one tracked job, its communicators are that job's
+        job = c.job if c.job is not None else (next(iter(here)) if len(here) == 1 else None)
+        if job is None or (track := state.jobs.get(job)) is None or key not in track.placements:
             continue
+        if job not in touched:
+            track.hung[key] = []
+            touched.add(job)
+        if c.frozen_queries >= RAS_HANG_QUERIES and c.ops >= 0 and c.status in ("RUNNING", ""):
+            track.hung[key].append(c.comm)
+        if c.ops < 0:
+            continue  # text-format RAS without counts for this communicator
         q = track.progress.setdefault(key, deque())
         q.append((t, c.ops))
         while len(q) > 2 and q[1][0] <= t - WINDOW_S:
             q.popleft()
+    for job in touched:
+        _judge_hang(state.jobs[job], t)
     for job in sorted(state.node_jobs.get(key, ())):
         track = state.jobs[job]
         if t - track.last_eval >= 0.9 * s.interval_s:
             _evaluate(state, track, t)
+
+
+def _on_dead_peer(state: PerfState, reporter: NodeKey, peer: DeadPeer) -> None:
+    """A process RAS declared dead: the node it ran on (by its address; the reporting node's cluster)."""
+    node = state.addresses.get(peer.host)
+    if node is None:
+        match = [k for k in state.nodes if k[0] == reporter[0] and k[1] == peer.host]
+        node = match[0] if match else None
+    if node is None:
+        _note_all(state, reporter, f"NCCL RAS: dead peer {peer.host} (pid {peer.pid}) on a node not known by address")
+        return
+    fault_id = f"perf/peer-dead/{node[1]}/{peer.pid if peer.pid is not None else 'x'}"
+    if fault_id in state.dead_reported or fault_id in state.dead_pending:
+        return
+    state.dead_pending[fault_id] = (node, peer)
+
+
+def _note_all(state: PerfState, key: NodeKey, line: str) -> None:
+    for job in sorted(state.node_jobs.get(key, ())):
+        _note(state, job, line)
+
+
+def _judge_hang(track: JobTrack, t: float) -> None:
+    frozen = sorted((k, c) for k, comms in track.hung.items() for c in comms)
+    if not frozen:
+        track.hang = None
+        return
+    if track.hang is not None:
+        return
+    node, comm = frozen[0]
+    track.hang = Culprit(
+        CulpritKind.UNKNOWN,
+        confidence=0.9,
+        evidence=(("comm", comm), ("frozen_queries", float(RAS_HANG_QUERIES))),
+        reason=(
+            f"NCCL communicator {comm} on {node[1]}: collective counts unchanged in {RAS_HANG_QUERIES} RAS "
+            f"queries while RUNNING: the job is hung ({len(frozen)} communicator(s) frozen)"
+        ),
+        pattern="nccl_hang",
+        score=0.0,
+        since=t,
+    )
+    track.t = max(track.t, t)
+
+
+def _on_steps(state: PerfState, e: RankStepTimings) -> None:
+    track = state.jobs.get(e.job_id)
+    key = (e.cluster, e.node)
+    if track is None or key not in track.placements:
+        return  # a job the perf service does not track here (not scheduled, or moved)
+    if track.steps is None:
+        track.steps = step_table.StepTrack(expected=sum(len(g) for g in track.placements.values()))
+    gpus = track.placements[key]
+    # Ranks fill a node's GPUs in order (torchrun's local rank); a row's own gpu_index wins.
+    gpu_of_rank = {row.rank: gpus[row.rank % len(gpus)] for row in e.steps if gpus}
+    step_table.fold(track.steps, e, gpu_of_rank)
+    if step_table.evaluate(track.steps):
+        track.t = max(track.t, track.steps.t)
+        track.step_ready = _step_culprit(state, track, track.steps)
+
+
+def _step_culprit(state: PerfState, track: JobTrack, st: step_table.StepTrack) -> Culprit | None:
+    """The step table's finding as a culprit: a slow worker names its node and every GPU, or the NIC of
+    one of them when the fabric samples or Inspector flag it; an imbalance names no hardware."""
+    f = st.finding
+    if f is None:
+        return None
+    evidence = (*f.evidence, ("steps_from", float(f.since_step)))
+    if f.pattern != "slow_worker":
+        return Culprit(
+            CulpritKind.UNKNOWN,
+            confidence=0.8,
+            evidence=evidence,
+            reason=f.reason,
+            ranks=f.ranks,
+            pattern=f.pattern,
+            score=f.score,
+            since=f.since_t,
+        )
+    node = st.where[f.ranks[0]][0]
+    gpus = tuple(sorted({g for r in f.ranks if (w := st.where.get(r)) and w[0] == node and (g := w[1]) is not None}))
+    nic = _nic_evidence(state, node, gpus, st.t)
+    if nic is None and (link := _busbw_evidence(state, track, node, gpus)) is not None:
+        nic = (link.gpu or 0, link.nic or "", "has an outlier bus bandwidth (NCCL Inspector)")
+    if nic is not None:
+        rail, name, why = nic
+        return Culprit(
+            CulpritKind.NIC,
+            node,
+            rail,
+            name,
+            confidence=0.85,
+            evidence=(*evidence, ("nic_evidence", why)),
+            reason=f"{f.reason}; NIC {name} on {node[1]} {why}",
+            ranks=f.ranks,
+            pattern=f.pattern,
+            score=f.score,
+            since=f.since_t,
+        )
+    return Culprit(
+        CulpritKind.GPU,
+        node,
+        gpus[0] if gpus else None,
+        confidence=0.85,
+        evidence=evidence,
+        reason=f"{f.reason} (GPU{'s' if len(gpus) > 1 else ''} {','.join(map(str, gpus))} on {node[1]})",
+        gpus=gpus,
+        ranks=f.ranks,
+        pattern=f.pattern,
+        score=f.score,
+        since=f.since_t,
+    )
+
+
+def _nic_evidence(state: PerfState, node: NodeKey, gpus: tuple[int, ...], t: float) -> tuple[int, str, str] | None:
+    """A NIC serving one of `gpus` that the node's fabric samples flag (down, flapping, trained low,
+    erroring) or whose Inspector bus bandwidth is an outlier in its communicator."""
+    v = state.nodes.get(node)
+    if v is None:
+        return None
+    rates = [n.rate_gbps for n in v.nics.values() if n.rate_gbps]
+    typical = median(rates) if rates else None
+    for g in gpus:
+        n = v.nics.get(g)
+        if n is None:
+            continue
+        if n.state is LinkState.DOWN:
+            return g, n.name, "is down"
+        if (last := v.flaps.get(g)) is not None and t - last <= FLAP_MEMORY_S:
+            return g, n.name, "flaps"
+        if n.rate_gbps and typical and n.rate_gbps < NIC_RATE_RATIO * typical:
+            return g, n.name, f"trained at {n.rate_gbps:g} Gb/s, peers {typical:g}"
+        q = v.errors.get(g)
+        if q and sum(c for _, c in q) / 10.0 >= ERRORS_PER_S:
+            return g, n.name, "retransmits"
+    return None
+
+
+def _busbw_evidence(state: PerfState, track: JobTrack, node: NodeKey, gpus: tuple[int, ...]) -> Culprit | None:
+    c = inspector_outlier(state, track)
+    return c if c is not None and c.node == node and c.gpu in gpus else None
 
 
 # --- evaluation (inside evolve: the verdict follows the samples) -------------------------------------
@@ -443,6 +674,9 @@ def find_culprit(state: PerfState, track: JobTrack, t: float) -> Culprit | None:
             evidence=(("errors_per_s", round(per_s, 1)),),
             reason=f"NIC {n.name} on {key[1]}: {per_s:.0f} errors/s (retransmissions)",
         )
+    slow_link = inspector_outlier(state, track)
+    if slow_link is not None:
+        return slow_link
     congestion = _congestion(state, track, t)
     if congestion is not None:
         return congestion
@@ -476,6 +710,47 @@ def find_culprit(state: PerfState, track: JobTrack, t: float) -> Culprit | None:
                 reason=f"GPU {g} on {key[1]} busy {u:.0f} % while its peers wait ({typical:.0f} %)",
             )
     return None
+
+
+def inspector_outlier(state: PerfState, track: JobTrack) -> Culprit | None:
+    """NCCL Inspector: within one communicator and collective (and message-size bucket), a rank whose
+    bus bandwidth is below BUSBW_RATIO x the median of the communicator's ranks points at its NIC or
+    link (a GPU does not lower a collective's bus bandwidth for itself alone). Needs MIN_BUSBW_PEERS
+    ranks of the job reporting the same series."""
+    series: dict[tuple[str, str, str], list[tuple[float, NodeKey, int]]] = {}
+    for key, gpus in track.placements.items():
+        v = state.nodes.get(key)
+        if v is None:
+            continue
+        for s, per_gpu in v.collectives.items():
+            for g, bw in per_gpu.items():
+                if g in gpus:
+                    series.setdefault(s, []).append((bw, key, g))
+    worst: tuple[float, tuple[str, str, str], float, NodeKey, int] | None = None
+    for s, members in sorted(series.items()):
+        if len(members) < MIN_BUSBW_PEERS:
+            continue
+        typical = median(bw for bw, _, _ in members)
+        bw, key, g = min(members)
+        if typical > 0 and bw < BUSBW_RATIO * typical and (worst is None or bw / typical < worst[0]):
+            worst = (bw / typical, s, typical, key, g)
+    if worst is None:
+        return None
+    share, (comm, coll, size), typical, key, g = worst
+    n = state.nodes[key].nics.get(g)
+    name = n.name if n is not None else f"rail {g}"
+    return Culprit(
+        CulpritKind.NIC,
+        key,
+        g,
+        name,
+        confidence=0.8,
+        evidence=(("busbw_share", round(share, 3)), ("peer_busbw_gbs", round(typical, 1)), ("comm", comm)),
+        reason=(
+            f"NCCL Inspector: GPU {g} on {key[1]} reaches {share:.0%} of its peers' bus bandwidth in {coll} "
+            f"{size} on {comm} ({typical:.0f} GB/s): its NIC or link"
+        ),
+    )
 
 
 def _congestion(state: PerfState, track: JobTrack, t: float) -> Culprit | None:
@@ -524,6 +799,8 @@ def decide(state: PerfState, now: float) -> list[tuple[Event, str]]:
     """Verdicts to publish, each with its deterministic id; fold them back in with `evolve` once
     published. Only reads `state`. Sorted by job id."""
     out: list[tuple[Event, str]] = []
+    for fault_id, (node, peer) in sorted(state.dead_pending.items()):
+        out.append((_peer_dead_fault(fault_id, node, peer, now), fault_id))
     for job in sorted(set(state.jobs) | set(state.episodes)):
         track, ep = state.jobs.get(job), state.episodes.get(job)
         if ep is not None and (track is None or job in state.stopped):
@@ -532,38 +809,67 @@ def decide(state: PerfState, now: float) -> list[tuple[Event, str]]:
             continue
         if track is None:
             continue
-        if ep is None and track.ready is not None:
+        ready = track.culprit_now()
+        if ep is None and ready is not None:
             number = state.last_episode.get(job, 0) + 1
-            det = _detected(track, track.ready, number)
+            det = _detected(track, ready, number)
             out.append((det, stable_id("perf", "detected", job, number)))
-            if track.ready.kind in (CulpritKind.GPU, CulpritKind.NIC):
-                out.append(_straggler(track, track.ready, number, 1))
+            if ready.kind in (CulpritKind.GPU, CulpritKind.NIC):
+                out += _straggler(track, ready, number, 1)
         elif ep is not None:
-            if track.healthy_since is not None and track.t - track.healthy_since >= CLEAR_S:
+            if _recovered(track, ep):
                 out.append(_cleared(job, ep, track.t, "recovered"))
             elif (
                 ep.culprit is not None
-                and track.ready is not None
-                and track.ready.identity() == ep.culprit.identity()
+                and ready is not None
+                and ready.identity() == ep.culprit.identity()
                 and ep.culprit.kind in (CulpritKind.GPU, CulpritKind.NIC)
                 and ep.last_confirm is not None
                 and track.t - ep.last_confirm >= RECONFIRM_S
             ):
-                out.append(_straggler(track, ep.culprit, ep.number, ep.confirms + 1))
+                out += _straggler(track, ep.culprit, ep.number, ep.confirms + 1)
     return out
 
 
+def _recovered(track: JobTrack, ep: Episode) -> bool:
+    if track.culprit_now() is None and track.ready is None:
+        if track.steps is not None and track.steps.finding is None and track.steps.evaluated >= 0:
+            return True  # judged by its steps: CLEAR_STEPS quiet steps already passed (services/perf/steps.py)
+        if ep.culprit is not None and ep.culprit.pattern == "nccl_hang":
+            return True  # its collectives move again
+    return track.healthy_since is not None and track.t - track.healthy_since >= CLEAR_S
+
+
+def _peer_dead_fault(fault_id: str, node: NodeKey, peer: DeadPeer, now: float) -> GpuFaultDetected:
+    gpus = ",".join(str(g) for g in peer.gpus) or "?"
+    return GpuFaultDetected(
+        fault_id=fault_id,
+        cluster=node[0],
+        node=node[1],
+        kind=FaultKind.NCCL_PEER_DEAD,
+        severity=Severity.CRITICAL,
+        observed_at=peer.seen_at or now,
+        detail=f"NCCL RAS PEER_DEAD: process {peer.pid} on {peer.host} managing GPU {gpus}",
+    )
+
+
 def _detected(track: JobTrack, c: Culprit, number: int) -> JobSlowdownDetected:
-    evidence: dict[str, float | str] = {"score": round(track.score, 3), "best_rate": round(track.best, 1)}
-    evidence["rate"] = round(track.rate or 0.0, 1)
+    if c.score is not None:  # a step-table verdict: its own numbers, not the samples' own-best score
+        evidence: dict[str, float | str] = {"score": c.score}
+        score = c.score
+    else:
+        evidence = {"score": round(track.score, 3), "best_rate": round(track.best, 1)}
+        evidence["rate"] = round(track.rate or 0.0, 1)
+        score = round(track.score, 3)
     evidence.update(dict(c.evidence))
+    since = c.since if c.since is not None else track.slow_since
     return JobSlowdownDetected(
         job_id=track.job_id,
         episode=number,
         at=track.t,
-        since=track.slow_since if track.slow_since is not None else track.t,
+        since=since if since is not None else track.t,
         culprit=c.kind,
-        score=round(track.score, 3),
+        score=score,
         confidence=c.confidence,
         cluster=c.node[0] if c.node else None,
         node=c.node[1] if c.node else None,
@@ -572,23 +878,32 @@ def _detected(track: JobTrack, c: Culprit, number: int) -> JobSlowdownDetected:
         leaf=c.leaf,
         evidence=evidence,
         reason=c.reason,
+        gpu_indices=list(c.all_gpus()),
+        ranks=list(c.ranks),
+        pattern=c.pattern,
     )
 
 
-def _straggler(track: JobTrack, c: Culprit, episode: int, n: int) -> tuple[Event, str]:
+def _straggler(track: JobTrack, c: Culprit, episode: int, n: int) -> list[tuple[Event, str]]:
+    """One `straggler` fault per GPU of the culprit (a slow 4-GPU worker: four), so the health
+    policy's per-GPU escalation takes every GPU of the worker out, and no other."""
     assert c.node is not None
-    fault_id = f"perf/{track.job_id}/{episode}/{n}"
-    fault = GpuFaultDetected(
-        fault_id=fault_id,
-        cluster=c.node[0],
-        node=c.node[1],
-        kind=FaultKind.STRAGGLER,
-        severity=Severity.WARNING,
-        observed_at=track.t,
-        gpu_index=c.gpu,
-        detail=f"{track.job_id} {c.kind.value}: {c.reason}",
-    )
-    return fault, fault_id
+    gpus: tuple[int | None, ...] = c.all_gpus() if c.kind is CulpritKind.GPU and c.gpus else (c.gpu,)
+    out: list[tuple[Event, str]] = []
+    for g in gpus:
+        fault_id = f"perf/{track.job_id}/{episode}/{n}" + (f"/{g}" if len(gpus) > 1 else "")
+        fault = GpuFaultDetected(
+            fault_id=fault_id,
+            cluster=c.node[0],
+            node=c.node[1],
+            kind=FaultKind.STRAGGLER,
+            severity=Severity.WARNING,
+            observed_at=track.t,
+            gpu_index=g,
+            detail=f"{track.job_id} {c.kind.value}: {c.reason}",
+        )
+        out.append((fault, fault_id))
+    return out
 
 
 def _cleared(job: str, ep: Episode, at: float, reason: str) -> tuple[Event, str]:
@@ -602,7 +917,7 @@ def rank_heat(state: PerfState, job: str) -> dict[str, object] | None:
     if track is None:
         return None
     ep = state.episodes.get(job)
-    c = ep.culprit if ep is not None and ep.culprit is not None else track.ready
+    c = ep.culprit if ep is not None and ep.culprit is not None else track.culprit_now()
     return {
         "job": job,
         "ranks": [{"node": key[1], "gpu": g} for key, g in track.ranks()],
@@ -620,7 +935,7 @@ def verdicts(state: PerfState) -> list[dict[str, object]]:
     out: list[dict[str, object]] = []
     for job in sorted(state.jobs):
         tr, ep = state.jobs[job], state.episodes.get(job)
-        c = ep.culprit if ep is not None and ep.culprit is not None else tr.ready
+        c = ep.culprit if ep is not None and ep.culprit is not None else tr.culprit_now()
         out.append(
             {
                 "job": job,
@@ -630,6 +945,9 @@ def verdicts(state: PerfState) -> list[dict[str, object]]:
                 "culprit": c.kind.value if c else None,
                 "node": c.node[1] if c and c.node else None,
                 "gpu": c.gpu if c else None,
+                "gpus": list(c.all_gpus()) if c else [],
+                "culprit_ranks": list(c.ranks) if c else [],
+                "pattern": c.pattern if c else "",
                 "nic": c.nic if c else None,
                 "leaf": c.leaf if c else None,
                 "evidence": c.reason if c else "",

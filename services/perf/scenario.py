@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import msgspec
@@ -70,6 +71,7 @@ class Scenario:
     clear_after_s: float | None = None  # the fault ends (repaired) this long after it began
     ras: bool = True  # False: no NCCL RAS on the nodes; progress is read from NIC traffic instead
     noise: str = "base"  # "hard": the noise the thresholds were not tuned on (module docstring)
+    record: bool = False  # keep the perf core's input log in Outcome.perf_log (the conformance suite)
 
     @property
     def faulty(self) -> bool:
@@ -88,6 +90,7 @@ class Outcome:
     perf_state: perf.PerfState | None = None
     perf_cpu_s: float = 0.0  # time spent in the perf core (evolve + decide), for its cost per sample
     node_samples: int = 0
+    perf_log: list[Event] = field(default_factory=list)  # what perf folded, in order (Scenario.record)
 
     @property
     def detection_s(self) -> float | None:
@@ -157,9 +160,10 @@ def run(sc: Scenario) -> Outcome:
     for n in names:
         health.evolve(hstate, NodeDiscovered(cluster=CLUSTER, node=n, at=0.0, gpus=fleet.nodes[n].inventory_gpus()))
     placements = [Placement(cluster=CLUSTER, node=n, gpu_indices=list(range(GPUS))) for n in gang]
-    perf.evolve(pstate, JobScheduled(job_id=job, at=0.0, team="t", placements=placements, pool="default"))
-
     out = Outcome(sc, perf_state=pstate)
+    fold = _recorder(pstate, out.perf_log) if sc.record else lambda e: perf.evolve(pstate, e)
+    fold(JobScheduled(job_id=job, at=0.0, team="t", placements=placements, pool="default"))
+
     victim, gpu, nic = rng.choice(gang), rng.randrange(GPUS), rng.randrange(GPUS)
     # two_faults: the other node (drawn only there, so the other scenarios' noise stays as it was)
     second = rng.choice([n for n in gang if n != victim]) if sc.kind == TWO_FAULTS else victim
@@ -192,8 +196,8 @@ def run(sc: Scenario) -> Outcome:
             if not sc.ras:
                 fabric = msgspec.structs.replace(fabric, comms=[])
             started = time.process_time()
-            perf.evolve(pstate, reading.sample)
-            perf.evolve(pstate, fabric)
+            fold(reading.sample)
+            fold(fabric)
             out.perf_cpu_s += time.process_time() - started
             out.node_samples += 1
             health.evolve(hstate, reading.sample)
@@ -203,7 +207,7 @@ def run(sc: Scenario) -> Outcome:
         decided = perf.decide(pstate, t)
         out.perf_cpu_s += time.process_time() - started
         for event, _ in decided:
-            perf.evolve(pstate, event)
+            fold(event)
             if isinstance(event, JobSlowdownDetected):
                 if sc.faulty and t >= sc.fault_at and out.detected is None:
                     out.detected = event
@@ -225,6 +229,14 @@ def run(sc: Scenario) -> Outcome:
     during = iters_at[sc.fault_at + span] - iters_at[sc.fault_at]
     out.speed_during = during / before if before > 0 else 1.0
     return out
+
+
+def _recorder(state: perf.PerfState, log: list[Event]) -> Callable[[Event], object]:
+    def fold(event: Event) -> object:
+        log.append(event)
+        return perf.evolve(state, event)
+
+    return fold
 
 
 def _inject(fleet: SimFleet, sc: Scenario, node: str, gpu: int, nic: int, t: float, second: str) -> dict[str, object]:

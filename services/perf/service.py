@@ -1,10 +1,12 @@
-"""`chamber service perf`: the job-performance core's shell.
+"""`chamber service perf`: the job-performance core on the decider host (services/runtime/decider.py).
 
-Reads JOBS and FLEET from the start (placements, labels, its own verdicts: episode numbers survive a
-restart) and TELEMETRY samples, fabric samples and inventories from now on; once caught up, decides
-every tick and publishes JobSlowdownDetected / Cleared (on `chamber.jobs.<job>.perf`) and `straggler`
-faults (on FAULTS, for the health policy), each with a deterministic id. Commands: `status` (what
-`chamber perf` shows) and `fabric` (what `chamber fabric` shows).
+Folds JOBS, FLEET and FAULTS from the start (placements, labels, its own verdicts and straggler
+reports: episode numbers survive a restart) and TELEMETRY samples, fabric samples and inventories
+from now on (the host's "new" input mode: a rate is measured on fresh samples, so no telemetry is
+replayed). Once caught up it decides every tick and publishes JobSlowdownDetected / Cleared (on
+`chamber.jobs.<job>.perf`) and `straggler` faults (on FAULTS, for the health policy), each with a
+deterministic id; like every decider it folds them only when they come back from the log.
+Commands: `status` (what `chamber perf` shows), `fabric` (`chamber fabric`), `explain`, `ranks`.
 """
 
 from __future__ import annotations
@@ -13,22 +15,19 @@ import argparse
 import asyncio
 from typing import Any
 
-from nats.js.api import DeliverPolicy
-
 from events.base import Event
 from events.commands import JobOnly, NoArguments
-from services.health.replay import CatchUp, DeliverFrom
 from services.perf import core
 from services.perf.views import fabric_view
 from services.runtime.commands import CommandRefused
-from services.runtime.consumer import ConsumerOptions, Delivery
+from services.runtime.decider import Decider, DeciderHost, Input
 from services.runtime.host import ServiceContext, serve
 from services.runtime.logs import get_logger
+from services.runtime.partitions import telemetry_inputs
 
 NAME = "perf"
 DESCRIPTION = "find slow multi-node jobs and the GPU, NIC or leaf switch to blame (JobSlowdownDetected)"
 log = get_logger("chamber.perf")
-TELEMETRY_SUBJECTS = ("chamber.telemetry.sample.>", "chamber.telemetry.fabric.>", "chamber.telemetry.inventory.>")
 
 
 Empty = NoArguments  # the request types are defined once, in events/commands.py
@@ -39,27 +38,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tick", type=float, default=1.0, help="seconds between decisions (1)")
 
 
+def decide(state: core.PerfState, now: float) -> list[tuple[Event, str]]:
+    out = core.decide(state, now)
+    for event, event_id in out:
+        log.info("verdict", type=type(event).ce_type(), id=event_id)
+    return out
+
+
+def manifest(args: argparse.Namespace, telemetry: list[tuple[str, str]]) -> Decider[core.PerfState]:
+    live = tuple(Input(stream, (subject,), deliver="new") for stream, subject in telemetry)
+    return Decider(
+        name=NAME,
+        inputs=(Input("JOBS"), Input("FLEET"), Input("FAULTS"), *live),
+        initial=core.PerfState,
+        evolve=core.evolve,
+        decide=decide,
+        tick_s=args.tick,
+    )
+
+
 class PerfShell:
-    def __init__(self, ctx: ServiceContext) -> None:
-        self.ctx = ctx
-        self.state = core.PerfState()
-        self.catch_up = CatchUp(ctx.js)
-        self.published = 0
+    """The commands, answered from the host's state."""
 
-    async def on_batch(self, batch: list[Delivery]) -> None:
-        for d in batch:
-            event = d.envelope.event
-            if isinstance(event, Event):
-                core.evolve(self.state, event)
+    def __init__(self, host: DeciderHost[core.PerfState]) -> None:
+        self.host = host
 
-    async def tick(self, now: float) -> None:
-        if not await self.catch_up.check():
-            return
-        for event, event_id in core.decide(self.state, now):
-            await self.ctx.publisher.publish(event, id=event_id)
-            core.evolve(self.state, event)  # folded now: its echo on JOBS changes nothing
-            self.published += 1
-            log.info("published", type=type(event).ce_type(), id=event_id)
+    @property
+    def state(self) -> core.PerfState:
+        return self.host.state
 
     async def status(self, _: Empty) -> dict[str, Any]:
         return {"jobs": core.verdicts(self.state)}
@@ -78,31 +84,14 @@ class PerfShell:
 
 
 async def setup(ctx: ServiceContext, args: argparse.Namespace) -> PerfShell:
-    shell = PerfShell(ctx)
-    for stream in ("JOBS", "FLEET"):
-        consumer = DeliverFrom(
-            ctx.js, ConsumerOptions(stream=stream, durable=None), policy=DeliverPolicy.ALL, batch_handler=shell.on_batch
-        )
-        shell.catch_up.watch(consumer)
-        _add(ctx, consumer)
-    telemetry = DeliverFrom(
-        ctx.js,
-        ConsumerOptions(stream="TELEMETRY", durable=None, filter_subjects=TELEMETRY_SUBJECTS),
-        policy=DeliverPolicy.NEW,
-        batch_handler=shell.on_batch,
-    )
-    _add(ctx, telemetry)
-    ctx.every(args.tick, shell.tick)
+    host = DeciderHost(manifest(args, await telemetry_inputs(ctx.js)), ctx)
+    host.install()
+    shell = PerfShell(host)
     ctx.command("status", Empty, shell.status)
     ctx.command("fabric", Empty, shell.fabric)
     ctx.command("explain", ExplainRequest, shell.explain)
     ctx.command("ranks", ExplainRequest, shell.ranks)
     return shell
-
-
-def _add(ctx: ServiceContext, consumer: DeliverFrom) -> None:
-    ctx.consumers.append(consumer)
-    ctx.task(lambda: consumer.run(ctx.stop))
 
 
 async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:

@@ -72,6 +72,12 @@ class NodeCap:
         return 0 if self.lost else len(self.gpus)
 
 
+# The meaning of this core's fold, for its snapshots (services/runtime/state_codec.py): bump it when a
+# change makes a state folded by the previous release wrong for this one (a field's meaning, what an
+# event does); the first start after it folds the log from the start. Comments, logs, speed: no bump.
+STATE_VERSION = 1
+
+
 @dataclass
 class QuotaState:
     half_life_s: float = DEFAULT_HALF_LIFE_S

@@ -21,6 +21,7 @@ from events.codec import stable_id
 from events.commands import PatchTeamQuota, SetTeamQuota
 from events.names import check_event
 from events.subjects import token
+from services.quota import core
 from services.quota.core import (
     DEFAULT_HALF_LIFE_S,
     QuotaRefused,
@@ -38,8 +39,9 @@ from services.quota.core import (
 )
 from services.runtime.buckets import open_kv
 from services.runtime.commands import CommandRefused
-from services.runtime.decider import Decider, DeciderHost, Input, SnapshotCodec, pickle_codec
+from services.runtime.decider import Decider, DeciderHost, Input, SnapshotCodec
 from services.runtime.host import ServiceContext, serve
+from services.runtime.state_codec import facts_codec
 
 NAME = "quota"
 DESCRIPTION = "pools, team quotas (guarantee, borrow and lend limits) and decayed fair share"
@@ -60,7 +62,7 @@ class ListRequest(msgspec.Struct, kw_only=True):
 
 
 def snapshot_codec() -> SnapshotCodec[QuotaState]:
-    return pickle_codec(QuotaState)
+    return facts_codec(QuotaState, version=core.STATE_VERSION)
 
 
 class QuotaService:

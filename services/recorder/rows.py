@@ -36,6 +36,7 @@ from events import (
 )
 from events.fabric import FabricSample
 from events.jobs import JobResumed
+from events.steps import RankStepTimings
 from services.recorder.fabric_rows import NIC_SAMPLES, add_nic_rows
 
 TS = pa.timestamp("ms", tz="UTC")
@@ -350,7 +351,7 @@ def build_tables(items: list[Recorded]) -> dict[str, pa.Table]:
         e = item.event
         if isinstance(e, NodeSample | LeanNodeSample):
             continue
-        if not isinstance(e, NodeInventory | FabricSample):  # telemetry, repeated: not an audit fact
+        if not isinstance(e, NodeInventory | FabricSample | RankStepTimings):  # telemetry, repeated: not an audit fact
             _audit_row(cols["events"], item, e)
         if isinstance(e, FabricSample):
             add_nic_rows(cols["nic_samples"], e, item.id)

@@ -3,7 +3,8 @@
 One durable consumer per stream hands whole fetched batches (up to --batch-size messages, or what
 arrived within --flush-interval) to the writer; the runtime acks them only after the writer returns.
 It also answers `chamber.cmd.recorder.sql`, because with chDB only this process may open the
-warehouse directory while it runs.
+warehouse directory while it runs. Those queries go through the analytics door (warehouse/door.py):
+sessions and threads of their own, a bounded queue, never the writer's thread or session.
 """
 
 from __future__ import annotations
@@ -36,12 +37,11 @@ from services.warehouse import (
     WarehouseError,
     WarehouseUnavailable,
     add_warehouse_options,
-    check_read_only,
     migrate,
     open_from_args,
 )
-from services.warehouse.confine import confined_query
-from services.warehouse.options import open_for_analytics
+from services.warehouse.analytics import Limits
+from services.warehouse.door import QUEUE_LIMIT, QUEUE_WAIT_S, SqlDoor, open_door
 
 NAME = "recorder"
 DESCRIPTION = "record telemetry and every domain event in the warehouse (ClickHouse or chDB); answer SQL"
@@ -91,6 +91,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds between recomputations of the minute rollups from the de-duplicated samples (5)",
     )
     parser.add_argument(
+        "--sql-slots", type=int, default=1, help="analytics queries run at once, each on its own session (1)"
+    )
+    parser.add_argument(
+        "--sql-queue", type=int, default=QUEUE_LIMIT, help=f"analytics queries that may wait for a slot ({QUEUE_LIMIT})"
+    )
+    parser.add_argument(
+        "--sql-threads",
+        type=int,
+        default=0,
+        help="threads one analytics query may use (0: a quarter of the CPUs, at least 1)",
+    )
+    parser.add_argument(
         "--partition-lease-ttl",
         type=float,
         default=15.0,
@@ -122,7 +134,7 @@ async def setup_recorder(
     ack_wait: float = 60.0,
     telemetry_consumers: int = 1,
     fetch_max_bytes: int = FETCH_MAX_BYTES,
-    analytics: Warehouse | None = None,
+    door: SqlDoor | None = None,
     holder: str | None = None,
     partition_ttl_s: float = 15.0,
     rollup_every_s: float = 5.0,
@@ -187,8 +199,18 @@ async def setup_recorder(
 
     await own_partitions(ctx, partition_consumer, holder=holder, ttl_s=partition_ttl_s)
 
+    if door is None:
+        own = door = await asyncio.to_thread(open_door, writer.warehouse)
+
+        async def close_door() -> None:
+            await ctx.stop.wait()
+            await asyncio.to_thread(own.close)
+
+        ctx.task(close_door)
+    sql_door = door
+
     async def sql(request: SqlRequest) -> dict[str, Any]:
-        return await answer_sql(writer, request.sql, request.max_rows, analytics=analytics)
+        return await answer_sql(sql_door, request.sql, request.max_rows)
 
     ctx.command("sql", SqlRequest, sql)
     if writer.rollups is not None:
@@ -210,26 +232,20 @@ async def rollup_rounds(writer: Writer, stop: asyncio.Event, every_s: float) -> 
             await asyncio.wait_for(stop.wait(), every_s)
 
 
-async def answer_sql(
-    writer: Writer, sql: str, max_rows: int = MAX_REPLY_ROWS, *, analytics: Warehouse | None = None
-) -> dict[str, Any]:
-    """`analytics`: a restricted user's connection to the same server (--clickhouse-sql-url)."""
-    target = analytics or writer.warehouse
+async def answer_sql(door: SqlDoor, sql: str, max_rows: int = MAX_REPLY_ROWS) -> dict[str, Any]:
+    """One query through the analytics door; a refusal or an engine error is a CommandRefused."""
     try:
-        query = check_read_only(sql)
-    except ReadOnlyViolation as exc:
-        raise CommandRefused(str(exc), field="sql") from None
-    try:
-        result = await writer.call(lambda: confined_query(target, query, max_rows=max(0, max_rows)))
+        answer = await door.answer(sql, max_rows)
     except ReadOnlyViolation as exc:
         raise CommandRefused(str(exc), field="sql") from None
     except WarehouseError as exc:
-        raise CommandRefused(f"the warehouse refused the query: {exc}", field="sql") from None
-    rows = result.rows[: max(0, max_rows)]
+        raise CommandRefused(str(exc), field="sql") from None
+    rows = answer.rows
     # A reply must fit in one NATS message (1 MiB by default): keep the first rows that fit.
     while rows and len(_json.encode(rows)) > MAX_REPLY_BYTES:
         rows = rows[: len(rows) // 2]
-    return {"columns": result.columns, "types": result.types, "rows": rows, "truncated": len(result.rows) > len(rows)}
+    truncated = answer.truncated or len(rows) < len(answer.rows)
+    return {"columns": answer.columns, "types": answer.types, "rows": rows, "truncated": truncated}
 
 
 def open_and_migrate(args: argparse.Namespace) -> Warehouse:
@@ -293,10 +309,20 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
     warehouse = await open_when_ready(args, stop)
     if warehouse is None:
         return
+    for name in ("sql_slots", "sql_queue"):
+        if getattr(args, name) < (1 if name == "sql_slots" else 0):
+            raise UsageError(f"--{name.replace('_', '-')} must be at least {1 if name == 'sql_slots' else 0}")
     writer = Writer(warehouse, after_insert=_crash_hook(), deferred_rollups=True)
-    analytics = None
-    if args.clickhouse_url and args.clickhouse_sql_url:
-        analytics = await asyncio.to_thread(open_for_analytics, args)
+    sql_url = args.clickhouse_sql_url if args.clickhouse_url else None
+    door = await asyncio.to_thread(
+        open_door,
+        warehouse,
+        sql_url=sql_url,
+        slots=args.sql_slots,
+        queue_limit=args.sql_queue,
+        queue_wait_s=QUEUE_WAIT_S,
+        limits=Limits(max_threads=max(0, args.sql_threads)),
+    )
     try:
 
         async def setup(ctx: ServiceContext) -> None:
@@ -308,14 +334,13 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
                 ack_wait=args.ack_wait,
                 telemetry_consumers=args.telemetry_consumers,
                 fetch_max_bytes=max_bytes,
-                analytics=analytics,
+                door=door,
                 partition_ttl_s=args.partition_lease_ttl,
                 rollup_every_s=args.rollup_every,
             )
 
         await serve(NAME, args.nats, setup, stop)
     finally:
+        door.close()
         writer.close()
         warehouse.close()
-        if analytics is not None:
-            analytics.close()

@@ -42,6 +42,10 @@ class CommandUnavailable(Exception):
     """No service answered (not running, or NATS unreachable)."""
 
 
+class CommandTimedOut(CommandUnavailable):
+    """Someone may be there, but no answer came within the request's timeout."""
+
+
 class CommandReply(msgspec.Struct, omit_defaults=True):
     ok: bool
     result: Any = None
@@ -154,7 +158,7 @@ async def request(nc: Client, service: str, verb: str, payload: Any, *, timeout:
             f"the request is {size} bytes, over the NATS server's max payload ({nc.max_payload}); send less"
         ) from None
     except nats.errors.TimeoutError:
-        raise CommandUnavailable(
+        raise CommandTimedOut(
             f"{service} did not answer {subject} within {timeout:g}s (it may be busy or stopped; "
             "`chamber health` shows what is running)"
         ) from None

@@ -42,13 +42,12 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from types import ModuleType
 from typing import Any, Generic, TypeVar
 
 import nats.errors
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-from nats.js.errors import APIError, NoStreamResponseError
+from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
 
 from events import Event
 from events.codec import DEFAULT_MAX_BYTES, DecodeError, UnknownEventType, decode_event
@@ -59,7 +58,7 @@ from services.runtime.host import ServiceContext
 from services.runtime.lease import LeaderLease
 from services.runtime.logs import get_logger
 from services.runtime.pull import BatchPuller, Position, position
-from services.runtime.snapshot_codec import build_digest, packages_of, safe_loads
+from services.runtime.snapshot_codec import packages_of, safe_loads, shape_digest
 from services.runtime.snapshots import Snapshot, SnapshotStore
 
 log = get_logger("chamber.runtime.decider")
@@ -69,13 +68,23 @@ APPEND_ATTEMPTS = 8  # about 10 s of retries: longer than a JetStream leader ele
 WRONG_LAST_SEQUENCE = 10071  # JetStream's error code for a failed Nats-Expected-Last-Subject-Sequence
 
 
+DELIVER_MODES = {"all": DeliverPolicy.BY_START_SEQUENCE, "last_per_subject": DeliverPolicy.LAST_PER_SUBJECT}
+DELIVER_MODES["new"] = DeliverPolicy.NEW
+
+
 @dataclass(frozen=True)
 class Input:
     stream: str
     subjects: tuple[str, ...] = ()  # empty: every subject of the stream
     # "all": from the start (or the snapshot's position); "last_per_subject": the latest message of
-    # every subject, then live (a current picture, e.g. each node's last sample; not a resume point)
+    # every subject, then live (a current picture, e.g. each node's last sample; not a resume point);
+    # "new": only what arrives after the consumer is made (perf's telemetry: a rate is measured from
+    # fresh samples, replaying an hour of them would only delay readiness). Neither is a resume point.
     deliver: str = "all"
+
+    def __post_init__(self) -> None:
+        if self.deliver not in DELIVER_MODES:
+            raise ValueError(f"Input({self.stream!r}).deliver must be one of {sorted(DELIVER_MODES)}")
 
 
 @dataclass(frozen=True)
@@ -88,15 +97,15 @@ class SnapshotCodec(Generic[S]):
     decode: Callable[[bytes], S]
 
 
-def pickle_codec(*shapes: type, modules: Sequence[ModuleType] = ()) -> SnapshotCodec[Any]:
+def pickle_codec(*shapes: type, version: int) -> SnapshotCodec[Any]:
     """Snapshots as pickle (it keeps the shared references and indexes of a state as they are),
     loaded through an allow-list of the core's own classes (`snapshot_codec.SafeUnpickler`: a
-    snapshot naming anything else is refused, never run), and named by build: the fields of the
-    `shapes` and the source of their modules and of `modules` (where the fold lives), so a snapshot
-    taken by another build is refused and the host replays from the start."""
+    snapshot naming anything else is refused, never run), and named by the core's `version` and the
+    fields of the `shapes`: a snapshot of another state version is refused and the host replays from
+    the start; one written by a build that changed only comments or code outside the state restores."""
     packages = packages_of(shapes)
     return SnapshotCodec(
-        format=f"pickle-{pickle.DEFAULT_PROTOCOL}-{build_digest(shapes, modules)}",
+        format=f"pickle-{pickle.DEFAULT_PROTOCOL}-v{version}-{shape_digest(shapes)}",
         encode=lambda state: pickle.dumps(state, protocol=pickle.DEFAULT_PROTOCOL),
         decode=lambda data: safe_loads(data, packages),
     )
@@ -154,6 +163,7 @@ class _Source:
 
 @dataclass
 class HostStats:
+    taken: int = 0  # messages read from the inputs since start (folded, skipped or dead-lettered)
     folded: int = 0
     skipped: int = 0
     dead: int = 0
@@ -205,6 +215,8 @@ class DeciderHost(Generic[S]):
             lease = LeaderLease(ctx.js, d.lease.strip(), holder, ttl_s=d.lease_ttl_s)
             self.lease = lease
             ctx.task(lambda: lease.run(ctx.stop, self._on_leadership))
+        if ctx.health_state is not None:  # /readyz answers 503 and /metrics says so until caught up
+            ctx.health_state.replaying = self.replaying
         ctx.task(self._run)
         ctx.every(d.tick_s, self.tick)
         ctx.every(min(d.tick_s, 0.25), self._check_ready)  # ready soon after catching up, whatever the tick
@@ -221,19 +233,25 @@ class DeciderHost(Generic[S]):
 
     # -- start: snapshot + positions -----------------------------------------------------------
     async def restore(self) -> None:
+        """Load the latest snapshot and the positions it covers. Every outcome is logged once: the
+        restore with its positions and how long it took, or why the host folds from the start."""
         codec = self.decider.snapshot
         if codec is None:
             return
+        name = self.decider.name
+        began = time.monotonic()
         try:
-            snap = await self.store.load(self.decider.name)
+            snap = await self.store.load(name)
         except Exception as exc:  # a broken store must not keep the service from replaying
-            log.warning("snapshot unreadable; folding from the start", service=self.decider.name, error=repr(exc))
+            log.warning("snapshot unreadable; folding from the start", service=name, error=repr(exc))
             return
         if snap is None:
+            log.info("no snapshot; folding from the start", service=name)
             return
         if snap.format != self.snapshot_format:
             log.info(
-                "snapshot of another build or settings; folding from the start",
+                "snapshot of another state version or settings; folding from the start",
+                service=name,
                 have=snap.format,
                 want=self.snapshot_format,
             )
@@ -241,21 +259,27 @@ class DeciderHost(Generic[S]):
         try:
             state = codec.decode(snap.state)
         except Exception as exc:
-            log.warning("snapshot does not decode; folding from the start", error=repr(exc))
+            log.warning("snapshot does not decode; folding from the start", service=name, error=repr(exc))
             return
         self.state, self.positions = state, dict(snap.positions)
         self.stats.restored_from = dict(snap.positions)
-        log.info("state restored from snapshot", service=self.decider.name, positions=snap.positions)
+        log.info(
+            "state restored from snapshot",
+            service=name,
+            positions=snap.positions,
+            bytes=len(snap.state),
+            seconds=round(time.monotonic() - began, 3),
+        )
 
     async def _open(self, source: _Source) -> None:
         spec = source.spec
-        last_per_subject = spec.deliver == "last_per_subject"
+        from_position = spec.deliver == "all"
         start = self.positions.get(spec.stream, 0) + 1
         filters = list(spec.subjects)
         config = ConsumerConfig(
             ack_policy=AckPolicy.NONE,  # the snapshot is the tracking record; nothing to redeliver
-            deliver_policy=DeliverPolicy.LAST_PER_SUBJECT if last_per_subject else DeliverPolicy.BY_START_SEQUENCE,
-            opt_start_seq=None if last_per_subject else start,
+            deliver_policy=DELIVER_MODES[spec.deliver],
+            opt_start_seq=start if from_position else None,
             filter_subject=filters[0] if len(filters) == 1 else None,
             filter_subjects=filters if len(filters) > 1 else None,
             inactive_threshold=60.0,  # the server removes it when we are gone
@@ -267,7 +291,7 @@ class DeciderHost(Generic[S]):
         first = stream.state.first_seq or 0
         c = stream.config
         kept = not c.max_age and (c.max_bytes or -1) < 0 and (c.max_msgs or -1) < 0  # no limit ages it out
-        if kept and not last_per_subject and start < first and start <= (stream.state.last_seq or 0):
+        if kept and from_position and start < first and start <= (stream.state.last_seq or 0):
             # The snapshot is the base of replay: trimming below it is safe, trimming above it is not.
             self.stats.trimmed[spec.stream] = (start, first)
             log.error(
@@ -418,7 +442,7 @@ class DeciderHost(Generic[S]):
                 buffer.appendleft(item)  # the next input's head comes first
                 break
             taken += 1
-            source.pending = pos.pending
+            source.pending = pos.pending  # what the server still had after this one
             positions[stream] = pos.stream_seq
             try:
                 event, event_id = decode_event(msg.headers, msg.data, max_bytes=DEFAULT_MAX_BYTES)
@@ -437,6 +461,7 @@ class DeciderHost(Generic[S]):
                 awaiting.discard(event_id)
             if on_event is not None:
                 self._on_event(event)
+        self.stats.taken += taken
         if folded:
             self.stats.folded += folded
             self._changed_since_snapshot = True
@@ -483,6 +508,26 @@ class DeciderHost(Generic[S]):
             if info.num_pending or (delivered or 0) > source.received:
                 return False  # still on the server, or on the wire to us
         return True
+
+    def progress(self) -> tuple[int, int]:
+        """(messages read since start, that plus what the servers still hold for our consumers)."""
+        return self.stats.taken, self.stats.taken + sum(s.pending for s in self.sources)
+
+    @property
+    def resyncing(self) -> bool:
+        """A new leader folding what the previous one published before it decides (`_tick`)."""
+        return self.decider.decide is not None and self.lease is not None and self.leading and not self.synced
+
+    def replaying(self) -> str | None:
+        """Why this service is not serving yet: "replaying: folded N of M" until caught up once, and
+        again while a new leader re-syncs; None when caught up."""
+        if self.ready and not self.resyncing:
+            return None
+        if not all(s.consumer for s in self.sources):
+            return "replaying: opening the inputs"
+        done, total = self.progress()
+        what = "replaying" if not self.ready else "replaying (new leader re-syncing)"
+        return f"{what}: folded {done} of {total}"
 
     def inject(self, item: object) -> None:
         """Fold a fact from outside the log (e.g. a Kubernetes listing) at this point of the fold."""
@@ -578,6 +623,20 @@ class DeciderHost(Generic[S]):
         log.info("cycle", service=self.decider.name, positions=positions, decisions=len(out), at=now)
 
     # -- commands --------------------------------------------------------------------------------
+    async def entity_seq(self, stream: str, subject: str, timeout: float = 5.0) -> int:
+        """The last sequence of an entity's subject (0: none yet), once this host has folded it: a
+        command validated against the state now sees the entity's latest event, and appending with
+        `expected_subject_seq` set to it refuses the command if anything reached the entity since
+        (of two concurrent commands on one entity, exactly one wins)."""
+        try:
+            msg = await self.ctx.js.get_last_msg(stream, subject)
+        except NotFoundError:
+            return 0
+        seq = int(msg.seq or 0)
+        if not await self.wait_folded(stream, seq, timeout):
+            raise CommandConflict(f"{subject} is not folded up to {seq} yet; try again")
+        return seq
+
     async def append(self, event: Event, *, id: str, expected_subject_seq: int | None, wait: bool = True) -> int:
         """Publish a command's event; with `expected_subject_seq` (0: a new entity) the stream refuses
         it when the subject moved on (`CommandConflict`). With `wait`, returns once it is folded."""
@@ -631,4 +690,9 @@ class DeciderHost(Generic[S]):
         return size
 
     def health(self) -> dict[str, Any]:
-        return {"ready": self.ready, "leading": self.leading, "positions": dict(self.positions)}
+        return {
+            "ready": self.ready,
+            "leading": self.leading,
+            "replaying": self.replaying(),
+            "positions": dict(self.positions),
+        }

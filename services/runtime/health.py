@@ -3,9 +3,12 @@
 - `GET /livez`  200 while the event loop answers (a hung loop times the probe out; a crashed consumer
   or ticker ends the whole process, see host.serve). It does NOT look at NATS: a NATS outage must not
   make Kubernetes restart every pod (nats-py reconnects).
-- `GET /readyz` 200 when NATS is connected and every consumer is bound to its stream; 503 otherwise.
-Both answer a small JSON report: NATS connectivity and each consumer's progress (handled, skipped,
-dead, retried, last acked stream sequence, seconds since it last acked).
+- `GET /readyz` 200 when NATS is connected, every consumer is bound to its stream and the decider
+  host (if any) has caught up; 503 otherwise, e.g. "replaying: folded 120000 of 500000" while it
+  folds the log at start, or while a new leader re-syncs.
+- `GET /metrics` Prometheus text: `chamber_replaying{service="..."}` 1 while replaying, else 0.
+The probes answer a small JSON report: NATS connectivity, replay progress and each consumer's
+progress (handled, skipped, dead, retried, last acked stream sequence, seconds since it last acked).
 
 A service turns it on with `--health-port` / `CHAMBER_HEALTH_PORT` (see `port_from_env`).
 """
@@ -28,6 +31,7 @@ log = get_logger("chamber.runtime.health")
 ENV_PORT = "CHAMBER_HEALTH_PORT"
 ENV_HOST = "CHAMBER_HEALTH_HOST"
 _MAX_REQUEST_BYTES = 8192
+REPLAYING_GAUGE = ("chamber_replaying", "1 while the service folds its log (at start, or a new leader re-syncing)")
 
 
 def port_from_env() -> int | None:
@@ -52,6 +56,8 @@ class HealthState:
     # Each returns why the process cannot do its job now (None: fine), e.g. the agent's "no stream
     # takes this node's samples"; any problem makes it not ready, and the report says which.
     checks: list[Callable[[], str | None]] = field(default_factory=list)
+    # The decider host's progress: "replaying: folded N of M" until caught up, None once it is.
+    replaying: Callable[[], str | None] = field(default=lambda: None)
     started_at: float = field(default_factory=time.monotonic)
     _progress: dict[str, tuple[int, float]] = field(default_factory=dict)
 
@@ -62,7 +68,10 @@ class HealthState:
         consumers = [self._consumer_report(c, now) for c in self.consumers]
         bound = all(c["bound"] for c in consumers)
         live = True  # answering at all is the liveness signal
+        replaying = self.replaying()
         problems = [p for check in self.checks if (p := check())]
+        if replaying:
+            problems.append(replaying)
         ready = connected and bound and not problems
         body: dict[str, Any] = {
             "service": self.service,
@@ -71,6 +80,7 @@ class HealthState:
             "nats": "connected" if connected else "disconnected",
             "uptime_s": round(now - self.started_at, 1),
             "consumers": consumers,
+            "replaying": replaying,
         }
         if problems:
             body["problems"] = problems
@@ -122,14 +132,25 @@ class HealthServer:
             self._runner = None
 
     async def _handle(self, request: web.Request) -> web.Response:
+        if request.method in ("GET", "HEAD") and request.path == "/metrics":
+            return web.Response(text=self.metrics(), content_type="text/plain", charset="utf-8")
         status, body = self._route(request.method, request.path)
         return web.json_response(body, status=status)
+
+    def metrics(self) -> str:
+        """Prometheus text format: whether this service is still folding its log."""
+        name = self.state.service.replace("\\", "").replace('"', "")
+        replaying = 1 if self.state.replaying() else 0
+        return (
+            f"# HELP {REPLAYING_GAUGE[0]} {REPLAYING_GAUGE[1]}\n# TYPE {REPLAYING_GAUGE[0]} gauge\n"
+            f'{REPLAYING_GAUGE[0]}{{service="{name}"}} {replaying}\n'
+        )
 
     def _route(self, method: str, path: str) -> tuple[int, dict[str, Any]]:
         if method not in ("GET", "HEAD"):
             return 405, {"error": "use GET"}
         if path not in ("/livez", "/readyz", "/healthz"):
-            return 404, {"error": "try /livez or /readyz"}
+            return 404, {"error": "try /livez, /readyz or /metrics"}
         live, ready, body = self.state.report()
         ok = live if path == "/livez" else ready
         return (200 if ok else 503), body

@@ -40,6 +40,7 @@ class ServiceContext:
     _tasks: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     _commands: CommandServer | None = None
     health: HealthServer | None = None
+    health_state: HealthState | None = None  # what /readyz and /metrics report (a decider host adds to it)
 
     def consume(
         self,
@@ -103,7 +104,7 @@ async def serve(
         raise
     js = nc.jetstream()
     ctx = ServiceContext(name=name, url=url, nc=nc, js=js, publisher=Publisher(js, source=f"chamber/{name}"), stop=stop)
-    ctx.health = health
+    ctx.health, ctx.health_state = health, health_state
     health_state.nc, health_state.consumers = nc, ctx.consumers
     try:
         await _with_retries(name, lambda: ensure_streams(js))

@@ -10,10 +10,10 @@ classes of the service's own core, of `events` and of a fixed set of containers;
 (`os.system`, a function, a class elsewhere) refuses the whole snapshot, and the host replays the log
 from the start instead.
 
-Why "build": the format names the state's shape (dataclass fields) and a digest of the source of the
-modules that define it and fold into it. A snapshot written by another build, even one with the same
-fields, is refused (replayed from the start): a fold that changed its meaning must not inherit a
-state built by the old one.
+Why a version: the format names the state's shape (its classes' fields) and the version the core
+declares (`STATE_VERSION`), never the source of the build: a release that only changes a comment
+restores the last snapshot; one that changes the fold's meaning bumps the version and folds from
+the start. (The cores whose state is plain data use state_codec.py's msgspec codec instead.)
 """
 
 from __future__ import annotations
@@ -21,12 +21,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import importlib
-import inspect
 import io
 import pickle
-import sys
 from collections.abc import Iterable
-from types import ModuleType
 from typing import Any
 
 # Containers and scalars a state may hold, by (module, name).
@@ -71,17 +68,11 @@ def packages_of(shapes: Iterable[type]) -> tuple[str, ...]:
     return (*sorted(own), *SHARED_PACKAGES)
 
 
-def build_digest(shapes: Iterable[type], modules: Iterable[ModuleType] = ()) -> str:
-    """A digest of the state's fields and of the source of the modules that define and fold it."""
+def shape_digest(shapes: Iterable[type]) -> str:
+    """A digest of the state classes' names and fields: a class that gained or lost a field does not
+    unpickle into a state the fold expects. The source is not in it (a comment changes nothing)."""
     h = hashlib.sha256()
-    seen: set[str] = set()
     for cls in shapes:
-        if dataclasses.is_dataclass(cls):
-            h.update(f"{cls.__name__}:{','.join(f.name for f in dataclasses.fields(cls))}|".encode())
-        for module in (sys.modules[cls.__module__], *modules):
-            path = inspect.getsourcefile(module) or ""
-            if path and path not in seen:
-                seen.add(path)
-                with open(path, "rb") as f:
-                    h.update(f.read())
+        names = ",".join(f.name for f in dataclasses.fields(cls)) if dataclasses.is_dataclass(cls) else ""
+        h.update(f"{cls.__module__}.{cls.__qualname__}:{names}|".encode())
     return h.hexdigest()[:16]

@@ -129,6 +129,7 @@ def spec_of(kind: WorkloadKind, obj: dict[str, Any], cluster: str, bindings: Bin
         namespace=meta["namespace"],
         cluster=cluster,
         preemptible=claimed.preemptible and kind.preemptible,
+        gpu_vendor="amd" if demand.vendor == "amd" else "nvidia" if demand.vendor == "nvidia" else None,
     )
 
 

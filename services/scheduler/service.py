@@ -26,7 +26,7 @@ import secrets
 import time
 from typing import Any
 
-from events import Event, JobCancelled
+from events import Event, JobCancelled, subjects
 from events.codec import stable_id
 from events.commands import CancelJob, ExplainJob, ListQueue, SubmitJob
 from services.runtime.commands import CommandRefused, page_of_rows
@@ -80,9 +80,10 @@ def new_job_id(name: str, team: str) -> str:
 
 
 def snapshot_codec() -> SnapshotCodec[SchedulerState]:
-    from services.scheduler.core import budget, capacity, pools
+    """Pickle (the state shares objects between its indexes), named by the core's STATE_VERSION."""
+    from services.scheduler.core.snapshot_version import STATE_VERSION
 
-    return pickle_codec(SchedulerState, Job, Node, LinkHealth, modules=(budget, capacity, pools))  # where it folds
+    return pickle_codec(SchedulerState, Job, Node, LinkHealth, version=STATE_VERSION)
 
 
 class Scheduler:
@@ -196,13 +197,34 @@ class Scheduler:
         name = req.job or req.job_id
         if not name:
             raise CommandRefused("which job? give its id", field="job")
-        job = self.state.jobs.get(self._job_id(name, "`chamber queue` lists the jobs"))
-        assert job is not None
+        try:  # an id, an exact name or a unique id prefix
+            job_id, unknown = resolve(name, ((j.id, j.spec.name) for j in self.state.jobs.values())), ""
+        except JobRefError as exc:
+            if not str(exc).startswith("no job"):
+                raise CommandRefused(str(exc), field="job") from None
+            job_id, unknown = name, str(exc)  # perhaps just submitted: the entity's sequence says below
+        assert self.host is not None
+        try:
+            # the job's latest event, folded: checked below, then expected by the stream on append
+            seq = await self.host.entity_seq("JOBS", subjects.jobs(job_id))
+        except CommandConflict as exc:
+            raise CommandRefused(str(exc), field="job") from None
+        job = self.state.jobs.get(job_id)
+        if job is None:
+            raise CommandRefused(f"{unknown or f'no job {name!r}'}; `chamber queue` lists the jobs", field="job")
         if job.state in FINISHED:
             raise CommandRefused(f"job {name} is already {job.state.value}", field="job")
         event = JobCancelled(job_id=job.id, at=time.time(), by=req.by, reason=req.reason)
-        assert self.host is not None
-        await self.host.append(event, id=stable_id("cancelled", job.id), expected_subject_seq=None)
+        try:
+            # Of two cancels at once (two operators, two replicas) the stream takes one; the other,
+            # or a cancel racing the job's own next event, is refused and says why.
+            await self.host.append(event, id=stable_id("cancelled", job.id), expected_subject_seq=seq)
+        except CommandConflict:
+            raise CommandRefused(
+                f"job {job.id} changed while this cancel was on its way (cancelled by another command?); "
+                "`chamber queue` shows it now",
+                field="job",
+            ) from None
         return {"id": job.id, "state": "cancelled"}
 
     def _refresh_waiting(self) -> None:
@@ -217,13 +239,6 @@ class Scheduler:
         self.waiting = waiting
         rows = queue_rows(self.state, waiting, now=time.time(), policy=self.policy, include_finished=req.all)
         return page_of_rows(rows, offset=req.offset, limit=req.limit)
-
-    def _job_id(self, ref: str, hint: str) -> str:
-        """The id of the job `ref` names (id, exact name or unique id prefix); refused naming why."""
-        try:
-            return resolve(ref, ((j.id, j.spec.name) for j in self.state.jobs.values()))
-        except JobRefError as exc:
-            raise CommandRefused(f"{exc}; {hint}", field="job") from None
 
     async def explain(self, req: ExplainRequest) -> dict[str, Any]:
         self._refresh_waiting()

@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from services.warehouse.backend import QueryResult, Warehouse, WarehouseError, WarehouseUnavailable
+    from services.warehouse.confine import ReadOnlyViolation
     from services.warehouse.migrations import migrate
     from services.warehouse.options import add_warehouse_options, open_from_args, open_warehouse
-    from services.warehouse.readonly import ReadOnlyViolation, check_read_only
 
 _WHERE = {
     "QueryResult": "backend",
@@ -24,8 +24,7 @@ _WHERE = {
     "add_warehouse_options": "options",
     "open_from_args": "options",
     "open_warehouse": "options",
-    "ReadOnlyViolation": "readonly",
-    "check_read_only": "readonly",
+    "ReadOnlyViolation": "confine",
 }
 
 __all__ = [
@@ -35,7 +34,6 @@ __all__ = [
     "WarehouseError",
     "WarehouseUnavailable",
     "add_warehouse_options",
-    "check_read_only",
     "migrate",
     "open_from_args",
     "open_warehouse",

@@ -91,6 +91,11 @@ class Warehouse(ABC):
     @abstractmethod
     def close(self) -> None: ...
 
+    def open_analytics(self, limits: Any) -> Any:
+        """A session for analytics SQL apart from this one (services.warehouse.analytics): its own
+        settings, read-only at the engine level. `limits`: analytics.Limits."""
+        raise WarehouseError(f"the {self.kind} warehouse has no analytics session")
+
     def __enter__(self) -> Warehouse:
         return self
 

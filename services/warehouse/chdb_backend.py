@@ -125,6 +125,11 @@ class ChdbWarehouse(Warehouse):
             except Exception as exc:
                 raise WarehouseError(f"insert into {table}: {exc}") from None
 
+    def open_analytics(self, limits: Any) -> Any:
+        from services.warehouse.analytics import ChdbAnalytics
+
+        return ChdbAnalytics(self.path, limits)
+
     def close(self) -> None:
         with self._lock:
             if self._session is not None:

@@ -76,5 +76,10 @@ class ServerWarehouse(Warehouse):
             settings["insert_distributed_sync"] = 1
         self._call(f"insert into {table}", lambda: self._client.insert_arrow(table, data, settings=settings or None))
 
+    def open_analytics(self, limits: Any) -> Any:
+        from services.warehouse.analytics import ServerAnalytics
+
+        return ServerAnalytics(self.url, limits)
+
     def close(self) -> None:
         self._client.close()

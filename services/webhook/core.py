@@ -138,7 +138,8 @@ def refusal(req: Request, kind: WorkloadKind | None, bindings: Bindings) -> str 
         return why
     if demand is None:
         return (
-            f"the {req.kind} asks for no nvidia.com/gpu; Chamber schedules GPU work: set nvidia.com/gpu limits on "
+            f"the {req.kind} asks for no nvidia.com/gpu (nor amd.com/gpu); Chamber schedules GPU work: set "
+            "nvidia.com/gpu (or amd.com/gpu) limits on "
             f"its containers, or remove the {TEAM_LABEL} / {KUEUE_QUEUE_LABEL} label"
         )
     return None

@@ -11,10 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
+from nats.js import JetStreamContext
 
 from events import GpuFaultDetected, decode
 from services.runtime import connect
-from services.runtime.nats_server import NatsServerProcess
+from tests.secured_bus import SecuredNatsServer
 
 pytestmark = pytest.mark.e2e
 CHAMBER = str(Path(sys.executable).parent / "chamber")
@@ -40,10 +41,14 @@ def test_agent_mistakes_are_one_line_usage_errors() -> None:
     assert real.returncode == 2 and "no NVIDIA driver" in real.stderr and "--simulate" in real.stderr
 
 
-async def test_sim_fault_reaches_a_running_simulated_fleet(nats_server: NatsServerProcess, tmp_path: Path) -> None:
+@pytest.mark.bus_cluster("ops")
+async def test_sim_fault_reaches_a_running_simulated_fleet(
+    nats_server: SecuredNatsServer, js: JetStreamContext, tmp_path: Path
+) -> None:
+    # `js`: the streams exist (the services made them); the simulator may not create them
     agent = subprocess.Popen(  # noqa: ASYNC220 (returns at once)
         [CHAMBER, "agent", "--simulate", "--nodes", "2", "--interval", "0.2", "--cluster", "ops",
-         "--nats", nats_server.url, "--spool", str(tmp_path), "--log-level", "warning"],
+         "--nats", nats_server.url_for("simulator"), "--spool", str(tmp_path), "--log-level", "warning"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:

@@ -17,9 +17,9 @@ from nats.js import JetStreamContext
 
 from events import NodeSample, decode
 from services.runtime import connect
-from services.runtime.nats_server import NatsServerProcess
+from tests.secured_bus import SecuredNatsServer
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.bus_cluster("e2e")]
 CHAMBER = str(Path(sys.executable).parent / "chamber")
 NODES = 16
 INTERVAL_S = 0.25  # 4 Hz instead of 1 Hz keeps the test short; the outage spans many intervals
@@ -65,13 +65,14 @@ async def wait_until(check, within: float) -> None:
 
 
 async def test_every_sample_reaches_the_stream_exactly_once_across_a_kill_9_of_nats(
-    nats_server: NatsServerProcess, tmp_path: Path
+    nats_server: SecuredNatsServer, js: JetStreamContext, tmp_path: Path
 ) -> None:
+    # `js`: the streams exist (the services made them); the simulator may not create them
     spool = tmp_path / "spool"
     log = open(tmp_path / "agent.log", "w")  # noqa: ASYNC230, SIM115 (a subprocess writes it)
     agent = subprocess.Popen(  # noqa: ASYNC220 (returns at once; the loop has nothing else to run)
         [CHAMBER, "agent", "--simulate", "--nodes", str(NODES), "--gpus-per-node", "8", "--interval", str(INTERVAL_S),
-         "--cluster", "e2e", "--nats", nats_server.url, "--spool", str(spool), "--log-level", "info"],
+         "--cluster", "e2e", "--nats", nats_server.url_for("simulator"), "--spool", str(spool), "--log-level", "info"],
         stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:

@@ -17,17 +17,17 @@ from nats.js import JetStreamContext
 
 from events import BudgetExceeded
 from services.runtime import Publisher
-from services.runtime.nats_server import NatsServerProcess
 from tests.e2e.test_scheduler_e2e import CHAMBER, achamber, queue, state_is
 from tests.integration.test_billing_service import billing_events
 from tests.integration.test_runtime import eventually
 from tests.scheduler_builders import a_node
+from tests.secured_bus import SecuredNatsServer
 
 pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture
-def services(nats_server: NatsServerProcess, tmp_path: Path) -> Iterator[None]:
+def services(nats_server: SecuredNatsServer, tmp_path: Path) -> Iterator[None]:
     procs = []
     for name, extra in (
         ("quota", ["--interval", "0.5"]),
@@ -37,7 +37,7 @@ def services(nats_server: NatsServerProcess, tmp_path: Path) -> Iterator[None]:
         log = (tmp_path / f"{name}.log").open("w")
         procs.append(
             subprocess.Popen(
-                [CHAMBER, "service", name, "--nats", nats_server.url, *extra],
+                [CHAMBER, "service", name, "--nats", nats_server.url_for(name), *extra],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
@@ -56,7 +56,7 @@ def services(nats_server: NatsServerProcess, tmp_path: Path) -> Iterator[None]:
 
 
 async def test_a_team_over_its_budget_with_hold_waits_until_the_budget_is_raised(
-    nats_server: NatsServerProcess, js: JetStreamContext, services: None
+    nats_server: SecuredNatsServer, js: JetStreamContext, services: None
 ) -> None:
     url = nats_server.url
     discovery = Publisher(js, source="test/discovery")

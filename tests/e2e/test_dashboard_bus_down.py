@@ -7,18 +7,18 @@ import asyncio
 
 import pytest
 
-from services.runtime.nats_server import NatsServerProcess
 from tests.e2e.test_gateway_dashboard import CHROMIUM, CHROMIUM_ARGS, needs_chromium
 from tests.integration.test_gateway_api import start_gateway
+from tests.secured_bus import SecuredNatsServer
 
 pytestmark = pytest.mark.e2e
 
 
 @needs_chromium
-async def test_the_dashboard_says_the_bus_is_down_and_recovers(nats_server: NatsServerProcess) -> None:
+async def test_the_dashboard_says_the_bus_is_down_and_recovers(nats_server: SecuredNatsServer) -> None:
     from playwright.async_api import async_playwright
 
-    stop, task, url = await start_gateway(nats_server.url)
+    stop, task, url = await start_gateway(nats_server.url_for("gateway"))
     try:
         async with async_playwright() as pw:
             browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)

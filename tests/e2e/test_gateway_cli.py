@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from services.runtime.nats_server import NatsServerProcess, free_port
+from services.runtime.nats_server import free_port
+from tests.secured_bus import SecuredNatsServer
 
 pytestmark = pytest.mark.e2e
 CHAMBER = str(Path(sys.executable).parent / "chamber")
@@ -28,11 +29,11 @@ def _get(url: str) -> tuple[int, bytes]:
         return exc.code, exc.read()
 
 
-def test_the_gateway_command_serves_the_api_and_stops_on_sigterm(nats_server: NatsServerProcess) -> None:
+def test_the_gateway_command_serves_the_api_and_stops_on_sigterm(nats_server: SecuredNatsServer) -> None:
     port = free_port()
     env = {**os.environ, "CHAMBER_API_TOKEN": "from-the-environment"}
     proc = subprocess.Popen(
-        [CHAMBER, "service", "gateway", "--nats", nats_server.url, "--port", str(port)],
+        [CHAMBER, "service", "gateway", "--nats", nats_server.url_for("gateway"), "--port", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,

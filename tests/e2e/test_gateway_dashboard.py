@@ -16,10 +16,10 @@ from events import NodeDiscovered
 from events.fleet import IsolationHeld
 from services.gateway import core, views
 from services.gateway.core import GatewayState, evolve
-from services.runtime.nats_server import NatsServerProcess
 from tests.gateway_builders import a_demo_fleet
 from tests.integration.test_gateway_api import Gateway, _folded, _up, publish, start_gateway
 from tests.integration.test_runtime import eventually
+from tests.secured_bus import SecuredNatsServer
 
 pytestmark = pytest.mark.e2e
 
@@ -41,7 +41,7 @@ needs_chromium = pytest.mark.skipif(
 
 @needs_chromium
 async def test_the_dashboard_shows_the_running_fleet(
-    nats_server: NatsServerProcess, nc: Client, js: object, tmp_path: Path
+    nats_server: SecuredNatsServer, nc: Client, js: object, tmp_path: Path
 ) -> None:
     from playwright.async_api import async_playwright
 
@@ -60,7 +60,7 @@ async def test_the_dashboard_shows_the_running_fleet(
     a_running_job = sorted(running.jobs, key=lambda j: j.job_id)[0]
 
     await publish(nc, events)  # the fleet so far is replayed from the streams; samples then arrive live
-    stop, task, url = await start_gateway(nats_server.url)
+    stop, task, url = await start_gateway(nats_server.url_for("gateway"))
     try:
         async with aiohttp.ClientSession() as http:
             gw = Gateway(url, http)

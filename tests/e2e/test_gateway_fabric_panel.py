@@ -13,10 +13,10 @@ from nats.aio.client import Client
 
 from events import Event
 from events.fabric import CulpritKind, FabricSample, JobSlowdownDetected, LinkState, NicSample
-from services.runtime.nats_server import NatsServerProcess
 from tests.e2e.test_gateway_dashboard import CHROMIUM, CHROMIUM_ARGS, needs_chromium
 from tests.integration.test_gateway_api import Gateway, _folded, _up, publish, start_gateway
 from tests.integration.test_runtime import eventually
+from tests.secured_bus import SecuredNatsServer
 
 pytestmark = pytest.mark.e2e
 
@@ -69,13 +69,13 @@ def fabric_events(now: float) -> list[Event]:
 
 @needs_chromium
 async def test_the_fabric_panel_shows_the_slow_job_and_the_down_link(
-    nats_server: NatsServerProcess, nc: Client, js: object, tmp_path: Path
+    nats_server: SecuredNatsServer, nc: Client, js: object, tmp_path: Path
 ) -> None:
     from playwright.async_api import async_playwright
 
     events = fabric_events(time.time())
     await publish(nc, events)
-    stop, task, url = await start_gateway(nats_server.url)
+    stop, task, url = await start_gateway(nats_server.url_for("gateway"))
     try:
         async with aiohttp.ClientSession() as http:
             gw = Gateway(url, http)

@@ -17,24 +17,27 @@ from events import JobScheduled, JobSpec, JobSubmitted, Placement
 from services.perf.scenario import busy_job_id
 from services.runtime import Publisher
 from services.runtime.commands import request
-from services.runtime.nats_server import NatsServerProcess
 from tests.e2e.test_gateway_dashboard import CHROMIUM, CHROMIUM_ARGS, needs_chromium
 from tests.integration.test_gateway_api import Gateway, _up, start_gateway
 from tests.integration.test_perf_service import SEED, answers, running_fleet, running_perf
 from tests.integration.test_runtime import eventually
+from tests.secured_bus import SecuredNatsServer
 
 pytestmark = pytest.mark.e2e
 
 
 @needs_chromium
 async def test_clicking_a_slow_job_shows_its_ranks_with_the_culprit_outlined(
-    nats_server: NatsServerProcess, nc: Client, js: JetStreamContext, tmp_path: Path
+    nats_server: SecuredNatsServer, nc: Client, js: JetStreamContext, tmp_path: Path
 ) -> None:
-    async with running_fleet(nats_server.url, tmp_path / "spool"), running_perf(nats_server.url):
+    async with (
+        running_fleet(nats_server.url_for("simulator"), tmp_path / "spool"),
+        running_perf(nats_server.url_for("perf")),
+    ):
         await _slow_job_in_the_browser(nats_server, nc, js)
 
 
-async def _slow_job_in_the_browser(nats_server: NatsServerProcess, nc: Client, js: JetStreamContext) -> None:
+async def _slow_job_in_the_browser(nats_server: SecuredNatsServer, nc: Client, js: JetStreamContext) -> None:
     from playwright.async_api import async_playwright
 
     await eventually(lambda: answers(nc, "sim", "inject", {"node": "sim-000", "kind": "clear"}))
@@ -54,7 +57,7 @@ async def _slow_job_in_the_browser(nats_server: NatsServerProcess, nc: Client, j
     await request(nc, "sim", "inject", {"node": "sim-001", "kind": "gpu_slow", "gpu": 2})
     await eventually(lambda: verdict("slow"), within=40)
 
-    stop, task, url = await start_gateway(nats_server.url)
+    stop, task, url = await start_gateway(nats_server.url_for("gateway"))
     try:
         async with aiohttp.ClientSession() as http:
             await eventually(lambda: _up(Gateway(url, http)))

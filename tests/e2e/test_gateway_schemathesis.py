@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from services.runtime.nats_server import NatsServerProcess, free_port
+from services.runtime.nats_server import free_port
+from tests.secured_bus import SecuredNatsServer
 
 pytestmark = pytest.mark.e2e
 BIN = Path(sys.executable).parent
@@ -28,9 +29,9 @@ TOKEN = "fuzz-token"
 
 
 @pytest.fixture
-def live_gateway(nats_server: NatsServerProcess, tmp_path: Path) -> Iterator[str]:
+def live_gateway(nats_server: SecuredNatsServer, tmp_path: Path) -> Iterator[str]:
     port = free_port()
-    env = {**os.environ, "CHAMBER_API_TOKEN": TOKEN, "CHAMBER_NATS_URL": nats_server.url}
+    env = {**os.environ, "CHAMBER_API_TOKEN": TOKEN}
     commands = [
         ["service", "scheduler"],
         ["service", "quota"],
@@ -41,7 +42,7 @@ def live_gateway(nats_server: NatsServerProcess, tmp_path: Path) -> Iterator[str
     procs = [
         subprocess.Popen(
             [str(BIN / "chamber"), *cmd],
-            env=env,
+            env={**env, "CHAMBER_NATS_URL": nats_server.url_for(cmd[1])},  # each service as its own role
             stdout=(tmp_path / f"{cmd[1]}.log").open("w"),
             stderr=subprocess.STDOUT,
         )

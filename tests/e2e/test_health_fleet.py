@@ -27,15 +27,14 @@ from services.health.kube import KubeActuator
 from services.health.policy import load_policy
 from services.runtime import Publisher
 from services.runtime.host import ServiceContext, serve
-from services.runtime.nats_server import NatsServerProcess
 from tests.health_builders import a_fault, a_sample, an_inventory
 from tests.integration.test_runtime import eventually
 from tests.kube_stub import KubeStub, a_k8s_node
-
-pytestmark = pytest.mark.e2e
+from tests.secured_bus import SecuredNatsServer
 
 NODES = [f"gpu-{i}" for i in range(4)]
 CLUSTER = "local"
+pytestmark = [pytest.mark.e2e, pytest.mark.bus_cluster(CLUSTER)]
 
 
 def discovery_args(url: str, **kw: Any) -> argparse.Namespace:
@@ -77,8 +76,10 @@ def logs_to_stderr() -> None:
 
 
 @contextlib.asynccontextmanager
-async def running(url: str, nc: Client, stub: KubeStub, **discovery_kw: Any) -> AsyncIterator[Fleet]:
+async def running(server: SecuredNatsServer, nc: Client, stub: KubeStub, **discovery_kw: Any) -> AsyncIterator[Fleet]:
+    """Health and discovery, each logged in as its own role."""
     fleet = Fleet()
+    health_url, discovery_url = server.url_for("health"), server.url_for("discovery")
 
     async def on_fleet(msg: Any) -> None:
         fleet.fleet_events.append(decode(msg.headers, msg.data).event)
@@ -86,14 +87,14 @@ async def running(url: str, nc: Client, stub: KubeStub, **discovery_kw: Any) -> 
     sub = await nc.subscribe("chamber.fleet.>", cb=on_fleet)
 
     async def health_setup(ctx: ServiceContext) -> None:
-        await health.setup(ctx, health_args(url), load_policy(), actuator=KubeActuator(stub.client()))
+        await health.setup(ctx, health_args(health_url), load_policy(), actuator=KubeActuator(stub.client()))
 
     async def discovery_setup(ctx: ServiceContext) -> None:
-        await discovery.setup(ctx, discovery_args(url, **discovery_kw), kube_api=stub.client())
+        await discovery.setup(ctx, discovery_args(discovery_url, **discovery_kw), kube_api=stub.client())
 
     fleet.tasks = [
-        asyncio.create_task(serve("health", url, health_setup, fleet.stop)),
-        asyncio.create_task(serve("discovery", url, discovery_setup, fleet.stop)),
+        asyncio.create_task(serve("health", health_url, health_setup, fleet.stop)),
+        asyncio.create_task(serve("discovery", discovery_url, discovery_setup, fleet.stop)),
     ]
     try:
         yield fleet
@@ -142,12 +143,12 @@ async def fleet_json(url: str) -> dict[str, Any]:
 
 
 async def test_injected_faults_isolate_the_right_node_and_gpu_end_to_end(
-    nats_server: NatsServerProcess, nc: Client, js: JetStreamContext, tmp_path: Path
+    nats_server: SecuredNatsServer, nc: Client, js: JetStreamContext, tmp_path: Path
 ) -> None:
     url = nats_server.url
     agent = Publisher(js, source="chamber/agent-sim")
     with KubeStub([a_k8s_node(n) for n in [*NODES, "cpu-only"]]) as stub:
-        async with running(url, nc, stub) as fleet, simulated_agents(agent, NODES):
+        async with running(nats_server, nc, stub) as fleet, simulated_agents(agent, NODES):
             now = time.time()
             for node in NODES:
                 await agent.publish(an_inventory(node, cluster=CLUSTER, at=now))
@@ -228,15 +229,14 @@ async def test_injected_faults_isolate_the_right_node_and_gpu_end_to_end(
 
 
 async def test_a_silent_node_becomes_suspect_then_lost(
-    nats_server: NatsServerProcess, nc: Client, js: JetStreamContext
+    nats_server: SecuredNatsServer, nc: Client, js: JetStreamContext
 ) -> None:
     from events import NodeLost, NodeUpdated
     from events.fleet import NodeStatus
 
-    url = nats_server.url
     agent = Publisher(js, source="chamber/agent-sim")
     with KubeStub([]) as stub:
-        async with running(url, nc, stub, lost_after=2.0) as fleet:
+        async with running(nats_server, nc, stub, lost_after=2.0) as fleet:
             now = time.time()
             await agent.publish(an_inventory("quiet", cluster=CLUSTER, at=now))
             await agent.publish(a_sample("quiet", cluster=CLUSTER, at=now, interval_s=0.2))
@@ -248,12 +248,11 @@ async def test_a_silent_node_becomes_suspect_then_lost(
 
 
 async def test_a_restarted_health_service_rebuilds_its_isolations_and_re_emits_nothing(
-    nats_server: NatsServerProcess, nc: Client, js: JetStreamContext
+    nats_server: SecuredNatsServer, nc: Client, js: JetStreamContext
 ) -> None:
-    url = nats_server.url
     agent = Publisher(js, source="chamber/agent-sim")
     with KubeStub([a_k8s_node(n) for n in NODES]) as stub:
-        async with running(url, nc, stub) as first:
+        async with running(nats_server, nc, stub) as first:
             # gpu-1's inventory never arrives: only its fault and the decision name the GPU's UUID, and
             # the restart below may replay the decision (FLEET) before the fault (FAULTS).
             for node in NODES:
@@ -266,6 +265,7 @@ async def test_a_restarted_health_service_rebuilds_its_isolations_and_re_emits_n
         writes_before = len(stub.writes())
         stub.nodes["gpu-0"]["spec"]["taints"] = []  # someone removed our taint while health was down
 
+        health_url = nats_server.url_for("health")
         shells: list[health.HealthShell] = []
         stop = asyncio.Event()
         seen: list[Event] = []
@@ -277,10 +277,10 @@ async def test_a_restarted_health_service_rebuilds_its_isolations_and_re_emits_n
 
         async def setup(ctx: ServiceContext) -> None:
             shells.append(
-                await health.setup(ctx, health_args(url), load_policy(), actuator=KubeActuator(stub.client()))
+                await health.setup(ctx, health_args(health_url), load_policy(), actuator=KubeActuator(stub.client()))
             )
 
-        task = asyncio.create_task(serve("health", url, setup, stop))
+        task = asyncio.create_task(serve("health", health_url, setup, stop))
         await eventually(lambda: bool(shells) and shells[0].ready)  # the reconcile is under way
         shell = shells[0]
         state = shell.state
@@ -306,14 +306,14 @@ async def test_a_restarted_health_service_rebuilds_its_isolations_and_re_emits_n
 
 
 async def test_a_fault_storm_is_held_until_an_operator_confirms_or_dismisses(
-    nats_server: NatsServerProcess, nc: Client, js: JetStreamContext
+    nats_server: SecuredNatsServer, nc: Client, js: JetStreamContext
 ) -> None:
     from events.fleet import IsolationDismissed, IsolationHeld
 
     url = nats_server.url
     agent = Publisher(js, source="chamber/agent-sim")
     with KubeStub([a_k8s_node(n) for n in NODES]) as stub:
-        async with running(url, nc, stub) as fleet:
+        async with running(nats_server, nc, stub) as fleet:
             for node in NODES:
                 await agent.publish(an_inventory(node, cluster=CLUSTER, at=time.time()))
             for node in NODES:  # four nodes at once; the budget allows two (min_nodes) per hour
@@ -334,18 +334,17 @@ async def test_a_fault_storm_is_held_until_an_operator_confirms_or_dismisses(
 
 
 async def test_a_gpu_isolated_before_its_uuid_is_known_is_annotated_by_uuid_once_the_inventory_names_it(
-    nats_server: NatsServerProcess, nc: Client, js: JetStreamContext
+    nats_server: SecuredNatsServer, nc: Client, js: JetStreamContext
 ) -> None:
     from msgspec.structs import replace
 
-    url = nats_server.url
     agent = Publisher(js, source="chamber/agent-sim")
     with KubeStub([a_k8s_node(n) for n in NODES]) as stub:
 
         def annotation() -> str | None:
             return stub.nodes["gpu-2"]["metadata"].get("annotations", {}).get("chamber.io/isolated-gpus")
 
-        async with running(url, nc, stub) as fleet:
+        async with running(nats_server, nc, stub) as fleet:
             # A detector that names only the index, before the node's inventory reached discovery.
             fault = replace(
                 a_fault("gpu-2", kind=FaultKind.ECC_DBE, gpu=3, at=time.time(), cluster=CLUSTER), gpu_uuid=None
@@ -360,7 +359,7 @@ async def test_a_gpu_isolated_before_its_uuid_is_known_is_annotated_by_uuid_once
 
 
 async def test_health_rebuilds_the_same_state_from_the_log_alone_as_from_its_snapshot(
-    nats_server: NatsServerProcess, nc: Client, js: JetStreamContext
+    nats_server: SecuredNatsServer, nc: Client, js: JetStreamContext
 ) -> None:
     """Every decision is an event: a start with no snapshot folds FAULTS and FLEET back to the state a
     snapshot holds, recorded faults and extended probations included, and decides nothing again."""
@@ -368,10 +367,9 @@ async def test_health_rebuilds_the_same_state_from_the_log_alone_as_from_its_sna
     from services.runtime.snapshots import SnapshotStore
     from tests.conformance.harness import canon
 
-    url = nats_server.url
     agent = Publisher(js, source="chamber/agent-sim")
     with KubeStub([a_k8s_node(n) for n in NODES]) as stub:
-        async with running(url, nc, stub) as fleet:
+        async with running(nats_server, nc, stub) as fleet:
             for node in NODES:
                 await agent.publish(an_inventory(node, cluster=CLUSTER, at=time.time()))
             await agent.publish(a_fault("gpu-0", xid=79, at=time.time(), cluster=CLUSTER))
@@ -388,6 +386,7 @@ async def test_health_rebuilds_the_same_state_from_the_log_alone_as_from_its_sna
 
         sub = await nc.subscribe("chamber.fleet.>", cb=on_fleet)
         rebuilt = []
+        health_url = nats_server.url_for("health")
         for from_snapshot in (True, False):
             if not from_snapshot:
                 store = await js.object_store("chamber_snapshots")
@@ -398,10 +397,15 @@ async def test_health_rebuilds_the_same_state_from_the_log_alone_as_from_its_sna
 
             async def setup(ctx: ServiceContext, shells: list[health.HealthShell] = shells) -> None:
                 shells.append(
-                    await health.setup(ctx, health_args(url), load_policy(), actuator=KubeActuator(stub.client()))
+                    await health.setup(
+                        ctx,
+                        health_args(health_url),
+                        load_policy(),
+                        actuator=KubeActuator(stub.client()),
+                    )
                 )
 
-            task = asyncio.create_task(serve("health", url, setup, stop))
+            task = asyncio.create_task(serve("health", health_url, setup, stop))
             await eventually(lambda shells=shells: bool(shells) and shells[0].ready)  # type: ignore[misc]
             shell = shells[0]
             for _ in range(3):

@@ -18,13 +18,14 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from events import GpuIsolated, NodeIsolated
-from services.runtime.nats_server import NatsServerProcess
 from tests.e2e.test_health_fleet import CLUSTER, logs_to_stderr, run_cli, running  # noqa: F401 (fixture)
 from tests.integration.test_runtime import eventually
 from tests.kube_stub import KubeStub, a_k8s_node
+from tests.secured_bus import SecuredNatsServer
 
 pytestmark = [
     pytest.mark.e2e,
+    pytest.mark.bus_cluster(CLUSTER),
     pytest.mark.skipif(importlib.util.find_spec("node_agent.sim") is None, reason="node agent not in this tree yet"),
 ]
 
@@ -37,17 +38,19 @@ def chamber(*argv: str) -> list[str]:
 
 
 async def test_faults_injected_into_the_simulated_agent_isolate_the_right_targets(
-    nats_server: NatsServerProcess, nc: Client, js: JetStreamContext, tmp_path: Path
+    nats_server: SecuredNatsServer, nc: Client, js: JetStreamContext, tmp_path: Path
 ) -> None:
-    url = nats_server.url
-    argv = chamber("agent", "--simulate", "--nodes", "4", "--nats", url, "--cluster", CLUSTER)
+    url = nats_server.url  # the operator's CLI
+    argv = chamber(
+        "agent", "--simulate", "--nodes", "4", "--nats", nats_server.url_for("simulator"), "--cluster", CLUSTER
+    )
     log = (tmp_path / "agent.log").open("wb")
     agent = await asyncio.create_subprocess_exec(
         *argv, "--spool", str(tmp_path / "spool"), "--log-level", "warning", stdout=log, stderr=log
     )
     try:
         with KubeStub([a_k8s_node(n) for n in SIM_NODES]) as stub:
-            async with running(url, nc, stub) as fleet:
+            async with running(nats_server, nc, stub) as fleet:
 
                 async def four_healthy() -> bool:
                     code, out = await run_cli("fleet", "--json", "--nats", url)

@@ -24,9 +24,9 @@ from nats.js import JetStreamContext
 
 from events import JobCompleted, JobPreempted, JobRequeued, JobResumed, JobScheduled, JobStarted, NodeIsolated, decode
 from services.runtime import Publisher
-from services.runtime.nats_server import NatsServerProcess
 from tests.integration.test_runtime import eventually
 from tests.scheduler_builders import a_node
+from tests.secured_bus import SecuredNatsServer
 
 pytestmark = pytest.mark.e2e
 CHAMBER = str(Path(sys.executable).parent / "chamber")
@@ -43,13 +43,13 @@ async def achamber(url: str, *args: str) -> str:
 
 
 @pytest.fixture
-def services(nats_server: NatsServerProcess, tmp_path: Path) -> Iterator[None]:
+def services(nats_server: SecuredNatsServer, tmp_path: Path) -> Iterator[None]:
     procs = []
     for name, extra in (("quota", ["--interval", "0.5"]), ("scheduler", ["--interval", "0.2"])):
         log = (tmp_path / f"{name}.log").open("w")
         procs.append(
             subprocess.Popen(
-                [CHAMBER, "service", name, "--nats", nats_server.url, *extra],
+                [CHAMBER, "service", name, "--nats", nats_server.url_for(name), *extra],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
@@ -88,7 +88,7 @@ async def state_is(url: str, job: str, state: str) -> bool:
 
 
 async def test_borrow_reclaim_suspend_resume_and_requeue_on_isolation(
-    nats_server: NatsServerProcess, js: JetStreamContext, services: None, jobs_seen: list[Any]
+    nats_server: SecuredNatsServer, js: JetStreamContext, services: None, jobs_seen: list[Any]
 ) -> None:
     url = nats_server.url
     discovery = Publisher(js, source="test/discovery")

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 from nats.aio.client import Client
+from nats.js import JetStreamContext
 
 from events import (
     JobCancelled,
@@ -37,19 +38,19 @@ from events import (
     NodeIsolated,
     decode,
 )
-from services.runtime.nats_server import NatsServerProcess
 from tests.e2e.test_scheduler_e2e import CHAMBER, achamber
 from tests.integration.test_runtime import eventually
+from tests.secured_bus import SecuredNatsServer
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.bus_cluster("e2e")]
 
 CLUSTER = "e2e"
 NODES = [f"sim-{i:03d}" for i in range(4)]
 
 
 @pytest.fixture
-def fleet(nats_server: NatsServerProcess, tmp_path: Path) -> Iterator[None]:
-    url = nats_server.url
+def fleet(nats_server: SecuredNatsServer, js: JetStreamContext, tmp_path: Path) -> Iterator[None]:
+    # `js`: the streams exist before the simulator starts, which may not create them
     parts = {
         "agent": ["agent", "--simulate", "--nodes", str(len(NODES)), "--interval", "0.5", "--spool", str(tmp_path)],
         "discovery": ["service", "discovery", "--tick", "0.5", "--view-every", "1"],
@@ -63,7 +64,8 @@ def fleet(nats_server: NatsServerProcess, tmp_path: Path) -> Iterator[None]:
     procs = []
     for name, argv in parts.items():
         log = (tmp_path / f"{name}.log").open("w")
-        argv = [CHAMBER, *argv, "--nats", url]  # the cluster comes from $CHAMBER_CLUSTER
+        role = "simulator" if name == "agent" else name  # each process logs in as its own role
+        argv = [CHAMBER, *argv, "--nats", nats_server.url_for(role)]  # the cluster comes from $CHAMBER_CLUSTER
         procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env))
     try:
         yield
@@ -98,7 +100,7 @@ async def seen(nc: Client) -> AsyncIterator[Seen]:
 
 
 async def test_borrow_reclaim_resume_and_a_fatal_xid_moves_the_job_on_the_simulated_fleet(
-    nats_server: NatsServerProcess, fleet: None, seen: Seen
+    nats_server: SecuredNatsServer, fleet: None, seen: Seen
 ) -> None:
     url = nats_server.url
     await eventually(lambda: {e.node for e in seen.of(NodeDiscovered)} == set(NODES), within=30)

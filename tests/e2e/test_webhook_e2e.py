@@ -31,11 +31,11 @@ import pytest
 from nats.js import JetStreamContext
 
 from services.runtime import Publisher
-from services.runtime.nats_server import NatsServerProcess
 from tests.integration.test_runtime import eventually
 from tests.kube_stub import KubeStub
 from tests.kube_workloads import a_batch_job
 from tests.scheduler_builders import a_node
+from tests.secured_bus import SecuredNatsServer
 from tests.tls_certs import make_certificates
 
 pytestmark = pytest.mark.e2e
@@ -155,18 +155,17 @@ def webhook(tmp_path: Path, bindings: Path) -> Iterator[Webhook]:
 
 
 @pytest.fixture
-def scheduler(nats_server: NatsServerProcess, tmp_path: Path, bindings: Path) -> Iterator[KubeStub]:
+def scheduler(nats_server: SecuredNatsServer, tmp_path: Path, bindings: Path) -> Iterator[KubeStub]:
     with KubeStub() as api:
         env = {"KUBECONFIG": str(api.kubeconfig(tmp_path / "kubeconfig"))}
-        url = nats_server.url
         procs = [
-            spawn(tmp_path, "quota", "quota", "--nats", url, "--interval", "0.5"),
+            spawn(tmp_path, "quota", "quota", "--nats", nats_server.url_for("quota"), "--interval", "0.5"),
             spawn(
                 tmp_path,
                 "scheduler",
                 "scheduler",
                 "--nats",
-                url,
+                nats_server.url_for("scheduler"),
                 "--interval",
                 "0.2",
                 "--cluster",
@@ -194,7 +193,7 @@ async def _up(webhook: Webhook) -> bool:
 
 
 async def test_the_webhook_holds_and_refuses_then_the_scheduler_admits_through_the_api(
-    tmp_path: Path, webhook: Webhook, scheduler: KubeStub, js: JetStreamContext, nats_server: NatsServerProcess
+    tmp_path: Path, webhook: Webhook, scheduler: KubeStub, js: JetStreamContext, nats_server: SecuredNatsServer
 ) -> None:
     api = scheduler
     await eventually(lambda: _up(webhook), within=30)

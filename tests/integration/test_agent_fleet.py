@@ -29,8 +29,8 @@ from node_agent.agent import Agent, AgentOptions
 from node_agent.runner import NodeRunner
 from services.runtime import Publisher
 from services.runtime.commands import CommandRefused, CommandUnavailable, request
-from services.runtime.nats_server import NatsServerProcess
 from tests.integration.test_runtime import eventually
+from tests.secured_bus import SecuredNatsServer
 
 pytestmark = pytest.mark.integration
 
@@ -56,9 +56,10 @@ async def read_stream(js: JetStreamContext, subject: str) -> list[object]:
 
 
 @pytest.fixture
-async def fleet(nats_server: NatsServerProcess, tmp_path: Path) -> AsyncIterator[Agent]:
+async def fleet(nats_server: SecuredNatsServer, js: JetStreamContext, tmp_path: Path) -> AsyncIterator[Agent]:
+    # `js`: the streams exist first, as the services make them; the simulator may not create them
     opts = AgentOptions(
-        nats=nats_server.url, cluster="c1", node="sim", interval_s=0.1, spool_dir=tmp_path / "spool",
+        nats=nats_server.url_for("simulator"), cluster="c1", node="sim", interval_s=0.1, spool_dir=tmp_path / "spool",
         simulate=True, nodes=3, gpus_per_node=4, gpu_model="H100-80GB", seed=3,
     )  # fmt: skip
     agent = Agent(opts)
@@ -170,7 +171,7 @@ async def test_the_fleet_starts_placed_jobs_and_completes_them_after_their_durat
 
 
 async def test_a_restarted_fleet_replays_jobs_and_decides_nothing_twice(
-    nats_server: NatsServerProcess, js: JetStreamContext, tmp_path: Path
+    nats_server: SecuredNatsServer, js: JetStreamContext, tmp_path: Path
 ) -> None:
     publisher = Publisher(js, source="test-scheduler")
     spec = JobSpec(team="vision", gpus_per_replica=1, sim_duration_s=0.3)
@@ -185,8 +186,8 @@ async def test_a_restarted_fleet_replays_jobs_and_decides_nothing_twice(
     filler = [JobSubmitted(job_id=f"other-{i}", at=1.0, spec=spec) for i in range(1500)]
     await publisher.publish_many((e, e.job_id, 1.0) for e in filler)
     opts = AgentOptions(
-        nats=nats_server.url, cluster="c1", node="sim", interval_s=0.1, spool_dir=tmp_path, simulate=True, nodes=1,
-        gpus_per_node=2,
+        nats=nats_server.url_for("simulator"), cluster="c1", node="sim", interval_s=0.1, spool_dir=tmp_path,
+        simulate=True, nodes=1, gpus_per_node=2,
     )  # fmt: skip
 
     async def run_fleet_until(done: object) -> Agent:

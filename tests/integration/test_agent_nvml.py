@@ -10,19 +10,21 @@ from nats.js import JetStreamContext
 
 from events import GpuFaultDetected, NodeInventory, NodeSample
 from node_agent.agent import Agent, AgentOptions
-from services.runtime.nats_server import NatsServerProcess
 from tests.integration.test_agent_fleet import read_stream
 from tests.integration.test_runtime import eventually
+from tests.secured_bus import SecuredNatsServer
 from tests.unit.fake_pynvml import FakeNvml
 
 pytestmark = pytest.mark.integration
 
 
 async def test_a_gpu_node_publishes_inventory_samples_and_xid_faults(
-    nats_server: NatsServerProcess, js: JetStreamContext, tmp_path: Path
+    nats_server: SecuredNatsServer, js: JetStreamContext, tmp_path: Path
 ) -> None:
     fake = FakeNvml(gpus=8)
-    opts = AgentOptions(nats=nats_server.url, cluster="c1", node="gpu-node-1", interval_s=0.1, spool_dir=tmp_path)
+    opts = AgentOptions(
+        nats=nats_server.url_for("agent"), cluster="c1", node="gpu-node-1", interval_s=0.1, spool_dir=tmp_path
+    )
     agent = Agent(opts, nvml=fake)
     stop = asyncio.Event()
     task = asyncio.create_task(agent.run(stop))

@@ -14,9 +14,9 @@ from node_agent.outbox import Outbox
 from node_agent.runner import envelope
 from node_agent.spool import Kind, Record, Spool
 from services.runtime import connect, ensure_streams
-from services.runtime.nats_server import NatsServerProcess
 from tests.builders import a_node_sample
 from tests.integration.test_agent_fleet import read_stream
+from tests.secured_bus import SecuredNatsServer
 
 pytestmark = pytest.mark.integration
 
@@ -36,7 +36,7 @@ def fault_record(seq: int) -> Record:
 
 
 async def test_an_outage_that_overflows_the_spool_loses_old_samples_never_faults(
-    nats_server: NatsServerProcess, js: JetStreamContext, tmp_path: Path
+    nats_server: SecuredNatsServer, js: JetStreamContext, tmp_path: Path
 ) -> None:
     spool = Spool(tmp_path, max_bytes=60_000, segment_bytes=8192)
     outbox = Outbox(spool, on_reconnect=lambda: ensure_streams(js))
@@ -53,7 +53,7 @@ async def test_an_outage_that_overflows_the_spool_loses_old_samples_never_faults
     assert outbox.published == 0 and not spool.empty()
     assert spool.stats.dropped_samples > 0 and spool.stats.dropped_faults == 0
 
-    nc = await connect(nats_server.url, name="agent")
+    nc = await connect(nats_server.url_for("agent"), name="agent")
     outbox.attach(nc)
     assert await outbox.drained(15)
     faults = await read_stream(js, "chamber.faults.c1.n1")

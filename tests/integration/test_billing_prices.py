@@ -16,9 +16,9 @@ from nats.js import JetStreamContext
 from events import PriceSet
 from services.billing import service as billing_service
 from services.runtime.commands import CommandRefused, CommandUnavailable, request
-from services.runtime.nats_server import NatsServerProcess
 from tests.integration.test_billing_service import billing_events
 from tests.integration.test_runtime import eventually
+from tests.secured_bus import SecuredNatsServer
 
 pytestmark = pytest.mark.integration
 CHAMBER = str(Path(sys.executable).parent / "chamber")
@@ -33,10 +33,10 @@ clusters:
 
 
 async def test_prices_by_instance_type_and_cluster_are_set_and_a_table_is_imported(
-    nats_server: NatsServerProcess, nc: Client, js: JetStreamContext, tmp_path: Path
+    nats_server: SecuredNatsServer, nc: Client, js: JetStreamContext, tmp_path: Path
 ) -> None:
     stop = asyncio.Event()
-    args = argparse.Namespace(nats=nats_server.url, period=3600.0, settle=0.0, tick=0.2, price=[])
+    args = argparse.Namespace(nats=nats_server.url_for("billing"), period=3600.0, settle=0.0, tick=0.2, price=[])
     task = asyncio.create_task(billing_service.run(args, stop))
     try:
         reply = await eventually_reply(nc, {"instance_type": "a3-highgpu-8g", "price_per_gpu_hour": 11.06})

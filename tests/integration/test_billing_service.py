@@ -18,11 +18,12 @@ from events import BudgetExceeded, BudgetSet, CostAccrued, NodeDiscovered, PoolD
 from services.billing import service as billing_service
 from services.runtime import Publisher
 from services.runtime.commands import CommandRefused, request
-from services.runtime.nats_server import NatsServerProcess, free_port
+from services.runtime.nats_server import free_port
 from services.warehouse import migrate
 from services.warehouse.chdb_backend import ChdbWarehouse
 from tests.integration.test_recorder_pipeline import start_recorder
 from tests.integration.test_runtime import eventually
+from tests.secured_bus import SecuredNatsServer
 from tests.warehouse_builders import T0, an_inventory, completed, scheduled, submitted
 
 pytestmark = pytest.mark.integration
@@ -49,14 +50,16 @@ def in_one_month(t0: float, span_s: float = 2 * 3600) -> float:
 
 
 async def test_billing_accrues_published_costs_that_the_recorder_records_and_the_report_shows(
-    nats_server: NatsServerProcess, nc: Client, js: JetStreamContext, tmp_path: Path
+    nats_server: SecuredNatsServer, nc: Client, js: JetStreamContext, tmp_path: Path
 ) -> None:
     t0 = in_one_month(T0)
     warehouse = ChdbWarehouse(tmp_path)
     migrate(warehouse)
-    rec_stop, rec_task, writer = await start_recorder(nats_server.url, warehouse)
+    rec_stop, rec_task, writer = await start_recorder(nats_server.url_for("recorder"), warehouse)
     stop = asyncio.Event()
-    args = argparse.Namespace(nats=nats_server.url, period=3600.0, settle=0.0, tick=0.2, price=["H100-80GB=2.0"])
+    args = argparse.Namespace(
+        nats=nats_server.url_for("billing"), period=3600.0, settle=0.0, tick=0.2, price=["H100-80GB=2.0"]
+    )
     task = asyncio.create_task(billing_service.run(args, stop))
     try:
         pub = Publisher(js, source="test")

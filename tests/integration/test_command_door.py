@@ -12,11 +12,11 @@ from nats.js import JetStreamContext
 from services.quota import service as quota_service
 from services.runtime import Publisher
 from services.runtime.commands import MAX_REPLY_BYTES, CommandRefused, page_of_rows, request
-from services.runtime.nats_server import NatsServerProcess
 from services.scheduler import service as scheduler_service
 from tests.integration.test_runtime import eventually
 from tests.integration.test_scheduler_service import Running, answers
 from tests.scheduler_builders import a_node, a_quota
+from tests.secured_bus import SecuredNatsServer
 
 pytestmark = pytest.mark.integration
 
@@ -32,12 +32,12 @@ async def stream_messages(js: JetStreamContext, stream: str) -> int:
 
 
 async def test_bad_submits_are_refused_naming_the_field_and_nothing_reaches_the_log(
-    nats_server: NatsServerProcess, nc: Client, js: JetStreamContext
+    nats_server: SecuredNatsServer, nc: Client, js: JetStreamContext
 ) -> None:
     publisher = Publisher(js, source="test/setup")
     await publisher.publish(a_node("n1", gpus=8))
     await publisher.publish(a_quota("vision", 4))
-    sched = Running(scheduler_service, nats_server.url)
+    sched = Running(scheduler_service, nats_server.url_for("scheduler"))
     try:
         await eventually(lambda: answers(nc, "scheduler", "queue", {}))
         cases = [
@@ -75,10 +75,10 @@ async def test_bad_submits_are_refused_naming_the_field_and_nothing_reaches_the_
 
 
 async def test_quota_commands_normalise_the_team_and_refuse_unknown_fields(
-    nats_server: NatsServerProcess, nc: Client, js: JetStreamContext
+    nats_server: SecuredNatsServer, nc: Client, js: JetStreamContext
 ) -> None:
     await Publisher(js, source="test/setup").publish(a_node("n1", gpus=8))
-    quota = Running(quota_service, nats_server.url)
+    quota = Running(quota_service, nats_server.url_for("quota"))
     try:
         await eventually(lambda: answers(nc, "quota", "list", {}))
         assert (await refused(nc, "quota", "set", {"team": "vision", "gpus": 4, "borrow": 0})).field == "borrow"
@@ -104,7 +104,7 @@ def test_a_page_of_rows_stays_under_the_budget_and_says_where_the_rest_starts() 
 
 
 async def test_an_answer_or_a_request_over_the_max_payload_is_refused_with_the_truth(
-    nats_server: NatsServerProcess, nc: Client
+    nats_server: SecuredNatsServer, nc: Client
 ) -> None:
     import asyncio
 
@@ -129,6 +129,45 @@ async def test_an_answer_or_a_request_over_the_max_payload_is_refused_with_the_t
         assert "over NATS's max payload" in str(too_big) and too_big.field == "limit"
         request_too_big = await refused(nc, "bulky", "rows", {"rows": 1, "pad": "x" * 2_000_000})
         assert "over the NATS server's max payload" in str(request_too_big)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 15)
+
+
+async def test_of_two_cancels_at_once_exactly_one_wins_and_the_other_is_told(
+    nats_server: SecuredNatsServer, nc: Client, js: JetStreamContext
+) -> None:
+    """Both cancels are checked against the same state before either is folded (two operators, two
+    replicas): the job's expected subject sequence lets the stream take one and refuse the other."""
+    import argparse
+    import asyncio
+
+    from events.commands import CancelJob
+    from services.runtime.host import ServiceContext, serve
+    from tests.integration.test_scheduler_service import ARGS
+
+    await Publisher(js, source="test/setup").publish(a_quota("vision", 4))
+    shell = scheduler_service.Scheduler(argparse.Namespace(nats="", **ARGS[scheduler_service]))
+
+    async def setup(ctx: ServiceContext) -> None:
+        shell.host = scheduler_service.DeciderHost(shell.manifest(), ctx)
+        shell.host.install()
+        ctx.command("submit", scheduler_service.SubmitRequest, shell.submit)
+
+    stop = asyncio.Event()
+    task = asyncio.create_task(serve("scheduler", nats_server.url_for("scheduler"), setup, stop))
+    try:
+        await eventually(lambda: shell.host is not None and shell.host.ready)
+        await request(nc, "scheduler", "submit", {"team": "vision", "gpus": 1, "id": "twice"})
+        await eventually(lambda: "twice" in shell.state.jobs)
+        cancel = CancelJob(job="twice", by="alice", reason="test")
+        results = await asyncio.gather(shell.cancel(cancel), shell.cancel(cancel), return_exceptions=True)
+        won = [r for r in results if isinstance(r, dict)]
+        lost = [r for r in results if isinstance(r, CommandRefused)]
+        assert len(won) == 1 and len(lost) == 1, results
+        assert "changed while this cancel was on its way" in str(lost[0]) and lost[0].field == "job"
+        info = await js.stream_info("JOBS", subjects_filter="chamber.jobs.>")
+        assert info.state.subjects == {"chamber.jobs.twice": 2}  # submitted, cancelled once
     finally:
         stop.set()
         await asyncio.wait_for(task, 15)

@@ -21,12 +21,12 @@ from services.runtime import Publisher
 from services.runtime.commands import CommandRefused, request
 from services.runtime.decider import CommandConflict, Decider, DeciderHost, Input
 from services.runtime.host import ServiceContext, serve
-from services.runtime.nats_server import NatsServerProcess
 from services.runtime.snapshots import SnapshotStore
 from services.scheduler import service as scheduler_service
 from tests.integration.test_runtime import eventually
 from tests.integration.test_scheduler_service import ARGS, JobEvents, Running, answers
 from tests.scheduler_builders import a_job, a_node, a_quota
+from tests.secured_bus import SecuredNatsServer
 
 pytestmark = pytest.mark.integration
 
@@ -78,9 +78,9 @@ async def probe_host(url: str, **decider: Any) -> AsyncIterator[DeciderHost[list
 
 
 async def test_a_second_submit_with_the_same_id_is_refused_even_when_both_race(
-    nats_server: NatsServerProcess, nc: Client, js: JetStreamContext
+    nats_server: SecuredNatsServer, nc: Client, js: JetStreamContext
 ) -> None:
-    sched = scheduler(nats_server.url)
+    sched = scheduler(nats_server.url_for("scheduler"))
     await eventually(lambda: answers(nc, "scheduler", "queue", {}))
     payload = {"team": "vision", "gpus": 1, "id": "twice"}
     results = await asyncio.gather(
@@ -93,7 +93,7 @@ async def test_a_second_submit_with_the_same_id_is_refused_even_when_both_race(
 
 
 async def test_append_with_expected_sequence_zero_is_refused_by_the_stream_for_a_known_subject(
-    nats_server: NatsServerProcess, js: JetStreamContext
+    nats_server: SecuredNatsServer, js: JetStreamContext
 ) -> None:
     await Publisher(js, source="test/other-replica").publish(a_job("taken", at=1.0), id="first-writer")
     async with probe_host(nats_server.url) as host:
@@ -106,10 +106,10 @@ async def test_append_with_expected_sequence_zero_is_refused_by_the_stream_for_a
 
 
 async def test_a_restart_starts_from_the_snapshot_and_decides_nothing_twice(
-    nats_server: NatsServerProcess, nc: Client, js: JetStreamContext, watched: JobEvents
+    nats_server: SecuredNatsServer, nc: Client, js: JetStreamContext, watched: JobEvents
 ) -> None:
     await Publisher(js, source="test/discovery").publish(a_node("n1", gpus=2))
-    sched = scheduler(nats_server.url)
+    sched = scheduler(nats_server.url_for("scheduler"))
     await eventually(lambda: answers(nc, "scheduler", "queue", {}))
     await request(nc, "scheduler", "submit", {"team": "vision", "gpus": 2, "id": "runs"})
     await request(nc, "scheduler", "submit", {"team": "vision", "gpus": 2, "id": "waits"})
@@ -122,7 +122,7 @@ async def test_a_restart_starts_from_the_snapshot_and_decides_nothing_twice(
     await Publisher(js, source="test/executor").publish(
         a_job("late", at=time.time(), gpus=2), id=stable_id("submitted", "late")
     )
-    sched = scheduler(nats_server.url)
+    sched = scheduler(nats_server.url_for("scheduler"))
     await eventually(lambda: answers(nc, "scheduler", "queue", {}))
 
     async def queue_is_complete() -> bool:
@@ -138,10 +138,10 @@ async def test_a_restart_starts_from_the_snapshot_and_decides_nothing_twice(
 
 
 async def test_finished_jobs_leave_memory_after_the_retention_window_and_explain_says_so(
-    nats_server: NatsServerProcess, nc: Client, js: JetStreamContext
+    nats_server: SecuredNatsServer, nc: Client, js: JetStreamContext
 ) -> None:
     publisher = Publisher(js, source="test/executor")
-    sched = scheduler(nats_server.url, retention_hours=1.0)
+    sched = scheduler(nats_server.url_for("scheduler"), retention_hours=1.0)
     await eventually(lambda: answers(nc, "scheduler", "queue", {}))
     await publisher.publish(a_job("old", at=1_000.0), id="old")
     await publisher.publish(
@@ -165,7 +165,7 @@ async def test_finished_jobs_leave_memory_after_the_retention_window_and_explain
 
 
 async def test_a_poison_message_goes_to_dead_letters_and_the_fold_goes_on(
-    nats_server: NatsServerProcess, nc: Client, js: JetStreamContext
+    nats_server: SecuredNatsServer, nc: Client, js: JetStreamContext
 ) -> None:
     await js.publish("chamber.jobs.bad", b"not json", headers={"ce-specversion": "1.0", "ce-id": "x", "ce-source": "t",
                                                                "ce-type": JobSubmitted.ce_type()})  # fmt: skip
@@ -184,7 +184,7 @@ async def test_a_poison_message_goes_to_dead_letters_and_the_fold_goes_on(
 
 
 async def test_the_host_folds_on_after_the_server_was_killed_and_came_back(
-    nats_server: NatsServerProcess, nc: Client, js: JetStreamContext
+    nats_server: SecuredNatsServer, nc: Client, js: JetStreamContext
 ) -> None:
     publisher = Publisher(js, source="test")
     await publisher.publish_many((a_job(f"before{i}", at=1.0), f"b{i}", None) for i in range(20))
@@ -223,7 +223,7 @@ async def test_the_host_folds_on_after_the_server_was_killed_and_came_back(
 
 
 async def test_inputs_fold_in_the_order_the_server_stored_them_batch_after_batch(
-    nats_server: NatsServerProcess, js: JetStreamContext
+    nats_server: SecuredNatsServer, js: JetStreamContext
 ) -> None:
     """The merge across inputs: runs of one stream, then the other, in stored order, with batches
     smaller than the runs (so a run is split across batches and a batch across runs)."""
@@ -261,7 +261,7 @@ async def test_inputs_fold_in_the_order_the_server_stored_them_batch_after_batch
 
 
 async def test_an_input_the_server_cannot_open_yet_is_waited_for_not_fatal(
-    nats_server: NatsServerProcess, nc: Client, js: JetStreamContext
+    nats_server: SecuredNatsServer, nc: Client, js: JetStreamContext
 ) -> None:
     """Opening the inputs fails while the bus is away or restarting (an API error or a timeout): the
     host retries with back-off instead of ending the service. Here the input's stream comes late."""
@@ -288,7 +288,7 @@ async def test_an_input_the_server_cannot_open_yet_is_waited_for_not_fatal(
         await asyncio.wait_for(task, 15)
 
 
-async def test_two_ticks_at_once_on_a_new_leader_decide_once(nats_server: NatsServerProcess, nc: Client) -> None:
+async def test_two_ticks_at_once_on_a_new_leader_decide_once(nats_server: SecuredNatsServer, nc: Client) -> None:
     """The timer and the after-fold pass may both tick a host that just became leader; each waits on
     the stream to check it caught up, so unserialized both passed and published the same decisions
     (JetStream dropped the copies, core subscribers saw them twice)."""

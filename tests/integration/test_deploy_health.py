@@ -89,7 +89,9 @@ async def test_unknown_paths_and_methods_are_refused_without_harming_the_server(
     stop, task, contexts = await start_service(nats_server.url)
     await eventually(lambda: bool(contexts) and contexts[0].health is not None)
     port = contexts[0].health.port  # type: ignore[union-attr]
-    assert (await http_get(port, "/metrics"))[0] == 404
+    assert (await http_get(port, "/nothing"))[0] == 404
+    async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{port}/metrics") as r:
+        assert r.status == 200 and 'chamber_replaying{service="probed"} 0' in await r.text()  # no host: 0
     assert (await http_get(port, "/livez", method="POST"))[0] == 405
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(b"garbage\r\n\r\n")

@@ -11,8 +11,8 @@ from nats.js import JetStreamContext
 
 from services.runtime import connect
 from services.runtime.lease import LeaderLease, from_env
-from services.runtime.nats_server import NatsServerProcess
 from tests.integration.test_runtime import eventually
+from tests.secured_bus import SecuredNatsServer
 
 pytestmark = pytest.mark.integration
 TTL = 2.0  # short, so expiry is seen quickly; long enough for renewals on a busy 2-core machine
@@ -29,10 +29,10 @@ async def candidate(url: str, holder: str) -> tuple[Client, LeaderLease, asyncio
     return nc, lease, stop, asyncio.create_task(lease.run(stop, on_change)), flips
 
 
-async def test_one_leader_at_a_time_and_a_clean_handover_on_stop(nats_server: NatsServerProcess) -> None:
-    nc_a, a, stop_a, task_a, flips_a = await candidate(nats_server.url, "scheduler-a")
+async def test_one_leader_at_a_time_and_a_clean_handover_on_stop(nats_server: SecuredNatsServer) -> None:
+    nc_a, a, stop_a, task_a, flips_a = await candidate(nats_server.url_for("scheduler"), "scheduler-a")
     await eventually(lambda: a.is_leader)
-    nc_b, b, stop_b, task_b, flips_b = await candidate(nats_server.url, "scheduler-b")
+    nc_b, b, stop_b, task_b, flips_b = await candidate(nats_server.url_for("scheduler"), "scheduler-b")
 
     # B keeps trying for a few renewal periods but never leads while A renews
     deadline = time.monotonic() + 2 * TTL
@@ -52,10 +52,10 @@ async def test_one_leader_at_a_time_and_a_clean_handover_on_stop(nats_server: Na
         await nc.close()
 
 
-async def test_a_crashed_leader_is_replaced_after_the_lease_expires(nats_server: NatsServerProcess) -> None:
-    nc_a, a, _stop_a, task_a, _ = await candidate(nats_server.url, "scheduler-a")
+async def test_a_crashed_leader_is_replaced_after_the_lease_expires(nats_server: SecuredNatsServer) -> None:
+    nc_a, a, _stop_a, task_a, _ = await candidate(nats_server.url_for("scheduler"), "scheduler-a")
     await eventually(lambda: a.is_leader)
-    nc_b, b, stop_b, task_b, _ = await candidate(nats_server.url, "scheduler-b")
+    nc_b, b, stop_b, task_b, _ = await candidate(nats_server.url_for("scheduler"), "scheduler-b")
 
     await nc_a.close()  # like kill -9: the connection goes first, so A cannot release the key
     task_a.cancel()
@@ -69,8 +69,8 @@ async def test_a_crashed_leader_is_replaced_after_the_lease_expires(nats_server:
     await nc_b.close()
 
 
-async def test_a_leader_cut_off_from_nats_steps_down_on_its_own_clock(nats_server: NatsServerProcess) -> None:
-    nc_a, a, stop_a, task_a, flips = await candidate(nats_server.url, "scheduler-a")
+async def test_a_leader_cut_off_from_nats_steps_down_on_its_own_clock(nats_server: SecuredNatsServer) -> None:
+    nc_a, a, stop_a, task_a, flips = await candidate(nats_server.url_for("scheduler"), "scheduler-a")
     await eventually(lambda: a.is_leader)
     nats_server.stop()
     await eventually(lambda: not a.is_leader, within=TTL)  # before the server could hand the lease on

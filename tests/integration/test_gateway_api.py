@@ -19,9 +19,10 @@ from services.gateway import service
 from services.runtime import Publisher
 from services.runtime.commands import CommandRefused
 from services.runtime.host import ServiceContext, serve
-from services.runtime.nats_server import NatsServerProcess, free_port
+from services.runtime.nats_server import free_port
 from tests.gateway_builders import T0, a_node_inventory, a_sample, a_scripted_fleet, a_started
 from tests.integration.test_runtime import eventually
+from tests.secured_bus import SecuredNatsServer
 
 pytestmark = pytest.mark.integration
 TOKEN = "s3cret-token"
@@ -68,8 +69,8 @@ async def publish(nc: Client, events: list[Event]) -> None:
 
 
 @pytest.fixture
-async def gateway(nats_server: NatsServerProcess, nc: Client) -> AsyncIterator[Gateway]:
-    stop, task, url = await start_gateway(nats_server.url)
+async def gateway(nats_server: SecuredNatsServer, nc: Client) -> AsyncIterator[Gateway]:
+    stop, task, url = await start_gateway(nats_server.url_for("gateway"))
     async with aiohttp.ClientSession() as http:
         gw = Gateway(url, http)
         await eventually(lambda: _up(gw))
@@ -81,11 +82,12 @@ async def gateway(nats_server: NatsServerProcess, nc: Client) -> AsyncIterator[G
 
 
 async def _up(gw: Gateway) -> bool:
+    """Connected and caught up: /api/* answers 503 "catching up" until the read model is folded."""
     try:
-        status, _ = await gw.get("/healthz")
+        status, body = await gw.get("/healthz")
     except aiohttp.ClientError:
         return False
-    return status == 200
+    return status == 200 and body.get("replaying") is None
 
 
 async def _folded(gw: Gateway, count: int) -> bool:
@@ -98,7 +100,7 @@ async def test_a_scripted_fleet_is_served_as_json_and_metrics(gateway: Gateway, 
     await eventually(lambda: _folded(gateway, len(events)))
 
     status, fleet = await gateway.get("/api/fleet")
-    assert status == 200
+    assert status == 200, (fleet, await gateway.get("/healthz"))
     assert (fleet["gpus_total"], fleet["gpus_allocated"], fleet["gpus_idle"], fleet["gpus_isolated"]) == (24, 14, 2, 8)
     assert [n["node"] for n in fleet["nodes"]] == ["n1", "n2", "n3"] and fleet["nodes"][2]["isolated"] is True
 
@@ -179,7 +181,7 @@ async def test_openapi_describes_every_route_and_the_bearer_scheme(gateway: Gate
 
 
 async def test_commands_need_the_token_and_change_nothing_without_it(
-    gateway: Gateway, nats_server: NatsServerProcess
+    gateway: Gateway, nats_server: SecuredNatsServer
 ) -> None:
     received: list[dict[str, Any]] = []
     stop, task = await _fake_owners(nats_server.url, received)
@@ -238,8 +240,8 @@ async def test_bad_reads_get_a_json_problem_naming_the_parameter(gateway: Gatewa
         assert r.status == 405 and "DELETE" in (await r.json())["error"]
 
 
-async def test_a_gateway_without_a_token_refuses_every_command(nats_server: NatsServerProcess) -> None:
-    stop, task, url = await start_gateway(nats_server.url, token=None)
+async def test_a_gateway_without_a_token_refuses_every_command(nats_server: SecuredNatsServer) -> None:
+    stop, task, url = await start_gateway(nats_server.url_for("gateway"), token=None)
     async with aiohttp.ClientSession() as http:
         gw = Gateway(url, http)
         await eventually(lambda: _up(gw))
@@ -250,13 +252,13 @@ async def test_a_gateway_without_a_token_refuses_every_command(nats_server: Nats
 
 
 async def test_a_restarted_gateway_rebuilds_the_same_view_from_the_streams(
-    nats_server: NatsServerProcess, nc: Client, js: object
+    nats_server: SecuredNatsServer, nc: Client, js: object
 ) -> None:
     events = [*a_scripted_fleet(), a_started("finetune")]
     await publish(nc, events)
     answers = []
     for _ in range(2):
-        stop, task, url = await start_gateway(nats_server.url)
+        stop, task, url = await start_gateway(nats_server.url_for("gateway"))
         async with aiohttp.ClientSession() as http:
             gw = Gateway(url, http)
             await eventually(lambda gw=gw: _up(gw))
@@ -268,12 +270,12 @@ async def test_a_restarted_gateway_rebuilds_the_same_view_from_the_streams(
 
 
 async def test_telemetry_is_replayed_from_each_nodes_latest_sample_only(
-    nats_server: NatsServerProcess, nc: Client, js: object
+    nats_server: SecuredNatsServer, nc: Client, js: object
 ) -> None:
     """A day of samples is not replayed: the heatmap needs each node's newest one."""
     old = [a_sample("n1", [10.0] * 8, seq=s, at=T0 + s) for s in range(1, 50)]
     await publish(nc, [a_node_inventory("n1"), *old, a_sample("n1", [77.0] * 8, seq=50, at=T0 + 50)])
-    stop, task, url = await start_gateway(nats_server.url)
+    stop, task, url = await start_gateway(nats_server.url_for("gateway"))
     async with aiohttp.ClientSession() as http:
         gw = Gateway(url, http)
         await eventually(lambda: _up(gw))

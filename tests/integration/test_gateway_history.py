@@ -23,12 +23,12 @@ from nats.aio.client import Client
 
 from events import CostAccrued, Event
 from services.runtime.commands import CommandUnavailable, request
-from services.runtime.nats_server import NatsServerProcess
 from services.warehouse import migrate
 from services.warehouse.chdb_backend import ChdbWarehouse
 from tests.integration.test_gateway_api import Gateway, _up, publish, start_gateway
 from tests.integration.test_recorder_pipeline import start_recorder
 from tests.integration.test_runtime import eventually
+from tests.secured_bus import SecuredNatsServer
 from tests.warehouse_builders import a_sample, an_inventory, scheduled, submitted
 
 pytestmark = pytest.mark.integration
@@ -70,12 +70,12 @@ async def recorded(nc: Client) -> bool:
 
 
 async def test_history_comes_from_the_warehouse_and_falls_back_to_the_live_series(
-    nats_server: NatsServerProcess, nc: Client, js: object, tmp_path: Path
+    nats_server: SecuredNatsServer, nc: Client, js: object, tmp_path: Path
 ) -> None:
     warehouse = ChdbWarehouse(tmp_path / "warehouse")
     migrate(warehouse)
-    rec_stop, rec_task, _ = await start_recorder(nats_server.url, warehouse)
-    gw_stop, gw_task, url = await start_gateway(nats_server.url)
+    rec_stop, rec_task, _ = await start_recorder(nats_server.url_for("recorder"), warehouse)
+    gw_stop, gw_task, url = await start_gateway(nats_server.url_for("gateway"))
     try:
         await publish(nc, five_minutes())
         await eventually(lambda: recorded(nc), within=30)

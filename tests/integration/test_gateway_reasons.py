@@ -12,24 +12,24 @@ from nats.js import JetStreamContext
 
 from services.runtime import Publisher
 from services.runtime.commands import request
-from services.runtime.nats_server import NatsServerProcess
 from services.scheduler import service as scheduler_service
 from tests.integration.test_gateway_api import Gateway, _up, start_gateway
 from tests.integration.test_runtime import eventually
 from tests.integration.test_scheduler_service import Running, answers
 from tests.scheduler_builders import a_node, a_quota
+from tests.secured_bus import SecuredNatsServer
 
 pytestmark = pytest.mark.integration
 
 
 async def test_a_job_held_back_by_its_quota_shows_the_schedulers_reason_on_the_dashboard(
-    nats_server: NatsServerProcess, nc: Client, js: JetStreamContext
+    nats_server: SecuredNatsServer, nc: Client, js: JetStreamContext
 ) -> None:
     publisher = Publisher(js, source="test/setup")
     await publisher.publish(a_node("n1", gpus=8))
     await publisher.publish(a_quota("vision", 0, borrow=0))  # may submit, may not borrow: it waits
-    sched = Running(scheduler_service, nats_server.url)
-    stop, task, url = await start_gateway(nats_server.url)
+    sched = Running(scheduler_service, nats_server.url_for("scheduler"))
+    stop, task, url = await start_gateway(nats_server.url_for("gateway"))
     try:
         await eventually(lambda: answers(nc, "scheduler", "queue", {}))
         await request(nc, "scheduler", "submit", {"team": "vision", "gpus": 2, "id": "held"})

@@ -16,10 +16,11 @@ from nats.js import JetStreamContext
 from events.streams import FAULTS
 from services.runtime import connect, ensure_streams
 from services.runtime.nats_cluster import NatsCluster
-from services.runtime.nats_server import NatsServerProcess, free_port
+from services.runtime.nats_server import free_port
 from services.runtime.replicas import ReplicasUnavailable
 from services.runtime.streams import ensure_bucket_replicas
 from tests.integration.test_runtime import eventually
+from tests.secured_bus import SecuredNatsServer
 
 pytestmark = pytest.mark.integration
 CHAMBER = str(Path(sys.executable).parent / "chamber")
@@ -37,9 +38,9 @@ async def test_three_replicas_on_one_server_are_refused_naming_both_numbers(
         await ensure_streams(js, [FAULTS], replicas=3)
 
 
-def test_the_service_refuses_to_start_with_one_line(nats_server: NatsServerProcess) -> None:
+def test_the_service_refuses_to_start_with_one_line(nats_server: SecuredNatsServer) -> None:
     result = subprocess.run(
-        [CHAMBER, "service", "billing", "--nats", nats_server.url, "--replicas", "3"],
+        [CHAMBER, "service", "billing", "--nats", nats_server.url_for("billing"), "--replicas", "3"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -50,7 +51,7 @@ def test_the_service_refuses_to_start_with_one_line(nats_server: NatsServerProce
     assert "Traceback" not in result.stderr
 
 
-async def test_a_comma_separated_list_survives_a_dead_first_server(nats_server: NatsServerProcess) -> None:
+async def test_a_comma_separated_list_survives_a_dead_first_server(nats_server: SecuredNatsServer) -> None:
     dead = f"nats://127.0.0.1:{free_port()}"
     nc = await connect(f"{dead},{nats_server.url}", name="test", attempts=3)
     try:

@@ -22,9 +22,9 @@ from services.perf import service as perf_service
 from services.perf.scenario import busy_job_id
 from services.runtime import Publisher
 from services.runtime.commands import CommandRefused, CommandUnavailable, request
-from services.runtime.nats_server import NatsServerProcess
 from tests.integration.test_agent_fleet import read_stream
 from tests.integration.test_runtime import eventually
+from tests.secured_bus import SecuredNatsServer
 
 pytestmark = pytest.mark.integration
 SEED = 3
@@ -59,14 +59,15 @@ async def running_perf(url: str) -> AsyncIterator[None]:
 
 
 @pytest.fixture
-async def fleet(nats_server: NatsServerProcess, tmp_path: Path) -> AsyncIterator[Agent]:
-    async with running_fleet(nats_server.url, tmp_path / "spool") as agent:
+async def fleet(nats_server: SecuredNatsServer, js: JetStreamContext, tmp_path: Path) -> AsyncIterator[Agent]:
+    # `js`: the streams exist first, as the services make them; the simulator may not create them
+    async with running_fleet(nats_server.url_for("simulator"), tmp_path / "spool") as agent:
         yield agent
 
 
 @pytest.fixture
-async def perf(nats_server: NatsServerProcess) -> AsyncIterator[None]:
-    async with running_perf(nats_server.url):
+async def perf(nats_server: SecuredNatsServer) -> AsyncIterator[None]:
+    async with running_perf(nats_server.url_for("perf")):
         yield None
 
 
@@ -118,6 +119,8 @@ async def test_a_slowed_gpu_is_found_as_the_culprit_of_its_gang(
     ]
     lines = (await request(nc, "perf", "explain", {"job": job}))["lines"]
     assert "culprit gpu sim-001 GPU 2" in lines[0]
+    # folded once, when the verdict came back from JOBS (not also when it was published)
+    assert len([line for line in lines if "slow (episode 1" in line]) == 1, lines
     heat = await request(nc, "perf", "ranks", {"job": job})
     assert len(heat["ranks"]) == 8 and heat["culprit"]["gpu"] == 2 and heat["activity_pct"]
     straggler = heat["ranks"].index({"node": "sim-001", "gpu": 2})
@@ -129,3 +132,47 @@ async def test_a_slowed_gpu_is_found_as_the_culprit_of_its_gang(
 
 async def _nonempty(found: object) -> bool:
     return bool(await found)  # type: ignore[misc]
+
+
+async def test_step_timings_published_live_name_a_slow_worker_with_all_its_gpus(
+    perf: None, nc: Client, js: JetStreamContext
+) -> None:
+    """RankStepTimings on chamber.telemetry.steps.<cluster>.<node>, as chamber_hooks via the agent sends
+    them: the service names the slow tensor-parallel worker and raises a straggler fault per GPU."""
+    from events.steps import RankStep, RankStepTimings
+    from services.perf.step_cases import make
+
+    await eventually(lambda: answers(nc, "perf", "status", {}))
+    case = make("slow_worker_tp4", 2)
+    job = case.rows[0]["job"]
+    publisher = Publisher(js, source="test")
+    nodes = sorted({str(r["node"]) for r in case.rows})
+    placements = [Placement(cluster="c1", node=n, gpu_indices=list(range(8))) for n in nodes]
+    await publisher.publish(JobScheduled(job_id=job, at=time.time(), team="t", placements=placements, pool="default"))
+
+    async def tracked() -> bool:
+        return any(j["job"] == job for j in (await request(nc, "perf", "status", {}))["jobs"])
+
+    await eventually(tracked, within=20)
+    fields = set(RankStep.__struct_fields__)
+    by_step: dict[tuple[int, str], list[RankStep]] = {}
+    for r in case.rows:
+        step = RankStep(**{k: v for k, v in r.items() if k in fields})  # type: ignore[arg-type]
+        by_step.setdefault((step.step, str(r["node"])), []).append(step)
+    for (_step, node), rows in sorted(by_step.items()):
+        t = max(s.step_end_s for s in rows)
+        await publisher.publish(
+            RankStepTimings(cluster="c1", node=node, job_id=str(job), observed_at=t, steps=rows, source="hook")
+        )
+
+    async def verdict() -> list[JobSlowdownDetected]:
+        return [e for e in await read_stream(js, f"chamber.jobs.{job}.perf") if isinstance(e, JobSlowdownDetected)]
+
+    await eventually(lambda: _nonempty(verdict()), within=40)
+    found = (await verdict())[0]
+    assert found.pattern == "slow_worker" and found.node == case.target_node
+    assert found.gpu_indices == list(case.target_gpus) and found.ranks == list(case.target_ranks)
+    faults = [
+        f for f in await read_stream(js, f"chamber.faults.c1.{case.target_node}") if isinstance(f, GpuFaultDetected)
+    ]
+    assert {f.gpu_index for f in faults if f.kind == "straggler"} == set(case.target_gpus)

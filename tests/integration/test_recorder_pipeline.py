@@ -22,10 +22,10 @@ from services.recorder.writer import Writer
 from services.runtime import Publisher
 from services.runtime.commands import CommandRefused, request
 from services.runtime.host import ServiceContext, serve
-from services.runtime.nats_server import NatsServerProcess
 from services.warehouse import QueryResult, Warehouse, WarehouseUnavailable, migrate
 from services.warehouse.chdb_backend import ChdbWarehouse
 from tests.integration.test_runtime import eventually
+from tests.secured_bus import SecuredNatsServer
 from tests.warehouse_builders import T0, a_sample, an_inventory, completed, scheduled, submitted
 
 pytestmark = pytest.mark.integration
@@ -60,6 +60,9 @@ class Outage(Warehouse):
                 raise WarehouseUnavailable("connection reset (outage): the insert landed, its reply did not")
             raise WarehouseUnavailable("connection refused (outage)")
         self.inner.insert(table, data, dedup_token=dedup_token)
+
+    def open_analytics(self, limits: Any) -> Any:
+        return self.inner.open_analytics(limits)  # analytics SQL has its own session: no outage there
 
     def close(self) -> None:
         self.inner.close()
@@ -108,11 +111,11 @@ EXPECTED = {"samples": 120, "minute_samples": 120, "events": 6, "job_events": 3,
 
 
 async def test_the_recorder_stores_samples_rollups_audit_log_and_answers_sql(
-    nats_server: NatsServerProcess, nc: Client, js: JetStreamContext, tmp_path: Path
+    nats_server: SecuredNatsServer, nc: Client, js: JetStreamContext, tmp_path: Path
 ) -> None:
     warehouse = ChdbWarehouse(tmp_path)
     migrate(warehouse)
-    stop, task, writer = await start_recorder(nats_server.url, warehouse)
+    stop, task, writer = await start_recorder(nats_server.url_for("recorder"), warehouse)
     try:
         await publish_scenario(js)
         await eventually(lambda: counts(warehouse) == EXPECTED, within=20)
@@ -144,13 +147,13 @@ async def test_the_recorder_stores_samples_rollups_audit_log_and_answers_sql(
 
 
 async def test_a_warehouse_outage_backs_off_then_stores_everything_exactly_once(
-    nats_server: NatsServerProcess, js: JetStreamContext, tmp_path: Path
+    nats_server: SecuredNatsServer, js: JetStreamContext, tmp_path: Path
 ) -> None:
     real = ChdbWarehouse(tmp_path)
     migrate(real)
     warehouse = Outage(real, lost_replies=1)  # the first insert of the outage lands unconfirmed
     warehouse.down = True
-    stop, task, writer = await start_recorder(nats_server.url, warehouse)
+    stop, task, writer = await start_recorder(nats_server.url_for("recorder"), warehouse)
     try:
         await publish_scenario(js)
         await eventually(lambda: warehouse.failures >= 3, within=20)
@@ -203,14 +206,16 @@ def _recorder_process(url: str, data_dir: Path, **env: str) -> subprocess.Popen[
 
 
 async def test_a_recorder_killed_between_insert_and_ack_restarts_without_duplicates(
-    nats_server: NatsServerProcess, nc: Client, js: JetStreamContext, tmp_path: Path
+    nats_server: SecuredNatsServer, nc: Client, js: JetStreamContext, tmp_path: Path
 ) -> None:
     await publish_scenario(js, samples=60)
-    crashing = _recorder_process(nats_server.url, tmp_path, CHAMBER_RECORDER_CRASH_AFTER_INSERT="gpu_samples")
+    crashing = _recorder_process(
+        nats_server.url_for("recorder"), tmp_path, CHAMBER_RECORDER_CRASH_AFTER_INSERT="gpu_samples"
+    )
     code = await asyncio.to_thread(crashing.wait, 60)
     assert code == 137, crashing.stderr.read().decode() if crashing.stderr else ""
 
-    recorder = _recorder_process(nats_server.url, tmp_path)
+    recorder = _recorder_process(nats_server.url_for("recorder"), tmp_path)
     try:
         await eventually(lambda: _all_acked(js), within=60)
 
@@ -238,7 +243,7 @@ async def test_a_recorder_killed_between_insert_and_ack_restarts_without_duplica
 
 
 async def test_a_broken_sample_is_dead_lettered_and_the_rest_of_its_batch_is_stored(
-    nats_server: NatsServerProcess, js: JetStreamContext, tmp_path: Path
+    nats_server: SecuredNatsServer, js: JetStreamContext, tmp_path: Path
 ) -> None:
     warehouse = ChdbWarehouse(tmp_path)
     migrate(warehouse)
@@ -246,7 +251,7 @@ async def test_a_broken_sample_is_dead_lettered_and_the_rest_of_its_batch_is_sto
     bad_headers = {**good_headers, "ce-id": "bad", "Nats-Msg-Id": "bad"}
     await js.publish("chamber.telemetry.sample.c1.n1", b'{"cluster": "c1", "gpus": "not a list"}', headers=bad_headers)
     await js.publish("chamber.telemetry.sample.c1.n1", good_body, headers=good_headers)
-    stop, task, writer = await start_recorder(nats_server.url, warehouse)
+    stop, task, writer = await start_recorder(nats_server.url_for("recorder"), warehouse)
     try:
         await eventually(lambda: warehouse.count("gpu_samples") == 2, within=20)
         dead = await js.stream_info("DEAD")

@@ -14,11 +14,11 @@ from events import FaultKind, GpuFaultDetected, JobScheduled, Severity
 from events.fabric import CulpritKind, JobSlowdownDetected
 from services.runtime import Publisher
 from services.runtime.commands import request
-from services.runtime.nats_server import NatsServerProcess
 from services.scheduler import service as scheduler_service
 from tests.integration.test_runtime import eventually
 from tests.integration.test_scheduler_service import JobEvents, Running, answers
 from tests.scheduler_builders import a_node, a_quota
+from tests.secured_bus import SecuredNatsServer
 
 pytestmark = pytest.mark.integration
 
@@ -32,7 +32,7 @@ async def watched(nc: Client) -> AsyncIterator[JobEvents]:
 
 
 async def test_a_gang_is_placed_away_from_a_faulty_nic_and_a_perf_culprit(
-    nats_server: NatsServerProcess, nc: Client, js: JetStreamContext, watched: JobEvents
+    nats_server: SecuredNatsServer, nc: Client, js: JetStreamContext, watched: JobEvents
 ) -> None:
     now = time.time()
     publisher = Publisher(js, source="test/fleet")
@@ -68,7 +68,7 @@ async def test_a_gang_is_placed_away_from_a_faulty_nic_and_a_perf_culprit(
             gpu_index=0,
         )
     )
-    sched = Running(scheduler_service, nats_server.url)
+    sched = Running(scheduler_service, nats_server.url_for("scheduler"))
     try:
         await eventually(lambda: answers(nc, "scheduler", "queue", {}))
         spec = {"team": "vision", "gpus_per_replica": 8, "replicas": 2, "id": "gang-1"}

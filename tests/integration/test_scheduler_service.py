@@ -16,10 +16,10 @@ from events import JobScheduled, decode
 from services.quota import service as quota_service
 from services.runtime import Publisher
 from services.runtime.commands import CommandRefused, CommandUnavailable, request
-from services.runtime.nats_server import NatsServerProcess
 from services.scheduler import service as scheduler_service
 from tests.integration.test_runtime import eventually
 from tests.scheduler_builders import a_node, a_quota
+from tests.secured_bus import SecuredNatsServer
 
 pytestmark = pytest.mark.integration
 
@@ -77,12 +77,12 @@ async def watched(nc: Client) -> AsyncIterator[JobEvents]:
 
 
 async def test_submit_schedule_explain_cancel_and_a_restart_rebuilds_the_same_state(
-    nats_server: NatsServerProcess, nc: Client, js: JetStreamContext, watched: JobEvents
+    nats_server: SecuredNatsServer, nc: Client, js: JetStreamContext, watched: JobEvents
 ) -> None:
     publisher = Publisher(js, source="test/discovery")
     await publisher.publish(a_node("n1", gpus=4))
     await publisher.publish(a_quota("vision", 0))  # a team may submit once it has a quota (0 borrows only)
-    sched = Running(scheduler_service, nats_server.url)
+    sched = Running(scheduler_service, nats_server.url_for("scheduler"))
     await eventually(lambda: answers(nc, "scheduler", "queue", {}))
 
     with pytest.raises(CommandRefused) as refused:
@@ -135,7 +135,7 @@ async def test_submit_schedule_explain_cancel_and_a_restart_rebuilds_the_same_st
 
     # restart: the state comes back from the log, and nothing is scheduled twice
     await sched.close()
-    sched = Running(scheduler_service, nats_server.url)
+    sched = Running(scheduler_service, nats_server.url_for("scheduler"))
     await eventually(lambda: answers(nc, "scheduler", "queue", {}))
     await eventually(lambda: _queue_is(nc, [("wait-1", "pending"), ("train-1", "running")]))
     await eventually(waits_for_capacity)  # the new process's own cycle has looked at both jobs
@@ -156,12 +156,12 @@ async def _queue_is(nc: Client, expected: list[tuple[str, str]]) -> bool:
 
 
 async def test_quota_commands_are_validated_and_listed_with_usage_and_fair_share(
-    nats_server: NatsServerProcess, nc: Client, js: JetStreamContext
+    nats_server: SecuredNatsServer, nc: Client, js: JetStreamContext
 ) -> None:
     publisher = Publisher(js, source="test/discovery")
     await publisher.publish(a_node("n1", gpus=8, model="H100"))
     await publisher.publish(a_node("n2", gpus=8, model="A100"))
-    quota = Running(quota_service, nats_server.url)
+    quota = Running(quota_service, nats_server.url_for("quota"))
     await eventually(lambda: answers(nc, "quota", "list", {}))
 
     await eventually(lambda: answers(nc, "quota", "set", {"team": "vision", "gpus": 10, "borrow_limit": 2}))
@@ -223,11 +223,11 @@ async def _kv_has(js: JetStreamContext, key: str) -> bool:
 
 
 async def test_only_teams_allowed_critical_work_may_submit_it(
-    nats_server: NatsServerProcess, nc: Client, js: JetStreamContext
+    nats_server: SecuredNatsServer, nc: Client, js: JetStreamContext
 ) -> None:
     await Publisher(js, source="test/discovery").publish(a_node("n1", gpus=8))
-    quota = Running(quota_service, nats_server.url)
-    sched = Running(scheduler_service, nats_server.url)
+    quota = Running(quota_service, nats_server.url_for("quota"))
+    sched = Running(scheduler_service, nats_server.url_for("scheduler"))
     await eventually(lambda: answers(nc, "quota", "set", {"team": "vision", "gpus": 4}))
     await eventually(lambda: answers(nc, "quota", "set", {"team": "nlp", "gpus": 4, "critical": True}))
     urgent = {"team": "vision", "gpus": 1, "priority": "critical"}

@@ -20,9 +20,9 @@ from nats.js import JetStreamContext
 from events import JobScheduled, decode
 from services.runtime import Publisher
 from services.runtime.commands import CommandRefused, CommandUnavailable, request
-from services.runtime.nats_server import NatsServerProcess
 from tests.integration.test_runtime import eventually
 from tests.scheduler_builders import a_node, a_quota
+from tests.secured_bus import SecuredNatsServer
 
 pytestmark = pytest.mark.integration
 CHAMBER = str(Path(sys.executable).parent / "chamber")
@@ -61,8 +61,8 @@ class Replicas:
 
 
 @pytest.fixture
-def replicas(nats_server: NatsServerProcess, tmp_path: Path) -> Iterator[Replicas]:
-    running = Replicas(nats_server.url, tmp_path)
+def replicas(nats_server: SecuredNatsServer, tmp_path: Path) -> Iterator[Replicas]:
+    running = Replicas(nats_server.url_for("scheduler"), tmp_path)
     try:
         yield running
     finally:
@@ -108,7 +108,7 @@ async def queue_row(nc: Client, job: str) -> dict[str, Any]:
 
 
 async def test_the_standby_takes_over_when_the_leader_dies_or_stops_and_nothing_is_placed_twice(
-    nats_server: NatsServerProcess, nc: Client, js: JetStreamContext, replicas: Replicas, scheduled: list[JobScheduled]
+    nats_server: SecuredNatsServer, nc: Client, js: JetStreamContext, replicas: Replicas, scheduled: list[JobScheduled]
 ) -> None:
     await Publisher(js, source="test/discovery").publish(a_node("n1", gpus=8))
     await Publisher(js, source="test/quota").publish(a_quota("vision", 8))  # teams without a quota are refused

@@ -14,13 +14,14 @@ from nats.js import JetStreamContext
 
 from events import JobFailed, JobPreempted, JobSpec, JobSubmitted, PreemptionReason, TeamQuotaSet
 from services.runtime import Publisher
-from services.runtime.nats_server import NatsServerProcess, free_port
+from services.runtime.nats_server import free_port
 from services.tracesim import history
 from services.tracesim.history import load_history
 from services.warehouse import migrate
 from services.warehouse.chdb_backend import ChdbWarehouse
 from tests.integration.test_recorder_pipeline import start_recorder
 from tests.integration.test_runtime import eventually
+from tests.secured_bus import SecuredNatsServer
 from tests.warehouse_builders import T0, an_inventory, completed, resumed, scheduled, submitted
 
 pytestmark = pytest.mark.integration
@@ -102,11 +103,11 @@ async def chamber(*argv: str, nats: str, data_dir: Path) -> tuple[int, str, str]
 
 
 async def test_recorded_jobs_replay_under_current_and_proposed_quotas(
-    nats_server: NatsServerProcess, js: JetStreamContext, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    nats_server: SecuredNatsServer, js: JetStreamContext, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     warehouse = ChdbWarehouse(tmp_path)
     migrate(warehouse)
-    stop, task, writer = await start_recorder(nats_server.url, warehouse)
+    stop, task, writer = await start_recorder(nats_server.url_for("recorder"), warehouse)
     try:
         audit = await publish_history(js)
         await eventually(lambda: warehouse.count("events") == audit and warehouse.count("gpu_inventory") == 8, 20)

@@ -39,7 +39,7 @@ def fold(state: Submitted, event: Event) -> None:
         state.jobs.append(event.job_id)
 
 
-CODEC = pickle_codec(Submitted)
+CODEC = pickle_codec(Submitted, version=1)
 
 
 @contextlib.asynccontextmanager

@@ -15,9 +15,9 @@ from services.cli import main
 from services.cli.up import DEMO_SETUP_MARKER, mark_demo_setup
 from services.cli.workload import _main as workload
 from services.runtime.commands import CommandServer
-from services.runtime.nats_server import NatsServerProcess
 from tests.integration.test_gateway_api import start_gateway
 from tests.integration.test_runtime import eventually
+from tests.secured_bus import SecuredNatsServer
 
 pytestmark = pytest.mark.integration
 
@@ -50,12 +50,13 @@ def test_the_demo_sets_up_only_on_a_new_data_directory(tmp_path: Path) -> None:
     assert mark_demo_setup(tmp_path, quota_events=1)
 
 
-async def _run_workload(url: str, marker: Path) -> dict[str, list[Any]]:
-    """The real workload against recording stand-ins of billing, quota and scheduler; until it submits."""
+async def _run_workload(bus: SecuredNatsServer, marker: Path) -> dict[str, list[Any]]:
+    """The real workload (as the `workload` user) against recording stand-ins of billing, quota and
+    scheduler (each as its service's user); until it submits."""
     seen: dict[str, list[Any]] = {"price": [], "set": [], "submit": []}
     servers = []
     for service, verb in (("billing", "price"), ("quota", "set"), ("scheduler", "submit")):
-        server = CommandServer(url, service)
+        server = CommandServer(bus.url_for(service), service)
 
         async def record(request: dict[str, Any], verb: str = verb) -> str:
             seen[verb].append(request)
@@ -64,7 +65,7 @@ async def _run_workload(url: str, marker: Path) -> dict[str, list[Any]]:
         server.register(verb, dict, record)
         await server.start()
         servers.append(server)
-    args = argparse.Namespace(nats=url, gpus=16, gpu_model="H100-80GB", price=3.5, load=1.1, seed=7)
+    args = argparse.Namespace(nats=bus.url_for("workload"), gpus=16, gpu_model="H100-80GB", price=3.5, load=1.1, seed=7)
     args.setup_marker = marker
     stop = asyncio.Event()
     task = asyncio.create_task(workload(args, stop))
@@ -79,18 +80,18 @@ async def _run_workload(url: str, marker: Path) -> dict[str, list[Any]]:
 
 
 async def test_a_restarted_workload_submits_without_touching_quotas(
-    nats_server: NatsServerProcess, tmp_path: Path
+    nats_server: SecuredNatsServer, tmp_path: Path
 ) -> None:
     marker = tmp_path / DEMO_SETUP_MARKER
     marker.touch()
-    first = await _run_workload(nats_server.url, marker)
+    first = await _run_workload(nats_server, marker)
     assert first["price"] and len(first["set"]) == 3 and not marker.exists()
-    again = await _run_workload(nats_server.url, marker)
+    again = await _run_workload(nats_server, marker)
     assert again["price"] == [] and again["set"] == [] and again["submit"]
 
 
-async def test_healthz_answers_503_while_the_bus_is_down(nats_server: NatsServerProcess) -> None:
-    stop, task, url = await start_gateway(nats_server.url)
+async def test_healthz_answers_503_while_the_bus_is_down(nats_server: SecuredNatsServer) -> None:
+    stop, task, url = await start_gateway(nats_server.url_for("gateway"))
 
     async def status() -> tuple[int, dict[str, Any]]:
         try:
@@ -118,7 +119,7 @@ async def _is(status: Any, code: int) -> bool:
 
 
 async def test_a_gpu_model_that_matches_no_gpu_of_the_fleet_is_warned_about(
-    nats_server: NatsServerProcess, js: Any, tmp_path: Path
+    nats_server: SecuredNatsServer, js: Any, tmp_path: Path
 ) -> None:
     """Issue 16, finding 17: `--gpu-model H100` on a fleet of H100-80GB matched nothing, silently."""
     import json
@@ -127,7 +128,7 @@ async def test_a_gpu_model_that_matches_no_gpu_of_the_fleet_is_warned_about(
     kv = await js.create_key_value(bucket="chamber_fleet")
     node = {"cluster": "local", "node": "sim-000", "status": "ready", "gpus": [{"index": 0, "model": "H100-80GB"}]}
     await kv.put("local.sim-000", json.dumps(node).encode())
-    scheduler = CommandServer(nats_server.url, "scheduler")
+    scheduler = CommandServer(nats_server.url_for("scheduler"), "scheduler")
 
     async def submit(request: dict[str, Any]) -> dict[str, str]:
         return {"id": "j-1"}

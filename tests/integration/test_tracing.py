@@ -14,11 +14,11 @@ from opentelemetry import trace
 from events import JobScheduled, JobSubmitted, decode
 from services.runtime import Publisher
 from services.runtime.commands import request
-from services.runtime.nats_server import NatsServerProcess
 from services.runtime.tracing import configure_tracing, tracer
 from tests.integration.test_runtime import eventually
 from tests.integration.test_scheduler_service import Running, answers
 from tests.scheduler_builders import a_node, a_quota
+from tests.secured_bus import SecuredNatsServer
 
 pytestmark = pytest.mark.integration
 
@@ -31,7 +31,7 @@ def trace_id(traceparent: str | None) -> str:
 
 
 async def test_a_submit_commands_trace_continues_in_the_event_it_records(
-    nats_server: NatsServerProcess, nc: Client, js: JetStreamContext
+    nats_server: SecuredNatsServer, nc: Client, js: JetStreamContext
 ) -> None:
     from services.scheduler import service as scheduler_service
 
@@ -45,7 +45,7 @@ async def test_a_submit_commands_trace_continues_in_the_event_it_records(
     publisher = Publisher(js, source="test/setup")
     await publisher.publish(a_node("n1", gpus=4))
     await publisher.publish(a_quota("vision", 4))
-    sched = Running(scheduler_service, nats_server.url)
+    sched = Running(scheduler_service, nats_server.url_for("scheduler"))
     try:
         await eventually(lambda: answers(nc, "scheduler", "queue", {}))
         with tracer.start_as_current_span("operator submits") as span:
@@ -79,7 +79,7 @@ async def test_an_event_published_outside_any_span_starts_a_trace(js: JetStreamC
 
 
 async def test_an_event_a_consumer_publishes_while_handling_another_continues_its_trace(
-    nats_server: NatsServerProcess, nc: Client, js: JetStreamContext
+    nats_server: SecuredNatsServer, nc: Client, js: JetStreamContext
 ) -> None:
     from events import JobCompleted
     from services.runtime import ConsumerOptions, Delivery

@@ -15,12 +15,13 @@ import pytest
 from services.cli.errors import UsageError
 from services.gateway.history import efficiency_sql
 from services.recorder.service import answer_sql
-from services.recorder.writer import Writer
 from services.runtime.commands import CommandRefused
 from services.warehouse import WarehouseError, migrate
 from services.warehouse.access import read_query
+from services.warehouse.analytics import Limits, confined_query
 from services.warehouse.chdb_backend import ChdbWarehouse
-from services.warehouse.confine import Catalog, Limits, OutsideTheWarehouse, check_tree, confined_query, parse_tree
+from services.warehouse.confine import Catalog, OutsideTheWarehouse, ReadOnlyViolation, check_tree, nodes_from_explain
+from services.warehouse.door import SqlDoor, open_door
 
 pytestmark = pytest.mark.integration
 
@@ -60,6 +61,15 @@ def warehouse(tmp_path: Path) -> Iterator[ChdbWarehouse]:
         yield wh
     finally:
         wh.close()
+
+
+@pytest.fixture
+def door(warehouse: ChdbWarehouse) -> Iterator[SqlDoor]:
+    sql_door = open_door(warehouse)
+    try:
+        yield sql_door
+    finally:
+        sql_door.close()
 
 
 @pytest.fixture
@@ -108,47 +118,48 @@ def attacks(base: str, token: Path) -> list[str]:
         "SHOW TABLES FROM system",
         "SHOW CREATE TABLE system.users",
         "SHOW PROCESSLIST",
-        "SELECT 1 AS `a\nFunction numbers`",
+        "SELECT hostName()",
+        "SELECT getServerSetting('path')",
+        "SELECT getOSKernelVersion()",
+        "SELECT FQDN(), currentUser()",
+        "SELECT filesystemAvailable()",
+        "SELECT showCertificate()",
+        "SELECT aiGenerate('say hi')",
+        "SELECT addressToSymbol(toUInt64(1))",
     ]
 
 
 async def test_every_function_that_reaches_outside_is_refused_with_a_clear_message(
-    warehouse: ChdbWarehouse, token_file: Path, loopback: tuple[str, list[str]]
+    door: SqlDoor, token_file: Path, loopback: tuple[str, list[str]]
 ) -> None:
     base, seen = loopback
-    writer = Writer(warehouse)
-    try:
-        for sql in attacks(base, token_file):
-            with pytest.raises(CommandRefused) as refused:
-                await answer_sql(writer, sql)
-            message = str(refused.value)
-            assert message.startswith("refused:"), (sql, message)
-            assert "s3cr3t" not in message and "root:" not in message
-    finally:
-        writer.close()
+    for sql in attacks(base, token_file):
+        with pytest.raises(CommandRefused) as refused:
+            await answer_sql(door, sql)
+        message = str(refused.value)
+        assert message.startswith("refused:"), (sql, message)
+        assert "s3cr3t" not in message and "root:" not in message
     assert seen == []  # not one request reached the loopback server
+    # a line break in a name cannot forge nodes of the JSON tree: it stays a name
+    assert (await answer_sql(door, "SELECT 1 AS `a\nFunction numbers`"))["columns"] == ["a\nFunction numbers"]
 
 
-async def test_queries_on_the_chamber_database_still_run(warehouse: ChdbWarehouse) -> None:
-    writer = Writer(warehouse)
-    try:
-        for sql in [
-            "SELECT count() AS n FROM events",
-            "SELECT count() FROM chamber.gpu_samples FINAL",
-            efficiency_sql(0.0, 3600.0, 60),  # the gateway's history: a parameterized view
-            "SELECT number FROM numbers(3)",
-            "SELECT concat('a', 'b'), format('{} of {}', 'a', 'b')",
-            "DESCRIBE TABLE events",
-            "EXISTS TABLE events",
-            "SHOW TABLES",
-            "EXPLAIN SELECT count() FROM events",
-        ]:
-            answer = await answer_sql(writer, sql)
-            assert answer["columns"], sql
-        tables = await answer_sql(writer, "SHOW TABLES")
-        assert ["events"] in tables["rows"]
-    finally:
-        writer.close()
+async def test_queries_on_the_chamber_database_still_run(door: SqlDoor) -> None:
+    for sql in [
+        "SELECT count() AS n FROM events",
+        "SELECT count() FROM chamber.gpu_samples FINAL",
+        efficiency_sql(0.0, 3600.0, 60),  # the gateway's history: a parameterized view
+        "SELECT number FROM numbers(3)",
+        "SELECT concat('a', 'b'), format('{} of {}', 'a', 'b')",
+        "DESCRIBE TABLE events",
+        "EXISTS TABLE events",
+        "SHOW TABLES",
+        "EXPLAIN SELECT count() FROM events",
+    ]:
+        answer = await answer_sql(door, sql)
+        assert answer["columns"], sql
+    tables = await answer_sql(door, "SHOW TABLES")
+    assert ["events"] in tables["rows"]
 
 
 def test_chamber_sql_opening_the_warehouse_itself_is_confined_too(
@@ -161,31 +172,56 @@ def test_chamber_sql_opening_the_warehouse_itself_is_confined_too(
     assert read_query(args, "SELECT count() AS n FROM events")["rows"] == [[0]]
 
 
-def test_the_engine_itself_refuses_table_functions_under_the_query_settings(warehouse: ChdbWarehouse) -> None:
-    """The second guard: even a query the parse check let through runs with readonly = 1."""
-    with pytest.raises(WarehouseError, match="readonly"):
-        warehouse.query("SELECT * FROM file('/etc/passwd', 'LineAsString')", settings=Limits().settings(10))
+def test_the_engine_itself_refuses_what_the_parse_check_would_miss(warehouse: ChdbWarehouse) -> None:
+    """The second guard: the analytics session runs with readonly = 1, set when it opened: no table
+    function that reads outside, no write, no change of a setting, whatever the check let through."""
+    session = warehouse.open_analytics(Limits())
+    try:
+        for sql in [
+            "SELECT * FROM file('/etc/passwd', 'LineAsString')",
+            "INSERT INTO budgets (team) SELECT 'x'",
+            "SET readonly = 0",
+            "SET max_execution_time = 3600",
+            "SELECT 1 SETTINGS max_memory_usage = 0",
+            "CREATE TABLE chamber.x (a Int8) ENGINE = Memory",
+        ]:
+            with pytest.raises(WarehouseError, match=r"(?i)readonly"):
+                session.run(sql, 10)
+        session.run("USE system", 10)  # allowed by the engine, and undone before the next query
+        assert session.run("SELECT currentDatabase(), getSetting('readonly')", 10).rows == [["chamber", 1]]
+    finally:
+        session.close()
+    assert warehouse.count("budgets") == 0
+    assert warehouse.query("SELECT getSetting('readonly')").scalar() == 0  # ingest's session is untouched
 
 
 def test_every_query_runs_within_rows_time_and_memory(warehouse: ChdbWarehouse) -> None:
-    rows = confined_query(warehouse, "SELECT number FROM numbers(1000000000)", max_rows=10)
-    assert 10 < len(rows.rows) < 1_000_000  # stopped near the limit instead of reading a billion rows
+    def run(sql: str, limits: Limits) -> list[list[object]]:
+        session = warehouse.open_analytics(limits)
+        try:
+            return confined_query(session, sql, max_rows=10).rows
+        finally:
+            session.close()
+
+    rows = run("SELECT number FROM numbers(1000000000)", Limits())
+    assert 10 < len(rows) < 1_000_000  # stopped near the limit instead of reading a billion rows
     with pytest.raises(WarehouseError, match=r"(?i)timeout|time limit"):
-        confined_query(
-            warehouse,
-            "SELECT count() FROM numbers(100000000000) WHERE cityHash64(number) % 7 = 3",
-            max_rows=10,
-            limits=Limits(max_execution_time_s=1),
+        run(
+            "SELECT count() FROM numbers(100000000000) WHERE cityHash64(number) % 7 = 3", Limits(max_execution_time_s=1)
         )
     with pytest.raises(WarehouseError, match=r"(?i)memory limit"):
-        confined_query(
-            warehouse,
-            "SELECT length(groupArray(number)) FROM numbers(50000000)",
-            max_rows=10,
-            limits=Limits(max_memory_bytes=16 * 1024**2),
-        )
-    # a query stopped half-way leaves nothing behind for the next one
-    assert confined_query(warehouse, "SELECT 7 AS x", max_rows=1).rows == [[7]]
+        run("SELECT length(groupArray(number)) FROM numbers(50000000)", Limits(max_memory_bytes=16 * 1024**2))
+    assert run("SELECT 7 AS x", Limits()) == [[7]]
+
+
+async def test_the_door_names_the_limit_a_query_ran_into(warehouse: ChdbWarehouse) -> None:
+    door = open_door(warehouse, limits=Limits(max_execution_time_s=1))
+    try:
+        with pytest.raises(WarehouseError, match=r"ran past its time limit of 1 s \(max_execution_time\)"):
+            await door.answer("SELECT count() FROM numbers(100000000000) WHERE cityHash64(number) % 7 = 3", 10)
+        assert (await door.answer("SELECT 7 AS x", 1)).rows == [[7]]  # nothing left behind for the next one
+    finally:
+        door.close()
 
 
 CATALOG = Catalog(frozenset({"file", "numbers"}), frozenset({"system"}), frozenset({"events"}))
@@ -194,12 +230,12 @@ CATALOG = Catalog(frozenset({"file", "numbers"}), frozenset({"system"}), frozens
 def test_a_name_with_a_line_break_cannot_forge_nodes_of_the_tree() -> None:
     forged = ["SelectWithUnionQuery (children 1)", " ExpressionList (children 1)", "  Identifier a", "Function x"]
     with pytest.raises(OutsideTheWarehouse, match="line breaks"):
-        check_tree(parse_tree(forged), CATALOG, ["SELECT"])
+        check_tree(nodes_from_explain(forged), CATALOG)
 
 
-def test_format_and_into_outfile_are_refused_on_the_tree_too() -> None:
-    """What the engine parses for `SELECT 1 INTO OUTFILE '/tmp/x'`, should the text check miss it."""
+def test_format_and_into_outfile_are_refused_on_a_servers_tree_too() -> None:
+    """What a server's EXPLAIN AST gives for `SELECT 1 INTO OUTFILE '/tmp/x'`."""
     tree = ["SelectWithUnionQuery (children 2)", " ExpressionList (children 1)", "  SelectQuery (children 1)"]
     tree += ["   ExpressionList (children 1)", "    Literal UInt64_1", " Literal '/tmp/x'"]
-    with pytest.raises(OutsideTheWarehouse, match="INTO OUTFILE"):
-        check_tree(parse_tree(tree), CATALOG, ["SELECT"])
+    with pytest.raises(ReadOnlyViolation, match="INTO OUTFILE"):
+        check_tree(nodes_from_explain(tree), CATALOG)

@@ -46,7 +46,7 @@ def test_gpu_counts_that_are_not_whole_or_absurd_are_refused_naming_the_containe
 
 def test_a_job_without_gpus_asks_for_nothing_and_a_ray_head_without_gpus_is_left_out() -> None:
     assert BatchJob().demand(a_batch_job(gpus=0)) is None
-    assert RayJob().demand(a_rayjob(gpus=8, workers=3)) == Demand(8, 3)
+    assert RayJob().demand(a_rayjob(gpus=8, workers=3)) == Demand(8, 3, "nvidia")
 
 
 def test_a_gang_of_unequal_pods_is_refused_with_the_sizes() -> None:

@@ -1,4 +1,5 @@
-"""Snapshots load through an allow-list and are named by build (services/runtime/snapshot_codec.py)."""
+"""Snapshots load through an allow-list and are named by the core's STATE_VERSION, not its source
+(services/runtime/snapshot_codec.py, services/runtime/state_codec.py)."""
 
 from __future__ import annotations
 
@@ -7,13 +8,16 @@ import os
 import pickle
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from events import JobCompleted, JobScheduled, JobSubmitted, Placement
 from services.billing import core as billing
 from services.billing import service as billing_service
-from services.runtime.snapshot_codec import RefusedSnapshot, build_digest, safe_loads
+from services.runtime.decider import SnapshotCodec, pickle_codec, snapshot_format
+from services.runtime.snapshot_codec import RefusedSnapshot, safe_loads
+from services.runtime.state_codec import facts_codec
 from tests.scheduler_builders import a_job
 
 
@@ -58,20 +62,56 @@ def test_a_billing_state_round_trips_through_its_codec() -> None:
     assert codec.decode(codec.encode(state)) == state
 
 
-def test_the_build_digest_changes_with_the_source_of_the_fold(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Same fields, another fold: a snapshot of the old build must not be taken for the new one."""
-    module = tmp_path / "foldmod.py"
-    module.write_text(
-        "from dataclasses import dataclass\n@dataclass\nclass S:\n    n: int = 0\ndef evolve(s, e): s.n += 1\n"
-    )
+FOLD_MODULE = """
+from dataclasses import dataclass, field
+from collections import deque
+{comment}
+@dataclass
+class S:
+    n: int = 0
+    seen: deque[str] = field(default_factory=lambda: deque(maxlen=2))
+{extra}
+def evolve(s, e):
+    s.n += 1
+"""
+
+
+def _load_fold_module(tmp_path: Path, *, comment: str = "", extra: str = "") -> object:
+    (tmp_path / "foldmod.py").write_text(FOLD_MODULE.format(comment=comment, extra=extra))
+    sys.modules.pop("foldmod", None)
+    return importlib.import_module("foldmod")
+
+
+@pytest.mark.parametrize("codec_of", ["pickle", "msgspec"])
+def test_a_build_that_only_changes_a_comment_restores_the_last_snapshot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, codec_of: str
+) -> None:
+    """The format names the core's STATE_VERSION and the state's fields, never its source."""
     monkeypatch.syspath_prepend(str(tmp_path))
-    first = build_digest([importlib.import_module("foldmod").S])
-    module.write_text(
-        "from dataclasses import dataclass\n@dataclass\nclass S:\n    n: int = 0\ndef evolve(s, e): s.n += 2\n"
-    )
-    del sys.modules["foldmod"]
-    assert build_digest([importlib.import_module("foldmod").S]) != first
-    assert build_digest([billing.BillingState]) == build_digest([billing.BillingState])  # stable within a build
+
+    def codec(module: object, version: int = 1) -> SnapshotCodec[Any]:
+        state_type = module.S  # type: ignore[attr-defined]
+        if codec_of == "pickle":
+            return pickle_codec(state_type, version=version)
+        return facts_codec(state_type, version=version)
+
+    old = _load_fold_module(tmp_path)
+    state = old.S()  # type: ignore[attr-defined]
+    for e in ("a", "b", "c"):
+        old.evolve(state, e)  # type: ignore[attr-defined]
+        state.seen.append(e)
+    written, old_format = codec(old).encode(state), snapshot_format(codec(old), old.S())  # type: ignore[attr-defined]
+
+    new = _load_fold_module(tmp_path, comment="# a comment the new release added")
+    assert snapshot_format(codec(new), new.S()) == old_format  # type: ignore[attr-defined]
+    restored = codec(new).decode(written)
+    assert (restored.n, list(restored.seen), restored.seen.maxlen) == (3, ["b", "c"], 2)
+
+    bumped = snapshot_format(codec(new, version=2), new.S())  # type: ignore[attr-defined]
+    assert bumped != old_format  # the fold changed meaning: its first start folds from the start
+    if codec_of == "pickle":  # a field added or dropped refuses a pickle; msgspec reads it by name
+        wider = _load_fold_module(tmp_path, extra="    m: int = 0")
+        assert snapshot_format(codec(wider), wider.S()) != old_format  # type: ignore[attr-defined]
 
 
 def test_the_gateway_restores_into_the_state_its_api_holds() -> None:

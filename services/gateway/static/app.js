@@ -94,7 +94,7 @@ function renderHeatmap(fleet) {
         else if (g.utilization_pct != null && g.utilization_pct < HELD_IDLE_PCT) cls += " held-idle";
       }
       const tip = [
-        `${n.node} GPU ${g.index} · ${g.model}`,
+        `${n.node} GPU ${g.index} · ${g.vendor === "amd" ? "AMD" : "NVIDIA"} ${g.model}`,
         `health: ${health}`,
         g.utilization_pct == null ? "utilization: unknown" : `utilization: ${g.utilization_pct.toFixed(0)} %`,
         g.temperature_c == null ? "" : `temperature: ${g.temperature_c.toFixed(0)} °C`,
@@ -104,8 +104,10 @@ function renderHeatmap(fleet) {
       return `<div class="${cls}" style="${style}" title="${esc(tip)}">${label}</div>`;
     }).join("");
     const sub = n.isolated ? `isolated: ${n.isolation?.reason ?? ""}` : n.status === "healthy" ? `${n.gpus_allocated}/${n.gpus_total} in use` : n.status;
+    const vendors = [...new Set(n.gpus.map((g) => g.vendor === "amd" ? "AMD" : "NVIDIA"))].join("+");
+    const vendor = vendors ? `<span class="vendor ${vendors === "AMD" ? "amd" : "nvidia"}">${esc(vendors)}</span>` : "";
     return `<div class="node ${esc(n.status)}${n.isolated ? " isolated" : ""}" data-node="${esc(n.node)}">
-      <div class="name" title="${esc(n.cluster + "/" + n.node)}">${esc(n.node)}<small>${esc(sub)}</small></div>
+      <div class="name" title="${esc(n.cluster + "/" + n.node)}">${esc(n.node)} ${vendor}<small>${esc(sub)}</small></div>
       <div class="cells">${cells}</div></div>`;
   }).join("");
   $("heatmap").innerHTML = html || `<div class="muted">No nodes reported yet.</div>`;
@@ -321,23 +323,33 @@ function setLive(on) {
 }
 
 // The gateway keeps pushing while its bus (NATS) is down, but the numbers are frozen then: /healthz
-// answers 503, and the header says "bus down" instead of a green live dot.
+// answers 503, and the header says "bus down" instead of a green live dot. While the gateway is still
+// folding the log at start, /api/* answers 503 and /healthz names the progress: "catching up".
 let busDownSince = null;
+let catchingUp = null;
 function showBus() {
+  if (catchingUp !== null) {
+    $("live-dot").className = "dot off";
+    $("live-text").textContent = `catching up · ${catchingUp}`;
+    return;
+  }
   if (busDownSince === null) return;
   $("live-dot").className = "dot off";
   $("live-text").textContent = `bus down since ${clock(busDownSince)} · numbers frozen`;
 }
 function checkBus() {
   fetch("/healthz")
-    .then((r) => r.json().then((h) => !r.ok || h.nats_connected === false))
+    .then((r) => r.json().then((h) => {
+      catchingUp = h.replaying || null;
+      return !r.ok || h.nats_connected === false;
+    }))
     .then((down) => {
       if (down && busDownSince === null) busDownSince = Date.now() / 1000;
       if (!down) busDownSince = null;
       showBus();
     })
     .catch(() => {})
-    .finally(() => setTimeout(checkBus, 5000));
+    .finally(() => setTimeout(checkBus, catchingUp === null ? 5000 : 1000));
 }
 
 // Server-sent events, reconnecting on their own; polling if the browser has no EventSource.
@@ -349,8 +361,13 @@ function connect() {
     return;
   }
   const source = new EventSource("/api/stream");
-  source.addEventListener("summary", (ev) => { setLive(true); render(JSON.parse(ev.data)); });
-  source.onerror = () => setLive(false);
+  source.addEventListener("summary", (ev) => { catchingUp = null; setLive(true); render(JSON.parse(ev.data)); });
+  source.onerror = () => {
+    setLive(false);
+    showBus();
+    // a 503 (catching up) closes an EventSource for good: open a new one once it has had time
+    if (source.readyState === EventSource.CLOSED) setTimeout(connect, 3000);
+  };
 }
 
 // The fabric panel: its own document (/api/fabric), refreshed every few seconds.

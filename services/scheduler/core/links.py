@@ -7,7 +7,7 @@ Two inputs, both folded by `evolve` in the one order the decider host gives:
   node, with culprit `fabric` flags the leaf switch (shared congestion); the verdict's
   `JobSlowdownCleared` (same job and episode) lifts the flag. A flag whose Cleared never comes (perf
   down) lapses after `SLOWDOWN_MEMORY_S`.
-- the agents' NIC faults on FAULTS (`nic_down`, `nic_flap`, `nic_downshift`, `nic_errors`): raised
+- the agents' NIC faults on FAULTS (`nic_down`, `nic_flap`, `nic_downshift`, `nic_errors`, and AMD's `xgmi`): raised
   once when a condition starts, with no "cleared" event, so each flags its node for
   `Policy.link_fault_memory_s` after it was observed.
 
@@ -29,6 +29,8 @@ SLOWDOWN_MEMORY_S = 6 * 3600.0  # a slowdown flag without its Cleared lapses aft
 KEEP_S = 6 * 3600.0  # NIC fault flags are forgotten this long after a newer one on the node (>= any memory)
 DEFAULT_FAULT_MEMORY_S = 1800.0  # a NIC fault keeps its node off gangs this long (Policy.link_fault_memory_s)
 NIC_FAULTS = frozenset({FaultKind.NIC_DOWN, FaultKind.NIC_FLAP, FaultKind.NIC_DOWNSHIFT, FaultKind.NIC_ERRORS})
+# An AMD GPU's XGMI link down is a fabric fault too: the node's collectives cross it (docs/amd.md).
+LINK_FAULTS = NIC_FAULTS | {FaultKind.XGMI}
 
 NodeKey = tuple[str, str]  # (cluster, node)
 
@@ -75,7 +77,7 @@ def fold_cleared(links: LinkHealth, e: JobSlowdownCleared) -> None:
 def fold_fault(links: LinkHealth, e: GpuFaultDetected) -> None:
     """A NIC fault flags its node; the node's fault flags older than `KEEP_S` before it are dropped
     (memory stays bounded; the newest observation of a source wins, whatever the fold order)."""
-    if e.kind not in NIC_FAULTS:
+    if e.kind not in LINK_FAULTS:
         return
     key: NodeKey = (e.cluster, e.node)
     flags = links.nodes.setdefault(key, {})

@@ -8,6 +8,7 @@ left exactly as found.
 from __future__ import annotations
 
 from events import Placement
+from services.pools import model_vendor
 from services.scheduler.core.links import degraded
 from services.scheduler.core.policy import CHAMBER, Policy
 from services.scheduler.core.state import Job, SchedulerState
@@ -26,7 +27,7 @@ class Work:
         self.preemptible = dict(state.preemptible)
         self.gone: set[str] = set()  # running jobs preempted or requeued in this cycle
         self.fresh: dict[str, Spot] = {}  # admitted in this cycle: never victims in the same cycle
-        self._classes: dict[tuple[str, str | None, str | None], list[int]] = {}
+        self._classes: dict[tuple[str, str | None, str | None, str | None], list[int]] = {}
         self._pool_classes: dict[str, list[int]] = {}
         # per-cycle caches of the preemption phase (see preemption.py)
         self.groups: dict[tuple[str, str], list[list[Job]]] = {}
@@ -40,14 +41,17 @@ class Work:
     # -- lookups -------------------------------------------------------------------------------
     def classes(self, job: Job) -> list[int]:
         """The capacity classes (pool, cluster, model) the job may run in."""
-        model, cluster = job.spec.gpu_model, job.spec.cluster
-        key = (job.pool, model.lower() if model else None, cluster)
+        model, cluster, vendor = job.spec.gpu_model, job.spec.cluster, job.spec.gpu_vendor
+        key = (job.pool, model.lower() if model else None, cluster, vendor)
         found = self._classes.get(key)
         if found is None:
             found = self._classes[key] = [
                 cid
                 for cid, (pool, cl, m) in enumerate(self.cap.class_keys)
-                if pool == job.pool and (model is None or m.lower() == key[1]) and (cluster is None or cl == cluster)
+                if pool == job.pool
+                and (model is None or m.lower() == key[1])
+                and (cluster is None or cl == cluster)
+                and (vendor is None or model_vendor(m) == vendor)
             ]
         return found
 

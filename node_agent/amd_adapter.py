@@ -1,0 +1,860 @@
+"""AMD Instinct GPUs with the NVML adapter's contract: the same `NodeSample` fields, from AMD's SMI
+library (`amdsmi`, imported lazily) or, without it, from sysfs (`node_agent.amd_sysfs`), which is what
+amdsmi itself reads.
+
+Field by field (docs/amd.md has the full table):
+- utilization_pct / memory_utilization_pct: amdsmi_get_gpu_activity gfx_activity / umc_activity;
+  sysfs gpu_metrics average_gfx_activity / average_umc_activity, else gpu_busy_percent / mem_busy_percent.
+- memory_used_mib / memory_total_mib: amdsmi_get_gpu_vram_usage (MB); sysfs mem_info_vram_used|total (bytes).
+- power_w / power_limit_w: amdsmi_get_power_info current_socket_power (else average_socket_power) /
+  power_limit (W); sysfs gpu_metrics socket power, else hwmon power1_average|power1_input; power1_cap (uW).
+- temperature_c: the hotspot (junction) sensor: amdsmi_get_temp_metric(HOTSPOT, CURRENT); gpu_metrics
+  temperature_hotspot, else hwmon temp (junction, else edge). MI300 has no edge sensor.
+- sm_clock_mhz / mem_clock_mhz: amdsmi_get_clock_info(GFX / MEM) clk; gpu_metrics current_gfxclk /
+  current_uclk, else the starred pp_dpm_sclk / pp_dpm_mclk level.
+- ecc_sbe_volatile: corrected errors summed over the RAS blocks; ecc_dbe_volatile: the UMC (HBM)
+  uncorrectable count, the DBE analogue. Both are amdgpu's counts since the driver loaded.
+- retired_pages_dbe / retired_pages_pending: ras/gpu_vram_bad_pages (or amdsmi_get_gpu_bad_page_info)
+  reserved pages / any page pending reservation. retired_pages_sbe: None (AMD does not split by cause).
+- pcie_replay_count: gpu_metrics pcie_replay_count_acc, else the pcie_replay_count file.
+- nvlink: [] (XGMI is reported in `amd.xgmi_*`); row_remap: None (AMD retires pages instead).
+- `amd`: RAS blocks (ue/ce/de), bad pages and the RMA threshold, XGMI links down, RAS inaccessible.
+
+CPER records (and their AMD Field IDs) and GPU reset notifications come only through amdsmi; sysfs has
+no CPER (the driver's CPER ring is in debugfs, root only), and a reset shows there as RAS counters that
+answer "Query currently inaccessible".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import msgspec
+
+from events.telemetry import AmdGpuHealth, GpuInfo, GpuSample, NodeSample, ProcessInfo, RasBlockCount
+from node_agent import amd_sysfs as fs
+from node_agent.amd_models import DEVICE_IDS, normalized_model, partition_layout
+from node_agent.detectors import DEFAULT_SLOWDOWN_TEMP_C, AmdEvent, GpuLimits, Reading, pcie_replay_limit
+from services.runtime.logs import get_logger
+
+log = get_logger("chamber.agent.amd")
+T = TypeVar("T")
+MIB = 1024 * 1024
+# amdgpu's bad_page_threshold module parameter (amdgpu_drv.c): -1 the driver's default (its threshold is
+# then only in debugfs), -2 "threshold determined by a formula" (one bad page per 100 MB of VRAM,
+# RAS_BAD_PAGE_COVER in amdgpu_ras.c), 0 retirement disabled, N > 0 that many pages.
+BAD_PAGE_PARAM = "sys/module/amdgpu/parameters/bad_page_threshold"
+RAS_BAD_PAGE_COVER = 100 * 1024 * 1024
+AMDSMI_BLOCKS = ("UMC", "GFX", "SDMA", "MMHUB", "PCIE_BIF", "HDP", "XGMI_WAFL")
+CPER_SEVERITY_MASK = 0b111  # amdsmi_cper_sev_t: NON_FATAL_UNCORRECTED 0, FATAL 1, NON_FATAL_CORRECTED 2
+CPER_BUFFER = 256 * 1024
+REREAD_INVENTORY = 6
+# AMD GPUs have no NVLink: every sample shares this one empty list, so the detectors see "the same
+# links as last time" by identity (their fast path) and the wire form leaves it out as before.
+NO_LINKS: list[Any] = []
+_PCIE_GEN = {"2.5": 1, "5.0": 2, "8.0": 3, "16.0": 4, "32.0": 5, "64.0": 6}
+
+
+class AmdUnavailable(RuntimeError):
+    """No usable AMD GPU here: the message says what is missing and what to do."""
+
+
+class GpuLost(Exception):
+    pass
+
+
+def import_amdsmi() -> Any:
+    """The `amdsmi` module, or AmdUnavailable naming what is missing. The package imports
+    libamd_smi.so at import time: a missing library shows as KeyError (ROCM_PATH lookup) or OSError
+    (ctypes cannot load it), not ImportError."""
+    try:
+        import amdsmi  # type: ignore[import-not-found]
+    except ImportError as exc:
+        raise AmdUnavailable(f"the amdsmi Python module is missing ({exc}): pip install amdsmi (ROCm's)") from None
+    except KeyError as exc:
+        raise AmdUnavailable(
+            f"amdsmi is installed but cannot find libamd_smi.so (KeyError {exc}): install ROCm's amd-smi-lib "
+            "or set ROCM_PATH to the ROCm install"
+        ) from None
+    except OSError as exc:
+        raise AmdUnavailable(f"amdsmi is installed but libamd_smi.so could not be loaded ({exc})") from None
+    return amdsmi
+
+
+def bad_page_threshold(root: Path, vram_total_bytes: int | None) -> int | None:
+    """The RMA threshold the driver applies, where it can be known without debugfs (see BAD_PAGE_PARAM);
+    None when the parameter is -1 / unreadable and the driver computed it from firmware data."""
+    value = fs.read_int(str(root / BAD_PAGE_PARAM))
+    if value is None or value == -1 or value == 0:
+        return None
+    if value == -2:
+        return vram_total_bytes // RAS_BAD_PAGE_COVER if vram_total_bytes else None
+    return value if value > 0 else None
+
+
+class FdCache:
+    """sysfs files kept open and re-read with pread at offset 0 (amdgpu regenerates the attribute on
+    each read from 0): one syscall per file per sample, which keeps a node sample under 200 us."""
+
+    def __init__(self) -> None:
+        self._fds: dict[str, int] = {}
+
+    def read(self, path: str) -> bytes | None:
+        fd = self._fds.get(path)
+        if fd is None:
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except OSError:
+                return None
+            self._fds[path] = fd
+        try:
+            return os.pread(fd, 65536, 0)
+        except OSError:  # ENODEV (gone), EIO: drop it and open afresh next time
+            self.forget(path)
+            return None
+
+    def read_all(self, path: str) -> bytes | None:
+        """A file that may pass one read (gpu_vram_bad_pages: 28 bytes a page), in 64 KiB preads."""
+        first = self.read(path)
+        if first is None or len(first) < 65536:
+            return first
+        fd = self._fds[path]
+        chunks = [first]
+        try:
+            while chunk := os.pread(fd, 65536, 65536 * len(chunks)):
+                chunks.append(chunk)
+        except OSError:
+            self.forget(path)
+            return None
+        return b"".join(chunks)
+
+    def text(self, path: str) -> str | None:
+        raw = self.read(path)
+        return None if raw is None else raw.decode("ascii", "replace").strip()
+
+    def int(self, path: str) -> int | None:
+        raw = self.text(path)
+        try:
+            return int(raw, 0) if raw else None
+        except ValueError:
+            return None
+
+    def forget(self, path: str) -> None:
+        fd = self._fds.pop(path, None)
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def close_under(self, prefix: str) -> None:
+        for path in [p for p in self._fds if p.startswith(prefix)]:
+            self.forget(path)
+
+    def close(self) -> None:
+        for path in list(self._fds):
+            self.forget(path)
+
+
+def _ras(blocks: list[tuple[str, fs.RasCount]]) -> tuple[list[RasBlockCount], int | None, int | None]:
+    """(the blocks, corrected errors summed, the UMC uncorrectable count)."""
+    out = [RasBlockCount(block=b, ue=c.ue, ce=c.ce, de=c.de) for b, c in blocks]
+    ce = sum(c.ce for _, c in blocks) if blocks else None
+    umc = next((c.ue for b, c in blocks if b == "umc"), None)
+    return out, ce, umc
+
+
+class _CardPaths:
+    """One card's per-sample files, opened once: gpu_metrics, mem_info_vram_used, each RAS block's
+    err_count, gpu_vram_bad_pages (-1: the file is not there). A sample is one pread of each."""
+
+    def __init__(self, c: fs.AmdCard) -> None:
+        self.vendor = c.path("vendor")
+        self.replays = c.path("pcie_replay_count")
+        self.ras = [(b, c.path(f"ras/{b}_err_count")) for b in c.ras_blocks]
+        self.bad_pages = c.path("ras/gpu_vram_bad_pages")
+        self.paths = [c.path("gpu_metrics"), c.path("mem_info_vram_used"), *(p for _, p in self.ras)]
+        if self.ras:
+            self.paths.append(self.bad_pages)
+        self.fds = [_open(p) for p in self.paths]
+        self.vendor_fd = _open(self.vendor)
+
+    def gone(self) -> bool:
+        """The device's files were removed (fstat of an open file: no links left)."""
+        try:
+            return self.vendor_fd < 0 or os.fstat(self.vendor_fd).st_nlink == 0
+        except OSError:
+            return True
+
+    def read(self) -> list[bytes | None]:
+        out: list[bytes | None] = []
+        pread = os.pread
+        for n, fd in enumerate(self.fds):
+            if fd < 0:
+                out.append(None)
+                continue
+            try:
+                out.append(pread(fd, 65536, 0))
+            except OSError:  # EIO / ENODEV: reopen next time
+                self._reopen(n)
+                out.append(None)
+        return out
+
+    def read_rest(self, n: int, first: bytes) -> bytes:
+        """A file longer than one read (gpu_vram_bad_pages holds 28 bytes per page)."""
+        chunks = [first]
+        with contextlib.suppress(OSError):
+            while chunk := os.pread(self.fds[n], 65536, 65536 * len(chunks)):
+                chunks.append(chunk)
+        return b"".join(chunks)
+
+    def _reopen(self, n: int) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self.fds[n])
+        self.fds[n] = _open(self.paths[n])
+
+    def close(self) -> None:
+        for fd in [*self.fds, self.vendor_fd]:
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self.fds = [-1] * len(self.fds)
+        self.vendor_fd = -1
+
+
+def _open(path: str) -> int:
+    try:
+        return os.open(path, os.O_RDONLY)
+    except OSError:
+        return -1
+
+
+class SysfsSource:
+    """Physical AMD GPUs read from sysfs under `root`."""
+
+    name = "sysfs"
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.cards = fs.find_cards(root)
+        self.fds = FdCache()
+        self.driver_version = fs.read_text(str(root / "sys/module/amdgpu/version")) or None
+        self._static: dict[int, dict[str, Any]] = {}
+        self._partitions: dict[int, int] = {}
+        self._paths: dict[int, _CardPaths] = {}
+        self._kfd: list[fs.KfdNode] | None = None  # read once per inventory pass
+        self._memo: dict[int, tuple[Any, AmdGpuHealth, int | None, int | None, fs.BadPages | None]] = {}
+
+    def count(self) -> int:
+        return len(self.cards)
+
+    def refresh(self) -> None:
+        """A new inventory pass: read the KFD topology afresh (once for all cards)."""
+        self._kfd = None
+
+    def partitions(self, i: int) -> int:
+        """How many logical GPUs card i shows: its KFD compute nodes (one per compute partition),
+        else the partition table for the mode it reports."""
+        return self._partitions.get(i, 1)
+
+    def info(self, i: int) -> tuple[GpuInfo, GpuLimits]:
+        c = self.cards[i]
+        if fs.read_text(c.path("vendor")) is None:
+            raise GpuLost()
+        total = fs.read_int(c.path("mem_info_vram_total"))
+        total_mib = total / MIB if total else None
+        name = fs.read_text(c.path("product_name")) or DEVICE_IDS.get(c.device_id or -1, "AMD GPU")
+        if "MI" not in name.upper() and c.device_id in DEVICE_IDS:
+            name = DEVICE_IDS[c.device_id or -1]
+        unique = fs.read_text(c.path("unique_id"))
+        cap_uw = fs.read_int(f"{c.hwmon}/power1_cap") if c.hwmon else None
+        crit = fs.read_int(c.temp_crit_file) if c.temp_crit_file else None
+        speed = (fs.read_text(c.path("current_link_speed")) or "").split(" ")[0]
+        width = fs.read_int(c.path("current_link_width"))
+        self._static[i] = {
+            "total_mib": total_mib,
+            "limit_w": cap_uw / 1e6 if cap_uw else None,
+            "threshold": bad_page_threshold(self.root, total),
+        }
+        compute = fs.read_text(c.path("current_compute_partition")) or None
+        memory = fs.read_text(c.path("current_memory_partition")) or None
+        loc = fs.location_id(c.pci_bus_id)
+        if self._kfd is None:
+            self._kfd = fs.read_kfd_nodes(self.root)
+        kfd = [n for n in self._kfd if n.is_gpu and n.properties.get("location_id") == loc]
+        try:
+            by_mode = partition_layout(compute, memory).gpus_per_device
+        except ValueError:
+            by_mode = 1
+        self._partitions[i] = len(kfd) or by_mode
+        if kfd and len(kfd) != by_mode:
+            log.warning("KFD nodes and partition mode disagree", gpu=i, kfd_nodes=len(kfd), mode=compute)
+        gpu = GpuInfo(
+            index=i,
+            uuid=f"GPU-{unique}" if unique else f"amd-{c.pci_bus_id or c.card}",
+            model=normalized_model(name, total_mib),
+            name=name,
+            serial=fs.read_text(c.path("serial_number")) or None,
+            pci_bus_id=c.pci_bus_id or None,
+            memory_total_mib=total_mib,
+            power_limit_w=self._static[i]["limit_w"],
+            nvlink_links=None,
+            vendor="amd",
+            compute_partition=compute,
+            memory_partition=memory,
+        )
+        limits = GpuLimits(
+            slowdown_temp_c=crit / 1000.0 if crit else DEFAULT_SLOWDOWN_TEMP_C,
+            pcie_replays_per_window=pcie_replay_limit(_PCIE_GEN.get(speed), width),
+        )
+        return gpu, limits
+
+    def sample(self, i: int, uuid: str, index: int | None = None) -> tuple[GpuSample, AmdGpuHealth]:
+        c, fds = self.cards[i], self.fds
+        paths = self._paths.get(i)
+        if paths is None:
+            paths = self._paths[i] = _CardPaths(c)
+        raws = paths.read()
+        raw, used_raw = raws[0], raws[1]
+        # A GPU that fell off the bus loses its sysfs directory: its open files answer ENODEV (None
+        # here), and a recorded tree whose files were deleted shows them unlinked.
+        if (raw is None and used_raw is None) or paths.gone():
+            paths.close()
+            del self._paths[i]  # opened afresh next time: a GPU that comes back is read again
+            raise GpuLost()
+        m = fs.parse_gpu_metrics(raw) if raw else None
+        used = _parse_int(used_raw)
+        static = self._static.get(i, {})
+        util: float | None
+        mem_util: float | None
+        power: float | None
+        temp: float | None
+        if m is not None and m.gfx_pct is not None and m.power_w is not None and m.hotspot_c is not None:
+            util, mem_util, power, temp = m.gfx_pct, m.umc_pct, m.power_w, m.hotspot_c
+        else:
+            util, mem_util, power, temp = self._plain(c, m)
+        sclk = m.gfxclk_mhz if m and m.gfxclk_mhz is not None else None
+        if sclk is None:
+            sclk = fs.parse_dpm(fds.text(c.path("pp_dpm_sclk")) or "")
+        mclk = m.uclk_mhz if m and m.uclk_mhz is not None else None
+        if mclk is None:
+            mclk = fs.parse_dpm(fds.text(c.path("pp_dpm_mclk")) or "")
+        replays = m.pcie_replays if m and m.pcie_replays is not None else fds.int(paths.replays)
+        # RAS counts and bad pages change rarely: parse them only when the files' bytes change.
+        nras = len(paths.ras)
+        ras_raw = tuple(raws[2 : 2 + nras])
+        bad_raw = raws[2 + nras] if nras else None
+        if bad_raw is not None and len(bad_raw) == 65536:
+            bad_raw = paths.read_rest(2 + nras, bad_raw)
+        xgmi = m.xgmi_status if m else None
+        key = (ras_raw, bad_raw, xgmi, static.get("threshold"))
+        memo = self._memo.get(i)
+        if memo is None or memo[0] != key:
+            memo = self._memo[i] = (key, *self._health(paths, ras_raw, bad_raw, xgmi, static.get("threshold")))
+        _, health, ce, umc_ue, bad = memo
+        sample = GpuSample(
+            index=index if index is not None else i,
+            uuid=uuid,
+            utilization_pct=util,
+            memory_utilization_pct=mem_util,
+            memory_used_mib=used / MIB if used is not None else None,
+            memory_total_mib=static.get("total_mib"),
+            power_w=power,
+            power_limit_w=static.get("limit_w"),
+            temperature_c=temp,
+            sm_clock_mhz=sclk,
+            mem_clock_mhz=mclk,
+            ecc_sbe_volatile=ce,
+            ecc_dbe_volatile=umc_ue,
+            retired_pages_dbe=bad.reserved if bad else None,
+            retired_pages_pending=(bad.pending > 0) if bad else None,
+            pcie_replay_count=replays,
+            amd=health,
+            nvlink=NO_LINKS,
+        )
+        return sample, health
+
+    def _plain(
+        self, c: fs.AmdCard, m: fs.Metrics | None
+    ) -> tuple[float | None, float | None, float | None, float | None]:
+        """Utilization, memory utilization, power, temperature from the plain files (no gpu_metrics)."""
+        fds = self.fds
+        util = m.gfx_pct if m and m.gfx_pct is not None else _f(fds.int(c.path("gpu_busy_percent")))
+        mem_util = m.umc_pct if m and m.umc_pct is not None else _f(fds.int(c.path("mem_busy_percent")))
+        power = m.power_w if m and m.power_w is not None else None
+        if power is None and c.power_file:
+            uw = fds.int(c.power_file)
+            power = uw / 1e6 if uw is not None else None
+        temp = m.hotspot_c if m and m.hotspot_c is not None else None
+        if temp is None and c.temp_file:
+            milli = fds.int(c.temp_file)
+            temp = milli / 1000.0 if milli is not None else None
+        return util, mem_util, power, temp
+
+    @staticmethod
+    def _health(
+        paths: _CardPaths,
+        ras_raw: tuple[bytes | None, ...],
+        bad_raw: bytes | None,
+        xgmi: tuple[int, ...] | None,
+        threshold: int | None,
+    ) -> tuple[AmdGpuHealth, int | None, int | None, fs.BadPages | None]:
+        blocks: list[tuple[str, fs.RasCount]] = []
+        inaccessible = False
+        for (block, _), raw in zip(paths.ras, ras_raw, strict=True):
+            if raw is None:
+                continue
+            text = raw.decode("ascii", "replace")
+            if fs.RAS_INACCESSIBLE in text:
+                inaccessible = True
+                continue
+            count = fs.parse_err_count(text)
+            if count is not None:
+                blocks.append((block, count))
+        bad = fs.parse_bad_pages(bad_raw.decode("ascii", "replace")) if bad_raw is not None else None
+        ras, ce, umc_ue = _ras(blocks)
+        health = AmdGpuHealth(
+            ras=ras,
+            bad_pages=bad.total if bad else None,
+            bad_pages_pending=bad.pending if bad else None,
+            bad_page_threshold=threshold,
+            xgmi_links=len(xgmi) if xgmi else None,
+            xgmi_down=[n for n, up in enumerate(xgmi) if up == 0] if xgmi else [],
+            ras_inaccessible=inaccessible,
+        )
+        return health, ce, umc_ue, bad
+
+    def events(self, now: float) -> list[AmdEvent]:
+        return []  # no CPER or reset notifications in sysfs (see the module docstring)
+
+    def close(self) -> None:
+        self.fds.close()
+        for paths in self._paths.values():
+            paths.close()
+
+
+class AmdSmiSource:
+    """AMD GPUs through the amdsmi 7.x Python package (one processor handle per GPU or partition)."""
+
+    name = "amdsmi"
+
+    def __init__(self, smi: Any, root: Path, *, watch_resets: bool = True) -> None:
+        self.smi = smi
+        self.root = root
+        self.handles = list(smi.amdsmi_get_processor_handles())
+        self._static: dict[int, dict[str, Any]] = {}
+        self._blocks: dict[int, list[tuple[str, Any]]] = {}
+        self._cursors: dict[int, int] = {}
+        self._events: queue.SimpleQueue[AmdEvent] = queue.SimpleQueue()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        info = self._soft(smi.amdsmi_get_gpu_driver_info, self.handles[0]) if self.handles else None
+        self.driver_version = info.get("driver_version") if isinstance(info, dict) else None
+        if watch_resets and self.handles and hasattr(smi, "AmdSmiEventReader"):
+            self._thread = threading.Thread(target=self._watch_resets, name="amdsmi-reset-events", daemon=True)
+            self._thread.start()
+
+    def _soft(self, fn: Callable[..., T], *args: Any) -> T | None:
+        """A field this GPU / driver cannot give is None (amdsmi raises AmdSmiLibraryException)."""
+        try:
+            return fn(*args)
+        except self.smi.AmdSmiException as exc:
+            log.debug("amdsmi call failed", call=getattr(fn, "__name__", "?"), error=str(exc))
+            return None
+
+    def count(self) -> int:
+        return len(self.handles)
+
+    def partitions(self, i: int) -> int:
+        return 1  # amdsmi returns one processor handle per compute partition already
+
+    def refresh(self) -> None:
+        pass
+
+    def info(self, i: int) -> tuple[GpuInfo, GpuLimits]:
+        smi, h, soft = self.smi, self.handles[i], self._soft
+        asic = soft(smi.amdsmi_get_gpu_asic_info, h) or {}
+        vram = soft(smi.amdsmi_get_gpu_vram_usage, h)
+        total_mib = _f(vram.get("vram_total")) if isinstance(vram, dict) else None
+        power = soft(smi.amdsmi_get_power_info, h) or {}
+        name = str(asic.get("market_name") or DEVICE_IDS.get(_int(asic.get("device_id")) or -1, "AMD GPU"))
+        links = soft(smi.amdsmi_get_gpu_xgmi_link_status, h)
+        crit = soft(
+            smi.amdsmi_get_temp_metric, h, smi.AmdSmiTemperatureType.HOTSPOT, smi.AmdSmiTemperatureMetric.CRITICAL
+        )
+        total_bytes = int(total_mib * MIB) if total_mib else None
+        self._static[i] = {
+            "total_mib": total_mib,
+            "limit_w": _f(power.get("power_limit")),
+            "threshold": bad_page_threshold(self.root, total_bytes),
+        }
+        blocks = smi.AmdSmiGpuBlock
+        self._blocks[i] = [(b.lower(), getattr(blocks, b)) for b in AMDSMI_BLOCKS if hasattr(blocks, b)]
+        serial = asic.get("asic_serial")
+        gpu = GpuInfo(
+            index=i,
+            uuid=str(soft(smi.amdsmi_get_gpu_device_uuid, h) or f"amd-{i}"),
+            model=normalized_model(name, total_mib),
+            name=name,
+            serial=str(serial) if serial not in (None, "N/A", "") else None,
+            pci_bus_id=soft(smi.amdsmi_get_gpu_device_bdf, h),
+            memory_total_mib=total_mib,
+            power_limit_w=self._static[i]["limit_w"],
+            nvlink_links=None,
+            vendor="amd",
+            compute_partition=_str(soft(smi.amdsmi_get_gpu_compute_partition, h)),
+            memory_partition=_str(soft(smi.amdsmi_get_gpu_memory_partition, h)),
+        )
+        del links  # link count is reported per sample (xgmi_links)
+        return gpu, GpuLimits(slowdown_temp_c=_f(crit) or DEFAULT_SLOWDOWN_TEMP_C)
+
+    def sample(self, i: int, uuid: str, index: int | None = None) -> tuple[GpuSample, AmdGpuHealth]:
+        smi, h, soft = self.smi, self.handles[i], self._soft
+        activity = soft(smi.amdsmi_get_gpu_activity, h)
+        vram = soft(smi.amdsmi_get_gpu_vram_usage, h)
+        if activity is None and vram is None:
+            raise GpuLost()
+        activity = activity or {}
+        power = soft(smi.amdsmi_get_power_info, h) or {}
+        watts = _f(power.get("current_socket_power"))
+        if watts is None:
+            watts = _f(power.get("average_socket_power"))  # MI200: only the average is reported
+        temp = soft(
+            smi.amdsmi_get_temp_metric, h, smi.AmdSmiTemperatureType.HOTSPOT, smi.AmdSmiTemperatureMetric.CURRENT
+        )
+        gfx = soft(smi.amdsmi_get_clock_info, h, smi.AmdSmiClkType.GFX) or {}
+        mem = soft(smi.amdsmi_get_clock_info, h, smi.AmdSmiClkType.MEM) or {}
+        blocks = []
+        for name, block in self._blocks.get(i, []):
+            ec = soft(smi.amdsmi_get_gpu_ecc_count, h, block)
+            if isinstance(ec, dict):
+                ue, corrected = int(ec["uncorrectable_count"]), int(ec["correctable_count"])
+                blocks.append((name, fs.RasCount(ue, corrected, _int(ec.get("deferred_count")))))
+        total = soft(smi.amdsmi_get_gpu_total_ecc_count, h)
+        pages = soft(smi.amdsmi_get_gpu_bad_page_info, h)
+        if isinstance(pages, str):  # older packages answer "No bad pages found."
+            pages = []
+        reserved = pending = 0
+        for p in pages or []:
+            status = _status_name(p.get("status"))
+            if "PENDING" in status:
+                pending += 1
+            elif "RESERVED" in status:
+                reserved += 1
+        links = soft(smi.amdsmi_get_gpu_xgmi_link_status, h)
+        status = links.get("status", []) if isinstance(links, dict) else []
+        ras, ce_sum, umc_ue = _ras(blocks)
+        ce: int | None = ce_sum
+        if ce is None and isinstance(total, dict):
+            ce = int(total["correctable_count"])
+        static = self._static.get(i, {})
+        health = AmdGpuHealth(
+            ras=ras,
+            bad_pages=len(pages) if pages is not None else None,
+            bad_pages_pending=pending if pages is not None else None,
+            bad_page_threshold=static.get("threshold"),
+            xgmi_links=int(links["total_links"]) if isinstance(links, dict) else None,
+            xgmi_down=[n for n, s in enumerate(status) if s == "D"],
+        )
+        sample = GpuSample(
+            index=index if index is not None else i,
+            uuid=uuid,
+            amd=health,
+            nvlink=NO_LINKS,
+            utilization_pct=_f(activity.get("gfx_activity")),
+            memory_utilization_pct=_f(activity.get("umc_activity")),
+            memory_used_mib=_f(vram.get("vram_used")) if isinstance(vram, dict) else None,
+            memory_total_mib=_f(vram.get("vram_total")) if isinstance(vram, dict) else None,
+            power_w=watts,
+            power_limit_w=_f(power.get("power_limit")),
+            temperature_c=_f(temp),
+            sm_clock_mhz=_f(gfx.get("clk")),
+            mem_clock_mhz=_f(mem.get("clk")),
+            ecc_sbe_volatile=ce,
+            ecc_dbe_volatile=umc_ue,
+            retired_pages_dbe=reserved if pages is not None else None,
+            retired_pages_pending=(pending > 0) if pages is not None else None,
+            processes=self._processes(h),
+        )
+        return sample, health
+
+    def _processes(self, h: Any) -> list[ProcessInfo]:
+        out = []
+        for p in self._soft(self.smi.amdsmi_get_gpu_process_list, h) or []:
+            usage = p.get("memory_usage") or {}
+            vram = _f(usage.get("vram_mem"))
+            name = p.get("name") or ""
+            mib = vram / MIB if vram is not None else None
+            out.append(ProcessInfo(pid=int(p["pid"]), name="" if name == "N/A" else name, used_memory_mib=mib))
+        return out
+
+    def events(self, now: float) -> list[AmdEvent]:
+        """New CPER records since the last call (AFIDs decoded), and reset notifications."""
+        out = []
+        smi = self.smi
+        for i, h in enumerate(self.handles):
+            cursor = self._cursors.get(i, 0)
+            got = self._soft(smi.amdsmi_get_gpu_cper_entries, h, CPER_SEVERITY_MASK, CPER_BUFFER, cursor)
+            if got is None:
+                continue
+            entries, cursor, records, _status = got
+            self._cursors[i] = cursor
+            for n, entry in entries.items():
+                afids: list[int | None] = []
+                if n < len(records):
+                    decoded = self._soft(smi.amdsmi_get_afids_from_cper, [records[n]])
+                    afids = list(decoded[0]) if decoded else []
+                severity = str(entry.get("error_severity", ""))
+                for afid in afids or [None]:
+                    out.append(AmdEvent(gpu_index=i, kind="cper", at=now, afid=afid, severity=severity))
+        while True:
+            try:
+                out.append(self._events.get_nowait())
+            except queue.Empty:
+                return out
+
+    def _watch_resets(self) -> None:
+        smi = self.smi
+        kinds = [smi.AmdSmiEvtNotificationType.GPU_PRE_RESET, smi.AmdSmiEvtNotificationType.GPU_POST_RESET]
+        readers = []
+        for i, h in enumerate(self.handles):
+            try:
+                readers.append((i, smi.AmdSmiEventReader(h, kinds)))
+            except smi.AmdSmiException as exc:
+                log.warning("reset notifications unavailable", gpu=i, error=str(exc))
+        import time
+
+        while readers and not self._stop.is_set():
+            for i, reader in readers:
+                try:
+                    got = reader.read(100)
+                except smi.AmdSmiException:
+                    continue
+                for e in got or []:
+                    name = str(e.get("event", ""))
+                    kind = "reset_begin" if "PRE_RESET" in name else "reset_end" if "POST_RESET" in name else ""
+                    if kind:
+                        self._events.put(AmdEvent(gpu_index=i, kind=kind, at=time.time()))
+        for _, reader in readers:
+            with contextlib.suppress(Exception):
+                reader.stop()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2.0)
+        with contextlib.suppress(Exception):
+            self.smi.amdsmi_shut_down()
+
+
+class AmdSampler:
+    """One node's AMD GPUs (the `Sampler` of `node_agent.runner`), from amdsmi or sysfs.
+
+    A GPU in a compute partition mode other than SPX is shown by sysfs as one card; the sampler lists it
+    as `gpus_per_device` GPUs (one per partition, an equal share of the memory, the device's health on
+    each), which is how the AMD device plugin advertises it. amdsmi already returns one handle per partition.
+    """
+
+    def __init__(self, source: SysfsSource | AmdSmiSource, *, node: str = "localhost") -> None:
+        self.source = source
+        self.node = node
+        self.driver_version: str | None = source.driver_version
+        self.cuda_version: str | None = None  # there is no CUDA on AMD; ROCm's version is not in sysfs
+        self.lost: set[int] = set()
+        self._limits: dict[int, GpuLimits] = {}
+        self._physical: list[GpuInfo] = []
+        self._inventory: list[GpuInfo] = []
+        self._split: dict[int, int] = {}  # physical index -> partitions the sampler expands it into
+        self._health: dict[int, AmdGpuHealth] = {}
+        self._asked = 0
+        self._inventory = self._read_inventory()
+
+    @classmethod
+    def open(
+        cls, root: Path = Path("/"), *, amdsmi: Any = None, node: str = "localhost", use_amdsmi: bool = True
+    ) -> AmdSampler:
+        """amdsmi when it loads and starts; else sysfs; AmdUnavailable when neither finds a GPU."""
+        why = "not tried"
+        if use_amdsmi:
+            try:
+                smi = amdsmi if amdsmi is not None else import_amdsmi()
+                smi.amdsmi_init()
+                source: SysfsSource | AmdSmiSource = AmdSmiSource(smi, root)
+                if source.count():
+                    log.info("reading AMD GPUs through amdsmi", gpus=source.count())
+                    return cls(source, node=node)
+                why = "amdsmi found no GPU"
+                source.close()
+            except AmdUnavailable as exc:
+                why = str(exc)
+            except Exception as exc:  # amdsmi_init failing: no amdgpu driver loaded, no permission
+                why = f"amdsmi could not start ({exc})"
+        source = SysfsSource(root)
+        if not source.count():
+            raise AmdUnavailable(
+                f"no AMD GPU here: none under {root / fs.DRM_DIR} with vendor {fs.AMD_VENDOR}, and {why}. Load "
+                "the amdgpu driver (ROCm) on this node, point --sysfs-root at the host's /, or use "
+                "`chamber agent --simulate`."
+            )
+        log.info("reading AMD GPUs from sysfs", gpus=source.count(), amdsmi=why)
+        return cls(source, node=node)
+
+    def close(self) -> None:
+        self.source.close()
+
+    def limits(self) -> Mapping[int, GpuLimits]:
+        return self._limits
+
+    def inventory_gpus(self) -> list[GpuInfo]:
+        """The runner asks every 10 s; the identity files are read afresh every `REREAD_INVENTORY`-th
+        time (a minute), which is how soon a new partition mode shows (it takes a driver reconfiguration)."""
+        self._asked += 1
+        if self._asked % REREAD_INVENTORY == 0 or self.lost:
+            self._inventory = self._read_inventory()
+        return self._inventory
+
+    def _read_inventory(self) -> list[GpuInfo]:
+        self.source.refresh()
+        physical: list[GpuInfo] = []
+        limits: dict[int, GpuLimits] = {}
+        for i in range(self.source.count()):
+            try:
+                gpu, lim = self.source.info(i)
+            except GpuLost:
+                self.lost.add(i)
+                known = next((g for g in self._physical if g.index == i), None)
+                gpu, lim = known or GpuInfo(index=i, uuid=f"unknown-{i}", model="unknown", vendor="amd"), GpuLimits()
+            physical.append(gpu)
+            limits[i] = lim
+        self._physical = physical
+        self._split = {}
+        out: list[GpuInfo] = []
+        for gpu in physical:
+            n = self.source.partitions(gpu.index)
+            self._split[gpu.index] = n
+            for part in range(n):
+                index = len(out)
+                self._limits[index] = limits[gpu.index]
+                if n == 1:
+                    out.append(_replace(gpu, index=index))
+                else:
+                    share = gpu.memory_total_mib / n if gpu.memory_total_mib else None
+                    out.append(_replace(gpu, index=index, uuid=f"{gpu.uuid}-p{part}", memory_total_mib=share))
+        return out
+
+    def read(self, cluster: str, seq: int, now: float, interval_s: float) -> Reading:
+        gpus: list[GpuSample] = []
+        events: list[AmdEvent] = []
+        first = 0
+        for phys in self._physical:
+            n = self._split.get(phys.index, 1)
+            try:
+                sample, health = self.source.sample(phys.index, phys.uuid, first)
+                self.lost.discard(phys.index)
+            except GpuLost:
+                if phys.index not in self.lost:
+                    log.error("GPU lost", gpu=phys.index, uuid=phys.uuid)
+                self.lost.add(phys.index)
+                sample, health = GpuSample(index=first, uuid=phys.uuid), None
+            if health is not None:
+                prev = self._health.get(phys.index)
+                if prev is not None and prev is not health and prev == health:
+                    health = prev  # the same object while nothing changed: the detectors' fast path
+                    sample = msgspec.structs.replace(sample, amd=prev)
+                self._health[phys.index] = health
+            if n == 1 and (first >= len(self._inventory) or self._inventory[first].uuid == phys.uuid):
+                gpus.append(sample)  # the common case: no partitions, the source built it as it goes out
+                first += 1
+                continue
+            for part in range(n):
+                index = first + part
+                uuid = self._inventory[index].uuid if index < len(self._inventory) else phys.uuid
+                gpus.append(_partition_sample(sample, health, index, uuid, n))
+            first += n
+        lost = (
+            frozenset(i for i in range(len(self._inventory)) if self._physical_of(i) in self.lost)
+            if self.lost
+            else frozenset()
+        )
+        for e in self.source.events(now):
+            events.extend(_replace_event(e, idx) for idx in self._indices_of(e.gpu_index))
+        out = NodeSample(cluster=cluster, node=self.node, seq=seq, observed_at=now, interval_s=interval_s, gpus=gpus)
+        return Reading(out, (), lost, tuple(events))
+
+    def _physical_of(self, index: int) -> int:
+        first = 0
+        for phys, n in self._split.items():
+            if first <= index < first + n:
+                return phys
+            first += n
+        return index
+
+    def _indices_of(self, phys: int) -> range:
+        first = 0
+        for p, n in self._split.items():
+            if p == phys:
+                return range(first, first + n)
+            first += n
+        return range(phys, phys + 1)
+
+
+def _partition_sample(s: GpuSample, health: AmdGpuHealth | None, index: int, uuid: str, n: int) -> GpuSample:
+    import msgspec
+
+    if n == 1:
+        return msgspec.structs.replace(s, index=index, uuid=uuid, amd=health)
+
+    # A partition's memory is an equal share of the device's; its load and health are the device's.
+    def share(v: float | None) -> float | None:
+        return v / n if v is not None else None
+
+    used, total = share(s.memory_used_mib), share(s.memory_total_mib)
+    return msgspec.structs.replace(s, index=index, uuid=uuid, amd=health, memory_used_mib=used, memory_total_mib=total)
+
+
+def _replace(gpu: GpuInfo, **changes: Any) -> GpuInfo:
+    import msgspec
+
+    return msgspec.structs.replace(gpu, **changes)
+
+
+def _replace_event(e: AmdEvent, index: int) -> AmdEvent:
+    from dataclasses import replace
+
+    return replace(e, gpu_index=index)
+
+
+def _parse_int(raw: bytes | None) -> int | None:
+    if not raw:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        return None
+
+
+def _f(value: Any) -> float | None:
+    if value is None or value == "N/A" or isinstance(value, bool):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _int(value: Any) -> int | None:
+    f = _f(value)
+    return int(f) if f is not None else None
+
+
+def _str(value: Any) -> str | None:
+    return str(value) if value not in (None, "", "N/A") else None
+
+
+def _status_name(status: Any) -> str:
+    name = getattr(status, "name", None)
+    return str(name if name is not None else status).upper()

@@ -1,0 +1,10 @@
+"""The meaning of the scheduler core's fold, for its snapshots (services/runtime/decider.py
+`pickle_codec`).
+
+Bump `STATE_VERSION` when a change makes a state folded by the previous release wrong for this one
+(what a field means, what an event does to the state, a new index that must be built from the log);
+the first start after the bump folds the log from the start. Comments, logs, a faster cycle: no bump.
+The classes' fields are in the snapshot's format anyway: adding or removing one refuses old snapshots.
+"""
+
+STATE_VERSION = 1

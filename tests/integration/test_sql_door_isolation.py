@@ -1,0 +1,118 @@
+"""Analytics never stall ingest: queries take their own slots and threads, wait in a bounded queue,
+and are refused "busy" beyond it; the CLI waits longer than a query may run and, when it still gets
+no answer, says which limit it waited for instead of trying to open the warehouse itself."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from services.errors import UsageError
+from services.recorder.writer import Writer
+from services.runtime import connect
+from services.runtime.nats_server import NatsServerProcess
+from services.warehouse import access, migrate
+from services.warehouse.analytics import Limits
+from services.warehouse.chdb_backend import ChdbWarehouse
+from services.warehouse.door import QUEUE_WAIT_S, Busy, open_door
+
+pytestmark = pytest.mark.integration
+
+SLOW = "SELECT sleep(2)"  # holds its slot two seconds without needing a CPU: the same on a loaded machine
+
+
+@pytest.fixture
+def warehouse(tmp_path: Path) -> Iterator[ChdbWarehouse]:
+    wh = ChdbWarehouse(tmp_path / "data")
+    migrate(wh)
+    try:
+        yield wh
+    finally:
+        wh.close()
+
+
+async def test_a_full_queue_is_refused_at_once_with_how_busy_the_door_is(warehouse: ChdbWarehouse) -> None:
+    door = open_door(warehouse, slots=1, queue_limit=1)
+    try:
+        running = asyncio.create_task(door.answer(SLOW, 1))
+        await asyncio.sleep(0.2)
+        queued = asyncio.create_task(door.answer(SLOW, 1))
+        await asyncio.sleep(0.2)
+        t0 = time.monotonic()
+        with pytest.raises(Busy, match=r"busy: 1 of 1 query slots running, 1 queued \(the queue holds 1\)"):
+            await door.answer("SELECT 1", 1)
+        assert time.monotonic() - t0 < 0.5  # refused at once, not after waiting
+        assert (await running).rows == [[0]] and (await queued).rows == [[0]]
+        assert (await door.answer("SELECT 1", 1)).rows == [[1]]  # the slots are free again
+    finally:
+        door.close()
+
+
+async def test_a_query_that_waits_too_long_for_a_slot_is_refused_busy(warehouse: ChdbWarehouse) -> None:
+    door = open_door(warehouse, slots=1, queue_limit=4, queue_wait_s=0.3)
+    try:
+        running = asyncio.create_task(door.answer(SLOW, 1))
+        await asyncio.sleep(0.2)
+        with pytest.raises(Busy, match=r"busy: 1 of 1 query slots running, 1 queued; waited 0.3 s for a slot"):
+            await door.answer("SELECT 1", 1)
+        await running
+    finally:
+        door.close()
+
+
+async def test_two_slots_run_two_queries_at_once(warehouse: ChdbWarehouse) -> None:
+    door = open_door(warehouse, slots=2)
+    try:
+        t0 = time.monotonic()
+        await asyncio.gather(door.answer(SLOW, 1), door.answer(SLOW, 1))
+        assert time.monotonic() - t0 < 3.8  # one after the other would be 4 s
+    finally:
+        door.close()
+
+
+async def test_ingest_goes_on_while_a_query_holds_its_slot(warehouse: ChdbWarehouse) -> None:
+    """The writer's thread and session are not the door's: inserts land while a query runs."""
+    writer = Writer(warehouse)
+    door = open_door(warehouse)
+    try:
+        query = asyncio.create_task(door.answer("SELECT sleep(3)", 1))
+        await asyncio.sleep(0.2)
+        for i in range(3):
+            row = pa.table({"team": [f"t{i}"], "amount": [1.0]})
+            await writer.call(lambda row=row: warehouse.insert("budgets", row))
+        assert not query.done()  # all three stored while the query still ran
+        assert await writer.call(lambda: warehouse.count("budgets")) == 3
+        await query
+    finally:
+        door.close()
+        writer.close()
+
+
+async def test_a_recorder_that_never_answers_gets_the_limit_named_not_a_fallback(
+    nats_server: NatsServerProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert Limits().max_execution_time_s + QUEUE_WAIT_S < access.REQUEST_TIMEOUT_S
+    nc = await connect(nats_server.url, name="a stuck recorder")
+
+    async def take_and_never_answer(msg: object) -> None:
+        pass
+
+    await nc.subscribe("chamber.cmd.recorder.sql", cb=take_and_never_answer)
+    await nc.flush()
+    monkeypatch.setattr(access, "REQUEST_TIMEOUT_S", 1.0)
+    (tmp_path / "warehouse").mkdir()
+    args = argparse.Namespace(nats=nats_server.url, clickhouse_url=None, data_dir=tmp_path)
+    try:
+        with pytest.raises(UsageError) as failed:
+            await asyncio.to_thread(access.read_query, args, "SELECT 1")
+    finally:
+        await nc.close()
+    message = str(failed.value)
+    assert "did not answer within 1 s" in message and "time limit, 30 s" in message, message
+    assert "held by another process" not in message

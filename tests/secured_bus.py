@@ -1,0 +1,73 @@
+"""The bus as deployed: nats-server with the users and permissions `chamber nats-config` generates.
+
+`chamber up` (services/stack/credentials.py `stack_users`) and the chart (`chamber nats-config` in
+its init container) render their users from the same functions in services/cli/nats_config.py;
+the test fixture does too, so a service test that needs a subject its role may not use fails here
+instead of in an operator's log.
+
+A role is a service name (`scheduler` logs in as `svc-scheduler`) or a user name (`admin`,
+`reader`, `simulator`, `agent`, `workload`, `svc-...`).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from nats.aio.client import Client
+
+from services.cli.nats_config import DEFAULT_SERVICES, PasswordSource, render
+from services.runtime import connect
+from services.runtime.nats_server import NatsServerProcess
+from services.stack.credentials import stack_users
+
+CLUSTER = "c1"  # the cluster of the services' permissions (fleet and fault subjects carry it)
+_VIOLATION = re.compile(r"^.*(Publish|Subscription) Violation.*$", re.IGNORECASE | re.MULTILINE)
+
+
+def user_of(role: str) -> str:
+    """`scheduler` -> `svc-scheduler`; a user name stays as it is."""
+    return f"svc-{role}" if role in DEFAULT_SERVICES else role
+
+
+class SecuredNatsServer(NatsServerProcess):
+    """A NatsServerProcess under `chamber up`'s users. `url` logs in as `admin` (the operator's CLI and
+    the tests' own checks); `url_for(role)` as that role; the server's log names every refusal."""
+
+    def __init__(self, tmp: Path, cluster: str = CLUSTER) -> None:
+        self.passwords = PasswordSource(tmp / "nats-users", create_missing=True)
+        self.users = {u.name: u for u in stack_users(cluster, list(DEFAULT_SERVICES))}
+        conf = tmp / "nats-auth.conf"
+        conf.write_text(render(list(self.users.values()), self.passwords))
+        super().__init__(tmp / "jetstream", log_file=tmp / "nats-server.log", extra_args=["-c", str(conf)])
+
+    @property
+    def url(self) -> str:
+        return self.url_for("admin")
+
+    @property
+    def anonymous_url(self) -> str:
+        return f"nats://{self.host}:{self.port}"
+
+    def url_for(self, role: str) -> str:
+        user = user_of(role)
+        if user not in self.users:
+            raise KeyError(f"no NATS user {user!r}: the roles are {sorted(self.users)}")
+        return f"nats://{user}:{self.passwords.password(user)}@{self.host}:{self.port}"
+
+    def violations(self) -> list[str]:
+        """Every permission the server refused so far (see `violations_in`)."""
+        return violations_in(self.log_file) if self.log_file is not None else []
+
+
+def violations_in(log: Path) -> list[str]:
+    """The refusals in a nats-server log, one line each (e.g. `... "$G/user:svc-scheduler" - Publish
+    Violation - Subject "$O.chamber_snapshots.C..."`)."""
+    if not log.exists():
+        return []
+    return [m.group(0) for m in _VIOLATION.finditer(log.read_text(errors="replace"))]
+
+
+async def connect_as(server: SecuredNatsServer, role: str, *, name: str | None = None) -> Client:
+    """A client logged in as `role` (see `user_of`)."""
+    return await connect(server.url_for(role), name=name or user_of(role))

@@ -1,0 +1,271 @@
+"""The AMD adapter on recorded sysfs trees and on a fake of amdsmi 7.x: the NVML adapter's contract."""
+
+from __future__ import annotations
+
+import builtins
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from events.faults import FaultKind, Severity
+from node_agent.amd_adapter import AmdSampler, AmdUnavailable, import_amdsmi
+from node_agent.amd_sysfs import parse_bad_pages, parse_err_count, parse_gpu_metrics
+from node_agent.detectors import DetectorState, detect
+from node_agent.nvml_adapter import NvmlSampler
+from tests.amd_sysfs_tree import gpu_metrics_v1_5, write_amd_node
+from tests.unit import fake_amdsmi
+from tests.unit.fake_pynvml import FakeNvml
+
+
+def sysfs_sampler(root: Path) -> AmdSampler:
+    return AmdSampler.open(root, use_amdsmi=False, node="mi300-1")
+
+
+def test_the_kernels_formats_parse() -> None:
+    assert parse_err_count("ue: 2\nce: 17\nde: 1\n") is not None
+    count = parse_err_count("ue: 2\nce: 17\n")
+    assert count is not None and (count.ue, count.ce, count.de) == (2, 17, None)
+    assert parse_err_count("Query currently inaccessible\n") is None
+    pages = parse_bad_pages("0x00000001 : 0x00001000 : R\n0x00000002 : 0x00001000 : P\n0x00000003 : 0x00001000 : F\n")
+    assert (pages.total, pages.reserved, pages.pending, pages.failed) == (3, 1, 1, 1)
+    m = parse_gpu_metrics(gpu_metrics_v1_5(hotspot=71, power=655, gfx=99, gfxclk=2000, uclk=1300, replays=4))
+    assert m is not None and (m.revision, m.hotspot_c, m.power_w, m.gfx_pct, m.gfxclk_mhz, m.pcie_replays) == (
+        (1, 5),
+        71.0,
+        655.0,
+        99.0,
+        2000.0,
+        4,
+    )
+    assert parse_gpu_metrics(b"\x10\x00\x09\x09" + bytes(12)) is None  # a revision we do not know
+
+
+def test_an_mi300x_node_from_sysfs(tmp_path: Path) -> None:
+    write_amd_node(tmp_path)
+    s = sysfs_sampler(tmp_path)
+    inv = s.inventory_gpus()
+    assert len(inv) == 8
+    g = inv[0]
+    assert (g.vendor, g.model, g.name, g.pci_bus_id) == ("amd", "MI300X-192GB", "AMD Instinct MI300X", "0000:0c:00.0")
+    assert g.uuid == "GPU-5a3e7c19d0b24000" and g.serial == "692335000000"
+    assert (g.memory_total_mib, g.power_limit_w) == (196608, 750)
+    assert (g.compute_partition, g.memory_partition) == ("SPX", "NPS1")
+    assert s.driver_version == "6.12.12" and s.limits()[0].slowdown_temp_c == 100.0
+    assert s.limits()[0].pcie_replays_per_window == 31  # Gen5 x16
+    sample = s.read("c", 1, 1000.0, 1.0).sample
+    x = sample.gpus[3]
+    assert (x.utilization_pct, x.memory_utilization_pct, x.power_w, x.temperature_c) == (87, 41, 312, 54)
+    assert (x.sm_clock_mhz, x.mem_clock_mhz, x.memory_used_mib, x.memory_total_mib) == (2100, 1300, 63 * 1024, 196608)
+    assert (x.ecc_sbe_volatile, x.ecc_dbe_volatile, x.retired_pages_dbe, x.retired_pages_pending) == (0, 0, 0, False)
+    assert x.pcie_replay_count == 0 and x.amd is not None
+    assert [b.block for b in x.amd.ras] == ["umc", "gfx", "sdma", "mmhub", "pcie_bif", "hdp", "xgmi_wafl"]
+    assert x.amd.bad_page_threshold == 192 * 1024 // 100  # bad_page_threshold=-2: one page per 100 MB
+
+
+def test_without_gpu_metrics_the_plain_files_give_the_same_figures(tmp_path: Path) -> None:
+    write_amd_node(tmp_path, gpus=1, with_metrics=False)
+    x = sysfs_sampler(tmp_path).read("c", 1, 1000.0, 1.0).sample.gpus[0]
+    assert (x.utilization_pct, x.power_w, x.temperature_c, x.sm_clock_mhz, x.mem_clock_mhz) == (87, 312, 54, 2100, 1300)
+
+
+def test_an_amd_sample_fills_every_field_its_nvidia_neighbour_fills(tmp_path: Path) -> None:
+    write_amd_node(tmp_path, gpus=1)
+    amd = sysfs_sampler(tmp_path).read("c", 1, 1000.0, 1.0).sample.gpus[0]
+    smi = AmdSampler.open(tmp_path, amdsmi=fake_amdsmi.make(1)).read("c", 1, 1000.0, 1.0).sample.gpus[0]
+    nvml = NvmlSampler.open(FakeNvml(1), watch_xids=False)
+    nv = nvml.read("c", 1, 1000.0, 1.0).sample.gpus[0]
+    nvml.close()
+    # Not on AMD: per-cause page retirement (AMD retires pages without a cause), row remapping (AMD retires
+    # pages instead), NVLink (XGMI is reported in `amd`). Processes: amdsmi only (sysfs has no process list).
+    not_on_amd = {"retired_pages_sbe", "row_remap", "nvlink", "nvlink_total", "sm_activity_pct"}
+    filled = {f for f in nv.__struct_fields__ if getattr(nv, f) not in (None, [])} - not_on_amd
+    assert filled - {f for f in amd.__struct_fields__ if getattr(amd, f) not in (None, [])} == {"processes"}
+    assert filled - {f for f in smi.__struct_fields__ if getattr(smi, f) not in (None, [])} == {"pcie_replay_count"}
+
+
+def test_the_vendor_is_told_per_device(tmp_path: Path) -> None:
+    write_amd_node(tmp_path, gpus=2, nvidia_cards=2)
+    assert [g.pci_bus_id for g in sysfs_sampler(tmp_path).inventory_gpus()] == ["0000:0c:00.0", "0000:1c:00.0"]
+
+
+def test_no_amd_gpu_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(AmdUnavailable, match=r"no AMD GPU here: none under .* with vendor 0x1002"):
+        sysfs_sampler(tmp_path)
+
+
+@pytest.mark.parametrize("error", [KeyError("ROCM_PATH"), OSError("libamd_smi.so: cannot open shared object file")])
+def test_a_missing_libamd_smi_says_which_library(monkeypatch: pytest.MonkeyPatch, error: Exception) -> None:
+    real_import = builtins.__import__
+
+    def failing(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name == "amdsmi":
+            raise error
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.delitem(sys.modules, "amdsmi", raising=False)
+    monkeypatch.setattr(builtins, "__import__", failing)
+    with pytest.raises(AmdUnavailable, match=r"libamd_smi\.so"):
+        import_amdsmi()
+
+
+def test_cpx_partitions_are_the_nodes_gpus(tmp_path: Path) -> None:
+    write_amd_node(tmp_path, gpus=8, compute_partition="CPX", memory_partition="NPS4")
+    s = sysfs_sampler(tmp_path)
+    inv = s.inventory_gpus()
+    assert len(inv) == 64 and {g.memory_total_mib for g in inv} == {196608 / 8}
+    assert inv[9].uuid == "GPU-5a3e7c19d0b24001-p1" and inv[9].compute_partition == "CPX"
+    # A UE on card 1 faults each of its 8 partitions.
+    (tmp_path / "sys/devices/pci0000:00/0000:1c:00.0/ras/umc_err_count").write_text("ue: 1\nce: 0\nde: 0\n")
+    state, _ = detect(DetectorState(), _zero(s, tmp_path))
+    _, faults = detect(state, s.read("c", 2, 1001.0, 1.0))
+    assert sorted(f.gpu_index for f in faults if f.kind == FaultKind.AMD_RAS_UE) == list(range(8, 16))
+
+
+def _zero(s: AmdSampler, root: Path) -> Any:
+    path = root / "sys/devices/pci0000:00/0000:1c:00.0/ras/umc_err_count"
+    text = path.read_text()
+    path.write_text("ue: 0\nce: 0\nde: 0\n")
+    reading = s.read("c", 1, 1000.0, 1.0)
+    path.write_text(text)
+    return reading
+
+
+def faults_after(s: AmdSampler, change: Any, *, at: float = 1001.0, state: DetectorState | None = None) -> list:
+    state, _ = detect(state or DetectorState(), s.read("c", 1, 1000.0, 1.0))
+    change()
+    _, faults = detect(state, s.read("c", 2, at, 1.0))
+    return faults
+
+
+def test_a_umc_uncorrectable_error_is_an_amd_ras_fault_naming_the_block(tmp_path: Path) -> None:
+    cards = write_amd_node(tmp_path, gpus=2)
+    s = sysfs_sampler(tmp_path)
+    faults = faults_after(s, lambda: cards[1].set_ras("umc", ue=1, ce=3))
+    assert [(f.kind, f.severity, f.gpu_index, f.ras_block) for f in faults] == [
+        (FaultKind.AMD_RAS_UE, Severity.CRITICAL, 1, "umc")
+    ]
+    assert s.read("c", 3, 1002.0, 1.0).sample.gpus[1].ecc_dbe_volatile == 1  # the DBE analogue
+
+
+def test_corrected_errors_alone_are_no_fault(tmp_path: Path) -> None:
+    cards = write_amd_node(tmp_path, gpus=1)
+    assert faults_after(sysfs_sampler(tmp_path), lambda: cards[0].set_ras("gfx", ce=12)) == []
+
+
+def test_bad_pages_past_the_threshold_are_critical_and_near_it_a_warning(tmp_path: Path) -> None:
+    cards = write_amd_node(tmp_path, gpus=1, bad_page_threshold=20)
+    s = sysfs_sampler(tmp_path)
+    warn = faults_after(s, lambda: cards[0].set_bad_pages(reserved=18))
+    assert [(f.kind, f.severity) for f in warn] == [(FaultKind.AMD_BAD_PAGES, Severity.WARNING)]
+    crit = faults_after(s, lambda: cards[0].set_bad_pages(reserved=19, pending=1))
+    assert (FaultKind.AMD_BAD_PAGES, Severity.CRITICAL) in [(f.kind, f.severity) for f in crit]
+
+
+def test_a_reset_that_does_not_complete_in_60s_is_stuck(tmp_path: Path) -> None:
+    cards = write_amd_node(tmp_path, gpus=1)
+    s = sysfs_sampler(tmp_path)
+    state, _ = detect(DetectorState(), s.read("c", 1, 1000.0, 1.0))
+    cards[0].set_ras_inaccessible()
+    kinds = []
+    for n, t in enumerate((1001.0, 1030.0, 1060.9, 1061.0, 1062.0)):
+        state, faults = detect(state, s.read("c", 2 + n, t, 1.0))
+        kinds.append([f.kind for f in faults])
+    assert kinds == [[], [], [], [FaultKind.GPU_RESET_STUCK], []]  # once, 60 s after the reset began
+
+
+def test_a_reset_that_completes_is_no_fault(tmp_path: Path) -> None:
+    cards = write_amd_node(tmp_path, gpus=1)
+    s = sysfs_sampler(tmp_path)
+    state, _ = detect(DetectorState(), s.read("c", 1, 1000.0, 1.0))
+    cards[0].set_ras_inaccessible()
+    state, _ = detect(state, s.read("c", 2, 1001.0, 1.0))
+    for block in ("umc", "gfx", "sdma", "mmhub", "pcie_bif", "hdp", "xgmi_wafl"):
+        cards[0].set_ras(block)
+    state, faults = detect(state, s.read("c", 3, 1020.0, 1.0))
+    _, later = detect(state, s.read("c", 4, 1090.0, 1.0))
+    assert faults == [] and later == []
+
+
+def test_an_xgmi_link_down_is_a_fabric_fault(tmp_path: Path) -> None:
+    cards = write_amd_node(tmp_path, gpus=1)
+    cards[0].set_metrics_v1_7()
+    s = sysfs_sampler(tmp_path)
+    faults = faults_after(s, lambda: cards[0].set_metrics_v1_7(xgmi_status=(1, 1, 0, 1, 1, 1, 1)))
+    assert [(f.kind, f.severity) for f in faults] == [(FaultKind.XGMI, Severity.CRITICAL)]
+    assert "link(s) 2 of 7 down" in faults[0].detail
+
+
+def test_a_gpu_whose_files_are_gone_is_lost(tmp_path: Path) -> None:
+    cards = write_amd_node(tmp_path, gpus=2)
+    s = sysfs_sampler(tmp_path)
+    faults = faults_after(s, cards[0].remove)
+    assert [(f.kind, f.gpu_index) for f in faults] == [(FaultKind.GPU_LOST, 0)]
+
+
+def test_amdsmi_gives_the_same_figures(tmp_path: Path) -> None:
+    smi = fake_amdsmi.make(2)
+    s = AmdSampler.open(tmp_path, amdsmi=smi)
+    g = s.inventory_gpus()[1]
+    assert (g.vendor, g.model, g.uuid, g.pci_bus_id, g.power_limit_w) == (
+        "amd",
+        "MI300X-192GB",
+        smi.gpus[1].uuid,
+        "0000:1c:00.0",
+        750,
+    )
+    x = s.read("c", 1, 1000.0, 1.0).sample.gpus[1]
+    assert (x.utilization_pct, x.memory_used_mib, x.memory_total_mib, x.power_w, x.temperature_c) == (
+        87,
+        61_440,
+        196_608,
+        612,
+        64,
+    )
+    assert (x.sm_clock_mhz, x.mem_clock_mhz, x.ecc_dbe_volatile) == (2100, 1300, 0)
+    assert x.processes[0].pid == 4101 and x.processes[0].used_memory_mib == 60 * 1024
+    s.close()
+
+
+def test_amdsmi_faults_umc_cper_reset_and_xgmi(tmp_path: Path) -> None:
+    smi = fake_amdsmi.make(2)
+    s = AmdSampler.open(tmp_path, amdsmi=smi)
+    state, _ = detect(DetectorState(), s.read("c", 1, 1000.0, 1.0))
+    smi.gpus[0].ecc["umc"] = (4, 1, 0)
+    smi.gpus[1].xgmi[3] = "D"
+    smi.push_cper(1, "fatal", [30])
+    smi.push_cper(0, "non_fatal_corrected", [])
+    state, faults = detect(state, s.read("c", 2, 1001.0, 1.0))
+    got = sorted((f.kind, f.gpu_index, f.severity, f.ras_block, f.afid) for f in faults)
+    assert got == sorted(
+        [
+            (FaultKind.AMD_RAS_UE, 0, Severity.CRITICAL, "umc", None),
+            (FaultKind.XGMI, 1, Severity.CRITICAL, None, None),
+            (FaultKind.AMD_CPER, 1, Severity.CRITICAL, None, 30),
+            (FaultKind.AMD_CPER, 0, Severity.INFO, None, None),
+        ]
+    )
+    _, again = detect(state, s.read("c", 3, 1002.0, 1.0))
+    assert again == []  # each record once (the CPER cursor moved); conditions once
+    s.close()
+
+
+def test_amdsmi_reset_notifications_start_the_60s_clock(tmp_path: Path) -> None:
+    smi = fake_amdsmi.make(1)
+    s = AmdSampler.open(tmp_path, amdsmi=smi)
+    state, _ = detect(DetectorState(), s.read("c", 1, 1000.0, 1.0))
+    smi.push_event(0, "GPU_PRE_RESET")
+    import time
+
+    deadline = time.monotonic() + 5
+    reading = s.read("c", 2, 1000.0, 1.0)
+    while not reading.amd_events and time.monotonic() < deadline:
+        time.sleep(0.02)
+        reading = s.read("c", 2, 1000.0, 1.0)
+    assert [e.kind for e in reading.amd_events] == ["reset_begin"]
+    at = reading.amd_events[0].at
+    state, _ = detect(state, reading)
+    _, faults = detect(state, s.read("c", 3, at + 61, 1.0))
+    assert [f.kind for f in faults] == [FaultKind.GPU_RESET_STUCK]
+    s.close()
