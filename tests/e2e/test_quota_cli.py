@@ -20,9 +20,9 @@ from nats.js import JetStreamContext
 
 from events import NodeIsolated
 from services.runtime import Publisher
-from services.runtime.nats_server import NatsServerProcess
 from tests.integration.test_runtime import eventually
 from tests.scheduler_builders import a_node
+from tests.secured_bus import SecuredNatsServer
 
 pytestmark = pytest.mark.e2e
 CHAMBER = str(Path(sys.executable).parent / "chamber")
@@ -40,10 +40,10 @@ def ok(url: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture
-def quota_service(nats_server: NatsServerProcess, tmp_path: Path) -> Iterator[None]:
+def quota_service(nats_server: SecuredNatsServer, tmp_path: Path) -> Iterator[None]:
     log = (tmp_path / "quota.log").open("w")
     proc = subprocess.Popen(
-        [CHAMBER, "service", "quota", "--nats", nats_server.url, "--interval", "0.5"],
+        [CHAMBER, "service", "quota", "--nats", nats_server.url_for("quota"), "--interval", "0.5"],
         stdout=log,
         stderr=subprocess.STDOUT,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
@@ -62,7 +62,7 @@ def listed(url: str) -> dict[str, dict[str, object]]:
     return {f"{t['team']}/{t['pool']}": t for t in json.loads(ok(url, "quota", "list", "--json").stdout)["teams"]}
 
 
-async def test_a_week_of_quota_edits(nats_server: NatsServerProcess, js: JetStreamContext, quota_service: None) -> None:
+async def test_a_week_of_quota_edits(nats_server: SecuredNatsServer, js: JetStreamContext, quota_service: None) -> None:
     url = nats_server.url
 
     # Monday: quotas from GitOps (or a Kueue import) arrive before the nodes have joined
