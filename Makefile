@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: up test lint format schemas bench clean install
+.PHONY: up test lint format schemas bench clean install docs docs-serve
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,6 +28,14 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy  # files and strictness per module: [tool.mypy] in pyproject.toml
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir .cache/site-lint  # a broken link or a page left out of the nav fails
+
+# The documentation site (mkdocs.yml; pages under docs/, some generated: docs/hooks/generated_pages.py)
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+docs-serve: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --strict
 
 format: $(STAMP)
 	$(BIN)/ruff format .
@@ -40,4 +48,4 @@ bench: $(STAMP)
 	@for b in bench/*.py; do echo "== $$b" >&2; $(BIN)/python $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) .chamber .pytest_cache .ruff_cache .mypy_cache
+	rm -rf $(VENV) .chamber .pytest_cache .ruff_cache .mypy_cache site .cache/site-lint

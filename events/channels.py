@@ -171,8 +171,11 @@ COMMANDS: tuple[CommandChannel, ...] = (
     CommandChannel("scheduler", "queue", "Jobs in queue order with the scheduler's reasons, a page at a time."),
     CommandChannel("scheduler", "explain", "Why a job is where it is."),
     CommandChannel("quota", "set", "Replace a team's quota in a pool (recorded as TeamQuotaSet, BudgetSet)."),
+    CommandChannel(
+        "quota", "patch", "Change only the named settings of a team's quota (recorded as TeamQuotaSet, BudgetSet)."
+    ),
     CommandChannel("quota", "pool_set", "Define a pool by GPU model or node label (recorded as PoolDefined)."),
-    CommandChannel("quota", "list", "Quotas, usage, borrowing and fair share per team."),
+    CommandChannel("quota", "list", "Every quota setting, usage, borrowing and fair share per team; pools' capacity."),
     CommandChannel("health", "restore", "Restore an isolated node or GPU."),
     CommandChannel("health", "confirm", "Confirm a held isolation."),
     CommandChannel("health", "dismiss", "Dismiss a held isolation."),

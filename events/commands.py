@@ -62,6 +62,9 @@ class SubmitJob(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # The client's id for this request: a retry with the same one (after a timeout, a 503) is
     # applied once and answers with the same job. Without `id`, the job id is derived from it.
     request_id: Name | None = None
+    # keep a job that cannot run on the fleet as installed (its model absent, larger than the fleet or
+    # than its team may hold) waiting, instead of refusing it
+    allow_wait: bool = False
 
     def __post_init__(self) -> None:
         self.team = normalize_team(self.team)
@@ -102,7 +105,8 @@ class JobOnly(msgspec.Struct, forbid_unknown_fields=True):
 
 class SetTeamQuota(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """`chamber.cmd.quota.set`: replaces the team's quota in the pool (fields left out take their
-    defaults: no borrow or lend limit, weight 1). `gpus` is the guarantee; `guaranteed_gpus` an alias."""
+    defaults: no borrow or lend limit, weight 1; `quota.patch` changes only what it names). `gpus` is
+    the guarantee; `guaranteed_gpus` an alias."""
 
     team: TeamInput
     gpus: GpuCount | None = None
@@ -123,6 +127,36 @@ class SetTeamQuota(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         self.team = normalize_team(self.team)
 
 
+Weight = Annotated[float, msgspec.Meta(gt=0, le=1000)]
+Budget = Annotated[float, msgspec.Meta(ge=0, le=1e15)]
+
+
+class PatchTeamQuota(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """`chamber.cmd.quota.patch`: changes only the fields given; the others keep their current values
+    (a team without a quota in the pool needs `gpus`). `null` clears a limit (no borrow or lend limit;
+    `np_lend_limit` back to half of what the team lends). The budget is the team's, in every pool."""
+
+    team: TeamInput
+    pool: Name = DEFAULT_POOL
+    gpus: GpuCount | msgspec.UnsetType = msgspec.UNSET
+    borrow_limit: GpuCount | msgspec.UnsetType | None = msgspec.UNSET
+    lend_limit: GpuCount | msgspec.UnsetType | None = msgspec.UNSET
+    np_lend_limit: GpuCount | msgspec.UnsetType | None = msgspec.UNSET
+    weight: Weight | msgspec.UnsetType = msgspec.UNSET
+    critical: bool | msgspec.UnsetType = msgspec.UNSET
+    budget: Budget | msgspec.UnsetType = msgspec.UNSET
+    currency: Annotated[str, msgspec.Meta(min_length=1, max_length=8)] | msgspec.UnsetType = msgspec.UNSET
+    period: Annotated[str, msgspec.Meta(min_length=1, max_length=16)] | msgspec.UnsetType = msgspec.UNSET
+    on_budget: BudgetAction | msgspec.UnsetType = msgspec.UNSET
+
+    def __post_init__(self) -> None:
+        self.team = normalize_team(self.team)
+
+    def given(self) -> dict[str, object]:
+        """The fields the request names (UNSET ones left out)."""
+        return {f: v for f in self.__struct_fields__ if (v := getattr(self, f)) is not msgspec.UNSET}
+
+
 class RestoreNode(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """`chamber.cmd.health.restore` (and `confirm`, `dismiss`): a node, or one GPU of it."""
 
@@ -135,7 +169,7 @@ class RestoreNode(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 # service -> verb -> request type, for the API documents and the gateway's checks.
 REQUESTS: dict[str, dict[str, type[msgspec.Struct]]] = {
     "scheduler": {"submit": SubmitJob, "cancel": CancelJob, "queue": ListQueue, "explain": ExplainJob},
-    "quota": {"set": SetTeamQuota},
+    "quota": {"set": SetTeamQuota, "patch": PatchTeamQuota},
     "health": {"restore": RestoreNode, "confirm": RestoreNode, "dismiss": RestoreNode},
     "perf": {"status": NoArguments, "fabric": NoArguments, "explain": JobOnly, "ranks": JobOnly},
 }

@@ -42,6 +42,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # A process imports its own service's module at most, not every one's; `chamber service`,
+    # `chamber service --help` and `chamber --help` still list them all.
+    naming_a_service = argv[:1] == ["service"] and len(argv) >= 2 and not argv[1].startswith("-")
+    if naming_a_service or (argv and argv[0] != "service" and not argv[0].startswith("-")):
+        from services.cli import service
+
+        service.focus([argv[1]] if naming_a_service else [])
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

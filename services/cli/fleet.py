@@ -65,8 +65,10 @@ def run(args: argparse.Namespace) -> int:
     if not nodes:
         print("no nodes yet")
         return 0
+    lost = [n for n in nodes if n["status"] == "lost"]
     for n in nodes:
-        healthy = sum(1 for g in n["gpus"] if not g["isolated"])
+        # a lost node serves nothing, whatever its GPUs said last
+        healthy = 0 if n["status"] == "lost" else sum(1 for g in n["gpus"] if not g["isolated"])
         print(
             f"{n['cluster']}/{n['node']}  {n['status'].upper()}  {healthy}/{len(n['gpus'])} GPUs in service"
             + (f"  {n['reason']}" if n.get("reason") else "")
@@ -77,4 +79,13 @@ def run(args: argparse.Namespace) -> int:
             reason = f"  {g['reason']}" if g["isolated"] and g.get("reason") else ""
             model = f"AMD {g['model']}" if g.get("vendor") == "amd" else g["model"]  # NVIDIA lines as before
             print(f"   gpu {g['index']:<2} {model:<20} util {util:>5}  {health}{reason}")
+    gpus = sum(len(n["gpus"]) for n in nodes)
+    in_service = sum(
+        sum(1 for g in n["gpus"] if not g["isolated"]) for n in nodes if n["status"] not in ("lost", "isolated")
+    )
+    print(
+        f"{len(nodes)} nodes ({len(lost)} lost), {gpus} GPUs, {in_service} in service"
+        if lost
+        else f"{len(nodes)} nodes, {gpus} GPUs, {in_service} in service"
+    )
     return 0

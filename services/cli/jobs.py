@@ -56,6 +56,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--sim-duration", type=finite_float, metavar="S", help="simulated fleet: complete after S seconds of running"
     )
     p.add_argument("--cluster", help="run within this cluster only (default: any one cluster)")
+    p.add_argument(
+        "--allow-wait",
+        action="store_true",
+        help="keep a job that cannot run on the fleet as installed (no GPU of its model, larger than the fleet "
+        "or than its team may hold) waiting instead of refusing it",
+    )
     p.add_argument("--json", action="store_true", help='print {"id": ...}')
     p.set_defaults(func=submit)
 
@@ -104,6 +110,8 @@ def submit(args: argparse.Namespace) -> int:
         "name": args.name,
         "preemptible": args.preemptible,
     }
+    if args.allow_wait:
+        payload["allow_wait"] = True
     optional = {
         "id": args.id,
         "pool": args.pool,
@@ -126,7 +134,8 @@ def submit(args: argparse.Namespace) -> int:
     for warning in result.get("warnings", []):
         print(f"chamber submit: warning: {warning}", file=sys.stderr)
     print(json.dumps({"id": result["id"]}) if args.json else result["id"])
-    warn_unknown_model(args, args.gpu_model, f"job {result['id']}")
+    if not result.get("warnings"):  # the scheduler checks the model against its fleet; older ones did not
+        warn_unknown_model(args, args.gpu_model, f"job {result['id']}")
     return 0
 
 

@@ -1,9 +1,15 @@
-"""`chamber quota set|list|pool set`: team quotas and pools."""
+"""`chamber quota set|list|pool set`: team quotas and pools.
+
+`quota set` is a patch: only the flags given change, the others keep their values (`--replace` sets
+the whole quota, the flags not given taking their defaults); it prints every setting with what changed.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
+from collections.abc import Sequence
 from typing import Any
 
 from services.cli.common import add_nats_option, finite_float, send_command
@@ -23,25 +29,48 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("quota", help="team quotas (guarantee, borrow and lend limits, weight) and pools")
     qs = p.add_subparsers(dest="quota_command", metavar="COMMAND", required=True)
 
-    s = qs.add_parser("set", help="set a team's quota in a pool")
+    s = qs.add_parser(
+        "set",
+        help="change a team's quota in a pool (only the flags given)",
+        description="Change a team's quota in a pool: only the flags given change, the others keep their "
+        "current values; --replace sets the whole quota instead. Prints every setting and what changed.",
+    )
     add_nats_option(s)
     s.add_argument("team")
     s.add_argument("--pool", default="default")
-    s.add_argument("--gpus", type=int, required=True, help="guaranteed GPUs")
-    s.add_argument("--borrow-limit", type=int, help="GPUs it may borrow beyond its guarantee (default: no limit)")
-    s.add_argument("--lend-limit", type=int, help="idle guaranteed GPUs it lends at most (default: all)")
+    s.add_argument("--gpus", type=_count, help="guaranteed GPUs (needed for a team's first quota in the pool)")
+    s.add_argument(
+        "--borrow-limit",
+        type=_limit,
+        metavar="N|none",
+        help="GPUs it may borrow beyond its guarantee (none: no limit, the default)",
+    )
+    s.add_argument(
+        "--lend-limit",
+        type=_limit,
+        metavar="N|none",
+        help="idle guaranteed GPUs it lends at most (none: all, the default)",
+    )
     s.add_argument(
         "--np-lend-limit",
-        type=int,
+        type=_limit,
+        metavar="N|none",
         help="of the idle guarantee it lends, GPUs other teams' non-preemptible work may use: returned by "
-        "draining, not preemption (default: half of what it lends; 0: none)",
+        "draining, not preemption (none: half of what it lends, the default; 0: none)",
     )
-    s.add_argument("--weight", type=finite_float, default=1.0, help="fair-share weight (default 1)")
+    s.add_argument("--weight", type=finite_float, help="fair-share weight (default 1)")
     s.add_argument(
         "--critical",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=None,
         help="the team may submit critical work in this pool (it preempts other teams' work); off by default",
     )
+    s.add_argument(
+        "--replace",
+        action="store_true",
+        help="set the whole quota: flags not given take their defaults instead of keeping their values",
+    )
+    s.add_argument("--json", action="store_true", help="print the answer as JSON")
     s.add_argument("--budget", type=finite_float, metavar="AMOUNT", help="optional spending limit per month (USD)")
     s.add_argument(
         "--on-budget",
@@ -69,43 +98,111 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     which.add_argument("--gpu-model", help="nodes with this GPU model")
     which.add_argument("--node-label", metavar="K=V", help="nodes with this label")
     s.set_defaults(func=set_pool)
+    s = ps.add_parser("list", help="pools: what selects their nodes, GPUs installed and in service, guaranteed")
+    add_nats_option(s)
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=list_pools)
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of GPUs, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
+_NONE = "none"
+
+
+def _limit(text: str) -> int | str:
+    """A GPU count, or `none` (no limit: the default), which a patch sends as null."""
+    return _NONE if text.strip().lower() == _NONE else _count(text)
+
+
+_FLAG = {"gpus": "gpus", "borrow_limit": "borrow-limit", "lend_limit": "lend-limit", "np_lend_limit": "np-lend-limit"}
+_UNSET_MEANING = {"borrow_limit": "no limit", "lend_limit": "all", "np_lend_limit": "half of what it lends"}
+
+
+def _shown(setting: str, value: Any) -> str:
+    if value is None:
+        return _UNSET_MEANING.get(setting, "none")
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
 
 
 def set_quota(args: argparse.Namespace) -> int:
-    for flag, value in (
-        ("--gpus", args.gpus),
-        ("--borrow-limit", args.borrow_limit),
-        ("--lend-limit", args.lend_limit),
-        ("--np-lend-limit", args.np_lend_limit),
-    ):
-        if value is not None and value < 0:
-            raise UsageError(f"{flag} must be 0 or more, got {value}")
-    if args.weight <= 0:
+    if args.weight is not None and args.weight <= 0:
         raise UsageError(f"--weight must be above 0, got {args.weight:g}")
-    payload = {"team": args.team, "pool": args.pool, "gpus": args.gpus, "weight": args.weight}
-    if args.critical:
-        payload["critical"] = True
-    if args.borrow_limit is not None:
-        payload["borrow_limit"] = args.borrow_limit
-    if args.lend_limit is not None:
-        payload["lend_limit"] = args.lend_limit
-    if args.np_lend_limit is not None:
-        payload["np_lend_limit"] = args.np_lend_limit
+    if args.budget is not None and args.budget < 0:
+        raise UsageError(f"--budget must be 0 or more, got {args.budget:g}")
+    given: dict[str, Any] = {}
+    for name in ("gpus", "borrow_limit", "lend_limit", "np_lend_limit"):
+        value = getattr(args, name)
+        if value is not None:
+            given[name] = None if value == _NONE else value
+    if args.weight is not None:
+        given["weight"] = args.weight
+    if args.critical is not None:
+        given["critical"] = args.critical
     if args.budget is not None:
-        if args.budget < 0:
-            raise UsageError(f"--budget must be 0 or more, got {args.budget:g}")
-        payload["budget"] = args.budget
-        if args.on_budget:
-            payload["on_budget"] = args.on_budget
-    elif args.on_budget:
-        raise UsageError("--on-budget needs --budget AMOUNT")
-    result = _send(args, "quota", "set", payload)
-    budget = f", budget {result['budget']:g} USD/month" if "budget" in result else ""
-    if "on_budget" in result:
-        budget += f" (over it: {result['on_budget']})"
-    critical = ", may run critical work" if result.get("critical") else ""
-    print(f"team {result['team']}: {result['guaranteed']} GPUs guaranteed in pool {result['pool']}{critical}{budget}")
+        given["budget"] = args.budget
+    if args.on_budget:
+        given["on_budget"] = args.on_budget
+    if args.replace:
+        if args.gpus is None:
+            raise UsageError("--replace sets the whole quota: give --gpus N")
+        if args.on_budget and args.budget is None:
+            raise UsageError("--on-budget needs --budget AMOUNT")
+        result = _send(args, "quota", "set", {"team": args.team, "pool": args.pool, **given})
+    else:
+        if not given:
+            raise UsageError(
+                "nothing to change: give at least one of --gpus, --borrow-limit, --lend-limit, --np-lend-limit, "
+                "--weight, --critical/--no-critical, --budget, --on-budget"
+            )
+        result = _send(args, "quota", "patch", {"team": args.team, "pool": args.pool, **given})
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(quota_text(result))
+    for warning in result.get("warnings", []):
+        print(f"chamber quota set: warning: {warning}", file=sys.stderr)
     return 0
+
+
+def quota_text(result: dict[str, Any]) -> str:
+    """The quota a `set` left, every setting with its value before and after."""
+    changed = [c for c in result["changes"] if c["changed"]]
+    if result.get("new"):
+        head = f"team {result['team']}: new quota in pool {result['pool']}"
+    elif result.get("replaced"):
+        head = f"team {result['team']}: quota in pool {result['pool']} replaced ({len(changed)} changed)"
+    else:
+        head = f"team {result['team']}: quota in pool {result['pool']} ({len(changed)} changed)"
+    lines = [head]
+    for c in result["changes"]:
+        name = _FLAG.get(c["setting"], c["setting"])
+        after = _shown(c["setting"], c["after"])
+        if result.get("new"):
+            lines.append(f"  {name:<14} {after}")
+        else:
+            before = _shown(c["setting"], c["before"])
+            lines.append(f"  {name:<14} {before} \u2192 {after} ({'changed' if c['changed'] else 'kept'})")
+    if "budget" in result:
+        state = "changed" if result.get("budget_changed") else "kept"
+        lines.append(
+            f"  {'budget':<14} {result['budget']:g} {result.get('currency', 'USD')}/month, over it: "
+            f"{result['on_budget']} ({state})"
+        )
+    else:
+        lines.append(f"  {'budget':<14} none")
+    return "\n".join(lines)
 
 
 def list_quotas(args: argparse.Namespace) -> int:
@@ -116,18 +213,67 @@ def list_quotas(args: argparse.Namespace) -> int:
     if not result["teams"]:
         print("no quotas; set one with `chamber quota set TEAM --gpus N`")
         return 0
-    print(
-        f"{'TEAM':<14} {'POOL':<10} {'GUAR':>5} {'BORROW':>7} {'LEND':>5} {'WEIGHT':>6} {'IN USE':>7} "
-        f"{'BORROWED':>9} {'SHARE':>6}"
-    )
-    for t in result["teams"]:
-        borrow = "-" if t["borrow_limit"] is None else t["borrow_limit"]
-        lend = "-" if t["lend_limit"] is None else t["lend_limit"]
-        print(
-            f"{t['team']:<14} {t['pool']:<10} {t['guaranteed']:>5} {borrow:>7} {lend:>5} {t['weight']:>6g} "
-            f"{t['in_use']:>7} {t['borrowed']:>9} {t['fair_share']:>6.3f}"
-        )
+    print(quota_table(result))
     return 0
+
+
+def quota_table(result: dict[str, Any]) -> str:
+    """Every setting of every quota, then usage, aligned; a line per over-committed pool."""
+    header = (
+        "TEAM",
+        "POOL",
+        "GUAR",
+        "BORROW",
+        "LEND",
+        "NP-LEND",
+        "WEIGHT",
+        "CRIT",
+        "BUDGET",
+        "IN USE",
+        "BORROWED",
+        "SHARE",
+    )
+    rows = []
+    for t in result["teams"]:
+        budget = "-"
+        if t.get("budget") is not None:
+            budget = f"{t['budget']:g}/{t.get('on_budget') or 'notify'}"
+        rows.append(
+            (
+                t["team"],
+                t["pool"],
+                str(t["guaranteed"]),
+                "-" if t["borrow_limit"] is None else str(t["borrow_limit"]),
+                "-" if t["lend_limit"] is None else str(t["lend_limit"]),
+                "-" if t.get("np_lend_limit") is None else str(t["np_lend_limit"]),
+                f"{t['weight']:g}",
+                "yes" if t.get("critical") else "-",
+                budget,
+                str(t["in_use"]),
+                str(t["borrowed"]),
+                f"{t['fair_share']:.3f}",
+            )
+        )
+    text = [table(header, rows, left=2)]
+    for p in result.get("pools", []):
+        if p["over_committed"]:
+            text.append(
+                f"pool {p['pool']}: over-committed, {p['guaranteed']} GPUs guaranteed of {p['installed']} "
+                f"installed ({p['in_service']} in service)"
+            )
+    text.append("(- : no limit / lends all / half of what it lends; BUDGET: USD a month / what happens over it)")
+    return "\n".join(text)
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1) -> str:
+    """Columns as wide as their widest cell; the first `left` columns left-aligned, the rest right."""
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+
+    def line(cells: Sequence[str]) -> str:
+        cols = enumerate(zip(cells, widths, strict=True))
+        return "  ".join(c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in cols)
+
+    return "\n".join(line(r).rstrip() for r in [header, *rows])
 
 
 def set_pool(args: argparse.Namespace) -> int:
@@ -136,4 +282,26 @@ def set_pool(args: argparse.Namespace) -> int:
     warn_unknown_model(args, args.gpu_model, f"pool {args.name}")
     what = f"GPU model {result['gpu_model']}" if result["gpu_model"] else f"nodes labeled {result['node_selector']}"
     print(f"pool {result['pool']}: {what}")
+    return 0
+
+
+def list_pools(args: argparse.Namespace) -> int:
+    pools = _send(args, "quota", "list", {}).get("pools", [])
+    if args.json:
+        print(json.dumps({"pools": pools}))
+        return 0
+    if not pools:
+        print("no pools yet; every node is in pool default (define one with `chamber quota pool set`)")
+        return 0
+    rows = []
+    for p in pools:
+        if p["gpu_model"]:
+            selects = f"model {p['gpu_model']}"
+        elif p["node_selector"]:
+            selects = ",".join(f"{k}={v}" for k, v in sorted(p["node_selector"].items()))
+        else:
+            selects = "every node no other pool selects" if p["pool"] == "default" else "-"
+        over = f"over by {p['over_committed']}" if p["over_committed"] else "-"
+        rows.append((p["pool"], selects, str(p["installed"]), str(p["in_service"]), str(p["guaranteed"]), over))
+    print(table(("POOL", "SELECTS", "INSTALLED", "IN SERVICE", "GUARANTEED", "OVER-COMMITTED"), rows, left=2))
     return 0

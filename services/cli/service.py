@@ -19,26 +19,36 @@ from services.cli.common import (
     apply_replicas_option,
 )
 
+_FOCUS: dict[str, list[str]] = {}  # "names": the services to register; absent: every one (see `focus`)
 
-def discover() -> dict[str, ModuleType]:
+
+def focus(names: list[str]) -> None:
+    """Register just these services ([] for none): a process runs at most one, and importing every
+    service's module (the recorder's Arrow and pandas among them) would cost each process its memory."""
+    _FOCUS["names"] = list(names)
+
+
+def discover(wanted: list[str] | None = None) -> dict[str, ModuleType]:
+    """Every service's module by name (or only those `wanted`, when they all exist)."""
     found: dict[str, ModuleType] = {}
-    for info in pkgutil.iter_modules(services.__path__):
-        if not info.ispkg or info.name in ("cli", "runtime"):
-            continue
+    names = [i.name for i in pkgutil.iter_modules(services.__path__) if i.ispkg and i.name not in ("cli", "runtime")]
+    if wanted is not None and set(wanted) <= set(names):
+        names = wanted  # an unknown name falls through to all, so argparse lists the choices
+    for name in names:
         try:
-            module = importlib.import_module(f"services.{info.name}.service")
+            module = importlib.import_module(f"services.{name}.service")
         except ModuleNotFoundError as exc:
-            if exc.name != f"services.{info.name}.service":
+            if exc.name != f"services.{name}.service":
                 raise
             continue
-        found[getattr(module, "NAME", info.name)] = module
+        found[getattr(module, "NAME", name)] = module
     return dict(sorted(found.items()))
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("service", help="run one Chamber service in the foreground")
     services_sub = p.add_subparsers(dest="service", metavar="NAME", required=True)
-    for name, module in discover().items():
+    for name, module in discover(_FOCUS.get("names")).items():
         sp = services_sub.add_parser(name, help=getattr(module, "DESCRIPTION", ""))
         add_nats_option(sp)
         add_replicas_option(sp)

@@ -1,4 +1,4 @@
-"""`chamber sql "SELECT ..."`: read-only SQL on the warehouse (tables and views: see the README)."""
+"""`chamber sql "SELECT ..."`: read-only SQL on the warehouse (tables and views: schemas/clickhouse/README.md)."""
 
 from __future__ import annotations
 

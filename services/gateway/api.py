@@ -22,7 +22,7 @@ import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from events.commands import REQUESTS, CancelJob, RestoreNode, SetTeamQuota, SubmitJob
+from events.commands import REQUESTS, CancelJob, PatchTeamQuota, RestoreNode, SetTeamQuota, SubmitJob
 from events.names import InvalidName, decode_request, normalize_team
 from services.gateway import fabric, metrics, openapi, views
 from services.gateway.core import GatewayState, JobState
@@ -432,6 +432,12 @@ async def set_quota(request: web.Request) -> web.Response:
 
 
 @_command
+async def patch_quota(request: web.Request) -> web.Response:
+    payload = _pin(await _body(request, required=True), team=request.match_info["team"])
+    return await _forward(request, "quota", "patch", payload)
+
+
+@_command
 async def restore_node(request: web.Request) -> web.Response:
     m = request.match_info
     payload = _pin(await _body(request, required=False), cluster=m["cluster"], node=m["node"])
@@ -578,8 +584,9 @@ ROUTES: list[tuple[Operation, Callable[[web.Request], Awaitable[web.StreamRespon
             command="scheduler.submit",
             body=True,
             request=SubmitJob,
-            description="The team must have a quota (0 is allowed). A job larger than the fleet is accepted with "
-            "`warnings` in the result.",
+            description="The team must have a quota (0 is allowed). A job that can never run on the fleet as "
+            "installed (no GPU of its model, larger than its pool or than its team may hold) is refused (422) "
+            "unless `allow_wait` is true; then it is accepted with `warnings` in the result.",
         ),
         submit_job,
     ),
@@ -608,10 +615,28 @@ ROUTES: list[tuple[Operation, Callable[[web.Request], Awaitable[web.StreamRespon
             body=True,
             request=SetTeamQuota,
             description="PUT replaces the whole quota of the team in the pool: a field left out takes its default "
-            "(no borrow limit, no lend limit, weight 1), it does not keep its old value. There is no PATCH; send "
-            "every field you want to keep. `team` in the body is optional and must match the path.",
+            "(no borrow limit, no lend limit, weight 1), it does not keep its old value; PATCH changes only the "
+            "fields sent. `team` in the body is optional and must match the path. The result lists every setting "
+            "before and after (`changes`) and `warnings`, e.g. when the pool's guarantees exceed its installed GPUs.",
         ),
         set_quota,
+    ),
+    (
+        Operation(
+            "PATCH",
+            "/api/teams/{team}/quota",
+            "patchQuota",
+            "Change some settings of a team's quota in a pool",
+            views.CommandAnswer,
+            command="quota.patch",
+            params=(Param("team", "path", {"type": "string"}),),
+            body=True,
+            request=PatchTeamQuota,
+            description="Only the fields sent change; the others keep their current values (a team's first quota "
+            "in the pool needs `gpus`). `null` clears a limit. `team` in the body is optional and must match the "
+            "path.",
+        ),
+        patch_quota,
     ),
     (
         Operation(

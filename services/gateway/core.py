@@ -53,6 +53,7 @@ from events import (
     TeamQuotaSet,
 )
 from events.fabric import FabricSample, JobSlowdownCleared, JobSlowdownDetected
+from events.fleet import IsolationDismissed, IsolationHeld
 from events.telemetry import GpuInfo
 from services.billing.price_table import resolve
 from services.gateway.fabric import FabricView, fold, fold_verdict
@@ -158,6 +159,19 @@ class Job:
         return self.spec.total_gpus if self.spec is not None else sum(len(p.gpu_indices) for p in self.placements)
 
 
+@dataclass(frozen=True)
+class HeldIsolation:
+    """An isolation health's budget held back, waiting for `chamber health confirm` or `dismiss`."""
+
+    cluster: str
+    node: str
+    gpu_index: int | None  # None: the whole node
+    at: float
+    action: str  # isolate_gpu | isolate_node
+    reason: str
+    fault_ids: tuple[str, ...] = ()
+
+
 @dataclass
 class TeamQuota:
     pool: str
@@ -187,7 +201,9 @@ class Team:
 @dataclass(frozen=True)
 class TimelineEntry:
     at: float
-    kind: str  # fault | node_isolated | gpu_isolated | node_restored | gpu_restored | node_lost
+    # fault | node_isolated | gpu_isolated | node_restored | gpu_restored | node_lost | isolation_held |
+    # isolation_dismissed
+    kind: str
     cluster: str
     node: str
     detail: str
@@ -232,6 +248,7 @@ class GatewayState:
     idle_by_place: dict[tuple[str, str, str], float] = field(default_factory=dict)
     currency: str = "USD"
     faults_total: int = 0
+    held: dict[tuple[str, str, int | None], HeldIsolation] = field(default_factory=dict)  # (cluster, node, gpu)
     timeline: deque[TimelineEntry] = field(default_factory=lambda: deque(maxlen=MAX_TIMELINE))
     history: deque[Point] = field(default_factory=lambda: deque(maxlen=MAX_HISTORY))
     events_seen: int = 0
@@ -274,6 +291,8 @@ def evolve(state: GatewayState, event: Event) -> GatewayState:
             _fleet(state, event)
         case GpuIsolated() | GpuRestored():
             _gpu_isolation(state, event)
+        case IsolationHeld() | IsolationDismissed():
+            _held(state, event)
         case GpuFaultDetected():
             _fault(state, event)
         case (
@@ -353,6 +372,7 @@ def _fleet(state: GatewayState, event: NodeDiscovered | NodeUpdated | NodeLost |
                 ),
             )
         case NodeIsolated():
+            state.held.pop((event.cluster, event.node, None), None)  # confirmed: no longer only held
             node.isolated = Isolation(
                 event.cluster, event.node, None, event.at, event.reason, tuple(event.fault_ids), event.until
             )
@@ -382,6 +402,7 @@ def _gpu_isolation(state: GatewayState, event: GpuIsolated | GpuRestored) -> Non
     if gpu is None:
         gpu = node.gpus[event.gpu_index] = Gpu(event.gpu_index, uuid=event.gpu_uuid or "")
     if isinstance(event, GpuIsolated):
+        state.held.pop((event.cluster, event.node, event.gpu_index), None)
         gpu.isolated = Isolation(
             event.cluster, event.node, event.gpu_index, event.at, event.reason, tuple(event.fault_ids), event.until
         )
@@ -392,6 +413,23 @@ def _gpu_isolation(state: GatewayState, event: GpuIsolated | GpuRestored) -> Non
         gpu.isolated = None
         entry = TimelineEntry(
             event.at, "gpu_restored", event.cluster, event.node, _restored(event.reason, event.by), event.gpu_index
+        )
+    _add_to_timeline(state, entry)
+
+
+def _held(state: GatewayState, event: IsolationHeld | IsolationDismissed) -> None:
+    key = (event.cluster, event.node, event.gpu_index)
+    if isinstance(event, IsolationHeld):
+        state.held[key] = HeldIsolation(
+            event.cluster, event.node, event.gpu_index, event.at, event.action, event.reason, tuple(event.fault_ids)
+        )
+        entry = TimelineEntry(
+            event.at, "isolation_held", event.cluster, event.node, event.reason, event.gpu_index, "warning"
+        )
+    else:
+        state.held.pop(key, None)
+        entry = TimelineEntry(
+            event.at, "isolation_dismissed", event.cluster, event.node, event.reason, event.gpu_index, "info"
         )
     _add_to_timeline(state, entry)
 

@@ -32,6 +32,7 @@ FLEET_GAUGES: tuple[tuple[str, str], ...] = (
     ("chamber_queue_depth", "jobs waiting for a placement (pending, preempted or suspended)"),
     ("chamber_queue_gpus_requested", "GPUs the waiting jobs ask for"),
     ("chamber_nodes_isolated", "nodes isolated as a whole"),
+    ("chamber_isolations_held", "isolations the isolation budget held back, waiting for an operator's confirmation"),
 )
 
 
@@ -60,6 +61,7 @@ def fleet_values(state: GatewayState) -> dict[str, float]:
         "chamber_queue_depth": q.depth,
         "chamber_queue_gpus_requested": q.gpus_requested,
         "chamber_nodes_isolated": sum(n.isolated is not None for n in state.nodes.values()),
+        "chamber_isolations_held": len(state.held),
     }
 
 

@@ -212,10 +212,24 @@ class TimelineView(msgspec.Struct, kw_only=True):
     gpu_index: int | None = None
 
 
+class HeldView(msgspec.Struct, kw_only=True):
+    """An isolation the isolation budget held back: the fault would have isolated the GPU or node;
+    it waits for `chamber health confirm` (or `dismiss`). New work is kept off it meanwhile."""
+
+    cluster: str
+    node: str
+    gpu_index: int | None
+    at: float
+    action: str
+    reason: str
+    fault_ids: list[str] = []
+
+
 class FaultsView(msgspec.Struct, kw_only=True):
     faults_total: int
     isolations: list[Isolation]
     timeline: list[TimelineView]
+    held: list[HeldView] = []  # isolations held for an operator's confirmation, oldest first
 
 
 class Summary(msgspec.Struct, kw_only=True):
@@ -559,6 +573,10 @@ def cost(state: GatewayState) -> CostView:
     )
 
 
+def _held_order(h: core.HeldIsolation) -> tuple[float, str, str, int]:
+    return (h.at, h.cluster, h.node, -1 if h.gpu_index is None else h.gpu_index)
+
+
 def faults(state: GatewayState, *, limit: int = 200) -> FaultsView:
     isolations: list[Isolation] = []
     for node in sorted(state.nodes.values(), key=lambda n: n.key):
@@ -568,8 +586,23 @@ def faults(state: GatewayState, *, limit: int = 200) -> FaultsView:
             if gpu.isolated is not None:
                 isolations.append(_isolation(gpu.isolated))  # type: ignore[arg-type]
     entries = sorted(state.timeline, key=lambda e: (-e.at, e.cluster, e.node, e.kind))[:limit]
+    held = [
+        HeldView(
+            cluster=h.cluster,
+            node=h.node,
+            gpu_index=h.gpu_index,
+            at=h.at,
+            action=h.action,
+            reason=h.reason,
+            fault_ids=list(h.fault_ids),
+        )
+        for h in sorted(
+            state.held.values(), key=lambda h: (h.at, h.cluster, h.node, -1 if h.gpu_index is None else h.gpu_index)
+        )
+    ]
     return FaultsView(
         faults_total=state.faults_total,
+        held=held,
         isolations=isolations,
         timeline=[
             TimelineView(

@@ -202,6 +202,7 @@ def _quota(
             args += ["--weight", f"{float(str(weight)):g}"]
         except ValueError:
             out.refused.append(f"{where}: fairSharing.weight {weight!r} is not a number")
+    args.append("--replace")  # the ClusterQueue is the whole quota: what it leaves out takes its default
     out.commands.append(" ".join(shlex.quote(a) for a in args))
 
 

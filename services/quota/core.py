@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from events import (
+    BudgetSet,
     Event,
     FairShareUpdated,
     GpuIsolated,
@@ -59,10 +60,16 @@ class NodeCap:
     gpus: set[int]
     bad: set[int] = field(default_factory=set)
     in_service: bool = True
+    lost: bool = False  # discovery declared it gone (silent): no longer installed capacity
 
     @property
     def healthy(self) -> int:
         return len(self.gpus - self.bad) if self.in_service else 0
+
+    @property
+    def installed(self) -> int:
+        """GPUs the node has, isolated or not: what quotas are promises about."""
+        return 0 if self.lost else len(self.gpus)
 
 
 # The meaning of this core's fold, for its snapshots (services/runtime/state_codec.py): bump it when a
@@ -82,6 +89,7 @@ class QuotaState:
     decayed: dict[tuple[str, str], float] = field(default_factory=dict)  # decayed GPU-seconds at `clock`
     clock: float | None = None
     published: dict[tuple[str, str], float] = field(default_factory=dict)
+    budgets: dict[str, BudgetSet] = field(default_factory=dict)  # team -> its latest budget
 
     @property
     def team_pools(self) -> dict[str, list[str]]:
@@ -97,7 +105,15 @@ class QuotaState:
         return use
 
     def pool_capacity(self, pool: str) -> int:
+        """Healthy GPUs of the pool now (isolations and lost nodes left out)."""
         return sum(n.healthy for n in self.nodes.values() if node_pool(self.pools, n.model, n.labels) == pool)
+
+    def pool_installed(self, pool: str) -> int:
+        """GPUs installed in the pool, isolated or not (lost nodes left out)."""
+        return sum(n.installed for n in self.nodes.values() if node_pool(self.pools, n.model, n.labels) == pool)
+
+    def pool_guaranteed(self, pool: str) -> int:
+        return sum(q.guaranteed for (p, _), q in self.quotas.items() if p == pool)
 
 
 def decayed_at(state: QuotaState, now: float) -> dict[tuple[str, str], float]:
@@ -136,6 +152,8 @@ def evolve(state: QuotaState, event: Event) -> QuotaState:
             )
         case FairShareUpdated():
             state.published[(event.pool, event.team)] = event.factor
+        case BudgetSet():
+            state.budgets[event.team] = event
         case JobSubmitted():
             state.specs.setdefault(event.job_id, event.spec)
         case JobScheduled() | JobResumed():
@@ -163,9 +181,14 @@ def evolve(state: QuotaState, event: Event) -> QuotaState:
                 _model(event.gpus), dict(event.labels or (old.labels if old else {})), {g.index for g in event.gpus}
             )
             node.in_service = event.status == NodeStatus.HEALTHY and not (old is not None and not old.in_service)
+            node.lost = event.status == NodeStatus.LOST
             node.bad = old.bad if old else set()
             state.nodes[(event.cluster, event.node)] = node
-        case NodeLost() | NodeIsolated():
+        case NodeLost():
+            if (n := state.nodes.get((event.cluster, event.node))) is not None:
+                n.in_service = False
+                n.lost = True
+        case NodeIsolated():
             if (n := state.nodes.get((event.cluster, event.node))) is not None:
                 n.in_service = False
         case NodeRestored():
@@ -230,6 +253,7 @@ def rows(state: QuotaState, now: float) -> list[dict[str, Any]]:
     out = []
     for (pool, team), q in sorted(state.quotas.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         in_use = use.get((pool, team), 0)
+        budget = state.budgets.get(team)
         out.append(
             {
                 "team": team,
@@ -237,13 +261,106 @@ def rows(state: QuotaState, now: float) -> list[dict[str, Any]]:
                 "guaranteed": q.guaranteed,
                 "borrow_limit": q.borrow_limit,
                 "lend_limit": q.lend_limit,
+                "np_lend_limit": q.np_lend_limit,
                 "weight": q.weight,
+                "critical": q.critical,
+                "budget": budget.amount if budget else None,
+                "currency": budget.currency if budget else None,
+                "on_budget": budget.on_budget.value if budget else None,
                 "in_use": in_use,
                 "borrowed": max(0, in_use - q.guaranteed),
                 "fair_share": shares.get((pool, team), (1.0, 0.0, 0.0))[0],
             }
         )
     return out
+
+
+def pool_rows(state: QuotaState) -> list[dict[str, Any]]:
+    """Per pool with a quota or a definition: installed and healthy GPUs, what is guaranteed, and
+    whether the guarantees promise more than is installed (over-committed)."""
+    names = sorted({p for p, _ in state.quotas} | set(state.pools))
+    out = []
+    for pool in names:
+        definition = state.pools.get(pool)
+        installed, guaranteed = state.pool_installed(pool), state.pool_guaranteed(pool)
+        out.append(
+            {
+                "pool": pool,
+                "gpu_model": definition.gpu_model if definition else None,
+                "node_selector": dict(definition.node_selector) if definition else {},
+                "installed": installed,
+                "in_service": state.pool_capacity(pool),
+                "guaranteed": guaranteed,
+                "over_committed": max(0, guaranteed - installed),
+            }
+        )
+    return out
+
+
+# -- the settings of a quota, and what a command changes ----------------------------------------------
+# The order `chamber quota set` prints them in; names as the command's fields.
+SETTINGS = ("gpus", "borrow_limit", "lend_limit", "np_lend_limit", "weight", "critical")
+DEFAULTS: dict[str, Any] = {
+    "borrow_limit": None,
+    "lend_limit": None,
+    "np_lend_limit": None,
+    "weight": 1.0,
+    "critical": False,
+}
+
+
+def settings_of(state: QuotaState, pool: str, team: str) -> dict[str, Any] | None:
+    """The team's current quota in the pool as command fields, or None when it has none."""
+    q = state.quotas.get((pool, team))
+    if q is None:
+        return None
+    return {
+        "gpus": q.guaranteed,
+        "borrow_limit": q.borrow_limit,
+        "lend_limit": q.lend_limit,
+        "np_lend_limit": q.np_lend_limit,
+        "weight": q.weight,
+        "critical": q.critical,
+    }
+
+
+def patched(current: dict[str, Any] | None, given: dict[str, Any], *, replace: bool) -> dict[str, Any]:
+    """The settings after a command: with `replace` the fields given and the defaults for the rest;
+    otherwise the current settings with only the fields given changed. A new quota needs `gpus`."""
+    base = dict(DEFAULTS) if replace or current is None else dict(current)
+    out = {**base, **{k: v for k, v in given.items() if k in SETTINGS}}
+    if "gpus" not in out:
+        raise QuotaRefused("the team has no quota in this pool yet: how many guaranteed GPUs? pass --gpus N", "gpus")
+    return out
+
+
+def changes(before: dict[str, Any] | None, after: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each setting before and after, and whether it changed (before is None for a new quota)."""
+    return [
+        {
+            "setting": name,
+            "before": None if before is None else before[name],
+            "after": after[name],
+            "changed": before is None or before[name] != after[name],
+        }
+        for name in SETTINGS
+    ]
+
+
+def over_commitment(state: QuotaState, pool: str, team: str, gpus: int) -> str | None:
+    """A warning when the pool's guarantees, with this one, promise more GPUs than are installed
+    (nodes not joined yet, a Kueue import applied first). Isolations do not count: a quota is a
+    promise about installed capacity, and an isolated GPU comes back."""
+    installed = state.pool_installed(pool)
+    others = sum(q.guaranteed for (p, t), q in state.quotas.items() if p == pool and t != team)
+    total = others + gpus
+    if total <= installed:
+        return None
+    return (
+        f"pool {pool} is over-committed: guarantees total {total} GPUs (other teams {others}), "
+        f"{total - installed} more than the {installed} installed; until more join, a team below its "
+        f"guarantee may wait for GPUs that other teams hold within theirs"
+    )
 
 
 # -- commands --------------------------------------------------------------------------------------
@@ -284,14 +401,8 @@ def set_quota(
         raise QuotaRefused(
             f"np_lend_limit {np_lend_limit} is above the guarantee {gpus}: a team lends only its own", "np_lend_limit"
         )
-    capacity = state.pool_capacity(pool)
-    others = sum(q.guaranteed for (p, t), q in state.quotas.items() if p == pool and t != team)
-    if others + gpus > capacity:
-        raise QuotaRefused(
-            f"guarantees in pool {pool} would total {others + gpus} GPUs, above its capacity of {capacity} "
-            f"(other teams hold {others}); lower --gpus to at most {max(capacity - others, 0)}",
-            "gpus",
-        )
+    # Capacity is not checked here: guarantees above what is installed are accepted (the service warns,
+    # `over_commitment`), so quotas can be applied before nodes join and isolations never invalidate one.
     return TeamQuotaSet(
         team=team,
         pool=pool,

@@ -2,7 +2,7 @@
 
 A manifest for the decider host: inputs FLEET, QUOTA and JOBS, the core's `evolve`, and as `decide`
 the FairShareUpdated of teams whose factor moved (every `--interval` seconds). Answers `set`,
-`pool_set` and `list` (a valid command is appended to QUOTA and answered once folded back), and
+`patch`, `pool_set` and `list` (a valid command is appended to QUOTA and answered once folded back), and
 writes each team's row to the KV bucket `chamber_quota` (key `<pool>.<team>`) for dashboards.
 """
 
@@ -16,9 +16,9 @@ from typing import Any
 import msgspec
 from nats.js.kv import KeyValue
 
-from events import BudgetSet
+from events import BudgetAction, BudgetSet
 from events.codec import stable_id
-from events.commands import SetTeamQuota
+from events.commands import PatchTeamQuota, SetTeamQuota
 from events.names import check_event
 from events.subjects import token
 from services.quota import core
@@ -26,11 +26,16 @@ from services.quota.core import (
     DEFAULT_HALF_LIFE_S,
     QuotaRefused,
     QuotaState,
+    changes,
     decide,
     define_pool,
     evolve,
+    over_commitment,
+    patched,
+    pool_rows,
     rows,
     set_quota,
+    settings_of,
 )
 from services.runtime.buckets import open_kv
 from services.runtime.commands import CommandRefused
@@ -105,50 +110,109 @@ class QuotaService:
             raise CommandRefused("the quota service is still reading its log; try again in a moment")
 
     async def set(self, req: SetQuotaRequest) -> dict[str, Any]:
-        await self._ensure_ready()
-        gpus = req.gpus if req.gpus is not None else req.guaranteed_gpus
-        if gpus is None:
+        """Replace the team's quota in the pool: fields left out take their defaults."""
+        if req.gpus is None and req.guaranteed_gpus is None:
             raise CommandRefused("how many guaranteed GPUs? pass --gpus N", field="gpus")
         if req.guaranteed_gpus is not None and req.gpus is not None and req.gpus != req.guaranteed_gpus:
             raise CommandRefused("gpus and guaranteed_gpus differ; give one of them", field="gpus")
+        given: dict[str, Any] = {
+            "gpus": req.gpus if req.gpus is not None else req.guaranteed_gpus,
+            "borrow_limit": req.borrow_limit,
+            "lend_limit": req.lend_limit,
+            "np_lend_limit": req.np_lend_limit,
+            "weight": req.weight,
+            "critical": req.critical,
+        }
+        budget = None
+        if req.budget is not None:
+            budget = {"amount": req.budget, "currency": req.currency, "period": req.period, "on_budget": req.on_budget}
+        return await self._apply(req.team, req.pool, given, budget, replace=True)
+
+    async def patch(self, req: PatchTeamQuota) -> dict[str, Any]:
+        """Change only the fields the request names; the others keep their current values."""
+        await self._ensure_ready()
+        given = req.given()
+        budget_fields = {k: given.pop(k) for k in ("budget", "currency", "period", "on_budget") if k in given}
+        budget = None
+        if budget_fields:
+            current = self.state.budgets.get(req.team)
+            if "budget" not in budget_fields and current is None:
+                raise CommandRefused(
+                    f"team {req.team} has no budget to change: pass --budget AMOUNT", field="on_budget"
+                )
+            budget = {
+                "amount": budget_fields.get("budget", current.amount if current else 0.0),
+                "currency": budget_fields.get("currency", current.currency if current else "USD"),
+                "period": budget_fields.get("period", current.period if current else "month"),
+                "on_budget": budget_fields.get("on_budget", current.on_budget if current else BudgetAction.NOTIFY),
+            }
+        return await self._apply(req.team, req.pool, given, budget, replace=False)
+
+    async def _apply(
+        self, team: str, pool: str, given: dict[str, Any], budget: dict[str, Any] | None, *, replace: bool
+    ) -> dict[str, Any]:
+        """Record the quota the command leaves (and the budget, if it names one); answer with every
+        setting before and after, and a warning when the pool's guarantees exceed what is installed."""
+        await self._ensure_ready()
+        state = self.state
+        before = settings_of(state, pool, team)
         try:
+            after = patched(before, given, replace=replace)
             event = set_quota(
-                self.state,
-                team=req.team,
-                pool=req.pool,
-                gpus=gpus,
-                borrow_limit=req.borrow_limit,
-                lend_limit=req.lend_limit,
-                weight=req.weight,
+                state,
+                team=team,
+                pool=pool,
+                gpus=after["gpus"],
+                borrow_limit=after["borrow_limit"],
+                lend_limit=after["lend_limit"],
+                weight=after["weight"],
                 at=time.time(),
-                critical=req.critical,
-                np_lend_limit=req.np_lend_limit,
+                critical=after["critical"],
+                np_lend_limit=after["np_lend_limit"],
             )
         except QuotaRefused as exc:
             raise CommandRefused(str(exc), field=exc.field) from None
-        if req.budget is not None and req.budget < 0:
-            raise CommandRefused(f"budget must be 0 or more, got {req.budget:g}", field="budget")
         check_event(event)  # what the consumers' decoders will say, said now (InvalidName: refused)
-        await self._record(event, stable_id("quota", req.pool, req.team, event.at))
+        warnings = [w for w in (over_commitment(state, pool, event.team, event.guaranteed_gpus),) if w]
+        budget_before = state.budgets.get(event.team)
+        await self._record(event, stable_id("quota", pool, event.team, event.at))
         result: dict[str, Any] = {
             "team": event.team,
             "pool": event.pool,
             "guaranteed": event.guaranteed_gpus,
             "critical": event.critical,
+            "replaced": replace,
+            "new": before is None,
+            "settings": after,
+            "changes": changes(before, after),
+            "installed": state.pool_installed(pool),
+            "warnings": warnings,
         }
-        if req.budget is not None:
-            budget = BudgetSet(
-                team=req.team,
-                at=event.at,
-                amount=req.budget,
-                currency=req.currency,
-                period=req.period,
-                on_budget=req.on_budget,
+        if budget is not None:
+            record = BudgetSet(team=event.team, at=event.at, **budget)
+            check_event(record)
+            await self._record(record, stable_id("budget", event.team, event.at))
+        current = (
+            budget
+            if budget is not None
+            else (
+                {
+                    "amount": budget_before.amount,
+                    "on_budget": budget_before.on_budget,
+                    "currency": budget_before.currency,
+                }
+                if budget_before is not None
+                else None
             )
-            check_event(budget)
-            await self._record(budget, stable_id("budget", req.team, event.at))
-            result["budget"] = req.budget
-            result["on_budget"] = req.on_budget.value
+        )
+        if current is not None:
+            result["budget"] = current["amount"]
+            result["on_budget"] = BudgetAction(str(current["on_budget"])).value
+            result["currency"] = current["currency"]
+            result["budget_changed"] = budget is not None and (
+                budget_before is None
+                or (budget_before.amount, budget_before.on_budget) != (budget["amount"], budget["on_budget"])
+            )
         return result
 
     async def pool_set(self, req: PoolSetRequest) -> dict[str, Any]:
@@ -163,7 +227,7 @@ class QuotaService:
         return {"pool": event.pool, "gpu_model": event.gpu_model, "node_selector": event.node_selector}
 
     async def list(self, _: ListRequest) -> dict[str, Any]:
-        return {"teams": rows(self.state, time.time())}
+        return {"teams": rows(self.state, time.time()), "pools": pool_rows(self.state)}
 
     async def write_view(self, now: float) -> None:
         """Each team's row into the KV view, once the state is rebuilt."""
@@ -193,6 +257,7 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
         service.host = DeciderHost(service.manifest(), ctx)
         service.host.install()
         ctx.command("set", SetQuotaRequest, service.set)
+        ctx.command("patch", PatchTeamQuota, service.patch)
         ctx.command("pool_set", PoolSetRequest, service.pool_set)
         ctx.command("list", ListRequest, service.list)
         ctx.every(args.interval, service.write_view)

@@ -54,12 +54,13 @@ from services.scheduler.core import (
     schedule,
 )
 from services.scheduler.core.cycle import PREEMPTION_SEARCHES
-from services.scheduler.core.door import size_warnings, submitted
+from services.scheduler.core.door import cannot_run, submitted
 from services.scheduler.core.explain import explain_finished
 from services.scheduler.core.links import DEFAULT_FAULT_MEMORY_S, KEEP_S, LinkHealth
 from services.scheduler.core.pools import job_pool
 from services.scheduler.core.quota import critical_block
 from services.scheduler.core.state import DEFAULT_TOPOLOGY_KEY
+from services.scheduler.jobref import JobRefError, resolve
 from services.scheduler.policy_options import add_policy_arguments, policy_from_args
 
 NAME = "scheduler"
@@ -183,6 +184,14 @@ class Scheduler:
         if req.request_id and job_id in self.state.jobs and await self._submitted_by(job_id, req):
             return {"id": job_id, "job_id": job_id, "duplicate": True}  # a retry: applied once
         event = submitted(self.state, req, job_id, time.time())  # InvalidName: refused, naming the field
+        impossible = cannot_run(self.state, event.spec)
+        if impossible and not req.allow_wait:
+            raise CommandRefused(
+                "the job cannot run on this fleet: "
+                + "; ".join(impossible)
+                + ". Change the request, or submit with --allow-wait (allow_wait) to keep it waiting until it can",
+                field="gpu_model" if impossible[0].startswith("no GPU") else "gpus",
+            )
         refused = critical_block(
             self.state, event.spec.team, job_pool(event.spec, self.state.team_pools), event.spec.priority
         )
@@ -198,9 +207,8 @@ class Scheduler:
                 return {"id": job_id, "job_id": job_id, "duplicate": True}  # a retry: applied once
             raise CommandRefused(f"job {job_id} exists already; pick another id", field="id") from None
         answer: dict[str, Any] = {"id": job_id, "job_id": job_id}
-        warnings = size_warnings(self.state, event.spec)
-        if warnings:
-            answer["warnings"] = warnings
+        if impossible:
+            answer["warnings"] = [f"it cannot run until this changes: {why}" for why in impossible]
         return answer
 
     async def _submitted_by(self, job_id: str, req: SubmitRequest, within_s: float = 3.0) -> bool:
@@ -227,18 +235,24 @@ class Scheduler:
         name = req.job or req.job_id
         if not name:
             raise CommandRefused("which job? give its id", field="job")
+        try:  # an id, an exact name or a unique id prefix
+            job_id, unknown = resolve(name, ((j.id, j.spec.name) for j in self.state.jobs.values())), ""
+        except JobRefError as exc:
+            if not str(exc).startswith("no job"):
+                raise CommandRefused(str(exc), field="job") from None
+            job_id, unknown = name, str(exc)  # perhaps just submitted: the entity's sequence says below
         assert self.host is not None
         try:
             # the job's latest event, folded: checked below, then expected by the stream on append
-            seq = await self.host.entity_seq("JOBS", subjects.jobs(name))
+            seq = await self.host.entity_seq("JOBS", subjects.jobs(job_id))
         except CommandConflict as exc:
             raise CommandRefused(str(exc), field="job") from None
-        job = self.state.jobs.get(name)
+        job = self.state.jobs.get(job_id)
         if job is None:
             ended = await self._explain_from_log(name) if self.state.forgotten else None
             if ended is not None:  # finished, and it has left memory since
                 raise CommandRefused(f"job {name} is already {ended['state']}", field="job")
-            raise CommandRefused(f"no job {name!r}; `chamber queue` lists the jobs", field="job")
+            raise CommandRefused(f"{unknown or f'no job {name!r}'}; `chamber queue` lists the jobs", field="job")
         if job.state in FINISHED:
             raise CommandRefused(f"job {name} is already {job.state.value}", field="job")
         event = JobCancelled(job_id=job.id, at=time.time(), by=req.by, reason=req.reason)
@@ -269,11 +283,19 @@ class Scheduler:
 
     async def explain(self, req: ExplainRequest) -> dict[str, Any]:
         self._refresh_waiting()
-        found = explain(self.state, req.job, self.waiting, now=time.time(), policy=self.policy)
-        if found is None and self.state.forgotten:
-            found = await self._explain_from_log(req.job)
-        if found is None:
-            raise CommandRefused(f"no job {req.job!r}; `chamber queue --all` lists the jobs", field="job")
+        state = self.state
+        try:
+            job_id = resolve(req.job, ((j.id, j.spec.name) for j in state.jobs.values()))
+        except JobRefError as exc:
+            if not str(exc).startswith("no job"):
+                raise CommandRefused(f"{exc}; `chamber queue --all` lists the jobs", field="job") from None
+            # finished and gone from memory: its first and last events are in the log
+            found = await self._explain_from_log(req.job) if state.forgotten else None
+            if found is None:
+                raise CommandRefused(f"{exc}; `chamber queue --all` lists the jobs", field="job") from None
+            return found
+        found = explain(state, job_id, self.waiting, now=time.time(), policy=self.policy)
+        assert found is not None
         return found
 
     async def _explain_from_log(self, job_id: str) -> dict[str, Any] | None:

@@ -8,7 +8,7 @@ The held-out trace has about 6,200 jobs of 4 teams replayed on 40 and 32 GPUs. T
   - stretches the submit times so the mean offered load over the submit period is `load_gpus`
     (durations unchanged), which keeps the trace's bursts: queues build in them and drain after.
 Classes are given as for any trace (`classes.assign`), so the same seeds give the same jobs anywhere.
-`bench/issue19_analogue.py` runs it at 40 and 32 GPUs with default quotas and prints the targets.
+`bench/class_analogue.py` runs it at 40 and 32 GPUs with default quotas and prints the targets.
 """
 
 from __future__ import annotations

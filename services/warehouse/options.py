@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from services.warehouse.backend import Warehouse
+if TYPE_CHECKING:  # the backend pulls in Arrow: only processes that open a warehouse need it
+    from services.warehouse.backend import Warehouse
 
 DEFAULT_DATA_DIR = ".chamber"
 

@@ -12,6 +12,8 @@ import aiohttp
 import pytest
 from nats.aio.client import Client
 
+from events import NodeDiscovered
+from events.fleet import IsolationHeld
 from services.gateway import core, views
 from services.gateway.core import GatewayState, evolve
 from tests.gateway_builders import a_demo_fleet
@@ -44,6 +46,13 @@ async def test_the_dashboard_shows_the_running_fleet(
     from playwright.async_api import async_playwright
 
     events, waves = a_demo_fleet(t0=float(int(time.time()) - 3400))  # jobs started within the last hour
+    # an isolation the budget held back: counted on the Isolated card and listed with its confirm command
+    some = next(e for e in events if isinstance(e, NodeDiscovered))
+    held = IsolationHeld(
+        cluster=some.cluster, node=some.node, at=time.time() - 60, action="isolate_gpu", reason="nic_down; held",
+        gpu_index=1,
+    )  # fmt: skip
+    events = [*events, held]
     expected = GatewayState()
     for event in [*events, *(e for w in waves for e in w)]:
         evolve(expected, event)
@@ -84,6 +93,9 @@ async def test_the_dashboard_shows_the_running_fleet(
             assert await page.locator("#heatmap .cell.isolated").count() == fleet.gpus_isolated
             assert await page.locator("#pending tbody tr").count() == views.queue(expected).depth
             assert "isolated" in await page.locator("#timeline").text_content()  # type: ignore[operator]
+            assert "1 held" in await page.locator("#nodes-isolated").text_content()  # type: ignore[operator]
+            chip = page.locator(f'#held [data-held="{some.node}/1"]')
+            assert f"chamber health confirm {some.node} --gpu 1" in await chip.text_content()  # type: ignore[operator]
             await page.wait_for_function(  # the efficiency series is drawn, with points over time
                 "(document.querySelector('#chart-efficiency polyline')?.getAttribute('points') ?? '')"
                 ".split(' ').length >= 3",

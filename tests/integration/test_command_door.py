@@ -57,9 +57,17 @@ async def test_bad_submits_are_refused_naming_the_field_and_nothing_reaches_the_
         assert await stream_messages(js, "JOBS") == 0
         assert await stream_messages(js, "DEAD") == 0
 
-        # `Vision ` is the team vision; a job larger than the fleet is accepted and says so
-        ok = await request(nc, "scheduler", "submit", {"team": " Vision ", "gpus": 2, "replicas": 8, "id": "big"})
-        assert "the fleet has 8" in ok["warnings"][0]
+        # a job larger than the fleet is refused with the numbers, or kept waiting with allow_wait
+        too_big = await refused(nc, "scheduler", "submit", {"team": "vision", "gpus": 2, "replicas": 8})
+        assert too_big.field == "gpus" and "asks for 16 GPUs and pool default has 8 installed" in str(too_big)
+        assert "--allow-wait" in str(too_big)
+        model = await refused(nc, "scheduler", "submit", {"team": "vision", "gpus": 1, "gpu_model": "H100-8GB"})
+        assert model.field == "gpu_model" and "did you mean" in str(model)
+        assert await stream_messages(js, "JOBS") == 0
+        # `Vision ` is the team vision
+        big = {"team": " Vision ", "gpus": 2, "replicas": 8, "id": "big", "allow_wait": True}
+        ok = await request(nc, "scheduler", "submit", big)
+        assert "it cannot run until this changes: the job asks for 16 GPUs" in ok["warnings"][0]
         [row] = (await request(nc, "scheduler", "queue", {}))["jobs"]
         assert row["team"] == "vision"
     finally:

@@ -197,6 +197,10 @@ async def test_commands_need_the_token_and_change_nothing_without_it(
         assert status == 200 and received[-1] == {"job_id": "job-1"}
         status, body = await gateway.send("PUT", "/api/teams/nlp/quota", json={"pool": "default", "guaranteed_gpus": 4})
         assert status == 200 and received[-1] == {"pool": "default", "guaranteed_gpus": 4, "team": "nlp"}
+        # PATCH forwards only the fields sent (null clears a limit), to the patch verb
+        status, body = await gateway.send("PATCH", "/api/teams/nlp/quota", json={"borrow_limit": None, "weight": 2})
+        assert (status, body["result"]) == (200, {"done": "patch"})
+        assert received[-1] == {"borrow_limit": None, "weight": 2.0, "team": "nlp"}
         status, body = await gateway.send("POST", "/api/nodes/local/n3/restore", json={"by": "replaced"})
         assert status == 200 and received[-1] == {"by": "replaced", "cluster": "local", "node": "n3"}
 
@@ -337,6 +341,7 @@ async def _fake_owners(url: str, received: list[dict[str, Any]]) -> tuple[asynci
 
     async def setup_quota(ctx: ServiceContext) -> None:
         ctx.command("set", dict, recorder("set"))
+        ctx.command("patch", dict, recorder("patch"))
 
     async def setup_health(ctx: ServiceContext) -> None:
         ctx.command("restore", dict, recorder("restore"))

@@ -127,6 +127,11 @@ async def test_submit_schedule_explain_cancel_and_a_restart_rebuilds_the_same_st
     assert "is running on n1[0,1,2]" in text
     with pytest.raises(CommandRefused, match="no job"):
         await request(nc, "scheduler", "explain", {"job": "nope"})
+    # by its exact name, or a unique prefix of its id; an ambiguous prefix lists the candidates
+    assert (await request(nc, "scheduler", "explain", {"job": "train"}))["id"] == "train-1"
+    assert (await request(nc, "scheduler", "explain", {"job": "wait"}))["id"] == "wait-1"
+    with pytest.raises(CommandRefused, match="did you mean train-1"):
+        await request(nc, "scheduler", "explain", {"job": "train-2"})
 
     # restart: the state comes back from the log, and nothing is scheduled twice
     await sched.close()
@@ -160,30 +165,50 @@ async def test_quota_commands_are_validated_and_listed_with_usage_and_fair_share
     await eventually(lambda: answers(nc, "quota", "list", {}))
 
     await eventually(lambda: answers(nc, "quota", "set", {"team": "vision", "gpus": 10, "borrow_limit": 2}))
-    with pytest.raises(CommandRefused, match="above its capacity of 16") as refused:
-        await request(nc, "quota", "set", {"team": "nlp", "gpus": 7})
-    assert refused.value.field == "gpus"
+    # above the 16 installed GPUs: accepted, with a warning naming the numbers, and shown over-committed
+    over = await request(nc, "quota", "set", {"team": "nlp", "gpus": 7})
+    assert over["warnings"] and "17 GPUs" in over["warnings"][0] and "16 installed" in over["warnings"][0]
+    listed = await request(nc, "quota", "list", {})
+    assert [(p["pool"], p["installed"], p["guaranteed"], p["over_committed"]) for p in listed["pools"]] == [
+        ("default", 16, 17, 1)
+    ]
+    await request(nc, "quota", "set", {"team": "nlp", "gpus": 6})
     with pytest.raises(CommandRefused, match="unknown pool 'hopper'"):
         await request(nc, "quota", "set", {"team": "nlp", "gpus": 1, "pool": "hopper"})
     assert (await request(nc, "quota", "pool_set", {"name": "hopper", "gpu_model": "H100"}))["pool"] == "hopper"
     payload = {"team": "nlp", "guaranteed_gpus": 8, "pool": "hopper", "weight": 2, "budget": 5e4}
     reply = await request(nc, "quota", "set", payload)
-    assert reply == {
+    assert {k: reply[k] for k in ("team", "pool", "guaranteed", "critical", "budget", "on_budget", "new")} == {
         "team": "nlp",
         "pool": "hopper",
         "guaranteed": 8,
         "critical": False,
         "budget": 5e4,
         "on_budget": "notify",
+        "new": True,
     }
+    assert reply["warnings"] == []  # 8 guaranteed of hopper's 8 installed
+    # a patch changes only what it names: the weight and the budget stay
+    patch = await request(nc, "quota", "patch", {"team": "nlp", "pool": "hopper", "borrow_limit": 4})
+    kept = {c["setting"]: (c["before"], c["after"], c["changed"]) for c in patch["changes"]}
+    assert kept["weight"] == (2.0, 2.0, False) and kept["borrow_limit"] == (None, 4, True)
+    assert (patch["budget"], patch["budget_changed"]) == (5e4, False)
+    hold = await request(nc, "quota", "patch", {"team": "nlp", "pool": "hopper", "on_budget": "hold"})
+    assert (hold["budget"], hold["on_budget"], hold["budget_changed"]) == (5e4, "hold", True)
+    with pytest.raises(CommandRefused, match="no quota in this pool yet") as refused:
+        await request(nc, "quota", "patch", {"team": "speech", "weight": 2})
+    assert refused.value.field == "gpus"
     rows = (await request(nc, "quota", "list", {}))["teams"]
     assert [(r["team"], r["pool"], r["guaranteed"], r["borrow_limit"], r["weight"]) for r in rows] == [
-        ("nlp", "hopper", 8, None, 2.0),
+        ("nlp", "default", 6, None, 1.0),
+        ("nlp", "hopper", 8, 4, 2.0),
         ("vision", "default", 10, 2, 1.0),
     ]
     assert set(rows[0]) == {
-        "team", "pool", "guaranteed", "borrow_limit", "lend_limit", "weight", "in_use", "borrowed", "fair_share",
+        "team", "pool", "guaranteed", "borrow_limit", "lend_limit", "np_lend_limit", "weight", "critical",
+        "budget", "currency", "on_budget", "in_use", "borrowed", "fair_share",
     }  # fmt: skip
+    assert (rows[0]["budget"], rows[0]["on_budget"]) == (5e4, "hold")  # a budget is the team's, in every pool
     await eventually(lambda: _kv_has(js, "hopper.nlp"))
     await quota.close()
 

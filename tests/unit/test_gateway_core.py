@@ -20,11 +20,13 @@ from events import (
     NodeRestored,
     Placement,
 )
+from events.fleet import IsolationDismissed, IsolationHeld
 from events.jobs import PreemptionReason, PriorityClass
 from events.streams import stream_for
 from events.subjects import subject_for
 from services.gateway import core, views
 from services.gateway.core import GatewayState, JobState, evolve
+from services.gateway.metrics import fleet_values
 from tests.gateway_builders import (
     CLUSTER,
     T0,
@@ -318,3 +320,22 @@ def test_the_queue_follows_the_schedulers_next_cycle_order_once_it_has_answered(
     )
     fold([a_submitted("newest", priority=PriorityClass.CRITICAL, at=T0 + 9)], state)
     assert [j.job_id for j in views.queue(state).jobs] == ["old-low", "new-high", "newest"]  # unlisted last
+
+
+def test_held_isolations_are_listed_counted_and_cleared_by_a_confirm_or_a_dismiss() -> None:
+    state = fold([a_node_discovered("n1"), a_node_discovered("n2")])
+    reason = "nic_down: NIC mlx5_0 down; held: the isolation budget is spent"
+    evolve(
+        state, IsolationHeld(cluster=CLUSTER, node="n1", at=T0 + 1, action="isolate_gpu", reason=reason, gpu_index=2)
+    )
+    evolve(state, IsolationHeld(cluster=CLUSTER, node="n2", at=T0 + 2, action="isolate_node", reason="xid 79; held"))
+    f = views.faults(state)
+    assert [(h.node, h.gpu_index, h.action) for h in f.held] == [("n1", 2, "isolate_gpu"), ("n2", None, "isolate_node")]
+    assert f.held[0].reason == reason and f.isolations == []  # held, not isolated: nothing is hidden
+    assert f.timeline[0].kind == "isolation_held"
+    assert fleet_values(state)["chamber_isolations_held"] == 2
+    # the operator confirms one (health then isolates it) and dismisses the other
+    evolve(state, GpuIsolated(cluster=CLUSTER, node="n1", gpu_index=2, at=T0 + 3, reason="confirmed"))
+    evolve(state, IsolationDismissed(cluster=CLUSTER, node="n2", at=T0 + 4, reason="dismissed by operator"))
+    assert views.faults(state).held == [] and fleet_values(state)["chamber_isolations_held"] == 0
+    assert views.faults(state).timeline[0].kind == "isolation_dismissed"

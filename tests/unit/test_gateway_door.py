@@ -134,6 +134,11 @@ async def test_the_document_gives_each_command_its_real_request_schema(client: T
     assert schemas["SubmitJob"]["properties"]["gpus"]["anyOf"][0]["maximum"] == 1024
     assert "borrow_limit" in schemas["SetTeamQuota"]["properties"]
     assert "replaces" in quota["description"] and "PATCH" in quota["description"]
+    patch = doc["paths"]["/api/teams/{team}/quota"]["patch"]
+    assert patch["requestBody"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/PatchTeamQuota"
+    }
+    assert schemas["PatchTeamQuota"]["required"] == ["team"] and "Only the fields sent" in patch["description"]
 
 
 async def test_a_team_filter_follows_the_team_rule(client: TestClient[Any, Any]) -> None:

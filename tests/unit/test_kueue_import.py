@@ -28,9 +28,9 @@ def test_the_documented_example_converts_whole_into_commands_the_cli_accepts() -
     assert result.commands == [
         "chamber quota pool set a100 --node-label nvidia.com/gpu.product=NVIDIA-A100-SXM4-80GB",
         "chamber quota pool set h100 --node-label nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3",
-        "chamber quota set nlp --pool h100 --gpus 32",
-        "chamber quota set speech --pool a100 --gpus 16 --borrow-limit 0 --lend-limit 0",  # no cohort: alone
-        "chamber quota set vision --pool h100 --gpus 32 --borrow-limit 16 --lend-limit 24 --weight 2",
+        "chamber quota set nlp --pool h100 --gpus 32 --replace",
+        "chamber quota set speech --pool a100 --gpus 16 --borrow-limit 0 --lend-limit 0 --replace",  # no cohort: alone
+        "chamber quota set vision --pool h100 --gpus 32 --borrow-limit 16 --lend-limit 24 --weight 2 --replace",
     ]
     parser = build_parser()
     for command in result.commands:

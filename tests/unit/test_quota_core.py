@@ -4,8 +4,22 @@ from __future__ import annotations
 
 import pytest
 
-from events import JobCompleted, JobScheduled, NodeIsolated, Placement
-from services.quota.core import QuotaRefused, QuotaState, decide, define_pool, evolve, fair_shares, rows, set_quota
+from events import BudgetAction, BudgetSet, GpuIsolated, JobCompleted, JobScheduled, NodeIsolated, NodeLost, Placement
+from services.quota.core import (
+    QuotaRefused,
+    QuotaState,
+    changes,
+    decide,
+    define_pool,
+    evolve,
+    fair_shares,
+    over_commitment,
+    patched,
+    pool_rows,
+    rows,
+    set_quota,
+    settings_of,
+)
 from tests.scheduler_builders import a_job, a_node, a_quota
 
 HOUR = 3600.0
@@ -28,7 +42,6 @@ def test_invalid_quota_commands_are_refused_naming_the_field() -> None:
     cases = [
         (dict(team="nlp", pool="gpu-h", gpus=1), "pool", "unknown pool 'gpu-h'"),
         (dict(team="nlp", pool="default", gpus=-1), "gpus", "0 or more"),
-        (dict(team="nlp", pool="default", gpus=8), "gpus", "above its capacity of 16"),
         (dict(team="nlp", pool="default", gpus=2, lend_limit=3), "lend_limit", "above the guarantee"),
     ]
     for kwargs, field, text in cases:
@@ -36,7 +49,10 @@ def test_invalid_quota_commands_are_refused_naming_the_field() -> None:
             set_quota(s, **{"borrow_limit": None, "lend_limit": None, "weight": 1.0, "at": 0.0, **kwargs})  # type: ignore[arg-type]
         assert refused.value.field == field
     ok = set_quota(s, team="vision", pool="default", gpus=16, borrow_limit=None, lend_limit=None, weight=2, at=1)
-    assert ok.guaranteed_gpus == 16  # a team may raise its own guarantee up to the capacity
+    assert ok.guaranteed_gpus == 16
+    # above what is installed: accepted (nodes may not have joined yet); the service warns
+    more = set_quota(s, team="nlp", pool="default", gpus=8, borrow_limit=None, lend_limit=None, weight=1, at=1)
+    assert more.guaranteed_gpus == 8
 
 
 def test_pools_select_nodes_and_isolation_shrinks_capacity() -> None:
@@ -76,8 +92,68 @@ def test_factors_are_published_when_they_move_and_rows_follow_the_contract() -> 
         "guaranteed": 8,
         "borrow_limit": 4,
         "lend_limit": None,
+        "np_lend_limit": None,
         "weight": 1.0,
+        "critical": False,
+        "budget": None,
+        "currency": None,
+        "on_budget": None,
         "in_use": 8,
         "borrowed": 0,
         "fair_share": 0.5,
     }
+
+
+def test_a_patch_changes_only_what_it_names_and_a_replace_resets_the_rest() -> None:
+    s = a_fleet(a_quota("vision", 8, borrow=4, critical=True))
+    before = settings_of(s, "default", "vision")
+    assert before == {
+        "gpus": 8, "borrow_limit": 4, "lend_limit": None, "np_lend_limit": None, "weight": 1.0, "critical": True,
+    }  # fmt: skip
+    after = patched(before, {"weight": 2.0}, replace=False)
+    assert after == {**before, "weight": 2.0}  # the borrow limit and the critical permission are kept
+    diff = {c["setting"]: (c["before"], c["after"], c["changed"]) for c in changes(before, after)}
+    assert diff["borrow_limit"] == (4, 4, False) and diff["weight"] == (1.0, 2.0, True)
+    assert patched(before, {"borrow_limit": None}, replace=False)["borrow_limit"] is None  # null clears a limit
+    replaced = patched(before, {"gpus": 8, "weight": 2.0}, replace=True)
+    assert replaced["borrow_limit"] is None and replaced["critical"] is False
+    with pytest.raises(QuotaRefused, match="no quota in this pool yet") as refused:
+        patched(None, {"weight": 2.0}, replace=False)
+    assert refused.value.field == "gpus"
+    assert all(c["changed"] and c["before"] is None for c in changes(None, replaced))
+
+
+def test_guarantees_are_promises_about_installed_gpus_not_healthy_ones() -> None:
+    s = a_fleet(a_quota("vision", 10), a_quota("nlp", 6))  # n1 (H100) + n2 (A100): 16 GPUs
+    evolve(s, NodeIsolated(cluster="c1", node="n2", at=1, reason="xid-79"))
+    evolve(s, GpuIsolated(cluster="c1", node="n1", gpu_index=0, at=1, reason="ecc"))
+    assert s.pool_capacity("default") == 7 and s.pool_installed("default") == 16
+    # an unchanged quota stays valid with 9 of 16 GPUs isolated: no warning
+    assert over_commitment(s, "default", "vision", 10) is None
+    warning = over_commitment(s, "default", "vision", 12)
+    assert warning is not None and "over-committed" in warning and "18 GPUs" in warning and "16 installed" in warning
+    [pool] = pool_rows(s)
+    assert (pool["installed"], pool["in_service"], pool["guaranteed"], pool["over_committed"]) == (16, 7, 16, 0)
+    # a lost node is no longer installed: the pool is over-committed until it comes back
+    evolve(s, NodeLost(cluster="c1", node="n2", at=2, last_seen_at=1))
+    [pool] = pool_rows(s)
+    assert (pool["installed"], pool["over_committed"]) == (8, 8)
+    evolve(s, a_node("n2", model="A100"))
+    assert s.pool_installed("default") == 16
+
+
+def test_a_quota_before_any_node_joins_is_accepted_and_shown_over_committed() -> None:
+    s = QuotaState()
+    event = set_quota(s, team="vision", pool="default", gpus=32, borrow_limit=None, lend_limit=None, weight=1, at=0)
+    evolve(s, event)
+    warning = over_commitment(s, "default", "vision", 32)
+    assert warning is not None and "32 more than the 0 installed" in warning
+    assert pool_rows(s)[0]["over_committed"] == 32
+
+
+def test_quota_rows_carry_every_setting_and_the_teams_budget() -> None:
+    s = a_fleet(a_quota("vision", 8, borrow=4, critical=True))
+    evolve(s, BudgetSet(team="vision", at=1, amount=2000.0, on_budget=BudgetAction.HOLD))
+    [row] = rows(s, 2)
+    assert row["np_lend_limit"] is None and row["critical"] is True
+    assert (row["budget"], row["on_budget"], row["currency"]) == (2000.0, "hold", "USD")

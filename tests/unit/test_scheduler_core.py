@@ -385,7 +385,7 @@ def test_no_preemption_that_throws_away_more_work_than_the_wait_it_saves() -> No
     assert d.state_of("borrow") == "running" and d.state_of("urgent") == "pending"
     assert (
         "not preempting borrow: they would lose 40.0 GPU-hours, more than waiting for GPUs that free from "
-        "about t=18600 costs (1.3 GPU-hours)"
+        "about 1970-01-01 05:10:00 UTC (in 10 min) costs (1.3 GPU-hours)"
     ) in d.waiting["urgent"]
     d.given(done("borrow", at=18600))
     d.cycle(now=18600)

@@ -16,6 +16,7 @@ from services.scheduler.core.policy import STRICT_CLASSES, Policy, by_multifacto
 from services.scheduler.core.preemption import eligible
 from services.scheduler.core.quota import nonpreemptible
 from services.scheduler.core.work import Work
+from services.timefmt import when
 from tests.scheduler_builders import Driver, a_job, a_node, a_quota, done
 
 CRIT, HIGH, NORMAL, LOW = (p.rank for p in PriorityClass)
@@ -139,7 +140,7 @@ def test_a_protected_job_holds_a_reservation_later_urgent_arrivals_cannot_pass()
     d.given(done("h0", at=110), a_job("h2", gpus=8, at=110, priority="high", estimate=60))
     schedule_and_fold(d, 110.0, policy)  # queued 110 s > bound: the gang is protected, first in line
     assert d.state_of("h2") == "pending" and d.state_of("gang") == "pending"
-    assert "protected by the starvation guard since t=100" in d.waiting["gang"]
+    assert "protected by the starvation guard since 1970-01-01 00:01:40 UTC (10 s ago)" in d.waiting["gang"]
     assert "backfill: would delay gang" in d.waiting["h2"]
     d.given(done("h1", at=120))
     schedule_and_fold(d, 120.0, policy)
@@ -179,10 +180,11 @@ def test_explain_says_when_the_guard_protects_a_job_and_since_when() -> None:
     bound = CHAMBER.starvation_bound_s
     assert bound is not None
     assert early["starvation_guard"] == {"queued_since": 10.0, "protected_since": 10 + bound, "protected": False}
-    assert f"protects it from t={10 + bound:.0f}" in early["text"]
+    assert f"protects it from {when(10 + bound, 20.0)} if it still waits" in early["text"]
+    assert "(in 23 h 59 min)" in early["text"]  # a time people read: ISO and how far from now
     late = explain(d.state, "big", d.waiting, now=10 + bound + 1, policy=CHAMBER)
     assert late is not None and late["starvation_guard"]["protected"] is True
-    assert f"protected by the starvation guard since t={10 + bound:.0f}" in late["text"]
+    assert f"protected by the starvation guard since {when(10 + bound, 11 + bound)}" in late["text"]
 
 
 def test_a_preempted_job_ages_from_when_it_rejoined_the_queue() -> None:

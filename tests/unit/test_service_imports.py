@@ -31,3 +31,32 @@ def test_no_service_imports_the_cli() -> None:
     }
     assert {p: m for p, m in offenders.items() if m} == {}
     assert len(offenders) > 50  # the walk saw the services (a wrong root would pass vacuously)
+
+
+def test_a_service_process_imports_only_its_own_service_and_no_warehouse_engine() -> None:
+    """`chamber service quota` builds its parser with quota's module alone: not the recorder's Arrow,
+    NumPy, pandas or chDB, which every process of the demo paid for before (bench/footprint.py)."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys; import services.cli.service as s; s.focus(['quota']); "
+        "from services.cli import build_parser; build_parser(); "
+        "heavy = sorted(m for m in ('pyarrow', 'numpy', 'pandas', 'chdb', 'matplotlib') if m in sys.modules); "
+        "others = sorted(m for m in sys.modules if m.endswith('.service') and not m.startswith('services.cli')); "
+        "print(heavy, others)"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[] ['services.quota.service']", done.stdout
+
+
+def test_focus_narrows_the_parser_only_and_chamber_up_still_finds_every_service() -> None:
+    from services.cli import service
+
+    try:
+        service.focus([])  # what `chamber up` sets for its own process
+        assert {"quota", "scheduler", "recorder", "gateway"} <= set(service.discover())
+        assert service.discover(["quota"]).keys() == {"quota"}
+    finally:
+        service._FOCUS.clear()

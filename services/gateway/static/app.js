@@ -67,8 +67,9 @@ function renderCards(s) {
   $("gpus-idle").textContent = int(f.gpus_idle);
   $("idle-ratio").textContent = `${pct(e.idle_ratio)} · ${int(e.allocated_idle)} held idle`;
   $("gpus-isolated").textContent = int(f.gpus_isolated);
-  $("gpus-isolated").closest(".card").classList.toggle("warn", f.gpus_isolated > 0);
-  $("nodes-isolated").textContent = `${plural(f.nodes_isolated, "node")} isolated`;
+  const held = (s.faults.held || []).length;  // isolations the isolation budget held back
+  $("gpus-isolated").closest(".card").classList.toggle("warn", f.gpus_isolated > 0 || held > 0);
+  $("nodes-isolated").textContent = `${plural(f.nodes_isolated, "node")} isolated` + (held ? ` · ${held} held` : "");
   $("efficiency-score").textContent = pct(e.efficiency_score);
   $("usage-ratio").textContent = `usage ${pct(e.usage_ratio)}`;
   $("queue-depth").textContent = int(q.depth);
@@ -253,11 +254,15 @@ function renderRunning(r, now) {
 }
 
 function renderFaults(f) {
-  $("faults-total").textContent = `${plural(f.faults_total, "fault")} · ${plural(f.isolations.length, "active isolation")}`;
+  const held = f.held || [];
+  $("faults-total").textContent = `${plural(f.faults_total, "fault")} · ${plural(f.isolations.length, "active isolation")}` +
+    (held.length ? ` · ${held.length} held for confirmation` : "");
+  $("held").innerHTML = held.map((h) =>
+    `<span class="chip held" data-held="${esc(h.node)}${h.gpu_index == null ? "" : `/${h.gpu_index}`}" title="${esc(h.reason)}">held: ${esc(h.node)}${h.gpu_index == null ? "" : ` GPU ${h.gpu_index}`} (${esc(h.action.replace("_", " "))}, since ${esc(clock(h.at))}): confirm with <code>chamber health confirm ${esc(h.node)}${h.gpu_index == null ? "" : ` --gpu ${h.gpu_index}`}</code></span>`).join("");
   $("isolations").innerHTML = f.isolations.map((i) =>
     `<span class="chip" title="${esc(i.reason)}">${esc(i.node)}${i.gpu_index == null ? "" : ` GPU ${i.gpu_index}`}: ${esc(i.reason)}</span>`).join("");
   drawStrip($("timeline-strip"), f.timeline);
-  const kinds = { fault: "fault", node_isolated: "isolated", gpu_isolated: "GPU isolated", node_restored: "restored", gpu_restored: "GPU restored", node_lost: "lost" };
+  const kinds = { fault: "fault", node_isolated: "isolated", gpu_isolated: "GPU isolated", node_restored: "restored", gpu_restored: "GPU restored", node_lost: "lost", isolation_held: "isolation held", isolation_dismissed: "hold dismissed" };
   $("timeline").innerHTML = f.timeline.slice(0, 60).map((e) => `<li>
     <span class="t">${esc(clock(e.at))}</span><span class="sev ${esc(e.severity)}"></span>
     <span class="where">${esc(e.node)}${e.gpu_index == null ? "" : ` · GPU ${e.gpu_index}`}</span>

@@ -11,6 +11,7 @@ from services.scheduler.core.decisions import Reservation
 from services.scheduler.core.policy import Order, QueueKey
 from services.scheduler.core.state import Job, estimate_s
 from services.scheduler.core.work import Work
+from services.timefmt import when
 
 
 def check(res: Reservation | None, job: Job, key: QueueKey, now: float, order: Order) -> tuple[str | None, bool]:
@@ -23,8 +24,7 @@ def check(res: Reservation | None, job: Job, key: QueueKey, now: float, order: O
         return None, False  # ends before the reserved job starts
     if job.gpus > res.extra_gpus:
         return (
-            f"backfill: would delay {res.job_id}, which has the GPUs reserved from about "
-            f"t={res.shadow_at:.0f} ({res.shadow_at - now:.0f}s from now)",
+            f"backfill: would delay {res.job_id}, which has the GPUs reserved from about {when(res.shadow_at, now)}",
             False,
         )
     return None, True

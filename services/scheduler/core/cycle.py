@@ -36,6 +36,7 @@ from services.scheduler.core.preemption import Victims, lost_work_gpu_s
 from services.scheduler.core.state import QUEUED, Job, JobState, SchedulerState, estimate_s
 from services.scheduler.core.waits import Wait, WaitKind
 from services.scheduler.core.work import Spot, Work
+from services.timefmt import distinct, when
 
 __all__ = ["PREEMPTION_SEARCHES", "estimate_s", "lost_work_gpu_s", "schedule", "select_victims"]
 
@@ -396,8 +397,8 @@ def _guard_text(ctx: CycleContext, c: Candidate) -> str:
     if c.protected_at is None or c.protected_at > ctx.now:
         return ""
     return (
-        f"protected by the starvation guard since t={c.protected_at:.0f} "
-        f"(queued since t={ctx.queued_since(c.job.id):.0f}); "
+        f"protected by the starvation guard since {when(c.protected_at, ctx.now)} "
+        f"(queued since {when(ctx.queued_since(c.job.id), ctx.now)}); "
     )
 
 
@@ -425,7 +426,7 @@ def _capacity_wait(ctx: CycleContext, c: Candidate, guard: str) -> Wait | None:
         new_res = backfill.reservation(work, job, c.key)  # never reserved for what cannot fit
         if new_res is not None:
             ctx.reservations[job.pool] = new_res
-            why += f"; GPUs reserved for it from about t={new_res.shadow_at:.0f}"
+            why += f"; GPUs reserved for it from about {when(new_res.shadow_at, ctx.now)}"
             ctx.waiting[job.id] = guard + why
             return None
     return Wait(kind, why)
@@ -442,9 +443,10 @@ def _not_worth(work: Work, job: Job, victims: list[tuple[Job, PreemptionReason]]
     saved = 0.0 if at is None else job.gpus * (at - work.now)
     if at is None or lost <= worth * saved:
         return None
+    lost_h, saved_h = distinct(lost / 3600, saved / 3600)  # never "0.0, more than ... 0.0"
     return (
-        f"not preempting {', '.join(v.id for v, _ in victims)}: they would lose {lost / 3600:.1f} GPU-hours, "
-        f"more than waiting for GPUs that free from about t={at:.0f} costs ({saved / 3600:.1f} GPU-hours)"
+        f"not preempting {', '.join(v.id for v, _ in victims)}: they would lose {lost_h} GPU-hours, "
+        f"more than waiting for GPUs that free from about {when(at, work.now)} costs ({saved_h} GPU-hours)"
     )
 
 

@@ -2,15 +2,18 @@
 
 Pure (state and time passed in). The request type (events.commands.SubmitJob) has already checked
 names and limits and normalised the team; here the event is checked with its own decoder (so nothing
-acknowledged is dead-lettered later), a team without any quota is refused, and a job bigger than the
-fleet is accepted with a warning that says so (nodes may still join).
+acknowledged is dead-lettered later), and a team without any quota is refused. `cannot_run` says why
+a job can never start on the fleet as installed (the service refuses it unless `allow_wait`).
 """
 
 from __future__ import annotations
 
+import difflib
+
 from events.commands import SubmitJob
 from events.jobs import JobSpec, JobSubmitted
 from events.names import InvalidName, check_event
+from services.pools import job_pool, node_pool
 from services.scheduler.core.state import SchedulerState
 
 
@@ -24,6 +27,9 @@ def submitted(state: SchedulerState, req: SubmitJob, job_id: str, at: float) -> 
     if job_id in state.jobs:
         raise InvalidName(f"job {job_id} exists already; pick another id", field="id")
     if req.team not in state.team_pools:
+        close = difflib.get_close_matches(req.team, sorted(state.team_pools), n=1, cutoff=0.6)
+        if close:
+            raise InvalidName(f"no team {req.team!r}; did you mean {close[0]!r}?", field="team")
         raise InvalidName(
             f"team {req.team!r} has no quota, so it may not submit; an operator sets one with "
             f"`chamber quota set {req.team} --gpus N` (0 is allowed: the team then only borrows idle GPUs)",
@@ -49,19 +55,43 @@ def submitted(state: SchedulerState, req: SubmitJob, job_id: str, at: float) -> 
     return event
 
 
-def size_warnings(state: SchedulerState, spec: JobSpec) -> list[str]:
-    """What makes a job unable to start on the fleet as it is now (empty when it could fit)."""
+def cannot_run(state: SchedulerState, spec: JobSpec) -> list[str]:
+    """Why the job can never start on the fleet as installed (empty when it could): no GPU of its
+    model, more GPUs than the fleet or its pool has, a replica larger than any node, or more than its
+    team may ever hold in the pool (guarantee plus borrow limit). Isolations do not count: they end.
+    With no node known yet nothing is said (the fleet may still be joining)."""
     nodes = [n for n in state.nodes.values() if not n.lost]
     if not nodes:
         return []
-    total = sum(len(n.gpus) for n in nodes)
-    largest = max(len(n.gpus) for n in nodes)
     out = []
+    if spec.gpu_model:
+        models: dict[str, int] = {}
+        for n in nodes:
+            for m in n.gpus.values():
+                models[m] = models.get(m, 0) + 1
+        if spec.gpu_model.lower() not in {m.lower() for m in models}:
+            close = difflib.get_close_matches(spec.gpu_model, list(models), n=1, cutoff=0.5)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            have = ", ".join(f"{m} ({k} GPUs)" for m, k in sorted(models.items()))
+            out.append(f"no GPU in the fleet is a {spec.gpu_model!r} (it has {have}){hint}")
+            return out
+        nodes = [n for n in nodes if n.model.lower() == spec.gpu_model.lower()]
+    pool = job_pool(spec, state.team_pools)
+    in_pool = [n for n in nodes if node_pool(state.pools, n.model, n.labels) == pool]
+    total = sum(len(n.gpus) for n in in_pool)
+    largest = max((len(n.gpus) for n in in_pool), default=0)
+    where = f"pool {pool}" + (f" ({spec.gpu_model})" if spec.gpu_model else "")
     if spec.total_gpus > total:
-        out.append(f"the job asks for {spec.total_gpus} GPUs and the fleet has {total}: it waits until more nodes join")
+        out.append(f"the job asks for {spec.total_gpus} GPUs and {where} has {total} installed")
     if spec.gpus_per_replica > largest:
         out.append(
-            f"each replica asks for {spec.gpus_per_replica} GPUs on one node and the largest node has {largest}: "
-            "it waits until a larger node joins (or split it into more replicas)"
+            f"each replica asks for {spec.gpus_per_replica} GPUs on one node and the largest node of {where} has "
+            f"{largest} (split it into more replicas)"
+        )
+    q = state.quotas.get((pool, spec.team))
+    if q is not None and q.borrow_limit is not None and spec.total_gpus > q.guaranteed + q.borrow_limit:
+        out.append(
+            f"team {spec.team} may hold at most {q.guaranteed + q.borrow_limit} GPUs in pool {pool} (guarantee "
+            f"{q.guaranteed} + borrow limit {q.borrow_limit}) and the job asks for {spec.total_gpus}"
         )
     return out

@@ -10,6 +10,7 @@ from services.scheduler.core.budget import note as budget_note
 from services.scheduler.core.degraded import only_degraded, out_of_service, stay_note
 from services.scheduler.core.policy import CHAMBER, ORDERINGS, Policy, QueueKey, by_multifactor_priority, sorted_queue
 from services.scheduler.core.state import FINISHED, QUEUED, Job, JobState, SchedulerState
+from services.timefmt import iso, when
 
 
 def _placement(job: Job) -> dict[str, list[int]]:
@@ -23,6 +24,19 @@ def _reason(job: Job, waiting: Mapping[str, str]) -> str:
     if job.state in QUEUED and job.id in waiting:
         return waiting[job.id]
     return job.reason
+
+
+def _held_under(state: SchedulerState, job: Job) -> str:
+    """The isolations health's budget held back on the GPUs (or nodes) a running job holds, with why."""
+    out = []
+    for p in job.placements:
+        node = state.nodes.get((p.cluster, p.node))
+        if node is None:
+            continue
+        for gpu in ([None] if None in node.held else []) + [i for i in p.gpu_indices if i in node.held]:
+            where = p.node if gpu is None else f"{p.node} GPU {gpu}"
+            out.append(f"{where} ({node.held[gpu]})")
+    return "; ".join(out)
 
 
 def queue_order(state: SchedulerState, now: float, policy: Policy = CHAMBER) -> list[QueueKey]:
@@ -148,6 +162,8 @@ def _running_text(state: SchedulerState, job: Job, head: str) -> str:
         text += f" ({job.borrowed_gpus} GPUs borrowed: runs on lent capacity, given back when it ends, never preempted)"
     elif job.borrowed_gpus:
         text += f" ({job.borrowed_gpus} GPUs borrowed: may be reclaimed by their owner)"
+    if held := _held_under(state, job):
+        text += f"; an isolation is held for {held}: it runs on, and no new work is placed there"
     return text
 
 
@@ -170,11 +186,11 @@ def _queued_text(
         protected_at = guard["protected_since"]
         if guard["protected"] and "starvation guard" not in why:
             why = (
-                f"protected by the starvation guard since t={protected_at:.0f} (queued since "
-                f"t={job.queued_since:.0f}): later jobs may not delay it; {why}"
+                f"protected by the starvation guard since {when(protected_at, now)} (queued since "
+                f"{when(job.queued_since, now)}): later jobs may not delay it; {why}"
             )
         elif not guard["protected"]:
-            why += f" (the starvation guard protects it from t={protected_at:.0f} if it still waits)"
+            why += f" (the starvation guard protects it from {when(protected_at, now)} if it still waits)"
     if job.state == JobState.SUSPENDED:
         return f"{head} is suspended: {job.reason}; it resumes automatically when capacity frees ({pos}; now: {why})"
     return f"{head} is pending ({pos}): {why}"
@@ -205,11 +221,11 @@ def explain_finished(job_id: str, submitted: Event, ended: Event) -> dict[str, A
 
 def _ending(ended: Event) -> tuple[str, str]:
     at = getattr(ended, "at", None)
-    when = f" at t={at:.0f}" if isinstance(at, float | int) else ""
+    at_text = f" at {iso(at)}" if isinstance(at, float | int) else ""
     if isinstance(ended, JobCompleted):
-        return JobState.COMPLETED.value, f"completed{when}"
+        return JobState.COMPLETED.value, f"completed{at_text}"
     if isinstance(ended, JobFailed):
-        return JobState.FAILED.value, f"failed{when}: {ended.reason}"
+        return JobState.FAILED.value, f"failed{at_text}: {ended.reason}"
     if isinstance(ended, JobCancelled):
         by = f" by {ended.by}" if ended.by else ""
         return JobState.CANCELLED.value, f"cancelled{by}{when}" + (f": {ended.reason}" if ended.reason else "")

@@ -45,6 +45,7 @@ from events import (
 )
 from events.fabric import JobSlowdownCleared, JobSlowdownDetected
 from events.faults import GpuFaultDetected
+from events.fleet import IsolationDismissed, IsolationHeld
 from events.telemetry import GpuInfo
 from services.pools import DEFAULT_POOL, PoolDef, Quota, job_pool, node_pool
 from services.scheduler.core.budget import BudgetRule, demoted, fold_budget_exceeded, fold_budget_set
@@ -130,12 +131,19 @@ class Node:
     out_reason: str = ""
     out_faults: tuple[str, ...] = ()
     gpu_out: dict[int, tuple[str, tuple[str, ...]]] = field(default_factory=dict)
+    # Isolations health's budget held back (GPU index, None: the whole node) -> reason: the fault would
+    # have isolated it, so new work stays off it; work already there runs on until an operator decides.
+    held: dict[int | None, str] = field(default_factory=dict)
     _model: str = ""
     _model_of: object = None
 
     @property
     def in_service(self) -> bool:
         return not self.isolated and not self.lost and self.status == NodeStatus.HEALTHY
+
+    def offers(self, gpu: int) -> bool:
+        """Whether the GPU may be given to new work: healthy, and no isolation of it or its node held."""
+        return gpu not in self.bad_gpus and gpu not in self.held and None not in self.held
 
     @property
     def model(self) -> str:
@@ -254,10 +262,12 @@ class SchedulerState:
         return self.capacity.class_id((pool, node.cluster, node.model))
 
     def refresh_node(self, node: Node) -> None:
-        healthy = [i for i in node.gpus if i not in node.bad_gpus]
+        # a held isolation takes the GPU (or node) out of the capacity new work is placed on
+        healthy = [i for i in node.gpus if node.offers(i)]
         free = [i for i in healthy if i not in node.owners]
         domain = node.labels.get(self.topology_key, "")
-        self.capacity.set_slot(node.nid, self.node_class(node), free, len(healthy), node.in_service, domain)
+        offered = node.in_service and None not in node.held
+        self.capacity.set_slot(node.nid, self.node_class(node), free, len(healthy), offered, domain)
 
     # -- estimated ends ------------------------------------------------------------------------
     def running_ends(self, pool: str) -> list[EndEntry]:
@@ -579,6 +589,7 @@ def _lost(s: SchedulerState, e: NodeLost) -> None:
 def _node_isolated(s: SchedulerState, e: NodeIsolated) -> None:
     node = s.nodes.get((e.cluster, e.node))
     if node is not None:
+        node.held.pop(None, None)  # confirmed (or isolated anyway): no longer only held
         node.isolated = True
         node.out_reason, node.out_faults = e.reason, tuple(e.fault_ids)
         _displace_holders(s, node)
@@ -598,6 +609,7 @@ def _node_restored(s: SchedulerState, e: NodeRestored) -> None:
 def _gpu_isolated(s: SchedulerState, e: GpuIsolated) -> None:
     node = s.nodes.get((e.cluster, e.node))
     if node is not None:
+        node.held.pop(e.gpu_index, None)
         node.bad_gpus.add(e.gpu_index)
         node.gpu_out[e.gpu_index] = (e.reason, tuple(e.fault_ids))
         _displace_holders(s, node, [e.gpu_index])
@@ -610,6 +622,20 @@ def _gpu_restored(s: SchedulerState, e: GpuRestored) -> None:
         node.bad_gpus.discard(e.gpu_index)
         node.gpu_out.pop(e.gpu_index, None)
         _settle_holders(s, node)
+        s.refresh_node(node)
+        s.capacity_epoch += 1
+
+
+def _isolation_held(s: SchedulerState, e: IsolationHeld) -> None:
+    node = s.nodes.get((e.cluster, e.node))
+    if node is not None:
+        node.held[e.gpu_index] = e.reason  # health's target: a GPU, or None for the whole node
+        s.refresh_node(node)
+
+
+def _isolation_dismissed(s: SchedulerState, e: IsolationDismissed) -> None:
+    node = s.nodes.get((e.cluster, e.node))
+    if node is not None and node.held.pop(e.gpu_index, None) is not None:
         s.refresh_node(node)
         s.capacity_epoch += 1
 
@@ -670,6 +696,8 @@ _HANDLERS: dict[type[Event], Callable[[SchedulerState, Any], None]] = {
     NodeRestored: _node_restored,
     GpuIsolated: _gpu_isolated,
     GpuRestored: _gpu_restored,
+    IsolationHeld: _isolation_held,
+    IsolationDismissed: _isolation_dismissed,
     PoolDefined: _pool_defined,
     TeamQuotaSet: _quota_set,
     FairShareUpdated: _fair_share,

@@ -175,14 +175,13 @@ class Work:
             self.preemptible[pkey] = self.preemptible.get(pkey, 0) + sign * job.gpus
 
     def held(self, job: Job) -> Spot:
-        """The healthy GPUs a running job holds, per node id."""
+        """The healthy GPUs a running job holds, per node id (not those of a held isolation: freed, they
+        are not offered to new work)."""
         out = []
         for p in job.placements:
             node = self.s.nodes.get((p.cluster, p.node))
             if node is not None:
-                out.append(
-                    (node.nid, [i for i in p.gpu_indices if node.owners.get(i) == job.id and i not in node.bad_gpus])
-                )
+                out.append((node.nid, [i for i in p.gpu_indices if node.owners.get(i) == job.id and node.offers(i)]))
         return out
 
     def release(self, job: Job) -> None:

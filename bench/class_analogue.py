@@ -1,9 +1,9 @@
-"""Issue 19's evaluation, rebuilt: a seeded 6,200-job, 4-team slice of the ITP trace with the issue's
-class mix, replayed with `--compare fifo,chamber` at 40 and 32 GPUs with DEFAULT quotas (every team
+"""The priority-class evaluation, rebuilt: a seeded 6,200-job, 4-team slice of the ITP trace with the
+`--classes` mix, replayed with `--compare fifo,chamber` at 40 and 32 GPUs with DEFAULT quotas (every team
 an equal guaranteed share of the whole fleet), and the targets checked per run:
 every class's p99 wait <= fifo's, high's mean wait <= low's, utilization >= fifo's - 1 point.
 
-    .venv/bin/python bench/issue19_analogue.py [--seeds 0,1,2] [--gpus 40,32] [--jobs 6200] [--preemption-worth R]
+    .venv/bin/python bench/class_analogue.py [--seeds 0,1,2] [--gpus 40,32] [--jobs 6200] [--preemption-worth R]
 
 Prints one JSON object: per seed and fleet size, per class wait mean / p99 (hours) for fifo and
 chamber, utilizations, and which targets hold. `--write OUT.csv` also writes the seed's trace (the
