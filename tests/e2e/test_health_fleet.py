@@ -204,6 +204,7 @@ async def test_injected_faults_isolate_the_right_node_and_gpu_end_to_end(
                 "index": 3,
                 "uuid": "GPU-gpu-2-03",
                 "model": "H100-80GB",
+                "vendor": "nvidia",
                 "util": 75.0,
                 "isolated": True,
                 "reason": gpu3["reason"],
