@@ -372,7 +372,7 @@ async def _body(request: web.Request, *, required: bool) -> dict[str, Any]:
 def _pin(body: dict[str, Any], **path: Any) -> dict[str, Any]:
     """Path parameters win; a body that names a different value is a mistake worth saying."""
     for name, value in path.items():
-        if body.get(name) is not None and body[name] != value:
+        if name in body and body[name] != value:  # null or another type is as wrong as another value
             raise BadRequest(f"{name} in the body ({body[name]!r}) differs from the path ({value!r})", name)
     return {**body, **path}
 

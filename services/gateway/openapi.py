@@ -100,6 +100,12 @@ def build(operations: list[Operation], *, title: str, version: str, protect_read
                 "headers": {"Retry-After": {"schema": {"type": "integer"}}},
             }
         if op.request is not None:
+            # A field the path already gives (`team` in /api/teams/{team}/quota) may be left out of the
+            # body: the gateway fills it in from the path, so the body schema does not require it.
+            in_path = {p.name for p in op.params if p.where == "path"}
+            component = components.get(op.request.__name__, {})
+            if in_path & set(component.get("required", ())):
+                component["required"] = [r for r in component["required"] if r not in in_path]
             entry["requestBody"] = {
                 "required": op.body,
                 "content": {"application/json": {"schema": next(bodies)}},
