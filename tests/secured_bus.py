@@ -92,3 +92,18 @@ def violations_in(log: Path) -> list[str]:
 async def connect_as(server: SecuredNatsServer, role: str, *, name: str | None = None) -> Client:
     """A client logged in as `role` (see `user_of`)."""
     return await connect(server.url_for(role), name=name or user_of(role))
+
+
+async def lease_bucket_with_ttl(server: SecuredNatsServer, service: str, ttl_s: float) -> None:
+    """The set-up made `service`'s lease bucket with the deployed TTL, and a lease takes its bucket's
+    TTL (services may not create buckets): as admin, make it again with a test's short one."""
+    from services.runtime.buckets import open_kv
+    from services.runtime.manifest import lease_bucket
+
+    nc = await connect(server.url, name="test-admin")
+    try:
+        js = nc.jetstream()
+        await js.delete_key_value(lease_bucket(service))
+        await open_kv(js, lease_bucket(service), history=1, ttl=ttl_s)
+    finally:
+        await nc.close()

@@ -10,11 +10,9 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from services.runtime import connect
-from services.runtime.buckets import open_kv
 from services.runtime.lease import LeaderLease, from_env
-from services.runtime.manifest import lease_bucket
 from tests.integration.test_runtime import eventually
-from tests.secured_bus import SecuredNatsServer
+from tests.secured_bus import SecuredNatsServer, lease_bucket_with_ttl
 
 pytestmark = pytest.mark.integration
 TTL = 2.0  # short, so expiry is seen quickly; long enough for renewals on a busy 2-core machine
@@ -22,14 +20,7 @@ TTL = 2.0  # short, so expiry is seen quickly; long enough for renewals on a bus
 
 @pytest.fixture(autouse=True)
 async def short_lease_bucket(nats_server: SecuredNatsServer) -> None:
-    """The set-up made the scheduler's lease bucket with the deployed TTL, and a lease takes its bucket's
-    TTL (services may not create buckets): as admin, make it again with the tests' short one."""
-    nc = await connect(nats_server.url, name="test-admin")
-    js = nc.jetstream()
-    bucket = lease_bucket("scheduler")
-    await js.delete_key_value(bucket)
-    await open_kv(js, bucket, history=1, ttl=TTL)
-    await nc.close()
+    await lease_bucket_with_ttl(nats_server, "scheduler", TTL)
 
 
 async def candidate(url: str, holder: str) -> tuple[Client, LeaderLease, asyncio.Event, asyncio.Task[None], list[bool]]:

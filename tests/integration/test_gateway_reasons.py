@@ -32,7 +32,7 @@ async def test_a_job_held_back_by_its_quota_shows_the_schedulers_reason_on_the_d
     stop, task, url = await start_gateway(nats_server.url_for("gateway"))
     try:
         await eventually(lambda: answers(nc, "scheduler", "queue", {}))
-        await request(nc, "scheduler", "submit", {"team": "vision", "gpus": 2, "id": "held"})
+        await request(nc, "scheduler", "submit", {"team": "vision", "gpus": 2, "id": "held", "allow_wait": True})
 
         async def scheduler_reason() -> str:
             rows = (await request(nc, "scheduler", "queue", {}))["jobs"]

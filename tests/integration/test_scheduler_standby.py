@@ -22,11 +22,16 @@ from services.runtime import Publisher
 from services.runtime.commands import CommandRefused, CommandUnavailable, request
 from tests.integration.test_runtime import eventually
 from tests.scheduler_builders import a_node, a_quota
-from tests.secured_bus import SecuredNatsServer
+from tests.secured_bus import SecuredNatsServer, lease_bucket_with_ttl
 
 pytestmark = pytest.mark.integration
 CHAMBER = str(Path(sys.executable).parent / "chamber")
 TTL_S = 1.5
+
+
+@pytest.fixture(autouse=True)
+async def short_lease_bucket(nats_server: SecuredNatsServer) -> None:
+    await lease_bucket_with_ttl(nats_server, "scheduler", TTL_S)
 
 
 class Replicas:
@@ -94,7 +99,9 @@ async def leader_pid(js: JetStreamContext) -> int | None:
 
 async def submitted(nc: Client, job: str, gpus: int) -> bool:
     try:
-        await request(nc, "scheduler", "submit", {"team": "vision", "gpus": gpus, "id": job}, timeout=1.0)
+        # allow_wait: a job larger than any node (the "huge" one) would be refused at submit otherwise
+        request_ = {"team": "vision", "gpus": gpus, "id": job, "allow_wait": True}
+        await request(nc, "scheduler", "submit", request_, timeout=1.0)
     except CommandUnavailable:  # no replica answering right now
         return False
     except CommandRefused as refused:  # a retry after an answer that was lost on the way
