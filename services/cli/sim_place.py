@@ -22,10 +22,9 @@ def register_place(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     )
     p.add_argument("--nodes", type=Path, required=True, metavar="NODES.csv", help="the inventory")
     p.add_argument("--arrivals", type=Path, required=True, metavar="ARRIVALS.csv", help="the pods, in order")
-    from services.scheduler.core.sharing import POLICIES
-
+    # the packer's module (and numpy) is imported when the command runs, not when the CLI starts
     p.add_argument(
-        "--policy", default="chamber", help=f"{', '.join(sorted(POLICIES))} (default chamber; fgd: a re-implementation)"
+        "--policy", default="chamber", help="chamber, bestfit or fgd (default chamber; fgd: a re-implementation)"
     )
     p.add_argument("--json", action="store_true", help="print the JSON document (the default output too)")
     p.set_defaults(func=run_place)

@@ -227,7 +227,7 @@ class Point:
 # The meaning of this core's fold, for its snapshots (services/runtime/state_codec.py): bump it when a
 # change makes a state folded by the previous release wrong for this one (a field's meaning, what an
 # event does); the first start after it folds the log from the start. Comments, logs, speed: no bump.
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: held isolations are part of the read model
 
 
 @dataclass

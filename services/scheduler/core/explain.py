@@ -228,5 +228,5 @@ def _ending(ended: Event) -> tuple[str, str]:
         return JobState.FAILED.value, f"failed{at_text}: {ended.reason}"
     if isinstance(ended, JobCancelled):
         by = f" by {ended.by}" if ended.by else ""
-        return JobState.CANCELLED.value, f"cancelled{by}{when}" + (f": {ended.reason}" if ended.reason else "")
-    return "unknown", f"its last event is {type(ended).__name__}{when}"
+        return JobState.CANCELLED.value, f"cancelled{by}{at_text}" + (f": {ended.reason}" if ended.reason else "")
+    return "unknown", f"its last event is {type(ended).__name__}{at_text}"

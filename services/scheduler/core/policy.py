@@ -31,8 +31,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-import numpy as np
-
 from events import PriorityClass
 from services.scheduler.core.links import DEFAULT_FAULT_MEMORY_S, KEEP_S
 
@@ -149,6 +147,8 @@ def sorted_queue(policy: Policy, keys: list[QueueKey], since: list[float], now: 
     if policy.order != "priority-fair-share" or len(keys) < _VECTOR_FROM:
         by_id = dict(zip([k[3] for k in keys], since, strict=True))
         return sorted(keys, key=ORDERINGS[policy.order](policy, by_id.__getitem__, now))
+    import numpy as np  # here, not at the top: processes that only read the policy's flags stay light
+
     rank, share, submitted, ids = (np.array(column) for column in zip(*keys, strict=True))
     queued = np.array(since, dtype=np.float64)
     protected_before = -math.inf if policy.starvation_bound_s is None else now - policy.starvation_bound_s

@@ -7,4 +7,5 @@ the first start after the bump folds the log from the start. Comments, logs, a f
 The classes' fields are in the snapshot's format anyway: adding or removing one refuses old snapshots.
 """
 
-STATE_VERSION = 2  # 2: degrading link facts (LinkHealth.degrading), jobs kept on degraded hardware
+# 2: degrading link facts (LinkHealth.degrading), jobs kept on degraded hardware, held isolations per node
+STATE_VERSION = 2
