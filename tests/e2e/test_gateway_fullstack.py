@@ -83,8 +83,11 @@ async def test_chamber_up_shows_the_running_fleet_and_an_isolated_node(tmp_path:
         async with aiohttp.ClientSession() as http:
 
             async def a_job_runs() -> bool:
-                jobs = await get(http, f"{url}/api/jobs?state=running")
-                return jobs["count"] > 0
+                async with http.get(f"{url}/api/jobs?state=running") as response:
+                    if response.status == 503:  # still catching up on the log: honest readiness, not yet
+                        return False
+                    assert response.status == 200, await response.text()
+                    return bool((await response.json())["count"] > 0)
 
             await eventually(a_job_runs, within=45)  # the workload submits, the scheduler places, the agent runs
             fleet = await get(http, f"{url}/api/fleet?gpus=false")
