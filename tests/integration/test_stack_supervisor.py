@@ -46,6 +46,7 @@ async def test_a_killed_nats_server_is_restarted_on_its_port_and_store_and_clien
 
     lines: list[str] = []
     supervisor = Supervisor(tmp_path / "logs", policy=RestartPolicy(first_delay_s=0.1), say=lines.append)
+    # No service connects here: the test restarts nats-server itself, so it needs no generated users.
     server = NatsServerProcess(tmp_path / "js")
     nats = Component("nats", server.argv(), stop_last=True)
     supervisor.add(nats)
