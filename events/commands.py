@@ -39,6 +39,14 @@ TeamInput = Annotated[
         description="team name; trimmed and lower-cased, then it must be lower-case letters, digits and '-'",
     ),
 ]
+# A per-entity change's optimistic check: the entity's sequence as the requester read it (the `seq` of
+# the answer to its last change). Omitted: the latest the service has folded. Either way, if the
+# entity changed since, the change is refused and says so: read it again and retry.
+ExpectedSeq = Annotated[
+    int,
+    msgspec.Meta(ge=0, description="the entity's sequence as you read it (`seq` of a change's answer); "
+                 "refused if it changed since"),
+]  # fmt: skip
 
 
 class SubmitJob(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -77,6 +85,7 @@ class CancelJob(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     job_id: Name | None = None
     by: Text = ""
     reason: Text = ""
+    expected_seq: ExpectedSeq | None = None
 
 
 class ListQueue(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -122,6 +131,7 @@ class SetTeamQuota(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     currency: Annotated[str, msgspec.Meta(min_length=1, max_length=8)] = "USD"
     period: Annotated[str, msgspec.Meta(min_length=1, max_length=16)] = "month"
     on_budget: BudgetAction = BudgetAction.NOTIFY  # what the scheduler does once the budget is exceeded
+    expected_seq: ExpectedSeq | None = None
 
     def __post_init__(self) -> None:
         self.team = normalize_team(self.team)
@@ -148,13 +158,16 @@ class PatchTeamQuota(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     currency: Annotated[str, msgspec.Meta(min_length=1, max_length=8)] | msgspec.UnsetType = msgspec.UNSET
     period: Annotated[str, msgspec.Meta(min_length=1, max_length=16)] | msgspec.UnsetType = msgspec.UNSET
     on_budget: BudgetAction | msgspec.UnsetType = msgspec.UNSET
+    expected_seq: ExpectedSeq | None = None  # not a setting: `given()` leaves it out
 
     def __post_init__(self) -> None:
         self.team = normalize_team(self.team)
 
     def given(self) -> dict[str, object]:
         """The fields the request names (UNSET ones left out)."""
-        return {f: v for f in self.__struct_fields__ if (v := getattr(self, f)) is not msgspec.UNSET}
+        return {
+            f: v for f in self.__struct_fields__ if f != "expected_seq" and (v := getattr(self, f)) is not msgspec.UNSET
+        }
 
 
 class RestoreNode(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -164,6 +177,7 @@ class RestoreNode(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     cluster: Name = "local"
     gpu: Annotated[int, msgspec.Meta(ge=0, le=1023)] | None = None
     by: Text = "operator"
+    expected_seq: ExpectedSeq | None = None
 
 
 # service -> verb -> request type, for the API documents and the gateway's checks.

@@ -1,22 +1,24 @@
 """`chamber service billing`: a manifest for the decider host. Inputs JOBS, FLEET, QUOTA and BILLING;
 `decide` accrues each closed period (CostAccrued / BudgetExceeded) and sets the `--price`s the
-process was started with when the log has others; answers `chamber billing price set MODEL RATE`."""
+process was started with when the log has others; answers `chamber billing price set MODEL RATE`
+(a pure validation served by the host; a change carries the prices' last sequence, so of two
+concurrent changes one wins and the other is told the prices changed)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import os
-import time
 from typing import Any
 
 import msgspec
 
-from events import Event, PriceSet
-from events.codec import new_id, stable_id
+from events import Event, PriceSet, subjects
+from events.codec import stable_id
+from events.commands import ExpectedSeq
 from services.billing import core
 from services.billing.core import BillingState, decide, evolve
-from services.runtime.commands import CommandRefused
+from services.runtime.commands import Accepted, Append, Command, CommandRefused
 from services.runtime.decider import Decider, DeciderHost, Input, SnapshotCodec
 from services.runtime.host import ServiceContext, serve
 from services.runtime.logs import get_logger
@@ -44,6 +46,7 @@ class SetPrice(msgspec.Struct):
     currency: str = "USD"
     instance_type: str | None = None
     cluster: str | None = None
+    expected_seq: ExpectedSeq | None = None  # the prices' sequence as read (`seq` of the last change's answer)
 
 
 def parse_prices(values: list[str]) -> dict[str, float]:
@@ -93,6 +96,7 @@ class Billing:
             decide=self.decide,
             tick_s=self.tick_s,
             snapshot=snapshot_codec(),
+            commands=COMMANDS,
         )
 
     def decide(self, state: BillingState, now: float) -> list[tuple[Event, str]]:
@@ -107,28 +111,42 @@ class Billing:
             return out
         return decide(state, now)
 
-    async def set_price(self, request: SetPrice) -> dict[str, Any]:
-        if request.price_per_gpu_hour < 0 or request.price_per_gpu_hour != request.price_per_gpu_hour:
-            raise CommandRefused("the price must be 0 or more per GPU-hour", field="price_per_gpu_hour")
-        named = [(k, v.strip()) for k, v in (("gpu_model", request.gpu_model), ("instance_type", request.instance_type),
-                                              ("cluster", request.cluster)) if v and v.strip()]  # fmt: skip
-        if len(named) != 1:
-            raise CommandRefused(
-                "name exactly one of gpu_model (e.g. H100-80GB), instance_type (e.g. p5.48xlarge) or cluster",
-                field="gpu_model",
-            )
-        [(scope, name)] = named
-        event = PriceSet(
-            gpu_model=name if scope == "gpu_model" else "",
-            at=time.time(),
-            price_per_gpu_hour=request.price_per_gpu_hour,
-            currency=request.currency,
-            instance_type=name if scope == "instance_type" else None,
-            cluster=name if scope == "cluster" else None,
+
+def _price_subject(_: BillingState, request: SetPrice) -> tuple[str, str]:
+    """Prices are fleet-wide settings on one subject: a price change carries its last sequence."""
+    return "BILLING", subjects.billing(None)
+
+
+def _prices_changed(request: SetPrice) -> str:
+    return f"prices changed since you read them (seq {request.expected_seq}); re-read and retry"
+
+
+def validate_price(state: BillingState, request: SetPrice, now: float) -> Accepted:
+    if request.price_per_gpu_hour < 0 or request.price_per_gpu_hour != request.price_per_gpu_hour:
+        raise CommandRefused("the price must be 0 or more per GPU-hour", field="price_per_gpu_hour")
+    named = [(k, v.strip()) for k, v in (("gpu_model", request.gpu_model), ("instance_type", request.instance_type),
+                                          ("cluster", request.cluster)) if v and v.strip()]  # fmt: skip
+    if len(named) != 1:
+        raise CommandRefused(
+            "name exactly one of gpu_model (e.g. H100-80GB), instance_type (e.g. p5.48xlarge) or cluster",
+            field="gpu_model",
         )
-        assert self.host is not None
-        await self.host.append(event, id=new_id(), expected_subject_seq=None)
-        return {scope: name, "price_per_gpu_hour": event.price_per_gpu_hour, "at": event.at}
+    [(scope, name)] = named
+    event = PriceSet(
+        gpu_model=name if scope == "gpu_model" else "",
+        at=now,
+        price_per_gpu_hour=request.price_per_gpu_hour,
+        currency=request.currency,
+        instance_type=name if scope == "instance_type" else None,
+        cluster=name if scope == "cluster" else None,
+    )
+    append = Append(event, stable_id("price", scope, name, event.price_per_gpu_hour, now), request.expected_seq)
+    return Accepted((append,), {scope: name, "price_per_gpu_hour": event.price_per_gpu_hour, "at": event.at})
+
+
+COMMANDS: tuple[Command[BillingState, Any], ...] = (
+    Command("price", SetPrice, validate=validate_price, entity=_price_subject, conflict=_prices_changed),
+)
 
 
 async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
@@ -137,6 +155,5 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
     async def setup(ctx: ServiceContext) -> None:
         billing.host = DeciderHost(billing.manifest(), ctx)
         billing.host.install()
-        ctx.command("price", SetPrice, billing.set_price)
 
     await serve(NAME, args.nats, setup, stop)

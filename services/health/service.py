@@ -14,7 +14,6 @@ import argparse
 import asyncio
 import dataclasses
 import functools
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -30,8 +29,8 @@ from services.health.core import HealthRefusal, HealthState, NodeHealth
 from services.health.kube import gpu_entry
 from services.health.policy import Policy, PolicyError, load_policy
 from services.runtime.backoff import Backoff
-from services.runtime.commands import CommandRefused
-from services.runtime.decider import CommandConflict, Decider, DeciderHost, Input, SnapshotCodec
+from services.runtime.commands import Accepted, Append, Command, CommandRefused
+from services.runtime.decider import Decider, DeciderHost, Input, SnapshotCodec
 from services.runtime.host import ServiceContext, serve
 from services.runtime.logs import get_logger
 from services.runtime.manifest import Manifest
@@ -132,6 +131,7 @@ def manifest(
         snapshot_every_s=getattr(args, "snapshot_every", 300.0),
         on_event=on_event,
         decide_on_fold=True,  # a fault is answered as soon as it is folded, not at the next tick
+        commands=commands(policy),
     )
 
 
@@ -141,7 +141,6 @@ class HealthShell:
         self.host: DeciderHost[HealthState] | None = None  # set by `setup`
         self.actuator = actuator
         self.cluster = cluster
-        self.lock = asyncio.Lock()  # one operator command at a time, each on the state the last one left
         self.node_locks: dict[str, asyncio.Lock] = {}
         self.actuations: set[asyncio.Task[None]] = set()
         self.annotated: dict[tuple[str, str], list[str]] = {}  # a node's isolated-GPU entries last written
@@ -255,48 +254,55 @@ class HealthShell:
     def _isolated_count(self) -> int:
         return sum(1 for n in self.state.nodes.values() if n.isolated is not None)
 
-    # -- commands ---------------------------------------------------------------------------------
 
-    async def restore(self, req: TargetRequest) -> dict[str, Any]:
-        return await self._operator(core.restore, req)
+# -- commands (pure; served by the host) ------------------------------------------------------------
 
-    async def confirm(self, req: TargetRequest) -> dict[str, Any]:
-        return await self._operator(core.confirm, req)
 
-    async def dismiss(self, req: TargetRequest) -> dict[str, Any]:
-        return await self._operator(core.dismiss, req)
+def _node_subject(_: HealthState, req: TargetRequest) -> tuple[str, str]:
+    """An operator's command acts on the node's FLEET subject (its isolations, health's own decisions)."""
+    return "FLEET", subjects.fleet(req.cluster, req.node)
 
-    async def _operator(self, command: Any, req: TargetRequest) -> dict[str, Any]:
-        assert self.host is not None
-        if not self.host.ready:
-            raise CommandRefused("health is still replaying its history; try again in a few seconds")
-        async with self.lock:
-            try:
-                # the node's latest event, folded: the command is checked against it, and the stream
-                # refuses the append if anything reached the node since (another replica's command,
-                # health's own decision): of two commands on one node at once, exactly one wins
-                decision = command(self.state, req.cluster, req.node, req.gpu, time.time(), req.by)
-                seq = await self.host.entity_seq("FLEET", subjects.subject_for(decision.event))
-                decision = command(self.state, req.cluster, req.node, req.gpu, time.time(), req.by)  # on it
-            except (HealthRefusal, CommandConflict) as exc:
-                raise CommandRefused(str(exc), field=getattr(exc, "field", "node")) from None
-            # Into the log, answered once folded back: the next command sees it, whichever replica
-            # takes it; Kubernetes follows when the event is folded (`on_event`).
-            try:
-                await self.host.append(decision.event, id=core.event_id(decision), expected_subject_seq=seq)
-            except CommandConflict:
-                raise CommandRefused(
-                    f"{req.node} changed while this command was on its way; `chamber health` shows it now",
-                    field="node",
-                ) from None
-        log.info("decision", action=decision.action, node=req.node, gpu=req.gpu, reason=decision.reason)
-        return {"action": decision.action, "node": req.node, "gpu": req.gpu, "reason": decision.reason}
 
-    async def held(self, _: Empty) -> list[dict[str, Any]]:
-        return [
-            {"cluster": h.cluster, "node": h.node, "gpu": h.gpu_index, "action": h.action, "reason": h.reason}
-            for h in self.state.held.values()
-        ]
+def _operator(decide_one: Any) -> Any:
+    """restore, confirm or dismiss: checked against the node's latest event, folded; the stream refuses
+    the append if anything reached the node since (another replica's command, health's own decision):
+    of two commands on one node at once, exactly one wins. Kubernetes follows when the event is folded
+    (`on_event`), whoever decided."""
+
+    def validate(state: HealthState, req: TargetRequest, now: float) -> Accepted:
+        try:
+            decision = decide_one(state, req.cluster, req.node, req.gpu, now, req.by)
+        except HealthRefusal as exc:
+            raise CommandRefused(str(exc), field=exc.field or "node") from None
+        append = Append(decision.event, core.event_id(decision), req.expected_seq)
+        answer = {"action": decision.action, "node": req.node, "gpu": req.gpu, "reason": decision.reason}
+        return Accepted((append,), answer)
+
+    return validate
+
+
+def _node_changed(req: TargetRequest) -> str:
+    return f"{req.node} changed while this command was on its way; `chamber health` shows it now"
+
+
+def answer_held(state: HealthState, _: Empty, now: float) -> list[dict[str, Any]]:
+    return [
+        {"cluster": h.cluster, "node": h.node, "gpu": h.gpu_index, "action": h.action, "reason": h.reason}
+        for h in state.held.values()
+    ]
+
+
+ON_NODE: dict[str, Any] = {"entity": _node_subject, "conflict": _node_changed, "conflict_field": "node"}
+
+
+def commands(policy: Policy) -> tuple[Command[HealthState, Any], ...]:
+    return (
+        Command("restore", TargetRequest, validate=_operator(core.restore), **ON_NODE),
+        Command("confirm", TargetRequest, validate=_operator(core.confirm), **ON_NODE),
+        Command("dismiss", TargetRequest, validate=_operator(core.dismiss), **ON_NODE),
+        Command("held", Empty, answer=answer_held),
+        Command("policy", Empty, answer=lambda _state, _req, _now: policy.to_json()),
+    )
 
 
 async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
@@ -321,13 +327,4 @@ async def setup(ctx: ServiceContext, args: argparse.Namespace, policy: Policy, a
     shell.host = host
     host.install()
     ctx.task(shell.reconcile_when_ready)
-    ctx.command("restore", TargetRequest, shell.restore)
-    ctx.command("confirm", TargetRequest, shell.confirm)
-    ctx.command("dismiss", TargetRequest, shell.dismiss)
-    ctx.command("held", Empty, shell.held)
-
-    async def effective_policy(_: Empty) -> dict[str, Any]:
-        return policy.to_json()
-
-    ctx.command("policy", Empty, effective_policy)
     return shell

@@ -19,7 +19,7 @@ from events.base import Event
 from events.commands import JobOnly, NoArguments
 from services.perf import core
 from services.perf.views import fabric_view
-from services.runtime.commands import CommandRefused
+from services.runtime.commands import Command, CommandRefused
 from services.runtime.decider import Decider, DeciderHost, Input
 from services.runtime.host import ServiceContext, serve
 from services.runtime.logs import get_logger
@@ -61,44 +61,44 @@ def manifest(args: argparse.Namespace, telemetry: list[tuple[str, str]]) -> Deci
         evolve=core.evolve,
         decide=decide,
         tick_s=args.tick,
+        commands=COMMANDS,
     )
 
 
-class PerfShell:
-    """The commands, answered from the host's state."""
-
-    def __init__(self, host: DeciderHost[core.PerfState]) -> None:
-        self.host = host
-
-    @property
-    def state(self) -> core.PerfState:
-        return self.host.state
-
-    async def status(self, _: Empty) -> dict[str, Any]:
-        return {"jobs": core.verdicts(self.state)}
-
-    async def explain(self, req: ExplainRequest) -> dict[str, Any]:
-        return {"job": req.job, "lines": core.explain_lines(self.state, req.job)}
-
-    async def ranks(self, req: ExplainRequest) -> dict[str, Any]:
-        heat = core.rank_heat(self.state, req.job)
-        if heat is None:
-            raise CommandRefused(f"job {req.job!r} is not a running job the perf service tracks", field="job")
-        return heat
-
-    async def fabric(self, _: Empty) -> dict[str, Any]:
-        return {"nodes": fabric_view(self.state)}
+# -- commands: reads of the folded state, served by the host ------------------------------------
 
 
-async def setup(ctx: ServiceContext, args: argparse.Namespace) -> PerfShell:
+def answer_status(state: core.PerfState, _: Empty, now: float) -> dict[str, Any]:
+    return {"jobs": core.verdicts(state)}
+
+
+def answer_explain(state: core.PerfState, req: ExplainRequest, now: float) -> dict[str, Any]:
+    return {"job": req.job, "lines": core.explain_lines(state, req.job)}
+
+
+def answer_ranks(state: core.PerfState, req: ExplainRequest, now: float) -> dict[str, Any]:
+    heat = core.rank_heat(state, req.job)
+    if heat is None:
+        raise CommandRefused(f"job {req.job!r} is not a running job the perf service tracks", field="job")
+    return heat
+
+
+def answer_fabric(state: core.PerfState, _: Empty, now: float) -> dict[str, Any]:
+    return {"nodes": fabric_view(state)}
+
+
+COMMANDS: tuple[Command[core.PerfState, Any], ...] = (
+    Command("status", Empty, answer=answer_status),
+    Command("fabric", Empty, answer=answer_fabric),
+    Command("explain", ExplainRequest, answer=answer_explain),
+    Command("ranks", ExplainRequest, answer=answer_ranks),
+)
+
+
+async def setup(ctx: ServiceContext, args: argparse.Namespace) -> DeciderHost[core.PerfState]:
     host = DeciderHost(manifest(args, await telemetry_inputs(ctx.js)), ctx)
     host.install()
-    shell = PerfShell(host)
-    ctx.command("status", Empty, shell.status)
-    ctx.command("fabric", Empty, shell.fabric)
-    ctx.command("explain", ExplainRequest, shell.explain)
-    ctx.command("ranks", ExplainRequest, shell.ranks)
-    return shell
+    return host
 
 
 async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:

@@ -10,7 +10,8 @@ A bad request is refused with a message naming the field; it never goes unanswer
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 import msgspec
 import nats.errors
@@ -28,6 +29,8 @@ from services.runtime.tracing import client_span, command_span, current_tracepar
 log = get_logger("chamber.runtime.commands")
 
 T = TypeVar("T")
+S = TypeVar("S")
+R = TypeVar("R")
 
 
 class CommandRefused(Exception):
@@ -38,12 +41,76 @@ class CommandRefused(Exception):
         self.field = field
 
 
+class CommandConflict(Exception):
+    """An append refused by the stream: the entity's subject is not at the expected sequence."""
+
+
 class CommandUnavailable(Exception):
     """No service answered (not running, or NATS unreachable)."""
 
 
 class CommandTimedOut(CommandUnavailable):
     """Someone may be there, but no answer came within the request's timeout."""
+
+
+@dataclass(frozen=True)
+class Append:
+    """One event a command records. `expected_seq`: the last sequence of the entity's subject the
+    command was checked against (0: the entity is new); the stream refuses the append when the subject
+    has moved on since, and the requester is told `conflict`. None: no check (a fleet-wide setting)."""
+
+    event: Any  # events.Event
+    id: str
+    expected_seq: int | None = None
+    conflict: str = ""
+    field: str | None = None  # the request's field the conflict is about
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """What a valid change records, and the answer sent once every append is folded back.
+    `if_conflict`: a retry of a change already applied (same request id) answers this instead of
+    being refused."""
+
+    appends: tuple[Append, ...]
+    result: Any = None
+    if_conflict: Any = None
+
+
+class FromLog(Exception):
+    """Raised by `validate` or `answer`: the entity has left memory (a finished job), and the answer is
+    in its first and last events on `subject`; the host reads them and calls the command's `from_log`."""
+
+    def __init__(self, stream: str, subject: str) -> None:
+        super().__init__(subject)
+        self.stream, self.subject = stream, subject
+
+
+@dataclass(frozen=True)
+class Command(Generic[S, R]):
+    """A verb of a decider's manifest, served by the host (`services/runtime/command_path.py`).
+
+    Exactly one of `validate` (a change: pure, `(state, request, now) -> Accepted`, raises
+    CommandRefused or InvalidName) and `answer` (a read: pure, `(state, request, now) -> result`).
+    `entity(state, request)`: the (stream, subject) a per-entity change acts on; the host reads the
+    subject's last sequence, waits until it is folded, and passes it as the request's `expected_seq`
+    when the requester did not give the one it read. `conflict(request)`: what a per-entity change is
+    told when the entity moved on since `expected_seq` (before validating, or when the stream refuses
+    the append), and `conflict_field` the field it names. `from_log(request, first, last)`: the answer
+    from an entity's first and last events (see FromLog)."""
+
+    verb: str
+    request: type[R]
+    validate: Callable[[S, R, float], Accepted] | None = None
+    answer: Callable[[S, R, float], Any] | None = None
+    entity: Callable[[S, R], tuple[str, str] | None] | None = None
+    conflict: Callable[[R], str] | None = None
+    conflict_field: str | None = None
+    from_log: Callable[[R, Any, Any], Any] | None = None
+
+    def __post_init__(self) -> None:
+        if (self.validate is None) == (self.answer is None):
+            raise ValueError(f"command {self.verb!r}: give exactly one of validate (a change) or answer (a read)")
 
 
 class CommandReply(msgspec.Struct, omit_defaults=True):

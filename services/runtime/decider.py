@@ -14,8 +14,9 @@ A service declares a `Decider`: its inputs (streams, optional subject filters), 
   itself: its own decisions enter the state only when they come back from the log, like anyone
   else's, so any number of replicas fold the same log to the same state;
 - logs the stream positions each cycle decided on, so a past decision can be re-run from them;
-- appends command events with an expected subject sequence (`append`): a second command creating
-  the same entity is refused by the stream, not acknowledged;
+- serves the manifest's commands (`commands`, one path: services/runtime/command_path.py): waits
+  until caught up, validates against the folded state, appends with the entity's expected subject
+  sequence (`append`), and answers once the event is folded back;
 - saves a snapshot (state + positions) every `snapshot_every_s` and when it stops.
 
 Fold order. Each input is one ephemeral pull consumer (no acks: the snapshot, not the consumer, is
@@ -52,6 +53,8 @@ from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
 from events import Event
 from events.codec import DEFAULT_MAX_BYTES, DecodeError, UnknownEventType, decode_event
 from services.runtime.backoff import Backoff
+from services.runtime.command_path import CommandPath
+from services.runtime.commands import Command, CommandConflict
 from services.runtime.consumer import FETCH_BACKOFF, ephemeral_name
 from services.runtime.dead_letter import dead_letter
 from services.runtime.host import ServiceContext
@@ -144,10 +147,8 @@ class Decider(Generic[S]):
     # Also decide right after a live batch is folded, not only on the tick (health answers a fault in
     # milliseconds rather than up to `tick_s`); the tick still runs, for decisions that only time makes.
     decide_on_fold: bool = False
-
-
-class CommandConflict(Exception):
-    """An append refused by the stream: the entity's subject is not at the expected sequence."""
+    # The verbs it answers (chamber.cmd.<name>.<verb>): pure reads and validations, served by the host.
+    commands: tuple[Command[S, Any], ...] = ()
 
 
 @dataclass
@@ -218,6 +219,7 @@ class DeciderHost(Generic[S]):
         if ctx.health_state is not None:  # /readyz answers 503 and /metrics says so until caught up
             ctx.health_state.replaying = self.replaying
         ctx.task(self._run)
+        CommandPath(self).install()
         ctx.every(d.tick_s, self.tick)
         ctx.every(min(d.tick_s, 0.25), self._check_ready)  # ready soon after catching up, whatever the tick
         if d.snapshot is not None:

@@ -31,7 +31,7 @@ from services.kube.kinds import BatchJob, Observed, WorkloadKind, owned_by_workl
 from services.kube.patches import Op, annotation_ops
 from services.kube.resources import WorkloadError
 from services.scheduler.core import FINISHED, JobState, SchedulerState
-from services.scheduler.core.door import submitted
+from services.scheduler.core.door import admit
 
 OPEN = Bindings(open=True)
 # Set on a workload as it is suspended: the job should checkpoint now; it resumes from that checkpoint
@@ -85,8 +85,9 @@ def job_id(cluster: str, namespace: str, name: str, kind: WorkloadKind | None = 
 
 def through_the_door(state: SchedulerState, spec: JobSpec, jid: str, at: float) -> JobSubmitted | str:
     """The JobSubmitted a workload becomes, checked by the same door as `chamber submit` and the HTTP API
-    (events.commands.SubmitJob's names and limits, then the scheduler's: a team without a quota is
-    refused); else why not, naming the fix."""
+    (core/door.py `admit`: events.commands.SubmitJob's names and limits, a team without a quota, critical
+    work a team's quota does not allow); else why not, naming the fix. A workload that cannot run on the
+    fleet as installed is held, not refused (`allow_wait`): suspended is how Kubernetes waits."""
     request = {
         "team": spec.team,
         "gpus": spec.gpus_per_replica,
@@ -95,9 +96,10 @@ def through_the_door(state: SchedulerState, spec: JobSpec, jid: str, at: float) 
         "name": spec.name,
         "cluster": spec.cluster,
         "preemptible": spec.preemptible,
+        "allow_wait": True,
     }
     try:
-        event = submitted(state, decode_request(request, SubmitJob), jid, at)
+        event, _ = admit(state, decode_request(request, SubmitJob), jid, at)
         event = JobSubmitted(job_id=jid, at=at, spec=msgspec.structs.replace(event.spec, namespace=spec.namespace))
         check_event(event)
     except InvalidName as exc:

@@ -5,8 +5,9 @@ BILLING (BudgetExceeded: budgets act), the core's `evolve`, and a cycle every `-
 `decide`. The host restores the latest snapshot, folds the tail in one deterministic order, decides
 only when caught up, publishes the decisions (deterministic ids) and folds them when they come back
 from the log, never before. Finished jobs leave memory as they finish (`--retention-hours`).
-Commands: submit (refused by the stream for an id it has seen: expected subject sequence 0), cancel,
-queue, explain.
+Commands, in the manifest and served by the host: submit (the door of core/door.py, shared with
+Kubernetes workloads; refused by the stream for an id it has seen: expected subject sequence 0),
+cancel (carries the job's last sequence), queue, explain.
 
 Hot standby: with `--leader-lease NAME` ($CHAMBER_LEADER_LEASE, which the chart sets) replicas share
 a NATS KV lease. Every replica folds the log and answers commands; only the lease holder runs cycles,
@@ -20,20 +21,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import hashlib
 import os
 import re
 import secrets
-import time
+from collections.abc import Callable
 from typing import Any
 
-from nats.js.errors import NotFoundError
-
 from events import Event, JobCancelled, subjects
-from events.codec import decode, stable_id
+from events.codec import stable_id
 from events.commands import CancelJob, ExplainJob, ListQueue, SubmitJob
-from services.runtime.commands import CommandRefused, page_of_rows
-from services.runtime.decider import CommandConflict, Decider, DeciderHost, Input, SnapshotCodec, pickle_codec
+from services.runtime.commands import Accepted, Append, Command, CommandRefused, FromLog, page_of_rows
+from services.runtime.decider import Decider, DeciderHost, Input, SnapshotCodec, pickle_codec
 from services.runtime.host import ServiceContext, serve
 from services.runtime.lease import ENV_NAME, ENV_TTL
 from services.runtime.logs import get_logger
@@ -54,11 +54,9 @@ from services.scheduler.core import (
     schedule,
 )
 from services.scheduler.core.cycle import PREEMPTION_SEARCHES
-from services.scheduler.core.door import cannot_run, submitted
+from services.scheduler.core.door import admit
 from services.scheduler.core.explain import explain_finished
 from services.scheduler.core.links import DEFAULT_FAULT_MEMORY_S, KEEP_S, LinkHealth
-from services.scheduler.core.pools import job_pool
-from services.scheduler.core.quota import critical_block
 from services.scheduler.core.state import DEFAULT_TOPOLOGY_KEY
 from services.scheduler.jobref import JobRefError, resolve
 from services.scheduler.policy_options import add_policy_arguments, policy_from_args
@@ -140,6 +138,7 @@ class Scheduler:
             snapshot_every_s=self.snapshot_every_s,
             lease=self.lease_name,
             lease_ttl_s=self.lease_ttl,
+            commands=self.commands(),
         )
 
     @property
@@ -174,143 +173,131 @@ class Scheduler:
             log.info("cycle", full=cycle.full, considered=cycle.considered, decisions=len(cycle.decisions))
         return events_for(cycle.decisions, now)
 
-    # -- commands ------------------------------------------------------------------------------
-    async def submit(self, req: SubmitRequest) -> dict[str, Any]:
-        if not await self._caught_up():
-            raise CommandRefused("the scheduler is still reading its log; try again in a moment")
-        job_id = req.id or (
-            request_job_id(req.team, req.request_id) if req.request_id else new_job_id(req.name, req.team)
-        )
-        if req.request_id and job_id in self.state.jobs and await self._submitted_by(job_id, req):
-            return {"id": job_id, "job_id": job_id, "duplicate": True}  # a retry: applied once
-        event = submitted(self.state, req, job_id, time.time())  # InvalidName: refused, naming the field
-        impossible = cannot_run(self.state, event.spec)
-        if impossible and not req.allow_wait:
-            raise CommandRefused(
-                "the job cannot run on this fleet: "
-                + "; ".join(impossible)
-                + ". Change the request, or submit with --allow-wait (allow_wait) to keep it waiting until it can",
-                field="gpu_model" if impossible[0].startswith("no GPU") else "gpus",
-            )
-        refused = critical_block(
-            self.state, event.spec.team, job_pool(event.spec, self.state.team_pools), event.spec.priority
-        )
-        if refused is not None:
-            raise CommandRefused(refused, field="priority")
-        assert self.host is not None
-        try:
-            # Expected subject sequence 0: the stream itself refuses a second job with this id, even
-            # from another replica or after the first one left memory (retention).
-            await self.host.append(event, id=stable_id("submitted", job_id), expected_subject_seq=0)
-        except CommandConflict:
-            if req.request_id and await self._submitted_by(job_id, req):
-                return {"id": job_id, "job_id": job_id, "duplicate": True}  # a retry: applied once
-            raise CommandRefused(f"job {job_id} exists already; pick another id", field="id") from None
-        answer: dict[str, Any] = {"id": job_id, "job_id": job_id}
-        if impossible:
-            answer["warnings"] = [f"it cannot run until this changes: {why}" for why in impossible]
-        return answer
-
-    async def _submitted_by(self, job_id: str, req: SubmitRequest, within_s: float = 3.0) -> bool:
-        """Is `job_id` the job this very request (same request id, same team) submitted before?
-        Its event may still be on its way to our fold: wait for it briefly."""
-        deadline = time.monotonic() + within_s
-        while job_id not in self.state.jobs and time.monotonic() < deadline:  # noqa: ASYNC110
-            await asyncio.sleep(0.05)
-        job = self.state.jobs.get(job_id)
+    # -- reads (answered from the folded state and the last cycle's why-waiting) -------------------
+    def commands(self) -> tuple[Command[SchedulerState, Any], ...]:
         return (
-            job is not None
-            and job.spec.team == req.team
-            and job_id == (req.id or request_job_id(req.team, req.request_id or ""))
+            Command("submit", SubmitRequest, validate=functools.partial(validate_submit, new_id=new_job_id)),
+            Command(
+                "cancel",
+                CancelRequest,
+                validate=validate_cancel,
+                entity=_job_subject,
+                conflict=_job_changed,
+                conflict_field="job",
+                from_log=cancel_from_log,
+            ),
+            Command("queue", QueueRequest, answer=self.answer_queue),
+            Command("explain", ExplainRequest, answer=self.answer_explain, from_log=explain_from_log),
         )
 
-    async def _caught_up(self, within_s: float = 3.0) -> bool:
-        """A submit is checked against the quotas and jobs in the log: wait (briefly) until they are read."""
-        deadline = time.monotonic() + within_s
-        while not self.ready and time.monotonic() < deadline:  # noqa: ASYNC110 (the host has no event for it)
-            await asyncio.sleep(0.05)
-        return self.ready
-
-    async def cancel(self, req: CancelRequest) -> dict[str, Any]:
-        name = req.job or req.job_id
-        if not name:
-            raise CommandRefused("which job? give its id", field="job")
-        try:  # an id, an exact name or a unique id prefix
-            job_id, unknown = resolve(name, ((j.id, j.spec.name) for j in self.state.jobs.values())), ""
-        except JobRefError as exc:
-            if not str(exc).startswith("no job"):
-                raise CommandRefused(str(exc), field="job") from None
-            job_id, unknown = name, str(exc)  # perhaps just submitted: the entity's sequence says below
-        assert self.host is not None
-        try:
-            # the job's latest event, folded: checked below, then expected by the stream on append
-            seq = await self.host.entity_seq("JOBS", subjects.jobs(job_id))
-        except CommandConflict as exc:
-            raise CommandRefused(str(exc), field="job") from None
-        job = self.state.jobs.get(job_id)
-        if job is None:
-            ended = await self._explain_from_log(name) if self.state.forgotten else None
-            if ended is not None:  # finished, and it has left memory since
-                raise CommandRefused(f"job {name} is already {ended['state']}", field="job")
-            raise CommandRefused(f"{unknown or f'no job {name!r}'}; `chamber queue` lists the jobs", field="job")
-        if job.state in FINISHED:
-            raise CommandRefused(f"job {name} is already {job.state.value}", field="job")
-        event = JobCancelled(job_id=job.id, at=time.time(), by=req.by, reason=req.reason)
-        try:
-            # Of two cancels at once (two operators, two replicas) the stream takes one; the other,
-            # or a cancel racing the job's own next event, is refused and says why.
-            await self.host.append(event, id=stable_id("cancelled", job.id), expected_subject_seq=seq)
-        except CommandConflict:
-            raise CommandRefused(
-                f"job {job.id} changed while this cancel was on its way (cancelled by another command?); "
-                "`chamber queue` shows it now",
-                field="job",
-            ) from None
-        return {"id": job.id, "state": "cancelled"}
-
-    def _refresh_waiting(self) -> None:
+    def _refresh_waiting(self, state: SchedulerState, now: float) -> None:
         """A standby runs no cycles, so its why-waiting answers would be stale: a dry cycle (the
         core rolls its scratch work back; nothing is published) says what the leader's would."""
         if not self.leading and self.ready:
-            self.waiting = dict(schedule(self.state, time.time(), None, policy=self.policy).waiting)
+            self.waiting = dict(schedule(state, now, None, policy=self.policy).waiting)
 
-    async def queue(self, req: QueueRequest) -> dict[str, Any]:
-        self._refresh_waiting()
-        waiting = {k: v for k, v in self.waiting.items() if k in self.state.jobs and self.state.jobs[k].state in QUEUED}
+    def answer_queue(self, state: SchedulerState, req: QueueRequest, now: float) -> dict[str, Any]:
+        self._refresh_waiting(state, now)
+        waiting = {k: v for k, v in self.waiting.items() if k in state.jobs and state.jobs[k].state in QUEUED}
         self.waiting = waiting
-        rows = queue_rows(self.state, waiting, now=time.time(), policy=self.policy, include_finished=req.all)
+        rows = queue_rows(state, waiting, now=now, policy=self.policy, include_finished=req.all)
         return page_of_rows(rows, offset=req.offset, limit=req.limit)
 
-    async def explain(self, req: ExplainRequest) -> dict[str, Any]:
-        self._refresh_waiting()
-        state = self.state
+    def answer_explain(self, state: SchedulerState, req: ExplainRequest, now: float) -> dict[str, Any]:
+        self._refresh_waiting(state, now)
         try:
             job_id = resolve(req.job, ((j.id, j.spec.name) for j in state.jobs.values()))
         except JobRefError as exc:
-            if not str(exc).startswith("no job"):
+            if not str(exc).startswith("no job") or not state.forgotten:
                 raise CommandRefused(f"{exc}; `chamber queue --all` lists the jobs", field="job") from None
-            # finished and gone from memory: its first and last events are in the log
-            found = await self._explain_from_log(req.job) if state.forgotten else None
-            if found is None:
-                raise CommandRefused(f"{exc}; `chamber queue --all` lists the jobs", field="job") from None
-            return found
-        found = explain(state, job_id, self.waiting, now=time.time(), policy=self.policy)
+            raise FromLog("JOBS", subjects.jobs(req.job)) from None  # finished and gone from memory
+        found = explain(state, job_id, self.waiting, now=now, policy=self.policy)
         assert found is not None
         return found
 
-    async def _explain_from_log(self, job_id: str) -> dict[str, Any] | None:
-        """A finished job has left memory (core/state.py, `retention_s`): its first and last events on
-        its JOBS subject say what it was and how it ended; the warehouse has the rest."""
-        assert self.host is not None
-        js, subject = self.host.ctx.js, subjects.jobs(job_id)
-        try:
-            first = await js.get_msg("JOBS", seq=1, subject=subject, next=True)
-            last = await js.get_last_msg("JOBS", subject)
-        except NotFoundError:
-            return None
-        submitted_event = decode(first.headers, first.data or b"").event
-        ended = decode(last.headers, last.data or b"").event
-        return explain_finished(job_id, submitted_event, ended)
+
+# -- changes: pure validations, served by the host (services/runtime/command_path.py) -------------
+
+
+def validate_submit(
+    state: SchedulerState, req: SubmitRequest, now: float, *, new_id: Callable[[str, str], str]
+) -> Accepted:
+    """The door (core/door.py `admit`, the same for Kubernetes workloads), then an append the stream
+    refuses for an id it has seen (expected subject sequence 0), even from another replica or after
+    the first job left memory. A retry carrying the same request id is applied once."""
+    job_id = req.id or (request_job_id(req.team, req.request_id) if req.request_id else new_id(req.name, req.team))
+    duplicate = {"id": job_id, "job_id": job_id, "duplicate": True}
+    known = state.jobs.get(job_id)
+    if req.request_id and known is not None and known.spec.team == req.team:
+        return Accepted((), duplicate)  # a retry: applied once
+    event, impossible = admit(state, req, job_id, now)  # InvalidName: refused, naming the field
+    answer: dict[str, Any] = {"id": job_id, "job_id": job_id}
+    if impossible:
+        answer["warnings"] = [f"it cannot run until this changes: {why}" for why in impossible]
+    exists = f"job {job_id} exists already; pick another id"
+    append = Append(event, stable_id("submitted", job_id), expected_seq=0, conflict=exists, field="id")
+    return Accepted((append,), answer, if_conflict=duplicate if req.request_id else None)
+
+
+def _job_named(state: SchedulerState, name: str) -> tuple[str, str]:
+    """(job id, why unknown): an id, an exact name or a unique id prefix; an unknown one is taken
+    as an id (perhaps just submitted: the host folds the job's subject before validating)."""
+    try:
+        return resolve(name, ((j.id, j.spec.name) for j in state.jobs.values())), ""
+    except JobRefError as exc:
+        if not str(exc).startswith("no job"):
+            raise CommandRefused(str(exc), field="job") from None
+        return name, str(exc)
+
+
+def _job_subject(state: SchedulerState, req: CancelRequest) -> tuple[str, str] | None:
+    name = req.job or req.job_id
+    if not name:
+        return None
+    return "JOBS", subjects.jobs(_job_named(state, name)[0])
+
+
+def _job_changed(req: CancelRequest) -> str:
+    return (
+        f"job {req.job or req.job_id} changed while this cancel was on its way (cancelled by another command?); "
+        "`chamber queue` shows it now"
+    )
+
+
+def validate_cancel(state: SchedulerState, req: CancelRequest, now: float) -> Accepted:
+    """Of two cancels at once (two operators, two replicas) the stream takes one; the other, or a
+    cancel racing the job's own next event, is refused and says why."""
+    name = req.job or req.job_id
+    if not name:
+        raise CommandRefused("which job? give its id", field="job")
+    job_id, unknown = _job_named(state, name)
+    job = state.jobs.get(job_id)
+    if job is None:
+        if state.forgotten:  # finished, perhaps, and it has left memory since: its log says
+            raise FromLog("JOBS", subjects.jobs(name))
+        raise CommandRefused(f"{unknown or f'no job {name!r}'}; `chamber queue` lists the jobs", field="job")
+    if job.state in FINISHED:
+        raise CommandRefused(f"job {name} is already {job.state.value}", field="job")
+    event = JobCancelled(job_id=job.id, at=now, by=req.by, reason=req.reason)
+    append = Append(event, stable_id("cancelled", job.id), req.expected_seq)
+    return Accepted((append,), {"id": job.id, "state": "cancelled"})
+
+
+def cancel_from_log(req: CancelRequest, submitted_event: Event | None, ended: Event | None) -> dict[str, Any]:
+    name = req.job or req.job_id or ""
+    if submitted_event is None or ended is None:
+        raise CommandRefused(f"no job {name!r}; `chamber queue` lists the jobs", field="job")
+    raise CommandRefused(
+        f"job {name} is already {explain_finished(name, submitted_event, ended)['state']}", field="job"
+    )
+
+
+def explain_from_log(req: ExplainRequest, submitted_event: Event | None, ended: Event | None) -> dict[str, Any]:
+    """A finished job has left memory (core/state.py, `retention_s`): its first and last events on
+    its JOBS subject say what it was and how it ended; the warehouse has the rest."""
+    if submitted_event is None or ended is None:
+        raise CommandRefused(f"no job {req.job!r}; `chamber queue --all` lists the jobs", field="job")
+    return explain_finished(req.job, submitted_event, ended)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -402,10 +389,6 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
     async def setup(ctx: ServiceContext) -> None:
         scheduler.host = DeciderHost(scheduler.manifest(), ctx)
         scheduler.host.install()
-        ctx.command("submit", SubmitRequest, scheduler.submit)
-        ctx.command("cancel", CancelRequest, scheduler.cancel)
-        ctx.command("queue", QueueRequest, scheduler.queue)
-        ctx.command("explain", ExplainRequest, scheduler.explain)
         if actuator is not None:
             ctx.every(args.kubernetes_interval, actuator.tick)
 

@@ -137,37 +137,28 @@ async def test_an_answer_or_a_request_over_the_max_payload_is_refused_with_the_t
 async def test_of_two_cancels_at_once_exactly_one_wins_and_the_other_is_told(
     nats_server: SecuredNatsServer, nc: Client, js: JetStreamContext
 ) -> None:
-    """Both cancels are checked against the same state before either is folded (two operators, two
-    replicas): the job's expected subject sequence lets the stream take one and refuse the other."""
-    import argparse
+    """Two operators read the job (its sequence) and cancel it at once: both carry what they read, the
+    scheduler takes one and refuses the other, saying the job changed since."""
     import asyncio
 
-    from events.commands import CancelJob
-    from services.runtime.host import ServiceContext, serve
-    from tests.integration.test_scheduler_service import ARGS
-
     await Publisher(js, source="test/setup").publish(a_quota("vision", 4))
-    shell = scheduler_service.Scheduler(argparse.Namespace(nats="", **ARGS[scheduler_service]))
-
-    async def setup(ctx: ServiceContext) -> None:
-        shell.host = scheduler_service.DeciderHost(shell.manifest(), ctx)
-        shell.host.install()
-        ctx.command("submit", scheduler_service.SubmitRequest, shell.submit)
-
-    stop = asyncio.Event()
-    task = asyncio.create_task(serve("scheduler", nats_server.url_for("scheduler"), setup, stop))
+    sched = Running(scheduler_service, nats_server.url_for("scheduler"))
     try:
-        await eventually(lambda: shell.host is not None and shell.host.ready)
+        await eventually(lambda: answers(nc, "scheduler", "queue", {}))
         await request(nc, "scheduler", "submit", {"team": "vision", "gpus": 1, "id": "twice"})
-        await eventually(lambda: "twice" in shell.state.jobs)
-        cancel = CancelJob(job="twice", by="alice", reason="test")
-        results = await asyncio.gather(shell.cancel(cancel), shell.cancel(cancel), return_exceptions=True)
+        read = (await js.get_last_msg("JOBS", "chamber.jobs.twice")).seq
+        cancel = {"job": "twice", "by": "alice", "reason": "test", "expected_seq": read}
+        results = await asyncio.gather(
+            request(nc, "scheduler", "cancel", cancel),
+            request(nc, "scheduler", "cancel", cancel),
+            return_exceptions=True,
+        )
         won = [r for r in results if isinstance(r, dict)]
         lost = [r for r in results if isinstance(r, CommandRefused)]
         assert len(won) == 1 and len(lost) == 1, results
         assert "changed while this cancel was on its way" in str(lost[0]) and lost[0].field == "job"
+        assert won[0]["seq"] == read + 1  # the job's sequence now, for a next change
         info = await js.stream_info("JOBS", subjects_filter="chamber.jobs.>")
         assert info.state.subjects == {"chamber.jobs.twice": 2}  # submitted, cancelled once
     finally:
-        stop.set()
-        await asyncio.wait_for(task, 15)
+        await sched.close()

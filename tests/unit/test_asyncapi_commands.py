@@ -21,7 +21,7 @@ def served_commands() -> set[tuple[str, str]]:
         name = re.search(r'^(?:NAME|SIM_SERVICE) = "([a-z_]+)"', text, re.M)
         if name is None:
             continue
-        for verb in re.findall(r'(?:ctx\.command|\.register)\(\s*"([a-z_]+)"', text):
+        for verb in re.findall(r'(?:ctx\.command|\.register|Command)\(\s*"([a-z_]+)"', text):
             found.add((name.group(1), verb))
     return found
 

@@ -1,9 +1,12 @@
 """The door of `submit`: a request becomes a JobSubmitted only if every consumer will accept it.
 
-Pure (state and time passed in). The request type (events.commands.SubmitJob) has already checked
-names and limits and normalised the team; here the event is checked with its own decoder (so nothing
-acknowledged is dead-lettered later), and a team without any quota is refused. `cannot_run` says why
-a job can never start on the fleet as installed (the service refuses it unless `allow_wait`).
+One door for the CLI, the HTTP API (the gateway forwards to the scheduler's `submit`) and Kubernetes
+workloads (services/scheduler/kubernetes.py): `admit` is every check, in one pure function (state
+and time passed in). The request type (events.commands.SubmitJob) has already checked names and
+limits and normalised the team; here the event is checked with its own decoder (so nothing
+acknowledged is dead-lettered later), a team without any quota is refused, a job that can never start
+on the fleet as installed is refused unless `allow_wait` (`cannot_run`), and critical work is refused
+to a team its quota does not allow it (`quota.critical_block`).
 """
 
 from __future__ import annotations
@@ -14,7 +17,26 @@ from events.commands import SubmitJob
 from events.jobs import JobSpec, JobSubmitted
 from events.names import InvalidName, check_event
 from services.pools import job_pool, node_pool
+from services.scheduler.core.quota import critical_block
 from services.scheduler.core.state import SchedulerState
+
+
+def admit(state: SchedulerState, req: SubmitJob, job_id: str, at: float) -> tuple[JobSubmitted, list[str]]:
+    """The event a valid request records, and why it cannot run yet (said as warnings when the request
+    allows waiting); raises InvalidName naming the field to fix."""
+    event = submitted(state, req, job_id, at)
+    impossible = cannot_run(state, event.spec)
+    if impossible and not req.allow_wait:
+        raise InvalidName(
+            "the job cannot run on this fleet: "
+            + "; ".join(impossible)
+            + ". Change the request, or submit with --allow-wait (allow_wait) to keep it waiting until it can",
+            field="gpu_model" if impossible[0].startswith("no GPU") else "gpus",
+        )
+    refused = critical_block(state, event.spec.team, job_pool(event.spec, state.team_pools), event.spec.priority)
+    if refused is not None:
+        raise InvalidName(refused, field="priority")
+    return event, impossible
 
 
 def submitted(state: SchedulerState, req: SubmitJob, job_id: str, at: float) -> JobSubmitted:
