@@ -108,7 +108,7 @@ class CommandPath(Generic[S]):
                     append.conflict or _conflict(command, request), field=append.field or command.conflict_field
                 ) from None
         result = accepted.result
-        if seq is not None and isinstance(result, dict) and any(a.expected_seq for a in accepted.appends):
+        if seq is not None and isinstance(result, dict) and command.entity is not None:
             # the entity's sequence now: a requester that changes it again passes it as `expected_seq`
             result = {**result, "seq": seq}
         return result

@@ -16,6 +16,7 @@ import pytest
 from kubernetes import client
 
 from events import JobCompleted, JobSubmitted, PriorityClass
+from events.names import InvalidName
 from services.kube.bindings import Bindings, NamespaceBinding
 from services.kube.cluster import KubernetesWorkloads
 from services.kube.kinds import KINDS, kind_of
@@ -342,8 +343,36 @@ def test_kueue_labels_name_the_team_through_the_namespace_binding_and_map_priori
             "kq", labels={"kueue.x-k8s.io/queue-name": "main", "kueue.x-k8s.io/priority-class": "prod-critical"}
         )
     )
-    [(submitted, _)] = reconcile(Driver().given(*QUOTA).state, w.list(), "c1", now=1.0, bindings=bindings)[0]
+    state = Driver().given(*QUOTA, a_quota("vision", 0, critical=True)).state  # vision may run critical work
+    [(submitted, _)] = reconcile(state, w.list(), "c1", now=1.0, bindings=bindings)[0]
     assert (submitted.spec.team, submitted.spec.priority) == ("vision", PriorityClass.CRITICAL)
+
+
+def test_critical_work_from_kubernetes_passes_the_same_critical_check_as_chamber_submit(api: KubeStub) -> None:
+    """A workload asking for critical, from a team whose quota does not allow it, is refused with the
+    message `chamber submit` (the scheduler's submit command, which the HTTP API forwards to) gives;
+    once an operator allows it, the next round submits it."""
+    from events.commands import SubmitJob
+    from services.runtime.commands import CommandRefused
+    from services.scheduler.service import validate_submit
+
+    w = workloads(api)
+    labels = {"chamber.io/team": "vision", "chamber.io/priority": "critical"}
+    stored = api.add(a_batch_job("urgent", labels=labels))
+    d = Driver().given(*QUOTA, a_node("n1", cluster="c1"))
+    events, [refuse] = reconcile(d.state, w.list(), "c1", now=1.0)
+    assert events == [] and isinstance(refuse, Refuse) and refuse.uid == stored["metadata"]["uid"]
+    cli = SubmitJob(team="vision", gpus=1, priority=PriorityClass.CRITICAL)
+    with pytest.raises((CommandRefused, InvalidName)) as by_cli:
+        validate_submit(d.state, cli, 1.0, new_id=lambda name, team: "cli-job")
+    assert "team vision may not run critical work in pool default" in str(by_cli.value)
+    assert refuse.reason == f"Chamber refuses this workload as it would the same `chamber submit`: {by_cli.value}"
+    assert getattr(by_cli.value, "field", None) == "priority"
+    d.cycle(now=2.0)
+    assert api.get("batch/v1", "Job", "ml", "urgent")["spec"]["suspend"] is True  # held, never admitted
+    d.given(a_quota("vision", 0, critical=True))
+    [(submitted, _)], actions = reconcile(d.state, w.list(), "c1", now=3.0)
+    assert actions == [] and submitted.spec.priority == PriorityClass.CRITICAL
 
 
 def test_a_namespace_charging_a_team_it_is_not_bound_to_is_never_admitted_and_told_why(api: KubeStub) -> None:

@@ -141,7 +141,8 @@ async def test_submit_schedule_explain_cancel_and_a_restart_rebuilds_the_same_st
     await eventually(waits_for_capacity)  # the new process's own cycle has looked at both jobs
     assert len(watched.of(JobScheduled, "train-1")) == 1 and not watched.of(JobScheduled, "wait-1")
 
-    assert await request(nc, "scheduler", "cancel", {"job_id": "train-1"}) == {"id": "train-1", "state": "cancelled"}
+    cancelled = await request(nc, "scheduler", "cancel", {"job_id": "train-1"})
+    assert cancelled == {"id": "train-1", "state": "cancelled", "seq": cancelled["seq"]}  # seq: the job's, now
     await eventually(lambda: bool(watched.of(JobScheduled, "wait-1")))
     # the events arrive in log order: every cycle since the restart is behind this one
     assert len(watched.of(JobScheduled, "train-1")) == 1 and len(watched.of(JobScheduled, "wait-1")) == 1
