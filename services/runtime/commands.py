@@ -158,11 +158,35 @@ def reply_too_large(service: str, verb: str, size: int) -> bytes:
     )
 
 
-class CommandServer:
-    """Register verbs, then `start()`. One queue group per service, so replicas share the load."""
+class _OnServiceConnection(NatsBroker):
+    """FastStream on the service's own NATS client: one connection per process (one login, one
+    reconnect policy, one entry in the server's connection list) for its events and its commands.
+    FastStream has no public way to be handed a client; `_connect` is where it makes its own (0.7,
+    hence the version pin), so this hands it ours instead, and leaves draining it to its owner."""
 
-    def __init__(self, url: str, service: str) -> None:
+    def __init__(self, nc: Client, **options: Any) -> None:
+        super().__init__(**options)
+        self._service_nc = nc
+
+    async def _connect(self) -> Client:
+        self.config.connect(self._service_nc)
+        return self._service_nc
+
+    async def stop(self, *exc: Any) -> None:
+        self._connection = None  # the service host drains its client after its consumers
+        await super().stop(*exc)
+
+
+class CommandServer:
+    """Register verbs, then `start()`. One queue group per service, so replicas share the load.
+    With `nc` (a service host's own client) the verbs are served on that connection; without (the
+    node agent's simulated fault injection), FastStream opens one of its own with the same login."""
+
+    def __init__(self, url: str, service: str, *, nc: Client | None = None) -> None:
         self.service = service
+        if nc is not None:
+            self.broker: NatsBroker = _OnServiceConnection(nc, logger=None)
+            return
         servers = server_urls(url)
         credentials = login(servers)
         security = SASLPlaintext(credentials["user"], credentials["password"]) if credentials else None

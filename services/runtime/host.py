@@ -73,7 +73,7 @@ class ServiceContext:
 
     def command(self, verb: str, request_type: type[T], handler: Callable[[T], Awaitable[Any]]) -> None:
         if self._commands is None:
-            self._commands = CommandServer(self.url, self.name)
+            self._commands = CommandServer(self.url, self.name, nc=self.nc)  # on the service's own connection
         self._commands.register(verb, request_type, handler)
 
     def task(self, run: Callable[[], Awaitable[None]]) -> None:

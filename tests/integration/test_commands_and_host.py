@@ -24,6 +24,9 @@ class SetQuota(msgspec.Struct):
     gpus: int
 
 
+contexts: list[ServiceContext] = []
+
+
 async def start_quota_like_service(url: str) -> tuple[asyncio.Event, asyncio.Task[ServiceContext], list[str]]:
     seen: list[str] = []
     stop = asyncio.Event()
@@ -38,6 +41,7 @@ async def start_quota_like_service(url: str) -> tuple[asyncio.Event, asyncio.Tas
         seen.append(delivery.event.job_id)
 
     async def setup(ctx: ServiceContext) -> None:
+        contexts.append(ctx)
         ctx.command("set", SetQuota, set_quota)
         ctx.consume(ConsumerOptions(stream="JOBS", durable="quota-test"), handler=on_job)
 
@@ -54,6 +58,8 @@ async def test_a_command_is_answered_refused_with_the_field_or_reported_unavaila
     stop, task, _ = await start_quota_like_service(nats_server.url)
     await eventually(lambda: _answers(nc))
     assert await request(nc, "quota", "set", {"team": "vision", "gpus": 8}) == {"team": "vision", "gpus": 8}
+    ctx = contexts[-1]
+    assert ctx._commands is not None and ctx._commands.broker._connection is ctx.nc  # one connection per service
     with pytest.raises(CommandRefused) as refused:
         await request(nc, "quota", "set", {"team": "vision", "gpus": -1})
     assert refused.value.field == "gpus" and "--gpus" in str(refused.value)

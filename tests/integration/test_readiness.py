@@ -1,6 +1,6 @@
 """Honest readiness: a decider-hosted service started on a filled stream says "replaying: folded N of
 M" on /readyz (503), its gateway answers /api/* with 503 and Retry-After, /metrics has
-`chamber_replaying` 1; once caught up, 200 and 0."""
+`chamber_replaying` 1; once caught up, 200 and 0. A command meanwhile is refused with one message."""
 
 from __future__ import annotations
 
@@ -11,9 +11,11 @@ from typing import Any
 
 import aiohttp
 import pytest
+from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from services.runtime import Publisher
+from services.runtime.commands import CommandRefused, CommandUnavailable, request
 from services.runtime.nats_server import free_port
 from tests.builders import a_job_submitted
 from tests.integration.test_gateway_api import start_gateway
@@ -21,6 +23,7 @@ from tests.secured_bus import SecuredNatsServer
 
 pytestmark = pytest.mark.integration
 EVENTS = 40_000  # enough that folding them takes the gateway a while on any machine
+COMMAND_EVENTS = 10_000  # the scheduler folds slower than the gateway: fewer keep it busy long enough
 
 
 async def _get(http: aiohttp.ClientSession, url: str) -> tuple[int, dict[str, str], str]:
@@ -79,3 +82,36 @@ async def test_a_gateway_on_a_filled_stream_answers_503_while_replaying_then_200
     assert any('chamber_replaying{service="gateway"} 1' in b for b in gauges)
     assert 'chamber_replaying{service="gateway"} 0' in gauges[-1]  # fetched after /readyz said 200
     assert 'chamber_replaying{service="gateway"} 0.0' in gateway_metrics[2]
+
+
+async def test_a_command_while_the_service_catches_up_is_refused_with_the_one_message(
+    nats_server: SecuredNatsServer, js: JetStreamContext, nc: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every decider-hosted service refuses a command that comes before it caught up with its log the
+    same way (services/runtime/command_path.py), with its progress; once caught up, it answers."""
+    from services.runtime import command_path
+    from services.scheduler import service as scheduler_service
+    from tests.integration.test_scheduler_service import Running
+
+    monkeypatch.setattr(command_path, "CATCH_UP_WAIT_S", 0.0)  # say it at once instead of waiting 3 s
+    publisher = Publisher(js, source="test")
+    await publisher.publish_many((a_job_submitted(f"j{i}", at=float(i)), None, None) for i in range(COMMAND_EVENTS))
+    sched = Running(scheduler_service, nats_server.url_for("scheduler"))
+    refusals: list[str] = []
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                answer = await request(nc, "scheduler", "queue", {"limit": 1}, timeout=5)
+                break
+            except CommandUnavailable:  # not subscribed yet
+                await asyncio.sleep(0.01)
+            except CommandRefused as exc:
+                refusals.append(str(exc))
+                await asyncio.sleep(0.02)
+    finally:
+        await sched.close()
+    assert refusals, "no command arrived while the scheduler was folding"
+    pattern = r"scheduler is catching up with its log \(replaying: (folded \d+ of \d+|opening the inputs)\); try again"
+    assert all(re.fullmatch(pattern + " in a moment", r) for r in refusals), refusals[:3]
+    assert answer["total"] == COMMAND_EVENTS
