@@ -31,11 +31,13 @@ from nats.js.errors import NotFoundError
 
 from events.codec import decode
 from services.runtime.commands import Accepted, Command, CommandConflict, CommandRefused, FromLog
+from services.runtime.logs import get_logger
 
 if TYPE_CHECKING:
     from services.runtime.decider import DeciderHost
 
 S = TypeVar("S")
+log = get_logger("chamber.runtime.commands")
 CATCH_UP_WAIT_S = 3.0  # a command right after start waits this long for the log to be read
 
 
@@ -107,6 +109,9 @@ class CommandPath(Generic[S]):
                 raise CommandRefused(
                     append.conflict or _conflict(command, request), field=append.field or command.conflict_field
                 ) from None
+        if accepted.appends:  # an operator's change, in the service's log with what it recorded
+            events = [type(a.event).__name__ for a in accepted.appends]
+            log.info("command applied", service=self.host.decider.name, verb=command.verb, events=events, seq=seq)
         result = accepted.result
         if seq is not None and isinstance(result, dict) and command.entity is not None:
             # the entity's sequence now: a requester that changes it again passes it as `expected_seq`

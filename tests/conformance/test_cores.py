@@ -4,6 +4,7 @@ decisions folded back as the host does."""
 
 from __future__ import annotations
 
+import contextlib
 import random
 from typing import Any
 
@@ -34,7 +35,9 @@ from services.scheduler import service as scheduler_service
 from services.scheduler.core import SchedulerState, events_for, evolve, schedule
 from tests.conformance.harness import (
     CoreSpec,
+    canon,
     decide_only_reads,
+    fold,
     interleavings_fold_to_one_state,
     restart_mid_cycle,
     snapshot_restore_continue,
@@ -231,3 +234,62 @@ def test_the_scheduler_folds_link_health_to_one_state_in_any_interleaving_and_ac
     interleavings_fold_to_one_state(SCHEDULER, log[0], seed)
     snapshot_restore_continue(SCHEDULER, log[0], cut)
     restart_mid_cycle(SCHEDULER, log[0], log[1] + 30.0)
+
+
+def _scheduler_commands() -> tuple[Any, ...]:
+    import argparse
+
+    from tests.integration.test_scheduler_service import ARGS
+
+    return scheduler_service.Scheduler(argparse.Namespace(nats="", **ARGS[scheduler_service])).commands()
+
+
+# (core, its manifest's commands, requests): every read and change a person can send, against any log
+COMMAND_CASES = [
+    (
+        QUOTA,
+        lambda: quota_service.COMMANDS,
+        [
+            ("set", {"team": "vision", "gpus": 3, "budget": 100.0, "expected_seq": 2}),
+            ("patch", {"team": "nlp", "weight": 2.0, "critical": True, "expected_seq": 0}),
+            ("pool_set", {"name": "h100x", "gpu_model": "H100"}),
+            ("list", {}),
+        ],
+    ),
+    (BILLING, lambda: billing_service.COMMANDS, [("price", {"gpu_model": "H100", "price_per_gpu_hour": 2.5})]),
+    (
+        SCHEDULER,
+        _scheduler_commands,
+        [
+            ("submit", {"team": "vision", "gpus": 2, "priority": "critical", "allow_wait": True}),
+            ("submit", {"team": "nlp", "gpus": 1, "request_id": "r1"}),
+            ("cancel", {"job": "j0", "expected_seq": 1}),
+            ("queue", {"all": True}),
+            ("explain", {"job": "j1"}),
+        ],
+    ),
+]
+
+
+@pytest.mark.parametrize("case", COMMAND_CASES, ids=lambda c: c[0].name)
+@EXAMPLES
+@given(fleet_logs())
+def test_commands_only_read_the_state(case: Any, log: tuple[list[Event], float]) -> None:
+    """A command's `validate` and `answer` are pure: whatever they say (the events to append, a refusal,
+    "ask the log"), the state is as they found it; it changes only when the events come back."""
+    from events.names import InvalidName, decode_request
+    from services.runtime.commands import CommandRefused, FromLog
+
+    core, commands, requests = case
+    by_verb = {c.verb: c for c in commands()}
+    state = fold(core, log[0])
+    before = canon(state, core.skip)
+    for verb, payload in requests:
+        command = by_verb[verb]
+        request = decode_request(payload, command.request)
+        with contextlib.suppress(CommandRefused, InvalidName, FromLog):
+            if command.answer is not None:
+                command.answer(state, request, log[1] + 1.0)
+            else:
+                command.validate(state, request, log[1] + 1.0)
+        assert canon(state, core.skip) == before, verb
