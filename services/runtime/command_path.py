@@ -119,14 +119,14 @@ class CommandPath(Generic[S]):
         return result
 
     async def _from_log(self, command: Command[S, Any], request: Any, gone: FromLog) -> Any:
-        if command.from_log is None:
-            raise CommandRefused(f"{gone.subject} has left memory") from None
         js = self.host.ctx.js
         try:
             first = await js.get_msg(gone.stream, seq=1, subject=gone.subject, next=True)
             last = await js.get_last_msg(gone.stream, gone.subject)
         except NotFoundError:
-            return command.from_log(request, None, None)
+            raise CommandRefused(gone.unknown, field=gone.field) from None
+        if command.from_log is None:
+            raise CommandRefused(gone.unknown, field=gone.field)
         return command.from_log(
             request, decode(first.headers, first.data or b"").event, decode(last.headers, last.data or b"").event
         )

@@ -79,11 +79,12 @@ class Accepted:
 
 class FromLog(Exception):
     """Raised by `validate` or `answer`: the entity has left memory (a finished job), and the answer is
-    in its first and last events on `subject`; the host reads them and calls the command's `from_log`."""
+    in its first and last events on `subject`; the host reads them and calls the command's `from_log`.
+    `unknown`: the refusal when the log has no such entity either (and `field`, the field it names)."""
 
-    def __init__(self, stream: str, subject: str) -> None:
+    def __init__(self, stream: str, subject: str, unknown: str, field: str | None = None) -> None:
         super().__init__(subject)
-        self.stream, self.subject = stream, subject
+        self.stream, self.subject, self.unknown, self.field = stream, subject, unknown, field
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,7 @@ class Command(Generic[S, R]):
     when the requester did not give the one it read. `conflict(request)`: what a per-entity change is
     told when the entity moved on since `expected_seq` (before validating, or when the stream refuses
     the append), and `conflict_field` the field it names. `from_log(request, first, last)`: the answer
-    from an entity's first and last events (see FromLog)."""
+    from an entity's first and last events in its stream (see FromLog)."""
 
     verb: str
     request: type[R]
@@ -106,7 +107,7 @@ class Command(Generic[S, R]):
     entity: Callable[[S, R], tuple[str, str] | None] | None = None
     conflict: Callable[[R], str] | None = None
     conflict_field: str | None = None
-    from_log: Callable[[R, Any, Any], Any] | None = None
+    from_log: Callable[[R, Any, Any], Any] | None = None  # (request, first event, last event)
 
     def __post_init__(self) -> None:
         if (self.validate is None) == (self.answer is None):

@@ -208,9 +208,10 @@ class Scheduler:
         try:
             job_id = resolve(req.job, ((j.id, j.spec.name) for j in state.jobs.values()))
         except JobRefError as exc:
+            unknown = f"{exc}; `chamber queue --all` lists the jobs"
             if not str(exc).startswith("no job") or not state.forgotten:
-                raise CommandRefused(f"{exc}; `chamber queue --all` lists the jobs", field="job") from None
-            raise FromLog("JOBS", subjects.jobs(req.job)) from None  # finished and gone from memory
+                raise CommandRefused(unknown, field="job") from None
+            raise FromLog("JOBS", subjects.jobs(req.job), unknown, "job") from None  # finished, gone from memory
         found = explain(state, job_id, self.waiting, now=now, policy=self.policy)
         assert found is not None
         return found
@@ -273,9 +274,10 @@ def validate_cancel(state: SchedulerState, req: CancelRequest, now: float) -> Ac
     job_id, unknown = _job_named(state, name)
     job = state.jobs.get(job_id)
     if job is None:
+        unknown = f"{unknown or f'no job {name!r}'}; `chamber queue` lists the jobs"
         if state.forgotten:  # finished, perhaps, and it has left memory since: its log says
-            raise FromLog("JOBS", subjects.jobs(name))
-        raise CommandRefused(f"{unknown or f'no job {name!r}'}; `chamber queue` lists the jobs", field="job")
+            raise FromLog("JOBS", subjects.jobs(name), unknown, "job")
+        raise CommandRefused(unknown, field="job")
     if job.state in FINISHED:
         raise CommandRefused(f"job {name} is already {job.state.value}", field="job")
     event = JobCancelled(job_id=job.id, at=now, by=req.by, reason=req.reason)
@@ -283,20 +285,15 @@ def validate_cancel(state: SchedulerState, req: CancelRequest, now: float) -> Ac
     return Accepted((append,), {"id": job.id, "state": "cancelled"})
 
 
-def cancel_from_log(req: CancelRequest, submitted_event: Event | None, ended: Event | None) -> dict[str, Any]:
+def cancel_from_log(req: CancelRequest, submitted_event: Event, ended: Event) -> dict[str, Any]:
     name = req.job or req.job_id or ""
-    if submitted_event is None or ended is None:
-        raise CommandRefused(f"no job {name!r}; `chamber queue` lists the jobs", field="job")
-    raise CommandRefused(
-        f"job {name} is already {explain_finished(name, submitted_event, ended)['state']}", field="job"
-    )
+    ended_as = explain_finished(name, submitted_event, ended)["state"]
+    raise CommandRefused(f"job {name} is already {ended_as}", field="job")
 
 
-def explain_from_log(req: ExplainRequest, submitted_event: Event | None, ended: Event | None) -> dict[str, Any]:
+def explain_from_log(req: ExplainRequest, submitted_event: Event, ended: Event) -> dict[str, Any]:
     """A finished job has left memory (core/state.py, `retention_s`): its first and last events on
     its JOBS subject say what it was and how it ended; the warehouse has the rest."""
-    if submitted_event is None or ended is None:
-        raise CommandRefused(f"no job {req.job!r}; `chamber queue --all` lists the jobs", field="job")
     return explain_finished(req.job, submitted_event, ended)
 
 
