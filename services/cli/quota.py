@@ -78,6 +78,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="once the budget is exceeded, new work runs preemptible at low priority (demote), waits (hold), "
         "or only an event and a dashboard flag (notify, the default)",
     )
+    s.add_argument(
+        "--expected-seq",
+        type=_count,
+        metavar="SEQ",
+        help="change it only if the team's quota is still at this sequence (`seq` of the last change's --json "
+        "answer); refused if anyone changed it since",
+    )
     s.set_defaults(func=set_quota)
 
     s = qs.add_parser("list", help="quotas, usage, borrowing and fair share per team")
@@ -154,6 +161,8 @@ def set_quota(args: argparse.Namespace) -> int:
         given["budget"] = args.budget
     if args.on_budget:
         given["on_budget"] = args.on_budget
+    if args.expected_seq is not None:
+        given["expected_seq"] = args.expected_seq
     if args.replace:
         if args.gpus is None:
             raise UsageError("--replace sets the whole quota: give --gpus N")
@@ -161,7 +170,7 @@ def set_quota(args: argparse.Namespace) -> int:
             raise UsageError("--on-budget needs --budget AMOUNT")
         result = _send(args, "quota", "set", {"team": args.team, "pool": args.pool, **given})
     else:
-        if not given:
+        if not given.keys() - {"expected_seq"}:
             raise UsageError(
                 "nothing to change: give at least one of --gpus, --borrow-limit, --lend-limit, --np-lend-limit, "
                 "--weight, --critical/--no-critical, --budget, --on-budget"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 from types import ModuleType
 from typing import Any
 
@@ -20,6 +21,7 @@ from tests.integration.test_scheduler_service import answers
 from tests.secured_bus import SecuredNatsServer
 
 pytestmark = pytest.mark.integration
+CHAMBER = [sys.executable, "-m", "services.cli"]
 
 # Ticks far apart: no fair-share update or accrual lands on the entity between the reads and the changes.
 ARGS: dict[ModuleType, dict[str, Any]] = {
@@ -76,6 +78,14 @@ async def test_of_two_concurrent_quota_changes_of_a_team_exactly_one_wins(
         again = await request(nc, "quota", "patch", {"team": "vision", "weight": 2, "expected_seq": won["seq"]})
         assert again["seq"] > won["seq"]
         assert (await request(nc, "quota", "patch", {"team": "vision", "weight": 3}))["settings"]["weight"] == 3
+        # the CLI carries a sequence too: a stale one is refused with the same words, no traceback
+        cli = await asyncio.create_subprocess_exec(
+            *CHAMBER, "quota", "set", "vision", "--weight", "5", "--expected-seq", str(read), "--nats", nats_server.url,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        _, err = await asyncio.wait_for(cli.communicate(), 60)
+        assert cli.returncode != 0 and "Traceback" not in err.decode(), err.decode()
+        assert f"quota of team vision changed since you read it (seq {read}); re-read and retry" in err.decode()
     finally:
         await quota.close()
 
