@@ -173,7 +173,7 @@ class Scheduler:
             log.info("cycle", full=cycle.full, considered=cycle.considered, decisions=len(cycle.decisions))
         return events_for(cycle.decisions, now)
 
-    # -- reads (answered from the folded state and the last cycle's why-waiting) -------------------
+    # -- commands: the manifest's verbs (reads answer from the state and the last cycle's why-waiting) --
     def commands(self) -> tuple[Command[SchedulerState, Any], ...]:
         return (
             Command("submit", SubmitRequest, validate=functools.partial(validate_submit, new_id=new_job_id)),
