@@ -64,3 +64,13 @@ def test_a_plan_becomes_an_event() -> None:
     assert (event.cluster, event.node, event.gpu_index, event.enable_mig) == ("c1", "n1", 0, True)
     assert [i.profile for i in event.create] == ["1g.10gb", "1g.10gb"]
     assert event.mig_config == mig_config_name(change.after) == "custom-2x1g.10gb"
+
+
+def test_a_simulated_fleet_keeps_the_rules() -> None:
+    """bench/mig.py's simulation, short: layouts change under the planner's rules only."""
+    from bench.mig import most_changes_in_an_hour, trace, with_mig
+
+    run, gpus = with_mig(trace(seed=3, hours=6, load=2.0), hours=6)
+    assert run.started["small"] > 0 and run.changes > 0
+    assert run.disturbed == 0 and run.toggled_with_work == 0
+    assert most_changes_in_an_hour(gpus) <= 1

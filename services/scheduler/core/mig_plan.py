@@ -11,7 +11,7 @@ instances made and which of them hold work, and when its layout last changed. Ru
   applies the `nvidia.com/mig.config` label, so changes are kept rare.
 
 The queue is served first by idle instances that already exist, then GPU by GPU (MIG GPUs with the
-most free slices first, then idle GPUs without MIG) with the layout that serves the most queued
+fewest free slices first, then idle GPUs without MIG) with the layout that serves the most queued
 GPU-equivalents, drains the fewest idle instances, and leaves the free slices most useful to the
 queued mix (`mig.most_instances`: the same lookahead the packer scores placements with). Each change
 becomes a `MigLayoutPlanned` event (`events.fleet`); the agent or the Kubernetes actuator reports
@@ -130,14 +130,15 @@ def plan(
 
 
 def _by_room(gpus: Sequence[MigGpu]) -> list[MigGpu]:
-    """MIG GPUs first, the ones with the most free memory slices first; then idle GPUs without MIG."""
+    """MIG GPUs first, the fullest first (new instances go where others run, so other GPUs can empty
+    and go back to whole-GPU work); then GPUs without MIG."""
 
     def room(g: MigGpu) -> tuple[int, int, GpuKey]:
         table = mig_model(g.model)
         if table is None or not g.mig_enabled:
             return (1, 0, g.key)
         busy = used_mask(table, g.busy)
-        return (0, -bin(table.full_mask() & ~busy).count("1"), g.key)
+        return (0, bin(table.full_mask() & ~busy).count("1"), g.key)
 
     return sorted(gpus, key=room)
 
