@@ -22,6 +22,7 @@ so runs are deterministic.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -123,17 +124,18 @@ def _mig_table(state: State, pod: PodRequest) -> MigModel | None:
     return table if table is not None and pod.mig_profile in table.profiles else None
 
 
-def fits_state(state: State, pod: PodRequest) -> bool:
+def fits_state(state: State, pod: PodRequest, need: int | None = None) -> bool:
+    """Whether a node in `state` can hold the pod (`need`: its `per_gpu`, when the caller has it)."""
     model, cpu, mem, full, gpus, mig = state
-    if full or cpu < pod.cpu_milli or mem < pod.memory_mib or not pod.allows(model):
+    if full or cpu < pod.cpu_milli or mem < pod.memory_mib or (pod.models and model not in pod.models):
         return False
     if pod.num_gpu == 0:
         return True
     if pod.mig_profile or mig:  # MIG requests only on MIG GPUs, and MIG GPUs only for them
         table = _mig_table(state, pod)
         return table is not None and any(starts_in_mask(table, used, pod.mig_profile) for used, _ in mig)
-    need = pod.per_gpu
-    return sum(1 for g in gpus if g >= need) >= pod.num_gpu
+    # `gpus` is sorted: the GPUs with at least `need` left are the tail from the first such one.
+    return len(gpus) - bisect_left(gpus, pod.per_gpu if need is None else need) >= pod.num_gpu
 
 
 # One way a pod can land on a node: the GPU capacity left after it (sorted), the MIG GPUs after it
@@ -418,8 +420,9 @@ class Packer:
     def place_at(self, pod: PodRequest) -> Spot | None:
         """`place`, also saying at which slice a MIG instance starts."""
         best: tuple[float, int, State, Option] | None = None
+        need = pod.per_gpu
         for state, members in self.groups.items():
-            if not fits_state(state, pod):
+            if not fits_state(state, pod, need):
                 continue
             nid = min(members)
             node = self.nodes[nid]
