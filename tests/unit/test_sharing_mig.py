@@ -70,3 +70,10 @@ def test_bad_mig_inputs_are_refused() -> None:
     with pytest.raises(MigError):
         mig_request("5g.50gb", H100)
     assert Packer(nodes(mig=0)).place(mig("1g.10gb")) is None
+
+
+def test_media_engine_profiles_are_one_per_gpu() -> None:
+    packer = Packer(nodes(plain=0, gpus=1), mix=Mix.of([mig("1g.10gb+me")]))
+    assert packer.place_at(mig("1g.10gb+me")) is not None
+    assert packer.place_at(mig("1g.10gb+me")) is None, "the GPU has one set of media engines"
+    assert packer.place_at(mig("1g.10gb")) is not None

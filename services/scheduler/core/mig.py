@@ -155,9 +155,26 @@ def free_starts(table: MigModel, layout: Iterable[Instance], profile: str) -> li
     return [s for s in p.starts if not used & span(p, s)]
 
 
-def starts_in_mask(table: MigModel, used: int, profile: str) -> list[int]:
-    """`free_starts` on a used-slice mask (the packer's compact state; ignores `max_instances`)."""
+def _marker(table: MigModel, profile: MigProfile) -> int:
+    """A bit above the memory slices that says a one-per-GPU profile (the +me ones) is made."""
+    if profile.max_instances != 1:
+        return 0
+    limited = [name for name, p in table.profiles.items() if p.max_instances == 1]
+    return 1 << (table.memory_slices + limited.index(profile.name))
+
+
+def occupancy(table: MigModel, profile: str, start: int) -> int:
+    """What an instance takes of a GPU's compact state: its memory slices, and for a one-per-GPU
+    profile its marker bit (so a used-slice mask also knows the GPU has one)."""
     p = table.profiles[profile]
+    return span(p, start) | _marker(table, p)
+
+
+def starts_in_mask(table: MigModel, used: int, profile: str) -> list[int]:
+    """`free_starts` on a compact state built with `occupancy` (the packer's)."""
+    p = table.profiles[profile]
+    if used & _marker(table, p):
+        return []
     return [s for s in p.starts if not used & span(p, s)]
 
 
@@ -179,6 +196,8 @@ def most_instances(table: MigModel, used: int, profile: str) -> int:
     """How many more instances of `profile` fit in the free slices (greedy from the lowest start,
     which is the most for one profile: its placements are aligned to their size)."""
     p = table.profiles[profile]
+    if used & _marker(table, p):
+        return 0
     count = 0
     for s in p.starts:
         if not used & span(p, s):

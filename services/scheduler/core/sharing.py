@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from services.scheduler.core.mig import MigModel, mig_model, most_instances, span, starts_in_mask
+from services.scheduler.core.mig import MigModel, mig_model, most_instances, occupancy, starts_in_mask
 
 MILLI = 1000  # milli-GPU in one GPU
 MAX_PODS = 1001  # pods one node may hold (the kubelet default is 110; the openb protocol allows 1001)
@@ -147,7 +147,6 @@ def _mig_options(state: State, pod: PodRequest) -> list[Option]:
     table = _mig_table(state, pod)
     if table is None:
         return []
-    profile = table.profiles[pod.mig_profile]
     share = table.share_milli(pod.mig_profile)
     mig = state[5]
     out: list[Option] = []
@@ -156,7 +155,7 @@ def _mig_options(state: State, pod: PodRequest) -> list[Option]:
             continue  # an identical GPU gives identical options
         used, left = gpu
         for start in starts_in_mask(table, used, pod.mig_profile):
-            after_gpu = (used | span(profile, start), left - share)
+            after_gpu = (used | occupancy(table, pod.mig_profile, start), left - share)
             new_mig = tuple(sorted((*mig[:i], after_gpu, *mig[i + 1 :])))
             out.append((tuple(sorted(g for _, g in new_mig)), new_mig, gpu, start))
     return out
@@ -447,7 +446,7 @@ class Packer:
             chosen = [_mig_index(node, option)]
             table = mig_model(node.spec.model)
             assert table is not None and option[3] is not None
-            node.mig_used[chosen[0]] |= span(table.profiles[pod.mig_profile], option[3])
+            node.mig_used[chosen[0]] |= occupancy(table, pod.mig_profile, option[3])
             node.gpu_left[chosen[0]] -= table.share_milli(pod.mig_profile)
         else:
             chosen = _indices(node.gpu_left, pod, option[0])
