@@ -121,7 +121,7 @@ class MigRun:
     changes: int = 0
 
 
-def with_mig(jobs: list[Job], hours: float) -> tuple[MigRun, list[Gpu]]:
+def with_mig(jobs: list[Job], hours: float, operator: bool = False) -> tuple[MigRun, list[Gpu]]:
     table = mig_model(MODEL)
     assert table is not None
     gpus = [Gpu(i) for i in range(GPUS)]
@@ -140,7 +140,8 @@ def with_mig(jobs: list[Job], hours: float) -> tuple[MigRun, list[Gpu]]:
         if queue:
             demand = Counter(j.profile for j in queue if j.small)
             whole = sum(1 for j in queue if not j.small)
-            for change in plan([g.view() for g in gpus], demand, t, whole_demand=whole):
+            views = [g.view() for g in gpus]
+            for change in plan(views, demand, t, whole_demand=whole, rewrites_whole_gpu=operator):
                 g = gpus[int(change.gpu.key[1][4:]) * 8 + change.gpu.key[2]]
                 run.disturbed += sum(1 for i in change.drain if i in g.running)
                 run.toggled_with_work += (change.enable_mig or change.disable_mig) and (
@@ -204,10 +205,13 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--hours", type=float, default=24.0)
     parser.add_argument("--load", type=float, default=1.0, help="multiplies the small jobs' arrival rates")
+    parser.add_argument(
+        "--operator", action="store_true", help="apply as the GPU Operator does: only GPUs without running instances"
+    )
     args = parser.parse_args()
     jobs = trace(args.seed, args.hours, args.load)
     base = whole_gpu(jobs, args.hours)
-    run, gpus = with_mig(jobs, args.hours)
+    run, gpus = with_mig(jobs, args.hours, args.operator)
     gpu_hours = GPUS * args.hours
     mig_rate = run.started["small"] / gpu_hours
     base_rate = base["small"] / gpu_hours
@@ -218,6 +222,7 @@ def main() -> int:
                 "seed": args.seed,
                 "hours": args.hours,
                 "small_load": args.load,
+                "applied_as": "gpu-operator (whole GPUs rewritten)" if args.operator else "per instance (NVML)",
                 "small_jobs_arrived": sum(1 for j in jobs if j.small),
                 "training_jobs_arrived": sum(1 for j in jobs if not j.small),
                 "small_jobs_per_gpu_hour": {"mig": round(mig_rate, 3), "whole_gpu": round(base_rate, 3)},

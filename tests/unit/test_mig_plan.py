@@ -74,3 +74,11 @@ def test_a_simulated_fleet_keeps_the_rules() -> None:
     assert run.started["small"] > 0 and run.changes > 0
     assert run.disturbed == 0 and run.toggled_with_work == 0
     assert most_changes_in_an_hour(gpus) <= 1
+
+
+def test_through_the_gpu_operator_only_gpus_without_running_instances_change() -> None:
+    running, idle = ("4g.40gb", 0), ("3g.40gb", 4)
+    busy = gpu(0, layout=(running, idle), busy=(running,))
+    assert plan([busy], Counter({"1g.10gb": 3}), NOW, rewrites_whole_gpu=True) == []
+    [change] = plan([busy, gpu(1, mig=False)], Counter({"1g.10gb": 3}), NOW, rewrites_whole_gpu=True)
+    assert change.gpu.key[2] == 1

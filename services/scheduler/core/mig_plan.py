@@ -96,9 +96,12 @@ def plan(
     *,
     whole_demand: int = 0,
     min_interval_s: float = HOUR,
+    rewrites_whole_gpu: bool = False,
 ) -> list[LayoutChange]:
     """Layout changes that let the queued MIG requests (`demand`: profile -> count) and whole-GPU
-    requests (`whole_demand`) run, within the rules above."""
+    requests (`whole_demand`) run, within the rules above. `rewrites_whole_gpu`: the change will be
+    applied by a tool that recreates every instance of a GPU it reconfigures (the GPU Operator's MIG
+    manager), so only GPUs none of whose instances hold work are changed."""
     remaining = Counter({p: n for p, n in demand.items() if n > 0})
     reserved: dict[GpuKey, set[Instance]] = {}
     for gpu in gpus:  # idle instances that exist already serve first, with no change
@@ -110,7 +113,7 @@ def plan(
     out: list[LayoutChange] = []
     free_whole = sum(1 for g in gpus if not g.mig_enabled and g.idle)
     for gpu in _by_room(gpus):
-        if not changeable(gpu, now, min_interval_s):
+        if not changeable(gpu, now, min_interval_s) or (rewrites_whole_gpu and gpu.busy):
             continue
         table = mig_model(gpu.model)
         if whole_demand > free_whole and gpu.mig_enabled and not gpu.busy and not reserved.get(gpu.key):
