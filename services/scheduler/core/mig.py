@@ -103,7 +103,6 @@ MIG_MODELS: dict[str, MigModel] = {
         _eight_slice("A100-80GB", (10, 20, 20, 40, 40, 80)),
         _eight_slice("H100-80GB", (10, 20, 20, 40, 40, 80)),
         _eight_slice("H100-94GB", (12, 24, 24, 47, 47, 94)),  # H100 NVL
-        _eight_slice("H100-96GB", (12, 24, 24, 48, 48, 96)),  # GH200
         _eight_slice("H200-141GB", (18, 35, 35, 71, 71, 141)),
         _a30("A30-24GB"),
     )
