@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from services.scheduler.core.mig import MigModel, mig_model, most_instances, occupancy, starts_in_mask
+from services.scheduler.core.mig import MigModel, mig_model, most_instances, occupancy, profile_of, starts_in_mask
 
 MILLI = 1000  # milli-GPU in one GPU
 MAX_PODS = 1001  # pods one node may hold (the kubelet default is 110; the openb protocol allows 1001)
@@ -71,8 +71,6 @@ class PodRequest:
 
 def mig_request(profile: str, model: str, cpu_milli: int = 0, memory_mib: int = 0) -> PodRequest:
     """A request for one `profile` instance on a MIG GPU of `model` (MigError if it has no such profile)."""
-    from services.scheduler.core.mig import profile_of
-
     profile_of(model, profile)
     table = mig_model(model)
     assert table is not None
