@@ -148,3 +148,16 @@ def test_the_checker_names_a_disagreement() -> None:
     assert any("3g.40gb: NVML placements [(0, 4), (2, 4), (4, 4)]" in m for m in found)
     assert any("1g.10gb+me: NVML has no profile" in m for m in found)
     assert nvml_mismatches(fake_nvml(RECORDED_H100), object(), "T4") == ["no MIG table for 'T4'"]
+
+
+def test_the_check_without_a_driver_says_so_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    from services.scheduler.core.mig import main
+
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        assert main() == 2
+        assert "NVML unavailable" in capsys.readouterr().err
+    else:  # a GPU node: the table must agree with its driver
+        pynvml.nvmlShutdown()
+        assert main() == 0
