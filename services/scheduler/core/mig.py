@@ -224,6 +224,9 @@ def nvml_placements(nvml: Any, handle: Any, profile_constant: int) -> tuple[int,
     return int(info.id), int(info.sliceCount), [(int(p.start), int(p.size)) for p in placements[: count.value]]
 
 
+REFUSED = "NVML refused"  # a mismatch line that says the check could not be made (e.g. not privileged)
+
+
 def nvml_mismatches(nvml: Any, handle: Any, model: str) -> list[str]:
     """Where this module's table for `model` and the GPU's NVML disagree (empty: they agree). Run it on a
     GPU of that model (MIG mode need not be on: NVML lists possible placements either way)."""
@@ -233,7 +236,11 @@ def nvml_mismatches(nvml: Any, handle: Any, model: str) -> list[str]:
     out: list[str] = []
     for p in table.profiles.values():
         constant = getattr(nvml, f"NVML_GPU_INSTANCE_PROFILE_{p.nvml_profile}")
-        answer = nvml_placements(nvml, handle, constant)
+        try:
+            answer = nvml_placements(nvml, handle, constant)
+        except nvml.NVMLError as exc:
+            out.append(f"{p.name}: {REFUSED} the placements ({exc})")
+            continue
         if answer is None:
             out.append(f"{p.name}: NVML has no profile {p.nvml_profile}")
             continue
@@ -251,7 +258,7 @@ def nvml_mismatches(nvml: Any, handle: Any, model: str) -> list[str]:
 def main() -> int:
     """`python -m services.scheduler.core.mig`: on a GPU node, compare the table with NVML for every GPU
     and print one JSON line per GPU (`mismatches` empty: the table holds). Exit 1 on a disagreement,
-    2 without an NVIDIA driver."""
+    2 without an NVIDIA driver; where NVML refuses the question (not privileged) the line says so."""
     import json
     import sys
 
@@ -272,7 +279,7 @@ def main() -> int:
             name = name.decode() if isinstance(name, bytes) else name
             model = normalized_model(name, pynvml.nvmlDeviceGetMemoryInfo(handle).total / 2**20)
             found = nvml_mismatches(pynvml, handle, model)
-            bad |= bool(found) and mig_model(model) is not None
+            bad |= mig_model(model) is not None and any(REFUSED not in line for line in found)
             print(json.dumps({"gpu": i, "name": name, "model": model, "mismatches": found}))
     finally:
         pynvml.nvmlShutdown()
