@@ -161,3 +161,14 @@ def test_the_check_without_a_driver_says_so_and_exits_2(capsys: pytest.CaptureFi
     else:  # a GPU node: the table must agree with its driver
         pynvml.nvmlShutdown()
         assert main() == 0
+
+
+def test_a_refused_question_is_reported_as_refused() -> None:
+    nvml = fake_nvml(RECORDED_H100)
+
+    def refuse(*args: Any) -> int:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NO_PERMISSION)
+
+    nvml.nvmlDeviceGetGpuInstancePossiblePlacements = refuse
+    found = nvml_mismatches(nvml, object(), "H100-80GB")
+    assert len(found) == len(H100.profiles) and all("NVML refused" in line for line in found)
