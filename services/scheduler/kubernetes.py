@@ -206,17 +206,16 @@ def share_request(
     """A pod's MIG instance or GPU fraction (`services.kube.resources.pod_share`) as the packer's request.
     `gpu_memory_mib` is the memory of the GPUs a `gpu-memory` fraction is measured against."""
     # Imported here: the packer needs numpy, which the scheduler's service process does not load.
-    from services.scheduler.core.mig import MIG_MODELS, mig_model
-    from services.scheduler.core.sharing import MILLI, PodRequest, mig_request
+    from services.scheduler.core.mig import MigError
+    from services.scheduler.core.sharing import MILLI, PodRequest, mig_request_on_any
 
     if share.mig_profile:
         if share.mig_count != 1:
             raise WorkloadError(f"nvidia.com/mig-{share.mig_profile}: {share.mig_count} instances; a pod takes one")
-        having = sorted(m for m in (models or MIG_MODELS) if (t := mig_model(m)) and share.mig_profile in t.profiles)
-        if not having:
-            raise WorkloadError(f"nvidia.com/mig-{share.mig_profile}: no GPU model here has that MIG profile")
-        first = mig_request(share.mig_profile, having[0], cpu_milli, memory_mib)
-        return PodRequest(cpu_milli, memory_mib, 1, first.gpu_milli, frozenset(having), share.mig_profile)
+        try:
+            return mig_request_on_any(share.mig_profile, models, cpu_milli, memory_mib)
+        except MigError as exc:
+            raise WorkloadError(f"nvidia.com/mig-{share.mig_profile}: {exc}") from None
     milli = share.gpu_milli
     if share.gpu_memory_mib:
         if not gpu_memory_mib:

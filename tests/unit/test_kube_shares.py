@@ -55,7 +55,7 @@ def test_bad_requests_are_refused_at_the_door(spec: dict[str, Any], annotations:
 def test_requests_the_packer_cannot_serve_are_refused() -> None:
     with pytest.raises(WorkloadError, match="a pod takes one"):
         share_request(ShareRequest(mig_profile="1g.10gb", mig_count=2))
-    with pytest.raises(WorkloadError, match="no GPU model"):
+    with pytest.raises(WorkloadError, match="no GPU model has MIG profile"):
         share_request(ShareRequest(mig_profile="9g.90gb", mig_count=1))
     with pytest.raises(WorkloadError, match="memory is unknown"):
         share_request(ShareRequest(gpu_memory_mib=1000))

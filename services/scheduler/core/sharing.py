@@ -29,7 +29,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from services.scheduler.core.mig import MigModel, mig_model, most_instances, occupancy, profile_of, starts_in_mask
+from services.scheduler.core.mig import (
+    MIG_MODELS,
+    MigError,
+    MigModel,
+    mig_model,
+    most_instances,
+    occupancy,
+    profile_of,
+    starts_in_mask,
+)
 
 MILLI = 1000  # milli-GPU in one GPU
 MAX_PODS = 1001  # pods one node may hold (the kubelet default is 110; the openb protocol allows 1001)
@@ -75,6 +84,19 @@ def mig_request(profile: str, model: str, cpu_milli: int = 0, memory_mib: int = 
     table = mig_model(model)
     assert table is not None
     return PodRequest(cpu_milli, memory_mib, 1, table.share_milli(profile), frozenset({model}), profile)
+
+
+def mig_request_on_any(
+    profile: str, models: frozenset[str] = frozenset(), cpu_milli: int = 0, memory_mib: int = 0
+) -> PodRequest:
+    """A request for one `profile` instance on any of `models` (empty: any MIG model) that has it; its
+    share is the first such model's. MigError when none has the profile."""
+    having = sorted(m for m in (models or MIG_MODELS) if (t := mig_model(m)) and profile in t.profiles)
+    if not having:
+        where = f"among {', '.join(sorted(models))} " if models else ""
+        raise MigError(f"no GPU model {where}has MIG profile {profile!r}")
+    first = mig_request(profile, having[0], cpu_milli, memory_mib)
+    return PodRequest(cpu_milli, memory_mib, 1, first.gpu_milli, frozenset(having), profile)
 
 
 @dataclass(frozen=True, slots=True)
