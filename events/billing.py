@@ -24,7 +24,8 @@ class PriceSet(Event, frozen=True, tag=event_type("billing", "price_set")):
 
 
 class CostAccrued(Event, frozen=True, tag=event_type("billing", "cost_accrued")):
-    """Cost of GPU-seconds in [period_start, period_end). Idle cost has no team, only a pool."""
+    """Cost of GPU-seconds in [period_start, period_end). Idle cost has no team, only a pool.
+    A job holding part of a GPU (a fraction or a MIG instance) counts its share of the GPU's seconds."""
 
     period_start: float
     period_end: float

@@ -76,7 +76,7 @@ CHANNELS: tuple[Channel, ...] = (
         FLEET,
         (
             "Nodes and GPUs discovered, updated, lost, isolated (or held, confirmed, dismissed, probation "
-            "extended) and restored; faults health weighed and only recorded."
+            "extended) and restored; faults health weighed and only recorded; MIG layouts planned and applied."
         ),
         (
             fleet.NodeDiscovered,
@@ -90,6 +90,8 @@ CHANNELS: tuple[Channel, ...] = (
             fleet.IsolationDismissed,
             fleet.IsolationExtended,
             fleet.FaultRecorded,
+            fleet.MigLayoutPlanned,
+            fleet.MigLayoutApplied,
         ),
         _NODE,
     ),

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+import msgspec
+
 from events.base import Event, Name, event_type
 from events.telemetry import GpuInfo
 
@@ -136,3 +138,43 @@ class IsolationExtended(Event, frozen=True, tag=event_type("fleet", "isolation_e
     gpu_index: int | None = None
     fault_ids: list[str] = []
     until: float | None = None
+
+
+class MigInstance(msgspec.Struct, frozen=True, kw_only=True):
+    """One MIG GPU instance: its profile ("3g.40gb") and first memory slice."""
+
+    profile: Name
+    start: int
+
+
+class MigLayoutPlanned(Event, frozen=True, tag=event_type("fleet", "mig_layout_planned")):
+    """The scheduler chose a new MIG layout for one GPU: `drain` are the idle instances it destroys
+    (never one holding work), `create` the instances it makes; `enable_mig`/`disable_mig` when the
+    GPU's MIG mode changes (only on a GPU without work). On Kubernetes it is applied through the GPU
+    Operator's `nvidia.com/mig.config` node label (`mig_config`)."""
+
+    cluster: Name
+    node: Name
+    gpu_index: int
+    at: float
+    model: Name
+    before: list[MigInstance] = []
+    after: list[MigInstance] = []
+    drain: list[MigInstance] = []
+    create: list[MigInstance] = []
+    enable_mig: bool = False
+    disable_mig: bool = False
+    reason: str = ""
+    mig_config: str = ""
+
+
+class MigLayoutApplied(Event, frozen=True, tag=event_type("fleet", "mig_layout_applied")):
+    """The layout the GPU now has (reported back once the change is made)."""
+
+    cluster: Name
+    node: Name
+    gpu_index: int
+    at: float
+    layout: list[MigInstance] = []
+    mig_enabled: bool = True
+    planned_at: float | None = None

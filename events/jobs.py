@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Annotated
 
 import msgspec
 
@@ -59,12 +60,26 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True):
         return self.gpus_per_replica * self.replicas
 
 
+ShareMilli = Annotated[int, msgspec.Meta(ge=1, le=1000)]
+
+
 class Placement(msgspec.Struct, frozen=True, kw_only=True):
-    """GPUs held on one node."""
+    """GPUs held on one node: whole GPUs, or a share of each (`share_milli` < 1000: a fraction of a
+    GPU, or a MIG instance `mig_profile` starting at memory slice `mig_start`)."""
 
     cluster: Name
     node: Name
     gpu_indices: list[int]
+    # What the job holds of each GPU in milli-GPU-equivalents (quota and billing count this): a
+    # fraction by its share, a MIG instance by the mean of its compute and memory fractions.
+    share_milli: ShareMilli = 1000
+    mig_profile: str | None = None
+    mig_start: int | None = None
+
+    @property
+    def gpu_equivalents(self) -> float:
+        """What quotas count: whole GPUs as 1 each, shares by their share."""
+        return len(self.gpu_indices) * self.share_milli / 1000
 
 
 class JobSubmitted(Event, frozen=True, tag=event_type("jobs", "submitted")):

@@ -20,9 +20,17 @@ from events.base import Event, Name, event_type
 
 
 class ProcessInfo(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One process on a GPU (NVML's running compute processes, v3), with the pod it belongs to where
+    the agent could tell (its cgroup) and its share of the GPU's SMs in the last interval."""
+
     pid: int
     name: str = ""
     used_memory_mib: float | None = None
+    gpu_instance_id: int | None = None  # MIG: the GPU and compute instance it runs in
+    compute_instance_id: int | None = None
+    sm_util_pct: float | None = None
+    pod_uid: str | None = None
+    container_id: str | None = None
 
 
 class NvLinkCounters(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

@@ -18,10 +18,12 @@ import re
 import threading
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, TypeVar
 
 from events.telemetry import GpuInfo, GpuSample, NodeSample, NvLinkCounters, ProcessInfo, RowRemapState
 from node_agent.detectors import DEFAULT_SLOWDOWN_TEMP_C, GpuLimits, Reading, XidEvent, pcie_replay_limit
+from node_agent.pods import pod_of_pid
 from services.runtime.logs import get_logger
 
 log = get_logger("chamber.agent.nvml")
@@ -52,6 +54,13 @@ class GpuLost(Exception):
     pass
 
 
+_NO_INSTANCE = 0xFFFFFFFF  # NVML's "not in a MIG instance"
+
+
+def _instance_id(value: Any) -> int | None:
+    return None if value is None or int(value) == _NO_INSTANCE else int(value)
+
+
 def normalized_model(name: str, memory_mib: float | None) -> str:
     """'NVIDIA H100 80GB HBM3' -> 'H100-80GB'; 'NVIDIA A100-SXM4-40GB' -> 'A100-40GB'."""
     bare = re.sub(r"^(NVIDIA|Tesla|GeForce|Quadro)\s+", "", name.strip(), flags=re.I)
@@ -69,9 +78,13 @@ def normalized_model(name: str, memory_mib: float | None) -> str:
 class NvmlSampler:
     """One node's GPUs through NVML (the `Sampler` of `node_agent.runner`)."""
 
-    def __init__(self, nvml: Any, *, node: str = "localhost", xid_timeout_ms: int = 500) -> None:
+    def __init__(
+        self, nvml: Any, *, node: str = "localhost", xid_timeout_ms: int = 500, proc_root: Path | None = Path("/proc")
+    ) -> None:
         self.nvml = nvml
         self.node = node
+        self.proc_root = proc_root  # where to read a GPU process's cgroup (None: do not attribute to pods)
+        self._util_seen: dict[int, int] = {}  # per GPU index: the newest process-utilisation timestamp read
         n = nvml
         self._soft_errors = {
             getattr(n, name)
@@ -101,7 +114,14 @@ class NvmlSampler:
         self._inventory = self._read_inventory()
 
     @classmethod
-    def open(cls, nvml: Any = None, *, node: str = "localhost", watch_xids: bool = True) -> NvmlSampler:
+    def open(
+        cls,
+        nvml: Any = None,
+        *,
+        node: str = "localhost",
+        watch_xids: bool = True,
+        proc_root: Path | None = Path("/proc"),
+    ) -> NvmlSampler:
         """Initialise NVML; raises NvmlUnavailable with a clear message when there is no driver."""
         if nvml is None:
             try:
@@ -117,7 +137,7 @@ class NvmlSampler:
                 "node (or, in a container, use the NVIDIA container runtime); to run without GPUs use "
                 "`chamber agent --simulate`."
             ) from None
-        sampler = cls(nvml, node=node)
+        sampler = cls(nvml, node=node, proc_root=proc_root)
         if watch_xids:
             sampler.start_xid_watch()
         return sampler
@@ -269,7 +289,7 @@ class NvmlSampler:
             else None,
             pcie_replay_count=soft(n.nvmlDeviceGetPcieReplayCounter, h),
             nvlink=[self._link_counters(h, link) for link in self._links.get(i, [])],
-            processes=self._processes(h),
+            processes=self._processes(i, h),
         )
 
     def _link_counters(self, h: Any, link: int) -> NvLinkCounters:
@@ -283,19 +303,41 @@ class NvmlSampler:
             recovery_errors=soft(get, h, link, n.NVML_NVLINK_ERROR_DL_RECOVERY),
         )
 
-    def _processes(self, h: Any) -> list[ProcessInfo]:
+    def _processes(self, i: int, h: Any) -> list[ProcessInfo]:
+        """NVML's running compute processes (v3: pid, memory, MIG GPU and compute instance), each with
+        its SM share since the last sample and the pod its cgroup names."""
         procs = self._soft(self.nvml.nvmlDeviceGetComputeRunningProcesses, h) or []
+        sm = self._sm_shares(i, h) if procs else {}
         out = []
         for p in procs:
             used = getattr(p, "usedGpuMemory", None)
+            pod = pod_of_pid(int(p.pid), self.proc_root) if self.proc_root is not None else None
             out.append(
                 ProcessInfo(
                     pid=int(p.pid),
                     name=self._soft(self.nvml.nvmlSystemGetProcessName, p.pid) or "",
                     used_memory_mib=used / MIB if used is not None else None,
+                    gpu_instance_id=_instance_id(getattr(p, "gpuInstanceId", None)),
+                    compute_instance_id=_instance_id(getattr(p, "computeInstanceId", None)),
+                    sm_util_pct=sm.get(int(p.pid)),
+                    pod_uid=pod.uid if pod else None,
+                    container_id=pod.container_id if pod else None,
                 )
             )
         return out
+
+    def _sm_shares(self, i: int, h: Any) -> dict[int, float]:
+        """Per pid, the SM utilisation of its latest sample newer than the last read (NVML keeps a
+        short buffer of per-process samples; asking from the last timestamp reads each once)."""
+        samples = self._soft(self.nvml.nvmlDeviceGetProcessUtilization, h, self._util_seen.get(i, 0)) or []
+        out: dict[int, tuple[int, float]] = {}
+        for s in samples:
+            stamp = int(s.timeStamp)
+            if stamp >= out.get(int(s.pid), (-1, 0.0))[0]:
+                out[int(s.pid)] = (stamp, float(s.smUtil))
+        if out:
+            self._util_seen[i] = max(stamp for stamp, _ in out.values())
+        return {pid: util for pid, (_, util) in out.items()}
 
     # --- XID events -----------------------------------------------------------------------------
 

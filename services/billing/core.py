@@ -10,6 +10,10 @@ A period [p, p + period_s) is accrued once it ended `settle_s` ago (late events 
 A GPU's price is its node's instance type's, else its cluster's (an on-premises amortised rate),
 else its model's (`price_of`). Costs are grouped by job (idle: by pool) and by GPU model, cluster,
 provider and region (discovery's `chamber.io/` node labels), so reports can split them by cloud.
+Shared GPUs: a placement holds `share_milli` of each of its GPUs (a fraction by its share, a MIG instance
+by the mean of its compute and memory fractions), and is charged that share of the GPU's seconds, so
+four pods at 25 % for an hour are one GPU-hour; what no share holds of a GPU in service is idle, so for
+every physical GPU the shares plus idle equal its seconds (`gpu_ledger` shows it per GPU).
 Known simplifications: the current price applies to the whole period; budgets are monthly (UTC
 calendar months) whatever their `period` says.
 """
@@ -64,6 +68,7 @@ class Held:
     gpu: GpuKey
     start: float
     end: float | None  # None: still held
+    share: float = 1.0  # of the GPU (GPU-equivalents): below 1 for a fraction or a MIG instance
 
 
 @dataclass(frozen=True)
@@ -213,7 +218,14 @@ def evolve(state: BillingState, event: Event, event_id: str = "") -> BillingStat
             state.finished.pop(event.job_id, None)
             _stop_job(state, event.job_id, event.at)  # a start without a stop: the old placement ended
             state.open_held[event.job_id] = [
-                Held(event.job_id, state.job_team[event.job_id], (p.cluster, p.node, i), event.at, None)
+                Held(
+                    event.job_id,
+                    state.job_team[event.job_id],
+                    (p.cluster, p.node, i),
+                    event.at,
+                    None,
+                    p.share_milli / 1000,
+                )
                 for p in event.placements
                 for i in p.gpu_indices
             ]
@@ -267,7 +279,7 @@ def _where(state: BillingState, gpu: GpuKey) -> tuple[str, str | None, str | Non
 def _stop_job(state: BillingState, job_id: str, at: float) -> None:
     """Close the job's open intervals (a lookup by job: a long history costs nothing here)."""
     for h in state.open_held.pop(job_id, ()):
-        state.held.append(Held(h.job_id, h.team, h.gpu, h.start, at))
+        state.held.append(Held(h.job_id, h.team, h.gpu, h.start, at, h.share))
 
 
 def _prune(state: BillingState) -> None:
@@ -301,7 +313,7 @@ def period_costs(state: BillingState, p0: float, p1: float) -> list[tuple[CostAc
     held: dict[tuple[str, str, str, Where], list[float]] = defaultdict(lambda: [0.0, 0.0])  # seconds, cost
     held_by_gpu: dict[GpuKey, float] = defaultdict(float)
     for h in held_intervals(state):
-        seconds = _overlap(h.start, h.end, p0, p1)
+        seconds = _overlap(h.start, h.end, p0, p1) * h.share  # GPU-equivalent seconds
         if seconds > 0:
             acc = held[(h.job_id, h.team, state.gpu_model.get(h.gpu, "unknown"), _where(state, h.gpu))]
             acc[0] += seconds
@@ -340,6 +352,39 @@ def period_costs(state: BillingState, p0: float, p1: float) -> list[tuple[CostAc
             continue
         event = cost(model, where, seconds, amount, pool=pool, idle=True)
         out.append((event, stable_id("billing.idle", pool, model, p0, p1, *_id_parts(where))))
+    return out
+
+
+@dataclass
+class GpuLedger:
+    """One physical GPU over a period: GPU-equivalent seconds each job held, what was idle, and their
+    cost. `held + idle == in_service` unless the shares held exceed the GPU (then idle is 0)."""
+
+    in_service: float = 0.0
+    held: dict[str, float] = field(default_factory=dict)  # job -> GPU-equivalent seconds
+    idle: float = 0.0
+    idle_cost: float = 0.0
+    price_per_hour: float = 0.0
+
+
+def gpu_ledger(state: BillingState, p0: float, p1: float) -> dict[GpuKey, GpuLedger]:
+    """Per physical GPU in [p0, p1): the seconds it was in service, each job's share of them, and the
+    idle rest with its cost (so a GPU whose every MIG slice is allocated still shows the slices'
+    unallocatable remainder as idle)."""
+    out: dict[GpuKey, GpuLedger] = {}
+    for s in state.service:
+        capacity = _overlap(s.start, s.end, p0, p1)
+        if capacity > 0:
+            row = out.setdefault(s.gpu, GpuLedger(price_per_hour=price_of(state, s.gpu)))
+            row.in_service += capacity
+    for h in held_intervals(state):
+        seconds = _overlap(h.start, h.end, p0, p1) * h.share
+        if seconds > 0:
+            row = out.setdefault(h.gpu, GpuLedger(price_per_hour=price_of(state, h.gpu)))
+            row.held[h.job_id] = row.held.get(h.job_id, 0.0) + seconds
+    for row in out.values():
+        row.idle = max(0.0, row.in_service - sum(row.held.values()))
+        row.idle_cost = row.idle / 3600 * row.price_per_hour
     return out
 
 

@@ -18,7 +18,8 @@ def register_place(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         '{"scheduler": NAME, "placements": [...]}, one entry per arrival: [node, [gpu indices]] for a '
         "placed pod (an empty list for a pod without GPUs), null for a rejected one. Formats follow "
         "Alibaba's openb v2023 trace: nodes sn,cpu_milli,memory_mib,gpu,model; arrivals "
-        "arrival_idx,name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec.",
+        "arrival_idx,name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec. Optional MIG columns: nodes `mig` "
+        "(GPUs in MIG mode), arrivals `mig_profile` (one instance; its entry adds the start slice).",
     )
     p.add_argument("--nodes", type=Path, required=True, metavar="NODES.csv", help="the inventory")
     p.add_argument("--arrivals", type=Path, required=True, metavar="ARRIVALS.csv", help="the pods, in order")

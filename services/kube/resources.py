@@ -8,6 +8,7 @@ whole numbers; anything else, or more than a node could hold, is refused with th
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -98,4 +99,95 @@ def count(value: Any, where: str, default: int = 1) -> int:
         raise WorkloadError(f"{where} must be a whole number, not {value!r}")
     if value < 0 or value > MAX_PODS:
         raise WorkloadError(f"{where}: {value} is outside 0..{MAX_PODS}")
+    return value
+
+
+# -- shares of a GPU: MIG instances and fractions -------------------------------------------------------
+
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"  # the NVIDIA device plugin's mixed strategy: nvidia.com/mig-1g.10gb
+FRACTION_ANNOTATION = "gpu-fraction"  # KAI Scheduler's: part of one GPU, "0.5"
+GPU_MEMORY_ANNOTATION = "gpu-memory"  # KAI Scheduler's: GPU memory in MiB, "2000"
+
+
+@dataclass(frozen=True)
+class ShareRequest:
+    """Part of a GPU one pod asks for: MIG instances of one profile, or a fraction of one GPU by compute
+    share (`gpu_milli`) or by memory (`gpu_memory_mib`)."""
+
+    mig_profile: str = ""
+    mig_count: int = 0
+    gpu_milli: int = 0
+    gpu_memory_mib: int = 0
+
+
+def _mig_counts(container: dict[str, Any], where: str) -> dict[str, int]:
+    resources = container.get("resources") or {}
+    limits, requests = resources.get("limits") or {}, resources.get("requests") or {}
+    out: dict[str, int] = {}
+    for resource in sorted({*limits, *requests}):
+        if not str(resource).startswith(MIG_RESOURCE_PREFIX):
+            continue
+        counted = [
+            _quantity(v, where, resource) for v in (limits.get(resource), requests.get(resource)) if v is not None
+        ]
+        if len(counted) == 2 and counted[0] != counted[1]:
+            raise WorkloadError(f"{where}: {resource} request {counted[1]} differs from limit {counted[0]}")
+        if counted[0]:
+            out[str(resource)[len(MIG_RESOURCE_PREFIX) :]] = counted[0]
+    return out
+
+
+def pod_share(
+    pod_spec: dict[str, Any], annotations: dict[str, str] | None = None, where: str = "spec"
+) -> ShareRequest | None:
+    """The MIG instances (`nvidia.com/mig-<profile>` resources, every container) or the fraction (KAI's
+    `gpu-fraction` / `gpu-memory` pod annotations) a pod asks for; None when it asks for neither.
+    Mixing them, or with whole GPUs, is refused with the field named."""
+    annotations = annotations or {}
+    mig: dict[str, int] = {}
+    for key in ("containers", "initContainers"):
+        for i, c in enumerate(pod_spec.get(key) or []):
+            for profile, n in _mig_counts(c, f"{where}.{key}[{c.get('name', i)}]").items():
+                mig[profile] = mig.get(profile, 0) + n
+    fraction, memory = annotations.get(FRACTION_ANNOTATION), annotations.get(GPU_MEMORY_ANNOTATION)
+    whole = pod_gpus(pod_spec, where)
+    if len(mig) > 1:
+        raise WorkloadError(f"{where}: asks for MIG profiles {', '.join(sorted(mig))}; a pod takes one profile")
+    if mig and (whole or fraction is not None or memory is not None):
+        raise WorkloadError(f"{where}: asks for a MIG instance and a whole or fractional GPU; choose one")
+    if mig:
+        [(profile, n)] = mig.items()
+        return ShareRequest(mig_profile=profile, mig_count=n)
+    if fraction is not None and memory is not None:
+        raise WorkloadError(
+            f"metadata.annotations: {FRACTION_ANNOTATION} and {GPU_MEMORY_ANNOTATION} both given; use one"
+        )
+    if (fraction is not None or memory is not None) and whole:
+        raise WorkloadError(f"{where}: asks for {GPU_RESOURCE} and a GPU fraction; a fraction is part of one GPU")
+    if fraction is not None:
+        return ShareRequest(gpu_milli=_fraction_milli(fraction))
+    if memory is not None:
+        return ShareRequest(gpu_memory_mib=_memory_mib(memory))
+    return None
+
+
+def _fraction_milli(text: str) -> int:
+    where = f"metadata.annotations[{FRACTION_ANNOTATION}]"
+    try:
+        value = float(text)
+    except ValueError:
+        raise WorkloadError(f"{where} must be a number in (0, 1], not {text!r}") from None
+    if not 0 < value <= 1:
+        raise WorkloadError(f"{where}: {value} is outside (0, 1]; a fraction is part of one GPU")
+    return max(1, round(value * 1000))
+
+
+def _memory_mib(text: str) -> int:
+    where = f"metadata.annotations[{GPU_MEMORY_ANNOTATION}]"
+    try:
+        value = int(str(text).strip())
+    except ValueError:
+        raise WorkloadError(f"{where} must be whole MiB, not {text!r}") from None
+    if value <= 0:
+        raise WorkloadError(f"{where}: {value} MiB is not a request; give a positive number")
     return value

@@ -35,6 +35,7 @@ from events import (
     NodeRestored,
     NodeStatus,
     NodeUpdated,
+    Placement,
     PoolDefined,
     TeamQuotaSet,
 )
@@ -85,7 +86,8 @@ class QuotaState:
     quotas: dict[tuple[str, str], Quota] = field(default_factory=dict)  # (pool, team)
     nodes: dict[tuple[str, str], NodeCap] = field(default_factory=dict)
     specs: dict[str, JobSpec] = field(default_factory=dict)  # jobs not finished
-    running: dict[str, tuple[str, str, int]] = field(default_factory=dict)  # job -> pool, team, GPUs
+    # job -> pool, team, GPU-equivalents (a fraction or a MIG instance counts its share of a GPU)
+    running: dict[str, tuple[str, str, float]] = field(default_factory=dict)
     decayed: dict[tuple[str, str], float] = field(default_factory=dict)  # decayed GPU-seconds at `clock`
     clock: float | None = None
     published: dict[tuple[str, str], float] = field(default_factory=dict)
@@ -98,8 +100,8 @@ class QuotaState:
             out.setdefault(team, []).append(pool)
         return out
 
-    def in_use(self) -> dict[tuple[str, str], int]:
-        use: dict[tuple[str, str], int] = {}
+    def in_use(self) -> dict[tuple[str, str], float]:
+        use: dict[tuple[str, str], float] = {}
         for pool, team, gpus in self.running.values():
             use[(pool, team)] = use.get((pool, team), 0) + gpus
         return use
@@ -161,7 +163,7 @@ def evolve(state: QuotaState, event: Event) -> QuotaState:
             if spec is not None and event.job_id not in state.running:
                 _advance(state, event.at)
                 # The pool the decision carries (v1 events without one are upcast by the codec).
-                state.running[event.job_id] = (event.pool, spec.team, spec.total_gpus)
+                state.running[event.job_id] = (event.pool, spec.team, _equivalents(event.placements, spec.total_gpus))
         case JobPreempted() | JobSuspended() | JobRequeued():
             if event.job_id in state.running:
                 _advance(state, event.at)
@@ -201,6 +203,15 @@ def evolve(state: QuotaState, event: Event) -> QuotaState:
             if (n := state.nodes.get((event.cluster, event.node))) is not None:
                 n.bad.discard(event.gpu_index)
     return state
+
+
+def _equivalents(placements: list[Placement], whole: int) -> float:
+    """GPU-equivalents a decision holds: the spec's GPUs when it holds whole GPUs (integers, as
+    before), else each GPU by the share held of it."""
+    if all(p.share_milli == 1000 for p in placements):
+        return whole
+    total = sum(p.gpu_equivalents for p in placements)
+    return int(total) if float(total).is_integer() else round(total, 3)
 
 
 def _model(gpus: list[Any]) -> str:

@@ -15,7 +15,7 @@ is never submitted: `Refuse` becomes a Kubernetes Event on it saying why.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -29,9 +29,12 @@ from services.kube.bindings import TEAM_LABEL as TEAM_LABEL
 from services.kube.bindings import Bindings, Claim, claim
 from services.kube.kinds import BatchJob, Observed, WorkloadKind, owned_by_workload
 from services.kube.patches import Op, annotation_ops
-from services.kube.resources import WorkloadError
+from services.kube.resources import ShareRequest, WorkloadError
 from services.scheduler.core import FINISHED, JobState, SchedulerState
 from services.scheduler.core.door import admit
+
+if TYPE_CHECKING:
+    from services.scheduler.core.sharing import PodRequest
 
 OPEN = Bindings(open=True)
 # Set on a workload as it is suspended: the job should checkpoint now; it resumes from that checkpoint
@@ -192,3 +195,34 @@ def _suspend(kind: WorkloadKind, obj: dict[str, Any], ns: str, name: str, reason
     if reason:
         ops = [*ops, *annotation_ops(obj, CHECKPOINT_ANNOTATION, reason[:1000])]
     return [Suspend(ns, name, kind.kind, tuple(ops), reason)]
+
+
+def share_request(
+    share: ShareRequest,
+    *,
+    models: frozenset[str] = frozenset(),
+    gpu_memory_mib: int | None = None,
+    cpu_milli: int = 0,
+    memory_mib: int = 0,
+) -> PodRequest:
+    """A pod's MIG instance or GPU fraction (`services.kube.resources.pod_share`) as the packer's request.
+    `gpu_memory_mib` is the memory of the GPUs a `gpu-memory` fraction is measured against."""
+    # Imported here: the packer needs numpy, which the scheduler's service process does not load.
+    from services.scheduler.core.mig import MigError
+    from services.scheduler.core.sharing import MILLI, PodRequest, mig_request_on_any
+
+    if share.mig_profile:
+        if share.mig_count != 1:
+            raise WorkloadError(f"nvidia.com/mig-{share.mig_profile}: {share.mig_count} instances; a pod takes one")
+        try:
+            return mig_request_on_any(share.mig_profile, models, cpu_milli, memory_mib)
+        except MigError as exc:
+            raise WorkloadError(f"nvidia.com/mig-{share.mig_profile}: {exc}") from None
+    milli = share.gpu_milli
+    if share.gpu_memory_mib:
+        if not gpu_memory_mib:
+            raise WorkloadError("gpu-memory: the GPUs' memory is unknown here; ask with gpu-fraction instead")
+        if share.gpu_memory_mib > gpu_memory_mib:
+            raise WorkloadError(f"gpu-memory: {share.gpu_memory_mib} MiB is more than one GPU ({gpu_memory_mib} MiB)")
+        milli = -(-MILLI * share.gpu_memory_mib // gpu_memory_mib)  # round up: the memory must fit
+    return PodRequest(cpu_milli, memory_mib, 1, milli, models)

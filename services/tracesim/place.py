@@ -6,6 +6,10 @@ Formats follow Alibaba's public openb v2023 trace (cluster-trace-gpu-v2023):
 - arrivals: `arrival_idx,name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec` (`arrival_idx` optional:
   file order otherwise; `gpu_spec` a `|`-separated allow-list of node models, empty for any). The
   trace's own pod lists (`name,cpu_milli,...,gpu_spec,qos,...`) are accepted as they are.
+
+MIG (optional columns, not in the openb trace): a node with `mig` set (1, true or yes) has its GPUs in
+MIG mode; an arrival with `mig_profile` (e.g. 1g.10gb) asks for one instance of it. A placed MIG
+arrival's entry also names the instance's start slice: `[node, [gpu], start]`.
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.scheduler.core.sharing import MILLI, Mix, NodeSpec, Packer, PodRequest
+from services.scheduler.core.mig import MigError, mig_model
+from services.scheduler.core.sharing import MILLI, Mix, NodeSpec, Packer, PodRequest, mig_request_on_any
 
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 POD_COLUMNS = ("cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
@@ -59,13 +64,18 @@ def read_nodes(path: Path) -> list[NodeSpec]:
         if not name or name in seen:
             raise PlaceInputError(f"{where}: node name {name!r} is empty or repeated")
         seen.add(name)
+        model = (row["model"] or "").strip()
+        mig = (row.get("mig") or "").strip().lower() in ("1", "true", "yes")
+        if mig and mig_model(model) is None:
+            raise PlaceInputError(f"{where}: mig is set but model {model!r} has no MIG table")
         nodes.append(
             NodeSpec(
                 name=name,
                 cpu_milli=_int(row["cpu_milli"], "cpu_milli", where),
                 memory_mib=_int(row["memory_mib"], "memory_mib", where),
                 gpus=_int(row["gpu"], "gpu", where, high=64),
-                model=(row["model"] or "").strip(),
+                model=model,
+                mig=mig,
             )
         )
     if not nodes:
@@ -80,6 +90,9 @@ def pod_from_row(row: dict[str, str], where: str) -> PodRequest:
         gpu_milli = MILLI  # a GPU count without a share means whole GPUs
     spec = (row.get("gpu_spec") or "").strip()
     models = frozenset(m for m in spec.split("|") if m and m.lower() != "nan")
+    profile = (row.get("mig_profile") or "").strip()
+    if profile:
+        return _mig_pod(row, where, profile, num_gpu, models)
     return PodRequest(
         cpu_milli=_int(row["cpu_milli"], "cpu_milli", where),
         memory_mib=_int(row["memory_mib"], "memory_mib", where),
@@ -87,6 +100,16 @@ def pod_from_row(row: dict[str, str], where: str) -> PodRequest:
         gpu_milli=gpu_milli if num_gpu else 0,
         models=models,
     )
+
+
+def _mig_pod(row: dict[str, str], where: str, profile: str, num_gpu: int, models: frozenset[str]) -> PodRequest:
+    if num_gpu not in (0, 1):
+        raise PlaceInputError(f"{where}: a MIG arrival takes one instance; num_gpu is {num_gpu}")
+    cpu = _int(row["cpu_milli"], "cpu_milli", where)
+    try:
+        return mig_request_on_any(profile, models, cpu, _int(row["memory_mib"], "memory_mib", where))
+    except MigError as exc:
+        raise PlaceInputError(f"{where}: {exc}") from None
 
 
 def read_arrivals(path: Path) -> list[PodRequest]:
@@ -113,6 +136,9 @@ def replay(nodes: Sequence[NodeSpec], pods: Sequence[PodRequest], policy: str, m
     packer = Packer(nodes, policy=policy, mix=mix if mix is not None else Mix.of(pods))
     out: list[list[object] | None] = []
     for pod in pods:
-        spot = packer.place(pod)
-        out.append(None if spot is None else [spot[0], spot[1]])
+        spot = packer.place_at(pod)
+        if spot is None:
+            out.append(None)
+        else:
+            out.append([spot.node, spot.gpus] if spot.mig_start is None else [spot.node, spot.gpus, spot.mig_start])
     return Replay(policy, out, packer.allocated_milli(), packer.capacity_milli())

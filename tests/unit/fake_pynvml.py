@@ -50,6 +50,8 @@ class FakeGpu:
     nvlinks: int = 18
     link_errors: dict[tuple[int, int], int] = field(default_factory=dict)  # (link, counter) -> count
     processes: list[tuple[int, int | None, str]] = field(default_factory=list)  # pid, used bytes, name
+    mig_ids: dict[int, tuple[int, int]] = field(default_factory=dict)  # pid -> (GPU, compute instance id)
+    sm_samples: list[tuple[int, int, int]] = field(default_factory=list)  # pid, timestamp (us), SM %
 
 
 class _Handle:
@@ -237,10 +239,31 @@ class FakeNvml:
 
     def nvmlDeviceGetComputeRunningProcesses(self, h: _Handle) -> list[Any]:
         g = self._g("nvmlDeviceGetComputeRunningProcesses", h)
+        none = (0xFFFFFFFF, 0xFFFFFFFF)  # NVML's ids for a process outside MIG instances
         return [
-            pynvml.nvmlFriendlyObject({"pid": pid, "usedGpuMemory": used, "gpuInstanceId": 0xFFFFFFFF})
+            pynvml.nvmlFriendlyObject(
+                {
+                    "pid": pid,
+                    "usedGpuMemory": used,
+                    "gpuInstanceId": g.mig_ids.get(pid, none)[0],
+                    "computeInstanceId": g.mig_ids.get(pid, none)[1],
+                }
+            )
             for pid, used, _ in g.processes
         ]
+
+    def nvmlDeviceGetProcessUtilization(self, h: _Handle, timeStamp: int) -> list[Any]:
+        """pynvml's own structs, the samples newer than `timeStamp` (NVML_ERROR_NOT_FOUND when none)."""
+        g = self._g("nvmlDeviceGetProcessUtilization", h)
+        fresh = [(pid, ts, sm) for pid, ts, sm in g.sm_samples if ts > timeStamp]
+        if not fresh:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        out = []
+        for pid, ts, sm in fresh:
+            sample = pynvml.c_nvmlProcessUtilizationSample_t()
+            sample.pid, sample.timeStamp, sample.smUtil = pid, ts, sm
+            out.append(sample)
+        return out
 
     # --- events ---------------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from services.scheduler.core.sharing import (
     PodRequest,
     _MixArrays,
     fragment,
+    mig_request,
 )
 
 
@@ -98,6 +99,7 @@ states = st.tuples(
     st.lists(st.sampled_from([0, 50, 270, 460, 500, 999, 1000]), min_size=1, max_size=8).map(
         lambda g: tuple(sorted(g))
     ),
+    st.just(()),  # not a MIG node
 )
 
 
@@ -106,7 +108,7 @@ states = st.tuples(
 def test_the_vectorised_fragmentation_is_fgds_definition(state: tuple, with_memory: bool) -> None:  # type: ignore[type-arg]
     mix = Mix.of(
         [a_pod(milli=460, cpu=4000), a_pod(cpu=12000, mem=65536), a_pod(gpus=8, cpu=64000), a_pod(models="T4")] * 2
-        + [a_pod(milli=270, mem=200_000)]
+        + [a_pod(milli=270, mem=200_000), mig_request("1g.10gb", "H100-80GB")]
     )
     columns = _MixArrays(mix, ["T4", "G2"])
     assert columns.fragment(state, with_memory) == pytest.approx(fragment(state, mix, with_memory))

@@ -10,17 +10,35 @@ the packer keeps them in groups keyed by that state and scores each distinct sta
 fragmentation of a state for a given request mix is cached. A 1,213-node inventory has a few hundred
 distinct states at most, which is what keeps one placement within a couple of milliseconds.
 
+MIG GPUs (a node with `mig=True` and a model in `mig.MIG_MODELS`) serve MIG requests only (`mig_profile`
+set): a request fits where one of the profile's legal placements is free, and the packer chooses the
+node, the GPU and the start slice with the same scorer, its fragmentation counting, for every expected
+shape, the capacity left that the shape could no longer be made in (`mig.most_instances`). A MIG GPU's
+capacity in milli-GPU is what its instances' shares (`MigModel.share_milli`) leave.
+
 Policies are small scoring functions in `POLICIES` (lower is better); ties end at the lowest node index,
 so runs are deterministic.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from services.scheduler.core.mig import (
+    MIG_MODELS,
+    MigError,
+    MigModel,
+    mig_model,
+    most_instances,
+    occupancy,
+    profile_of,
+    starts_in_mask,
+)
 
 MILLI = 1000  # milli-GPU in one GPU
 MAX_PODS = 1001  # pods one node may hold (the kubelet default is 110; the openb protocol allows 1001)
@@ -28,25 +46,28 @@ MAX_PODS = 1001  # pods one node may hold (the kubelet default is 110; the openb
 
 @dataclass(frozen=True, slots=True)
 class PodRequest:
-    """What one pod asks for. `gpu_milli` is per GPU; `models` is an allow-list (empty: any model)."""
+    """What one pod asks for. `gpu_milli` is per GPU; `models` is an allow-list (empty: any model).
+    A MIG request (`mig_profile`, e.g. "1g.10gb") takes one instance on one MIG GPU; its `gpu_milli` is
+    the instance's share of a GPU (`mig_request` fills it in)."""
 
     cpu_milli: int = 0
     memory_mib: int = 0
     num_gpu: int = 0
     gpu_milli: int = 0
     models: frozenset[str] = frozenset()
+    mig_profile: str = ""
 
     @property
     def shares(self) -> bool:
-        """Part of one GPU, which other pods may share."""
-        return self.num_gpu == 1 and 0 < self.gpu_milli < MILLI
+        """Part of one GPU by time or SM share, which other such pods may share."""
+        return not self.mig_profile and self.num_gpu == 1 and 0 < self.gpu_milli < MILLI
 
     @property
     def per_gpu(self) -> int:
-        """Milli-GPU it needs free on each GPU it takes (a whole GPU unless it shares one)."""
+        """Milli-GPU it needs free on each GPU it takes (a whole GPU unless it shares one or is MIG)."""
         if self.num_gpu == 0:
             return 0
-        return self.gpu_milli if self.shares else MILLI
+        return self.gpu_milli if self.shares or self.mig_profile else MILLI
 
     @property
     def gpu_milli_total(self) -> int:
@@ -57,6 +78,27 @@ class PodRequest:
         return not self.models or model in self.models
 
 
+def mig_request(profile: str, model: str, cpu_milli: int = 0, memory_mib: int = 0) -> PodRequest:
+    """A request for one `profile` instance on a MIG GPU of `model` (MigError if it has no such profile)."""
+    profile_of(model, profile)
+    table = mig_model(model)
+    assert table is not None
+    return PodRequest(cpu_milli, memory_mib, 1, table.share_milli(profile), frozenset({model}), profile)
+
+
+def mig_request_on_any(
+    profile: str, models: frozenset[str] = frozenset(), cpu_milli: int = 0, memory_mib: int = 0
+) -> PodRequest:
+    """A request for one `profile` instance on any of `models` (empty: any MIG model) that has it; its
+    share is the first such model's. MigError when none has the profile."""
+    having = sorted(m for m in (models or MIG_MODELS) if (t := mig_model(m)) and profile in t.profiles)
+    if not having:
+        where = f"among {', '.join(sorted(models))} " if models else ""
+        raise MigError(f"no GPU model {where}has MIG profile {profile!r}")
+    first = mig_request(profile, having[0], cpu_milli, memory_mib)
+    return PodRequest(cpu_milli, memory_mib, 1, first.gpu_milli, frozenset(having), profile)
+
+
 @dataclass(frozen=True, slots=True)
 class NodeSpec:
     name: str
@@ -64,11 +106,14 @@ class NodeSpec:
     memory_mib: int
     gpus: int
     model: str
+    mig: bool = False  # its GPUs are in MIG mode (and serve MIG requests only)
 
 
-# The state nodes are grouped by: model, CPU left, memory left, whether the pod limit is reached, and
-# the GPU capacity left per GPU, sorted (GPUs of one node are interchangeable here).
-State = tuple[str, int, int, bool, tuple[int, ...]]
+# The state nodes are grouped by: model, CPU left, memory left, whether the pod limit is reached, the
+# GPU capacity left per GPU, sorted (GPUs of one node are interchangeable here), and on MIG nodes the
+# (used memory-slice mask, capacity left) per GPU, sorted (empty elsewhere).
+MigGpu = tuple[int, int]
+State = tuple[str, int, int, bool, tuple[int, ...], tuple[MigGpu, ...]]
 
 
 @dataclass(slots=True)
@@ -78,6 +123,7 @@ class _Node:
     mem_left: int
     gpu_left: list[int]  # per GPU index
     pods: int = 0
+    mig_used: list[int] = field(default_factory=list)  # per GPU index, on MIG nodes: memory slices taken
 
     def state(self) -> State:
         return (
@@ -86,35 +132,74 @@ class _Node:
             self.mem_left,
             self.pods >= MAX_PODS,
             tuple(sorted(self.gpu_left)),
+            tuple(sorted(zip(self.mig_used, self.gpu_left, strict=True))) if self.mig_used else (),
         )
 
 
-def fits_state(state: State, pod: PodRequest) -> bool:
-    model, cpu, mem, full, gpus = state
-    if full or cpu < pod.cpu_milli or mem < pod.memory_mib or not pod.allows(model):
+def _mig_table(state: State, pod: PodRequest) -> MigModel | None:
+    """The MIG table a MIG request would use on a node in `state` (None: it cannot run there)."""
+    if not state[5]:
+        return None
+    table = mig_model(state[0])
+    return table if table is not None and pod.mig_profile in table.profiles else None
+
+
+def fits_state(state: State, pod: PodRequest, need: int | None = None) -> bool:
+    """Whether a node in `state` can hold the pod (`need`: its `per_gpu`, when the caller has it)."""
+    model, cpu, mem, full, gpus, mig = state
+    if full or cpu < pod.cpu_milli or mem < pod.memory_mib or (pod.models and model not in pod.models):
         return False
     if pod.num_gpu == 0:
         return True
-    need = pod.per_gpu
-    return sum(1 for g in gpus if g >= need) >= pod.num_gpu
+    if pod.mig_profile or mig:  # MIG requests only on MIG GPUs, and MIG GPUs only for them
+        table = _mig_table(state, pod)
+        return table is not None and any(starts_in_mask(table, used, pod.mig_profile) for used, _ in mig)
+    # `gpus` is sorted: the GPUs with at least `need` left are the tail from the first such one.
+    return len(gpus) - bisect_left(gpus, pod.per_gpu if need is None else need) >= pod.num_gpu
 
 
-def _options(state: State, pod: PodRequest) -> list[tuple[int, ...]]:
-    """The distinct GPU-left tuples (sorted) the pod could leave on a node in `state`.
+# One way a pod can land on a node: the GPU capacity left after it (sorted), the MIG GPUs after it
+# (sorted), and for a MIG request the GPU state it goes on and the start slice.
+Option = tuple[tuple[int, ...], tuple[MigGpu, ...], MigGpu | None, int | None]
+
+
+def _mig_options(state: State, pod: PodRequest) -> list[Option]:
+    table = _mig_table(state, pod)
+    if table is None:
+        return []
+    share = table.share_milli(pod.mig_profile)
+    mig = state[5]
+    out: list[Option] = []
+    for i, gpu in enumerate(mig):
+        if gpu in mig[:i]:
+            continue  # an identical GPU gives identical options
+        used, left = gpu
+        for start in starts_in_mask(table, used, pod.mig_profile):
+            after_gpu = (used | occupancy(table, pod.mig_profile, start), left - share)
+            new_mig = tuple(sorted((*mig[:i], after_gpu, *mig[i + 1 :])))
+            out.append((tuple(sorted(g for _, g in new_mig)), new_mig, gpu, start))
+    return out
+
+
+def _options(state: State, pod: PodRequest) -> list[Option]:
+    """The distinct ways the pod could land on a node in `state`.
 
     A share may go on any GPU with room (one option per distinct capacity left); whole GPUs are taken
-    from the fullest-free ones that suffice (for whole GPUs every free GPU is alike)."""
+    from the fullest-free ones that suffice (for whole GPUs every free GPU is alike); a MIG instance
+    may go at any free legal start on any GPU (one option per distinct GPU state and start)."""
     gpus = state[4]
     if pod.num_gpu == 0:
-        return [gpus]
+        return [(gpus, state[5], None, None)]
+    if pod.mig_profile:
+        return _mig_options(state, pod)
     need = pod.per_gpu
     if pod.shares:
-        out = []
+        out: list[Option] = []
         seen: set[int] = set()
         for i, g in enumerate(gpus):
             if g >= need and g not in seen:
                 seen.add(g)
-                out.append(tuple(sorted((*gpus[:i], g - need, *gpus[i + 1 :]))))
+                out.append((tuple(sorted((*gpus[:i], g - need, *gpus[i + 1 :]))), (), None, None))
         return out
     left = list(gpus)
     taken = 0
@@ -122,12 +207,12 @@ def _options(state: State, pod: PodRequest) -> list[tuple[int, ...]]:
         if g >= need and taken < pod.num_gpu:
             left[i] = g - need
             taken += 1
-    return [tuple(sorted(left))]
+    return [(tuple(sorted(left)), (), None, None)]
 
 
-def after(state: State, pod: PodRequest, gpus: tuple[int, ...], pods: int) -> State:
-    model, cpu, mem, _, _ = state
-    return (model, cpu - pod.cpu_milli, mem - pod.memory_mib, pods + 1 >= MAX_PODS, gpus)
+def after(state: State, pod: PodRequest, option: Option, pods: int) -> State:
+    model, cpu, mem, _, _, _ = state
+    return (model, cpu - pod.cpu_milli, mem - pod.memory_mib, pods + 1 >= MAX_PODS, option[0], option[1])
 
 
 # --- the expected request mix ------------------------------------------------------------------------
@@ -168,11 +253,13 @@ def fragment(state: State, mix: Mix, with_memory: bool = False) -> float:
     shape, the GPU capacity left that the shape could not use — all of it when the shape cannot run
     on the node at all (model, CPU, GPU), else the GPUs whose capacity left is below its per-GPU need —
     weighted by the shape's probability. `with_memory` also counts host memory as a reason a shape
-    cannot run (FGD's own definition looks at CPU and GPU only)."""
-    model, cpu, mem, full, gpus = state
+    cannot run (FGD's own definition looks at CPU and GPU only). On MIG nodes: `mig_fragment`."""
+    model, cpu, mem, full, gpus, mig = state
     left = sum(gpus)
     if left == 0:
         return 0.0
+    if mig:
+        return mig_fragment(state, mix, with_memory)
     total = 0.0
     for shape, p in mix.shapes:
         if (
@@ -181,6 +268,7 @@ def fragment(state: State, mix: Mix, with_memory: bool = False) -> float:
             or cpu < shape.cpu_milli
             or (with_memory and mem < shape.memory_mib)
             or shape.num_gpu == 0
+            or shape.mig_profile
         ):
             total += p * left
             continue
@@ -190,6 +278,31 @@ def fragment(state: State, mix: Mix, with_memory: bool = False) -> float:
             total += p * left
         else:
             total += p * sum(g for g in gpus if g < need)
+    return total
+
+
+def mig_fragment(state: State, mix: Mix, with_memory: bool = False) -> float:
+    """Fragmentation of a MIG node state: for each expected shape, the capacity left that the shape
+    could not be made in — all of it where it cannot run on the node (not MIG, model, CPU, memory,
+    no such profile), else per GPU what is left after as many instances of it as still fit."""
+    model, cpu, mem, full, gpus, mig = state
+    table = mig_model(model)
+    left = sum(gpus)
+    total = 0.0
+    for shape, p in mix.shapes:
+        if (
+            table is None
+            or full
+            or not shape.mig_profile
+            or shape.mig_profile not in table.profiles
+            or not shape.allows(model)
+            or cpu < shape.cpu_milli
+            or (with_memory and mem < shape.memory_mib)
+        ):
+            total += p * left
+            continue
+        share = table.share_milli(shape.mig_profile)
+        total += p * sum(max(0, g - share * most_instances(table, used, shape.mig_profile)) for used, g in mig)
     return total
 
 
@@ -203,11 +316,11 @@ class _MixArrays:
         self.cpu = np.array([s.cpu_milli for s in shapes], dtype=np.int64)
         self.mem = np.array([s.memory_mib for s in shapes], dtype=np.int64)
         self.need = np.array([s.per_gpu for s in shapes], dtype=np.int64)
-        self.num = np.array([s.num_gpu for s in shapes], dtype=np.int64)
+        self.num = np.array([s.num_gpu if not s.mig_profile else 0 for s in shapes], dtype=np.int64)
         self.allowed = {m: np.array([s.allows(m) for s in shapes], dtype=bool) for m in models}
 
     def fragment(self, state: State, with_memory: bool) -> float:
-        model, cpu, mem, full, gpus = state
+        model, cpu, mem, full, gpus, _ = state
         left = sum(gpus)
         if left == 0 or not len(self.p):
             return 0.0
@@ -264,15 +377,30 @@ class PackError(ValueError):
     """An inventory or request the packer cannot use (bad numbers, unknown policy)."""
 
 
+@dataclass(frozen=True, slots=True)
+class Spot:
+    """Where a pod was placed: node, GPU indices, and for a MIG request the instance's start slice."""
+
+    node: str
+    gpus: list[int]
+    mig_start: int | None = None
+
+
 class Packer:
-    """Places pods on an inventory, once each, irrevocably; `place` returns (node name, GPU indices)."""
+    """Places pods on an inventory, once each, irrevocably; `place` returns (node name, GPU indices),
+    `place_at` a `Spot` (which also names a MIG instance's start slice)."""
 
     def __init__(self, nodes: Sequence[NodeSpec], policy: str = "chamber", mix: Mix | None = None) -> None:
         if policy not in POLICIES:
             raise PackError(f"unknown policy {policy!r}; choose one of {', '.join(sorted(POLICIES))}")
         self.policy = policy
         self._score = POLICIES[policy]
-        self.nodes = [_Node(n, n.cpu_milli, n.memory_mib, [MILLI] * n.gpus) for n in nodes]
+        for n in nodes:
+            if n.mig and mig_model(n.model) is None:
+                raise PackError(f"node {n.name}: GPU model {n.model!r} has no MIG table")
+        self.nodes = [
+            _Node(n, n.cpu_milli, n.memory_mib, [MILLI] * n.gpus, mig_used=[0] * n.gpus if n.mig else []) for n in nodes
+        ]
         self.groups: dict[State, set[int]] = {}
         for i, node in enumerate(self.nodes):
             self.groups.setdefault(node.state(), set()).add(i)
@@ -291,7 +419,11 @@ class Packer:
         key = (state, with_memory)
         value = self._frag.get(key)
         if value is None:
-            value = self._frag[key] = self._columns.fragment(state, with_memory)
+            if state[5]:
+                value = mig_fragment(state, self.mix, with_memory)
+            else:
+                value = self._columns.fragment(state, with_memory)
+            self._frag[key] = value
         return value
 
     def model_demand(self, model: str) -> float:
@@ -301,32 +433,45 @@ class Packer:
 
     def place(self, pod: PodRequest) -> tuple[str, list[int]] | None:
         """Choose and take a place for `pod`; None when no node can hold it (nothing changes then)."""
-        best: tuple[float, int, State, tuple[int, ...]] | None = None
+        spot = self.place_at(pod)
+        return None if spot is None else (spot.node, spot.gpus)
+
+    def place_at(self, pod: PodRequest) -> Spot | None:
+        """`place`, also saying at which slice a MIG instance starts."""
+        best: tuple[float, int, State, Option] | None = None
+        need = pod.per_gpu
         for state, members in self.groups.items():
-            if not fits_state(state, pod):
+            if not fits_state(state, pod, need):
                 continue
             nid = min(members)
             node = self.nodes[nid]
-            for gpus in _options(state, pod):
-                new = after(state, pod, gpus, node.pods)
+            for option in _options(state, pod):
+                new = after(state, pod, option, node.pods)
                 score = self._score(self, state, new, node.spec, pod)
                 key = (score, nid)
                 if best is None or key < (best[0], best[1]):
-                    best = (score, nid, state, gpus)
+                    best = (score, nid, state, option)
         if best is None:
             return None
-        _, nid, state, gpus = best
-        return self.nodes[nid].spec.name, self._take(nid, state, pod, gpus)
+        _, nid, state, option = best
+        return Spot(self.nodes[nid].spec.name, self._take(nid, state, pod, option), option[3])
 
-    def _take(self, nid: int, state: State, pod: PodRequest, target: tuple[int, ...]) -> list[int]:
+    def _take(self, nid: int, state: State, pod: PodRequest, option: Option) -> list[int]:
         node = self.nodes[nid]
         members = self.groups[state]
         members.discard(nid)
         if not members:
             del self.groups[state]
-        chosen = _indices(node.gpu_left, pod, target)
-        for i in chosen:
-            node.gpu_left[i] -= pod.per_gpu
+        if pod.mig_profile:
+            chosen = [_mig_index(node, option)]
+            table = mig_model(node.spec.model)
+            assert table is not None and option[3] is not None
+            node.mig_used[chosen[0]] |= occupancy(table, pod.mig_profile, option[3])
+            node.gpu_left[chosen[0]] -= table.share_milli(pod.mig_profile)
+        else:
+            chosen = _indices(node.gpu_left, pod, option[0])
+            for i in chosen:
+                node.gpu_left[i] -= pod.per_gpu
         node.cpu_left -= pod.cpu_milli
         node.mem_left -= pod.memory_mib
         node.pods += 1
@@ -357,6 +502,11 @@ def _model_scarcity(mix: Mix, nodes: Sequence[_Node]) -> dict[str, float]:
         for m in allowed:
             tied[m] = tied.get(m, 0.0) + p * shape.gpu_milli_total / len(allowed)
     return {m: (d / total_demand) / (capacity[m] / total_cap) for m, d in tied.items()}
+
+
+def _mig_index(node: _Node, option: Option) -> int:
+    """The lowest GPU index in the MIG state the option goes on."""
+    return next(i for i, gpu in enumerate(zip(node.mig_used, node.gpu_left, strict=True)) if gpu == option[2])
 
 
 def _indices(gpu_left: list[int], pod: PodRequest, target: tuple[int, ...]) -> list[int]:
