@@ -318,6 +318,9 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
     warehouse = await open_when_ready(args, stop)
     if warehouse is None:
         return
+    if stop.is_set():  # stopped while the warehouse opened (seconds on a loaded machine): start nothing
+        warehouse.close()
+        return
     for name in ("sql_slots", "sql_queue"):
         if getattr(args, name) < (1 if name == "sql_slots" else 0):
             raise UsageError(f"--{name.replace('_', '-')} must be at least {1 if name == 'sql_slots' else 0}")
