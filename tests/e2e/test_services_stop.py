@@ -21,6 +21,8 @@ import pytest
 
 from services.cli.service import discover
 from services.runtime.nats_server import free_port
+from services.stack.backoff import RestartPolicy
+from services.stack.supervisor import Component, Supervisor
 from tests.integration.test_runtime import eventually
 from tests.secured_bus import CLUSTER, SecuredNatsServer
 
@@ -39,6 +41,12 @@ class Child:
     log: Path
 
 
+def child_env(tmp: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHAMBER_")}
+    env |= {"CHAMBER_DATA_DIR": str(tmp / "data"), "CHAMBER_CLUSTER": CLUSTER}
+    return env | {"CHAMBER_AGENT_SPOOL": str(tmp / "spool"), "CHAMBER_API_TOKEN_FILE": str(tmp / "api-token")}
+
+
 def argv_of(name: str, server: SecuredNatsServer, health_port: int) -> list[str]:
     chamber = [sys.executable, "-m", "services.cli"]
     if name == "agent":  # the simulated fleet, as `chamber up` runs it on a machine without GPUs
@@ -51,13 +59,10 @@ def argv_of(name: str, server: SecuredNatsServer, health_port: int) -> list[str]
 
 
 async def start(name: str, server: SecuredNatsServer, tmp: Path) -> Child:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CHAMBER_")}
-    env |= {"CHAMBER_DATA_DIR": str(tmp / "data"), "CHAMBER_CLUSTER": CLUSTER}
-    env |= {"CHAMBER_AGENT_SPOOL": str(tmp / "spool"), "CHAMBER_API_TOKEN_FILE": str(tmp / "api-token")}
     port, log = free_port(), tmp / f"{name}.log"
     with log.open("wb") as out:
         proc = await asyncio.create_subprocess_exec(
-            *argv_of(name, server, port), cwd=ROOT, env=env, stdout=out, stderr=asyncio.subprocess.STDOUT
+            *argv_of(name, server, port), cwd=ROOT, env=child_env(tmp), stdout=out, stderr=asyncio.subprocess.STDOUT
         )
     return Child(name, proc, port, log)
 
@@ -105,3 +110,30 @@ async def test_every_process_of_the_stack_stops_cleanly_within_5_s_of_sigterm(
     assert abandoned == [], f"stopped only by the backstop: {abandoned}"
     assert {n: code for n, (_, code) in stopped.items() if code != 0} == {}
     assert {n: t for n, (t, _) in stopped.items() if t >= STOP_WITHIN_S} == {}
+
+
+async def test_a_service_whose_event_loop_stalls_is_restarted_by_the_supervisor(
+    nats_server: SecuredNatsServer, tmp_path: Path
+) -> None:
+    """A real service under `chamber up`'s supervisor, stopped with SIGSTOP (its loop no longer
+    beats): the supervisor kills it and starts it again (the stall limit is 30 s in `chamber up`,
+    3 s here)."""
+    (tmp_path / "data").mkdir()
+    lines: list[str] = []
+    supervisor = Supervisor(tmp_path / "logs", policy=RestartPolicy(first_delay_s=0.05), say=lines.append, stall_s=3)
+    argv = [sys.executable, "-m", "services.cli", "service", "perf", "--nats", nats_server.url_for("perf")]
+    perf = Component("perf", argv, child_env(tmp_path))
+    supervisor.add(perf)
+    await supervisor.start()
+    try:
+        beat = supervisor.heartbeat_file(perf)
+        await eventually(beat.exists, within=120)
+        first = perf.pid
+        assert first is not None
+        os.kill(first, signal.SIGSTOP)
+        await eventually(lambda: perf.restarts == 1 and perf.pid != first, within=30)
+        assert any("perf       stalled (no heartbeat for" in line for line in lines), lines
+        beat.unlink(missing_ok=True)
+        await eventually(beat.exists, within=120)  # the new process beats
+    finally:
+        await asyncio.wait_for(supervisor.stop(), 30)
