@@ -67,6 +67,12 @@ def _matches(pattern: str, subject: str) -> bool:
 
 # Decision streams keep a longer duplicate window so that a service that replays after a crash
 # re-emits its decisions with the same ids and JetStream drops them.
+# Per subject, a node keeps at most TELEMETRY_PER_SUBJECT messages of each kind (sample, inventory,
+# fabric, steps): more than its 15 minutes at the agent's default one sample a second, so the limit
+# never drops a sample that age would have kept; a node that publishes faster (a flood) pushes out
+# only its own older messages, never another node's, and leaves at most that many for consumers to
+# work through.
+TELEMETRY_PER_SUBJECT = 2000
 TELEMETRY = StreamSpec(
     "TELEMETRY",
     ("chamber.telemetry.>",),
@@ -74,6 +80,7 @@ TELEMETRY = StreamSpec(
     TELEMETRY_MAX_AGE_S,
     120,
     max_bytes=TELEMETRY_MAX_BYTES,
+    max_msgs_per_subject=TELEMETRY_PER_SUBJECT,
 )
 # Every stream has a byte cap (`chamber up` prints them with its disk budget). FAULTS and DEAD are
 # bounded like TELEMETRY (the oldest go first) and per subject, and FAULTS messages are small: a GPU

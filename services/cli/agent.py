@@ -199,6 +199,7 @@ def run(args: argparse.Namespace) -> int:
     from node_agent.amd_adapter import AmdUnavailable
     from node_agent.nvml_adapter import NvmlUnavailable
     from services.runtime import run_until_stopped
+    from services.runtime.lifecycle import exit_stopped
     from services.runtime.logs import configure_logging
 
     configure_logging(args.log_level)
@@ -211,4 +212,4 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise UsageError(f"--spool {opts.spool_dir}: {exc.strerror or exc}; pick a writable directory") from None
     asyncio.run(run_until_stopped(agent.run))
-    return 0
+    exit_stopped(0)  # past this point nothing is left to do (see exit_stopped)

@@ -67,6 +67,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from services.runtime import run_until_stopped
+    from services.runtime.lifecycle import exit_stopped
     from services.runtime.logs import configure_logging
 
     configure_logging(args.log_level)
@@ -75,4 +76,4 @@ def run(args: argparse.Namespace) -> int:
     if args.health_port is not None:  # the host reads it from the environment (services never see it)
         os.environ["CHAMBER_HEALTH_PORT"] = str(args.health_port)
     asyncio.run(run_until_stopped(lambda stop: args.module.run(args, stop)))
-    return 0
+    exit_stopped(0)  # past this point nothing is left to do (see exit_stopped)

@@ -32,11 +32,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from services.runtime import run_until_stopped
+    from services.runtime.lifecycle import exit_stopped
     from services.runtime.logs import configure_logging
 
     configure_logging("info")
     asyncio.run(run_until_stopped(lambda stop: _main(args, stop)))
-    return 0
+    exit_stopped(0)  # past this point nothing is left to do (see exit_stopped)
 
 
 async def _until_done(nc: Any, stop: asyncio.Event, service: str, verb: str, payload: dict[str, Any]) -> None:

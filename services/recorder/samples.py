@@ -50,6 +50,46 @@ log = get_logger("chamber.recorder.samples")
 # Stores a batch's GPU-sample rows; `suspect`: some message was delivered before (check stored ids).
 TableHandler = Callable[[pa.Table, bool], Awaitable[None]]
 
+# What one TELEMETRY subject (one node's samples, or its inventories...) may bring into the warehouse
+# a minute: twenty a second, twenty times the agent's default. Counted by the time the server stored
+# each message, which no agent can set, so a recorder catching up on a backlog is not held back.
+PER_SUBJECT_PER_MINUTE = 1200
+_MINUTE_NS = 60 * 10**9
+
+
+class SubjectRate:
+    """Messages per subject per minute of the server's clock. Past `per_minute` in a minute, a
+    subject's further messages are refused (the recorder acknowledges them without storing them):
+    a flooding agent cannot fill the warehouse's disk or take its insert time. Shared by every
+    sample consumer of one recorder."""
+
+    def __init__(self, per_minute: int = PER_SUBJECT_PER_MINUTE) -> None:
+        self.per_minute = per_minute
+        self._counts: dict[str, tuple[int, int]] = {}  # subject -> (minute, messages admitted in it)
+        self.refused: dict[str, int] = {}  # subject -> messages refused since start
+
+    def admit(self, subject: str, stored_ns: int) -> bool:
+        minute = stored_ns // _MINUTE_NS
+        seen, count = self._counts.get(subject, (minute, 0))
+        if minute > seen:
+            count = 0
+        elif minute < seen:  # an older message arriving late (another consumer's batch): let it in
+            return True
+        if count < self.per_minute:
+            self._counts[subject] = (minute, count + 1)
+            return True
+        refused = self.refused.get(subject, 0)
+        if count == self.per_minute:  # the first refusal of this minute
+            log.warning(
+                "telemetry over its rate: the excess is not stored",
+                subject=subject,
+                per_minute=self.per_minute,
+                refused_so_far=refused,
+            )
+        self._counts[subject] = (minute, count + 1)
+        self.refused[subject] = refused + 1
+        return False
+
 
 def _sample_id(msg: Msg, max_bytes: int) -> str | None:
     """The event id of a message whose headers say it is a well-formed node sample, else None."""
@@ -78,7 +118,9 @@ class SampleConsumer(Consumer):
         batch_handler: BatchHandler,
         table_handler: TableHandler,
         fetch_max_bytes: int = FETCH_MAX_BYTES,
+        rate: SubjectRate | None = None,
     ) -> None:
+        """`rate`: what each subject may bring in a minute (None: no limit)."""
         if fetch_max_bytes < MIN_FETCH_MAX_BYTES:
             raise ValueError(f"fetch_max_bytes must be at least {MIN_FETCH_MAX_BYTES} (the largest message)")
         options = dataclasses.replace(options, fetch_max_bytes=fetch_max_bytes)
@@ -86,10 +128,13 @@ class SampleConsumer(Consumer):
         self.table_handler = table_handler
         self.fetch_max_bytes = fetch_max_bytes
         self.bulk_refused = 0  # batches that took the per-message path
+        self.rate = rate
 
     async def process(self, msgs: list[Msg], stop: asyncio.Event | None = None) -> None:
         """Well-formed samples in bulk; anything else (other types, odd headers, redelivered too
         often, a refused bulk decode) through the per-message path."""
+        if self.rate is not None:
+            msgs = await self._within_rate(msgs, self.rate)
         o = self.options
         bulk: list[tuple[Msg, int]] = []
         bodies: list[bytes] = []
@@ -130,6 +175,19 @@ class SampleConsumer(Consumer):
                     rest = [msg for msg, _ in bulk] + rest
         if rest:
             await super().process(rest, stop)
+
+    @staticmethod
+    async def _within_rate(msgs: list[Msg], rate: SubjectRate) -> list[Msg]:
+        """The messages `rate` admits; the others are acknowledged here, unstored. A redelivered
+        message was admitted once already (its batch failed to store): it is not counted again."""
+        kept = []
+        for msg in msgs:
+            _, delivered, stored_ns, _ = position(msg)
+            if delivered > 1 or rate.admit(msg.subject, stored_ns):
+                kept.append(msg)
+            else:
+                await msg.ack()
+        return kept
 
     def _lean_delivery(self, msg: Msg, pos: Position) -> Delivery | None:
         """A well-formed sample as the lean struct the warehouse needs; None: the standard decode

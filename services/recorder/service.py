@@ -24,7 +24,7 @@ from services.errors import UsageError
 from services.recorder.partitions import MEMBERS_BUCKET, own_partitions
 from services.recorder.retention import RAW_TTL_DAYS, ROLLUP_TTL_DAYS, apply_retention
 from services.recorder.rows import Recorded
-from services.recorder.samples import FETCH_MAX_BYTES, MIN_FETCH_MAX_BYTES, SampleConsumer
+from services.recorder.samples import FETCH_MAX_BYTES, MIN_FETCH_MAX_BYTES, SampleConsumer, SubjectRate
 from services.recorder.writer import Writer
 from services.runtime import ConsumerOptions, Delivery
 from services.runtime.backoff import Backoff
@@ -155,6 +155,8 @@ async def setup_recorder(
     async def store_samples(table: pa.Table, suspect: bool) -> None:
         await writer.store_tables({"gpu_samples": table}, suspect=suspect)
 
+    rate = SubjectRate()  # one count per subject across every sample consumer (and partition)
+
     for spec in [TELEMETRY] * max(0, telemetry_consumers - 1) + list(STREAMS):
 
         async def store(deliveries: list[Delivery], stream: str = spec.name) -> None:
@@ -178,6 +180,7 @@ async def setup_recorder(
                 batch_handler=store,
                 table_handler=store_samples,
                 fetch_max_bytes=fetch_max_bytes,
+                rate=rate,
             )
             ctx.consumers.append(consumer)
             ctx.task(partial(consumer.run, ctx.stop))
@@ -204,6 +207,7 @@ async def setup_recorder(
             batch_handler=store,
             table_handler=store_samples,
             fetch_max_bytes=fetch_max_bytes,
+            rate=rate,
         )
 
     await own_partitions(ctx, partition_consumer, holder=holder, ttl_s=partition_ttl_s)
@@ -317,6 +321,9 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
         raise UsageError(f"--rollup-every must be a positive number of seconds, not {args.rollup_every:g}")
     warehouse = await open_when_ready(args, stop)
     if warehouse is None:
+        return
+    if stop.is_set():  # stopped while the warehouse opened (seconds on a loaded machine): start nothing
+        warehouse.close()
         return
     for name in ("sql_slots", "sql_queue"):
         if getattr(args, name) < (1 if name == "sql_slots" else 0):

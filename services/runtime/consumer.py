@@ -199,7 +199,7 @@ class Consumer:
             if backoff:
                 await _sleep_or_stop(stop, backoff)
             try:
-                msgs = await self.fetch()
+                msgs = await self._fetch_unless_stopped(stop)
             except (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError):
                 return
             except nats.errors.Error as exc:  # server restarting: keep trying
@@ -209,6 +209,26 @@ class Consumer:
             backoff = 0.0
             if msgs:
                 await self.process(msgs, stop)
+
+    async def _fetch_unless_stopped(self, stop: asyncio.Event) -> list[Msg]:
+        """`fetch`, given up when `stop` is set: an idle long poll would otherwise hold the stop for
+        its whole timeout. What the open request still delivers is handed back (nak) at close, or
+        redelivered after its ack wait."""
+        fetching = asyncio.ensure_future(self.fetch())
+        stopping = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait((fetching, stopping), return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            fetching.cancel()
+            raise
+        finally:
+            stopping.cancel()
+        if fetching.done():
+            return fetching.result()
+        fetching.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await fetching
+        return []
 
     async def fetch(self) -> list[Msg]:
         if self._puller is not None:

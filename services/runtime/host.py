@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import anyio.lowlevel
 import nats.errors
 from nats.aio.client import Client
 from nats.js import JetStreamContext
@@ -112,6 +113,9 @@ async def serve(
         await setup(ctx)
         if ctx._commands is not None:
             await ctx._commands.start()
+            # FastStream's stop needs anyio's asyncio back-end, which anyio imports on first use: load
+            # it now, as importing it while stopping took seconds on a loaded machine.
+            await anyio.lowlevel.checkpoint()
         log.info("service running", service=name, consumers=len(ctx.consumers))
         await asyncio.gather(*(run() for run in ctx._tasks), stop.wait())
     finally:

@@ -12,6 +12,7 @@ Two promises to a supervisor:
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import math
 import os
@@ -20,6 +21,7 @@ import sys
 import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import NoReturn
 
 from services.runtime.logs import get_logger
 
@@ -63,6 +65,18 @@ async def run_until_stopped(
                 await heart
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+
+
+def exit_stopped(code: int = 0) -> NoReturn:
+    """End a process that has stopped cleanly (its messages acked or handed back, its snapshot saved,
+    its warehouse closed) without the interpreter's teardown: finalising every module, and chDB's
+    engine shutting down at exit, took up to 2 s on a loaded machine, after a drain that had used
+    most of the 5 s. Exit handlers (a span exporter's last flush) still run."""
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def _request_stop(stop: asyncio.Event, sig: signal.Signals, grace_s: float | None) -> None:

@@ -6,11 +6,12 @@ from __future__ import annotations
 import asyncio
 
 import nats.errors
+import pyarrow as pa
 import pytest
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from services.recorder.samples import SampleConsumer
+from services.recorder.samples import SampleConsumer, SubjectRate
 from services.runtime import ConsumerOptions, Publisher
 from tests.integration.test_runtime import eventually
 from tests.warehouse_builders import T0, a_sample
@@ -18,9 +19,9 @@ from tests.warehouse_builders import T0, a_sample
 pytestmark = pytest.mark.integration
 
 
-async def publish_samples(js: JetStreamContext, n: int) -> None:
+async def publish_samples(js: JetStreamContext, n: int, node: str = "n1") -> None:
     pub = Publisher(js, source="test")
-    await pub.publish_many((a_sample("n1", T0 + i, [50.0], seq=i), f"s-{i}", None) for i in range(n))
+    await pub.publish_many((a_sample(node, T0 + i, [50.0], seq=i), f"{node}-{i}", None) for i in range(n))
 
 
 def options(**overrides: object) -> ConsumerOptions:
@@ -139,3 +140,32 @@ def test_a_byte_bound_below_the_largest_message_is_refused(nc: Client, js: JetSt
             js, nc=nc, options=options(), batch_handler=_nothing, table_handler=_nothing, fetch_max_bytes=1024
         )
     assert MIN_FETCH_MAX_BYTES > 1024 * 1024
+
+
+async def test_a_node_over_its_rate_is_stored_only_up_to_it_and_the_others_in_full(
+    nc: Client, js: JetStreamContext
+) -> None:
+    """Per subject and minute of the server's clock: a flooding node's excess is acknowledged
+    without being stored, and another node's samples all are."""
+    await publish_samples(js, 30, node="flood")
+    await publish_samples(js, 4, node="calm")
+    stored: list[str] = []
+
+    async def keep(table: pa.Table, _suspect: bool) -> None:
+        stored.extend(table.column("node").to_pylist())
+
+    rate = SubjectRate(per_minute=5)
+    consumer = SampleConsumer(
+        js, nc=nc, options=options(batch=50), batch_handler=_nothing, table_handler=keep, rate=rate
+    )
+    await consumer.start()
+    try:
+        await consumer.process(await consumer.fetch())
+    finally:
+        await consumer.unsubscribe()
+    # 5 a minute: 10 if the publishing straddled the turn of a minute
+    assert stored.count("calm") == 4 and stored.count("flood") in (5, 10)
+    assert stored.count("flood") + rate.refused["chamber.telemetry.sample.c1.flood"] == 30
+    await nc.flush()
+    info = await js.consumer_info("TELEMETRY", "recorder")
+    assert (info.num_pending, info.num_ack_pending) == (0, 0)  # the refused ones are acknowledged too

@@ -356,6 +356,40 @@ async def test_an_agent_cannot_flood_faults_past_its_nodes_share(
     assert info.state.subjects["chamber.faults.c1.other"] == 1
 
 
+async def test_an_agent_flooding_its_telemetry_pushes_out_only_its_own(
+    bus: tuple[NatsServerProcess, PasswordSource], admin: Session
+) -> None:
+    """An agent publishing as fast as its connection goes keeps at most TELEMETRY_PER_SUBJECT of its
+    messages per subject: its flood pushes out its own older samples, never another node's, which
+    still get through during and after it, and the stream stays within its byte cap."""
+    from events.streams import TELEMETRY, TELEMETRY_PER_SUBJECT
+
+    server, passwords = bus
+    ours, other = "chamber.telemetry.sample.c1.n1", "chamber.telemetry.sample.c1.other"
+    ajs = admin.nc.jetstream()
+    await ajs.publish(other, b"{}")  # another node's sample before the flood (admin stands in)
+    agent = await login(server, passwords, AGENT_NODE)
+    flood = TELEMETRY_PER_SUBJECT + 1000
+    try:
+        began = asyncio.get_running_loop().time()
+        for i in range(flood):  # core publishes: no ack to wait for, as fast as the socket takes them
+            await agent.nc.publish(ours, b"x" * 1024)
+            if i == flood // 2:
+                await ajs.publish(other, b"{}")  # and one during it
+        await agent.nc.jetstream().publish(ours, b"{}")  # acked: everything before it is stored
+        seconds = asyncio.get_running_loop().time() - began
+    finally:
+        await agent.nc.close()
+    await ajs.publish(other, b"{}")  # and after it
+    info = await ajs.stream_info(TELEMETRY.name, subjects_filter="chamber.telemetry.sample.c1.>")
+    assert info.state.subjects is not None
+    print(f"\nflood: {flood + 1} messages in {seconds:.2f} s; kept {info.state.subjects[ours]} of them")
+    assert info.state.subjects[ours] == TELEMETRY_PER_SUBJECT
+    assert info.state.subjects[other] == 3
+    assert info.state.bytes <= (info.config.max_bytes or 0)
+    assert agent.errors == []  # bounded by the stream, not by cutting the agent off
+
+
 async def test_the_simulated_executor_dead_letters_a_poison_job_event_and_goes_on(
     bus: tuple[NatsServerProcess, PasswordSource], admin: Session
 ) -> None:

@@ -117,18 +117,25 @@ async def test_a_child_whose_event_loop_stalls_is_restarted(tmp_path: Path) -> N
     supervisor.add(beating)
     await supervisor.start()
     try:
-        beat = supervisor.heartbeat_file(beating)
-        await eventually(beat.exists, within=30)
-        first = beating.pid
-        assert first is not None
+        await eventually(supervisor.heartbeat_file(beating).exists, within=30)
         await asyncio.sleep(3)
         assert beating.restarts == 0  # beating: left alone
-        os.kill(first, signal.SIGSTOP)
-        await eventually(lambda: beating.restarts == 1 and beating.pid != first, within=15)
-        assert any("beating    stalled (no heartbeat for" in line for line in lines)
-        assert not running(first)
+        await freeze_and_see_restarted(supervisor, beating, lines)
     finally:
         await asyncio.wait_for(supervisor.stop(), 15)
+
+
+async def freeze_and_see_restarted(
+    supervisor: Supervisor, child: Component, said: list[str], first_beat_within: float = 30
+) -> None:
+    """Once `child` beats, SIGSTOP it: the supervisor must kill it and start a new one."""
+    await eventually(supervisor.heartbeat_file(child).exists, within=first_beat_within)
+    first = child.pid
+    assert first is not None
+    os.kill(first, signal.SIGSTOP)
+    await eventually(lambda: child.restarts == 1 and child.pid != first, within=30)
+    assert any(f"{child.name:<11}stalled (no heartbeat for" in line for line in said), said
+    assert not running(first)
 
 
 def test_a_service_that_ignores_its_stop_still_exits_within_its_grace(tmp_path: Path) -> None:

@@ -136,3 +136,16 @@ def test_a_left_out_throttle_reasons_is_the_empty_default_in_both_decodes() -> N
     table = sample_table([GOOD, compact], ["a", "b"])
     assert table.equals(strict_table([GOOD, compact], ["a", "b"]))
     assert table.column("throttle_reasons").to_pylist() == [[], []]
+
+
+def test_a_subject_rate_counts_per_subject_and_minute_of_the_servers_clock() -> None:
+    from services.recorder.samples import SubjectRate
+
+    minute = 60 * 10**9
+    rate = SubjectRate(per_minute=3)
+    t0 = 1_800_000_000 * 10**9 // minute * minute
+    assert [rate.admit("a", t0 + i) for i in range(5)] == [True, True, True, False, False]
+    assert rate.admit("b", t0)  # another subject: its own count
+    assert rate.admit("a", t0 - minute)  # an older message arriving late is not held against this minute
+    assert [rate.admit("a", t0 + minute + i) for i in range(4)] == [True, True, True, False]
+    assert rate.refused == {"a": 3}
