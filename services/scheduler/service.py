@@ -30,6 +30,7 @@ from typing import Any
 from nats.js.errors import NotFoundError
 
 from events import Event, JobCancelled, subjects
+from events.channels import STEP_LOG_BUCKET
 from events.codec import decode, stable_id
 from events.commands import CancelJob, ExplainJob, ListQueue, SubmitJob
 from services.runtime.commands import CommandRefused, page_of_rows
@@ -71,6 +72,7 @@ DEFAULT_RETENTION_H = 0.0  # finished jobs leave memory as they finish (core/sta
 ROLE = Manifest(
     reads=("FLEET", "QUOTA", "JOBS", "BILLING", "FAULTS"),
     publishes=("chamber.jobs.>",),
+    buckets=(STEP_LOG_BUCKET,),  # the step logs workloads name, per node (services/scheduler/step_logs.py)
     snapshots=True,
     leases=True,
     why="owns the job lifecycle (JOBS); replicas share a leader lease",
