@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import array
 import fcntl
+import os
 import re
 import socket
 import struct
@@ -387,6 +388,6 @@ class FabricAdapter:
 
 def _listdir(path: Path) -> list[str]:
     try:
-        return [p.name for p in path.iterdir()]
+        return os.listdir(path)  # names only: no Path object per entry (this runs every sample)
     except OSError:
         return []
