@@ -138,11 +138,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rows = convert(args.dumps, job=args.job, pg=args.pg, closing=args.closing)
     except DumpError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return refuse(str(exc))
+    return print_rows(rows, f"no two completed {args.closing} operations in any dump")
+
+
+def refuse(why: str) -> int:
+    print(f"error: {why}", file=sys.stderr)
+    return 2
+
+
+def print_rows(rows: list[dict[str, Any]], why_none: str) -> int:
+    """The step table as JSON lines on stdout (what `chamber perf replay --steps` reads)."""
     if not rows:
-        print(f"error: no two completed {args.closing} operations in any dump: no step to write", file=sys.stderr)
-        return 2
+        return refuse(f"{why_none}: no step to write")
     for row in rows:
         print(json.dumps(row))
     return 0
