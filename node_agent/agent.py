@@ -78,7 +78,7 @@ class AgentOptions:
     # Also tail the step logs jobs on this node name in their workload (node_agent/step_log_watch.py),
     # read under this root (the host's files, where the agent's container mounts them).
     step_log_root: Path | None = Path("/")
-    step_log_poll_s: float = 10.0  # how often the agent asks which step logs its node's jobs name
+    step_log_poll_s: float = 10.0  # the longest one pull for step-log changes waits (node_agent/step_log_watch.py)
     inspector_dir: Path | None = None  # NCCL Inspector's Prometheus textfiles (node_agent/inspector.py)
     inspector_otlp_port: int | None = None  # ...or its OTLP/HTTP JSON export, received on 127.0.0.1:PORT
 

@@ -1,6 +1,6 @@
 """The step logs that jobs on this node name in their workload (`chamber.io/step-log`), as the
 scheduler hands them out: its node's keys of the KV bucket `chamber_step_logs`
-(services/scheduler/step_logs.py). The agent reads them every `every_s` through the one consumer its
+(services/scheduler/step_logs.py). The agent follows them through the one consumer its
 NATS role allows (named for the node, filtered to its keys: it sees no other node's jobs), and
 `StepLogSources` turns them into tails of the files (node_agent/step_log.py).
 
@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import glob
 import hashlib
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,68 +30,101 @@ from node_agent.step_log import StepLogTail
 from services.runtime.logs import get_logger
 
 log = get_logger("chamber.agent")
-POLL_S = 10.0  # a job's log is tailed within this long of its start
+POLL_S = 10.0  # the longest a pull for changes waits (and the pause after a failure)
+REOPEN_S = 300.0  # the consumer is made afresh this often (a server restart loses it)
 GLOB_EVERY_TICKS = 10  # `{rank}` files are looked for again this often (a rank may start late)
 _DELETED = ("DEL", "PURGE")
 
 
-async def read_assignments(js: Any, cluster: str, node: str) -> dict[str, StepLogEntry]:
-    """Job -> its step log on this node, as the bucket says now (deleted keys left out)."""
-    from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-    from nats.js.errors import NotFoundError
+class StepLogFeed:
+    """This node's keys, followed through one consumer: created at start (and again every
+    `REOPEN_S`, or after an error), it delivers each key's last value, then every change as the
+    scheduler writes it; the agent long-polls it. One consumer create per node every few minutes
+    and one pending pull each: cheap for the server at a thousand nodes."""
 
-    stream = f"KV_{STEP_LOG_BUCKET}"
-    name = step_log_consumer(node)
-    with contextlib.suppress(NotFoundError):  # a consumer left by a previous round (or process)
-        await js.delete_consumer(stream, name)
-    config = ConsumerConfig(
-        name=name,
-        filter_subject=f"$KV.{STEP_LOG_BUCKET}.{step_log_keys_of(cluster, node)}",
-        deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
-        ack_policy=AckPolicy.NONE,
-        inactive_threshold=60.0,
-    )
-    info = await js.add_consumer(stream, config=config)
-    out: dict[str, StepLogEntry] = {}
-    try:
-        if info.num_pending:
-            sub = await js.pull_subscribe_bind(consumer=name, stream=stream)
-            try:
-                for msg in await sub.fetch(info.num_pending, timeout=5.0):
-                    if (msg.headers or {}).get("KV-Operation") in _DELETED:
-                        continue
-                    try:
-                        entry = msgspec.json.decode(msg.data, type=StepLogEntry)
-                    except msgspec.ValidationError:
-                        log.warning("step-log entry not understood", subject=msg.subject)
-                        continue
-                    out[entry.job] = entry
-            finally:
-                await sub.unsubscribe()
-    finally:
+    def __init__(self, js: Any, cluster: str, node: str, opened_at: float) -> None:
+        self.js, self.cluster, self.node, self.opened_at = js, cluster, node, opened_at
+        self.stream = f"KV_{STEP_LOG_BUCKET}"
+        self.name = step_log_consumer(node)
+        self.keys: dict[str, StepLogEntry] = {}  # KV key -> its entry
+        self._sub: Any = None
+
+    async def open(self) -> None:
+        from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+        from nats.js.errors import NotFoundError
+
+        with contextlib.suppress(NotFoundError):  # left by a previous round (or process): start afresh
+            await self.js.delete_consumer(self.stream, self.name)
+        config = ConsumerConfig(
+            name=self.name,
+            filter_subject=f"$KV.{STEP_LOG_BUCKET}.{step_log_keys_of(self.cluster, self.node)}",
+            deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+            ack_policy=AckPolicy.NONE,
+            inactive_threshold=REOPEN_S * 2,
+        )
+        await self.js.add_consumer(self.stream, config=config)
+        self._sub = await self.js.pull_subscribe_bind(consumer=self.name, stream=self.stream)
+
+    async def poll(self, wait_s: float) -> dict[str, StepLogEntry]:
+        """Wait up to `wait_s` for changes; job -> its entry, as the bucket now says."""
+        from nats.errors import TimeoutError as NatsTimeout
+
+        with contextlib.suppress(NatsTimeout, TimeoutError):
+            for msg in await self._sub.fetch(256, timeout=wait_s):
+                key = msg.subject.removeprefix(f"$KV.{STEP_LOG_BUCKET}.")
+                if (msg.headers or {}).get("KV-Operation") in _DELETED:
+                    self.keys.pop(key, None)
+                    continue
+                try:
+                    self.keys[key] = msgspec.json.decode(msg.data, type=StepLogEntry)
+                except msgspec.ValidationError:
+                    log.warning("step-log entry not understood", key=key)
+        return {e.job: e for e in self.keys.values()}
+
+    async def close(self) -> None:
         with contextlib.suppress(Exception):
-            await js.delete_consumer(stream, name)
-    return out
+            if self._sub is not None:
+                await self._sub.unsubscribe()
+            await self.js.delete_consumer(self.stream, self.name)
 
 
 async def follow_assignments(
-    js: Callable[[], Any], cluster: str, node: str, sink: StepLogSources, stop: asyncio.Event, every_s: float = POLL_S
+    js: Callable[[], Any],
+    cluster: str,
+    node: str,
+    sink: StepLogSources,
+    stop: asyncio.Event,
+    every_s: float = POLL_S,
+    clock: Callable[[], float] = time.monotonic,
 ) -> None:
-    """Poll the bucket while the agent runs; `js()` is None while NATS is away. A failure (no bucket
-    yet: no scheduler on Kubernetes) is logged once and tried again next round."""
+    """Follow the bucket while the agent runs; `js()` is None while NATS is away. A failure (no bucket
+    yet: no scheduler on Kubernetes) is logged once and tried again `every_s` later."""
+    feed: StepLogFeed | None = None
     failing = False
-    while not stop.is_set():
-        ctx = js()
-        if ctx is not None:
+    try:
+        while not stop.is_set():
+            ctx = js()
+            if ctx is None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), min(every_s, 1.0))
+                continue
             try:
-                sink.assign(await read_assignments(ctx, cluster, node))
+                if feed is None or clock() - feed.opened_at > REOPEN_S:
+                    if feed is not None:
+                        await feed.close()
+                    feed = StepLogFeed(ctx, cluster, node, clock())
+                    await feed.open()
+                sink.assign(await feed.poll(every_s))
                 failing = False
             except Exception as exc:
                 if not failing:
                     log.info("no step logs handed out yet", bucket=STEP_LOG_BUCKET, error=repr(exc))
-                failing = True
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), every_s)
+                failing, feed = True, None
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), every_s)
+    finally:
+        if feed is not None:
+            await feed.close()
 
 
 @dataclass
