@@ -169,7 +169,7 @@ class StepLogSources:
         accept = _accept_rows(self.node, frozenset(entry.gpu_indices))
         for path in sorted(glob.glob(pattern)) if "{rank}" in local else [local]:
             if path not in source.tails:
-                source.tails[path] = StepLogTail(entry.job, Path(path), accept=accept)
+                source.tails[path] = StepLogTail(entry.job, Path(path), accept=accept, any_job=True)
 
 
 def _accept_rows(node: str, gpus: frozenset[int]) -> Callable[[dict[str, Any]], bool]:

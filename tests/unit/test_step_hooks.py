@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from chamber_hooks import StepLog
 from node_agent.step_log import StepLogTail
 from services.perf.replay import parse_rows, read_table
@@ -54,6 +56,15 @@ def test_a_step_with_a_comm_block_reports_compute_and_wait(tmp_path: Path) -> No
         "tokens": 4096,
     }
     assert parse_rows(read_table(tmp_path / "steps-3.jsonl"))[0].step.compute_s == 7.5
+
+
+def test_a_pod_names_its_node_through_node_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NODE_NAME", "gpu-node-7")  # the downward API's spec.nodeName
+    log = StepLog(str(tmp_path / "s.jsonl"), job="j", rank=0, clock=FakeClock())
+    with log.step(0):
+        pass
+    log.close()
+    assert json.loads((tmp_path / "s.jsonl").read_text())["node"] == "gpu-node-7"
 
 
 def test_the_agent_tails_only_complete_new_lines_and_skips_garbage(tmp_path: Path) -> None:
