@@ -183,6 +183,7 @@ class _CardPaths:
             self.paths.append(self.bad_pages)
         self.fds = [_open(p) for p in self.paths]
         self.vendor_fd = _open(self.vendor)
+        self.last_metrics: bytes | None = None  # gpu_metrics as last read
 
     def gone(self) -> bool:
         """The device's files were removed (fstat of an open file: no links left)."""
@@ -363,8 +364,12 @@ class SysfsSource:
         raws = paths.read()
         raw, used_raw = raws[0], raws[1]
         # A GPU that fell off the bus loses its sysfs directory: its open files answer ENODEV (None
-        # here), and a recorded tree whose files were deleted shows them unlinked.
-        if (raw is None and used_raw is None) or paths.gone():
+        # here), and a recorded tree whose files were deleted shows them unlinked. A live GPU's
+        # gpu_metrics changes every read (it carries a timestamp): only a table that did not move
+        # needs the fstat.
+        moved = raw is not None and raw != paths.last_metrics
+        paths.last_metrics = raw
+        if (raw is None and used_raw is None) or (not moved and paths.gone()):
             paths.close()
             del self._paths[i]  # opened afresh next time: a GPU that comes back is read again
             raise GpuLost()

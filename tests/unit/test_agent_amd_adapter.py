@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -286,3 +287,18 @@ def test_a_new_partition_mode_shows_at_the_next_inventory_pass(tmp_path: Path) -
         card.write("current_memory_partition", "NPS4\n")
     inv = [s.inventory_gpus() for _ in range(REREAD_INVENTORY)][-1]
     assert len(inv) == 64 and inv[9].uuid == "GPU-5a3e7c19d0b24001-p1" and inv[9].compute_partition == "CPX"
+
+
+def test_a_gpu_whose_metrics_move_is_not_checked_for_removal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A live GPU's gpu_metrics changes every read: the removal check (an fstat) is for a table that did not.
+    cards = write_amd_node(tmp_path, gpus=1)
+    s = sysfs_sampler(tmp_path)
+    s.read("c", 1, 1000.0, 1.0)
+    checks = []
+    real_fstat = os.fstat
+    monkeypatch.setattr(os, "fstat", lambda fd: checks.append(fd) or real_fstat(fd))
+    cards[0].set_metrics(gfx=12)
+    s.read("c", 2, 1001.0, 1.0)
+    assert checks == []
+    s.read("c", 3, 1002.0, 1.0)  # the same table again: checked
+    assert len(checks) == 1
