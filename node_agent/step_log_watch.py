@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import glob
 import hashlib
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,7 +33,8 @@ from services.runtime.logs import get_logger
 log = get_logger("chamber.agent")
 POLL_S = 10.0  # the longest a pull for changes waits (and the pause after a failure)
 REOPEN_S = 300.0  # the consumer is made afresh this often (a server restart loses it)
-GLOB_EVERY_TICKS = 10  # `{rank}` files are looked for again this often (a rank may start late)
+GLOB_EVERY_TICKS = 10  # a job's files are looked for again this often (a rank may start late)
+MISSING_SCANS = 6  # a job's log not found this many times in a row (a minute at 1 Hz) is worth a line
 _DELETED = ("DEL", "PURGE")
 
 
@@ -131,6 +133,7 @@ async def follow_assignments(
 class _Source:
     entry: StepLogEntry
     tails: dict[str, StepLogTail] = field(default_factory=dict)  # path -> its tail
+    missing_scans: int = 0  # looked for in vain this many times in a row
 
 
 class StepLogSources:
@@ -167,7 +170,11 @@ class StepLogSources:
         local = str(self.root / entry.path.lstrip("/"))
         pattern = glob.escape(local).replace(glob.escape("{rank}"), "*")
         accept = _accept_rows(self.node, frozenset(entry.gpu_indices))
-        for path in sorted(glob.glob(pattern)) if "{rank}" in local else [local]:
+        found = sorted(glob.glob(pattern)) if "{rank}" in local else [p for p in [local] if os.path.exists(p)]
+        source.missing_scans = 0 if found else source.missing_scans + 1
+        if source.missing_scans == MISSING_SCANS:  # said once a job: the agent may not see the host's files
+            log.info("step log not found (is its directory mounted? --step-log-root)", job=entry.job, path=local)
+        for path in found:
             if path not in source.tails:
                 source.tails[path] = StepLogTail(entry.job, Path(path), accept=accept, any_job=True)
 
