@@ -18,7 +18,8 @@ reads it offline.
             optimizer.step()
 
 Rank, GPU and job come from the launcher's environment (torchrun: RANK, LOCAL_RANK; Chamber:
-CHAMBER_JOB_ID; Slurm: SLURM_PROCID, SLURM_LOCALID, SLURM_JOB_ID) unless given.
+CHAMBER_JOB_ID; Slurm: SLURM_PROCID, SLURM_LOCALID, SLURM_JOB_ID) unless given; the node from
+NODE_NAME (a pod's spec.nodeName through the downward API), when set.
 """
 
 from __future__ import annotations
@@ -62,7 +63,9 @@ class StepLog:
         self.job = job or os.environ.get("CHAMBER_JOB_ID") or os.environ.get("SLURM_JOB_ID") or "job"
         self.rank = rank if rank is not None else (_env_int("RANK", "SLURM_PROCID") or 0)
         self.gpu_index = gpu_index if gpu_index is not None else _env_int("LOCAL_RANK", "SLURM_LOCALID")
-        self.node = node
+        # The node's name as Chamber knows it: a pod gets it from the downward API (spec.nodeName), so
+        # that an agent tailing a shared file system publishes only its own node's ranks.
+        self.node = node or os.environ.get("NODE_NAME") or None
         self.coords = {"dp_rank": dp_rank, "pp_stage": pp_stage, "tp_rank": tp_rank, "cp_rank": cp_rank}
         self.cuda_sync = cuda_sync
         self.clock = clock

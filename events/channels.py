@@ -211,6 +211,8 @@ class KvBucket:
         return f"$KV.{self.bucket}.{self.key}"
 
 
+STEP_LOG_BUCKET = "chamber_step_logs"  # services/scheduler/step_logs.py writes it, agents read their node's keys
+
 KV_BUCKETS: tuple[KvBucket, ...] = (
     KvBucket("chamber_fleet", "{cluster}.{node}", "discovery", "The current view of every node (JSON)."),
     KvBucket("chamber_quota", "{pool}.{team}", "quota", "Each team's quota row in a pool, for dashboards (JSON)."),
@@ -227,4 +229,11 @@ KV_BUCKETS: tuple[KvBucket, ...] = (
         "A service's leader leases, one key each (TTL); key `leader` for the service's own lease.",
     ),
     KvBucket("chamber_recorders", "{holder}", "recorder", "Live recorders sharing telemetry partitions (TTL)."),
+    KvBucket(
+        STEP_LOG_BUCKET,
+        "{cluster}.{node}.{job}",
+        "scheduler",
+        "The step log a running Kubernetes workload names (`chamber.io/step-log`), for the agent of each of its "
+        'nodes (JSON: {"job", "path", "gpu_indices"}).',
+    ),
 )

@@ -45,3 +45,34 @@ class RankStepTimings(Event, frozen=True, tag=event_type("telemetry", "rank_step
     observed_at: float
     steps: list[RankStep]
     source: str = ""  # hook | log | replay: who read the timings (for `chamber explain`)
+
+
+class StepLogEntry(msgspec.Struct, frozen=True, kw_only=True):
+    """A step log a running job names (the workload's `chamber.io/step-log` annotation), for the agent
+    of one of its nodes: the value of key `<cluster>.<node>.<job>` in the KV bucket `chamber_step_logs`
+    (services/scheduler/step_logs.py writes it, node_agent/step_log_watch.py reads it). `path` is on
+    the node and may hold `{rank}` (one file per rank); `gpu_indices` are the job's GPUs there."""
+
+    job: str
+    path: str
+    gpu_indices: list[int] = []
+
+
+def step_log_key(cluster: str, node: str, job: str) -> str:
+    from events import subjects  # subjects imports this module
+
+    return f"{subjects.token(cluster)}.{subjects.token(node)}.{subjects.token(job)}"
+
+
+def step_log_keys_of(cluster: str, node: str | None) -> str:
+    """One node's keys (None: every node of the cluster), as a KV key filter."""
+    from events import subjects
+
+    return f"{subjects.token(cluster)}.{subjects.token(node) if node is not None else '*'}.>"
+
+
+def step_log_consumer(node: str) -> str:
+    """The one consumer an agent reads its node's keys through (its NATS role allows no other)."""
+    from events import subjects
+
+    return f"steplogs-{subjects.token(node)}"

@@ -75,6 +75,10 @@ class AgentOptions:
     amd_nodes: int = 0  # simulated: this many of the nodes are AMD (MI300X) nodes
     amd_gpu_model: str = "MI300X-192GB"
     step_logs: dict[str, Path] = field(default_factory=dict)  # job -> its JSONL step log (node_agent/step_log.py)
+    # Also tail the step logs jobs on this node name in their workload (node_agent/step_log_watch.py),
+    # read under this root (the host's files, where the agent's container mounts them).
+    step_log_root: Path | None = Path("/")
+    step_log_poll_s: float = 10.0  # the longest one pull for step-log changes waits (node_agent/step_log_watch.py)
     inspector_dir: Path | None = None  # NCCL Inspector's Prometheus textfiles (node_agent/inspector.py)
     inspector_otlp_port: int | None = None  # ...or its OTLP/HTTP JSON export, received on 127.0.0.1:PORT
 
@@ -88,6 +92,7 @@ class Agent:
         from node_agent.step_log import StepLogTail
 
         self.step_logs = [StepLogTail(job, path) for job, path in sorted(opts.step_logs.items())]
+        self.step_log_sources: Any = None  # node_agent.step_log_watch.StepLogSources (real mode)
         self.inspector_store: Any = None  # node_agent.inspector.OtlpStore with --nccl-inspector-*
         configure_tracing("agent")
         self.opts = opts
@@ -176,6 +181,10 @@ class Agent:
             self.runners = [
                 NodeRunner(opts.cluster, opts.node, sampler, facts, seq=self.seqs.get(opts.node), fabric=fabric)
             ]
+            if opts.step_log_root is not None:
+                from node_agent.step_log_watch import StepLogSources
+
+                self.step_log_sources = StepLogSources(opts.node, opts.step_log_root)
             self._nvml = sampler
 
     def _open_sampler(self, nvml: Any, amdsmi: Any) -> Any:
@@ -208,6 +217,14 @@ class Agent:
         ]
         if self.ras_poller is not None:
             tasks.append(asyncio.create_task(self.ras_poller.run(stop)))
+        if self.step_log_sources is not None:
+            from node_agent.step_log_watch import follow_assignments
+
+            js = lambda: self.nc.jetstream() if self.nc is not None and self.nc.is_connected else None  # noqa: E731
+            follow = follow_assignments(
+                js, self.opts.cluster, self.opts.node, self.step_log_sources, stop, self.opts.step_log_poll_s
+            )
+            tasks.append(asyncio.create_task(follow))
         if self.opts.inspector_otlp_port is not None and self.inspector_store is not None:
             tasks.append(asyncio.create_task(self._otlp_receiver(stop)))
         stopped = asyncio.create_task(stop.wait())
@@ -219,7 +236,7 @@ class Agent:
             await asyncio.gather(tasks[2], tasks[0])
         finally:
             stopped.cancel()
-            for task in tasks[1:2] + tasks[3:]:  # the NATS connection and the RAS poller
+            for task in tasks[1:2] + tasks[3:]:  # the NATS connection, the RAS poller, the step-log watch
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task
@@ -292,17 +309,20 @@ class Agent:
         return records
 
     def _step_records(self, now: float) -> list[Record]:
-        """New rows of the jobs' step logs, one RankStepTimings per job (the first runner's node)."""
-        if not self.step_logs or not self.runners:
+        """New rows of the jobs' step logs, one RankStepTimings per job and file (the first runner's
+        node): those given on the command line and those the node's jobs name."""
+        tails = self.step_logs + (self.step_log_sources.tails() if self.step_log_sources is not None else [])
+        if not tails or not self.runners:
             return []
         from node_agent.runner import envelope
+        from node_agent.step_log_watch import tail_id
 
         node = self.runners[0].node
         out = []
-        for tail in self.step_logs:
+        for tail in tails:
             event = tail.event(self.opts.cluster, node, now)
             if event is not None:
-                msg_id = f"{self.opts.cluster}/{node}/steps/{tail.job}/{tail.offset}"
+                msg_id = f"{self.opts.cluster}/{node}/steps/{tail.job}/{tail_id(tail)}/{tail.offset}"
                 subject = subjects.subject_for(event)
                 out.append(Record(int(Kind.SAMPLE), subject, *envelope(event, "chamber/agent", msg_id, now)))
         return out

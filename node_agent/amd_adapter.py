@@ -32,6 +32,7 @@ import os
 import queue
 import threading
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -182,6 +183,7 @@ class _CardPaths:
             self.paths.append(self.bad_pages)
         self.fds = [_open(p) for p in self.paths]
         self.vendor_fd = _open(self.vendor)
+        self.last_metrics: bytes | None = None  # gpu_metrics as last read
 
     def gone(self) -> bool:
         """The device's files were removed (fstat of an open file: no links left)."""
@@ -191,8 +193,12 @@ class _CardPaths:
             return True
 
     def read(self) -> list[bytes | None]:
-        out: list[bytes | None] = []
         pread = os.pread
+        try:  # every file open and readable: one pread each, nothing else
+            return [pread(fd, 65536, 0) if fd >= 0 else None for fd in self.fds]
+        except OSError:
+            pass
+        out: list[bytes | None] = []
         for n, fd in enumerate(self.fds):
             if fd < 0:
                 out.append(None)
@@ -233,6 +239,16 @@ def _open(path: str) -> int:
         return -1
 
 
+@dataclass(frozen=True)
+class _Identity:
+    total: int | None  # VRAM bytes
+    name: str
+    unique: str | None
+    serial: str | None
+    slowdown_c: float
+    threshold: int | None  # bad pages before the driver asks for an RMA
+
+
 class SysfsSource:
     """Physical AMD GPUs read from sysfs under `root`."""
 
@@ -246,59 +262,74 @@ class SysfsSource:
         self._static: dict[int, dict[str, Any]] = {}
         self._partitions: dict[int, int] = {}
         self._paths: dict[int, _CardPaths] = {}
-        self._kfd: list[fs.KfdNode] | None = None  # read once per inventory pass
+        self._kfd: list[fs.KfdNode] | None = None  # read again when a card's partition mode changes
+        self._identities: dict[int, _Identity] = {}
+        self._modes: dict[int, tuple[str | None, str | None]] = {}  # the partition modes last seen
         self._memo: dict[int, tuple[Any, AmdGpuHealth, int | None, int | None, fs.BadPages | None]] = {}
 
     def count(self) -> int:
         return len(self.cards)
 
     def refresh(self) -> None:
-        """A new inventory pass: read the KFD topology afresh (once for all cards)."""
-        self._kfd = None
+        """A new inventory pass. The KFD topology is read again only when a card's partition mode
+        changed (`info`), the one thing in it that moves while the driver stays loaded."""
 
     def partitions(self, i: int) -> int:
         """How many logical GPUs card i shows: its KFD compute nodes (one per compute partition),
         else the partition table for the mode it reports."""
         return self._partitions.get(i, 1)
 
-    def info(self, i: int) -> tuple[GpuInfo, GpuLimits]:
+    def _identity(self, i: int) -> _Identity:
+        """What does not change while the driver is loaded, read once per card (again after a loss)."""
+        known = self._identities.get(i)
+        if known is not None:
+            return known
         c = self.cards[i]
-        if fs.read_text(c.path("vendor")) is None:
-            raise GpuLost()
         total = fs.read_int(c.path("mem_info_vram_total"))
-        total_mib = total / MIB if total else None
         name = fs.read_text(c.path("product_name")) or DEVICE_IDS.get(c.device_id or -1, "AMD GPU")
         if "MI" not in name.upper() and c.device_id in DEVICE_IDS:
             name = DEVICE_IDS[c.device_id or -1]
-        unique = fs.read_text(c.path("unique_id"))
-        cap_uw = fs.read_int(f"{c.hwmon}/power1_cap") if c.hwmon else None
         crit = fs.read_int(c.temp_crit_file) if c.temp_crit_file else None
-        speed = (fs.read_text(c.path("current_link_speed")) or "").split(" ")[0]
-        width = fs.read_int(c.path("current_link_width"))
+        ident = self._identities[i] = _Identity(
+            total=total,
+            name=name,
+            unique=fs.read_text(c.path("unique_id")),
+            serial=fs.read_text(c.path("serial_number")) or None,
+            slowdown_c=crit / 1000.0 if crit else DEFAULT_SLOWDOWN_TEMP_C,
+            threshold=bad_page_threshold(self.root, total),
+        )
+        return ident
+
+    def info(self, i: int) -> tuple[GpuInfo, GpuLimits]:
+        """Identity (cached), and what may change between passes: the power cap, the PCIe link (it
+        may train down), the partition modes; a few preads of files kept open."""
+        c, fds = self.cards[i], self.fds
+        if fs.read_bytes(c.path("vendor")) is None:  # opened afresh: a removed device's files are gone
+            self._identities.pop(i, None)
+            self._modes.pop(i, None)
+            fds.close_under(c.path(""))  # a device that comes back has new files
+            raise GpuLost()
+        ident = self._identity(i)
+        total_mib = ident.total / MIB if ident.total else None
+        cap_uw = fds.int(f"{c.hwmon}/power1_cap") if c.hwmon else None
+        speed = (fds.text(c.path("current_link_speed")) or "").split(" ")[0]
+        width = fds.int(c.path("current_link_width"))
         self._static[i] = {
             "total_mib": total_mib,
             "limit_w": cap_uw / 1e6 if cap_uw else None,
-            "threshold": bad_page_threshold(self.root, total),
+            "threshold": ident.threshold,
         }
-        compute = fs.read_text(c.path("current_compute_partition")) or None
-        memory = fs.read_text(c.path("current_memory_partition")) or None
-        loc = fs.location_id(c.pci_bus_id)
-        if self._kfd is None:
-            self._kfd = fs.read_kfd_nodes(self.root)
-        kfd = [n for n in self._kfd if n.is_gpu and n.properties.get("location_id") == loc]
-        try:
-            by_mode = partition_layout(compute, memory).gpus_per_device
-        except ValueError:
-            by_mode = 1
-        self._partitions[i] = len(kfd) or by_mode
-        if kfd and len(kfd) != by_mode:
-            log.warning("KFD nodes and partition mode disagree", gpu=i, kfd_nodes=len(kfd), mode=compute)
+        compute = fds.text(c.path("current_compute_partition")) or None
+        memory = fds.text(c.path("current_memory_partition")) or None
+        if self._modes.get(i) != (compute, memory):
+            self._modes[i] = (compute, memory)
+            self._partitions[i] = self._count_partitions(i, compute, memory)
         gpu = GpuInfo(
             index=i,
-            uuid=f"GPU-{unique}" if unique else f"amd-{c.pci_bus_id or c.card}",
-            model=normalized_model(name, total_mib),
-            name=name,
-            serial=fs.read_text(c.path("serial_number")) or None,
+            uuid=f"GPU-{ident.unique}" if ident.unique else f"amd-{c.pci_bus_id or c.card}",
+            model=normalized_model(ident.name, total_mib),
+            name=ident.name,
+            serial=ident.serial,
             pci_bus_id=c.pci_bus_id or None,
             memory_total_mib=total_mib,
             power_limit_w=self._static[i]["limit_w"],
@@ -308,10 +339,22 @@ class SysfsSource:
             memory_partition=memory,
         )
         limits = GpuLimits(
-            slowdown_temp_c=crit / 1000.0 if crit else DEFAULT_SLOWDOWN_TEMP_C,
-            pcie_replays_per_window=pcie_replay_limit(_PCIE_GEN.get(speed), width),
+            slowdown_temp_c=ident.slowdown_c, pcie_replays_per_window=pcie_replay_limit(_PCIE_GEN.get(speed), width)
         )
         return gpu, limits
+
+    def _count_partitions(self, i: int, compute: str | None, memory: str | None) -> int:
+        """The card's KFD compute nodes (the topology read afresh: the mode changed), else the mode's table."""
+        self._kfd = fs.read_kfd_nodes(self.root)
+        loc = fs.location_id(self.cards[i].pci_bus_id)
+        kfd = [n for n in self._kfd if n.is_gpu and n.properties.get("location_id") == loc]
+        try:
+            by_mode = partition_layout(compute, memory).gpus_per_device
+        except ValueError:
+            by_mode = 1
+        if kfd and len(kfd) != by_mode:
+            log.warning("KFD nodes and partition mode disagree", gpu=i, kfd_nodes=len(kfd), mode=compute)
+        return len(kfd) or by_mode
 
     def sample(self, i: int, uuid: str, index: int | None = None) -> tuple[GpuSample, AmdGpuHealth]:
         c, fds = self.cards[i], self.fds
@@ -321,8 +364,12 @@ class SysfsSource:
         raws = paths.read()
         raw, used_raw = raws[0], raws[1]
         # A GPU that fell off the bus loses its sysfs directory: its open files answer ENODEV (None
-        # here), and a recorded tree whose files were deleted shows them unlinked.
-        if (raw is None and used_raw is None) or paths.gone():
+        # here), and a recorded tree whose files were deleted shows them unlinked. A live GPU's
+        # gpu_metrics changes every read (it carries a timestamp): only a table that did not move
+        # needs the fstat.
+        moved = raw is not None and raw != paths.last_metrics
+        paths.last_metrics = raw
+        if (raw is None and used_raw is None) or (not moved and paths.gone()):
             paths.close()
             del self._paths[i]  # opened afresh next time: a GPU that comes back is read again
             raise GpuLost()

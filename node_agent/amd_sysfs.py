@@ -168,58 +168,47 @@ class Metrics(NamedTuple):
     xgmi_status: tuple[int, ...] | None = None  # per link: 1 up, 0 down (v1.7+)
 
 
-def _compile(layout: dict[str, int | None]) -> tuple[struct.Struct, tuple[str, ...]]:
-    """One struct.Struct that picks every field of a layout in one unpack (pad bytes between them)."""
+_FIELDS = ("hotspot", "mem", "power", "gfx", "umc", "gfxclk", "uclk")
+
+
+def _compile(layout: dict[str, int | None]) -> tuple[struct.Struct, tuple[int, ...], int | None, int | None]:
+    """One struct.Struct that picks every field of a layout in one unpack (pad bytes between them), and
+    where each field lands in the unpacked tuple: the 16-bit fields of `_FIELDS` in that order, the
+    replay counter, the first XGMI link (None: not in this revision). Done once per revision."""
     sizes = {"replay": 8, "xgmi": 2 * XGMI_LINKS_IN_METRICS}
     fields = sorted((off, name) for name, off in layout.items() if off is not None)
-    fmt, at, names = "<", 0, []
+    fmt, at, pos, where = "<", 0, 0, {}
     for off, name in fields:
         fmt += f"{off - at}x" if off > at else ""
         fmt += {"replay": "Q", "xgmi": f"{XGMI_LINKS_IN_METRICS}H"}.get(name, "H")
         at = off + sizes.get(name, 2)
-        names.append(name)
-    return struct.Struct(fmt), tuple(names)
+        where[name] = pos
+        pos += XGMI_LINKS_IN_METRICS if name == "xgmi" else 1
+    return struct.Struct(fmt), tuple(where[f] for f in _FIELDS), where.get("replay"), where.get("xgmi")
 
 
 _COMPILED = {rev: _compile(layout) for rev, layout in _METRICS.items()}
-
-
-def _na(value: int) -> float | None:
-    return None if value == _NA16 else float(value)
+_HEADER = struct.Struct("<HBB")
 
 
 def parse_gpu_metrics(raw: bytes) -> Metrics | None:
     """Decode a gpu_metrics table of a known v1 revision; None for one we do not know or a short read."""
     if len(raw) < 4:
         return None
-    size, fmt, content = struct.unpack_from("<HBB", raw, 0)
-    compiled = _COMPILED.get((fmt, content))
-    if compiled is None or len(raw) < min(size, METRICS_SIZES[(fmt, content)]):
+    size, fmt, content = _HEADER.unpack_from(raw, 0)
+    rev = (fmt, content)
+    compiled = _COMPILED.get(rev)
+    if compiled is None or len(raw) < min(size, METRICS_SIZES[rev]):
         return None
-    packer, names = compiled
-    values = packer.unpack_from(raw, 0)
-    got: dict[str, object] = {}
-    pos = 0
-    for name in names:
-        if name == "xgmi":
-            links = values[pos : pos + XGMI_LINKS_IN_METRICS]
-            got["xgmi"] = tuple(v for v in links if v != _NA16)
-            pos += XGMI_LINKS_IN_METRICS
-        else:
-            got[name] = values[pos]
-            pos += 1
-    replay = got.get("replay")
+    packer, at, replay_at, xgmi_at = compiled
+    v = packer.unpack_from(raw, 0)
+    hot, mem, power, gfx, umc, gfxclk, uclk = (None if v[n] == _NA16 else float(v[n]) for n in at)
+    replay = v[replay_at] if replay_at is not None else None
+    xgmi = None
+    if xgmi_at is not None:
+        xgmi = tuple(s for s in v[xgmi_at : xgmi_at + XGMI_LINKS_IN_METRICS] if s != _NA16)
     return Metrics(
-        (fmt, content),
-        _na(got["hotspot"]),  # type: ignore[arg-type]
-        _na(got["mem"]),  # type: ignore[arg-type]
-        _na(got["power"]),  # type: ignore[arg-type]
-        _na(got["gfx"]),  # type: ignore[arg-type]
-        _na(got["umc"]),  # type: ignore[arg-type]
-        _na(got["gfxclk"]),  # type: ignore[arg-type]
-        _na(got["uclk"]),  # type: ignore[arg-type]
-        None if replay is None or replay == _NA64 else int(replay),  # type: ignore[call-overload]
-        got.get("xgmi"),  # type: ignore[arg-type]
+        rev, hot, mem, power, gfx, umc, gfxclk, uclk, None if replay is None or replay == _NA64 else int(replay), xgmi
     )
 
 

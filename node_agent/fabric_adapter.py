@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import array
 import fcntl
+import os
 import re
 import socket
 import struct
@@ -295,11 +296,16 @@ class FabricAdapter:
     inspector: Callable[[], list[CollectiveBandwidth]] | None = None  # NCCL Inspector (node_agent/inspector.py)
     _prev: dict[str, _Prev] = field(default_factory=dict)
     _ras_failed: bool = False
+    _ib: Path = field(init=False)
+    _net: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._ib, self._net = self.root / IB_DIR, self.root / NET_DIR  # joined once, not every sample
 
     def ports(self) -> list[PortReading]:
         out: list[PortReading] = []
         rdma_netdevs: set[str] = set()
-        ib = self.root / IB_DIR
+        ib = self._ib
         for dev in sorted(_listdir(ib), key=_natural):
             ports_dir = ib / dev / "ports"
             netdev = self._rdma_netdev(ib / dev)
@@ -308,7 +314,7 @@ class FabricAdapter:
             pause = pause_frames(self.ethtool(netdev)) if netdev and self.ethtool else None
             for port in sorted(_listdir(ports_dir), key=_natural):
                 out.append(read_ib_port(ports_dir / port, f"{dev}/{port}", pause))
-        net = self.root / NET_DIR
+        net = self._net
         for ifname in sorted(_listdir(net), key=_natural):
             if_dir = net / ifname
             # Physical interfaces only (virtual ones have no `device`), and not the netdev of an RDMA
@@ -387,6 +393,6 @@ class FabricAdapter:
 
 def _listdir(path: Path) -> list[str]:
     try:
-        return [p.name for p in path.iterdir()]
+        return os.listdir(path)  # names only: no Path object per entry (this runs every sample)
     except OSError:
         return []

@@ -6,8 +6,10 @@ counted, never fatal; a file that shrank (rotated, truncated) is read again from
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -23,6 +25,10 @@ class StepLogTail:
     path: Path
     offset: int = 0
     skipped: int = 0
+    accept: Callable[[dict[str, Any]], bool] | None = None  # rows of this node only (step_log_watch.py)
+    # A log the job's workload names is the job's whatever `job` its rows say (a pod's hook may not
+    # know the Chamber job id); a log given on the command line keeps only rows of its job.
+    any_job: bool = False
 
     def read(self) -> list[RankStep]:
         try:
@@ -44,7 +50,9 @@ class StepLogTail:
                 continue
             try:
                 doc = json.loads(line)
-                if doc.get("job", self.job) != self.job:
+                if (not self.any_job and doc.get("job", self.job) != self.job) or (
+                    self.accept is not None and not self.accept(doc)
+                ):
                     continue
                 rows.append(msgspec.convert({k: v for k, v in doc.items() if k in _FIELDS}, RankStep))
             except (ValueError, AttributeError, msgspec.ValidationError):

@@ -88,6 +88,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="tail a job's JSONL step log (chamber_hooks.StepLog) and publish its per-rank step timings (repeatable)",
     )
     p.add_argument(
+        "--step-log-root",
+        default="/",
+        metavar="DIR|none",
+        help="where the host's files are seen, for the step logs jobs name in their `chamber.io/step-log` "
+        "annotation (default /; none: do not read them)",
+    )
+    p.add_argument(
         "--nccl-inspector-dir",
         type=Path,
         metavar="DIR",
@@ -173,6 +180,7 @@ def options(args: argparse.Namespace) -> AgentOptions:
         sysfs_root=None if root == "none" else Path(root),
         nccl_ras=getattr(args, "nccl_ras", False),
         step_logs=_step_logs(getattr(args, "step_log", [])),
+        step_log_root=_optional_dir(getattr(args, "step_log_root", "/")),
         inspector_dir=getattr(args, "nccl_inspector_dir", None),
         inspector_otlp_port=getattr(args, "nccl_inspector_otlp_port", None),
         labels=labels,
@@ -180,6 +188,10 @@ def options(args: argparse.Namespace) -> AgentOptions:
         amd_nodes=getattr(args, "amd_nodes", 0) if args.simulate else 0,
         amd_gpu_model=amd_model_name,
     )
+
+
+def _optional_dir(value: str) -> Path | None:
+    return None if value == "none" else Path(value)
 
 
 def _step_logs(values: list[str]) -> dict[str, Path]:

@@ -9,7 +9,8 @@ comes with the reason `--explain ROLE` prints:
                    durables; writes only its own KV buckets, lease bucket and snapshot store; serves
                    `chamber.cmd.<service>.>` (the gateway alone sends commands to others). It may not
                    create, update, delete or purge a stream (the set-up does that: `chamber setup`).
-- `agent-<node>`   publishes only its node's telemetry and faults; reads stream info, nothing else.
+- `agent-<node>`   publishes only its node's telemetry and faults; reads stream info and its node's
+                   keys of the step-log bucket (one consumer, named and filtered for the node).
 - `agent`          (--shared-agent) the same for any node of this cluster.
 - `simulator`      (--simulator) the simulated fleet: any node's telemetry and faults of this cluster,
                    job progress (`chamber.jobs.<job>`), reads JOBS through its own consumers, answers
@@ -41,7 +42,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from events import subjects
+from events.channels import STEP_LOG_BUCKET
 from events.partitions import partition_stream
+from events.steps import step_log_consumer, step_log_keys_of
 from events.streams import STREAMS
 from services.cli.common import add_cluster_option
 from services.cli.errors import UsageError
@@ -180,6 +183,7 @@ def _kv(bucket: str, *, write: bool, why: str) -> list[Grant]:
         Grant(f"$JS.API.CONSUMER.CREATE.{stream}", f"{why}: list and watch keys"),
         Grant(f"$JS.API.CONSUMER.CREATE.{stream}.>", f"{why}: list and watch keys"),
         Grant(f"$JS.API.CONSUMER.DELETE.{stream}.*", f"{why}: end a watch"),
+        Grant(f"$JS.API.CONSUMER.INFO.{stream}.*", f"{why}: list keys (a watch's pending count)"),
         Grant(f"$JS.FC.{stream}.>", f"{why}: list and watch keys"),
     ]
     if write:
@@ -282,12 +286,28 @@ def service_user(
     )
 
 
+def _step_log_reads(cluster: str, node: str | None) -> list[Grant]:
+    """Read one node's keys of the step-log bucket (None: any node's) through a consumer named for
+    the node and filtered to its keys; the filter is in the API subject, so no other key is reachable."""
+    stream = f"KV_{STEP_LOG_BUCKET}"
+    name = step_log_consumer(node) if node is not None else "*"
+    keys = f"$KV.{STEP_LOG_BUCKET}.{step_log_keys_of(cluster, node)}"
+    why = "the step logs of the jobs on its node (the scheduler names them from workload annotations)"
+    return [
+        Grant(f"$JS.API.CONSUMER.CREATE.{stream}.{name}.{keys}", why),
+        Grant(f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{name}", why),
+        Grant(f"$JS.API.CONSUMER.DELETE.{stream}.{name}", why),
+    ]
+
+
 def agent_user(cluster: str, node: str) -> User:
     user = f"agent-{node}"
     return User(
         user,
         "agent",
-        Permissions.of([*_node_subjects(cluster, node), *_api_basics()], [_inbox(user)]),
+        Permissions.of(
+            [*_node_subjects(cluster, node), *_step_log_reads(cluster, node), *_api_basics()], [_inbox(user)]
+        ),
         f"the node agent of {node}: its own node's samples, inventory, fabric and faults",
     )
 
@@ -296,7 +316,9 @@ def shared_agent_user(cluster: str) -> User:
     return User(
         "agent",
         "agent",
-        Permissions.of([*_node_subjects(cluster, None), *_api_basics()], [_inbox("agent")]),
+        Permissions.of(
+            [*_node_subjects(cluster, None), *_step_log_reads(cluster, None), *_api_basics()], [_inbox("agent")]
+        ),
         f"one user for every node agent of cluster {cluster}",
     )
 

@@ -44,6 +44,23 @@ class KubernetesActuator:
         self.refused: set[str] = set()  # uids already given their Event
         self.scheduler = scheduler
         self.cluster = cluster
+        self.step_logs: dict[str, bytes] | None = None  # what the bucket holds (services/scheduler/step_logs.py)
+        self._step_log_kv: Any = None
+
+    async def _hand_out_step_logs(self, listed: Any) -> None:
+        """The step logs running workloads name, to their nodes' agents (a failure waits a round)."""
+        from events.channels import STEP_LOG_BUCKET
+        from services.scheduler.step_logs import desired_step_logs, sync_step_logs
+
+        sched = self.scheduler
+        assert sched.host is not None
+        desired = desired_step_logs(sched.state, listed, self.cluster)
+        try:
+            if self._step_log_kv is None:
+                self._step_log_kv = await sched.host.ctx.js.key_value(STEP_LOG_BUCKET)
+            self.step_logs = await sync_step_logs(self._step_log_kv, self.cluster, desired, self.step_logs)
+        except Exception as exc:  # the bucket is made by `chamber setup`; jobs run without step logs meanwhile
+            log.warning("could not hand out step logs", bucket=STEP_LOG_BUCKET, error=repr(exc))
 
     def _skipped(self, kind: Any) -> None:
         log.info("workload kind skipped: its CRD is not installed", kind=kind.kind, api_version=kind.api_version)
@@ -61,6 +78,7 @@ class KubernetesActuator:
         events, actions = reconcile(sched.state, listed, self.cluster, now, self.bindings)
         for event, event_id in events:
             await sched.host.ctx.publisher.publish(event, id=event_id)
+        await self._hand_out_step_logs(listed)
         kinds = {k.kind: k for k in self.workloads.kinds}
         for action in actions:
             if isinstance(action, Refuse):

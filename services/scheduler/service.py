@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 from events import Event, JobCancelled, subjects
+from events.channels import STEP_LOG_BUCKET
 from events.codec import stable_id
 from events.commands import CancelJob, ExplainJob, ListQueue, SubmitJob
 from services.runtime.commands import Accepted, Append, Command, CommandRefused, FromLog, page_of_rows
@@ -69,6 +70,7 @@ DEFAULT_RETENTION_H = 0.0  # finished jobs leave memory as they finish (core/sta
 ROLE = Manifest(
     reads=("FLEET", "QUOTA", "JOBS", "BILLING", "FAULTS"),
     publishes=("chamber.jobs.>",),
+    buckets=(STEP_LOG_BUCKET,),  # the step logs workloads name, per node (services/scheduler/step_logs.py)
     snapshots=True,
     leases=True,
     why="owns the job lifecycle (JOBS); replicas share a leader lease",

@@ -20,6 +20,7 @@ import pytest
 from nats.aio.client import Client
 from nats.js.api import AckPolicy, ConsumerConfig
 
+from events.channels import STEP_LOG_BUCKET
 from services.cli.nats_config import PasswordSource, User, render, users
 from services.runtime.credentials import inbox_prefix
 from services.runtime.manifest import lease_bucket, snapshot_bucket
@@ -52,6 +53,7 @@ def _a(name: str, kind: str, subject: str, *allowed: str, body: bytes = b"{}") -
 
 ALL_SERVICES = ("discovery", "health", "quota", "scheduler", "billing", "recorder", "gateway", "perf")
 SVC = {s: f"svc-{s}" for s in ALL_SERVICES}
+STEP_LOGS_CREATE = f"$JS.API.CONSUMER.CREATE.KV_{STEP_LOG_BUCKET}"
 ACTIONS = [
     # the recorder's durable consumers: ingest would stop, or messages would never reach the warehouse
     _a("delete the recorder's JOBS consumer", "pub", "$JS.API.CONSUMER.DELETE.JOBS.recorder"),
@@ -114,6 +116,21 @@ ACTIONS = [
     _a("publish another node's sample", "pub", "chamber.telemetry.sample.c1.n2", "agent", "simulator"),
     _a("publish another node's fault", "pub", "chamber.faults.c1.n2", "agent", "simulator", SVC["perf"]),
     _a("publish another cluster's sample", "pub", "chamber.telemetry.sample.c9.n1"),
+    # step logs the scheduler hands to agents (services/scheduler/step_logs.py): an agent reads its node's keys
+    _a(
+        "read another node's step logs",
+        "pub",
+        f"{STEP_LOGS_CREATE}.steplogs-n2.$KV.{STEP_LOG_BUCKET}.c1.n2.>",
+        "agent",
+        SVC["scheduler"],
+    ),
+    _a(
+        "read every node's step logs",
+        "pub",
+        f"{STEP_LOGS_CREATE}.steplogs-n1.$KV.{STEP_LOG_BUCKET}.c1.>",
+        SVC["scheduler"],
+    ),
+    _a("hand out a step log", "pub", f"$KV.{STEP_LOG_BUCKET}.c1.n1.j1", SVC["scheduler"]),
     _a(
         "forge a dead letter of JOBS",  # only the readers of JOBS dead-letter its messages
         "pub",

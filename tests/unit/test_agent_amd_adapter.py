@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import builtins
+import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -10,7 +12,7 @@ from typing import Any
 import pytest
 
 from events.faults import FaultKind, Severity
-from node_agent.amd_adapter import AmdSampler, AmdUnavailable, import_amdsmi
+from node_agent.amd_adapter import REREAD_INVENTORY, AmdSampler, AmdUnavailable, import_amdsmi
 from node_agent.amd_sysfs import parse_bad_pages, parse_err_count, parse_gpu_metrics
 from node_agent.detectors import DetectorState, detect
 from node_agent.nvml_adapter import NvmlSampler
@@ -269,3 +271,34 @@ def test_amdsmi_reset_notifications_start_the_60s_clock(tmp_path: Path) -> None:
     _, faults = detect(state, s.read("c", 3, at + 61, 1.0))
     assert [f.kind for f in faults] == [FaultKind.GPU_RESET_STUCK]
     s.close()
+
+
+def test_a_new_partition_mode_shows_at_the_next_inventory_pass(tmp_path: Path) -> None:
+    # Identity is read once; the partition mode (and the KFD topology, when the mode moved) every pass.
+    cards = write_amd_node(tmp_path / "node", gpus=8)
+    s = sysfs_sampler(tmp_path / "node")
+    assert len(s.inventory_gpus()) == 8
+    write_amd_node(tmp_path / "cpx", gpus=8, compute_partition="CPX", memory_partition="NPS4")
+    kfd = "sys/class/kfd/kfd/topology/nodes"
+    shutil.rmtree(tmp_path / "node" / kfd)
+    shutil.copytree(tmp_path / "cpx" / kfd, tmp_path / "node" / kfd)
+    for card in cards:  # the driver reconfigured: same files, new contents
+        card.write("current_compute_partition", "CPX\n")
+        card.write("current_memory_partition", "NPS4\n")
+    inv = [s.inventory_gpus() for _ in range(REREAD_INVENTORY)][-1]
+    assert len(inv) == 64 and inv[9].uuid == "GPU-5a3e7c19d0b24001-p1" and inv[9].compute_partition == "CPX"
+
+
+def test_a_gpu_whose_metrics_move_is_not_checked_for_removal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A live GPU's gpu_metrics changes every read: the removal check (an fstat) is for a table that did not.
+    cards = write_amd_node(tmp_path, gpus=1)
+    s = sysfs_sampler(tmp_path)
+    s.read("c", 1, 1000.0, 1.0)
+    checks = []
+    real_fstat = os.fstat
+    monkeypatch.setattr(os, "fstat", lambda fd: checks.append(fd) or real_fstat(fd))
+    cards[0].set_metrics(gfx=12)
+    s.read("c", 2, 1001.0, 1.0)
+    assert checks == []
+    s.read("c", 3, 1002.0, 1.0)  # the same table again: checked
+    assert len(checks) == 1

@@ -43,8 +43,13 @@ AMD_TABLE = [
     (FaultKind.AMD_RAS_UE, "mp1", None, Severity.CRITICAL, Action.ISOLATE_GPU, GpuIsolated),  # no own rule
     (FaultKind.AMD_BAD_PAGES, None, None, Severity.CRITICAL, Action.ISOLATE_GPU, GpuIsolated),
     (FaultKind.AMD_BAD_PAGES, None, None, Severity.WARNING, Action.RECORD, FaultRecorded),
-    (FaultKind.AMD_CPER, None, 30, Severity.CRITICAL, Action.ISOLATE_GPU, GpuIsolated),  # fatal
-    (FaultKind.AMD_CPER, None, 30, Severity.WARNING, Action.RECORD, FaultRecorded),  # non-fatal uncorrected
+    (FaultKind.AMD_CPER, None, 30, Severity.CRITICAL, Action.ISOLATE_GPU, GpuIsolated),  # device internal, fatal
+    (FaultKind.AMD_CPER, None, 28, Severity.WARNING, Action.RECORD, FaultRecorded),  # the same, non-fatal
+    (FaultKind.AMD_CPER, None, 18, Severity.CRITICAL, Action.ISOLATE_NODE, NodeIsolated),  # XGMI fatal: the hive
+    (FaultKind.AMD_CPER, None, 19, Severity.CRITICAL, Action.ISOLATE_GPU, GpuIsolated),  # bad-page threshold
+    (FaultKind.AMD_CPER, None, 24, Severity.INFO, Action.RECORD, FaultRecorded),  # HBM corrected
+    (FaultKind.AMD_CPER, None, 31, Severity.CRITICAL, Action.ISOLATE_GPU, GpuIsolated),  # undecodable: by severity
+    (FaultKind.AMD_CPER, None, None, Severity.WARNING, Action.RECORD, FaultRecorded),  # no AFID, non-fatal
     (FaultKind.AMD_CPER, None, None, Severity.INFO, Action.RECORD, FaultRecorded),  # corrected
     (FaultKind.GPU_RESET_STUCK, None, None, Severity.CRITICAL, Action.ISOLATE_NODE, NodeIsolated),
     (FaultKind.XGMI, None, None, Severity.CRITICAL, Action.ISOLATE_NODE, NodeIsolated),
@@ -116,3 +121,15 @@ def test_from_the_simulated_gpu_to_the_decision(policy: Policy, inject: str, act
         decisions += step(health, *faults, now=T0 + n)
     assert [d.action for d in decisions] == [action]
     assert decisions[0].event.node == "n-001"  # type: ignore[union-attr]
+
+
+def test_the_default_afid_table_is_amds_list(policy: Policy) -> None:
+    # AFIDs 1-30 of AMD's list (31-34: the record could not be decoded), each citing it, each acting by
+    # AMD's severity: Fail-to-init and Fatal isolate, non-fatal uncorrected escalates, corrected records.
+    assert sorted(policy.amd_afid) == list(range(1, 31))
+    for afid, rule in policy.amd_afid.items():
+        assert rule.amd.startswith("ROCm/amdsmi src/aca-decode/error_map.c"), afid
+        amd_severity = rule.amd.rsplit(" / ", 1)[1]
+        isolates = rule.action in (Action.ISOLATE_GPU, Action.ISOLATE_NODE)
+        assert isolates == (amd_severity in ("Fatal", "Fail-to-init")), afid
+        assert (rule.escalate is not None) == (amd_severity == "Uncorrected, Non-fatal"), afid

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from chamber_hooks import StepLog
 from node_agent.step_log import StepLogTail
 from services.perf.replay import parse_rows, read_table
@@ -56,6 +58,15 @@ def test_a_step_with_a_comm_block_reports_compute_and_wait(tmp_path: Path) -> No
     assert parse_rows(read_table(tmp_path / "steps-3.jsonl"))[0].step.compute_s == 7.5
 
 
+def test_a_pod_names_its_node_through_node_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NODE_NAME", "gpu-node-7")  # the downward API's spec.nodeName
+    log = StepLog(str(tmp_path / "s.jsonl"), job="j", rank=0, clock=FakeClock())
+    with log.step(0):
+        pass
+    log.close()
+    assert json.loads((tmp_path / "s.jsonl").read_text())["node"] == "gpu-node-7"
+
+
 def test_the_agent_tails_only_complete_new_lines_and_skips_garbage(tmp_path: Path) -> None:
     path = tmp_path / "steps.jsonl"
     log = StepLog(str(path), job="j", rank=0, clock=FakeClock())
@@ -77,3 +88,24 @@ def test_the_agent_tails_only_complete_new_lines_and_skips_garbage(tmp_path: Pat
     log.record(2, 3.0, 4.0)
     log.close()
     assert [s.step for s in tail.event("c", "n1", 9.0).steps] == [2]  # type: ignore[union-attr]
+
+
+def test_an_assigned_log_that_appears_late_is_tailed_and_only_this_nodes_rows_count(tmp_path: Path) -> None:
+    from events.steps import StepLogEntry
+    from node_agent.step_log_watch import GLOB_EVERY_TICKS, StepLogSources
+
+    sources = StepLogSources("n1", root=tmp_path)
+    sources.assign({"j": StepLogEntry(job="j", path="/scratch/steps.jsonl", gpu_indices=[0, 1])})
+    assert sources.tails() == []  # the job has not written it yet
+    (tmp_path / "scratch").mkdir()
+    rows = [
+        {"job": "job", "rank": 0, "step": 1, "step_start_s": 0.0, "step_end_s": 1.0, "gpu_index": 1},
+        {"job": "job", "rank": 8, "step": 1, "step_start_s": 0.0, "step_end_s": 1.0, "node": "n2"},
+        {"job": "job", "rank": 9, "step": 1, "step_start_s": 0.0, "step_end_s": 1.0, "gpu_index": 5},
+    ]
+    (tmp_path / "scratch" / "steps.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tails = [sources.tails() for _ in range(GLOB_EVERY_TICKS)][-1]
+    [tail] = tails
+    assert [r.rank for r in tail.read()] == [0]  # another node's rank, a GPU not the job's here: left out
+    sources.assign({})
+    assert sources.tails() == []
