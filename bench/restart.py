@@ -25,7 +25,8 @@ memory when ready), `peak_rss_mb` (VmHWM: the most it held on the way), `replaye
 until ready), `restored` (it started from its snapshot) and `snapshot_bytes` (saved on stop).
 
 `--before DIR` runs every start also with another checkout (`git archive COMMIT | tar -x -C DIR`),
-side by side (the same store; each checkout's first start makes its own snapshot). `--store DIR`
+side by side (the same store; each checkout's first start makes its own snapshot; `--before-user
+admin` for a release older than the generated users). `--store DIR`
 keeps the filled JetStream store (and its users' passwords) in DIR/<history>-<jobs> and reuses it:
 a 1,000,000-job fill is about 4 M events. `--jobs N` sets both histories' job counts (a quick run).
 Prints one JSON object per fill and per start.
@@ -256,9 +257,12 @@ def new_build(code: Path, into: Path) -> Path:
     return into
 
 
-def starts(service: str, server: SecuredNatsServer, code: Path, args: argparse.Namespace) -> Iterator[dict[str, Any]]:
-    """First start, same-build restart, new-build restart, with `--tail` jobs finishing before each restart."""
-    url = server.url_for(service)
+def starts(
+    service: str, server: SecuredNatsServer, code: Path, args: argparse.Namespace, user: str = ""
+) -> Iterator[dict[str, Any]]:
+    """First start, same-build restart, new-build restart, with `--tail` jobs finishing before each
+    restart; the service logs in as its own NATS user, or as `user`."""
+    url = server.url_for(user or service)
     asyncio.run(forget_snapshot(server.url, service))
     yield {"start": "first", **start_to_ready(service, url, code, args.timeout)}
     asyncio.run(finish_more(server.url, args.tail, args.nodes))
@@ -300,6 +304,13 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=200, help="nodes of 8 GPUs in FLEET (default 200)")
     parser.add_argument("--services", nargs="+", default=["scheduler"], help="services to start (default scheduler)")
     parser.add_argument("--before", type=Path, help="another checkout, run side by side")
+    parser.add_argument(
+        "--before-user",
+        default="",
+        metavar="USER",
+        help="the NATS user the --before checkout's services log in as (default: their own; `admin` for a "
+        "release older than the generated users, whose services the users' permissions refuse)",
+    )
     parser.add_argument("--timeout", type=float, default=1200.0, help="seconds to wait for a service to be ready")
     parser.add_argument("--store", type=Path, help="keep and reuse filled JetStream stores under this directory")
     args = parser.parse_args()
@@ -315,7 +326,8 @@ def main() -> None:
             print(marker.read_text(), flush=True)
             for service in args.services:
                 for label, code in codes.items():
-                    for row in starts(service, server, code, args):
+                    user = args.before_user if label == "before" else ""
+                    for row in starts(service, server, code, args, user):
                         meta = {"history": history.name, "jobs": history.jobs, "service": service, "code": label}
                         load = {"load_avg_1m": round(os.getloadavg()[0], 1)}
                         print(json.dumps({**meta, **row, **load}), flush=True)
