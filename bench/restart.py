@@ -317,7 +317,8 @@ def main() -> None:
     configure_logging("error", json=True)
     codes = {"this": ROOT, **({"before": args.before.resolve()} if args.before else {})}
     for history in histories(args):
-        where = (args.store or Path(tempfile.mkdtemp(prefix="chamber-restart-"))) / f"{history.name}-{history.jobs}"
+        root = args.store or Path(tempfile.mkdtemp(prefix="chamber-restart-"))
+        where = root / f"{history.name}-{history.jobs}"
         where.mkdir(parents=True, exist_ok=True)
         marker = where / "filled.json"
         with secured_server(where) as server:
@@ -332,7 +333,7 @@ def main() -> None:
                         load = {"load_avg_1m": round(os.getloadavg()[0], 1)}
                         print(json.dumps({**meta, **row, **load}), flush=True)
         if args.store is None:
-            shutil.rmtree(where, ignore_errors=True)
+            shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":
