@@ -12,7 +12,9 @@ from services.cli.common import add_nats_option, send_command
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("perf", help="running multi-node jobs: healthy or slow, the culprit and the evidence")
+    p = sub.add_parser(
+        "perf", help="running multi-node jobs: healthy or slow, the culprit and the evidence; jobs moved while slow"
+    )
     add_nats_option(p)
     p.add_argument(
         "job",
@@ -66,9 +68,11 @@ def run_perf(args: argparse.Namespace) -> int:
         part += f" nic {j['nic']}" if j.get("nic") else ""
         culprit = f"  culprit {j['culprit']} {where}{part}" if j.get("culprit") else ""
         culprit += f" ({j['pattern']})" if j.get("pattern") else ""
-        print(f"{j['job']:<24} {j['verdict'].upper():<8} score {j['score']:.2f}  ranks {j['ranks']}{culprit}")
-        if j.get("evidence"):
-            print(f"   {j['evidence']}")
+        score = "" if j.get("score") is None else f" score {j['score']:.2f}  ranks {j['ranks']}"
+        print(f"{j['job']:<24} {j['verdict'].upper():<8}{score}{culprit}")
+        for line in (j.get("evidence"), j.get("moved")):
+            if line:
+                print(f"   {line}")
     return 0
 
 

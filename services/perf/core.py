@@ -49,6 +49,7 @@ from events.jobs import (
 from events.steps import RankStepTimings
 from events.telemetry import NodeInventory, NodeSample
 from services.perf import steps as step_table
+from services.timefmt import iso
 
 WINDOW_S = 5.0  # progress rate window
 WARMUP_S = 10.0  # a job's best needs this much history first
@@ -122,6 +123,26 @@ class Episode:
 
 
 @dataclass
+class Moved:
+    """A slow job the scheduler moved: its episode's outcome, shown by `chamber perf` while the job
+    lives (waiting to resume, then running on its new place) instead of vanishing with the move."""
+
+    episode: int
+    culprit: str  # where the episode blamed ("n3 NIC mlx5_0/1"), "" when it named no part
+    at: float
+    why: str  # the scheduler's reason
+    resumed_on: tuple[str, ...] = ()
+    resumed_at: float | None = None
+
+    def outcome(self) -> str:
+        off = f" off {self.culprit}" if self.culprit else ""
+        moved = f"episode {self.episode}: moved{off} at {iso(self.at)} ({self.why})"
+        if self.resumed_at is None:
+            return f"{moved}; waiting to resume"
+        return f"{moved}; resumed on {', '.join(self.resumed_on)} at {iso(self.resumed_at)}"
+
+
+@dataclass
 class JobTrack:
     job_id: str
     placements: dict[NodeKey, tuple[int, ...]]
@@ -173,6 +194,7 @@ class PerfState:
     closed: dict[str, float] = field(default_factory=dict)  # job -> when its last episode ended
     stopped: dict[str, float] = field(default_factory=dict)  # open episodes of jobs that stopped
     history: dict[str, list[str]] = field(default_factory=dict)  # what happened, for `chamber explain`
+    moved: dict[str, Moved] = field(default_factory=dict)  # jobs moved while slow, until they finish
     node_jobs: dict[NodeKey, set[str]] = field(default_factory=dict)  # index: the jobs running on a node
     addresses: dict[str, NodeKey] = field(default_factory=dict)  # a node's IP -> the node (RAS names hosts)
     dead_pending: dict[str, tuple[NodeKey, DeadPeer]] = field(default_factory=dict)  # fault id -> peer
@@ -213,12 +235,16 @@ def evolve(state: PerfState, event: Event) -> PerfState:
             state.jobs[event.job_id] = JobTrack(event.job_id, placements, started=event.at, t=event.at)
             for key in placements:
                 state.node_jobs.setdefault(key, set()).add(event.job_id)
+            _resumed(state, event.job_id, sorted({node for _, node in placements}), event.at)
         case JobPreempted() | JobSuspended() | JobRequeued() | JobCompleted() | JobFailed() | JobCancelled():
+            if isinstance(event, JobCompleted | JobFailed | JobCancelled):
+                state.moved.pop(event.job_id, None)
             if _untrack(state, event.job_id) is not None and event.job_id in state.episodes:
                 state.stopped[event.job_id] = event.at
-                if isinstance(event, JobRequeued | JobPreempted):
-                    why = getattr(event, "reason", "")
-                    _note(state, event.job_id, f"{event.at:.0f}: moved off its GPUs ({why}); resumes elsewhere")
+                if isinstance(event, JobRequeued):
+                    _moved(state, event.job_id, event.at, event.reason)
+                elif isinstance(event, JobPreempted):
+                    _moved(state, event.job_id, event.at, event.detail or f"preempted ({event.reason.value})")
         case JobSlowdownDetected():
             state.last_episode[event.job_id] = max(event.episode, state.last_episode.get(event.job_id, 0))
             track = state.jobs.get(event.job_id)
@@ -269,6 +295,28 @@ def evolve(state: PerfState, event: Event) -> PerfState:
             elif number is not None and number > state.last_episode.get(job, 0):
                 state.early_confirms.setdefault((job, number), []).append(event.observed_at)
     return state
+
+
+def _moved(state: PerfState, job: str, at: float, why: str) -> None:
+    ep = state.episodes[job]
+    state.moved[job] = Moved(ep.number, _where(ep.culprit), at, why)
+    _note(state, job, f"{at:.0f}: moved off its GPUs ({why}); resumes elsewhere")
+
+
+def _resumed(state: PerfState, job: str, nodes: list[str], at: float) -> None:
+    moved = state.moved.get(job)
+    if moved is not None and moved.resumed_at is None:
+        moved.resumed_on, moved.resumed_at = tuple(nodes), at
+        _note(state, job, f"{at:.0f}: resumed on {', '.join(nodes)} after the move (episode {moved.episode})")
+
+
+def _where(c: Culprit | None) -> str:
+    """The part a culprit names, as a person reads it: `n3 NIC mlx5_0/1`, `n3 GPU 2`, `leaf l1`."""
+    if c is None:
+        return ""
+    part = f"NIC {c.nic}" if c.nic else (f"GPU {c.gpu}" if c.gpu is not None else "")
+    where = " ".join(x for x in (c.node[1] if c.node else "", part) if x)
+    return where or (f"leaf {c.leaf}" if c.leaf else "")
 
 
 def _episode_of(fault_id: str) -> int | None:
@@ -931,9 +979,13 @@ def rank_heat(state: PerfState, job: str) -> dict[str, object] | None:
 
 
 def verdicts(state: PerfState) -> list[dict[str, object]]:
-    """Every tracked job's verdict for `chamber perf` (healthy | slow | phase | warming)."""
+    """Every tracked job's verdict for `chamber perf` (healthy | slow | phase | warming), and each
+    job moved while slow that waits to resume (`moved`); `moved` is that episode's outcome."""
     out: list[dict[str, object]] = []
-    for job in sorted(state.jobs):
+    for job in sorted(set(state.jobs) | set(state.moved)):
+        if job not in state.jobs:
+            out.append(_waiting_row(job, state.moved[job]))
+            continue
         tr, ep = state.jobs[job], state.episodes.get(job)
         c = ep.culprit if ep is not None and ep.culprit is not None else tr.culprit_now()
         out.append(
@@ -952,6 +1004,28 @@ def verdicts(state: PerfState) -> list[dict[str, object]]:
                 "leaf": c.leaf if c else None,
                 "evidence": c.reason if c else "",
                 "since": ep.since if ep is not None else tr.slow_since,
+                "moved": state.moved[job].outcome() if job in state.moved else None,
             }
         )
     return out
+
+
+def _waiting_row(job: str, moved: Moved) -> dict[str, object]:
+    """A job moved while slow, not running yet: its episode stays in view with where it was moved off."""
+    return {
+        "job": job,
+        "verdict": "moved",
+        "score": None,
+        "ranks": 0,
+        "culprit": None,
+        "node": None,
+        "gpu": None,
+        "gpus": [],
+        "culprit_ranks": [],
+        "pattern": "",
+        "nic": None,
+        "leaf": None,
+        "evidence": "",
+        "since": moved.at,
+        "moved": moved.outcome(),
+    }

@@ -61,6 +61,7 @@ from services.scheduler.core.links import DEFAULT_FAULT_MEMORY_S, KEEP_S, LinkHe
 from services.scheduler.core.state import DEFAULT_TOPOLOGY_KEY
 from services.scheduler.jobref import JobRefError, resolve
 from services.scheduler.policy_options import add_policy_arguments, policy_from_args
+from services.scheduler.replay import mark_record
 
 NAME = "scheduler"
 DESCRIPTION = "queue, place, preempt and resume jobs within team quotas"
@@ -172,7 +173,18 @@ class Scheduler:
             self.last_full = now
         self.waiting.update(cycle.waiting)
         if cycle.decisions:
-            log.info("cycle", full=cycle.full, considered=cycle.considered, decisions=len(cycle.decisions))
+            # What `chamber scheduler replay` re-runs this cycle from: the positions folded (the host
+            # decides right after reading them), the time, and the mark the cycle started from.
+            positions = dict(self.host.positions) if self.host is not None else {}
+            log.info(
+                "cycle",
+                positions=positions,
+                at=now,
+                since=mark_record(since),
+                full=cycle.full,
+                considered=cycle.considered,
+                decisions=len(cycle.decisions),
+            )
         return events_for(cycle.decisions, now)
 
     # -- commands: the manifest's verbs (reads answer from the state and the last cycle's why-waiting) --

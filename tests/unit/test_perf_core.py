@@ -119,3 +119,44 @@ def test_without_nccl_ras_the_ranks_nic_traffic_stands_in_for_progress(kind: str
         assert out.detected is None and out.early == []
     else:
         assert out.attributed and out.detection_s is not None and out.detection_s <= 30
+
+
+def test_a_job_moved_while_slow_keeps_its_episode_in_view_with_the_outcome() -> None:
+    """Two 4-node gangs on 8 nodes; gang-a's rank on n3 has a degraded NIC. When the scheduler moves
+    it, `chamber perf` still lists it: moved off n3's NIC, waiting, then resumed on its new nodes."""
+    from events.fabric import JobSlowdownDetected
+    from events.jobs import JobRequeued, JobResumed
+
+    def on(*nodes: str) -> list[Placement]:
+        return [Placement(cluster="c", node=n, gpu_indices=list(range(8))) for n in nodes]
+
+    state = perf.PerfState()
+    perf.evolve(
+        state, JobScheduled(job_id="gang-a", at=0.0, team="t", placements=on("n0", "n1", "n2", "n3"), pool="default")
+    )
+    perf.evolve(
+        state,
+        JobSlowdownDetected(
+            job_id="gang-a", episode=1, at=100.0, since=90.0, culprit=CulpritKind.NIC, score=0.78, confidence=0.8,
+            cluster="c", node="n3", gpu_index=0, nic="mlx5_0/1", reason="NIC trained below its peers",
+        ),
+    )  # fmt: skip
+    why = "moved off degraded hardware (n3 GPU 0: straggler escalated)"
+    perf.evolve(state, JobRequeued(job_id="gang-a", at=200.0, reason=why))
+    [row] = perf.verdicts(state)
+    assert row["verdict"] == "moved"
+    assert row["moved"] == (
+        f"episode 1: moved off n3 NIC mlx5_0/1 at 1970-01-01 00:03:20 UTC ({why}); waiting to resume"
+    )
+    [(cleared, _)] = perf.decide(state, 201.0)  # the episode ends with the move ...
+    perf.evolve(state, cleared)
+    assert [r["verdict"] for r in perf.verdicts(state)] == ["moved"]  # ... and stays in view
+    perf.evolve(state, JobResumed(job_id="gang-a", at=300.0, placements=on("n4", "n5", "n6", "n7"), pool="default"))
+    [row] = perf.verdicts(state)
+    assert row["verdict"] == "warming" and str(row["moved"]).endswith(
+        "; resumed on n4, n5, n6, n7 at 1970-01-01 00:05:00 UTC"
+    )
+    lines = perf.explain_lines(state, "gang-a")
+    assert any("moved off its GPUs" in line for line in lines) and any("resumed on n4" in line for line in lines)
+    perf.evolve(state, JobCompleted(job_id="gang-a", at=400.0))
+    assert perf.verdicts(state) == []
