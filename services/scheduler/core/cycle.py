@@ -103,6 +103,7 @@ class CycleContext:
     searched: set[tuple[str, str, int]] = field(default_factory=set)  # (pool, team, priority) heads that searched
     guard_at: float = math.inf  # when the next queued job becomes protected
     considered: int = 0
+    guard_per_key: bool = False  # phase 2 follows guard_at key by key (a cycle that may stop early)
     bound: float | None = field(init=False)  # policy.starvation_bound_s
     # Set by phase 1 once the displaced jobs are back in the queue (they count as queued now).
     queued_since: Callable[[str], float] = field(init=False)
@@ -154,17 +155,30 @@ def phase1_heads(ctx: CycleContext) -> Iterable[QueueKey]:
     ctx.queued_since = _queued_since(state, ctx.requeued, ctx.now)
     ctx.order = ORDERINGS[ctx.policy.order](ctx.policy, ctx.queued_since, ctx.now)
     if ctx.policy.head_of_line:
+        ctx.guard_per_key = True  # the cycle stops at a blocked head: only the keys it reaches count
         return _first_come_first_served(state, ctx.requeued, ctx.policy, ctx.waiting)
     if ctx.full or since is None:
         keys = [*state.queue(), *(state.queue_key(j) for j in ctx.requeued.values())]
-        return sorted_queue(ctx.policy, keys, _since_column(ctx, keys), ctx.now)
+        return _in_order(ctx, keys)
     jobs = state.jobs
     new = set(state.pending_log[since.pending_seq :])
     ctx.reservations = dict(since.reservations)
     ctx.starving = {pool: j for pool, j in since.starving if j in jobs and jobs[j].state in QUEUED}
     # a job that joined and finished since may have left memory already (state.retention_s)
     keys = [state.queue_key(job) for j in new if (job := jobs.get(j)) is not None and job.state in QUEUED]
-    return sorted_queue(ctx.policy, keys, _since_column(ctx, keys), ctx.now)
+    return _in_order(ctx, keys)
+
+
+def _in_order(ctx: CycleContext, keys: list[QueueKey]) -> list[QueueKey]:
+    """The keys in the policy's order. Every one of them is considered (nothing stops the cycle
+    early), so when the next of them becomes protected is found here, for all at once."""
+    since = _since_column(ctx, keys)
+    if ctx.bound is not None:
+        now, bound = ctx.now, ctx.bound
+        # the same sums as policy.protected_since's, per job
+        at = min((p for t in since if (p := t + bound) > now), default=math.inf)
+        ctx.guard_at = min(ctx.guard_at, at)
+    return sorted_queue(ctx.policy, keys, since, ctx.now)
 
 
 def _queued_since(state: SchedulerState, requeued: dict[str, Job], now: float) -> Callable[[str], float]:
@@ -230,16 +244,12 @@ def _move_or_stay(ctx: CycleContext, job: Job, out: list[str], faults: tuple[str
 
 # -- 2. nominate ------------------------------------------------------------------------------
 def phase2_nominate(ctx: CycleContext, key: QueueKey) -> Candidate | Wait:
-    """The checks before placement: pool, budget, the answer for its shape so far this cycle,
+    """The checks before placement: the answer for its shape so far this cycle, pool, budget,
     critical permission, the pool's backfill reservation, then the team's quota."""
-    state, work, now, policy = ctx.state, ctx.work, ctx.now, ctx.policy
-    job = state.jobs[key[3]]
+    job = ctx.state.jobs[key[3]]
     spec = job.spec
-    # policy.protected_since, inlined: this runs for every queued job
-    since = now if job.id in ctx.requeued else job.queued_since
-    protected_at = None if ctx.bound is None else since + ctx.bound
-    if protected_at is not None and protected_at > now and protected_at < ctx.guard_at:
-        ctx.guard_at = protected_at
+    if ctx.guard_per_key:
+        _note_protected(ctx, job)
     # key[0] is the priority's rank (cheaper to hash than the enum)
     shape = (
         job.pool,
@@ -255,6 +265,26 @@ def phase2_nominate(ctx: CycleContext, key: QueueKey) -> Candidate | Wait:
     # this cycle (it passed the pool and budget checks, which depend only on the shape's pool and team).
     if (same := ctx.failed.get(shape)) is not None:
         return same
+    return _checks(ctx, key, job, shape)
+
+
+def _protected_at(ctx: CycleContext, job: Job) -> float | None:
+    """policy.protected_since, inlined: when the job is (or will be) protected by the starvation guard."""
+    if ctx.bound is None:
+        return None
+    return (ctx.now if job.id in ctx.requeued else job.queued_since) + ctx.bound
+
+
+def _note_protected(ctx: CycleContext, job: Job) -> None:
+    protected_at = _protected_at(ctx, job)
+    if protected_at is not None and ctx.now < protected_at < ctx.guard_at:
+        ctx.guard_at = protected_at
+
+
+def _checks(ctx: CycleContext, key: QueueKey, job: Job, shape: Shape) -> Candidate | Wait:
+    """Nomination's checks after the shape's answer: each may end the job's turn with a wait."""
+    state, now, policy, spec = ctx.state, ctx.now, ctx.policy, job.spec
+    protected_at = _protected_at(ctx, job)
     if job.pool != DEFAULT_POOL and job.pool not in state.pools:
         return Wait(WaitKind.POOL, f"pool {job.pool} is not defined (define it with `chamber quota pool set`)")
     if state.budgets and (hold := budget_held(state, job, now)) is not None:
@@ -273,7 +303,7 @@ def phase2_nominate(ctx: CycleContext, key: QueueKey) -> Candidate | Wait:
     # GPUs that free up go to the protected jobs, and whole nodes can free for whole-node jobs
     # (issue 19: low's tail on the ITP trace).
     starved_by = None if protected or exempt else ctx.starving.get(job.pool)
-    block = quota.block(work, job)
+    block = quota.block(ctx.work, job)
     return Candidate(job, key, shape, res, exempt, via_extra, block, protected_at, starved_by)
 
 

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Iterator
 from events import PreemptionReason, PriorityClass
 from services.scheduler.core import placement, quota
 from services.scheduler.core.policy import RANKS
-from services.scheduler.core.state import Job
+from services.scheduler.core.state import Job, derived
 from services.scheduler.core.work import Usage, Work
 
 CRITICAL_RANK = PriorityClass.CRITICAL.rank
@@ -150,55 +150,54 @@ def _in_order(work: Work, pool: str, team: str, rank: int, reclaim: bool, urgent
             if eligible(team, rank, t, r, reclaim=reclaim, victim_borrowing=borrowing, urgent=urgent):
                 by_class.setdefault((0 if borrowing else 1, -r), []).append((t, r))
     for key in sorted(by_class):
-        lists = [_group(work, pool, t, r) for t, r in sorted(by_class[key])]
-        if len(lists) == 1:
-            yield from lists[0]
-        else:
-            lost = work.lost
-            yield from heapq.merge(*lists, key=lambda v: (lost[v.id], v.id))
+        walks = [_group(work, pool, t, r) for t, r in sorted(by_class[key])]
+        # (cost, id, job): ids are unique, so jobs are never compared
+        for _, _, v in walks[0] if len(walks) == 1 else heapq.merge(*walks):
+            yield v
 
 
 class Walk:
-    """Running jobs in (victim cost, id) order, ordered only as far as the walks have read: a heap
-    (built in linear time) popped into `done` on demand. A search usually stops after a few jobs of
-    its first group, so most of a large group is never sorted."""
+    """Running jobs as (victim cost, id, job), in that order, ordered only as far as the walks have
+    read: a heap (built in linear time) popped into `done` on demand. A search usually stops after a
+    few jobs of its first group, so most of a large group is never sorted."""
 
     def __init__(self, items: list[tuple[float, str, Job]]) -> None:
         heapq.heapify(items)
         self.heap = items
-        self.done: list[Job] = []
+        self.done: list[tuple[float, str, Job]] = []
 
-    def __iter__(self) -> Iterator[Job]:
+    def __iter__(self) -> Iterator[tuple[float, str, Job]]:
         done, heap = self.done, self.heap
         i = 0
         while i < len(done) or heap:
             if i == len(done):
-                done.append(heapq.heappop(heap)[2])
+                done.append(heapq.heappop(heap))
             yield done[i]
             i += 1
 
 
 def _group(work: Work, pool: str, team: str, rank: int) -> Walk:
-    """Running preemptible jobs of one team and priority, least `victim_cost` first. A team's jobs
-    are split by priority once per cycle; a group's costs are computed when a walk first reaches it."""
-    key = (pool, team)
-    groups = work.groups.get(key)
-    if groups is None:
-        groups = work.groups[key] = [[] for _ in RANKS]
-        jobs = work.s.jobs
-        for jid in work.s.running.get(key, ()):
-            v = jobs[jid]
-            if v.spec.preemptible:
-                groups[v.spec.priority.rank].append(v)
+    """Running preemptible jobs of one team and priority, least `victim_cost` first (the state keeps
+    them grouped; a group's costs are computed when a walk first reaches it in a cycle)."""
     walk = work.walks.get((pool, team, rank))
     if walk is None:
-        now, lost = work.now, work.lost
-        items = []
-        for v in groups[rank]:
-            cost = lost[v.id] = lost_work_gpu_s(v, now) * (1 + v.preemptions)  # victim_cost, inlined
-            items.append((cost, v.id, v))
-        walk = work.walks[(pool, team, rank)] = Walk(items)
+        members = derived(work.s).victim_groups(work.s.jobs).get((pool, team, rank), {})
+        walk = work.walks[(pool, team, rank)] = Walk(_costs(members, work.now))
     return walk
+
+
+def _costs(members: dict[str, Job], now: float) -> list[tuple[float, str, Job]]:
+    """(victim_cost, id, job) of each job, `victim_cost` inlined (the same float operations in
+    the same order): a search reads every member of the groups it reaches."""
+    items = []
+    for jid, v in members.items():
+        since = v.started_at if v.started_at is not None else v.running_since
+        elapsed = max(0.0, now - since) if since is not None else 0.0
+        interval = v.spec.checkpoint_interval_s
+        if interval:
+            elapsed = elapsed % interval
+        items.append((elapsed * v.gpus * (1 + v.preemptions), jid, v))
+    return items
 
 
 def _reason(work: Work, job: Job, victim: Job, usage: Usage, reclaim: bool) -> PreemptionReason | None:

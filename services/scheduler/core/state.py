@@ -155,6 +155,49 @@ class Node:
         return self._model
 
 
+class Derived:
+    """Indexes derived from the state's facts for the cycle's hot paths, kept by the fold once a
+    cycle first asks for them (`derived(state)`). Never saved: it pickles empty, so a snapshot holds
+    facts only and a loaded state builds these again on first use."""
+
+    def __init__(self) -> None:
+        # (pool, team, priority rank) -> running preemptible jobs: the preemption search's groups
+        self.victims: dict[tuple[str, str, int], dict[str, Job]] | None = None
+
+    def __reduce__(self) -> tuple[type[Derived], tuple[()]]:
+        return (Derived, ())
+
+    def victim_groups(self, jobs: dict[str, Job]) -> dict[tuple[str, str, int], dict[str, Job]]:
+        if self.victims is None:
+            self.victims = {}
+            for job in jobs.values():
+                if job.state == JobState.RUNNING:
+                    self.add_running(job)
+        return self.victims
+
+    def add_running(self, job: Job) -> None:
+        if self.victims is not None and job.spec.preemptible:
+            self.victims.setdefault((job.pool, job.spec.team, job.spec.priority.rank), {})[job.id] = job
+
+    def drop_running(self, job: Job) -> None:
+        if self.victims is not None and job.spec.preemptible:
+            self.victims.get((job.pool, job.spec.team, job.spec.priority.rank), {}).pop(job.id, None)
+
+
+def derived(state: SchedulerState) -> Derived:
+    """The state's derived indexes (an attribute outside the dataclass's fields: the snapshot's
+    format, which names the fields, stays the same)."""
+    found = state.__dict__.get("_derived")
+    if found is None:
+        found = state.__dict__["_derived"] = Derived()
+    return found
+
+
+def _derived_if_built(state: SchedulerState) -> Derived | None:
+    found: Derived | None = state.__dict__.get("_derived")
+    return found
+
+
 class PendingLog:
     """Job ids in the order they (re)entered the queue, indexed from the start of history (a cycle
     mark keeps an index into it). `trim` drops what is held; the caller bumps the capacity epoch
@@ -381,6 +424,8 @@ def _hold(
     s.usage[key] = s.usage.get(key, 0) + job.gpus
     s.running.setdefault(key, set()).add(job.id)
     s._add_end(job)
+    if (index := _derived_if_built(s)) is not None:
+        index.add_running(job)
     if job.spec.preemptible:
         pkey = (job.pool, job.spec.team, job.spec.priority.rank)
         s.preemptible[pkey] = s.preemptible.get(pkey, 0) + job.gpus
@@ -408,6 +453,8 @@ def _release(s: SchedulerState, job: Job) -> None:
     s.usage[key] = s.usage.get(key, 0) - job.gpus
     s.running.get(key, set()).discard(job.id)
     s._drop_end(job)
+    if (index := _derived_if_built(s)) is not None:
+        index.drop_running(job)
     if job.spec.preemptible:
         pkey = (job.pool, job.spec.team, job.spec.priority.rank)
         s.preemptible[pkey] = s.preemptible.get(pkey, 0) - job.gpus

@@ -37,8 +37,6 @@ class Work:
         self._classes: dict[tuple[str, str | None, str | None, str | None], list[int]] = {}
         self._pool_classes: dict[str, list[int]] = {}
         # per-cycle caches of the preemption phase (see preemption.py)
-        self.groups: dict[tuple[str, str], list[list[Job]]] = {}
-        self.lost: dict[str, float] = {}  # preemption.victim_cost per job
         self.walks: dict[tuple[str, str, int], Walk] = {}  # per (pool, team, priority), see preemption.py
         # link health (placement.py): nodes gangs should avoid now, and what placement says about it
         self._avoid: dict[int, str] | None = None
