@@ -63,16 +63,44 @@ def schedule(state: SchedulerState, now: float, since: CycleMark | None = None, 
     state.capacity.begin()
     try:
         ctx = CycleContext(state, work, now, policy, full, since)
-        for key in phase1_heads(ctx):
-            ctx.considered += 1
-            found = phase2_nominate(ctx, key)
-            if isinstance(found, Wait):
-                ctx.waiting[key[3]] = found.text
-            elif not phase3_admit(ctx, found):
-                phase4_requeue(ctx, found)
+        _turns(ctx, phase1_heads(ctx))
         return ctx.result()
     finally:
         state.capacity.end()
+
+
+def _turns(ctx: CycleContext, keys: Iterable[QueueKey]) -> None:
+    """Each queued job's turn, in order: phases 2 to 4. Phase 2's first check is made here, as
+    most jobs of a long queue end at it: a job of the same shape already found no room this cycle
+    (it passed the pool and budget checks, which depend only on the shape's pool and team)."""
+    jobs, failed, waiting, per_key = ctx.state.jobs, ctx.failed, ctx.waiting, ctx.guard_per_key
+    considered = 0
+    for key in keys:
+        considered += 1
+        job = jobs[key[3]]
+        if per_key:
+            _note_protected(ctx, job)
+        spec = job.spec
+        # key[0] is the priority's rank (cheaper to hash than the enum)
+        shape = (
+            job.pool,
+            spec.team,
+            key[0],
+            spec.gpu_model,
+            spec.cluster,
+            spec.gpus_per_replica,
+            spec.replicas,
+            spec.preemptible,
+        )
+        if (same := failed.get(shape)) is not None:
+            waiting[key[3]] = same.text
+            continue
+        found = phase2_nominate(ctx, key, job, shape)
+        if isinstance(found, Wait):
+            waiting[key[3]] = found.text
+        elif not phase3_admit(ctx, found):
+            phase4_requeue(ctx, found)
+    ctx.considered = considered
 
 
 def _displaced_changed(state: SchedulerState, since: CycleMark) -> bool:
@@ -243,46 +271,9 @@ def _move_or_stay(ctx: CycleContext, job: Job, out: list[str], faults: tuple[str
 
 
 # -- 2. nominate ------------------------------------------------------------------------------
-def phase2_nominate(ctx: CycleContext, key: QueueKey) -> Candidate | Wait:
-    """The checks before placement: the answer for its shape so far this cycle, pool, budget,
-    critical permission, the pool's backfill reservation, then the team's quota."""
-    job = ctx.state.jobs[key[3]]
-    spec = job.spec
-    if ctx.guard_per_key:
-        _note_protected(ctx, job)
-    # key[0] is the priority's rank (cheaper to hash than the enum)
-    shape = (
-        job.pool,
-        spec.team,
-        key[0],
-        spec.gpu_model,
-        spec.cluster,
-        spec.gpus_per_replica,
-        spec.replicas,
-        spec.preemptible,
-    )
-    # First, as most jobs of a long queue end here: a job of the same shape already found no room
-    # this cycle (it passed the pool and budget checks, which depend only on the shape's pool and team).
-    if (same := ctx.failed.get(shape)) is not None:
-        return same
-    return _checks(ctx, key, job, shape)
-
-
-def _protected_at(ctx: CycleContext, job: Job) -> float | None:
-    """policy.protected_since, inlined: when the job is (or will be) protected by the starvation guard."""
-    if ctx.bound is None:
-        return None
-    return (ctx.now if job.id in ctx.requeued else job.queued_since) + ctx.bound
-
-
-def _note_protected(ctx: CycleContext, job: Job) -> None:
-    protected_at = _protected_at(ctx, job)
-    if protected_at is not None and ctx.now < protected_at < ctx.guard_at:
-        ctx.guard_at = protected_at
-
-
-def _checks(ctx: CycleContext, key: QueueKey, job: Job, shape: Shape) -> Candidate | Wait:
-    """Nomination's checks after the shape's answer: each may end the job's turn with a wait."""
+def phase2_nominate(ctx: CycleContext, key: QueueKey, job: Job, shape: Shape) -> Candidate | Wait:
+    """The checks before placement (after the answer for its shape so far this cycle, `_turns`):
+    pool, budget, critical permission, the pool's backfill reservation, then the team's quota."""
     state, now, policy, spec = ctx.state, ctx.now, ctx.policy, job.spec
     protected_at = _protected_at(ctx, job)
     if job.pool != DEFAULT_POOL and job.pool not in state.pools:
@@ -305,6 +296,19 @@ def _checks(ctx: CycleContext, key: QueueKey, job: Job, shape: Shape) -> Candida
     starved_by = None if protected or exempt else ctx.starving.get(job.pool)
     block = quota.block(ctx.work, job)
     return Candidate(job, key, shape, res, exempt, via_extra, block, protected_at, starved_by)
+
+
+def _protected_at(ctx: CycleContext, job: Job) -> float | None:
+    """policy.protected_since, inlined: when the job is (or will be) protected by the starvation guard."""
+    if ctx.bound is None:
+        return None
+    return (ctx.now if job.id in ctx.requeued else job.queued_since) + ctx.bound
+
+
+def _note_protected(ctx: CycleContext, job: Job) -> None:
+    protected_at = _protected_at(ctx, job)
+    if protected_at is not None and ctx.now < protected_at < ctx.guard_at:
+        ctx.guard_at = protected_at
 
 
 # -- 3. admit ---------------------------------------------------------------------------------
