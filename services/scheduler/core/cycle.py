@@ -30,7 +30,7 @@ from services.scheduler.core import backfill, placement, preemption, quota
 from services.scheduler.core.budget import held as budget_held
 from services.scheduler.core.decisions import Admit, Cycle, CycleMark, Decision, Preempt, Requeue, Reservation
 from services.scheduler.core.degraded import only_degraded, out_of_service, stay_note
-from services.scheduler.core.policy import CHAMBER, ORDERINGS, Order, Policy, QueueKey, sorted_queue
+from services.scheduler.core.policy import CHAMBER, ORDERINGS, Order, OrderKey, Policy, QueueKey, sorted_queue
 from services.scheduler.core.pools import DEFAULT_POOL
 from services.scheduler.core.preemption import Victims, lost_work_gpu_s
 from services.scheduler.core.state import QUEUED, Job, JobState, SchedulerState, estimate_s
@@ -136,11 +136,26 @@ class CycleContext:
     # Set by phase 1 once the displaced jobs are back in the queue (they count as queued now).
     queued_since: Callable[[str], float] = field(init=False)
     order: Order = field(init=False)
+    reserved_order: dict[QueueKey, OrderKey] = field(default_factory=dict)  # reserved jobs' places in the order
 
     def __post_init__(self) -> None:
         self.bound = self.policy.starvation_bound_s
         if self.since is not None and not self.full:
             self.guard_at = self.since.guard_at
+
+    def ahead(self, res: Reservation, key: QueueKey) -> bool:
+        """The reserved job comes before `key` in the queue (its order computed once per cycle)."""
+        return self._reserved_order(res) < self.order(key)
+
+    def behind(self, res: Reservation, key: QueueKey) -> bool:
+        """`key` comes before the reserved job in the queue."""
+        return self.order(key) < self._reserved_order(res)
+
+    def _reserved_order(self, res: Reservation) -> OrderKey:
+        found = self.reserved_order.get(res.key)
+        if found is None:
+            found = self.reserved_order[res.key] = self.order(res.key)
+        return found
 
     def wait(self, jid: str, wait: Wait) -> None:
         self.waiting[jid] = wait.text
@@ -285,7 +300,10 @@ def phase2_nominate(ctx: CycleContext, key: QueueKey, job: Job, shape: Shape) ->
     res = ctx.reservations.get(job.pool)
     # Critical work (rare, and a per-team permission) is never held back by a reservation.
     exempt = spec.priority == PriorityClass.CRITICAL
-    behind, via_extra = (None, False) if exempt else backfill.check(res, job, key, now, ctx.order)
+    if res is None or exempt or not ctx.ahead(res, key):
+        behind, via_extra = None, False
+    else:
+        behind, via_extra = backfill.check(res, job, now)
     if behind is not None:
         return Wait(WaitKind.BACKFILL, behind)
     protected = protected_at is not None and protected_at <= now
@@ -362,7 +380,7 @@ def _placed_why(ctx: CycleContext, c: Candidate, spot: Spot) -> str:
         why += f", borrowing {borrowed} idle GPUs of pool {job.pool}"
     if lent := quota.lent_to(work, job):
         why += f" ({lent} on idle guarantees lent to non-preemptible work: returned by draining, not preemption)"
-    if res is not None and ctx.order(res.key) < ctx.order(c.key):
+    if res is not None and ctx.ahead(res, c.key):
         why += (
             f"; critical: started ahead of {res.job_id}, which has GPUs reserved"
             if c.exempt
@@ -456,7 +474,7 @@ def _capacity_wait(ctx: CycleContext, c: Candidate, guard: str) -> Wait | None:
         ctx.starving.setdefault(job.pool, job.id)
     kind = c.block.kind if c.block is not None else WaitKind.CAPACITY
     res = c.res
-    if policy.backfill and fits_ever and (res is None or ctx.order(c.key) < ctx.order(res.key)):
+    if policy.backfill and fits_ever and (res is None or ctx.behind(res, c.key)):
         new_res = backfill.reservation(work, job, c.key)  # never reserved for what cannot fit
         if new_res is not None:
             ctx.reservations[job.pool] = new_res
