@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable, Iterator
+from itertools import tee
 
 from events import PreemptionReason, PriorityClass
 from services.scheduler.core import placement, quota
@@ -124,12 +125,13 @@ def select(work: Work, job: Job) -> Victims | None:
     try:
         if job.spec.replicas == 1 and job.gpus <= cap.max_gpus:
             return _free_one_node(work, job, candidates, classes, usage, reclaim)
-        ordered = list(candidates)
+        # Read twice, each time only as far as needed: tee keeps what the first reading took.
+        first, second = tee(candidates)
         if job.gpus <= cap.max_gpus:
-            found = _free_one_node(work, job, ordered, classes, usage, reclaim)
+            found = _free_one_node(work, job, first, classes, usage, reclaim)
             if found is not None:
                 return found
-        return _free_nodes_for_gang(work, job, ordered, classes, usage, reclaim)
+        return _free_nodes_for_gang(work, job, second, classes, usage, reclaim)
     finally:
         cap.rollback(mark)
 
@@ -171,9 +173,22 @@ class Walk:
         i = 0
         while i < len(done) or heap:
             if i == len(done):
+                if i >= _POPS_BEFORE_SORT:
+                    self.finish()  # a long walk: one sort in C beats a pop per job
+                    continue
                 done.append(heapq.heappop(heap))
             yield done[i]
             i += 1
+
+    def finish(self) -> list[tuple[float, str, Job]]:
+        """Every job, in order (the rest of the heap sorted at once)."""
+        if self.heap:
+            self.done.extend(sorted(self.heap))
+            self.heap.clear()
+        return self.done
+
+
+_POPS_BEFORE_SORT = 32
 
 
 def _group(work: Work, pool: str, team: str, rank: int) -> Walk:

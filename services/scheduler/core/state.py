@@ -391,6 +391,10 @@ def _hold(
 ) -> None:
     if job.state not in QUEUED:
         return  # a duplicate or stale decision: the job already runs or has finished
+    # The cycle's indexes of running work are built here, once (before this job runs), and kept
+    # from then on, so no cycle pays for building them.
+    s.running_ends(job.pool)
+    derived(s).victim_groups(s.jobs)
     s._dequeue(job)
     job.pool = pool  # the pool the decision was made in, whatever the quota state is at this point of the fold
     job.pool_fixed = True
