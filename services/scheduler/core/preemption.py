@@ -215,19 +215,30 @@ def _costs(members: dict[str, Job], now: float) -> list[tuple[float, str, Job]]:
     return items
 
 
-def _reason(work: Work, job: Job, victim: Job, usage: Usage, reclaim: bool) -> PreemptionReason | None:
-    """Why this victim may be preempted, judging its team's borrowing by `usage` (the search's
-    running count: reclaim stops once the victim's team is back within its guarantee)."""
-    vt = victim.spec.team
-    return eligible(
-        job.spec.team,
-        job.spec.priority.rank,
-        vt,
-        victim.spec.priority.rank,
-        reclaim=reclaim,
-        victim_borrowing=quota.borrowing(work, job.pool, vt, usage),
-        urgent=not job.spec.preemptible,
-    )
+class _Reasons:
+    """Why a victim may be preempted by `job`, judging its team's borrowing by `held` (the search's
+    running count of what the team holds: reclaim stops once it is back within its guarantee).
+    A search asks for every job it walks, so the answers are kept per (team, priority, borrowing)."""
+
+    def __init__(self, work: Work, job: Job, reclaim: bool) -> None:
+        self.work, self.job, self.reclaim = work, job, reclaim
+        self.known: dict[tuple[str, int, bool], PreemptionReason | None] = {}
+
+    def __call__(self, victim: Job, held: int) -> PreemptionReason | None:
+        job, vt = self.job, victim.spec.team
+        key = (vt, victim.spec.priority.rank, held > self.work.guarantee(job.pool, vt))
+        if key in self.known:
+            return self.known[key]
+        found = self.known[key] = eligible(
+            job.spec.team,
+            job.spec.priority.rank,
+            vt,
+            key[1],
+            reclaim=self.reclaim,
+            victim_borrowing=key[2],
+            urgent=not job.spec.preemptible,
+        )
+        return found
 
 
 def _free_one_node(
@@ -236,6 +247,7 @@ def _free_one_node(
     """Walk victims in order, counting what each node would free; the first node with room
     (and quota) wins: its victims are the cheapest that make the job fit on one node."""
     slots, nodes = work.cap.slots, work.s.nodes
+    reasons = _Reasons(work, job, reclaim)
     freed: dict[int, int] = {}
     chosen: dict[int, Victims] = {}
     delta: dict[int, Usage] = {}
@@ -247,8 +259,7 @@ def _free_one_node(
                 continue
             local = delta.setdefault(nid, {})
             vkey = (v.pool, v.spec.team)
-            seen = usage.get(vkey, 0) + local.get(vkey, 0)
-            reason = _reason(work, job, v, {vkey: seen}, reclaim)
+            reason = reasons(v, usage.get(vkey, 0) + local.get(vkey, 0))
             if reason is None:
                 continue
             local[vkey] = local.get(vkey, 0) - v.gpus
@@ -286,10 +297,11 @@ def _free_nodes_for_gang(
     freed: dict[int, int] = {}
     on_node: dict[int, list[Job]] = {}
     reasons: dict[str, PreemptionReason] = {}
+    may = _Reasons(work, job, reclaim)
     local = dict(usage)
     got = 0
     for v in candidates:
-        reason = _reason(work, job, v, local, reclaim)
+        reason = may(v, local.get((job.pool, v.spec.team), 0))
         if reason is None:
             continue
         reasons[v.id] = reason
