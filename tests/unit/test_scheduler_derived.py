@@ -3,7 +3,7 @@ saved: a state loaded from a snapshot builds them again and decides the same."""
 
 from __future__ import annotations
 
-from events import JobCancelled
+from events import GpuIsolated, JobCancelled
 from services.scheduler.core import schedule
 from services.scheduler.core.state import Derived, derived
 from services.scheduler.service import snapshot_codec
@@ -44,3 +44,14 @@ def test_a_loaded_snapshot_rebuilds_them_and_decides_the_same() -> None:
     loaded = codec.decode(codec.encode(d.state))
     assert derived(loaded).victims is None  # not in the snapshot
     assert schedule(loaded, 30).decisions == decided.decisions
+
+
+def test_the_capacity_index_after_admissions_is_what_recomputing_each_node_gives() -> None:
+    d = a_busy_fleet()  # admissions folded take their GPUs off the index without recomputing the node
+    d.given(GpuIsolated(cluster="c1", node="n2", gpu_index=7, at=11, reason="xid"))
+    d.given(a_job("urgent", gpus=2, priority="high", at=20))
+    d.cycle(now=30)
+    kept = d.state.capacity.digest()
+    for node in d.state.node_by_id:
+        d.state.refresh_node(node)
+    assert d.state.capacity.digest() == kept

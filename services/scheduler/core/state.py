@@ -412,18 +412,22 @@ def _hold(
         if node is None:
             s.claims.setdefault((p.cluster, p.node), {}).update(dict.fromkeys(p.gpu_indices, job.id))
             continue
+        clean = node.in_service
         for i in p.gpu_indices:
             if i in node.owners:
-                conflict = True  # never give a GPU to two jobs: this job gets requeued instead
+                conflict, clean = True, False  # never give a GPU to two jobs: this job gets requeued instead
                 continue
             # Held even when out of service (the decision may predate the fault in another stream):
             # the holder is displaced and requeued, exactly as when the fault is folded second.
             node.owners[i] = job.id
             if i not in node.gpus or i in node.bad_gpus:
-                conflict = True
+                conflict, clean = True, False
         if not node.in_service:
             conflict = True
-        s.refresh_node(node)
+        if clean:  # the slot less these GPUs: what refresh_node computes, without recomputing the node
+            s.capacity.take_exact(node.nid, p.gpu_indices)
+        else:
+            s.refresh_node(node)
     key = (job.pool, job.spec.team)
     s.usage[key] = s.usage.get(key, 0) + job.gpus
     s.running.setdefault(key, set()).add(job.id)
