@@ -7,6 +7,8 @@ sizes (1-8 GPUs on one node, gangs of 2-4 x 8) and priorities. Measures:
 - incremental_p50_ms / p99_ms: one cycle (plus folding) after a single submit or a single completion
   (the state loaded so far is frozen out of the garbage collector first, as the service does).
 `*_cpu_*`: the same from this process's CPU time, less moved by other work on a shared machine.
+`decisions_sha256` hashes every decision and wait of every cycle: two checkouts that decide alike
+print the same (the summary says whether they do).
 Prints one JSON object; with `--before DIR` (another checkout, e.g. `git archive 3993ac3 | tar -x -C
 DIR`) runs both, alternating, each in its own process, and adds a summary with after/before ratios.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import hashlib
 import json
 import os
 import random
@@ -42,6 +45,7 @@ PRIORITIES = [PriorityClass.CRITICAL, PriorityClass.HIGH, PriorityClass.NORMAL, 
 ROOT = Path(__file__).resolve().parents[1]
 METRICS = (
     "placements_per_s",
+    "placements_per_cpu_s",
     "incremental_p50_ms",
     "incremental_p99_ms",
     "incremental_cpu_p50_ms",
@@ -82,11 +86,13 @@ def run(nodes: int, jobs: int, teams: int, samples: int, seed: int) -> dict[str,
         evolve(state, a_job(rng, i, teams, at=float(i) / 1000))
 
     now = 100.0
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     cycle = schedule(state, now)
     for event, _ in events_for(cycle.decisions, now):
         evolve(state, event)
-    full_s = time.perf_counter() - t0
+    full_s, full_cpu_s = time.perf_counter() - t0, time.process_time() - c0
+    digest = hashlib.sha256()
+    _fold_into(digest, cycle)
     placed = sum(1 for d in cycle.decisions if type(d).__name__ == "Admit")
     mark = cycle.mark
     # As the service does once it has replayed the log: move the long-lived state out of the
@@ -112,6 +118,7 @@ def run(nodes: int, jobs: int, teams: int, samples: int, seed: int) -> dict[str,
         latencies.append((time.perf_counter() - t1) * 1000)
         cpu.append((time.process_time() - c1) * 1000)
         mark = cycle.mark
+        _fold_into(digest, cycle)
     latencies.sort()
     cpu.sort()
     pending = sum(1 for j in state.jobs.values() if j.state.value in ("pending", "suspended"))
@@ -123,13 +130,22 @@ def run(nodes: int, jobs: int, teams: int, samples: int, seed: int) -> dict[str,
         "still_pending": pending,
         "first_cycle_s": round(full_s, 3),
         "placements_per_s": round(placed / full_s, 1),
+        "first_cycle_cpu_s": round(full_cpu_s, 3),
+        "placements_per_cpu_s": round(placed / full_cpu_s, 1),
         "incremental_samples": samples,
         "incremental_p50_ms": round(statistics.median(latencies), 2),
         "incremental_p99_ms": round(latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))], 2),
         "incremental_max_ms": round(latencies[-1], 2),
         "incremental_cpu_p50_ms": round(statistics.median(cpu), 2),
         "incremental_cpu_p99_ms": round(_p99(cpu), 2),
+        "decisions_sha256": digest.hexdigest(),
     }
+
+
+def _fold_into(digest: Any, cycle: Any) -> None:
+    """Add a cycle's decisions and waits (in order) to the running hash (outside the timed part)."""
+    digest.update(repr(cycle.decisions).encode())
+    digest.update(repr(sorted(cycle.waiting.items())).encode())
 
 
 def _p99(values: list[float]) -> float:
@@ -151,11 +167,13 @@ def side_by_side(before: Path, args: argparse.Namespace) -> None:
             print(json.dumps(result), flush=True)
     summary: dict[str, Any] = {"summary": "scheduler", "rounds": args.rounds}
     for metric in METRICS:
-        higher_is_better = metric == "placements_per_s"
+        higher_is_better = metric.startswith("placements_per")
         pick = max if higher_is_better else min  # the least disturbed run
         best = {label: pick(float(r[metric]) for r in rs) for label, rs in runs.items()}
         summary[metric] = best
         summary[f"{metric}_ratio"] = round(best["after"] / best["before"], 2) if best["before"] else None
+    digests = {r["decisions_sha256"] for rs in runs.values() for r in rs}
+    summary["same_decisions"] = len(digests) == 1
     summary["load_average_1m_at_end"] = round(os.getloadavg()[0], 2)
     print(json.dumps(summary), flush=True)
 

@@ -42,6 +42,21 @@ class Capacity:
         self.class_domains: list[set[str]] = []
         self.max_gpus = 0  # GPUs of the largest node: buckets go 1..max_gpus
         self._journal: list[tuple[int, list[int], bool]] | None = None
+        # Derived, per class: (free GPUs, domain) of the domains with any free, sorted, so a gang
+        # finds the emptiest-but-sufficient domains without a scan of them all. Not pickled: rebuilt.
+        self.dom_order: list[list[tuple[int, str]]] = []
+
+    def __getstate__(self) -> dict[str, object]:
+        return {k: v for k, v in self.__dict__.items() if k != "dom_order"}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self.dom_order = [[] for _ in self.class_keys]
+        for (cls, domain), free in sorted(self.dom_free.items()):
+            if free > 0:
+                self.dom_order[cls].append((free, domain))
+        for order in self.dom_order:
+            order.sort()
 
     # -- classes and slots -------------------------------------------------------------------
     def class_id(self, key: ClassKey) -> int:
@@ -53,6 +68,7 @@ class Capacity:
             self.class_free.append(0)
             self.class_total.append(0)
             self.class_domains.append(set())
+            self.dom_order.append([])
         return cid
 
     def _grow(self, gpus: int) -> None:
@@ -90,7 +106,7 @@ class Capacity:
             if slot.domain:
                 bucket = self.dom_buckets[(slot.cls, slot.domain)][k]
                 del bucket[bisect_left(bucket, nid)]
-                self.dom_free[(slot.cls, slot.domain)] -= k
+                self._domain_free(slot.cls, slot.domain, -k)
 
     def _bucket(self, nid: int) -> None:
         slot = self.slots[nid]
@@ -100,7 +116,16 @@ class Capacity:
             self.class_free[slot.cls] += k
             if slot.domain:
                 insort(self.dom_buckets[(slot.cls, slot.domain)][k], nid)
-                self.dom_free[(slot.cls, slot.domain)] += k
+                self._domain_free(slot.cls, slot.domain, k)
+
+    def _domain_free(self, cls: int, domain: str, change: int) -> None:
+        old = self.dom_free[(cls, domain)]
+        new = self.dom_free[(cls, domain)] = old + change
+        order = self.dom_order[cls]
+        if old > 0:
+            del order[bisect_left(order, (old, domain))]
+        if new > 0:
+            insort(order, (new, domain))
 
     # -- allocation (journaled) --------------------------------------------------------------
     def take(self, nid: int, n: int) -> list[int]:
@@ -184,6 +209,12 @@ class Capacity:
                 if b[k]:
                     total += len(b[k]) * (k // per_replica)
         return total
+
+    def domains_with(self, cls: int, n: int) -> list[tuple[int, str]]:
+        """(free GPUs, domain) of the class's domains with at least `n` free, emptiest first (a copy:
+        the caller may take GPUs while it reads)."""
+        order = self.dom_order[cls]
+        return order[bisect_left(order, (n, "")) :]
 
     def best_fit(self, classes: list[int], n: int) -> int | None:
         """The node with the fewest free GPUs that still has `n`; ties to the lowest node id."""

@@ -30,7 +30,7 @@ from services.scheduler.core import backfill, placement, preemption, quota
 from services.scheduler.core.budget import held as budget_held
 from services.scheduler.core.decisions import Admit, Cycle, CycleMark, Decision, Preempt, Requeue, Reservation
 from services.scheduler.core.degraded import only_degraded, out_of_service, stay_note
-from services.scheduler.core.policy import CHAMBER, ORDERINGS, Order, Policy, QueueKey, sorted_queue
+from services.scheduler.core.policy import CHAMBER, ORDERINGS, Order, OrderKey, Policy, QueueKey, sorted_queue
 from services.scheduler.core.pools import DEFAULT_POOL
 from services.scheduler.core.preemption import Victims, lost_work_gpu_s
 from services.scheduler.core.state import QUEUED, Job, JobState, SchedulerState, estimate_s
@@ -63,16 +63,44 @@ def schedule(state: SchedulerState, now: float, since: CycleMark | None = None, 
     state.capacity.begin()
     try:
         ctx = CycleContext(state, work, now, policy, full, since)
-        for key in phase1_heads(ctx):
-            ctx.considered += 1
-            found = phase2_nominate(ctx, key)
-            if isinstance(found, Wait):
-                ctx.waiting[key[3]] = found.text
-            elif not phase3_admit(ctx, found):
-                phase4_requeue(ctx, found)
+        _turns(ctx, phase1_heads(ctx))
         return ctx.result()
     finally:
         state.capacity.end()
+
+
+def _turns(ctx: CycleContext, keys: Iterable[QueueKey]) -> None:
+    """Each queued job's turn, in order: phases 2 to 4. Phase 2's first check is made here, as
+    most jobs of a long queue end at it: a job of the same shape already found no room this cycle
+    (it passed the pool and budget checks, which depend only on the shape's pool and team)."""
+    jobs, failed, waiting, per_key = ctx.state.jobs, ctx.failed, ctx.waiting, ctx.guard_per_key
+    considered = 0
+    for key in keys:
+        considered += 1
+        job = jobs[key[3]]
+        if per_key:
+            _note_protected(ctx, job)
+        spec = job.spec
+        # key[0] is the priority's rank (cheaper to hash than the enum)
+        shape = (
+            job.pool,
+            spec.team,
+            key[0],
+            spec.gpu_model,
+            spec.cluster,
+            spec.gpus_per_replica,
+            spec.replicas,
+            spec.preemptible,
+        )
+        if (same := failed.get(shape)) is not None:
+            waiting[key[3]] = same.text
+            continue
+        found = phase2_nominate(ctx, key, job, shape)
+        if isinstance(found, Wait):
+            waiting[key[3]] = found.text
+        elif not phase3_admit(ctx, found):
+            phase4_requeue(ctx, found)
+    ctx.considered = considered
 
 
 def _displaced_changed(state: SchedulerState, since: CycleMark) -> bool:
@@ -103,15 +131,31 @@ class CycleContext:
     searched: set[tuple[str, str, int]] = field(default_factory=set)  # (pool, team, priority) heads that searched
     guard_at: float = math.inf  # when the next queued job becomes protected
     considered: int = 0
+    guard_per_key: bool = False  # phase 2 follows guard_at key by key (a cycle that may stop early)
     bound: float | None = field(init=False)  # policy.starvation_bound_s
     # Set by phase 1 once the displaced jobs are back in the queue (they count as queued now).
     queued_since: Callable[[str], float] = field(init=False)
     order: Order = field(init=False)
+    reserved_order: dict[QueueKey, OrderKey] = field(default_factory=dict)  # reserved jobs' places in the order
 
     def __post_init__(self) -> None:
         self.bound = self.policy.starvation_bound_s
         if self.since is not None and not self.full:
             self.guard_at = self.since.guard_at
+
+    def ahead(self, res: Reservation, key: QueueKey) -> bool:
+        """The reserved job comes before `key` in the queue (its order computed once per cycle)."""
+        return self._reserved_order(res) < self.order(key)
+
+    def behind(self, res: Reservation, key: QueueKey) -> bool:
+        """`key` comes before the reserved job in the queue."""
+        return self.order(key) < self._reserved_order(res)
+
+    def _reserved_order(self, res: Reservation) -> OrderKey:
+        found = self.reserved_order.get(res.key)
+        if found is None:
+            found = self.reserved_order[res.key] = self.order(res.key)
+        return found
 
     def wait(self, jid: str, wait: Wait) -> None:
         self.waiting[jid] = wait.text
@@ -154,17 +198,30 @@ def phase1_heads(ctx: CycleContext) -> Iterable[QueueKey]:
     ctx.queued_since = _queued_since(state, ctx.requeued, ctx.now)
     ctx.order = ORDERINGS[ctx.policy.order](ctx.policy, ctx.queued_since, ctx.now)
     if ctx.policy.head_of_line:
+        ctx.guard_per_key = True  # the cycle stops at a blocked head: only the keys it reaches count
         return _first_come_first_served(state, ctx.requeued, ctx.policy, ctx.waiting)
     if ctx.full or since is None:
         keys = [*state.queue(), *(state.queue_key(j) for j in ctx.requeued.values())]
-        return sorted_queue(ctx.policy, keys, _since_column(ctx, keys), ctx.now)
+        return _in_order(ctx, keys)
     jobs = state.jobs
     new = set(state.pending_log[since.pending_seq :])
     ctx.reservations = dict(since.reservations)
     ctx.starving = {pool: j for pool, j in since.starving if j in jobs and jobs[j].state in QUEUED}
     # a job that joined and finished since may have left memory already (state.retention_s)
     keys = [state.queue_key(job) for j in new if (job := jobs.get(j)) is not None and job.state in QUEUED]
-    return sorted_queue(ctx.policy, keys, _since_column(ctx, keys), ctx.now)
+    return _in_order(ctx, keys)
+
+
+def _in_order(ctx: CycleContext, keys: list[QueueKey]) -> list[QueueKey]:
+    """The keys in the policy's order. Every one of them is considered (nothing stops the cycle
+    early), so when the next of them becomes protected is found here, for all at once."""
+    since = _since_column(ctx, keys)
+    if ctx.bound is not None:
+        now, bound = ctx.now, ctx.bound
+        # the same sums as policy.protected_since's, per job
+        at = min((p for t in since if (p := t + bound) > now), default=math.inf)
+        ctx.guard_at = min(ctx.guard_at, at)
+    return sorted_queue(ctx.policy, keys, since, ctx.now)
 
 
 def _queued_since(state: SchedulerState, requeued: dict[str, Job], now: float) -> Callable[[str], float]:
@@ -229,32 +286,11 @@ def _move_or_stay(ctx: CycleContext, job: Job, out: list[str], faults: tuple[str
 
 
 # -- 2. nominate ------------------------------------------------------------------------------
-def phase2_nominate(ctx: CycleContext, key: QueueKey) -> Candidate | Wait:
-    """The checks before placement: pool, budget, the answer for its shape so far this cycle,
-    critical permission, the pool's backfill reservation, then the team's quota."""
-    state, work, now, policy = ctx.state, ctx.work, ctx.now, ctx.policy
-    job = state.jobs[key[3]]
-    spec = job.spec
-    # policy.protected_since, inlined: this runs for every queued job
-    since = now if job.id in ctx.requeued else job.queued_since
-    protected_at = None if ctx.bound is None else since + ctx.bound
-    if protected_at is not None and protected_at > now and protected_at < ctx.guard_at:
-        ctx.guard_at = protected_at
-    # key[0] is the priority's rank (cheaper to hash than the enum)
-    shape = (
-        job.pool,
-        spec.team,
-        key[0],
-        spec.gpu_model,
-        spec.cluster,
-        spec.gpus_per_replica,
-        spec.replicas,
-        spec.preemptible,
-    )
-    # First, as most jobs of a long queue end here: a job of the same shape already found no room
-    # this cycle (it passed the pool and budget checks, which depend only on the shape's pool and team).
-    if (same := ctx.failed.get(shape)) is not None:
-        return same
+def phase2_nominate(ctx: CycleContext, key: QueueKey, job: Job, shape: Shape) -> Candidate | Wait:
+    """The checks before placement (after the answer for its shape so far this cycle, `_turns`):
+    pool, budget, critical permission, the pool's backfill reservation, then the team's quota."""
+    state, now, policy, spec = ctx.state, ctx.now, ctx.policy, job.spec
+    protected_at = _protected_at(ctx, job)
     if job.pool != DEFAULT_POOL and job.pool not in state.pools:
         return Wait(WaitKind.POOL, f"pool {job.pool} is not defined (define it with `chamber quota pool set`)")
     if state.budgets and (hold := budget_held(state, job, now)) is not None:
@@ -264,7 +300,10 @@ def phase2_nominate(ctx: CycleContext, key: QueueKey) -> Candidate | Wait:
     res = ctx.reservations.get(job.pool)
     # Critical work (rare, and a per-team permission) is never held back by a reservation.
     exempt = spec.priority == PriorityClass.CRITICAL
-    behind, via_extra = (None, False) if exempt else backfill.check(res, job, key, now, ctx.order)
+    if res is None or exempt or not ctx.ahead(res, key):
+        behind, via_extra = None, False
+    else:
+        behind, via_extra = backfill.check(res, job, now)
     if behind is not None:
         return Wait(WaitKind.BACKFILL, behind)
     protected = protected_at is not None and protected_at <= now
@@ -273,8 +312,21 @@ def phase2_nominate(ctx: CycleContext, key: QueueKey) -> Candidate | Wait:
     # GPUs that free up go to the protected jobs, and whole nodes can free for whole-node jobs
     # (issue 19: low's tail on the ITP trace).
     starved_by = None if protected or exempt else ctx.starving.get(job.pool)
-    block = quota.block(work, job)
+    block = quota.block(ctx.work, job)
     return Candidate(job, key, shape, res, exempt, via_extra, block, protected_at, starved_by)
+
+
+def _protected_at(ctx: CycleContext, job: Job) -> float | None:
+    """policy.protected_since, inlined: when the job is (or will be) protected by the starvation guard."""
+    if ctx.bound is None:
+        return None
+    return (ctx.now if job.id in ctx.requeued else job.queued_since) + ctx.bound
+
+
+def _note_protected(ctx: CycleContext, job: Job) -> None:
+    protected_at = _protected_at(ctx, job)
+    if protected_at is not None and ctx.now < protected_at < ctx.guard_at:
+        ctx.guard_at = protected_at
 
 
 # -- 3. admit ---------------------------------------------------------------------------------
@@ -328,7 +380,7 @@ def _placed_why(ctx: CycleContext, c: Candidate, spot: Spot) -> str:
         why += f", borrowing {borrowed} idle GPUs of pool {job.pool}"
     if lent := quota.lent_to(work, job):
         why += f" ({lent} on idle guarantees lent to non-preemptible work: returned by draining, not preemption)"
-    if res is not None and ctx.order(res.key) < ctx.order(c.key):
+    if res is not None and ctx.ahead(res, c.key):
         why += (
             f"; critical: started ahead of {res.job_id}, which has GPUs reserved"
             if c.exempt
@@ -422,7 +474,7 @@ def _capacity_wait(ctx: CycleContext, c: Candidate, guard: str) -> Wait | None:
         ctx.starving.setdefault(job.pool, job.id)
     kind = c.block.kind if c.block is not None else WaitKind.CAPACITY
     res = c.res
-    if policy.backfill and fits_ever and (res is None or ctx.order(c.key) < ctx.order(res.key)):
+    if policy.backfill and fits_ever and (res is None or ctx.behind(res, c.key)):
         new_res = backfill.reservation(work, job, c.key)  # never reserved for what cannot fit
         if new_res is not None:
             ctx.reservations[job.pool] = new_res

@@ -5,6 +5,9 @@
 
 from __future__ import annotations
 
+import heapq
+from collections.abc import Iterable, Iterator
+
 from services.scheduler.core import quota
 from services.scheduler.core.state import Job
 from services.scheduler.core.topology import fewest_domains
@@ -91,17 +94,17 @@ def _spread(work: Work, job: Job, classes: list[int], per: int, replicas: int, n
             return spot
     # Best fit among groups too: the emptiest-but-sufficient rack keeps big ones whole.
     in_domain: list[tuple[int, str, str, list[int]]] = []
+    kept_sorted: list[Iterable[tuple[int, str, str, list[int]]]] = []  # one cluster's, from the index
     dom_free = cap.dom_free
     for cluster, cls in clusters.items():
         if len(cls) == 1:
-            c = cls[0]
-            in_domain.extend((f, cluster, d, cls) for d in cap.class_domains[c] if (f := dom_free[(c, d)]) >= n)
+            kept_sorted.append(_with_cluster(cap.domains_with(cls[0], n), cluster, cls))
             continue
         for domain in set().union(*(cap.class_domains[c] for c in cls)):
             free = sum(dom_free.get((c, domain), 0) for c in cls)
             if free >= n:
                 in_domain.append((free, cluster, domain, cls))
-    for _, _, domain, cls in sorted(in_domain):
+    for _, _, domain, cls in heapq.merge(sorted(in_domain), *kept_sorted):
         spot = cap.fill(cls, per, replicas, domain)
         if spot is not None:
             return spot
@@ -111,6 +114,13 @@ def _spread(work: Work, job: Job, classes: list[int], per: int, replicas: int, n
             if spot is not None:
                 return spot
     return None
+
+
+def _with_cluster(
+    domains: list[tuple[int, str]], cluster: str, cls: list[int]
+) -> Iterator[tuple[int, str, str, list[int]]]:
+    for free, domain in domains:
+        yield free, cluster, domain, cls
 
 
 def _fill_by_label(work: Work, job: Job, clusters: dict[str, list[int]], key: str) -> Spot | None:

@@ -27,8 +27,9 @@ pool's EASY reservation: backfill and later arrivals start only if they do not d
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Literal
 
 from events import PriorityClass
@@ -149,7 +150,8 @@ def sorted_queue(policy: Policy, keys: list[QueueKey], since: list[float], now: 
         return sorted(keys, key=ORDERINGS[policy.order](policy, by_id.__getitem__, now))
     import numpy as np  # here, not at the top: processes that only read the policy's flags stay light
 
-    rank, share, submitted, ids = (np.array(column) for column in zip(*keys, strict=True))
+    n = len(keys)
+    rank, share, submitted = (np.fromiter(map(itemgetter(i), keys), np.float64, n) for i in range(3))
     queued = np.array(since, dtype=np.float64)
     protected_before = -math.inf if policy.starvation_bound_s is None else now - policy.starvation_bound_s
     per_rank = policy.class_weight / LOWEST_RANK
@@ -157,11 +159,31 @@ def sorted_queue(policy: Policy, keys: list[QueueKey], since: list[float], now: 
     age_w, cap = policy.age_weight, policy.age_cap_s
     age = now - queued
     aged = np.where(age >= cap, age_w, age_w * np.maximum(age, 0.0) / cap)
-    value = rank.astype(np.float64) * per_rank - top + policy.fair_share_weight * share - aged
+    value = rank * per_rank - top + policy.fair_share_weight * share - aged
     value = np.where(rank == CRITICAL_RANK, value, np.maximum(value, floor))
     protected = queued <= protected_before
-    order = np.lexsort((ids, submitted, np.where(protected, queued, value), ~protected))
-    return [keys[i] for i in order.tolist()]
+    first = np.where(protected, queued, value)
+    # The job id breaks what ties remain (a numpy string column costs more than the rare ties do).
+    order = np.lexsort((submitted, first, ~protected))
+    out = [keys[i] for i in order.tolist()]
+    first, submitted, protected = first[order], submitted[order], protected[order]
+    tied = (first[1:] == first[:-1]) & (submitted[1:] == submitted[:-1]) & (protected[1:] == protected[:-1])
+    for start, end in _runs(np.flatnonzero(tied).tolist()):
+        out[start : end + 1] = sorted(out[start : end + 1], key=itemgetter(3))
+    return out
+
+
+def _runs(tied: list[int]) -> Iterator[tuple[int, int]]:
+    """(first, last) positions of each run of equal neighbours, from the positions i tied with i + 1."""
+    start = prev = -2
+    for i in tied:
+        if i != prev + 1:
+            if start >= 0:
+                yield start, prev + 1
+            start = i
+        prev = i
+    if start >= 0:
+        yield start, prev + 1
 
 
 _VECTOR_FROM = 64  # below this many keys the plain sort is as fast

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable, Iterator
+from itertools import tee
 
 from events import PreemptionReason, PriorityClass
 from services.scheduler.core import placement, quota
 from services.scheduler.core.policy import RANKS
-from services.scheduler.core.state import Job
+from services.scheduler.core.state import Job, derived
 from services.scheduler.core.work import Usage, Work
 
 CRITICAL_RANK = PriorityClass.CRITICAL.rank
@@ -124,12 +125,13 @@ def select(work: Work, job: Job) -> Victims | None:
     try:
         if job.spec.replicas == 1 and job.gpus <= cap.max_gpus:
             return _free_one_node(work, job, candidates, classes, usage, reclaim)
-        ordered = list(candidates)
+        # Read twice, each time only as far as needed: tee keeps what the first reading took.
+        first, second = tee(candidates)
         if job.gpus <= cap.max_gpus:
-            found = _free_one_node(work, job, ordered, classes, usage, reclaim)
+            found = _free_one_node(work, job, first, classes, usage, reclaim)
             if found is not None:
                 return found
-        return _free_nodes_for_gang(work, job, ordered, classes, usage, reclaim)
+        return _free_nodes_for_gang(work, job, second, classes, usage, reclaim)
     finally:
         cap.rollback(mark)
 
@@ -150,70 +152,93 @@ def _in_order(work: Work, pool: str, team: str, rank: int, reclaim: bool, urgent
             if eligible(team, rank, t, r, reclaim=reclaim, victim_borrowing=borrowing, urgent=urgent):
                 by_class.setdefault((0 if borrowing else 1, -r), []).append((t, r))
     for key in sorted(by_class):
-        lists = [_group(work, pool, t, r) for t, r in sorted(by_class[key])]
-        if len(lists) == 1:
-            yield from lists[0]
-        else:
-            lost = work.lost
-            yield from heapq.merge(*lists, key=lambda v: (lost[v.id], v.id))
+        walks = [_group(work, pool, t, r) for t, r in sorted(by_class[key])]
+        # (cost, id, job): ids are unique, so jobs are never compared
+        for _, _, v in walks[0] if len(walks) == 1 else heapq.merge(*walks):
+            yield v
 
 
 class Walk:
-    """Running jobs in (victim cost, id) order, ordered only as far as the walks have read: a heap
-    (built in linear time) popped into `done` on demand. A search usually stops after a few jobs of
-    its first group, so most of a large group is never sorted."""
+    """Running jobs as (victim cost, id, job), in that order, ordered only as far as the walks have
+    read: a heap (built in linear time) popped into `done` on demand. A search usually stops after a
+    few jobs of its first group, so most of a large group is never sorted."""
 
     def __init__(self, items: list[tuple[float, str, Job]]) -> None:
         heapq.heapify(items)
         self.heap = items
-        self.done: list[Job] = []
+        self.done: list[tuple[float, str, Job]] = []
 
-    def __iter__(self) -> Iterator[Job]:
+    def __iter__(self) -> Iterator[tuple[float, str, Job]]:
         done, heap = self.done, self.heap
         i = 0
         while i < len(done) or heap:
             if i == len(done):
-                done.append(heapq.heappop(heap)[2])
+                if i >= _POPS_BEFORE_SORT:
+                    self.finish()  # a long walk: one sort in C beats a pop per job
+                    continue
+                done.append(heapq.heappop(heap))
             yield done[i]
             i += 1
 
+    def finish(self) -> list[tuple[float, str, Job]]:
+        """Every job, in order (the rest of the heap sorted at once)."""
+        if self.heap:
+            self.done.extend(sorted(self.heap))
+            self.heap.clear()
+        return self.done
+
+
+_POPS_BEFORE_SORT = 32
+
 
 def _group(work: Work, pool: str, team: str, rank: int) -> Walk:
-    """Running preemptible jobs of one team and priority, least `victim_cost` first. A team's jobs
-    are split by priority once per cycle; a group's costs are computed when a walk first reaches it."""
-    key = (pool, team)
-    groups = work.groups.get(key)
-    if groups is None:
-        groups = work.groups[key] = [[] for _ in RANKS]
-        jobs = work.s.jobs
-        for jid in work.s.running.get(key, ()):
-            v = jobs[jid]
-            if v.spec.preemptible:
-                groups[v.spec.priority.rank].append(v)
+    """Running preemptible jobs of one team and priority, least `victim_cost` first (the state keeps
+    them grouped; a group's costs are computed when a walk first reaches it in a cycle)."""
     walk = work.walks.get((pool, team, rank))
     if walk is None:
-        now, lost = work.now, work.lost
-        items = []
-        for v in groups[rank]:
-            cost = lost[v.id] = lost_work_gpu_s(v, now) * (1 + v.preemptions)  # victim_cost, inlined
-            items.append((cost, v.id, v))
-        walk = work.walks[(pool, team, rank)] = Walk(items)
+        members = derived(work.s).victim_groups(work.s.jobs).get((pool, team, rank), {})
+        walk = work.walks[(pool, team, rank)] = Walk(_costs(members, work.now))
     return walk
 
 
-def _reason(work: Work, job: Job, victim: Job, usage: Usage, reclaim: bool) -> PreemptionReason | None:
-    """Why this victim may be preempted, judging its team's borrowing by `usage` (the search's
-    running count: reclaim stops once the victim's team is back within its guarantee)."""
-    vt = victim.spec.team
-    return eligible(
-        job.spec.team,
-        job.spec.priority.rank,
-        vt,
-        victim.spec.priority.rank,
-        reclaim=reclaim,
-        victim_borrowing=quota.borrowing(work, job.pool, vt, usage),
-        urgent=not job.spec.preemptible,
-    )
+def _costs(members: dict[str, Job], now: float) -> list[tuple[float, str, Job]]:
+    """(victim_cost, id, job) of each job, `victim_cost` inlined (the same float operations in
+    the same order): a search reads every member of the groups it reaches."""
+    items = []
+    for jid, v in members.items():
+        since = v.started_at if v.started_at is not None else v.running_since
+        elapsed = max(0.0, now - since) if since is not None else 0.0
+        interval = v.spec.checkpoint_interval_s
+        if interval:
+            elapsed = elapsed % interval
+        items.append((elapsed * v.gpus * (1 + v.preemptions), jid, v))
+    return items
+
+
+class _Reasons:
+    """Why a victim may be preempted by `job`, judging its team's borrowing by `held` (the search's
+    running count of what the team holds: reclaim stops once it is back within its guarantee).
+    A search asks for every job it walks, so the answers are kept per (team, priority, borrowing)."""
+
+    def __init__(self, work: Work, job: Job, reclaim: bool) -> None:
+        self.work, self.job, self.reclaim = work, job, reclaim
+        self.known: dict[tuple[str, int, bool], PreemptionReason | None] = {}
+
+    def __call__(self, victim: Job, held: int) -> PreemptionReason | None:
+        job, vt = self.job, victim.spec.team
+        key = (vt, victim.spec.priority.rank, held > self.work.guarantee(job.pool, vt))
+        if key in self.known:
+            return self.known[key]
+        found = self.known[key] = eligible(
+            job.spec.team,
+            job.spec.priority.rank,
+            vt,
+            key[1],
+            reclaim=self.reclaim,
+            victim_borrowing=key[2],
+            urgent=not job.spec.preemptible,
+        )
+        return found
 
 
 def _free_one_node(
@@ -222,6 +247,7 @@ def _free_one_node(
     """Walk victims in order, counting what each node would free; the first node with room
     (and quota) wins: its victims are the cheapest that make the job fit on one node."""
     slots, nodes = work.cap.slots, work.s.nodes
+    reasons = _Reasons(work, job, reclaim)
     freed: dict[int, int] = {}
     chosen: dict[int, Victims] = {}
     delta: dict[int, Usage] = {}
@@ -233,8 +259,7 @@ def _free_one_node(
                 continue
             local = delta.setdefault(nid, {})
             vkey = (v.pool, v.spec.team)
-            seen = usage.get(vkey, 0) + local.get(vkey, 0)
-            reason = _reason(work, job, v, {vkey: seen}, reclaim)
+            reason = reasons(v, usage.get(vkey, 0) + local.get(vkey, 0))
             if reason is None:
                 continue
             local[vkey] = local.get(vkey, 0) - v.gpus
@@ -272,10 +297,11 @@ def _free_nodes_for_gang(
     freed: dict[int, int] = {}
     on_node: dict[int, list[Job]] = {}
     reasons: dict[str, PreemptionReason] = {}
+    may = _Reasons(work, job, reclaim)
     local = dict(usage)
     got = 0
     for v in candidates:
-        reason = _reason(work, job, v, local, reclaim)
+        reason = may(v, local.get((job.pool, v.spec.team), 0))
         if reason is None:
             continue
         reasons[v.id] = reason

@@ -98,7 +98,11 @@ def room_block(work: Work, job: Job, usage: Usage | None = None) -> Wait | None:
     pool, team, n = job.pool, job.spec.team, job.gpus
     u = usage.get((pool, team), 0)
     held = 0  # what other teams hold or keep back (unlendable guarantee) in the pool
-    teams = {t for (p, t) in s.quotas if p == pool} | {t for (p, t) in usage if p == pool}
+    teams = (
+        work.teams(pool)
+        if usage is work.usage
+        else {t for (p, t) in s.quotas if p == pool} | {t for (p, t) in usage if p == pool}
+    )
     for other in teams:
         if other != team:
             oq = s.quotas.get((pool, other))
@@ -173,7 +177,7 @@ def nonpreemptible_block(work: Work, job: Job) -> Wait | None:
     q = s.quotas.get((pool, team))
     g = q.guaranteed if q else 0
     own = g - q.np_lendable if q else 0  # the part of its guarantee no one else's such work may hold
-    teams = {t for (p, t) in s.quotas if p == pool} | {t for (p, t) in work.usage if p == pool}
+    teams = work.teams(pool)
     others = sum(promised(work, pool, t, rank=job.spec.priority.rank) for t in teams if t != team)
     spare = work.pool_capacity(pool) - others
     if max(own, mine) <= spare:
@@ -215,7 +219,7 @@ def nonpreemptible_block(work: Work, job: Job) -> Wait | None:
 
 def _lent_out(work: Work, pool: str, team: str) -> int:
     """Non-preemptible GPUs other teams hold beyond their guarantees in the pool."""
-    teams = {t for (p, t) in work.s.quotas if p == pool} | {t for (p, t) in work.usage if p == pool}
+    teams = work.teams(pool)
     return sum(max(0, nonpreemptible(work, pool, t) - guarantee(work, pool, t)) for t in teams if t != team)
 
 
@@ -224,11 +228,11 @@ def lent_to(work: Work, job: Job) -> int:
     guarantee and the pool's unguaranteed capacity): returned by draining, never preempted."""
     if job.spec.preemptible or not work.policy.quotas:
         return 0
-    s, pool, team = work.s, job.pool, job.spec.team
+    pool, team = job.pool, job.spec.team
     mine = nonpreemptible(work, pool, team) + job.gpus
     g = guarantee(work, pool, team)
     if mine <= g:
         return 0
-    teams = {t for (p, t) in s.quotas if p == pool} | {t for (p, t) in work.usage if p == pool}
+    teams = work.teams(pool)
     strict = work.pool_capacity(pool) - sum(promised(work, pool, t, lending=False) for t in teams if t != team)
     return min(job.gpus, max(0, mine - max(g, strict)))

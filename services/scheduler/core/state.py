@@ -155,6 +155,49 @@ class Node:
         return self._model
 
 
+class Derived:
+    """Indexes derived from the state's facts for the cycle's hot paths, kept by the fold once a
+    cycle first asks for them (`derived(state)`). Never saved: it pickles empty, so a snapshot holds
+    facts only and a loaded state builds these again on first use."""
+
+    def __init__(self) -> None:
+        # (pool, team, priority rank) -> running preemptible jobs: the preemption search's groups
+        self.victims: dict[tuple[str, str, int], dict[str, Job]] | None = None
+
+    def __reduce__(self) -> tuple[type[Derived], tuple[()]]:
+        return (Derived, ())
+
+    def victim_groups(self, jobs: dict[str, Job]) -> dict[tuple[str, str, int], dict[str, Job]]:
+        if self.victims is None:
+            self.victims = {}
+            for job in jobs.values():
+                if job.state == JobState.RUNNING:
+                    self.add_running(job)
+        return self.victims
+
+    def add_running(self, job: Job) -> None:
+        if self.victims is not None and job.spec.preemptible:
+            self.victims.setdefault((job.pool, job.spec.team, job.spec.priority.rank), {})[job.id] = job
+
+    def drop_running(self, job: Job) -> None:
+        if self.victims is not None and job.spec.preemptible:
+            self.victims.get((job.pool, job.spec.team, job.spec.priority.rank), {}).pop(job.id, None)
+
+
+def derived(state: SchedulerState) -> Derived:
+    """The state's derived indexes (an attribute outside the dataclass's fields: the snapshot's
+    format, which names the fields, stays the same)."""
+    found = state.__dict__.get("_derived")
+    if found is None:
+        found = state.__dict__["_derived"] = Derived()
+    return found
+
+
+def _derived_if_built(state: SchedulerState) -> Derived | None:
+    found: Derived | None = state.__dict__.get("_derived")
+    return found
+
+
 class PendingLog:
     """Job ids in the order they (re)entered the queue, indexed from the start of history (a cycle
     mark keeps an index into it). `trim` drops what is held; the caller bumps the capacity epoch
@@ -348,6 +391,10 @@ def _hold(
 ) -> None:
     if job.state not in QUEUED:
         return  # a duplicate or stale decision: the job already runs or has finished
+    # The cycle's indexes of running work are built here, once (before this job runs), and kept
+    # from then on, so no cycle pays for building them.
+    s.running_ends(job.pool)
+    derived(s).victim_groups(s.jobs)
     s._dequeue(job)
     job.pool = pool  # the pool the decision was made in, whatever the quota state is at this point of the fold
     job.pool_fixed = True
@@ -365,22 +412,28 @@ def _hold(
         if node is None:
             s.claims.setdefault((p.cluster, p.node), {}).update(dict.fromkeys(p.gpu_indices, job.id))
             continue
+        clean = node.in_service
         for i in p.gpu_indices:
             if i in node.owners:
-                conflict = True  # never give a GPU to two jobs: this job gets requeued instead
+                conflict, clean = True, False  # never give a GPU to two jobs: this job gets requeued instead
                 continue
             # Held even when out of service (the decision may predate the fault in another stream):
             # the holder is displaced and requeued, exactly as when the fault is folded second.
             node.owners[i] = job.id
             if i not in node.gpus or i in node.bad_gpus:
-                conflict = True
+                conflict, clean = True, False
         if not node.in_service:
             conflict = True
-        s.refresh_node(node)
+        if clean:  # the slot less these GPUs: what refresh_node computes, without recomputing the node
+            s.capacity.take_exact(node.nid, p.gpu_indices)
+        else:
+            s.refresh_node(node)
     key = (job.pool, job.spec.team)
     s.usage[key] = s.usage.get(key, 0) + job.gpus
     s.running.setdefault(key, set()).add(job.id)
     s._add_end(job)
+    if (index := _derived_if_built(s)) is not None:
+        index.add_running(job)
     if job.spec.preemptible:
         pkey = (job.pool, job.spec.team, job.spec.priority.rank)
         s.preemptible[pkey] = s.preemptible.get(pkey, 0) + job.gpus
@@ -408,6 +461,8 @@ def _release(s: SchedulerState, job: Job) -> None:
     s.usage[key] = s.usage.get(key, 0) - job.gpus
     s.running.get(key, set()).discard(job.id)
     s._drop_end(job)
+    if (index := _derived_if_built(s)) is not None:
+        index.drop_running(job)
     if job.spec.preemptible:
         pkey = (job.pool, job.spec.team, job.spec.priority.rank)
         s.preemptible[pkey] = s.preemptible.get(pkey, 0) - job.gpus

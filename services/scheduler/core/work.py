@@ -36,9 +36,8 @@ class Work:
         self.fresh: dict[str, Spot] = {}  # admitted in this cycle: never victims in the same cycle
         self._classes: dict[tuple[str, str | None, str | None, str | None], list[int]] = {}
         self._pool_classes: dict[str, list[int]] = {}
+        self._teams: dict[str, set[str]] = {}
         # per-cycle caches of the preemption phase (see preemption.py)
-        self.groups: dict[tuple[str, str], list[list[Job]]] = {}
-        self.lost: dict[str, float] = {}  # preemption.victim_cost per job
         self.walks: dict[tuple[str, str, int], Walk] = {}  # per (pool, team, priority), see preemption.py
         # link health (placement.py): nodes gangs should avoid now, and what placement says about it
         self._avoid: dict[int, str] | None = None
@@ -78,6 +77,16 @@ class Work:
         if cls is None:
             cls = self._pool_classes[pool] = [c for c, k in enumerate(self.cap.class_keys) if k[0] == pool]
         return sum(self.cap.class_total[c] for c in cls)
+
+    def teams(self, pool: str) -> set[str]:
+        """The teams with a quota or GPUs held in the pool (by the scratch view), kept per cycle."""
+        found = self._teams.get(pool)
+        if found is None:
+            s = self.s
+            found = self._teams[pool] = {t for (p, t) in s.quotas if p == pool} | {
+                t for (p, t) in self.usage if p == pool
+            }
+        return found
 
     def guarantee(self, pool: str, team: str) -> int:
         q = self.s.quotas.get((pool, team))
@@ -169,6 +178,8 @@ class Work:
         """Add (+1) or remove (-1) the job's GPUs to a usage table (the scratch view's by default)."""
         usage = self.usage if usage is None else usage
         key = (job.pool, job.spec.team)
+        if usage is self.usage and key not in usage:
+            self._teams.pop(job.pool, None)  # a team new to the pool
         usage[key] = usage.get(key, 0) + sign * job.gpus
         if usage is self.usage and job.spec.preemptible:
             pkey = (job.pool, job.spec.team, job.spec.priority.rank)
