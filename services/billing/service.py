@@ -1,6 +1,7 @@
 """`chamber service billing`: a manifest for the decider host. Inputs JOBS, FLEET, QUOTA and BILLING;
 `decide` accrues each closed period (CostAccrued / BudgetExceeded) and sets the `--price`s the
-process was started with when the log has others; answers `chamber billing price set MODEL RATE`."""
+process was started with when the log has others; answers `chamber billing price set MODEL RATE` and
+`chamber billing price list`."""
 
 from __future__ import annotations
 
@@ -34,6 +35,10 @@ ROLE = Manifest(
     snapshots=True,
     why="owns prices, accrued cost and budgets (BILLING)",
 )
+
+
+class ListPrices(msgspec.Struct):
+    pass
 
 
 class SetPrice(msgspec.Struct):
@@ -130,6 +135,19 @@ class Billing:
         await self.host.append(event, id=new_id(), expected_subject_seq=None)
         return {scope: name, "price_per_gpu_hour": event.price_per_gpu_hour, "at": event.at}
 
+    async def list_prices(self, _: ListPrices) -> dict[str, Any]:
+        """The prices in force by what they price, and the fleet's GPU models that have none."""
+        assert self.host is not None
+        state = self.host.state
+        models = sorted(set(state.gpu_model.values()))
+        return {
+            "currency": state.currency,
+            "gpu_model": dict(sorted(state.prices.items())),
+            "instance_type": dict(sorted(state.instance_prices.items())),
+            "cluster": dict(sorted(state.cluster_prices.items())),
+            "unpriced_models": [m for m in models if m not in state.prices],
+        }
+
 
 async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
     billing = Billing(args.period, args.settle, args.tick, parse_prices(args.price))
@@ -138,5 +156,6 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
         billing.host = DeciderHost(billing.manifest(), ctx)
         billing.host.install()
         ctx.command("price", SetPrice, billing.set_price)
+        ctx.command("prices", ListPrices, billing.list_prices)
 
     await serve(NAME, args.nats, setup, stop)

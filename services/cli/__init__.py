@@ -15,7 +15,7 @@ from typing import Any
 
 from services.cli.errors import UsageError
 
-_NOT_COMMANDS = {"__main__", "common", "errors"}  # __main__ would run the CLI on import
+_NOT_COMMANDS = {"__main__", "common", "errors", "tables"}  # __main__ would run the CLI on import
 
 
 def command_modules() -> list[ModuleType]:

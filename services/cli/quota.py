@@ -9,12 +9,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
 from typing import Any
 
 from services.cli.common import add_nats_option, finite_float, send_command
 from services.cli.errors import UsageError
 from services.cli.model_check import warn_unknown_model
+from services.cli.tables import table
 
 
 def _send(args: argparse.Namespace, service: str, verb: str, payload: dict[str, Any]) -> Any:
@@ -263,17 +263,6 @@ def quota_table(result: dict[str, Any]) -> str:
             )
     text.append("(- : no limit / lends all / half of what it lends; BUDGET: USD a month / what happens over it)")
     return "\n".join(text)
-
-
-def table(header: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1) -> str:
-    """Columns as wide as their widest cell; the first `left` columns left-aligned, the rest right."""
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-
-    def line(cells: Sequence[str]) -> str:
-        cols = enumerate(zip(cells, widths, strict=True))
-        return "  ".join(c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in cols)
-
-    return "\n".join(line(r).rstrip() for r in [header, *rows])
 
 
 def set_pool(args: argparse.Namespace) -> int:
