@@ -7,6 +7,7 @@ import argparse
 import importlib
 import os
 import pkgutil
+import re
 import signal
 import sys
 from collections.abc import Sequence
@@ -55,6 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 0
+    args.command_path = command_path(parser, argv)  # `chamber quota set`: warnings and errors start with it
     from services.runtime.logs import configure_logging
 
     # Commands print their results on stdout; library chatter (e.g. a connection closing) must not
@@ -69,8 +71,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()  # inside the try: a reader that went away (`| head`) is not an error of ours
         return code
     except UsageError as exc:
-        print(f"chamber {args.command}: error: {exc}", file=sys.stderr)
+        print(f"{args.command_path}: error: {exc}", file=sys.stderr)
         return 2
+    except SystemExit as exc:
+        if not isinstance(exc.code, str):
+            raise
+        # a service refusing to start (`raise SystemExit("chamber webhook: ...")`): the same prefix
+        message = re.sub(r"^chamber [\w -]+: ", "", exc.code)
+        print(f"{args.command_path}: error: {message}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
@@ -81,6 +90,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if escape:
             sys.stdout, sys.stderr = streams
+
+
+def command_path(parser: argparse.ArgumentParser, argv: Sequence[str]) -> str:
+    """The sub-command words given (`chamber quota pool delete`): the prefix argparse's own errors use,
+    so every error of the CLI reads `chamber WORDS: error: ...`."""
+    words = ["chamber"]
+    for word in argv:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs or word not in subs[0].choices:
+            if word.startswith("-") or not subs:
+                continue  # an option before the next sub-command, or past the last one
+            break
+        parser = subs[0].choices[word]
+        words.append(word)
+    return " ".join(words)
 
 
 # Commands that run for long and print their own logs (colours included): not filtered.

@@ -86,9 +86,12 @@ def run_policy(args: argparse.Namespace) -> int:
             try:
                 effective = send_command(args, "health", "policy", {}, timeout=2.0)
             except UsageError as exc:
-                print(f"({exc}; showing the default policy)", file=sys.stderr)
+                print(f"chamber health policy: warning: {exc}; showing the default policy", file=sys.stderr)
         else:
-            print(f"(NATS at {args.nats} not reachable; showing the default policy)", file=sys.stderr)
+            print(
+                f"chamber health policy: warning: NATS at {args.nats} not reachable; showing the default policy",
+                file=sys.stderr,
+            )
     if effective is None:
         try:
             effective = load_policy(args.policy).to_json()

@@ -27,8 +27,9 @@ def warn_unknown_model(args: argparse.Namespace, model: str | None, what: str) -
     models = models_in_fleet(args)
     if models is None or not models or model.lower() in {m.lower() for m in models}:
         return
+    prefix = getattr(args, "command_path", "chamber")
     print(
-        f"chamber: warning: no GPU in the fleet is a {model!r} (models here: {', '.join(sorted(models))}); "
+        f"{prefix}: warning: no GPU in the fleet is a {model!r} (models here: {', '.join(sorted(models))}); "
         f"{what} matches no GPU until such GPUs join",
         file=sys.stderr,
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from services.cli.billing import price_text
 from services.cli.jobs import queue_text
+from services.cli.sim_fault import fault_text
 from services.cli.tables import table
 
 
@@ -62,3 +63,13 @@ def test_the_price_list_is_a_table_and_names_models_without_a_price() -> None:
     assert lines[1].split() == ["GPU", "model", "H100-80GB", "3.5000"]
     assert lines[2].split() == ["instance", "type", "p5.48xlarge", "4.1000"]
     assert "without a price" in lines[3] and "A100-40GB" in lines[3]
+
+
+def test_sim_fault_says_in_words_what_it_did() -> None:
+    assert fault_text({"node": "sim-003", "kind": "xid", "gpu": None, "xid": 79}).startswith(
+        "injected XID 79 on sim-003; the agent reports it at its next sample: `chamber fleet` shows"
+    )
+    assert fault_text({"node": "sim-003", "kind": "nic_down", "nic": 1}).startswith(
+        "injected nic down on sim-003 NIC 1;"
+    )
+    assert fault_text({"node": "sim-003", "kind": "clear", "gpu": 2}) == "cleared the simulated faults of sim-003 GPU 2"
