@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import secrets
 import sys
+import time
 from typing import Any
 
 from services.cli.common import add_nats_option, finite_float, send_command
@@ -229,9 +231,21 @@ def explain(args: argparse.Namespace) -> int:
         print(json.dumps({**result, "slowdown": slowdown}) if slowdown else json.dumps(result))
         return 0
     print(result["text"])
+    now = time.time()
     for line in slowdown:
-        print(f"  perf: {line}")
+        print(f"  perf: {human_times(line, now)}")
     return 0
+
+
+_EPOCH = re.compile(r"\b1\d{9}(?:\.\d+)?\b")  # epoch seconds from 2001 to 2286, as the perf service writes them
+
+
+def human_times(line: str, now: float) -> str:
+    """The perf service's history lines carry epoch seconds (`1796239017: slow ...`): for people,
+    an ISO time and how long ago. The service's JSON keeps the epochs."""
+    from services.timefmt import when
+
+    return _EPOCH.sub(lambda m: when(float(m.group()), now), line)
 
 
 def _slowdown_lines(args: argparse.Namespace) -> list[str]:

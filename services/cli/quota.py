@@ -154,6 +154,8 @@ def set_quota(args: argparse.Namespace) -> int:
         given["budget"] = args.budget
     if args.on_budget:
         given["on_budget"] = args.on_budget
+    if args.pool != "default":
+        _check_pool_name(args)
     if args.replace:
         if args.gpus is None:
             raise UsageError("--replace sets the whole quota: give --gpus N")
@@ -174,6 +176,21 @@ def set_quota(args: argparse.Namespace) -> int:
     for warning in result.get("warnings", []):
         print(f"chamber quota set: warning: {warning}", file=sys.stderr)
     return 0
+
+
+def _check_pool_name(args: argparse.Namespace) -> None:
+    """A quota in a pool nobody defined, named like one that exists, is a typo: refused with the name."""
+    import difflib
+
+    known = sorted({p["pool"] for p in _send(args, "quota", "list", {}).get("pools", [])} | {"default"})
+    if args.pool in known:
+        return
+    close = difflib.get_close_matches(args.pool, known, n=1, cutoff=0.6)
+    if close:
+        raise UsageError(
+            f"no pool {args.pool!r}; did you mean {close[0]!r}? (pools: {', '.join(known)}; a new pool is "
+            f"defined with `chamber quota pool set NAME --gpu-model MODEL`)"
+        )
 
 
 def quota_text(result: dict[str, Any]) -> str:

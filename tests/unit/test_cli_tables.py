@@ -4,7 +4,7 @@ cannot run as specified; the price list names what each price covers."""
 from __future__ import annotations
 
 from services.cli.billing import price_text
-from services.cli.jobs import queue_text
+from services.cli.jobs import human_times, queue_text
 from services.cli.sim_fault import fault_text
 from services.cli.tables import table
 
@@ -73,3 +73,11 @@ def test_sim_fault_says_in_words_what_it_did() -> None:
         "injected nic down on sim-003 NIC 1;"
     )
     assert fault_text({"node": "sim-003", "kind": "clear", "gpu": 2}) == "cleared the simulated faults of sim-003 GPU 2"
+
+
+def test_perf_lines_in_explain_read_iso_times_not_epochs() -> None:
+    line = "1796239017: slow (episode 1, 61% of its best since 1796239000), culprit gpu sim-001 GPU 2: 3.1x"
+    assert human_times(line, 1796239077.0) == (
+        "2026-12-02 19:16:57 UTC (1 min ago): slow (episode 1, 61% of its best since 2026-12-02 19:16:40 UTC "
+        "(1 min 17 s ago)), culprit gpu sim-001 GPU 2: 3.1x"
+    )
