@@ -81,3 +81,19 @@ def test_perf_lines_in_explain_read_iso_times_not_epochs() -> None:
         "2026-12-02 19:16:57 UTC (1 min ago): slow (episode 1, 61% of its best since 2026-12-02 19:16:40 UTC "
         "(1 min 17 s ago)), culprit gpu sim-001 GPU 2: 3.1x"
     )
+
+
+def test_fleet_counts_a_lost_node_as_lost_not_in_service() -> None:
+    from services.cli.fleet import fleet_text
+
+    gpus = [{"index": i, "model": "H100-80GB", "util": 50.0, "isolated": False} for i in range(8)]
+    nodes = [
+        {"cluster": "sim", "node": "sim-000", "status": "healthy", "reason": "reporting", "gpus": gpus},
+        {"cluster": "sim", "node": "sim-001", "status": "lost", "reason": "no heartbeat for 60s", "gpus": gpus},
+    ]
+    text = fleet_text(nodes)
+    assert "sim/sim-001  LOST  0/8 GPUs in service  no heartbeat for 60s" in text
+    assert "sim/sim-000  HEALTHY  8/8 GPUs in service" in text
+    lost_gpu = text.splitlines()[-2]
+    assert lost_gpu.split() == ["gpu", "7", "H100-80GB", "util", "-", "node", "lost"]
+    assert text.endswith("2 nodes (1 lost), 16 GPUs, 8 in service")
