@@ -31,7 +31,7 @@ from events.jobs import (
     JobSubmitted,
     JobSuspended,
 )
-from events.quota import BudgetSet, FairShareUpdated, PoolDefined, TeamQuotaSet
+from events.quota import BudgetSet, FairShareUpdated, PoolDefined, PoolRemoved, TeamQuotaSet
 from events.steps import RankStepTimings
 from events.telemetry import NodeInventory, NodeSample
 
@@ -63,6 +63,7 @@ ALL_EVENTS: tuple[type[Event], ...] = (
     JobFailed,
     JobCancelled,
     PoolDefined,
+    PoolRemoved,
     TeamQuotaSet,
     FairShareUpdated,
     BudgetSet,

@@ -180,12 +180,12 @@ def run_places_report(args: argparse.Namespace, since: float, until: float) -> i
         print(json.dumps(report))
         return 0
     print(f"cost by {args.by} {report['since']} .. {report['until']} UTC ({report['currency']})")
-    rows = [
+    cells: list[tuple[str, ...]] = [
         (str(g[args.by]), f"{g['gpu_hours']:.2f}", f"{g['cost']:.2f}", f"{g['idle_cost']:.2f}", str(g["jobs"]))
         for g in groups
     ]
-    rows.append(("total", "", f"{report['total_cost']:.2f}", "", ""))
-    print(table((args.by.upper(), "GPU-HOURS", "COST", "IDLE COST", "JOBS"), rows))
+    cells.append(("total", "", f"{report['total_cost']:.2f}", "", ""))
+    print(table((args.by.upper(), "GPU-HOURS", "COST", "IDLE COST", "JOBS"), cells))
     return 0
 
 
@@ -217,7 +217,7 @@ def run_report(args: argparse.Namespace) -> int:
         print(json.dumps(report))
         return 0
     print(f"cost {report['since']} .. {report['until']} UTC ({report['currency']})")
-    rows = [
+    cells: list[tuple[str, ...]] = [
         (
             t["team"],
             f"{t['gpu_hours']:.2f}",
@@ -227,7 +227,7 @@ def run_report(args: argparse.Namespace) -> int:
         )
         for t in teams
     ]
-    rows += [("idle: " + i["pool"], f"{i['gpu_hours']:.2f}", f"{i['cost']:.2f}", "", "") for i in idle]
-    rows.append(("total", "", f"{report['total_cost']:.2f}", "", ""))
-    print(table(("TEAM", "GPU-HOURS", "COST", "JOBS", "BUDGET"), rows))
+    cells += [("idle: " + i["pool"], f"{i['gpu_hours']:.2f}", f"{i['cost']:.2f}", "", "") for i in idle]
+    cells.append(("total", "", f"{report['total_cost']:.2f}", "", ""))
+    print(table(("TEAM", "GPU-HOURS", "COST", "JOBS", "BUDGET"), cells))
     return 0

@@ -98,6 +98,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     which.add_argument("--gpu-model", help="nodes with this GPU model")
     which.add_argument("--node-label", metavar="K=V", help="nodes with this label")
     s.set_defaults(func=set_pool)
+    s = ps.add_parser(
+        "delete",
+        help="remove a pool no team has a guarantee in, no job runs in and no node is selected into",
+        description="Remove a pool (with its quotas of 0 GPUs). Refused, naming them, while a team has a "
+        "guarantee in it, a job runs in it or a node is selected into it.",
+    )
+    add_nats_option(s)
+    s.add_argument("name")
+    s.set_defaults(func=delete_pool)
     s = ps.add_parser("list", help="pools: what selects their nodes, GPUs installed and in service, guaranteed")
     add_nats_option(s)
     s.add_argument("--json", action="store_true")
@@ -288,6 +297,12 @@ def set_pool(args: argparse.Namespace) -> int:
     warn_unknown_model(args, args.gpu_model, f"pool {args.name}")
     what = f"GPU model {result['gpu_model']}" if result["gpu_model"] else f"nodes labeled {result['node_selector']}"
     print(f"pool {result['pool']}: {what}")
+    return 0
+
+
+def delete_pool(args: argparse.Namespace) -> int:
+    result = _send(args, "quota", "pool_delete", {"name": args.name})
+    print(f"pool {result['pool']}: deleted")
     return 0
 
 

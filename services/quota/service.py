@@ -2,7 +2,7 @@
 
 A manifest for the decider host: inputs FLEET, QUOTA and JOBS, the core's `evolve`, and as `decide`
 the FairShareUpdated of teams whose factor moved (every `--interval` seconds). Answers `set`,
-`patch`, `pool_set` and `list` (a valid command is appended to QUOTA and answered once folded back), and
+`patch`, `pool_set`, `pool_delete` and `list` (a valid command is appended to QUOTA and answered once folded back), and
 writes each team's row to the KV bucket `chamber_quota` (key `<pool>.<team>`) for dashboards.
 """
 
@@ -33,6 +33,7 @@ from services.quota.core import (
     over_commitment,
     patched,
     pool_rows,
+    remove_pool,
     rows,
     set_quota,
     settings_of,
@@ -64,6 +65,10 @@ class PoolSetRequest(msgspec.Struct, kw_only=True):
     name: str
     gpu_model: str | None = None
     node_label: str | None = None
+
+
+class PoolDeleteRequest(msgspec.Struct, kw_only=True):
+    name: str
 
 
 class ListRequest(msgspec.Struct, kw_only=True):
@@ -226,6 +231,15 @@ class QuotaService:
         await self._record(event, stable_id("pool", req.name, event.at))
         return {"pool": event.pool, "gpu_model": event.gpu_model, "node_selector": event.node_selector}
 
+    async def pool_delete(self, req: PoolDeleteRequest) -> dict[str, Any]:
+        await self._ensure_ready()
+        try:
+            event = remove_pool(self.state, name=req.name, at=time.time())
+        except QuotaRefused as exc:
+            raise CommandRefused(str(exc), field=exc.field) from None
+        await self._record(event, stable_id("pool-removed", req.name, event.at))
+        return {"pool": event.pool, "removed": True}
+
     async def list(self, _: ListRequest) -> dict[str, Any]:
         return {"teams": rows(self.state, time.time()), "pools": pool_rows(self.state)}
 
@@ -259,6 +273,7 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
         ctx.command("set", SetQuotaRequest, service.set)
         ctx.command("patch", PatchTeamQuota, service.patch)
         ctx.command("pool_set", PoolSetRequest, service.pool_set)
+        ctx.command("pool_delete", PoolDeleteRequest, service.pool_delete)
         ctx.command("list", ListRequest, service.list)
         ctx.every(args.interval, service.write_view)
 

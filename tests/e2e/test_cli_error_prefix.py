@@ -24,6 +24,7 @@ WRONG = [
     (["quota", "set", "vision", "--weight", "0"], "chamber quota set: error: --weight must be above 0"),
     (["quota", "set", "vision", "--replace"], "chamber quota set: error: --replace sets the whole quota"),
     (["quota", "pool", "list", *NO_NATS], "chamber quota pool list: error: cannot reach NATS"),
+    (["quota", "pool", "delete", "hopper", *NO_NATS], "chamber quota pool delete: error: cannot reach NATS"),
     (["submit", "--team", "vision", "--gpus", "0"], "chamber submit: error: --gpus must be 1 or more"),
     (["queue", "--limit", "0"], "chamber queue: error: --offset must be 0 or more"),
     (["explain", "train-a", *NO_NATS], "chamber explain: error: cannot reach NATS"),
