@@ -48,6 +48,8 @@ FLAG_SHOWN = """(() => {
   return f.width > 40 && f.left >= row.left && f.right <= track.left && f.bottom <= row.bottom + 1;
 })()"""
 
+HELD_SHOWN = "(() => { const e = document.getElementById('nodes-isolated'); return e.scrollWidth <= e.clientWidth; })()"
+
 
 @needs_chromium
 async def test_the_dashboard_shows_the_running_fleet(
@@ -118,7 +120,10 @@ async def test_the_dashboard_shows_the_running_fleet(
 
             for width in (1440, 900, 600):  # the flag was once cut off in the 90 px name cell
                 await page.set_viewport_size({"width": width, "height": 1500})
+                # the cost panel fills in on its own poll: wait for the flag, then for it to fit its cell
+                await page.locator('#cost [data-cost="vision"] .pill.critical').wait_for(timeout=10_000)
                 assert await page.evaluate(FLAG_SHOWN), f"the over-budget flag is cut off at {width} px"
+                assert await page.evaluate(HELD_SHOWN), f"the held count is cut off at {width} px"
             await page.set_viewport_size({"width": 1440, "height": 1500})
 
             assert errors == []

@@ -69,7 +69,8 @@ function renderCards(s) {
   $("gpus-isolated").textContent = int(f.gpus_isolated);
   const held = (s.faults.held || []).length;  // isolations the isolation budget held back
   $("gpus-isolated").closest(".card").classList.toggle("warn", f.gpus_isolated > 0 || held > 0);
-  $("nodes-isolated").textContent = `${plural(f.nodes_isolated, "node")} isolated` + (held ? ` · ${held} held` : "");
+  // held first: what waits for an operator must not be the part a narrow card cuts off
+  $("nodes-isolated").textContent = (held ? `${held} held · ` : "") + `${plural(f.nodes_isolated, "node")} isolated`;
   $("efficiency-score").textContent = pct(e.efficiency_score);
   $("usage-ratio").textContent = `usage ${pct(e.usage_ratio)}`;
   $("queue-depth").textContent = int(q.depth);
