@@ -19,31 +19,39 @@ from services.cli.errors import UsageError
 _NOT_COMMANDS = {"__main__", "common", "errors", "tables"}  # __main__ would run the CLI on import
 
 
-def command_modules() -> list[ModuleType]:
-    """Every module in this package with a `register(subparsers)`; a new command is a new module."""
+def command_names() -> list[str]:
+    """The modules that may hold commands, by name, without importing them."""
+    return sorted(i.name for i in pkgutil.iter_modules(__path__) if i.name not in _NOT_COMMANDS)
+
+
+def command_modules(only: str | None = None) -> list[ModuleType]:
+    """Every module in this package with a `register(subparsers)`; a new command is a new module.
+    `only`: just the module of that name (a long-running command's process needs no other)."""
     modules = []
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
-        if info.name in _NOT_COMMANDS:
+    for name in command_names():
+        if only is not None and name != only:
             continue
-        module = importlib.import_module(f"{__name__}.{info.name}")
+        module = importlib.import_module(f"{__name__}.{name}")
         if hasattr(module, "register"):
             modules.append(module)
     return modules
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="chamber",
         description="Chamber: make a shared GPU fleet run near its limit.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in command_modules():
+    for module in command_modules(only):
         module.register(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] and argv[0] in LONG_RUNNING:
+        lighten_logging()
     # A process imports its own service's module at most, not every one's; `chamber service`,
     # `chamber service --help` and `chamber --help` still list them all.
     naming_a_service = argv[:1] == ["service"] and len(argv) >= 2 and not argv[1].startswith("-")
@@ -51,7 +59,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from services.cli import service
 
         service.focus([argv[1]] if naming_a_service else [])
-    parser = build_parser()
+    # A long-running command's process (each service of `chamber up`, the agent, the workload)
+    # imports its own command's module only: every other command's imports would stay in memory.
+    long_running = argv[:1] and argv[0] in LONG_RUNNING and argv[0] in command_names()
+    parser = build_parser(argv[0] if long_running else None)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
@@ -105,6 +116,19 @@ def command_path(parser: argparse.ArgumentParser, argv: Sequence[str]) -> str:
         parser = subs[0].choices[word]
         words.append(word)
     return " ".join(words)
+
+
+# Optional extras structlog loads when they are installed: rich only to draw tracebacks (the
+# services' logs print them plainly; 5 to 6 MB of every service process), greenlet only for
+# greenlet-based servers (none here). `chamber up` runs about ten such processes.
+_NOT_IN_SERVICES = ("rich", "greenlet")
+
+
+def lighten_logging() -> None:
+    """Before anything imports structlog: its optional extras count as missing (a None in
+    sys.modules makes `import rich` raise ImportError, which structlog expects)."""
+    for name in _NOT_IN_SERVICES:
+        sys.modules.setdefault(name, None)  # type: ignore[arg-type]
 
 
 # Commands that run for long and print their own logs (colours included): not filtered.
