@@ -184,7 +184,7 @@ def explain(
 def _running_text(state: SchedulerState, job: Job, head: str) -> str:
     where = ", ".join(f"{p.node}[{','.join(map(str, p.gpu_indices))}]" for p in job.placements)
     # the reason starts with where it was placed, which the sentence has just said
-    reason = job.reason.removeprefix(f"placed on {where}").lstrip(" ,")
+    reason = job.reason.removeprefix(f"placed on {where}").lstrip(" ,;")
     text = f"{head} is running on {where}" + (f": {reason}" if reason else "")
     if job.id in state.displaced and only_degraded(state, job):  # the cycle leaves it there (cycle.py)
         text += f"; {stay_note(job, out_of_service(state, job)[0], at_least=True)}"

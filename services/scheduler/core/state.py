@@ -465,6 +465,9 @@ def _suspended(s: SchedulerState, e: JobSuspended) -> None:
         _suspend(s, job, e.reason or "suspended", e.at)
 
 
+REQUEUED = "requeued: "  # a requeued job's reason until it is placed again (the placement says it moved)
+
+
 def _requeued(s: SchedulerState, e: JobRequeued) -> None:
     job = s.jobs.get(e.job_id)
     if job is None or job.state != JobState.RUNNING:
@@ -473,7 +476,7 @@ def _requeued(s: SchedulerState, e: JobRequeued) -> None:
     job.queued_since = e.at
     job.state = JobState.PENDING
     job.generation += 1
-    job.reason = f"requeued: {e.reason}"
+    job.reason = f"{REQUEUED}{e.reason}"
     s._enqueue(job)
 
 
