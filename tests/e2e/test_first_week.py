@@ -162,6 +162,14 @@ async def test_an_operators_first_week(nats_server: SecuredNatsServer, week: dic
     too_big = await arun(url, "submit", "--team", "nlp", "--gpus", "8", "--replicas", "5")
     assert too_big.returncode == 2
     assert "the job asks for 40 GPUs and pool default has 32 installed" in too_big.stderr
+    kept = await arun(url, "submit", "--team", "nlp", "--gpus", "8", "--replicas", "5", "--id", "huge", "--allow-wait")
+    assert kept.stdout == "huge\n" and kept.stderr.startswith(
+        "chamber submit: warning: it cannot run until this changes: the job asks for 40 GPUs and pool default has 32"
+    )
+    listed_apart = (await ok(url, "queue")).split("\n\ncannot run as specified (1; kept with --allow-wait until the ")
+    assert "huge" not in listed_apart[0] and re.search(r"^huge\s+nlp\s+5x8\s+the job asks for 40 GPUs",
+                                                       listed_apart[1], re.M), listed_apart  # fmt: skip
+    assert (await ok(url, "cancel", "huge")) == "huge cancelled\n"
 
     # -- a job runs; a GPU under it fails; it moves and says from where ------------------------------------
     assert await ok(url, "submit", "--team", "vision", "--gpus", "8", "--name", "train", "--id", "train") == "train\n"
