@@ -31,7 +31,7 @@ from events.jobs import (
     PreemptionReason,
     PriorityClass,
 )
-from events.quota import BudgetAction, BudgetSet, FairShareUpdated, PoolDefined, TeamQuotaSet
+from events.quota import BudgetAction, BudgetSet, FairShareUpdated, PoolDefined, PoolRemoved, TeamQuotaSet
 from events.streams import STREAMS, StreamSpec
 from events.subjects import subject_for
 from events.telemetry import (
@@ -83,6 +83,7 @@ __all__ = [
     "NvLinkCounters",
     "Placement",
     "PoolDefined",
+    "PoolRemoved",
     "PreemptionReason",
     "PriceSet",
     "PriorityClass",

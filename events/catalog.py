@@ -33,7 +33,7 @@ from events.jobs import (
     JobSubmitted,
     JobSuspended,
 )
-from events.quota import BudgetSet, FairShareUpdated, PoolDefined, TeamQuotaSet
+from events.quota import BudgetSet, FairShareUpdated, PoolDefined, PoolRemoved, TeamQuotaSet
 from events.steps import RankStepTimings
 from events.telemetry import NodeInventory, NodeSample
 
@@ -67,6 +67,7 @@ ALL_EVENTS: tuple[type[Event], ...] = (
     JobFailed,
     JobCancelled,
     PoolDefined,
+    PoolRemoved,
     TeamQuotaSet,
     FairShareUpdated,
     BudgetSet,

@@ -127,7 +127,7 @@ CHANNELS: tuple[Channel, ...] = (
         "chamber.quota.{team}",
         QUOTA,
         "Pools, team quotas, fair-share factors and budgets (`_fleet` for fleet-wide pool events).",
-        (quota.PoolDefined, quota.TeamQuotaSet, quota.FairShareUpdated, quota.BudgetSet),
+        (quota.PoolDefined, quota.PoolRemoved, quota.TeamQuotaSet, quota.FairShareUpdated, quota.BudgetSet),
         (("team", "team token, or _fleet"),),
     ),
     Channel(
@@ -177,6 +177,7 @@ COMMANDS: tuple[CommandChannel, ...] = (
         "quota", "patch", "Change only the named settings of a team's quota (recorded as TeamQuotaSet, BudgetSet)."
     ),
     CommandChannel("quota", "pool_set", "Define a pool by GPU model or node label (recorded as PoolDefined)."),
+    CommandChannel("quota", "pool_delete", "Remove a pool no quota and no node uses (recorded as PoolRemoved)."),
     CommandChannel("quota", "list", "Every quota setting, usage, borrowing and fair share per team; pools' capacity."),
     CommandChannel("health", "restore", "Restore an isolated node or GPU."),
     CommandChannel("health", "confirm", "Confirm a held isolation."),
@@ -184,6 +185,7 @@ COMMANDS: tuple[CommandChannel, ...] = (
     CommandChannel("health", "held", "Isolations held for an operator's decision."),
     CommandChannel("health", "policy", "The effective health policy."),
     CommandChannel("billing", "price", "Set the price of a GPU model (recorded as PriceSet)."),
+    CommandChannel("billing", "prices", "The prices in force, and the fleet's GPU models without one."),
     CommandChannel("recorder", "sql", "Read-only analytics SQL over the warehouse."),
     CommandChannel("perf", "status", "Running multi-node jobs with their slowdown verdicts."),
     CommandChannel("perf", "fabric", "NICs per node: state, rate, error and pause rates, flagged links."),

@@ -22,6 +22,13 @@ class PoolDefined(Event, frozen=True, tag=event_type("quota", "pool_defined")):
     node_selector: dict[str, str] = {}
 
 
+class PoolRemoved(Event, frozen=True, tag=event_type("quota", "pool_removed")):
+    """A pool no team has a quota in and no node is selected into, removed by an operator."""
+
+    pool: Name
+    at: float
+
+
 class TeamQuotaSet(Event, frozen=True, tag=event_type("quota", "team_quota_set")):
     """Guaranteed GPUs in a pool; how much more the team may borrow, and how much it lends."""
 

@@ -14,7 +14,7 @@ from events.base import Event
 from events.billing import BudgetExceeded, CostAccrued, PriceSet
 from events.fabric import FabricSample, JobSlowdownCleared, JobSlowdownDetected
 from events.faults import GpuFaultDetected
-from events.quota import BudgetSet, FairShareUpdated, PoolDefined, TeamQuotaSet
+from events.quota import BudgetSet, FairShareUpdated, PoolDefined, PoolRemoved, TeamQuotaSet
 from events.steps import RankStepTimings
 from events.telemetry import NodeInventory, NodeSample
 
@@ -100,7 +100,7 @@ def subject_for(event: Event) -> str:
             return perf(event.job_id)
         case GpuFaultDetected():
             return faults(event.cluster, event.node)
-        case PoolDefined():
+        case PoolDefined() | PoolRemoved():
             return quota(None)
         case TeamQuotaSet() | FairShareUpdated() | BudgetSet():
             return quota(event.team)

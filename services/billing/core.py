@@ -42,6 +42,7 @@ from events import (
     NodeRestored,
     NodeUpdated,
     PoolDefined,
+    PoolRemoved,
     PriceSet,
 )
 from events.codec import stable_id
@@ -179,6 +180,8 @@ def evolve(state: BillingState, event: Event, event_id: str = "") -> BillingStat
                 state.price_at[at_key] = event.at
         case PoolDefined():
             state.pools[event.pool] = event
+        case PoolRemoved():
+            state.pools.pop(event.pool, None)
         case BudgetSet():
             state.budgets[event.team] = event.amount
         case NodeDiscovered() | NodeUpdated() | NodeInventory():

@@ -2,7 +2,7 @@
 `decide` accrues each closed period (CostAccrued / BudgetExceeded) and sets the `--price`s the
 process was started with when the log has others; answers `chamber billing price set MODEL RATE`
 (a pure validation served by the host; a change carries the prices' last sequence, so of two
-concurrent changes one wins and the other is told the prices changed)."""
+concurrent changes one wins and the other is told the prices changed) and `chamber billing price list`."""
 
 from __future__ import annotations
 
@@ -36,6 +36,10 @@ ROLE = Manifest(
     snapshots=True,
     why="owns prices, accrued cost and budgets (BILLING)",
 )
+
+
+class ListPrices(msgspec.Struct):
+    pass
 
 
 class SetPrice(msgspec.Struct):
@@ -144,8 +148,21 @@ def validate_price(state: BillingState, request: SetPrice, now: float) -> Accept
     return Accepted((append,), {scope: name, "price_per_gpu_hour": event.price_per_gpu_hour, "at": event.at})
 
 
+def answer_prices(state: BillingState, _: ListPrices, now: float) -> dict[str, Any]:
+    """The prices in force by what they price, and the fleet's GPU models that have none."""
+    models = sorted(set(state.gpu_model.values()))
+    return {
+        "currency": state.currency,
+        "gpu_model": dict(sorted(state.prices.items())),
+        "instance_type": dict(sorted(state.instance_prices.items())),
+        "cluster": dict(sorted(state.cluster_prices.items())),
+        "unpriced_models": [m for m in models if m not in state.prices],
+    }
+
+
 COMMANDS: tuple[Command[BillingState, Any], ...] = (
     Command("price", SetPrice, validate=validate_price, entity=_price_subject, conflict=_prices_changed),
+    Command("prices", ListPrices, answer=answer_prices),
 )
 
 

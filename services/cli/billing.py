@@ -1,12 +1,14 @@
-"""`chamber billing price set MODEL RATE` and `chamber billing report --since 7d [--json]`."""
+"""`chamber billing price set MODEL RATE|list|import` and `chamber billing report --since 7d [--json]`."""
 
 from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 from services.cli.common import add_nats_option, send_command
 from services.cli.errors import UsageError
+from services.cli.tables import table
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -22,6 +24,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     setp.add_argument("--currency", default="USD")
     add_nats_option(setp)
     setp.set_defaults(func=run_price_set)
+    lst = price_sub.add_parser("list", help="the prices in force, and the fleet's GPU models without one")
+    lst.add_argument("--json", action="store_true", help="print JSON")
+    add_nats_option(lst)
+    lst.set_defaults(func=run_price_list)
     imp = price_sub.add_parser(
         "import", help="set prices from a table: per GPU model, per instance type, per cluster (on-prem amortised)"
     )
@@ -59,6 +65,34 @@ def run_price_set(args: argparse.Namespace) -> int:
     )
     print(f"{result['gpu_model']}: {result['price_per_gpu_hour']:.4f} {args.currency} per GPU-hour")
     return 0
+
+
+def run_price_list(args: argparse.Namespace) -> int:
+    result = send_command(args, "billing", "prices", {})
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    print(price_text(result))
+    return 0
+
+
+_SCOPES = (("gpu_model", "GPU model"), ("instance_type", "instance type"), ("cluster", "cluster"))
+
+
+def price_text(result: dict[str, Any]) -> str:
+    """One row per price; a GPU's price is its instance type's, else its cluster's, else its model's."""
+    currency = result.get("currency", "USD")
+    rows = [
+        (what, name, f"{rate:.4f}") for scope, what in _SCOPES for name, rate in sorted(result.get(scope, {}).items())
+    ]
+    lines = [table(("PRICES", "NAME", f"{currency}/GPU-HOUR"), rows, left=2)] if rows else ["no prices set"]
+    if result.get("unpriced_models"):
+        lines.append(
+            f"GPU models in the fleet without a price (they cost 0 unless an instance type or cluster price "
+            f"covers them): {', '.join(result['unpriced_models'])}; set one with `chamber billing price set MODEL RATE`"
+        )
+    lines.append("(a GPU's price is its instance type's, else its cluster's, else its model's)")
+    return "\n".join(lines)
 
 
 def run_price_import(args: argparse.Namespace) -> int:
@@ -146,10 +180,12 @@ def run_places_report(args: argparse.Namespace, since: float, until: float) -> i
         print(json.dumps(report))
         return 0
     print(f"cost by {args.by} {report['since']} .. {report['until']} UTC ({report['currency']})")
-    print(f"{args.by:<20} {'GPU-hours':>10} {'cost':>12} {'idle cost':>12} {'jobs':>6}")
-    for g in groups:
-        print(f"{g[args.by]:<20} {g['gpu_hours']:>10.2f} {g['cost']:>12.2f} {g['idle_cost']:>12.2f} {g['jobs']:>6}")
-    print(f"{'total':<20} {'':>10} {report['total_cost']:>12.2f}")
+    cells: list[tuple[str, ...]] = [
+        (str(g[args.by]), f"{g['gpu_hours']:.2f}", f"{g['cost']:.2f}", f"{g['idle_cost']:.2f}", str(g["jobs"]))
+        for g in groups
+    ]
+    cells.append(("total", "", f"{report['total_cost']:.2f}", "", ""))
+    print(table((args.by.upper(), "GPU-HOURS", "COST", "IDLE COST", "JOBS"), cells))
     return 0
 
 
@@ -181,11 +217,17 @@ def run_report(args: argparse.Namespace) -> int:
         print(json.dumps(report))
         return 0
     print(f"cost {report['since']} .. {report['until']} UTC ({report['currency']})")
-    print(f"{'team':<20} {'GPU-hours':>10} {'cost':>12} {'jobs':>6} {'budget':>10}")
-    for t in teams:
-        budget = "-" if t["budget"] is None else f"{t['budget']:.2f}"
-        print(f"{t['team']:<20} {t['gpu_hours']:>10.2f} {t['cost']:>12.2f} {t['jobs']:>6} {budget:>10}")
-    for i in idle:
-        print(f"{'idle: ' + i['pool']:<20} {i['gpu_hours']:>10.2f} {i['cost']:>12.2f}")
-    print(f"{'total':<20} {'':>10} {report['total_cost']:>12.2f}")
+    cells: list[tuple[str, ...]] = [
+        (
+            t["team"],
+            f"{t['gpu_hours']:.2f}",
+            f"{t['cost']:.2f}",
+            str(t["jobs"]),
+            "-" if t["budget"] is None else f"{t['budget']:.2f}",
+        )
+        for t in teams
+    ]
+    cells += [("idle: " + i["pool"], f"{i['gpu_hours']:.2f}", f"{i['cost']:.2f}", "", "") for i in idle]
+    cells.append(("total", "", f"{report['total_cost']:.2f}", "", ""))
+    print(table(("TEAM", "GPU-HOURS", "COST", "JOBS", "BUDGET"), cells))
     return 0

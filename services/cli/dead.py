@@ -16,6 +16,7 @@ from typing import Any
 
 from services.cli.common import add_nats_option, with_nats
 from services.cli.errors import UsageError
+from services.cli.tables import table
 from services.runtime.dead_letter import (
     DEAD_CONSUMER,
     DEAD_DETAIL,
@@ -139,13 +140,11 @@ def run(args: argparse.Namespace) -> int:
         if not letters:
             print("no dead letters")
             return 0
-        print(f"{'seq':>6}  {'stream':<10} {'reason':<22} {'subject':<40} detail")
-        for x in letters:
-            s = x.summary()
-            print(
-                f"{s['seq']:>6}  {s['stream']:<10} {printable(s['reason']):<22} {printable(s['subject']):<40} "
-                f"{printable(s['detail'])[:100]}"
-            )
+        rows = [
+            (str(s["seq"]), s["stream"], printable(s["reason"]), printable(s["subject"]), printable(s["detail"])[:100])
+            for s in (x.summary() for x in letters)
+        ]
+        print(table(("SEQ", "STREAM", "REASON", "SUBJECT", "DETAIL"), rows, align="rllll"))
         return 0
     if args.verb == "show":
         [letter] = with_nats(args, lambda nc: _read(nc, [args.seq], None))

@@ -9,6 +9,7 @@ from typing import Any
 
 from services.cli.common import add_nats_option, with_nats
 from services.cli.errors import UsageError
+from services.cli.tables import table
 
 BUCKET = "chamber_fleet"
 
@@ -65,27 +66,37 @@ def run(args: argparse.Namespace) -> int:
     if not nodes:
         print("no nodes yet")
         return 0
-    lost = [n for n in nodes if n["status"] == "lost"]
+    print(fleet_text(nodes))
+    return 0
+
+
+_OUT = ("lost", "isolated")  # a lost or isolated node serves nothing, whatever its GPUs said last
+
+
+def fleet_text(nodes: list[dict[str, Any]]) -> str:
+    lines = []
     for n in nodes:
-        # a lost node serves nothing, whatever its GPUs said last
-        healthy = 0 if n["status"] == "lost" else sum(1 for g in n["gpus"] if not g["isolated"])
-        print(
+        out = n["status"] in _OUT
+        healthy = 0 if out else sum(1 for g in n["gpus"] if not g["isolated"])
+        lines.append(
             f"{n['cluster']}/{n['node']}  {n['status'].upper()}  {healthy}/{len(n['gpus'])} GPUs in service"
             + (f"  {n['reason']}" if n.get("reason") else "")
         )
+        rows = []
         for g in n["gpus"]:
-            util = "-" if g.get("util") is None else f"{g['util']:.0f}%"
-            health = "isolated" if g["isolated"] else "ok"
-            reason = f"  {g['reason']}" if g["isolated"] and g.get("reason") else ""
+            util = "-" if g.get("util") is None or n["status"] == "lost" else f"{g['util']:.0f}%"
+            health = f"node {n['status']}" if out else "isolated" if g["isolated"] else "ok"
+            reason = g["reason"] if g["isolated"] and g.get("reason") else ""
             model = f"AMD {g['model']}" if g.get("vendor") == "amd" else g["model"]  # NVIDIA lines as before
-            print(f"   gpu {g['index']:<2} {model:<20} util {util:>5}  {health}{reason}")
+            rows.append((f"   gpu {g['index']}", model, f"util {util}", health, reason))
+        if rows:
+            lines.extend(table(("", "", "", "", ""), rows, align="llrll").splitlines()[1:])
     gpus = sum(len(n["gpus"]) for n in nodes)
-    in_service = sum(
-        sum(1 for g in n["gpus"] if not g["isolated"]) for n in nodes if n["status"] not in ("lost", "isolated")
-    )
-    print(
+    in_service = sum(sum(1 for g in n["gpus"] if not g["isolated"]) for n in nodes if n["status"] not in _OUT)
+    lost = [n for n in nodes if n["status"] == "lost"]
+    lines.append(
         f"{len(nodes)} nodes ({len(lost)} lost), {gpus} GPUs, {in_service} in service"
         if lost
         else f"{len(nodes)} nodes, {gpus} GPUs, {in_service} in service"
     )
-    return 0
+    return "\n".join(lines)

@@ -11,6 +11,7 @@ from typing import Any
 
 from services.cli.common import add_cluster_option, add_nats_option, send_command
 from services.cli.errors import UsageError
+from services.cli.tables import table
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -85,9 +86,12 @@ def run_policy(args: argparse.Namespace) -> int:
             try:
                 effective = send_command(args, "health", "policy", {}, timeout=2.0)
             except UsageError as exc:
-                print(f"({exc}; showing the default policy)", file=sys.stderr)
+                print(f"chamber health policy: warning: {exc}; showing the default policy", file=sys.stderr)
         else:
-            print(f"(NATS at {args.nats} not reachable; showing the default policy)", file=sys.stderr)
+            print(
+                f"chamber health policy: warning: NATS at {args.nats} not reachable; showing the default policy",
+                file=sys.stderr,
+            )
     if effective is None:
         try:
             effective = load_policy(args.policy).to_json()
@@ -96,12 +100,14 @@ def run_policy(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(effective, indent=2))
         return 0
-    print(f"{'XID':>5}  {'SEVERITY':<9} {'ACTION':<13} DESCRIPTION")
-    for code, rule in effective["xid"].items():
-        print(f"{code:>5}  {rule['severity']:<9} {rule['action']:<13} {rule['description']}")
-    print(f"\n{'KIND':<18} {'SEVERITY':<9} {'ACTION':<13} DESCRIPTION")
-    for kind, rule in effective["kinds"].items():
-        print(f"{kind:<18} {rule['severity']:<9} {rule['action']:<13} {rule['description']}")
+    columns = ("SEVERITY", "ACTION", "DESCRIPTION")
+
+    def rows(rules: dict[str, Any]) -> list[tuple[str, ...]]:
+        return [(str(k), r["severity"], r["action"], r["description"]) for k, r in rules.items()]
+
+    print(table(("XID", *columns), rows(effective["xid"]), align="rlll"))
+    print()
+    print(table(("KIND", *columns), rows(effective["kinds"]), align="llll"))
     b = effective["budget"]
     print(f"\nbudget: {b['max_share']:.0%} of nodes (at least {b['min_nodes']}) per {b['window_s']:g}s")
     return 0

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import secrets
 import sys
+import time
 from typing import Any
 
 from services.cli.common import add_nats_option, finite_float, send_command
 from services.cli.errors import UsageError
 from services.cli.model_check import warn_unknown_model
+from services.cli.tables import table
 
 
 def _send(args: argparse.Namespace, service: str, verb: str, payload: dict[str, Any]) -> Any:
@@ -171,23 +174,37 @@ def queue(args: argparse.Namespace) -> int:
     if not jobs:
         print("no jobs")
         return 0
-    # queued jobs come in the order the scheduler's next cycle takes them (POS), with the factors behind it
-    print(
-        f"{'POS':>4} {'ID':<24} {'TEAM':<12} {'PRIORITY':<9} {'GPUS':>6} {'STATE':<10} {'SCORE':>7} {'AGE':>6} "
-        f"{'GUARD':<8} REASON / PLACEMENT"
-    )
-    for j in jobs:
-        where = " ".join(f"{n}[{','.join(map(str, g))}]" for n, g in j["placement"].items())
-        gpus = f"{j['replicas']}x{j['gpus']}" if j["replicas"] > 1 else str(j["gpus"])
-        detail = where if j["state"] == "running" else j["reason"]
-        pos = j.get("position") or "-"
-        score = "-" if j.get("priority_score") is None else f"{j['priority_score']:.0f}"
-        age = "-" if j.get("age_s") is None else _duration(j["age_s"])
-        print(
-            f"{pos:>4} {j['id']:<24} {j['team']:<12} {j['priority']:<9} {gpus:>6} {j['state']:<10} {score:>7} "
-            f"{age:>6} {_guard(j):<8} {detail}"
-        )
+    print(queue_text(jobs))
     return 0
+
+
+def queue_text(jobs: list[dict[str, Any]]) -> str:
+    """The queue in the order the scheduler's next cycle takes it (POS), with the factors behind it;
+    then, apart, the jobs kept with --allow-wait that cannot run as specified."""
+    blocked = [j for j in jobs if j.get("cannot_run")]
+    listed = [j for j in jobs if not j.get("cannot_run")]
+    header = ("POS", "ID", "TEAM", "PRIORITY", "GPUS", "STATE", "SCORE", "AGE", "GUARD", "REASON / PLACEMENT")
+    text = [table(header, [_queue_row(j) for j in listed], align="rlllrlrrll") if listed else "no jobs that can run"]
+    if blocked:
+        text.append(
+            f"\ncannot run as specified ({len(blocked)}; kept with --allow-wait until the fleet or quota changes):"
+        )
+        rows = [(j["id"], j["team"], _gpus(j), "; ".join(j["cannot_run"])) for j in blocked]
+        text.append(table(("ID", "TEAM", "GPUS", "WHY"), rows, align="llrl"))
+    return "\n".join(text)
+
+
+def _gpus(j: dict[str, Any]) -> str:
+    return f"{j['replicas']}x{j['gpus']}" if j["replicas"] > 1 else str(j["gpus"])
+
+
+def _queue_row(j: dict[str, Any]) -> tuple[str, ...]:
+    where = " ".join(f"{n}[{','.join(map(str, g))}]" for n, g in j["placement"].items())
+    detail = where if j["state"] == "running" else j["reason"]
+    score = "-" if j.get("priority_score") is None else f"{j['priority_score']:.0f}"
+    age = "-" if j.get("age_s") is None else _duration(j["age_s"])
+    return (str(j.get("position") or "-"), j["id"], j["team"], j["priority"], _gpus(j), j["state"], score, age,
+            _guard(j), detail)  # fmt: skip
 
 
 def _duration(seconds: float) -> str:
@@ -214,9 +231,21 @@ def explain(args: argparse.Namespace) -> int:
         print(json.dumps({**result, "slowdown": slowdown}) if slowdown else json.dumps(result))
         return 0
     print(result["text"])
+    now = time.time()
     for line in slowdown:
-        print(f"  perf: {line}")
+        print(f"  perf: {human_times(line, now)}")
     return 0
+
+
+_EPOCH = re.compile(r"\b1\d{9}(?:\.\d+)?\b")  # epoch seconds from 2001 to 2286, as the perf service writes them
+
+
+def human_times(line: str, now: float) -> str:
+    """The perf service's history lines carry epoch seconds (`1796239017: slow ...`): for people,
+    an ISO time and how long ago. The service's JSON keeps the epochs."""
+    from services.timefmt import when
+
+    return _EPOCH.sub(lambda m: when(float(m.group()), now), line)
 
 
 def _slowdown_lines(args: argparse.Namespace) -> list[str]:

@@ -2,8 +2,8 @@
 WorkloadPriorityClasses converted into quota commands and namespace bindings (services.kube.kueue_import).
 
 Standard output is a shell script (the quota commands; the bindings follow as comments, ready for
-Helm values); what has no equivalent goes to standard error with the reason, and the exit status
-is 1 if anything was refused.
+Helm values); what has no equivalent goes to standard error with the reason (`... error: not
+converted: ...`), and the exit status is 1 if anything was refused.
 """
 
 from __future__ import annotations
@@ -53,5 +53,5 @@ def import_kueue(args: argparse.Namespace) -> int:
         if args.values_out:
             Path(args.values_out).write_text(values)
     for reason in result.refused:
-        print(f"refused: {reason}", file=sys.stderr)
+        print(f"chamber quota import-kueue: error: not converted: {reason}", file=sys.stderr)
     return 1 if result.refused else 0

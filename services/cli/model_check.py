@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 
 from services.cli.errors import UsageError
@@ -27,8 +28,11 @@ def warn_unknown_model(args: argparse.Namespace, model: str | None, what: str) -
     models = models_in_fleet(args)
     if models is None or not models or model.lower() in {m.lower() for m in models}:
         return
+    prefix = getattr(args, "command_path", "chamber")
+    close = difflib.get_close_matches(model, sorted(models), n=1, cutoff=0.5)
+    hint = f"did you mean {close[0]!r}? " if close else ""
     print(
-        f"chamber: warning: no GPU in the fleet is a {model!r} (models here: {', '.join(sorted(models))}); "
-        f"{what} matches no GPU until such GPUs join",
+        f"{prefix}: warning: no GPU in the fleet is a {model!r} (models here: {', '.join(sorted(models))}); "
+        f"{hint}{what} matches no GPU until such GPUs join",
         file=sys.stderr,
     )

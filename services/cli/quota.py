@@ -9,12 +9,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
 from typing import Any
 
 from services.cli.common import add_nats_option, finite_float, send_command
 from services.cli.errors import UsageError
 from services.cli.model_check import warn_unknown_model
+from services.cli.tables import table
 
 
 def _send(args: argparse.Namespace, service: str, verb: str, payload: dict[str, Any]) -> Any:
@@ -105,6 +105,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     which.add_argument("--gpu-model", help="nodes with this GPU model")
     which.add_argument("--node-label", metavar="K=V", help="nodes with this label")
     s.set_defaults(func=set_pool)
+    s = ps.add_parser(
+        "delete",
+        help="remove a pool no team has a guarantee in, no job runs in and no node is selected into",
+        description="Remove a pool (with its quotas of 0 GPUs). Refused, naming them, while a team has a "
+        "guarantee in it, a job runs in it or a node is selected into it.",
+    )
+    add_nats_option(s)
+    s.add_argument("name")
+    s.set_defaults(func=delete_pool)
     s = ps.add_parser("list", help="pools: what selects their nodes, GPUs installed and in service, guaranteed")
     add_nats_option(s)
     s.add_argument("--json", action="store_true")
@@ -163,6 +172,8 @@ def set_quota(args: argparse.Namespace) -> int:
         given["on_budget"] = args.on_budget
     if args.expected_seq is not None:
         given["expected_seq"] = args.expected_seq
+    if args.pool != "default":
+        _check_pool_name(args)
     if args.replace:
         if args.gpus is None:
             raise UsageError("--replace sets the whole quota: give --gpus N")
@@ -183,6 +194,21 @@ def set_quota(args: argparse.Namespace) -> int:
     for warning in result.get("warnings", []):
         print(f"chamber quota set: warning: {warning}", file=sys.stderr)
     return 0
+
+
+def _check_pool_name(args: argparse.Namespace) -> None:
+    """A quota in a pool nobody defined, named like one that exists, is a typo: refused with the name."""
+    import difflib
+
+    known = sorted({p["pool"] for p in _send(args, "quota", "list", {}).get("pools", [])} | {"default"})
+    if args.pool in known:
+        return
+    close = difflib.get_close_matches(args.pool, known, n=1, cutoff=0.6)
+    if close:
+        raise UsageError(
+            f"no pool {args.pool!r}; did you mean {close[0]!r}? (pools: {', '.join(known)}; a new pool is "
+            f"defined with `chamber quota pool set NAME --gpu-model MODEL`)"
+        )
 
 
 def quota_text(result: dict[str, Any]) -> str:
@@ -274,23 +300,18 @@ def quota_table(result: dict[str, Any]) -> str:
     return "\n".join(text)
 
 
-def table(header: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1) -> str:
-    """Columns as wide as their widest cell; the first `left` columns left-aligned, the rest right."""
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-
-    def line(cells: Sequence[str]) -> str:
-        cols = enumerate(zip(cells, widths, strict=True))
-        return "  ".join(c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in cols)
-
-    return "\n".join(line(r).rstrip() for r in [header, *rows])
-
-
 def set_pool(args: argparse.Namespace) -> int:
     payload = {"name": args.name, "gpu_model": args.gpu_model, "node_label": args.node_label}
     result = _send(args, "quota", "pool_set", payload)
     warn_unknown_model(args, args.gpu_model, f"pool {args.name}")
     what = f"GPU model {result['gpu_model']}" if result["gpu_model"] else f"nodes labeled {result['node_selector']}"
     print(f"pool {result['pool']}: {what}")
+    return 0
+
+
+def delete_pool(args: argparse.Namespace) -> int:
+    result = _send(args, "quota", "pool_delete", {"name": args.name})
+    print(f"pool {result['pool']}: deleted")
     return 0
 
 

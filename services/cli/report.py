@@ -8,6 +8,7 @@ import time
 
 from services.cli.common import add_nats_option
 from services.cli.errors import UsageError
+from services.cli.tables import table
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -68,9 +69,7 @@ def run_efficiency(args: argparse.Namespace) -> int:
             + [_pct(g[m]) for m in ("allocation_ratio", "usage_ratio", "efficiency_score")]
             + [_fmt(g["stranded_gpu_hours"]), _fmt(g["idle_cost"]), _fmt(g["idle_gpus_now"])]
         )
-    widths = [max(len(row[i]) for row in lines) for i in range(len(header))]
-    for row in lines:
-        print("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))))
+    print(table(lines[0], lines[1:]))
     return 0
 
 

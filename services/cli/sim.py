@@ -152,9 +152,9 @@ def run(args: argparse.Namespace) -> int:
     except TraceError as exc:
         raise UsageError(str(exc)) from None
     for bad in trace.bad_rows[:20]:
-        print(f"{args.trace}:{bad.line}: skipped: {bad.problem}", file=sys.stderr)
+        print(f"chamber sim: warning: {args.trace}:{bad.line}: skipped: {bad.problem}", file=sys.stderr)
     if len(trace.bad_rows) > 20:
-        print(f"... and {len(trace.bad_rows) - 20} more bad rows skipped", file=sys.stderr)
+        print(f"chamber sim: warning: ... and {len(trace.bad_rows) - 20} more bad rows skipped", file=sys.stderr)
     fleet = FleetSpec(gpus=args.gpus, gpus_per_node=args.gpus_per_node)
     options = {"fault_rate_per_node_day": args.fault_rate, "seed": args.seed, "until": args.until}
     from services.scheduler.policy_options import chamber_tuning

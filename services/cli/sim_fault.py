@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 from services.cli.common import add_nats_option, send_command
 from services.cli.errors import UsageError
@@ -31,6 +32,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--nic", type=int, metavar="I", help="NIC index for the nic_* kinds (default 0; with clear: only this NIC)"
     )
+    p.add_argument("--json", action="store_true", help="print the simulator's answer as JSON")
     add_nats_option(p)
     p.set_defaults(func=run)
 
@@ -46,8 +48,27 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--nic must be 0 or more, not {args.nic}")
     from services.runtime.logs import configure_logging
 
-    configure_logging("error")  # stdout carries the JSON result only; the client's close is not news
+    configure_logging("error")  # stdout carries the result only; the client's close is not news
     payload = {"node": args.node, "kind": args.kind, "gpu": args.gpu, "xid": args.xid, "nic": args.nic}
     result = send_command(args, "sim", "inject", payload)
-    print(json.dumps(result))
+    print(json.dumps(result) if args.json else fault_text(result))
     return 0
+
+
+_PARTS = (("nic", "NIC"), ("leaf", "leaf switch"), ("gpu", "GPU"))
+
+
+def fault_text(result: dict[str, Any]) -> str:
+    """What was done to which part of the node, and where to watch the platform react."""
+    node, kind = result["node"], result["kind"]
+    part = next(
+        (f"{name} {result[key]}" for key, name in _PARTS if result.get(key) is not None),
+        "",
+    )
+    if kind == "clear":
+        return f"cleared the simulated faults of {node}{' ' + part if part else ''}"
+    what = f"XID {result['xid']}" if kind == "xid" and result.get("xid") is not None else kind.replace("_", " ")
+    return (
+        f"injected {what} on {node}{' ' + part if part else ''}; the agent reports it at its next sample: "
+        f"`chamber fleet` shows what health did, `chamber explain JOB` what moved"
+    )

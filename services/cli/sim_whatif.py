@@ -73,7 +73,7 @@ def run_whatif(args: argparse.Namespace) -> int:
         "notes": notes,
     }
     for note in notes:
-        print(f"chamber sim: {note}", file=sys.stderr)
+        print(f"chamber sim: warning: {note}", file=sys.stderr)
     if args.plot:
         from services.tracesim.plot import plot
 

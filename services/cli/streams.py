@@ -10,6 +10,7 @@ import json
 from typing import Any
 
 from services.cli.common import add_nats_option, with_nats
+from services.cli.tables import table
 from services.runtime.partitions import configured_partitions, existing_partitions, explain_mapping, server_partitions
 
 
@@ -57,11 +58,17 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"streams": streams, "telemetry_partitions": partitions}, indent=2))
         return 0
-    width = max([len("stream"), *(len(s["name"]) for s in streams)])
-    print(f"{'stream':<{width}} {'R':>2} {'leader':<16} {'followers (behind?)':<32} {'messages':>10}")
-    for s in streams:
-        followers = ", ".join(f"{f['name']}{'' if f['current'] else ' (behind)'}" for f in s["followers"]) or "-"
-        print(f"{s['name']:<{width}} {s['replicas']:>2} {s['leader'] or '-':<16} {followers:<32} {s['messages']:>10}")
+    rows = [
+        (
+            s["name"],
+            str(s["replicas"]),
+            s["leader"] or "-",
+            ", ".join(f"{f['name']}{'' if f['current'] else ' (behind)'}" for f in s["followers"]) or "-",
+            str(s["messages"]),
+        )
+        for s in streams
+    ]
+    print(table(("STREAM", "R", "LEADER", "FOLLOWERS (BEHIND?)", "MESSAGES"), rows, align="lrllr"))
     server = partitions["server_mapping"]
     print(
         f"telemetry partitions: server mapping {server if server is not None else 'unknown (probes not answered)'}, "

@@ -232,7 +232,7 @@ def _login(data_dir: Path, user: str) -> dict[str, str]:
 
 
 def _components(args: argparse.Namespace, url: str, data_dir: Path, *, secured: bool) -> list[Component]:
-    from services.cli import command_modules
+    from services.cli import command_names
     from services.cli.service import discover
     from services.stack.supervisor import Component
 
@@ -258,7 +258,7 @@ def _components(args: argparse.Namespace, url: str, data_dir: Path, *, secured: 
             argv += ["--port", str(args.port), "--host", GATEWAY_HOST]
             extra["CHAMBER_API_TOKEN_FILE"] = str(data_dir / "api-token")  # only the gateway reads it
         components.append(Component(name, argv, {**env, **login(f"svc-{name}"), **extra}))
-    commands = {m.__name__.rsplit(".", 1)[-1] for m in command_modules()}
+    commands = set(command_names())  # by name: importing every command's module would cost this process memory
     if "agent" in commands:
         if Path("/dev/nvidiactl").exists() or Path("/dev/kfd").exists():  # NVIDIA, or AMD (ROCm's KFD)
             agent, user = ["agent", "--nats", url], "agent"

@@ -29,6 +29,7 @@ from events.fleet import (
 )
 from events.telemetry import GpuInfo, HostInfo, NodeInventory, NodeSample
 from services.discovery.cloud import cloud_labels, host_labels
+from services.timefmt import iso
 
 GPU_RESOURCE = "nvidia.com/gpu"
 AMD_GPU_RESOURCE = "amd.com/gpu"
@@ -252,7 +253,7 @@ def desired_status(state: DiscoveryState, rec: NodeRecord, now: float) -> tuple[
         return NodeStatus.NO_AGENT, rec.kube_seen_at or rec.first_seen_at, "seen by Kubernetes, no Chamber agent"
     silent = now - rec.last_seen_at
     if silent >= state.lost_after_s:
-        reason = f"no heartbeat for {state.lost_after_s:g}s (last at {rec.last_seen_at:.0f})"
+        reason = f"no heartbeat for {state.lost_after_s:g}s (last at {iso(rec.last_seen_at)})"
         return NodeStatus.LOST, rec.last_seen_at + state.lost_after_s, reason
     suspect_after = state.suspect_after_intervals * rec.interval_s
     if silent > suspect_after:

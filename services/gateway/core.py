@@ -49,6 +49,7 @@ from events import (
     NodeUpdated,
     Placement,
     PoolDefined,
+    PoolRemoved,
     PriceSet,
     TeamQuotaSet,
 )
@@ -308,7 +309,7 @@ def evolve(state: GatewayState, event: Event) -> GatewayState:
             | JobCancelled()
         ):
             _job(state, event)
-        case PoolDefined() | TeamQuotaSet() | FairShareUpdated() | BudgetSet():
+        case PoolDefined() | PoolRemoved() | TeamQuotaSet() | FairShareUpdated() | BudgetSet():
             _quota(state, event)
         case PriceSet() | CostAccrued() | BudgetExceeded():
             _billing(state, event)
@@ -549,10 +550,14 @@ def _free(state: GatewayState, job: Job) -> None:
 # --- quota and billing -----------------------------------------------------------------------------
 
 
-def _quota(state: GatewayState, event: PoolDefined | TeamQuotaSet | FairShareUpdated | BudgetSet) -> None:
+def _quota(state: GatewayState, event: PoolDefined | PoolRemoved | TeamQuotaSet | FairShareUpdated | BudgetSet) -> None:
     match event:
         case PoolDefined():
             state.pools[event.pool] = event
+        case PoolRemoved():  # with its quotas (of 0 GPUs)
+            state.pools.pop(event.pool, None)
+            for team in state.teams.values():
+                team.quotas.pop(event.pool, None)
         case TeamQuotaSet():
             state.team(event.team).quotas[event.pool] = TeamQuota(
                 event.pool, event.guaranteed_gpus, event.borrow_limit, event.lend_limit, event.weight

@@ -37,6 +37,7 @@ from events import (
     NodeUpdated,
     Placement,
     PoolDefined,
+    PoolRemoved,
     TeamQuotaSet,
 )
 from events.codec import stable_id
@@ -141,6 +142,10 @@ def evolve(state: QuotaState, event: Event) -> QuotaState:
     match event:
         case PoolDefined():
             state.pools[event.pool] = PoolDef(event.pool, event.gpu_model, dict(event.node_selector))
+        case PoolRemoved():  # with its quotas (of 0 GPUs: remove_pool)
+            state.pools.pop(event.pool, None)
+            for key in [k for k in state.quotas if k[0] == event.pool]:
+                del state.quotas[key]
         case TeamQuotaSet():
             state.quotas[(event.pool, event.team)] = Quota(
                 event.team,
@@ -425,6 +430,46 @@ def set_quota(
         critical=critical,
         np_lend_limit=np_lend_limit,
     )
+
+
+def remove_pool(state: QuotaState, *, name: str, at: float) -> PoolRemoved:
+    """Remove a pool, with its quotas of 0 GPUs. Refused, naming them, while a team has a guarantee
+    in it, a job runs in it or a node is selected into it: they would move silently."""
+    if name == DEFAULT_POOL:
+        raise QuotaRefused("the default pool spans every node no other pool selects; it cannot be deleted", "name")
+    if name not in state.pools and not any(p == name for p, _ in state.quotas):
+        known = sorted(state.pools)
+        raise QuotaRefused(f"no pool {name!r}" + (f" (pools: {', '.join(known)})" if known else ""), "name")
+    guarantees = sorted((t, q.guaranteed) for (p, t), q in state.quotas.items() if p == name and q.guaranteed)
+    if guarantees:
+        raise QuotaRefused(
+            f"pool {name} still guarantees GPUs to {', '.join(f'{t} ({g})' for t, g in guarantees)}: set them to 0 "
+            f"first (`chamber quota set TEAM --pool {name} --gpus 0`)",
+            "name",
+        )
+    jobs = sorted(job for job, (p, _, _) in state.running.items() if p == name)
+    if jobs:
+        raise QuotaRefused(
+            f"pool {name} still runs {len(jobs)} job(s) ({_some(jobs)}); wait for them or cancel them", "name"
+        )
+    nodes = sorted(
+        k[1] for k, n in state.nodes.items() if not n.lost and node_pool(state.pools, n.model, n.labels) == name
+    )
+    if nodes:
+        raise QuotaRefused(
+            f"pool {name} still selects {len(nodes)} node(s) ({_some(nodes)}); deleting it would move them to "
+            "another pool",
+            "name",
+        )
+    return PoolRemoved(pool=name, at=at)
+
+
+def _pool_of(state: QuotaState, node: NodeCap) -> str:
+    return node_pool(state.pools, node.model, node.labels)
+
+
+def _some(names: list[str]) -> str:
+    return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
 
 
 def define_pool(

@@ -2,7 +2,7 @@
 
 A manifest for the decider host: inputs FLEET, QUOTA and JOBS, the core's `evolve`, and as `decide`
 the FairShareUpdated of teams whose factor moved (every `--interval` seconds). Answers `set`,
-`patch`, `pool_set` and `list` (pure validations and reads, served by the host: a valid command is
+`patch`, `pool_set`, `pool_delete` and `list` (pure validations and reads, served by the host: a valid command is
 appended to QUOTA and answered once folded back; a change of a team's quota carries the team's last
 sequence, so of two concurrent changes one wins and the other is told the quota changed), and
 writes each team's row to the KV bucket `chamber_quota` (key `<pool>.<team>`) for dashboards.
@@ -34,6 +34,7 @@ from services.quota.core import (
     over_commitment,
     patched,
     pool_rows,
+    remove_pool,
     rows,
     set_quota,
     settings_of,
@@ -65,6 +66,10 @@ class PoolSetRequest(msgspec.Struct, kw_only=True):
     name: str
     gpu_model: str | None = None
     node_label: str | None = None
+
+
+class PoolDeleteRequest(msgspec.Struct, kw_only=True):
+    name: str
 
 
 class ListRequest(msgspec.Struct, kw_only=True):
@@ -200,6 +205,16 @@ def validate_pool_set(state: QuotaState, req: PoolSetRequest, now: float) -> Acc
     return Accepted((Append(event, stable_id("pool", req.name, event.at)),), result)
 
 
+def validate_pool_delete(state: QuotaState, req: PoolDeleteRequest, now: float) -> Accepted:
+    try:
+        event = remove_pool(state, name=req.name, at=now)
+    except QuotaRefused as exc:
+        raise CommandRefused(str(exc), field=exc.field) from None
+    return Accepted(
+        (Append(event, stable_id("pool-removed", req.name, event.at)),), {"pool": event.pool, "removed": True}
+    )
+
+
 def answer_list(state: QuotaState, _: ListRequest, now: float) -> dict[str, Any]:
     return {"teams": rows(state, now), "pools": pool_rows(state)}
 
@@ -212,6 +227,7 @@ COMMANDS: tuple[Command[QuotaState, Any], ...] = (
         "patch", PatchTeamQuota, validate=validate_patch, entity=_team_subject, conflict=_changed, conflict_field="team"
     ),
     Command("pool_set", PoolSetRequest, validate=validate_pool_set),
+    Command("pool_delete", PoolDeleteRequest, validate=validate_pool_delete),
     Command("list", ListRequest, answer=answer_list),
 )
 

@@ -55,7 +55,7 @@ async def test_sim_fault_reaches_a_running_simulated_fleet(
         deadline = time.monotonic() + 30
         while True:  # until the fleet answers its commands
             result = await asyncio.to_thread(
-                run, "sim-fault", "sim-001", "thermal", "--gpu", "2", "--nats", nats_server.url
+                run, "sim-fault", "sim-001", "thermal", "--gpu", "2", "--json", "--nats", nats_server.url
             )
             if result.returncode == 0 or time.monotonic() > deadline:
                 break

@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 from nats.aio.client import Client
 
-from events import NodeDiscovered
+from events import BudgetExceeded, BudgetSet, NodeDiscovered
 from events.fleet import IsolationHeld
 from services.gateway import core, views
 from services.gateway.core import GatewayState, evolve
@@ -39,6 +39,18 @@ needs_chromium = pytest.mark.skipif(
 )
 
 
+# the flag is on the page, inside its cell's box (a cell that hides its overflow would cut it)
+FLAG_SHOWN = """(() => {
+  const flag = document.querySelector('#cost [data-cost="vision"] .pill.critical');
+  if (!flag || flag.textContent !== 'over budget') return false;
+  const f = flag.getBoundingClientRect(), row = flag.closest('.bar-row').getBoundingClientRect();
+  const track = flag.closest('.bar-row').querySelector('.track').getBoundingClientRect();
+  return f.width > 40 && f.left >= row.left && f.right <= track.left && f.bottom <= row.bottom + 1;
+})()"""
+
+HELD_SHOWN = "(() => { const e = document.getElementById('nodes-isolated'); return e.scrollWidth <= e.clientWidth; })()"
+
+
 @needs_chromium
 async def test_the_dashboard_shows_the_running_fleet(
     nats_server: SecuredNatsServer, nc: Client, js: object, tmp_path: Path
@@ -52,7 +64,11 @@ async def test_the_dashboard_shows_the_running_fleet(
         cluster=some.cluster, node=some.node, at=time.time() - 60, action="isolate_gpu", reason="nic_down; held",
         gpu_index=1,
     )  # fmt: skip
-    events = [*events, held]
+    over = [  # a team past its budget: the cost panel flags it, whatever the window's width
+        BudgetSet(team="vision", at=time.time() - 120, amount=1.0),
+        BudgetExceeded(team="vision", at=time.time() - 30, budget=1.0, spent=1.25),
+    ]
+    events = [*events, held, *over]
     expected = GatewayState()
     for event in [*events, *(e for w in waves for e in w)]:
         evolve(expected, event)
@@ -101,6 +117,14 @@ async def test_the_dashboard_shows_the_running_fleet(
                 ".split(' ').length >= 3",
                 timeout=10_000,
             )
+
+            for width in (1440, 900, 600):  # the flag was once cut off in the 90 px name cell
+                await page.set_viewport_size({"width": width, "height": 1500})
+                # the cost panel fills in on its own poll: wait for the flag, then for it to fit its cell
+                await page.locator('#cost [data-cost="vision"] .pill.critical').wait_for(timeout=10_000)
+                assert await page.evaluate(FLAG_SHOWN), f"the over-budget flag is cut off at {width} px"
+                assert await page.evaluate(HELD_SHOWN), f"the held count is cut off at {width} px"
+            await page.set_viewport_size({"width": 1440, "height": 1500})
 
             assert errors == []
             shot = tmp_path / "dashboard.png"  # for a person to look at: pytest keeps the last runs' tmp dirs

@@ -45,7 +45,8 @@ def test_a_bad_policy_file_is_one_line_naming_the_key(tmp_path: Path, capsys: py
 def test_the_policy_table_is_readable(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["health", "policy", "--local"]) == 0
     out = capsys.readouterr().out
-    assert "   79  critical  isolate_node  GPU has fallen off the bus" in out
+    assert "\n 79  critical  isolate_node  GPU has fallen off the bus\n" in out
+    assert out.startswith("XID  SEVERITY  ACTION        DESCRIPTION\n")
     assert "ecc_dbe" in out and "budget: 10% of nodes (at least 2) per 3600s" in out
 
 

@@ -31,7 +31,8 @@ def test_the_command_prints_a_script_and_refusals_apart(tmp_path: Path) -> None:
     done = subprocess.run([CHAMBER, "quota", "import-kueue", str(bad)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 1
     assert "chamber quota set a --pool default --gpus 4 --borrow-limit 0 --lend-limit 0 --replace" in done.stdout
-    assert done.stderr.startswith("refused: ClusterQueue a: StrictFIFO has no equivalent")
+    refused = "chamber quota import-kueue: error: not converted: ClusterQueue a: StrictFIFO has no equivalent"
+    assert done.stderr.startswith(refused)
 
     missing = subprocess.run([CHAMBER, "quota", "import-kueue", str(tmp_path / "nope.yaml")], capture_output=True,
                              text=True, timeout=60)  # fmt: skip

@@ -111,6 +111,7 @@ async def test_submit_schedule_explain_cancel_and_a_restart_rebuilds_the_same_st
         "replicas",
         "state",
         "reason",
+        "cannot_run",  # why it can never run as specified (kept with --allow-wait); empty when it can
         "placement",
         "submitted_at",
         "position",  # the next cycle's order, and the factors behind it

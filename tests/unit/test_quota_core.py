@@ -16,6 +16,7 @@ from services.quota.core import (
     over_commitment,
     patched,
     pool_rows,
+    remove_pool,
     rows,
     set_quota,
     settings_of,
@@ -157,3 +158,28 @@ def test_quota_rows_carry_every_setting_and_the_teams_budget() -> None:
     [row] = rows(s, 2)
     assert row["np_lend_limit"] is None and row["critical"] is True
     assert (row["budget"], row["on_budget"], row["currency"]) == (2000.0, "hold", "USD")
+
+
+def test_a_pool_is_deleted_only_when_no_guarantee_job_or_node_uses_it() -> None:
+    s = a_fleet()
+    evolve(s, define_pool(s, name="ampere", gpu_model="A100", node_label=None, at=0))  # selects n2
+    evolve(s, define_pool(s, name="spare", gpu_model="B200", node_label=None, at=0))  # selects nothing
+    evolve(s, a_quota("vision", 4, pool="ampere"))
+    with pytest.raises(QuotaRefused, match=r"pool ampere still guarantees GPUs to vision \(4\): set them to 0"):
+        remove_pool(s, name="ampere", at=1)
+    evolve(s, a_quota("vision", 0, pool="ampere"))
+    evolve(s, a_job("j1", gpus=1, pool="ampere"))
+    evolve(s, run("j1", 2, pool="ampere"))
+    with pytest.raises(QuotaRefused, match=r"pool ampere still runs 1 job\(s\) \(j1\)"):
+        remove_pool(s, name="ampere", at=3)
+    evolve(s, JobCompleted(job_id="j1", at=4))
+    with pytest.raises(QuotaRefused, match=r"pool ampere still selects 1 node\(s\) \(n2\); deleting it would move"):
+        remove_pool(s, name="ampere", at=5)
+    with pytest.raises(QuotaRefused, match=r"default pool .* cannot be deleted"):
+        remove_pool(s, name="default", at=5)
+    with pytest.raises(QuotaRefused, match=r"no pool 'spar' \(pools: ampere, spare\)"):
+        remove_pool(s, name="spar", at=5)
+    evolve(s, a_quota("vision", 0, pool="spare"))
+    evolve(s, remove_pool(s, name="spare", at=6))
+    assert "spare" not in s.pools and ("spare", "vision") not in s.quotas  # its quotas of 0 GPUs go with it
+    assert [p["pool"] for p in pool_rows(s)] == ["ampere"]

@@ -46,3 +46,22 @@ def test_a_team_typo_gets_a_did_you_mean() -> None:
         submitted(d.state, SubmitJob(team="vison", gpus=1), "j", 1.0)
     with pytest.raises(InvalidName, match="has no quota"):
         submitted(d.state, SubmitJob(team="speech", gpus=1), "j", 1.0)
+
+
+def test_a_pool_typo_gets_a_did_you_mean_and_the_pools_there_are() -> None:
+    d = Driver().given(a_node("n1"), a_quota("vision", 8), a_quota("vision", 8, pool="train"))
+    with pytest.raises(InvalidName, match=r"no pool 'trian' \(pools: default, train\); did you mean 'train'\?"):
+        submitted(d.state, SubmitJob(team="vision", gpus=1, pool="trian"), "j", 1.0)
+    assert submitted(d.state, SubmitJob(team="vision", gpus=1, pool="train"), "j", 1.0).spec.pool == "train"
+
+
+def test_a_removed_pool_takes_its_empty_quotas_and_jobs_move_to_the_teams_other_pool() -> None:
+    from events import PoolDefined, PoolRemoved
+
+    d = Driver().given(a_node("n1"), PoolDefined(pool="spare", at=0, gpu_model="B200"))
+    d.given(a_quota("vision", 0, pool="spare"), a_quota("vision", 8))
+    assert d.state.team_pools["vision"] == ["default", "spare"]
+    d.given(PoolRemoved(pool="spare", at=1))
+    assert "spare" not in d.state.pools and d.state.team_pools["vision"] == ["default"]
+    with pytest.raises(InvalidName, match="no pool 'spare'"):
+        submitted(d.state, SubmitJob(team="vision", gpus=1, pool="spare"), "j", 2.0)

@@ -52,3 +52,15 @@ def test_a_dismissed_hold_gives_the_gpus_back_and_a_confirmed_one_isolates() -> 
     d3 = Driver().given(a_node("n1"), held("n1", gpu=2))
     d3.given(GpuIsolated(cluster="c1", node="n1", gpu_index=2, at=7.0, reason="confirmed"))
     assert d3.state.nodes[("c1", "n1")].held == {}
+
+
+def test_a_job_moved_off_a_failed_gpu_says_from_where_and_why() -> None:
+    d = Driver().given(a_node("n1"), a_node("n2"), a_job("train", gpus=8))
+    d.cycle()
+    [(was, _)] = d.where("train").items()
+    d.given(GpuIsolated(cluster="c1", node=was, gpu_index=0, at=5.0, reason="ecc_dbe: double-bit ECC error"))
+    for t in (6.0, 7.0):
+        d.cycle(t)
+    text = explain(d.state, "train", d.waiting)["text"]  # type: ignore[index]
+    assert d.state_of("train") == "running" and was not in d.where("train"), text
+    assert f": moved here: a GPU or node it ran on went out of service ({was} GPU 0: ecc_dbe: double-bit" in text

@@ -60,3 +60,36 @@ def test_focus_narrows_the_parser_only_and_chamber_up_still_finds_every_service(
         assert service.discover(["quota"]).keys() == {"quota"}
     finally:
         service._FOCUS.clear()
+
+
+def test_chamber_up_reads_every_service_module_without_the_recorders_engine() -> None:
+    """The supervisor of `chamber up` imports every service's module (names, roles, options) and the
+    agent's and workload's processes their own command's module: none loads Arrow, pandas or chDB
+    (the recorder's light front, services/recorder/service.py), nor the other commands' modules, nor
+    rich for tracebacks."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys; from services.cli import lighten_logging, build_parser; lighten_logging(); "
+        "import services.cli.service as s; s.focus([]); build_parser('up'); s.discover(); "
+        "from services.stack.credentials import stack_users; stack_users('local', list(s.discover())); "
+        "heavy = sorted(m for m in ('pyarrow', 'numpy', 'pandas', 'chdb', 'rich') if sys.modules.get(m)); "
+        "cli = sorted(m for m in sys.modules if m in ('services.cli.sim', 'services.cli.jobs', 'services.cli.sql')); "
+        "print(heavy, cli)"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[] []", done.stdout
+
+
+def test_asking_the_recorders_front_for_an_absent_name_loads_nothing() -> None:
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys; import services.recorder.service as r; getattr(r, 'RUNS_IN_UP', True); "
+        "print('services.recorder.pipeline' in sys.modules, r.setup_recorder.__module__)"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "False services.recorder.pipeline", done.stderr

@@ -69,7 +69,8 @@ function renderCards(s) {
   $("gpus-isolated").textContent = int(f.gpus_isolated);
   const held = (s.faults.held || []).length;  // isolations the isolation budget held back
   $("gpus-isolated").closest(".card").classList.toggle("warn", f.gpus_isolated > 0 || held > 0);
-  $("nodes-isolated").textContent = `${plural(f.nodes_isolated, "node")} isolated` + (held ? ` · ${held} held` : "");
+  // held first: what waits for an operator must not be the part a narrow card cuts off
+  $("nodes-isolated").textContent = (held ? `${held} held · ` : "") + `${plural(f.nodes_isolated, "node")} isolated`;
   $("efficiency-score").textContent = pct(e.efficiency_score);
   $("usage-ratio").textContent = `usage ${pct(e.usage_ratio)}`;
   $("queue-depth").textContent = int(q.depth);
@@ -203,7 +204,7 @@ function renderCost(c) {
   else if (c.idle_cost > 0) rows.push({ who: "idle", cost: c.idle_cost, note: `${c.idle_gpu_hours.toFixed(1)} GPU-h unused`, cls: "idle" });
   const max = Math.max(1e-9, ...rows.map((r) => r.cost));
   $("cost").innerHTML = rows.map((r) => `<div class="bar-row" data-cost="${esc(r.who)}">
-      <div class="who">${esc(r.who)}${r.over ? ' <span class="pill critical">over budget</span>' : ""}</div>
+      <div class="who"><span class="name" title="${esc(r.who)}">${esc(r.who)}</span>${r.over ? '<span class="pill critical flag">over budget</span>' : ""}</div>
       <div class="track"><div class="fill ${r.cls}" style="width:${(r.cost / max) * 100}%"></div></div>
       <div class="nums">${money(r.cost, c.currency)}<br>${esc(r.note)}</div></div>`).join("") || `<div class="muted">No cost accrued yet.</div>`;
 }

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from events import BudgetAction, BudgetExceeded, BudgetSet, JobSpec, PriorityClass
+from services.timefmt import distinct
 
 if TYPE_CHECKING:
     from services.scheduler.core.state import Job, SchedulerState
@@ -74,8 +75,9 @@ def over_budget(s: SchedulerState, team: str, at: float) -> BudgetRule | None:
 
 
 def _what(team: str, rule: BudgetRule) -> str:
+    spent, amount = distinct(rule.spent, rule.amount, digits=2)  # never "100.00 of 100.00"
     return (
-        f"team {team} is over its budget ({rule.spent:.2f} of {rule.amount:.2f} {rule.currency} spent in "
+        f"team {team} is over its budget ({spent} of {amount} {rule.currency} spent in "
         f"{rule.exceeded_month}; --on-budget {rule.action.value})"
     )
 

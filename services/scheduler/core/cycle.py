@@ -33,7 +33,7 @@ from services.scheduler.core.degraded import only_degraded, out_of_service, stay
 from services.scheduler.core.policy import CHAMBER, ORDERINGS, Order, OrderKey, Policy, QueueKey, sorted_queue
 from services.scheduler.core.pools import DEFAULT_POOL
 from services.scheduler.core.preemption import Victims, lost_work_gpu_s
-from services.scheduler.core.state import QUEUED, Job, JobState, SchedulerState, estimate_s
+from services.scheduler.core.state import QUEUED, REQUEUED, Job, JobState, SchedulerState, estimate_s
 from services.scheduler.core.waits import Wait, WaitKind
 from services.scheduler.core.work import Spot, Work
 from services.timefmt import distinct, when
@@ -370,10 +370,19 @@ def _admit(ctx: CycleContext, c: Candidate, spot: Spot, why: str) -> None:
     ctx.decisions.append(Admit(job.id, job.spec.team, placements, borrowed, why, job.ran_before, generation, job.pool))
 
 
+def _moved_because(ctx: CycleContext, job: Job) -> str | None:
+    """Why a job being placed left where it ran: requeued in this cycle, or in an earlier one."""
+    if job.id in ctx.requeued:
+        return next((d.reason for d in ctx.decisions if isinstance(d, Requeue) and d.job_id == job.id), None)
+    return job.reason.removeprefix(REQUEUED) if job.reason.startswith(REQUEUED) else None
+
+
 def _placed_why(ctx: CycleContext, c: Candidate, spot: Spot) -> str:
     """The reason an admission on free GPUs gives (measured before the admission counts the job)."""
     work, job, res = ctx.work, c.job, c.res
     why = f"placed on {work.describe(spot)}"
+    if moved := _moved_because(ctx, job):  # it ran elsewhere before: say from where and why it moved
+        why += f"; moved here: {moved}"
     if job.id in work.link_notes:
         why += f"; {work.link_notes[job.id]}"
     if borrowed := quota.borrowed(work, job):

@@ -16,7 +16,7 @@ import difflib
 from events.commands import SubmitJob
 from events.jobs import JobSpec, JobSubmitted
 from events.names import InvalidName, check_event
-from services.pools import job_pool, node_pool
+from services.pools import DEFAULT_POOL, job_pool, node_pool
 from services.scheduler.core.quota import critical_block
 from services.scheduler.core.state import SchedulerState
 
@@ -57,6 +57,8 @@ def submitted(state: SchedulerState, req: SubmitJob, job_id: str, at: float) -> 
             f"`chamber quota set {req.team} --gpus N` (0 is allowed: the team then only borrows idle GPUs)",
             field="team",
         )
+    if req.pool:
+        _check_pool(state, req.pool)
     spec = JobSpec(
         team=req.team,
         gpus_per_replica=gpus,
@@ -75,6 +77,16 @@ def submitted(state: SchedulerState, req: SubmitJob, job_id: str, at: float) -> 
     event = JobSubmitted(job_id=job_id, at=at, spec=spec)
     check_event(event)
     return event
+
+
+def _check_pool(state: SchedulerState, pool: str) -> None:
+    """A pool nobody defined and no quota names is a typo: refused, with the pools there are."""
+    known = {DEFAULT_POOL, *state.pools, *(p for p, _ in state.quotas)}
+    if pool in known:
+        return
+    close = difflib.get_close_matches(pool, sorted(known), n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise InvalidName(f"no pool {pool!r} (pools: {', '.join(sorted(known))}){hint}", field="pool")
 
 
 def cannot_run(state: SchedulerState, spec: JobSpec) -> list[str]:

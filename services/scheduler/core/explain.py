@@ -8,6 +8,7 @@ from typing import Any
 from events import Event, JobCancelled, JobCompleted, JobFailed, JobSubmitted
 from services.scheduler.core.budget import note as budget_note
 from services.scheduler.core.degraded import only_degraded, out_of_service, stay_note
+from services.scheduler.core.door import cannot_run
 from services.scheduler.core.policy import CHAMBER, ORDERINGS, Policy, QueueKey, by_multifactor_priority, sorted_queue
 from services.scheduler.core.state import FINISHED, QUEUED, Job, JobState, SchedulerState
 from services.timefmt import iso, when
@@ -20,10 +21,31 @@ def _placement(job: Job) -> dict[str, list[int]]:
     return out
 
 
-def _reason(job: Job, waiting: Mapping[str, str]) -> str:
+def _reason(job: Job, waiting: Mapping[str, str], impossible: list[str] | None = None) -> str:
+    if job.state in QUEUED and impossible:
+        return CANNOT_RUN + "; ".join(impossible)
     if job.state in QUEUED and job.id in waiting:
         return waiting[job.id]
     return job.reason
+
+
+CANNOT_RUN = "cannot run until this changes: "  # a job kept with --allow-wait that the fleet as installed cannot run
+
+
+def _impossible(state: SchedulerState, jobs: list[Job]) -> dict[str, list[str]]:
+    """Why each queued job can never start as specified (`cannot_run`), by job; asked once per shape."""
+    by_shape: dict[tuple[Any, ...], list[str]] = {}
+    out = {}
+    for j in jobs:
+        if j.state not in QUEUED:
+            continue
+        s = j.spec
+        shape = (s.team, s.pool, s.gpu_model, s.gpus_per_replica, s.replicas)
+        if shape not in by_shape:
+            by_shape[shape] = cannot_run(state, s)
+        if by_shape[shape]:
+            out[j.id] = by_shape[shape]
+    return out
 
 
 def _held_under(state: SchedulerState, job: Job) -> str:
@@ -85,6 +107,7 @@ def queue_rows(
     queued = {
         key[3]: _queued_facts(policy, key, position[key[3]], state.jobs[key[3]].queued_since, now) for key in keys
     }
+    impossible = _impossible(state, jobs)
     return [
         {
             "id": j.id,
@@ -94,7 +117,8 @@ def queue_rows(
             "gpus": j.spec.gpus_per_replica,
             "replicas": j.spec.replicas,
             "state": j.state.value,
-            "reason": _reason(j, waiting),
+            "reason": _reason(j, waiting, impossible.get(j.id)),
+            "cannot_run": impossible.get(j.id, []),
             "placement": _placement(j),
             "submitted_at": j.submitted_at,
             **queued.get(j.id, _NOT_QUEUED),
@@ -130,6 +154,9 @@ def explain(
     ask = f"{spec.replicas}x{spec.gpus_per_replica} GPUs" + (f" of {spec.gpu_model}" if spec.gpu_model else "")
     head = f"job {job.id} ({spec.name or 'unnamed'}, team {spec.team}, {spec.priority.value} priority, {ask}"
     head += f", pool {job.pool})"
+    impossible = _impossible(state, [job]).get(job.id)
+    if impossible:
+        waiting = {**waiting, job.id: _reason(job, waiting, impossible)}
     if job.state == JobState.RUNNING:
         text = _running_text(state, job, head)
     elif job.state in QUEUED:
@@ -145,6 +172,7 @@ def explain(
         "state": job.state.value,
         "text": text,
         "reason": _reason(job, waiting),
+        "cannot_run": impossible or [],
         "placement": _placement(job),
         "preempted_by": job.preempted_by,
         "preempt_reason": job.preempt_reason,
@@ -155,7 +183,9 @@ def explain(
 
 def _running_text(state: SchedulerState, job: Job, head: str) -> str:
     where = ", ".join(f"{p.node}[{','.join(map(str, p.gpu_indices))}]" for p in job.placements)
-    text = f"{head} is running on {where}: {job.reason}"
+    # the reason starts with where it was placed, which the sentence has just said
+    reason = job.reason.removeprefix(f"placed on {where}").lstrip(" ,;")
+    text = f"{head} is running on {where}" + (f": {reason}" if reason else "")
     if job.id in state.displaced and only_degraded(state, job):  # the cycle leaves it there (cycle.py)
         text += f"; {stay_note(job, out_of_service(state, job)[0], at_least=True)}"
     if job.borrowed_gpus and not job.spec.preemptible:  # issue 19: lent to it, returned by draining

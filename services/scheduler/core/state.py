@@ -41,6 +41,7 @@ from events import (
     NodeUpdated,
     Placement,
     PoolDefined,
+    PoolRemoved,
     TeamQuotaSet,
 )
 from events.fabric import JobSlowdownCleared, JobSlowdownDetected
@@ -519,6 +520,9 @@ def _suspended(s: SchedulerState, e: JobSuspended) -> None:
         _suspend(s, job, e.reason or "suspended", e.at)
 
 
+REQUEUED = "requeued: "  # a requeued job's reason until it is placed again (the placement says it moved)
+
+
 def _requeued(s: SchedulerState, e: JobRequeued) -> None:
     job = s.jobs.get(e.job_id)
     if job is None or job.state != JobState.RUNNING:
@@ -527,7 +531,7 @@ def _requeued(s: SchedulerState, e: JobRequeued) -> None:
     job.queued_since = e.at
     job.state = JobState.PENDING
     job.generation += 1
-    job.reason = f"requeued: {e.reason}"
+    job.reason = f"{REQUEUED}{e.reason}"
     s._enqueue(job)
 
 
@@ -712,6 +716,17 @@ def _pool_defined(s: SchedulerState, e: PoolDefined) -> None:
     _rules_changed(s)
 
 
+def _pool_removed(s: SchedulerState, e: PoolRemoved) -> None:
+    """The pool goes with its quotas (0 GPUs each: the quota service refuses otherwise)."""
+    s.pools.pop(e.pool, None)
+    for pool, team in [k for k in s.quotas if k[0] == e.pool]:
+        del s.quotas[(pool, team)]
+        s.team_pools[team] = sorted(p for (p, t) in s.quotas if t == team)
+        if not s.team_pools[team]:
+            del s.team_pools[team]
+    _rules_changed(s)
+
+
 def _quota_set(s: SchedulerState, e: TeamQuotaSet) -> None:
     s.quotas[(e.pool, e.team)] = Quota(
         e.team, e.pool, e.guaranteed_gpus, e.borrow_limit, e.lend_limit, e.weight, e.critical, e.np_lend_limit
@@ -754,6 +769,7 @@ _HANDLERS: dict[type[Event], Callable[[SchedulerState, Any], None]] = {
     IsolationHeld: _isolation_held,
     IsolationDismissed: _isolation_dismissed,
     PoolDefined: _pool_defined,
+    PoolRemoved: _pool_removed,
     TeamQuotaSet: _quota_set,
     FairShareUpdated: _fair_share,
     BudgetSet: fold_budget_set,
