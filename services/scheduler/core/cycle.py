@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 
 from events import PreemptionReason, PriorityClass
-from services.scheduler.core import backfill, placement, preemption, quota
+from services.scheduler.core import backfill, idle, placement, preemption, quota
 from services.scheduler.core.budget import held as budget_held
 from services.scheduler.core.decisions import Admit, Cycle, CycleMark, Decision, Preempt, Requeue, Reservation
 from services.scheduler.core.degraded import only_degraded, out_of_service, stay_note
@@ -150,6 +150,8 @@ def phase1_heads(ctx: CycleContext) -> Iterable[QueueKey]:
     """Work on a GPU or node out of service goes back to the queue (keeping its place); then the
     queue keys to consider, in order."""
     _requeue_displaced(ctx)
+    if ctx.state.idle_reclaim:
+        _suspend_idle(ctx)
     state, since = ctx.state, ctx.since
     ctx.queued_since = _queued_since(state, ctx.requeued, ctx.now)
     ctx.order = ORDERINGS[ctx.policy.order](ctx.policy, ctx.queued_since, ctx.now)
@@ -205,6 +207,16 @@ def _requeue_displaced(ctx: CycleContext) -> None:
         ctx.decisions.append(Requeue(jid, why, nodes[0] if nodes else None, job.generation, faults))
 
 
+def _suspend_idle(ctx: CycleContext) -> None:
+    """Jobs an idle verdict says to suspend give their GPUs back now, as a preemption (idle.py)."""
+    for job, mark in idle.due(ctx.state):
+        lost = lost_work_gpu_s(job, ctx.now)
+        ctx.decisions.append(
+            Preempt(job.id, job.spec.team, PreemptionReason.IDLE, "", lost, mark.detail, job.generation)
+        )
+        ctx.work.release(job)
+
+
 def _move_or_stay(ctx: CycleContext, job: Job, out: list[str], faults: tuple[str, ...]) -> None:
     """Off degraded hardware: a move (requeue and resume in this cycle, before the queue: the job did
     not ask to wait) when a healthy place takes it now; else it stays where it is, flagged."""
@@ -253,6 +265,8 @@ def phase2_nominate(ctx: CycleContext, key: QueueKey) -> Candidate | Wait:
     )
     # First, as most jobs of a long queue end here: a job of the same shape already found no room
     # this cycle (it passed the pool and budget checks, which depend only on the shape's pool and team).
+    if state.idle_reclaim and (idle_hold := idle.held(state, job)) is not None:
+        return Wait(WaitKind.IDLE, idle_hold)  # before the shape's answer: it is this job's own
     if (same := ctx.failed.get(shape)) is not None:
         return same
     if job.pool != DEFAULT_POOL and job.pool not in state.pools:
