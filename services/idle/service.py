@@ -106,9 +106,9 @@ COMMANDS: tuple[Command[core.IdleState, Any], ...] = (
 )
 
 
-def install(ctx: ServiceContext, telemetry: list[tuple[str, str]]) -> DeciderHost[core.IdleState]:
-    """Host the idle decider on the perf service's context; /readyz waits for both folds."""
-    host = DeciderHost(manifest(telemetry), ctx)
+def install(ctx: ServiceContext, telemetry: list[tuple[str, str]], tick_s: float) -> DeciderHost[core.IdleState]:
+    """Host the idle decider on the perf service's context (perf's `--tick`); /readyz waits for both folds."""
+    host = DeciderHost(manifest(telemetry, tick_s), ctx)
     perf_replaying = ctx.health_state.replaying if ctx.health_state is not None else None
     host.install()
     if ctx.health_state is not None and perf_replaying is not None:

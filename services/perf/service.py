@@ -100,7 +100,7 @@ async def setup(ctx: ServiceContext, args: argparse.Namespace) -> DeciderHost[co
     telemetry = await telemetry_inputs(ctx.js)
     host = DeciderHost(manifest(args, telemetry), ctx)
     host.install()
-    idle.install(ctx, telemetry)  # idle reclaim folds the same telemetry (services/idle/service.py)
+    idle.install(ctx, telemetry, args.tick)  # idle reclaim folds the same telemetry (services/idle/service.py)
     return host
 
 
