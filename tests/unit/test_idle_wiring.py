@@ -86,6 +86,8 @@ def test_suspend_verdict_preempts_the_job_and_only_its_owner_resumes_it() -> Non
     d.given(JobIdleDetected(job_id="idle-nb", at=4000.0, team="vision", action=IdleModeName.NOTIFY, idle_since=2000.0))
     d.cycle(now=4001.0)
     assert d.state_of("idle-nb") == "running"  # notify: a flag, nothing else
+    text = explain(d.state, "idle-nb", d.waiting, now=4002.0)["text"]  # type: ignore[index]
+    assert "flagged idle" in text and "policy is notify" in text
     d.given(JobIdleDetected(job_id="idle-nb", at=4100.0, team="vision", action=IdleModeName.SUSPEND, idle_since=2000.0))
     d.cycle(now=4101.0)
     assert d.state_of("idle-nb") == "suspended" and d.state_of("train") == "running"
@@ -112,3 +114,22 @@ def test_a_stale_suspend_verdict_does_not_touch_a_later_run() -> None:
     d.state.idle_reclaim["j"].generation -= 1  # as if the verdict was about the run before this one
     d.cycle(now=60.0)
     assert d.state_of("j") == "running"
+
+
+def test_the_gateway_job_view_shows_the_flag_of_the_current_run() -> None:
+    from events import JobResumed, JobSpec, JobSubmitted
+    from services.gateway import core as gateway
+    from services.gateway import views
+
+    state = gateway.GatewayState()
+    placements = sim.placement("c", "n1", 2)
+    gateway.evolve(state, JobSubmitted(job_id="nb", at=0.0, spec=JobSpec(team="ml", gpus_per_replica=2)))
+    gateway.evolve(state, JobScheduled(job_id="nb", at=1.0, team="ml", placements=placements, pool="p"))
+    assert views.job_view(state.jobs["nb"]).idle is None
+    reason = "no SM activity, memory change or collective progress on its 2 GPU(s) for 30 min"
+    flag = JobIdleDetected(job_id="nb", at=1900.0, team="ml", idle_since=100.0, gpus=2, reason=reason)
+    gateway.evolve(state, flag)
+    shown = views.job_view(state.jobs["nb"]).idle
+    assert shown is not None and reason in shown and "notify" in shown
+    gateway.evolve(state, JobResumed(job_id="nb", at=2000.0, placements=placements, pool="p"))
+    assert views.job_view(state.jobs["nb"]).idle is None  # a new run
