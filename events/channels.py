@@ -199,6 +199,7 @@ COMMANDS: tuple[CommandChannel, ...] = (
     CommandChannel("health", "held", "Isolations held for an operator's decision."),
     CommandChannel("health", "policy", "The effective health policy."),
     CommandChannel("billing", "price", "Set the price of a GPU model (recorded as PriceSet)."),
+    CommandChannel("billing", "reclaimed", "GPU-hours idle reclaim gave back per team (ever, or in a month)."),
     CommandChannel("recorder", "sql", "Read-only analytics SQL over the warehouse."),
     CommandChannel("perf", "status", "Running multi-node jobs with their slowdown verdicts."),
     CommandChannel("perf", "fabric", "NICs per node: state, rate, error and pause rates, flagged links."),

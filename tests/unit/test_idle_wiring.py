@@ -133,3 +133,25 @@ def test_the_gateway_job_view_shows_the_flag_of_the_current_run() -> None:
     assert shown is not None and reason in shown and "notify" in shown
     gateway.evolve(state, JobResumed(job_id="nb", at=2000.0, placements=placements, pool="p"))
     assert views.job_view(state.jobs["nb"]).idle is None  # a new run
+
+
+def test_billing_counts_the_gpu_hours_reclaimed_per_team_until_the_owner_resumes() -> None:
+    from events import JobResumed
+    from services.billing import core as billing
+    from services.billing.service import ReclaimedRequest, answer_reclaimed
+
+    state = billing.BillingState()
+    t0 = 1_764_547_200.0  # 2025-12-01 00:00 UTC
+    for job, gpus in (("nb", 4), ("other", 2)):
+        billing.evolve(state, JobIdleDetected(job_id=job, at=t0, team="vision", action=IdleModeName.SUSPEND, gpus=gpus))
+        billing.evolve(
+            state, JobPreempted(job_id=job, at=t0 + 10, team="vision", reason=PreemptionReason.IDLE, detail="idle")
+        )
+    billing.evolve(state, JobResumed(job_id="nb", at=t0 + 10 + 1800, placements=[], pool="p"))
+    # nb: 4 GPUs x 0.5 h closed; other: 2 GPUs x 1 h still open at `now`
+    answer = answer_reclaimed(state, ReclaimedRequest(), t0 + 10 + 3600)
+    assert answer["gpu_hours_by_team"] == {"vision": pytest.approx(4.0)}
+    assert answer_reclaimed(state, ReclaimedRequest(month="2025-11"), t0 + 3610)["gpu_hours_by_team"] == {}
+    # a preemption for another reason reclaims nothing
+    billing.evolve(state, JobPreempted(job_id="x", at=t0, team="nlp", reason=PreemptionReason.PRIORITY))
+    assert "nlp" not in answer_reclaimed(state, ReclaimedRequest(), t0 + 7200)["gpu_hours_by_team"]
