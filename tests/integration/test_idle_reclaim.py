@@ -5,9 +5,11 @@ suspended with free GPUs, and resumes when its owner asks."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import time
 
+import msgspec
 import pytest
 from nats.aio.client import Client
 from nats.js import JetStreamContext
@@ -15,6 +17,8 @@ from nats.js import JetStreamContext
 from events import JobPreempted, JobResumed, JobScheduled, PreemptionReason
 from events.idle import IdleModeName, JobIdleDetected, JobResumeRequested
 from events.telemetry import GpuSample, NodeSample
+from services.billing import service as billing_service
+from services.cli import main
 from services.runtime import Publisher
 from services.runtime.commands import CommandRefused, request
 from services.scheduler import service as scheduler_service
@@ -40,23 +44,38 @@ def sample(seq: int, now: float, placements: dict[str, list[int]], started: floa
     return NodeSample(cluster="c1", node="n1", seq=seq, observed_at=now, interval_s=0.25, gpus=gpus)
 
 
+async def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+    code = await asyncio.to_thread(main, list(argv))
+    out, err = capsys.readouterr()
+    return code, out + err
+
+
 async def test_an_idle_job_is_suspended_and_resumed_by_its_owner_and_a_bursty_one_is_not(
-    nats_server: SecuredNatsServer, nc: Client, js: JetStreamContext
+    nats_server: SecuredNatsServer, nc: Client, js: JetStreamContext, capsys: pytest.CaptureFixture[str]
 ) -> None:
     seen = JobEvents()
     sub = await nc.subscribe("chamber.jobs.>", cb=seen.handler)
     publisher = Publisher(js, source="test/discovery")
-    await publisher.publish(a_node("n1", gpus=4))
-    await publisher.publish(a_quota("vision", 4))
+    now = time.time()  # facts of today: billing accrues periods from the earliest fact on
+    await publisher.publish(a_node("n1", gpus=4, at=now))
+    await publisher.publish(msgspec.structs.replace(a_quota("vision", 4), at=now))
     sched = Running(scheduler_service, nats_server.url_for("scheduler"))
+    stop_billing = asyncio.Event()
+    billing_args = argparse.Namespace(
+        nats=nats_server.url_for("billing"), period=300.0, settle=30.0, tick=1.0, price=[]
+    )
+    billing = asyncio.create_task(billing_service.run(billing_args, stop_billing))
     async with running_perf(nats_server.url_for("perf")):
         try:
             await eventually(lambda: answers(nc, "perf", "idle", {}))
             with pytest.raises(CommandRefused) as refused:
                 await request(nc, "perf", "idle_policy", {"team": "vision", "mode": "reclaim"})
             assert refused.value.field == "mode"
-            policy = {"team": "vision", "mode": "suspend", "idle_minutes": WINDOW_S / 60, "grace_minutes": 0}
-            assert (await request(nc, "perf", "idle_policy", policy))["mode"] == "suspend"
+            code, out = await cli(
+                capsys, "idle", "policy", "Vision", "--mode", "suspend", "--idle-minutes", str(WINDOW_S / 60),
+                "--grace-minutes", "0", "--nats", nats_server.url,
+            )  # fmt: skip
+            assert code == 0 and "team vision: idle policy suspend (idle: SM below 5 %" in out, out
             await eventually(lambda: answers(nc, "scheduler", "queue", {}))
             for job in ("notebook", "train"):
                 await request(nc, "scheduler", "submit", {"team": "vision", "gpus": 2, "id": job})
@@ -84,9 +103,23 @@ async def test_an_idle_job_is_suspended_and_resumed_by_its_owner_and_a_bursty_on
 
             with pytest.raises(CommandRefused, match="not suspended as idle"):
                 await request(nc, "scheduler", "resume", {"job": "train"})
-            await request(nc, "scheduler", "resume", {"job": "notebook", "by": "alice"})
+            code, out = await cli(capsys, "resume", "notebook", "--by", "alice", "--nats", nats_server.url)
+            assert code == 0 and "job notebook queued again" in out, out
             await eventually(lambda: bool(seen.of(JobResumed, "notebook")))
             assert [e.by for e in seen.of(JobResumeRequested, "notebook")] == ["alice"]
+            # billing: the notebook's 2 GPUs from its suspension to its resume
+            suspended_s = seen.of(JobResumed, "notebook")[0].at - preempted.at
+            expected = round(2 * suspended_s / 3600.0, 3)
+
+            async def reclaimed() -> bool:
+                answer = await request(nc, "billing", "reclaimed", {})
+                return answer["gpu_hours_by_team"].get("vision") == expected
+
+            await eventually(reclaimed)
+            code, out = await cli(capsys, "idle", "--nats", nats_server.url)
+            assert code == 0 and "team vision: suspend" in out and f"vision {expected:g}" in out, out
         finally:
+            stop_billing.set()
+            await asyncio.wait_for(billing, 15)
             await sched.close()
             await sub.unsubscribe()
