@@ -18,7 +18,7 @@ from enum import StrEnum
 
 from events.base import Event
 from events.fabric import FabricSample
-from events.idle import IdlePolicySet, JobIdleDetected
+from events.idle import IdleModeName, IdlePolicySet, JobIdleDetected
 from events.jobs import (
     JobCancelled,
     JobCompleted,
@@ -206,7 +206,8 @@ def _watched(job: _Job, at: float) -> None:
 
 
 def decide(state: IdleState, now: float) -> list[IdleVerdict]:
-    """Verdicts due at `now`, at most one per job per run (until it is rescheduled or resumed)."""
+    """Verdicts due at `now`. Pure: a verdict marks its job flagged (one per run) only when it comes
+    back from the log as the JobIdleDetected `event_of` makes of it (the host waits for it)."""
     out: list[IdleVerdict] = []
     for job_id in sorted(state.jobs):
         job = state.jobs[job_id]
@@ -222,7 +223,6 @@ def decide(state: IdleState, now: float) -> list[IdleVerdict]:
             continue
         if job.watched_since is None or now - job.watched_since < window or not _fresh(job, now, window):
             continue  # not watched for a whole window, or its samples stopped: no evidence of idleness
-        job.flagged = True
         out.append(
             IdleVerdict(
                 job_id=job_id,
@@ -234,3 +234,17 @@ def decide(state: IdleState, now: float) -> list[IdleVerdict]:
             )
         )
     return out
+
+
+def event_of(v: IdleVerdict) -> JobIdleDetected:
+    """The event a verdict is published as (and folded back from)."""
+    idle_for = (v.at - v.idle_since) / 60.0
+    return JobIdleDetected(
+        job_id=v.job_id,
+        at=v.at,
+        team=v.team,
+        action=IdleModeName(v.action.value),
+        idle_since=v.idle_since,
+        gpus=v.gpus,
+        reason=f"no SM activity, memory change or collective progress on its {v.gpus} GPU(s) for {idle_for:.0f} min",
+    )

@@ -18,7 +18,7 @@ from typing import Any
 from events import Event
 from events.codec import stable_id
 from events.commands import NoArguments, SetIdlePolicy
-from events.idle import IdleModeName, IdlePolicySet, JobIdleDetected
+from events.idle import IdlePolicySet
 from services.idle import core
 from services.runtime.commands import Accepted, Append, Command
 from services.runtime.decider import Decider, DeciderHost, Input
@@ -34,20 +34,10 @@ log = get_logger("chamber.idle")
 def decide(state: core.IdleState, now: float) -> list[tuple[Event, str]]:
     out: list[tuple[Event, str]] = []
     for v in core.decide(state, now):
-        idle_for = (v.at - v.idle_since) / 60.0
-        reason = f"no SM activity, memory change or collective progress on its {v.gpus} GPU(s) for {idle_for:.0f} min"
-        event = JobIdleDetected(
-            job_id=v.job_id,
-            at=v.at,
-            team=v.team,
-            action=IdleModeName(v.action.value),
-            idle_since=v.idle_since,
-            gpus=v.gpus,
-            reason=reason,
-        )
+        event = core.event_of(v)
         # one verdict per run of the job: a replica or a restart deciding it again is de-duplicated
         out.append((event, stable_id("idle", v.job_id, state.jobs[v.job_id].started)))
-        log.info("job idle", job=v.job_id, team=v.team, action=event.action, idle_min=round(idle_for, 1))
+        log.info("job idle", job=v.job_id, team=v.team, action=event.action, since=v.idle_since)
     return out
 
 

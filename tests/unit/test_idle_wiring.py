@@ -29,7 +29,10 @@ def watched(state: IdleState, *, start: float, end: float, job: str = "j") -> li
     quiet = sim.idle_after(0.0, random.Random(1))
     for e in sim.samples(cluster="c", node="n1", gpus=2, start=start, end=end, interval_s=30.0, activity=quiet):
         evolve(state, e)
-        out += [ev for ev, _ in idle.decide(state, e.observed_at) if isinstance(ev, JobIdleDetected)]
+        due = [ev for ev, _ in idle.decide(state, e.observed_at) if isinstance(ev, JobIdleDetected)]
+        for ev in due:  # folded back from the log, as the host does
+            evolve(state, ev)
+        out += due
     return out
 
 
