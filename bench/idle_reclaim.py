@@ -12,7 +12,7 @@ import sys
 
 from events.jobs import JobScheduled
 from services.idle import sim
-from services.idle.core import IdleMode, IdlePolicy, IdleState, decide, evolve
+from services.idle.core import IdleMode, IdlePolicy, IdleState, decide, event_of, evolve
 
 HORIZON_S = 12 * 3600.0
 TEAMS = {
@@ -55,7 +55,10 @@ def main(seed: int) -> dict[str, object]:
     verdicts = []
     for e in events:
         evolve(state, e)
-        verdicts += decide(state, e.observed_at)  # type: ignore[attr-defined]
+        due = decide(state, e.observed_at)  # type: ignore[attr-defined]
+        for v in due:  # as the host does: the verdict comes back from the log
+            evolve(state, event_of(v))
+        verdicts += due
     reclaimed: dict[str, float] = {t: 0.0 for t in TEAMS}
     notified: dict[str, int] = {t: 0 for t in TEAMS}
     for v in verdicts:

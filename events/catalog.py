@@ -21,6 +21,7 @@ from events.fleet import (
     NodeRestored,
     NodeUpdated,
 )
+from events.idle import IdlePolicySet, JobIdleDetected, JobResumeRequested
 from events.jobs import (
     JobCancelled,
     JobCompleted,
@@ -76,6 +77,9 @@ ALL_EVENTS: tuple[type[Event], ...] = (
     BudgetExceeded,
     JobSlowdownDetected,
     JobSlowdownCleared,
+    IdlePolicySet,
+    JobIdleDetected,
+    JobResumeRequested,
 )
 
 _BY_TYPE: dict[str, type[Event]] = {cls.ce_type(): cls for cls in ALL_EVENTS}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from events import billing, fabric, faults, fleet, jobs, quota, steps, telemetry
+from events import billing, fabric, faults, fleet, idle, jobs, quota, steps, telemetry
 from events.base import Event
 from events.streams import BILLING, DEAD, FAULTS, FLEET, JOBS, QUOTA, TELEMETRY, StreamSpec
 
@@ -111,7 +111,16 @@ CHANNELS: tuple[Channel, ...] = (
             jobs.JobCompleted,
             jobs.JobFailed,
             jobs.JobCancelled,
+            idle.JobResumeRequested,
         ),
+        (("job", "job id token"),),
+    ),
+    Channel(
+        "jobIdle",
+        "chamber.jobs.{job}.idle",
+        JOBS,
+        "Idle-reclaim verdicts: a running job held its GPUs idle for its team's threshold (notify or suspend).",
+        (idle.JobIdleDetected,),
         (("job", "job id token"),),
     ),
     Channel(
@@ -129,6 +138,14 @@ CHANNELS: tuple[Channel, ...] = (
         "Pools, team quotas, fair-share factors and budgets (`_fleet` for fleet-wide pool events).",
         (quota.PoolDefined, quota.PoolRemoved, quota.TeamQuotaSet, quota.FairShareUpdated, quota.BudgetSet),
         (("team", "team token, or _fleet"),),
+    ),
+    Channel(
+        "quotaIdle",
+        "chamber.quota.{team}.idle",
+        QUOTA,
+        "A team's idle-reclaim policy (off, notify or suspend, and its thresholds).",
+        (idle.IdlePolicySet,),
+        (("team", "team token"),),
     ),
     Channel(
         "billing",
@@ -186,11 +203,15 @@ COMMANDS: tuple[CommandChannel, ...] = (
     CommandChannel("health", "policy", "The effective health policy."),
     CommandChannel("billing", "price", "Set the price of a GPU model (recorded as PriceSet)."),
     CommandChannel("billing", "prices", "The prices in force, and the fleet's GPU models without one."),
+    CommandChannel("billing", "reclaimed", "GPU-hours idle reclaim gave back per team (ever, or in a month)."),
     CommandChannel("recorder", "sql", "Read-only analytics SQL over the warehouse."),
     CommandChannel("perf", "status", "Running multi-node jobs with their slowdown verdicts."),
     CommandChannel("perf", "fabric", "NICs per node: state, rate, error and pause rates, flagged links."),
     CommandChannel("perf", "explain", "Why a job is slow: its slowdown episodes, culprit and evidence."),
     CommandChannel("perf", "ranks", "Per-rank activity over time of one job (the dashboard's job view)."),
+    CommandChannel("perf", "idle_policy", "Set a team's idle-reclaim policy (recorded as IdlePolicySet)."),
+    CommandChannel("perf", "idle", "Idle-reclaim policies per team and the jobs flagged idle."),
+    CommandChannel("scheduler", "resume", "Queue again a job suspended as idle (recorded as JobResumeRequested)."),
     CommandChannel("sim", "inject", "Inject a fault into a simulated node (`chamber agent --simulate`)."),
 )
 

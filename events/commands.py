@@ -13,6 +13,7 @@ from typing import Annotated
 
 import msgspec
 
+from events.idle import IdleModeName, Minutes, Percent
 from events.jobs import PriorityClass
 from events.names import (
     TEAM_MAX,
@@ -180,10 +181,47 @@ class RestoreNode(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     expected_seq: ExpectedSeq | None = None
 
 
+class SetIdlePolicy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """`chamber.cmd.perf.idle_policy`: a team's idle-reclaim policy, replaced whole (fields left out
+    take their defaults, docs/idle-reclaim.md)."""
+
+    team: TeamInput
+    mode: IdleModeName = IdleModeName.OFF
+    sm_below_pct: Percent = 5.0
+    memory_tolerance_mib: Annotated[float, msgspec.Meta(ge=0)] = 64.0
+    idle_minutes: Annotated[float, msgspec.Meta(gt=0, le=7 * 24 * 60)] = 30.0
+    grace_minutes: Minutes = 15.0
+    by: Text = "operator"
+
+    def __post_init__(self) -> None:
+        self.team = normalize_team(self.team)
+
+
+class ResumeJob(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """`chamber.cmd.scheduler.resume`: queue again a job suspended as idle."""
+
+    job: Name
+    by: Text = ""
+    expected_seq: ExpectedSeq | None = None
+
+
 # service -> verb -> request type, for the API documents and the gateway's checks.
 REQUESTS: dict[str, dict[str, type[msgspec.Struct]]] = {
-    "scheduler": {"submit": SubmitJob, "cancel": CancelJob, "queue": ListQueue, "explain": ExplainJob},
+    "scheduler": {
+        "submit": SubmitJob,
+        "cancel": CancelJob,
+        "queue": ListQueue,
+        "explain": ExplainJob,
+        "resume": ResumeJob,
+    },
     "quota": {"set": SetTeamQuota, "patch": PatchTeamQuota},
     "health": {"restore": RestoreNode, "confirm": RestoreNode, "dismiss": RestoreNode},
-    "perf": {"status": NoArguments, "fabric": NoArguments, "explain": JobOnly, "ranks": JobOnly},
+    "perf": {
+        "status": NoArguments,
+        "fabric": NoArguments,
+        "explain": JobOnly,
+        "ranks": JobOnly,
+        "idle_policy": SetIdlePolicy,
+        "idle": NoArguments,
+    },
 }

@@ -34,6 +34,7 @@ class PreemptionReason(StrEnum):
     RECLAIM = "reclaim"  # a lender takes back capacity that was borrowed
     CRITICAL = "critical"  # critical work across teams
     OPERATOR = "operator"
+    IDLE = "idle"  # it held its GPUs idle past its team's idle policy (services/idle)
 
 
 class JobSpec(msgspec.Struct, frozen=True, kw_only=True):

@@ -14,6 +14,7 @@ from events.base import Event
 from events.billing import BudgetExceeded, CostAccrued, PriceSet
 from events.fabric import FabricSample, JobSlowdownCleared, JobSlowdownDetected
 from events.faults import GpuFaultDetected
+from events.idle import IdlePolicySet, JobIdleDetected
 from events.quota import BudgetSet, FairShareUpdated, PoolDefined, PoolRemoved, TeamQuotaSet
 from events.steps import RankStepTimings
 from events.telemetry import NodeInventory, NodeSample
@@ -57,6 +58,17 @@ def perf(job_id: str) -> str:
     return f"{ROOT}.jobs.{token(job_id)}.perf"
 
 
+def idle(job_id: str) -> str:
+    """A job's idle verdicts: like `perf`, on a subject of their own beside the job's lifecycle."""
+    return f"{ROOT}.jobs.{token(job_id)}.idle"
+
+
+def idle_policy(team: str) -> str:
+    """A team's idle policy: in QUOTA beside its quota, on a subject of its own (quota's per-team
+    subject sequence is left to the quota service)."""
+    return f"{ROOT}.quota.{token(team)}.idle"
+
+
 def faults(cluster: str, node: str) -> str:
     return f"{ROOT}.faults.{token(cluster)}.{token(node)}"
 
@@ -98,6 +110,10 @@ def subject_for(event: Event) -> str:
             return steps(event.cluster, event.node)
         case JobSlowdownDetected() | JobSlowdownCleared():
             return perf(event.job_id)
+        case JobIdleDetected():
+            return idle(event.job_id)
+        case IdlePolicySet():
+            return idle_policy(event.team)
         case GpuFaultDetected():
             return faults(event.cluster, event.node)
         case PoolDefined() | PoolRemoved():

@@ -47,6 +47,8 @@ from events import (
 )
 from events.codec import stable_id
 from events.jobs import JobResumed
+from services.billing.idle import Reclaimed
+from services.billing.idle import fold as fold_reclaimed
 from services.billing.price_table import resolve
 from services.pools import PoolDef, node_pool
 
@@ -82,7 +84,7 @@ class InService:
 # The meaning of this core's fold, for its snapshots (services/runtime/state_codec.py): bump it when a
 # change makes a state folded by the previous release wrong for this one (a field's meaning, what an
 # event does); the first start after it folds the log from the start. Comments, logs, speed: no bump.
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: GPU-hours reclaimed from idle jobs (billing/idle.py)
 
 
 @dataclass
@@ -114,6 +116,7 @@ class BillingState:
     # is accrued (a CostAccrued of a period already accrued is a duplicate whatever its id), so the
     # state stays bounded however long the history.
     seen: dict[str, float] = field(default_factory=dict)
+    reclaimed: Reclaimed = field(default_factory=Reclaimed)  # idle reclaim's GPU-hours (billing/idle.py)
 
 
 def month_of(ts: float) -> str:
@@ -172,6 +175,7 @@ def evolve(state: BillingState, event: Event, event_id: str = "") -> BillingStat
         # one folded), so the state does not depend on the order the streams were merged in.
         start = _floor(float(at), state.period_s)
         state.accrued_until = start if state.accrued_until is None else min(state.accrued_until, start)
+    fold_reclaimed(state.reclaimed, event)
     match event:
         case PriceSet():
             table, price_key, at_key = _price_table(state, event)

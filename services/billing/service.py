@@ -2,14 +2,15 @@
 `decide` accrues each closed period (CostAccrued / BudgetExceeded) and sets the `--price`s the
 process was started with when the log has others; answers `chamber billing price set MODEL RATE`
 (a pure validation served by the host; a change carries the prices' last sequence, so of two
-concurrent changes one wins and the other is told the prices changed) and `chamber billing price list`."""
+concurrent changes one wins and the other is told the prices changed), `chamber billing price list`
+(`prices`) and `reclaimed` (GPU-hours idle reclaim gave back per team)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import os
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -18,6 +19,7 @@ from events.codec import stable_id
 from events.commands import ExpectedSeq
 from services.billing import core
 from services.billing.core import BillingState, decide, evolve
+from services.billing.idle import by_team as reclaimed_by_team
 from services.runtime.commands import Accepted, Append, Command, CommandRefused
 from services.runtime.decider import Decider, DeciderHost, Input, SnapshotCodec
 from services.runtime.host import ServiceContext, serve
@@ -160,9 +162,19 @@ def answer_prices(state: BillingState, _: ListPrices, now: float) -> dict[str, A
     }
 
 
+class ReclaimedRequest(msgspec.Struct, forbid_unknown_fields=True):
+    month: Annotated[str, msgspec.Meta(pattern=r"^\d{4}-\d{2}$")] | None = None  # YYYY-MM; none: ever
+
+
+def answer_reclaimed(state: BillingState, req: ReclaimedRequest, now: float) -> dict[str, Any]:
+    """GPU-hours idle reclaim gave back per team (services/billing/idle.py)."""
+    return {"month": req.month, "gpu_hours_by_team": reclaimed_by_team(state.reclaimed, now, req.month)}
+
+
 COMMANDS: tuple[Command[BillingState, Any], ...] = (
     Command("price", SetPrice, validate=validate_price, entity=_price_subject, conflict=_prices_changed),
     Command("prices", ListPrices, answer=answer_prices),
+    Command("reclaimed", ReclaimedRequest, answer=answer_reclaimed),
 )
 
 

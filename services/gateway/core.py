@@ -55,9 +55,11 @@ from events import (
 )
 from events.fabric import FabricSample, JobSlowdownCleared, JobSlowdownDetected
 from events.fleet import IsolationDismissed, IsolationHeld
+from events.idle import IdleModeName, JobIdleDetected
 from events.telemetry import GpuInfo
 from services.billing.price_table import resolve
 from services.gateway.fabric import FabricView, fold, fold_verdict
+from services.timefmt import iso
 
 INSTANCE_TYPE_LABEL = "chamber.io/instance-type"  # discovery's (services/discovery/cloud.py)
 DISCOVERY_LABEL_PREFIX = "chamber.io/"
@@ -154,6 +156,7 @@ class Job:
     reason: str = ""  # why it is where it is, from the last event that said so
     borrowed_gpus: int = 0
     preemptions: int = 0
+    idle: str = ""  # the idle-reclaim flag of its current run (JobIdleDetected), "" when none
 
     @property
     def total_gpus(self) -> int:
@@ -228,7 +231,7 @@ class Point:
 # The meaning of this core's fold, for its snapshots (services/runtime/state_codec.py): bump it when a
 # change makes a state folded by the previous release wrong for this one (a field's meaning, what an
 # event does); the first start after it folds the log from the start. Comments, logs, speed: no bump.
-STATE_VERSION = 2  # 2: held isolations are part of the read model
+STATE_VERSION = 3  # 2: held isolations are part of the read model; 3: jobs' idle flags
 
 
 @dataclass
@@ -307,6 +310,7 @@ def evolve(state: GatewayState, event: Event) -> GatewayState:
             | JobCompleted()
             | JobFailed()
             | JobCancelled()
+            | JobIdleDetected()
         ):
             _job(state, event)
         case PoolDefined() | PoolRemoved() | TeamQuotaSet() | FairShareUpdated() | BudgetSet():
@@ -513,6 +517,10 @@ def _job(state: GatewayState, event: Event) -> None:
         case JobRequeued():
             where = f" on {event.node}" if event.node else ""
             _release(state, job, JobState.PENDING, f"requeued{where}: {event.reason}")
+        case JobIdleDetected():
+            if job.state.holds_gpus:
+                what = "suspended" if event.action == IdleModeName.SUSPEND else "flagged (its team's policy: notify)"
+                job.idle = f"idle since {iso(event.idle_since)}: {event.reason or 'no sign of work'}; {what}"
         case JobCompleted() | JobFailed() | JobCancelled():
             reason = getattr(event, "reason", "") or ""
             _release(state, job, _FINISHED[type(event)], reason)
@@ -524,6 +532,7 @@ def _job(state: GatewayState, event: Event) -> None:
 
 def _place(state: GatewayState, job: Job, placements: list[Placement], to: JobState, reason: str) -> None:
     _free(state, job)
+    job.idle = ""  # a new run: the flag was about the last one
     job.placements = list(placements)
     for p in placements:
         for index in p.gpu_indices:

@@ -91,6 +91,8 @@ class JobView(msgspec.Struct, kw_only=True):
     borrowed_gpus: int
     preemptions: int
     placements: list[Placement] = []
+    # the idle-reclaim flag of its current run ("idle since ...: why; flagged or suspended"), if any
+    idle: str | None = None
 
 
 class JobsView(msgspec.Struct, kw_only=True):
@@ -384,6 +386,7 @@ def job_view(job: Job, reason: str | None = None) -> JobView:
         borrowed_gpus=job.borrowed_gpus,
         preemptions=job.preemptions,
         placements=list(job.placements),
+        idle=job.idle or None,
     )
 
 

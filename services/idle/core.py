@@ -18,6 +18,7 @@ from enum import StrEnum
 
 from events.base import Event
 from events.fabric import FabricSample
+from events.idle import IdleModeName, IdlePolicySet, JobIdleDetected
 from events.jobs import (
     JobCancelled,
     JobCompleted,
@@ -31,6 +32,7 @@ from events.jobs import (
 from events.telemetry import NodeSample
 
 NodeKey = tuple[str, str]
+STALE_S = 300.0  # no sample of a job for this long: its telemetry stopped, no verdict until it resumes
 
 
 class IdleMode(StrEnum):
@@ -76,6 +78,11 @@ class _Job:
     memory: dict[tuple[NodeKey, int], float] = field(default_factory=dict)
     ops: dict[tuple[NodeKey, str], int] = field(default_factory=dict)
     flagged: bool = False
+    # Telemetry seen for it by this process: the first and the latest sample. A job is judged only on
+    # what was watched (a restart replays no telemetry: a job is not idle for lack of samples), and
+    # not while its samples stopped coming (an agent away says nothing about the job).
+    watched_since: float | None = None
+    last_sample: float | None = None
 
     @property
     def gpus(self) -> int:
@@ -104,11 +111,30 @@ def evolve(state: IdleState, event: Event) -> IdleState:
                 _track(state, event.job_id, prev.team, event.at, event.placements)
         case JobPreempted() | JobSuspended() | JobRequeued() | JobCompleted() | JobFailed() | JobCancelled():
             _untrack(state, event.job_id, keep=isinstance(event, JobPreempted | JobSuspended | JobRequeued))
+        case IdlePolicySet():
+            state.policies[event.team] = policy_of(event)
+        case JobIdleDetected():
+            if (job := state.jobs.get(event.job_id)) is not None:
+                job.flagged = True  # decided before (by this or another replica): one verdict per run
         case NodeSample():
             _on_node_sample(state, event)
         case FabricSample():
             _on_fabric(state, event)
     return state
+
+
+def policy_of(e: IdlePolicySet) -> IdlePolicy:
+    return IdlePolicy(
+        mode=IdleMode(e.mode),
+        sm_below_pct=e.sm_below_pct,
+        memory_tolerance_mib=e.memory_tolerance_mib,
+        idle_minutes=e.idle_minutes,
+        grace_minutes=e.grace_minutes,
+    )
+
+
+def _fresh(job: _Job, now: float, window: float) -> bool:
+    return job.last_sample is not None and now - job.last_sample <= min(STALE_S, window)
 
 
 def _track(state: IdleState, job_id: str, team: str, at: float, placements: list) -> None:
@@ -139,6 +165,7 @@ def _on_node_sample(state: IdleState, s: NodeSample) -> None:
         job = state.jobs[job_id]
         threshold = state.policy(job.team).sm_below_pct
         tolerance = state.policy(job.team).memory_tolerance_mib
+        _watched(job, s.observed_at)
         for idx in job.placements.get(key, ()):
             g = by_index.get(idx)
             if g is None:
@@ -164,6 +191,7 @@ def _on_fabric(state: IdleState, s: FabricSample) -> None:
         if job_id is None or job_id not in here or c.ops < 0:  # ops < 0: RAS text without counts
             continue
         job = state.jobs[job_id]
+        _watched(job, s.observed_at)
         prev = job.ops.get((key, c.comm))
         job.ops[(key, c.comm)] = c.ops
         if prev is not None and c.ops > prev:
@@ -171,8 +199,15 @@ def _on_fabric(state: IdleState, s: FabricSample) -> None:
             job.last_work = max(job.last_work, s.observed_at)
 
 
+def _watched(job: _Job, at: float) -> None:
+    if job.watched_since is None:
+        job.watched_since = at
+    job.last_sample = max(job.last_sample or at, at)
+
+
 def decide(state: IdleState, now: float) -> list[IdleVerdict]:
-    """Verdicts due at `now`, at most one per job per run (until it is rescheduled or resumed)."""
+    """Verdicts due at `now`. Pure: a verdict marks its job flagged (one per run) only when it comes
+    back from the log as the JobIdleDetected `event_of` makes of it (the host waits for it)."""
     out: list[IdleVerdict] = []
     for job_id in sorted(state.jobs):
         job = state.jobs[job_id]
@@ -186,10 +221,30 @@ def decide(state: IdleState, now: float) -> list[IdleVerdict]:
             continue  # collectives progressed: never idle, whatever the SM counters say
         if now - job.last_work < window:
             continue
-        job.flagged = True
+        if job.watched_since is None or now - job.watched_since < window or not _fresh(job, now, window):
+            continue  # not watched for a whole window, or its samples stopped: no evidence of idleness
         out.append(
             IdleVerdict(
-                job_id=job_id, team=job.team, action=policy.mode, idle_since=job.last_work, at=now, gpus=job.gpus
+                job_id=job_id,
+                team=job.team,
+                action=policy.mode,
+                idle_since=max(job.last_work, job.watched_since),  # what was seen of it, not before
+                at=now,
+                gpus=job.gpus,
             )
         )
     return out
+
+
+def event_of(v: IdleVerdict) -> JobIdleDetected:
+    """The event a verdict is published as (and folded back from)."""
+    idle_for = (v.at - v.idle_since) / 60.0
+    return JobIdleDetected(
+        job_id=v.job_id,
+        at=v.at,
+        team=v.team,
+        action=IdleModeName(v.action.value),
+        idle_since=v.idle_since,
+        gpus=v.gpus,
+        reason=f"no SM activity, memory change or collective progress on its {v.gpus} GPU(s) for {idle_for:.0f} min",
+    )

@@ -17,6 +17,7 @@ from typing import Any
 
 from events.base import Event
 from events.commands import JobOnly, NoArguments
+from services.idle import service as idle
 from services.perf import core
 from services.perf.views import fabric_view
 from services.runtime.commands import Command, CommandRefused
@@ -31,9 +32,9 @@ DESCRIPTION = "find slow multi-node jobs and the GPU, NIC or leaf switch to blam
 log = get_logger("chamber.perf")
 
 ROLE = Manifest(
-    reads=("JOBS", "FLEET", "FAULTS", "TELEMETRY"),
-    publishes=("chamber.jobs.*.perf", "chamber.faults.{cluster}.*"),
-    why="flags slow multi-node jobs (chamber.jobs.<job>.perf) and fabric faults it infers",
+    reads=tuple(dict.fromkeys(("JOBS", "FLEET", "FAULTS", "TELEMETRY", *idle.READS))),
+    publishes=("chamber.jobs.*.perf", "chamber.faults.{cluster}.*", *idle.PUBLISHES),
+    why="flags slow multi-node jobs (chamber.jobs.<job>.perf), fabric faults it infers, and idle jobs (idle reclaim)",
 )
 
 
@@ -96,8 +97,10 @@ COMMANDS: tuple[Command[core.PerfState, Any], ...] = (
 
 
 async def setup(ctx: ServiceContext, args: argparse.Namespace) -> DeciderHost[core.PerfState]:
-    host = DeciderHost(manifest(args, await telemetry_inputs(ctx.js)), ctx)
+    telemetry = await telemetry_inputs(ctx.js)
+    host = DeciderHost(manifest(args, telemetry), ctx)
     host.install()
+    idle.install(ctx, telemetry, args.tick)  # idle reclaim folds the same telemetry (services/idle/service.py)
     return host
 
 

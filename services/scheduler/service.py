@@ -7,7 +7,7 @@ only when caught up, publishes the decisions (deterministic ids) and folds them 
 from the log, never before. Finished jobs leave memory as they finish (`--retention-hours`).
 Commands, in the manifest and served by the host: submit (the door of core/door.py, shared with
 Kubernetes workloads; refused by the stream for an id it has seen: expected subject sequence 0),
-cancel (carries the job's last sequence), queue, explain.
+cancel (carries the job's last sequence), resume (a job suspended as idle), queue, explain.
 
 Hot standby: with `--leader-lease NAME` ($CHAMBER_LEADER_LEASE, which the chart sets) replicas share
 a NATS KV lease. Every replica folds the log and answers commands; only the lease holder runs cycles,
@@ -32,7 +32,8 @@ from typing import Any
 from events import Event, JobCancelled, subjects
 from events.channels import STEP_LOG_BUCKET
 from events.codec import stable_id
-from events.commands import CancelJob, ExplainJob, ListQueue, SubmitJob
+from events.commands import CancelJob, ExplainJob, ListQueue, ResumeJob, SubmitJob
+from events.idle import JobResumeRequested
 from services.runtime.commands import Accepted, Append, Command, CommandRefused, FromLog, page_of_rows
 from services.runtime.decider import Decider, DeciderHost, Input, SnapshotCodec, pickle_codec
 from services.runtime.host import ServiceContext, serve
@@ -57,8 +58,9 @@ from services.scheduler.core import (
 from services.scheduler.core.cycle import PREEMPTION_SEARCHES
 from services.scheduler.core.door import admit
 from services.scheduler.core.explain import explain_finished
+from services.scheduler.core.idle import held as idle_held
 from services.scheduler.core.links import DEFAULT_FAULT_MEMORY_S, KEEP_S, LinkHealth
-from services.scheduler.core.state import DEFAULT_TOPOLOGY_KEY
+from services.scheduler.core.state import DEFAULT_TOPOLOGY_KEY, JobState
 from services.scheduler.jobref import JobRefError, resolve
 from services.scheduler.policy_options import add_policy_arguments, policy_from_args
 from services.scheduler.replay import mark_record
@@ -200,6 +202,7 @@ class Scheduler:
                 conflict_field="job",
                 from_log=cancel_from_log,
             ),
+            Command("resume", ResumeJob, validate=validate_resume, entity=_resume_subject, conflict_field="job"),
             Command("queue", QueueRequest, answer=self.answer_queue),
             Command("explain", ExplainRequest, answer=self.answer_explain, from_log=explain_from_log),
         )
@@ -297,6 +300,25 @@ def validate_cancel(state: SchedulerState, req: CancelRequest, now: float) -> Ac
     event = JobCancelled(job_id=job.id, at=now, by=req.by, reason=req.reason)
     append = Append(event, stable_id("cancelled", job.id), req.expected_seq)
     return Accepted((append,), {"id": job.id, "state": "cancelled"})
+
+
+def _resume_subject(state: SchedulerState, req: ResumeJob) -> tuple[str, str]:
+    return "JOBS", subjects.jobs(_job_named(state, req.job)[0])
+
+
+def validate_resume(state: SchedulerState, req: ResumeJob, now: float) -> Accepted:
+    """Only a job suspended as idle waits for this: any other suspended job resumes on its own."""
+    job_id, unknown = _job_named(state, req.job)
+    job = state.jobs.get(job_id)
+    if job is None:
+        raise CommandRefused(f"{unknown or f'no job {req.job!r}'}; `chamber queue` lists the jobs", field="job")
+    if idle_held(state, job) is None:
+        suspended = job.state == JobState.SUSPENDED
+        why = "it resumes on its own when capacity frees" if suspended else f"it is {job.state.value}"
+        raise CommandRefused(f"job {req.job} is not suspended as idle ({why})", field="job")
+    event = JobResumeRequested(job_id=job.id, at=now, by=req.by)
+    append = Append(event, stable_id("resume-requested", job.id, job.generation), req.expected_seq)
+    return Accepted((append,), {"id": job.id, "state": "queued"})
 
 
 def cancel_from_log(req: CancelRequest, submitted_event: Event, ended: Event) -> dict[str, Any]:

@@ -256,7 +256,11 @@ COMMAND_CASES = [
             ("list", {}),
         ],
     ),
-    (BILLING, lambda: billing_service.COMMANDS, [("price", {"gpu_model": "H100", "price_per_gpu_hour": 2.5})]),
+    (
+        BILLING,
+        lambda: billing_service.COMMANDS,
+        [("price", {"gpu_model": "H100", "price_per_gpu_hour": 2.5}), ("reclaimed", {"month": "2026-11"})],
+    ),
     (
         SCHEDULER,
         _scheduler_commands,
@@ -266,6 +270,7 @@ COMMAND_CASES = [
             ("cancel", {"job": "j0", "expected_seq": 1}),
             ("queue", {"all": True}),
             ("explain", {"job": "j1"}),
+            ("resume", {"job": "j0", "by": "alice"}),
         ],
     ),
 ]

@@ -8,7 +8,7 @@ import pytest
 
 from events.jobs import JobCompleted, JobScheduled
 from services.idle import sim
-from services.idle.core import IdleMode, IdlePolicy, IdleState, IdleVerdict, decide, evolve
+from services.idle.core import IdleMode, IdlePolicy, IdleState, IdleVerdict, decide, event_of, evolve
 
 POLICY = IdlePolicy(mode=IdleMode.SUSPEND, sm_below_pct=5.0, idle_minutes=30.0, grace_minutes=15.0)
 
@@ -21,7 +21,10 @@ def run(activity: sim.Activity, *, end: float, comm_ops=None, policy: IdlePolicy
         cluster="c", node="n1", gpus=4, start=0.0, end=end, interval_s=30.0, activity=activity, comm_ops=comm_ops
     ):
         evolve(state, e)
-        out += decide(state, e.observed_at)  # type: ignore[attr-defined]
+        due = decide(state, e.observed_at)  # type: ignore[attr-defined]
+        for v in due:  # folded back from the log, as the host does
+            evolve(state, event_of(v))
+        out += due
     return out
 
 

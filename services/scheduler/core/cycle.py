@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 
 from events import PreemptionReason, PriorityClass
-from services.scheduler.core import backfill, placement, preemption, quota
+from services.scheduler.core import backfill, idle, placement, preemption, quota
 from services.scheduler.core.budget import held as budget_held
 from services.scheduler.core.decisions import Admit, Cycle, CycleMark, Decision, Preempt, Requeue, Reservation
 from services.scheduler.core.degraded import only_degraded, out_of_service, stay_note
@@ -74,6 +74,7 @@ def _turns(ctx: CycleContext, keys: Iterable[QueueKey]) -> None:
     most jobs of a long queue end at it: a job of the same shape already found no room this cycle
     (it passed the pool and budget checks, which depend only on the shape's pool and team)."""
     jobs, failed, waiting, per_key = ctx.state.jobs, ctx.failed, ctx.waiting, ctx.guard_per_key
+    idle_reclaim = bool(ctx.state.idle_reclaim)
     considered = 0
     for key in keys:
         considered += 1
@@ -92,6 +93,9 @@ def _turns(ctx: CycleContext, keys: Iterable[QueueKey]) -> None:
             spec.replicas,
             spec.preemptible,
         )
+        if idle_reclaim and (idle_hold := idle.held(ctx.state, job)) is not None:
+            waiting[key[3]] = idle_hold  # before the shape's answer: it is this job's own
+            continue
         if (same := failed.get(shape)) is not None:
             waiting[key[3]] = same.text
             continue
@@ -194,6 +198,8 @@ def phase1_heads(ctx: CycleContext) -> Iterable[QueueKey]:
     """Work on a GPU or node out of service goes back to the queue (keeping its place); then the
     queue keys to consider, in order."""
     _requeue_displaced(ctx)
+    if ctx.state.idle_reclaim:
+        _suspend_idle(ctx)
     state, since = ctx.state, ctx.since
     ctx.queued_since = _queued_since(state, ctx.requeued, ctx.now)
     ctx.order = ORDERINGS[ctx.policy.order](ctx.policy, ctx.queued_since, ctx.now)
@@ -260,6 +266,16 @@ def _requeue_displaced(ctx: CycleContext) -> None:
         ctx.requeued[jid] = job
         why = f"a GPU or node it ran on went out of service ({'; '.join(out) or ', '.join(nodes)})"
         ctx.decisions.append(Requeue(jid, why, nodes[0] if nodes else None, job.generation, faults))
+
+
+def _suspend_idle(ctx: CycleContext) -> None:
+    """Jobs an idle verdict says to suspend give their GPUs back now, as a preemption (idle.py)."""
+    for job, mark in idle.due(ctx.state):
+        lost = lost_work_gpu_s(job, ctx.now)
+        ctx.decisions.append(
+            Preempt(job.id, job.spec.team, PreemptionReason.IDLE, "", lost, mark.detail, job.generation)
+        )
+        ctx.work.release(job)
 
 
 def _move_or_stay(ctx: CycleContext, job: Job, out: list[str], faults: tuple[str, ...]) -> None:

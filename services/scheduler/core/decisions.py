@@ -126,7 +126,7 @@ def events_for(decisions: list[Decision], now: float) -> list[tuple[Event, str]]
                         at=now,
                         team=d.team,
                         reason=d.reason,
-                        preemptor_job_id=d.preemptor,
+                        preemptor_job_id=d.preemptor or None,  # none for an idle job
                         lost_work_gpu_s=d.lost_work_gpu_s,
                         detail=d.detail,
                     ),

@@ -9,6 +9,7 @@ from events import Event, JobCancelled, JobCompleted, JobFailed, JobSubmitted
 from services.scheduler.core.budget import note as budget_note
 from services.scheduler.core.degraded import only_degraded, out_of_service, stay_note
 from services.scheduler.core.door import cannot_run
+from services.scheduler.core.idle import flag as idle_flag
 from services.scheduler.core.policy import CHAMBER, ORDERINGS, Policy, QueueKey, by_multifactor_priority, sorted_queue
 from services.scheduler.core.state import FINISHED, QUEUED, Job, JobState, SchedulerState
 from services.timefmt import iso, when
@@ -159,6 +160,8 @@ def explain(
         waiting = {**waiting, job.id: _reason(job, waiting, impossible)}
     if job.state == JobState.RUNNING:
         text = _running_text(state, job, head)
+        if state.idle_reclaim and (idle := idle_flag(state, job)) is not None:
+            text += f"; {idle}"
     elif job.state in QUEUED:
         text = _queued_text(state, job, head, waiting, guard, now, policy)
     else:

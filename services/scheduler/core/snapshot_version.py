@@ -8,4 +8,5 @@ The classes' fields are in the snapshot's format anyway: adding or removing one 
 """
 
 # 2: degrading link facts (LinkHealth.degrading), jobs kept on degraded hardware, held isolations per node
-STATE_VERSION = 2
+# 3: idle verdicts to act on (idle.py: JobIdleDetected, JobResumeRequested)
+STATE_VERSION = 3

@@ -47,10 +47,12 @@ from events import (
 from events.fabric import JobSlowdownCleared, JobSlowdownDetected
 from events.faults import GpuFaultDetected
 from events.fleet import IsolationDismissed, IsolationHeld
+from events.idle import JobIdleDetected, JobResumeRequested
 from events.telemetry import GpuInfo
 from services.pools import DEFAULT_POOL, PoolDef, Quota, job_pool, node_pool
 from services.scheduler.core.budget import BudgetRule, demoted, fold_budget_exceeded, fold_budget_set
 from services.scheduler.core.capacity import Capacity
+from services.scheduler.core.idle import IdleReclaim, fold_idle_detected, fold_resume_requested
 from services.scheduler.core.links import LinkHealth, fold_cleared, fold_fault, fold_kind, fold_slowdown
 
 DEFAULT_TOPOLOGY_KEY = "rack"
@@ -244,6 +246,7 @@ class SchedulerState:
     capacity_epoch: int = 0  # bumped when capacity frees or the rules change: the next cycle is full
     pending_log: PendingLog = field(default_factory=PendingLog)  # job ids as they (re)entered the queue
     budgets: dict[str, BudgetRule] = field(default_factory=dict)  # team -> budget and its action (budget.py)
+    idle_reclaim: dict[str, IdleReclaim] = field(default_factory=dict)  # job -> idle verdict to act on (idle.py)
     # Bounded memory: a finished job leaves the state `retention_s` (event time, the JOBS stream's
     # `at`) after it finished; 0: as soon as it finishes (nothing in a cycle needs it: fair share is
     # the quota service's aggregate), except a Kubernetes workload's, kept `KUBERNETES_KEEP_S` so the
@@ -777,6 +780,8 @@ _HANDLERS: dict[type[Event], Callable[[SchedulerState, Any], None]] = {
     JobSlowdownDetected: lambda s, e: fold_slowdown(s.links, e),
     JobSlowdownCleared: lambda s, e: fold_cleared(s.links, e),
     GpuFaultDetected: _fault,
+    JobIdleDetected: fold_idle_detected,
+    JobResumeRequested: fold_resume_requested,
 }
 
 _JOB_EVENTS = frozenset(

@@ -10,6 +10,7 @@ from enum import StrEnum
 class WaitKind(StrEnum):
     POOL = "pool"  # the job's pool is not defined
     BUDGET = "budget"  # its team's budget holds new work
+    IDLE = "idle"  # suspended as idle: waits for its owner's `chamber resume`
     CRITICAL = "critical"  # its team may not run critical work in the pool
     BACKFILL = "backfill"  # starting now would delay the pool's EASY reservation
     QUOTA = "quota"  # the team's own limits (guarantee, borrow limit, non-preemptible rule)
