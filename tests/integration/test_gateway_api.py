@@ -109,7 +109,8 @@ async def test_a_scripted_fleet_is_served_as_json_and_metrics(gateway: Gateway, 
     _, running = await gateway.get("/api/jobs", params={"state": "running"})
     assert {j["job_id"] for j in running["jobs"]} == {"train-llm", "finetune", "embed"}
     _, job = await gateway.get("/api/jobs/train-llm")
-    assert job["placements"] == [{"cluster": "local", "node": "n1", "gpu_indices": list(range(8))}]
+    whole_gpus = {"share_milli": 1000, "mig_profile": None, "mig_start": None}  # whole GPUs, not shares
+    assert job["placements"] == [{"cluster": "local", "node": "n1", "gpu_indices": list(range(8)), **whole_gpus}]
     _, teams = await gateway.get("/api/teams")
     vision = next(t for t in teams["teams"] if t["team"] == "vision")
     assert (vision["used_gpus"], vision["guaranteed_gpus"], vision["borrowed_gpus"]) == (12, 8, 4)
