@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from events import PreemptionReason, PriorityClass
-from services.scheduler.core import CHAMBER, Admit, Preempt, explain, schedule
+from services.scheduler.core import CHAMBER, Admit, Preempt, events_for, explain, schedule
 from services.scheduler.core.policy import STRICT_CLASSES, Policy, by_multifactor_priority
 from services.scheduler.core.preemption import eligible
 from services.scheduler.core.quota import nonpreemptible
@@ -570,3 +570,47 @@ def test_a_protected_non_preemptible_job_keeps_room_in_its_teams_share() -> None
     d.given(done("a-run", at=210.0))
     d.cycle(now=220.0, policy=policy)
     assert d.state_of("a-big") == "running"  # the guard's oldest job: not held to the share
+
+
+# -- a node drains for a protected whole-node job ---------------------------------------------------
+def test_a_protected_whole_node_job_holds_the_node_that_drains_first_from_lower_class_work() -> None:
+    policy = replace(CHAMBER, starvation_bound_s=100.0)
+    fixed = {"priority": "low", "preemptible": False}
+    d = Driver().given(
+        a_node("n1"),
+        a_node("n2"),
+        a_job("ends-soon", gpus=5, at=0, estimate=200, **fixed),  # type: ignore[arg-type]
+        a_job("ends-late", gpus=5, at=0, estimate=1000, **fixed),  # type: ignore[arg-type]
+    )
+    schedule_and_fold(d, 0.0, policy)
+    d.given(a_job("whole", gpus=8, at=1, estimate=50, preemptible=False))
+    schedule_and_fold(d, 1.0, policy)
+    assert d.state_of("whole") == "pending"  # 3 GPUs free on each node
+    d.given(
+        a_job("quick", gpus=3, at=150, estimate=20, **fixed),  # type: ignore[arg-type]
+        a_job("long-a", gpus=3, at=150, estimate=500, **fixed),  # type: ignore[arg-type]
+        a_job("long-b", gpus=3, at=150, estimate=500, **fixed),  # type: ignore[arg-type]
+    )
+    cycle = schedule(d.state, 150.0, None, policy=policy)  # "whole" is protected from t=101
+    started = {a.job_id: a.placements[0].node for a in cycle.decisions if isinstance(a, Admit)}
+    soon = d.state.jobs["ends-soon"].placements[0].node
+    late = d.state.jobs["ends-late"].placements[0].node
+    assert started == {"quick": soon, "long-a": late}  # on the node that frees first, only what ends by then
+    assert [(p, dr.job_id, dr.ready_at) for p, dr in cycle.mark.draining] == [("default", "whole", 200.0)]
+    for event, _ in events_for(cycle.decisions, 150.0):
+        d.given(event)
+    d.given(done("quick", at=170), done("ends-soon", at=200))
+    schedule_and_fold(d, 200.0, policy)
+    assert d.state_of("whole") == "running" and d.state_of("long-b") == "pending"
+    without = Driver().given(
+        a_node("n1"),
+        a_node("n2"),
+        a_job("ends-soon", gpus=5, at=0, estimate=200, **fixed),  # type: ignore[arg-type]
+        a_job("ends-late", gpus=5, at=0, estimate=1000, **fixed),  # type: ignore[arg-type]
+    )
+    schedule_and_fold(without, 0.0, policy)
+    without.given(
+        a_job("long-a", gpus=3, at=150, estimate=500, **fixed), a_job("long-b", gpus=3, at=150, estimate=500, **fixed)
+    )  # type: ignore[arg-type]
+    schedule_and_fold(without, 150.0, policy)
+    assert without.state_of("long-b") == "running"  # no protected job: both nodes fill
