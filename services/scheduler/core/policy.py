@@ -19,9 +19,12 @@ high's on every trace of bench/fairness.py: docs/fairness.md.) No job is ever li
 critical work (its priority stops just below the lowest a critical job can have). Ties go to the
 earlier submit, then the job id.
 
-Starvation guard: a job queued longer than `starvation_bound_s` is protected. Protected jobs go
-first (the longest waiting first), so the first of them blocked for capacity in its pool holds the
-pool's EASY reservation: backfill and later arrivals start only if they do not delay it.
+Starvation guard: a job queued longer than `starvation_bound_s` is protected. A protected job goes
+ahead of every job of its class (the longest waiting first) and, with `guard_lifts_classes` N, of
+the N classes above it (never of critical work), so the first of them blocked for capacity in its
+pool holds the pool's EASY reservation: backfill and later arrivals start only if they do not
+delay it. By default (0) classes stay strict: a protected low job does not pass waiting high work
+(which let low work wait less than high on a trace under heavy load: docs/fairness.md).
 """
 
 from __future__ import annotations
@@ -128,8 +131,9 @@ def guard_band(rank: int, lift: int) -> int:
 
 
 def by_multifactor_priority(policy: Policy, queued_since: QueuedSince, now: float) -> Order:
-    """Protected (starving) jobs first, longest waiting first; then multifactor priority (higher
-    first), then submit time, then job id."""
+    """Multifactor priority (higher first), then submit time, then job id; a protected (starving)
+    job ranks as a job of its band (`guard_band`) with every factor at its most, ahead of the
+    unprotected ones there, the longest waiting first."""
     # `priority` inlined: this runs once per queued job in every full cycle.
     protected_before = -math.inf if policy.starvation_bound_s is None else now - policy.starvation_bound_s
     per_rank = policy.class_weight / LOWEST_RANK
