@@ -54,6 +54,11 @@ def test_a_protected_job_is_listed_first_of_its_class_and_never_ahead_of_a_highe
     rows = {r["id"]: r for r in queue_rows(d.state, {}, now=150.0, policy=guarded)}
     assert rows["old-low"]["protected"] is True and rows["fresh-high"]["protected"] is False
     assert [rows[j]["position"] for j in ("fresh-high", "old-low", "later-low")] == [1, 2, 3]
+    # one class more per guard_lift_every_s protected: two of them lift a low job to high's class
+    lifting = replace(guarded, guard_lift_every_s=100.0)
+    assert {r["id"]: r["position"] for r in queue_rows(d.state, {}, now=150.0, policy=lifting)}["old-low"] == 2
+    later = {r["id"]: r["position"] for r in queue_rows(d.state, {}, now=300.0, policy=lifting)}
+    assert [later[j] for j in ("old-low", "later-low", "fresh-high")] == [1, 3, 2]
     assert _admitted(d, 150.0, guarded) == "fresh-high"
 
 

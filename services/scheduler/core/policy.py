@@ -20,11 +20,13 @@ critical work (its priority stops just below the lowest a critical job can have)
 earlier submit, then the job id.
 
 Starvation guard: a job queued longer than `starvation_bound_s` is protected. A protected job goes
-ahead of every job of its class (the longest waiting first) and, with `guard_lifts_classes` N, of
-the N classes above it (never of critical work), so the first of them blocked for capacity in its
-pool holds the pool's EASY reservation: backfill and later arrivals start only if they do not
-delay it. By default (0) classes stay strict: a protected low job does not pass waiting high work
-(which let low work wait less than high on a trace under heavy load: docs/fairness.md).
+ahead of every job of its class (the longest waiting first), and of one class more above it for
+every `guard_lift_every_s` (24 h) it stays protected (never of critical work), so the first of them
+blocked for capacity in its pool holds the pool's EASY reservation: backfill and later arrivals
+start only if they do not delay it. Classes stay strict for a day of protection: a low job protected
+for less than that does not pass waiting high work (lifting protected jobs past every class at once
+let low work wait less than high on a trace under heavy load: docs/fairness.md); lifting one class
+a day keeps every class's wait bounded behind a steady stream of more urgent work.
 """
 
 from __future__ import annotations
@@ -68,6 +70,9 @@ class Policy:
     # own class and of up to this many classes above it (never ahead of critical work), the longest
     # waiting first. 0: protected jobs go first within their class only (classes stay strict).
     guard_lifts_classes: int = 0
+    # ... and one class more for every `guard_lift_every_s` it stays protected, so no class waits
+    # for good behind a steady stream of more urgent work. None: never.
+    guard_lift_every_s: float | None = 24 * 3600.0
     # Multi-node gangs keep off nodes with a degraded NIC and leaves with congestion when anything
     # else fits (core/links.py); a NIC fault counts for `link_fault_memory_s` after it was seen.
     avoid_degraded_links: bool = True
@@ -106,12 +111,23 @@ class Policy:
             raise ValueError("preemption_worth must be a finite number more than 0 (or None: always preempt)")
         if self.guard_lifts_classes < 0:
             raise ValueError("guard_lifts_classes must be 0 or more")
+        if self.guard_lift_every_s is not None and self.guard_lift_every_s <= 0:
+            raise ValueError("guard_lift_every_s must be more than 0 seconds (or None: never)")
         if self.starvation_bound_s is not None and self.starvation_bound_s <= 0:
             raise ValueError("starvation_bound_s must be more than 0 seconds (or None: no guard)")
 
     def protected_since(self, queued_since: float) -> float | None:
         """When a job queued since `queued_since` is (or will be) protected by the starvation guard."""
         return None if self.starvation_bound_s is None else queued_since + self.starvation_bound_s
+
+    def lift(self, queued_since: float, now: float) -> int:
+        """Classes the starvation guard lifts a job queued since `queued_since` by now (0 if it is
+        not protected): `guard_lifts_classes`, plus one per `guard_lift_every_s` protected."""
+        at = self.protected_since(queued_since)
+        if at is None or at > now:
+            return 0
+        every = self.guard_lift_every_s
+        return self.guard_lifts_classes + (0 if every is None else int((now - at) // every))
 
     def priority(self, key: QueueKey, age_s: float) -> float:
         """The multifactor priority of a queued job (higher first)."""
@@ -141,14 +157,12 @@ def by_multifactor_priority(policy: Policy, queued_since: QueuedSince, now: floa
     age_w, cap = policy.age_weight, policy.age_cap_s
     floor = -top + _BELOW_CRITICAL  # never ahead of critical work, however old
 
-    lift = policy.guard_lifts_classes
-
     boosted = -top - share_w - age_w  # a protected job ranks as its band's job with every boost at its most
 
     def key(k: QueueKey) -> OrderKey:
         since = queued_since(k[3])
         if since <= protected_before:
-            value = guard_band(k[0], lift) * per_rank + boosted
+            value = guard_band(k[0], policy.lift(since, now)) * per_rank + boosted
             return (value if k[0] == CRITICAL_RANK else max(value, floor), 0.0, since, k[3])
         age = now - since
         aged = age_w if age >= cap else age_w * max(age, 0.0) / cap
@@ -180,7 +194,9 @@ def sorted_queue(policy: Policy, keys: list[QueueKey], since: list[float], now: 
     age = now - queued
     aged = np.where(age >= cap, age_w, age_w * np.maximum(age, 0.0) / cap)
     protected = queued <= protected_before
-    lift = policy.guard_lifts_classes
+    lift = np.full(len(keys), float(policy.guard_lifts_classes))
+    if policy.guard_lift_every_s is not None:  # one class more per guard_lift_every_s protected
+        lift = lift + np.floor_divide(np.maximum(protected_before - queued, 0.0), policy.guard_lift_every_s)
     band = np.where(rank == CRITICAL_RANK, rank, np.maximum(rank - lift, CRITICAL_RANK + 1))
     value = rank * per_rank - top + policy.fair_share_weight * share - aged
     boosted = band * per_rank + (-top - policy.fair_share_weight - age_w)

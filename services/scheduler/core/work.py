@@ -146,7 +146,7 @@ class Work:
 
     def _guard_band(self, job: Job) -> int:
         """The class a protected job queues with (`policy.guard_band`)."""
-        return guard_band(job.spec.priority.rank, self.policy.guard_lifts_classes)
+        return guard_band(job.spec.priority.rank, self.policy.lift(job.queued_since, self.now))
 
     def protected_np(self, pool: str, team: str) -> Job | None:
         """The team's first protected non-preemptible job of the pool in queue order (most urgent
