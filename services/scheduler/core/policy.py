@@ -158,11 +158,14 @@ def by_multifactor_priority(policy: Policy, queued_since: QueuedSince, now: floa
     floor = -top + _BELOW_CRITICAL  # never ahead of critical work, however old
 
     boosted = -top - share_w - age_w  # a protected job ranks as its band's job with every boost at its most
+    lifts, every = policy.guard_lifts_classes, policy.guard_lift_every_s
 
     def key(k: QueueKey) -> OrderKey:
         since = queued_since(k[3])
         if since <= protected_before:
-            value = guard_band(k[0], policy.lift(since, now)) * per_rank + boosted
+            # policy.lift, with sorted_queue's float operations
+            lift = lifts if every is None else lifts + int((protected_before - since) // every)
+            value = guard_band(k[0], lift) * per_rank + boosted
             return (value if k[0] == CRITICAL_RANK else max(value, floor), 0.0, since, k[3])
         age = now - since
         aged = age_w if age >= cap else age_w * max(age, 0.0) / cap
