@@ -41,7 +41,7 @@ HOUR = 3600.0
 def kind(why: str) -> str:
     """A waiting reason without its numbers and names: what kind of wait it is."""
     protected = why.startswith("protected by the starvation guard")
-    why = re.sub(r"^protected by the starvation guard since t=\d+ \(queued since t=\d+\); ", "", why)
+    why = re.sub(r"^protected by the starvation guard since .*?\); ", "", why)  # its times, not its reason
     why = re.sub(r"would delay \S+,", "would delay J,", why)
     why = re.sub(r"\bteam \S+", "team T", why)
     why = re.sub(r"\d+(\.\d+)?", "#", why)

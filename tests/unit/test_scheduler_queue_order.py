@@ -48,8 +48,22 @@ def test_an_aged_job_is_listed_where_the_cycle_takes_it_ahead_of_fresher_work_of
     assert _admitted(d, now, aging) == "old-normal"
 
 
-def test_a_job_protected_by_the_starvation_guard_is_listed_first_with_the_guard_on() -> None:
+def test_a_protected_job_is_listed_first_of_its_class_and_never_ahead_of_a_higher_class() -> None:
     guarded = replace(CHAMBER, starvation_bound_s=100.0, age_weight=0.0)
+    d = _busy_node_with(("old-low", "low", 0.0), ("later-low", "low", 10.0), ("fresh-high", "high", 150.0))
+    rows = {r["id"]: r for r in queue_rows(d.state, {}, now=150.0, policy=guarded)}
+    assert rows["old-low"]["protected"] is True and rows["fresh-high"]["protected"] is False
+    assert [rows[j]["position"] for j in ("fresh-high", "old-low", "later-low")] == [1, 2, 3]
+    # one class more per guard_lift_every_s protected: two of them lift a low job to high's class
+    lifting = replace(guarded, guard_lift_every_s=100.0)
+    assert {r["id"]: r["position"] for r in queue_rows(d.state, {}, now=150.0, policy=lifting)}["old-low"] == 2
+    later = {r["id"]: r["position"] for r in queue_rows(d.state, {}, now=300.0, policy=lifting)}
+    assert [later[j] for j in ("old-low", "later-low", "fresh-high")] == [1, 3, 2]
+    assert _admitted(d, 150.0, guarded) == "fresh-high"
+
+
+def test_a_job_protected_by_the_starvation_guard_is_listed_first_when_the_guard_lifts_classes() -> None:
+    guarded = replace(CHAMBER, starvation_bound_s=100.0, age_weight=0.0, guard_lifts_classes=2)
     d = _busy_node_with(("old-low", "low", 0.0), ("fresh-high", "high", 150.0))
     rows = {r["id"]: r for r in queue_rows(d.state, {}, now=150.0, policy=guarded)}
     assert rows["old-low"]["position"] == 1 and rows["old-low"]["protected"] is True

@@ -15,6 +15,8 @@ POLICY_CASES = [
     dataclasses.replace(CHAMBER, starvation_bound_s=None),
     dataclasses.replace(CHAMBER, age_weight=0.0),
     dataclasses.replace(CHAMBER, starvation_bound_s=100.0, age_cap_s=50.0),
+    dataclasses.replace(CHAMBER, starvation_bound_s=100.0, guard_lift_every_s=30.0),  # protected jobs lifted
+    dataclasses.replace(CHAMBER, guard_lifts_classes=3, guard_lift_every_s=None),
     POLICIES["fifo"],
 ]
 

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from events import PreemptionReason, PriorityClass
-from services.scheduler.core import CHAMBER, Admit, Preempt, explain, schedule
+from services.scheduler.core import CHAMBER, Admit, Preempt, events_for, explain, schedule
 from services.scheduler.core.policy import STRICT_CLASSES, Policy, by_multifactor_priority
 from services.scheduler.core.preemption import eligible
 from services.scheduler.core.quota import nonpreemptible
@@ -124,7 +124,8 @@ def test_policy_settings_are_checked() -> None:
 
 # -- the starvation guard --------------------------------------------------------------------------
 def test_a_protected_job_holds_a_reservation_later_urgent_arrivals_cannot_pass() -> None:
-    policy = replace(CHAMBER, starvation_bound_s=100.0, age_weight=0.0)
+    # the normal gang, once protected, queues with high work (by default it stays in its class)
+    policy = replace(CHAMBER, starvation_bound_s=100.0, age_weight=0.0, guard_lifts_classes=1)
     d = Driver().given(
         a_node("n1"),
         a_node("n2"),
@@ -148,7 +149,8 @@ def test_a_protected_job_holds_a_reservation_later_urgent_arrivals_cannot_pass()
 
 
 def test_while_a_protected_job_waits_for_capacity_later_jobs_do_not_take_the_free_gpus() -> None:
-    policy = replace(CHAMBER, starvation_bound_s=100.0, guard_holds_free_gpus=True)
+    # the low job, once protected, queues ahead of high work (by default it stays in its class)
+    policy = replace(CHAMBER, starvation_bound_s=100.0, guard_holds_free_gpus=True, guard_lifts_classes=2)
     d = Driver().given(
         a_node("n1"),
         a_job("busy", gpus=4, at=0, priority="high"),  # no runtime estimate: no EASY reservation
@@ -472,8 +474,7 @@ def test_critical_work_is_not_held_back_by_a_protected_jobs_reservation() -> Non
     d.given(a_job("crit", gpus=8, at=110, priority="critical", estimate=60))
     schedule_and_fold(d, 110.0, policy)  # the gang is protected and holds the reservation
     assert "protected by the starvation guard" in d.waiting["gang"]
-    assert d.state_of("crit") == "running"
-    assert "critical: started ahead of gang" in d.state.jobs["crit"].reason
+    assert d.state_of("crit") == "running"  # critical work queues ahead of every protected job
 
 
 def test_explain_gives_the_position_the_next_cycle_uses() -> None:
@@ -487,7 +488,10 @@ def test_explain_gives_the_position_the_next_cycle_uses() -> None:
     fresh = explain(d.state, "old-low", d.waiting, now=3.0, policy=CHAMBER)
     assert fresh is not None and "position 2 of 2" in fresh["text"]  # class first
     starving = explain(d.state, "old-low", d.waiting, now=1 + bound + 1, policy=CHAMBER)
-    assert starving is not None and "position 1 of 2" in starving["text"]  # protected: first in line
+    assert starving is not None and "position 2 of 2" in starving["text"]  # protected: first of its class
+    lifting = replace(CHAMBER, guard_lifts_classes=2)
+    lifted = explain(d.state, "old-low", d.waiting, now=1 + bound + 1, policy=lifting)
+    assert lifted is not None and "position 1 of 2" in lifted["text"]  # lifted past normal work
 
 
 # -- fair-share borrowing (issue 29) ---------------------------------------------------------------
@@ -566,3 +570,47 @@ def test_a_protected_non_preemptible_job_keeps_room_in_its_teams_share() -> None
     d.given(done("a-run", at=210.0))
     d.cycle(now=220.0, policy=policy)
     assert d.state_of("a-big") == "running"  # the guard's oldest job: not held to the share
+
+
+# -- a node drains for a protected whole-node job ---------------------------------------------------
+def test_a_protected_whole_node_job_holds_the_node_that_drains_first_from_lower_class_work() -> None:
+    policy = replace(CHAMBER, starvation_bound_s=100.0)
+    fixed = {"priority": "low", "preemptible": False}
+    d = Driver().given(
+        a_node("n1"),
+        a_node("n2"),
+        a_job("ends-soon", gpus=5, at=0, estimate=200, **fixed),  # type: ignore[arg-type]
+        a_job("ends-late", gpus=5, at=0, estimate=1000, **fixed),  # type: ignore[arg-type]
+    )
+    schedule_and_fold(d, 0.0, policy)
+    d.given(a_job("whole", gpus=8, at=1, estimate=50, preemptible=False))
+    schedule_and_fold(d, 1.0, policy)
+    assert d.state_of("whole") == "pending"  # 3 GPUs free on each node
+    d.given(
+        a_job("quick", gpus=3, at=150, estimate=20, **fixed),  # type: ignore[arg-type]
+        a_job("long-a", gpus=3, at=150, estimate=500, **fixed),  # type: ignore[arg-type]
+        a_job("long-b", gpus=3, at=150, estimate=500, **fixed),  # type: ignore[arg-type]
+    )
+    cycle = schedule(d.state, 150.0, None, policy=policy)  # "whole" is protected from t=101
+    started = {a.job_id: a.placements[0].node for a in cycle.decisions if isinstance(a, Admit)}
+    soon = d.state.jobs["ends-soon"].placements[0].node
+    late = d.state.jobs["ends-late"].placements[0].node
+    assert started == {"quick": soon, "long-a": late}  # on the node that frees first, only what ends by then
+    assert [(p, dr.job_id, dr.ready_at) for p, dr in cycle.mark.draining] == [("default", "whole", 200.0)]
+    for event, _ in events_for(cycle.decisions, 150.0):
+        d.given(event)
+    d.given(done("quick", at=170), done("ends-soon", at=200))
+    schedule_and_fold(d, 200.0, policy)
+    assert d.state_of("whole") == "running" and d.state_of("long-b") == "pending"
+    without = Driver().given(
+        a_node("n1"),
+        a_node("n2"),
+        a_job("ends-soon", gpus=5, at=0, estimate=200, **fixed),  # type: ignore[arg-type]
+        a_job("ends-late", gpus=5, at=0, estimate=1000, **fixed),  # type: ignore[arg-type]
+    )
+    schedule_and_fold(without, 0.0, policy)
+    without.given(
+        a_job("long-a", gpus=3, at=150, estimate=500, **fixed), a_job("long-b", gpus=3, at=150, estimate=500, **fixed)
+    )  # type: ignore[arg-type]
+    schedule_and_fold(without, 150.0, policy)
+    assert without.state_of("long-b") == "running"  # no protected job: both nodes fill

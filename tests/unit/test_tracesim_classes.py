@@ -104,12 +104,13 @@ def test_a_replay_of_any_policys_log_decides_the_same(data, name) -> None:  # ty
 
 # -- bounded waiting in a simulation ----------------------------------------------------------------
 def test_a_normal_gang_behind_a_steady_stream_of_high_work_starts_within_the_bound() -> None:
-    bound = CHAMBER.starvation_bound_s
-    assert bound is not None
+    """Protected after the bound, the gang queues with high work one guard_lift_every_s later."""
+    bound, lift_every = CHAMBER.starvation_bound_s, CHAMBER.guard_lift_every_s
+    assert bound is not None and lift_every is not None
     every, runs = 50.0, 100.0  # two high jobs always hold one node each: never two nodes free at once
     stream = [
         TraceJob(id=f"h{i:04d}", submit_s=i * every, duration_s=runs, gpus=8, team="a", priority=PriorityClass.HIGH)
-        for i in range(int(1.5 * bound / every))
+        for i in range(int((bound + lift_every + bound / 2) / every))
     ]
     gang = TraceJob(id="gang", submit_s=1.0, duration_s=runs, gpus=16, team="a", priority=PriorityClass.NORMAL)
     quotas = {"a": TeamQuota("a", "default", 16)}
@@ -118,7 +119,7 @@ def test_a_normal_gang_behind_a_steady_stream_of_high_work_starts_within_the_bou
     guarded = Simulation([*stream, gang], fleet, quotas, CorePolicy(CHAMBER)).run()
     assert strict.jobs["gang"].first_start is not None and strict.jobs["gang"].first_start >= stream[-1].submit_s
     started = guarded.jobs["gang"].first_start
-    assert started is not None and started <= 1.0 + bound + runs + every
+    assert started is not None and started <= 1.0 + bound + lift_every + runs + every
 
 
 def _slice_with_classes(start: int, n: int, gpus: int, share: float) -> tuple[list[TraceJob], dict[str, TeamQuota]]:

@@ -11,7 +11,8 @@ from collections.abc import Iterable, Iterator
 from functools import lru_cache
 from itertools import islice, takewhile
 
-from services.scheduler.core.decisions import Reservation
+from events import PriorityClass
+from services.scheduler.core.decisions import Drain, Reservation
 from services.scheduler.core.policy import QueueKey
 from services.scheduler.core.state import Job, estimate_s
 from services.scheduler.core.work import Work
@@ -78,3 +79,69 @@ def _ends(work: Work, pool: str) -> Iterator[tuple[float, int]]:
         if est is not None and r.pool == pool:
             fresh.append((now + est, r.gpus))
     return heapq.merge(overdue, later, sorted(fresh))
+
+
+def drain(work: Work, job: Job, keep: int | None = None) -> Drain | None:
+    """The node to hold for `job` (one replica, larger than any node's free GPUs): `keep` while it
+    still could take the job, else the node of its classes that frees enough for it soonest by
+    runtime estimates (work without an estimate never ends). None if no node ever could."""
+    classes, slots = set(work.classes(job)), work.cap.slots
+    best: tuple[float, int] | None = None
+    for nid in [keep] if keep is not None else range(len(slots)):
+        slot = slots[nid]
+        if slot.cls in classes and slot.usable and slot.total >= job.gpus:
+            at = (_node_ready(work, nid, job.gpus), nid)
+            best = at if best is None or at < best else best
+    if best is None or best[0] == math.inf:  # a node whose work never ends is not worth holding
+        return None if keep is None else drain(work, job)
+    return Drain(job.id, best[1], best[0])
+
+
+def _node_ready(work: Work, nid: int, gpus: int) -> float:
+    """When `gpus` GPUs of the node are free, by the estimated ends of the work on it."""
+    s, now = work.s, work.now
+    node = s.node_by_id[nid]
+    on_node: dict[str, int] = {}
+    for jid in node.owners.values():
+        if jid not in work.gone:
+            on_node[jid] = on_node.get(jid, 0) + 1
+    ends = []
+    for jid, n in on_node.items():
+        r = s.jobs[jid]
+        est = estimate_s(r)
+        since = r.running_since
+        ends.append((math.inf if est is None or since is None else max(now, since + est), n))
+    for jid, spot in work.fresh.items():
+        est = estimate_s(s.jobs[jid])
+        for at, taken in spot:
+            if at == nid:
+                ends.append((math.inf if est is None else now + est, len(taken)))
+    free = len(work.cap.slots[nid].free)
+    for end, n in sorted(ends):
+        if free >= gpus:
+            break
+        free += n
+        if free >= gpus:
+            return end
+    return now if free >= gpus else math.inf
+
+
+def held_from(work: Work, job: Job) -> int | None:
+    """The node `job` may not take GPUs on now: its pool's drain node, when the job is of the drain
+    job's class or lower, or would run beyond its team's guarantee; unless it is the drain job,
+    critical work, or ends (by estimates) before the node is ready. Higher classes within their
+    guarantee still go first: the hold keeps the drain from lower-class and borrowed work."""
+    d = work.drains.get(job.pool)
+    if d is None or d.job_id == job.id or job.spec.priority == PriorityClass.CRITICAL:
+        return None
+    if job.spec.priority.rank < work.s.jobs[d.job_id].spec.priority.rank and not _beyond_guarantee(work, job):
+        return None
+    est = estimate_s(job)
+    if est is not None and work.now + est <= d.ready_at:
+        return None
+    return d.node
+
+
+def _beyond_guarantee(work: Work, job: Job) -> bool:
+    q = work.s.quotas.get((job.pool, job.spec.team))
+    return q is not None and work.usage.get((job.pool, job.spec.team), 0) + job.gpus > q.guaranteed

@@ -63,6 +63,8 @@ def schedule(state: SchedulerState, now: float, since: CycleMark | None = None, 
     state.capacity.begin()
     try:
         ctx = CycleContext(state, work, now, policy, full, since)
+        if since is not None:
+            work.drains = {p: d for p, d in since.draining if (j := state.jobs.get(d.job_id)) and j.state in QUEUED}
         _turns(ctx, phase1_heads(ctx))
         return ctx.result()
     finally:
@@ -104,6 +106,7 @@ def _turns(ctx: CycleContext, keys: Iterable[QueueKey]) -> None:
             waiting[key[3]] = found.text
         elif not phase3_admit(ctx, found):
             phase4_requeue(ctx, found)
+            _hold_a_node(ctx, found)
     ctx.considered = considered
 
 
@@ -172,6 +175,7 @@ class CycleContext:
             self.guard_at,
             tuple(sorted(self.starving.items())),
             tuple(sorted((jid, faults) for jid, (_, faults) in self.staying.items())),
+            tuple(sorted(self.work.drains.items())),
         )
         staying = {jid: why for jid, (why, _) in self.staying.items()}
         return Cycle(self.decisions, self.waiting, mark, self.full, self.considered, self.reservations, staying)
@@ -380,6 +384,8 @@ def phase3_admit(ctx: CycleContext, c: Candidate) -> bool:
 
 def _admit(ctx: CycleContext, c: Candidate, spot: Spot, why: str) -> None:
     job, work = c.job, ctx.work
+    if (d := work.drains.get(job.pool)) is not None and d.job_id == job.id:
+        del work.drains[job.pool]
     borrowed = quota.borrowed(work, job)  # before the admission counts the job
     placements = work.admit(job, spot)
     generation = job.generation + (1 if job.id in ctx.requeued else 0)
@@ -467,6 +473,31 @@ def phase4_requeue(ctx: CycleContext, c: Candidate) -> None:
         wait = Wait(wait.kind, f"{wait.text}; {c.declined}")
     ctx.failed[c.shape] = wait  # the same answer for the same shape, not the same guard
     ctx.wait(job.id, wait.prefixed(guard))
+
+
+def _hold_a_node(ctx: CycleContext, c: Candidate) -> None:
+    """A protected non-preemptible job on one node that its quota allows but no node has room for
+    holds the node that frees for it soonest (`backfill.drain`), one job per pool: else other work
+    takes each GPU that frees there and the job waits for a whole node for good (openb's 8-GPU
+    jobs). The hold ends when it starts, or once its quota no longer allows it (the node would
+    idle for nothing)."""
+    work, job = ctx.work, c.job
+    held = work.drains.get(job.pool)
+    if held is not None and held.job_id != job.id:
+        return
+    protected = c.protected_at is not None and c.protected_at <= ctx.now
+    if not protected or c.block is not None or c.starved_by is not None or job.spec.preemptible:
+        work.drains.pop(job.pool, None) if held is not None else None
+        return
+    if job.spec.replicas != 1 or job.gpus > work.cap.max_gpus:
+        return
+    if held is None and job.gpus <= work.cap.max_free(work.classes(job)):
+        return  # it fits on a node now: it waits for something else
+    found = backfill.drain(work, job, None if held is None else held.node)
+    if found is None:
+        work.drains.pop(job.pool, None)
+    else:
+        work.drains[job.pool] = found
 
 
 def _guard_text(ctx: CycleContext, c: Candidate) -> str:

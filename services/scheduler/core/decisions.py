@@ -65,6 +65,16 @@ class Reservation:
 
 
 @dataclass(frozen=True)
+class Drain:
+    """A node held for a protected whole-node job no node has room for: while it waits, only critical
+    work and jobs that end (by estimates) before `ready_at` start there, so the node drains for it."""
+
+    job_id: str
+    node: int  # node id (the capacity index's)
+    ready_at: float  # when its running work ends, by estimates
+
+
+@dataclass(frozen=True)
 class CycleMark:
     """Where a cycle left off: the next one is incremental if capacity and rules did not change."""
 
@@ -78,6 +88,7 @@ class CycleMark:
     # running jobs left on degraded hardware (no healthy place then), with the faults behind it: the
     # next cycle need not be full for them unless capacity frees or their hardware's state changes
     staying: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    draining: tuple[tuple[str, Drain], ...] = ()  # pool -> the node held for its protected whole-node job
 
 
 @dataclass

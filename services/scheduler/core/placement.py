@@ -8,7 +8,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable, Iterator
 
-from services.scheduler.core import quota
+from services.scheduler.core import backfill, quota
 from services.scheduler.core.state import Job
 from services.scheduler.core.topology import fewest_domains
 from services.scheduler.core.work import Spot, Usage, Work
@@ -27,6 +27,18 @@ def could_fit(work: Work, job: Job) -> bool:
 
 
 def place(work: Work, job: Job) -> Spot | None:
+    """`_place`, keeping off the node its pool holds for a protected whole-node job (`Drain`),
+    unless the job may start there (backfill.held_from)."""
+    held = backfill.held_from(work, job) if work.drains else None
+    if held is None or not work.cap.slots[held].free:
+        return _place(work, job)
+    hidden = work.cap.take(held, len(work.cap.slots[held].free))  # journaled: given back below
+    spot = _place(work, job)
+    work.cap.give(held, hidden)
+    return spot
+
+
+def _place(work: Work, job: Job) -> Spot | None:
     """Take GPUs for the job on the scratch index (the caller rolls back if it does not keep them).
 
     A job that fits on one node stays on one node (best fit); a larger gang is placed replica

@@ -19,9 +19,14 @@ high's on every trace of bench/fairness.py: docs/fairness.md.) No job is ever li
 critical work (its priority stops just below the lowest a critical job can have). Ties go to the
 earlier submit, then the job id.
 
-Starvation guard: a job queued longer than `starvation_bound_s` is protected. Protected jobs go
-first (the longest waiting first), so the first of them blocked for capacity in its pool holds the
-pool's EASY reservation: backfill and later arrivals start only if they do not delay it.
+Starvation guard: a job queued longer than `starvation_bound_s` is protected. A protected job goes
+ahead of every job of its class (the longest waiting first), and of one class more above it for
+every `guard_lift_every_s` (24 h) it stays protected (never of critical work), so the first of them
+blocked for capacity in its pool holds the pool's EASY reservation: backfill and later arrivals
+start only if they do not delay it. Classes stay strict for a day of protection: a low job protected
+for less than that does not pass waiting high work (lifting protected jobs past every class at once
+let low work wait less than high on a trace under heavy load: docs/fairness.md); lifting one class
+a day keeps every class's wait bounded behind a steady stream of more urgent work.
 """
 
 from __future__ import annotations
@@ -61,6 +66,13 @@ class Policy:
     age_weight: float = 400.0
     age_cap_s: float = 1.5 * 3600.0  # Slurm's PriorityMaxAge: age stops counting here
     starvation_bound_s: float | None = 24 * 3600.0  # None: no guard
+    # How many classes the starvation guard lifts a protected job: it goes ahead of every job of its
+    # own class and of up to this many classes above it (never ahead of critical work), the longest
+    # waiting first. 0: protected jobs go first within their class only (classes stay strict).
+    guard_lifts_classes: int = 0
+    # ... and one class more for every `guard_lift_every_s` it stays protected, so no class waits
+    # for good behind a steady stream of more urgent work. None: never.
+    guard_lift_every_s: float | None = 24 * 3600.0
     # Multi-node gangs keep off nodes with a degraded NIC and leaves with congestion when anything
     # else fits (core/links.py); a NIC fault counts for `link_fault_memory_s` after it was seen.
     avoid_degraded_links: bool = True
@@ -97,12 +109,25 @@ class Policy:
             raise ValueError(f"link_fault_memory_s must be more than 0 and at most {KEEP_S:g} seconds")
         if self.preemption_worth is not None and not 0 < self.preemption_worth < math.inf:
             raise ValueError("preemption_worth must be a finite number more than 0 (or None: always preempt)")
+        if self.guard_lifts_classes < 0:
+            raise ValueError("guard_lifts_classes must be 0 or more")
+        if self.guard_lift_every_s is not None and self.guard_lift_every_s <= 0:
+            raise ValueError("guard_lift_every_s must be more than 0 seconds (or None: never)")
         if self.starvation_bound_s is not None and self.starvation_bound_s <= 0:
             raise ValueError("starvation_bound_s must be more than 0 seconds (or None: no guard)")
 
     def protected_since(self, queued_since: float) -> float | None:
         """When a job queued since `queued_since` is (or will be) protected by the starvation guard."""
         return None if self.starvation_bound_s is None else queued_since + self.starvation_bound_s
+
+    def lift(self, queued_since: float, now: float) -> int:
+        """Classes the starvation guard lifts a job queued since `queued_since` by now (0 if it is
+        not protected): `guard_lifts_classes`, plus one per `guard_lift_every_s` protected."""
+        at = self.protected_since(queued_since)
+        if at is None or at > now:
+            return 0
+        every = self.guard_lift_every_s
+        return self.guard_lifts_classes + (0 if every is None else int((now - at) // every))
 
     def priority(self, key: QueueKey, age_s: float) -> float:
         """The multifactor priority of a queued job (higher first)."""
@@ -116,9 +141,15 @@ class Policy:
 Order = Callable[[QueueKey], OrderKey]
 
 
+def guard_band(rank: int, lift: int) -> int:
+    """The class a protected job of `rank` queues with: `lift` classes up, never to critical's."""
+    return rank if rank == CRITICAL_RANK else max(rank - lift, CRITICAL_RANK + 1)
+
+
 def by_multifactor_priority(policy: Policy, queued_since: QueuedSince, now: float) -> Order:
-    """Protected (starving) jobs first, longest waiting first; then multifactor priority (higher
-    first), then submit time, then job id."""
+    """Multifactor priority (higher first), then submit time, then job id; a protected (starving)
+    job ranks as a job of its band (`guard_band`) with every factor at its most, ahead of the
+    unprotected ones there, the longest waiting first."""
     # `priority` inlined: this runs once per queued job in every full cycle.
     protected_before = -math.inf if policy.starvation_bound_s is None else now - policy.starvation_bound_s
     per_rank = policy.class_weight / LOWEST_RANK
@@ -126,14 +157,20 @@ def by_multifactor_priority(policy: Policy, queued_since: QueuedSince, now: floa
     age_w, cap = policy.age_weight, policy.age_cap_s
     floor = -top + _BELOW_CRITICAL  # never ahead of critical work, however old
 
+    boosted = -top - share_w - age_w  # a protected job ranks as its band's job with every boost at its most
+    lifts, every = policy.guard_lifts_classes, policy.guard_lift_every_s
+
     def key(k: QueueKey) -> OrderKey:
         since = queued_since(k[3])
         if since <= protected_before:
-            return (0.0, since, k[2], k[3])
+            # policy.lift, with sorted_queue's float operations
+            lift = lifts if every is None else lifts + int((protected_before - since) // every)
+            value = guard_band(k[0], lift) * per_rank + boosted
+            return (value if k[0] == CRITICAL_RANK else max(value, floor), 0.0, since, k[3])
         age = now - since
         aged = age_w if age >= cap else age_w * max(age, 0.0) / cap
         value = k[0] * per_rank - top + share_w * k[1] - aged
-        return (1.0, value if k[0] == CRITICAL_RANK else max(value, floor), k[2], k[3])
+        return (value if k[0] == CRITICAL_RANK else max(value, floor), 1.0, k[2], k[3])
 
     return key
 
@@ -159,15 +196,21 @@ def sorted_queue(policy: Policy, keys: list[QueueKey], since: list[float], now: 
     age_w, cap = policy.age_weight, policy.age_cap_s
     age = now - queued
     aged = np.where(age >= cap, age_w, age_w * np.maximum(age, 0.0) / cap)
-    value = rank * per_rank - top + policy.fair_share_weight * share - aged
-    value = np.where(rank == CRITICAL_RANK, value, np.maximum(value, floor))
     protected = queued <= protected_before
-    first = np.where(protected, queued, value)
+    lift = np.full(len(keys), float(policy.guard_lifts_classes))
+    if policy.guard_lift_every_s is not None:  # one class more per guard_lift_every_s protected
+        lift = lift + np.floor_divide(np.maximum(protected_before - queued, 0.0), policy.guard_lift_every_s)
+    band = np.where(rank == CRITICAL_RANK, rank, np.maximum(rank - lift, CRITICAL_RANK + 1))
+    value = rank * per_rank - top + policy.fair_share_weight * share - aged
+    boosted = band * per_rank + (-top - policy.fair_share_weight - age_w)
+    value = np.where(protected, boosted, value)
+    value = np.where(rank == CRITICAL_RANK, value, np.maximum(value, floor))
+    second = np.where(protected, queued, submitted)
     # The job id breaks what ties remain (a numpy string column costs more than the rare ties do).
-    order = np.lexsort((submitted, first, ~protected))
+    order = np.lexsort((second, ~protected, value))
     out = [keys[i] for i in order.tolist()]
-    first, submitted, protected = first[order], submitted[order], protected[order]
-    tied = (first[1:] == first[:-1]) & (submitted[1:] == submitted[:-1]) & (protected[1:] == protected[:-1])
+    value, second, protected = value[order], second[order], protected[order]
+    tied = (value[1:] == value[:-1]) & (second[1:] == second[:-1]) & (protected[1:] == protected[:-1])
     for start, end in _runs(np.flatnonzero(tied).tolist()):
         out[start : end + 1] = sorted(out[start : end + 1], key=itemgetter(3))
     return out

@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING
 
 from events import Placement
 from services.pools import model_vendor
+from services.scheduler.core.decisions import Drain
 from services.scheduler.core.links import degraded
-from services.scheduler.core.policy import CHAMBER, LOWEST_RANK, RANKS, Policy
+from services.scheduler.core.policy import CHAMBER, LOWEST_RANK, RANKS, Policy, guard_band
 from services.scheduler.core.state import Job, SchedulerState
 
 if TYPE_CHECKING:
@@ -44,8 +45,9 @@ class Work:
         self.link_notes: dict[str, str] = {}
         self._smallest_waiting: dict[tuple[str, str, int], int] | None = None
         self._fair: dict[tuple[str, str], float] | None = None
-        self._oldest: dict[str, tuple[float, str]] | None = None
+        self._oldest: dict[str, tuple[int, float, str]] | None = None
         self._protected_np: dict[tuple[str, str], Job] | None = None
+        self.drains: dict[str, Drain] = {}  # pool -> the node held for its protected whole-node job
 
     # -- lookups -------------------------------------------------------------------------------
     def classes(self, job: Job) -> list[int]:
@@ -124,26 +126,31 @@ class Work:
         return self._fair.get((pool, team), 0.0)
 
     def longest_protected(self, pool: str) -> str | None:
-        """The queued job of the pool that joined the queue first, if the starvation guard protects
-        it now (at the start of the cycle); else None."""
+        """The pool's first protected job in queue order (of the most urgent class the guard queues
+        it with, then the longest waiting) at the start of the cycle; None if none is protected."""
         if self._oldest is None:
-            oldest: dict[str, tuple[float, str]] = {}
+            first: dict[str, tuple[int, float, str]] = {}
             jobs = self.s.jobs
             for line in self.s.fifo_lines.values():
                 for _, jid in line:
                     j = jobs[jid]
-                    if (j.queued_since, jid) < oldest.get(j.pool, (math.inf, "")):
-                        oldest[j.pool] = (j.queued_since, jid)
-            self._oldest = oldest
+                    at = self.policy.protected_since(j.queued_since)
+                    if at is None or at > self.now:
+                        continue
+                    mine = (self._guard_band(j), j.queued_since, jid)
+                    if mine < first.get(j.pool, (1 << 30, math.inf, "")):
+                        first[j.pool] = mine
+            self._oldest = first
         found = self._oldest.get(pool)
-        if found is None:
-            return None
-        at = self.policy.protected_since(found[0])
-        return found[1] if at is not None and at <= self.now else None
+        return None if found is None else found[2]
+
+    def _guard_band(self, job: Job) -> int:
+        """The class a protected job queues with (`policy.guard_band`)."""
+        return guard_band(job.spec.priority.rank, self.policy.lift(job.queued_since, self.now))
 
     def protected_np(self, pool: str, team: str) -> Job | None:
-        """The team's longest-waiting queued non-preemptible job in the pool, if the starvation
-        guard protects it now (at the start of the cycle)."""
+        """The team's first protected non-preemptible job of the pool in queue order (most urgent
+        class first, then longest waiting), at the start of the cycle; None if none is protected."""
         if self._protected_np is None:
             found: dict[tuple[str, str], Job] = {}
             jobs = self.s.jobs
@@ -154,7 +161,11 @@ class Work:
                     if j.spec.preemptible or at is None or at > self.now:
                         continue
                     old = found.get((j.pool, t))
-                    if old is None or (j.queued_since, j.id) < (old.queued_since, old.id):
+                    if old is None or (self._guard_band(j), j.queued_since, j.id) < (
+                        self._guard_band(old),
+                        old.queued_since,
+                        old.id,
+                    ):
                         found[(j.pool, t)] = j
             self._protected_np = found
         return self._protected_np.get((pool, team))
