@@ -169,6 +169,10 @@ def test_critical_work_preempts_lower_classes_of_other_teams() -> None:
     d.given(a_job("b-critical", team="b", gpus=8, priority="critical", at=3))
     cycle = d.cycle()
     assert [(x.job_id, x.reason.value) for x in cycle.decisions if isinstance(x, Preempt)] == [("a-normal", "critical")]
+    # explain says why the victim could be preempted, and who may take the borrowed GPUs back
+    said = explain(d.state, "b-critical", d.waiting)["text"]
+    assert "after preempting a-normal (preemptible by critical work of any team)" in said
+    assert "(8 GPUs borrowed: the team that lent them may take them back)" in said
 
 
 def test_jobs_on_an_isolated_node_or_gpu_are_requeued_and_resume_elsewhere() -> None:
