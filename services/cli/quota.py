@@ -186,6 +186,7 @@ def set_quota(args: argparse.Namespace) -> int:
                 "nothing to change: give at least one of --gpus, --borrow-limit, --lend-limit, --np-lend-limit, "
                 "--weight, --critical/--no-critical, --budget, --on-budget"
             )
+        _check_team_name(args)
         result = _send(args, "quota", "patch", {"team": args.team, "pool": args.pool, **given})
     if args.json:
         print(json.dumps(result))
@@ -194,6 +195,23 @@ def set_quota(args: argparse.Namespace) -> int:
     for warning in result.get("warnings", []):
         print(f"chamber quota set: warning: {warning}", file=sys.stderr)
     return 0
+
+
+def _check_team_name(args: argparse.Namespace) -> None:
+    """A patch is a change to a quota; one that would create a team named like an existing team is a
+    typo, refused with the name (a new team is created on purpose with --replace and its whole quota)."""
+    import difflib
+
+    quotas = _send(args, "quota", "list", {}).get("teams", [])
+    if any(q["team"] == args.team and q["pool"] == args.pool for q in quotas):
+        return
+    known = sorted({q["team"] for q in quotas})
+    close = difflib.get_close_matches(args.team, known, n=1, cutoff=0.75)
+    if close:
+        raise UsageError(
+            f"team {args.team!r} has no quota in pool {args.pool}; did you mean {close[0]!r}? "
+            f"(a new team is created on purpose with --replace and its whole quota: --gpus N --replace)"
+        )
 
 
 def _check_pool_name(args: argparse.Namespace) -> None:
