@@ -59,7 +59,7 @@ async def _until_done(nc: Any, stop: asyncio.Event, service: str, verb: str, pay
 
 async def _main(args: argparse.Namespace, stop: asyncio.Event) -> None:
     from services.runtime import connect
-    from services.runtime.commands import CommandRefused, CommandUnavailable, request
+    from services.runtime.commands import CommandRefused, CommandTimedOut, CommandUnavailable, request
     from services.runtime.logs import get_logger
     from services.stack.workload import arrivals, quota_requests
 
@@ -83,10 +83,20 @@ async def _main(args: argparse.Namespace, stop: asyncio.Event) -> None:
                     await asyncio.wait_for(stop.wait(), timeout=delay)
             if stop.is_set():
                 return
-            try:
-                result = await request(nc, "scheduler", "submit", arrival.request, timeout=5)
-                log.info("submitted", job=result, team=arrival.request["team"])
-            except (CommandRefused, CommandUnavailable) as exc:
-                log.warning("submit failed", error=str(exc), request=arrival.request)
+            while not stop.is_set():
+                try:
+                    result = await request(nc, "scheduler", "submit", arrival.request, timeout=5)
+                    log.info("submitted", job=result, team=arrival.request["team"])
+                    break
+                except CommandTimedOut as exc:  # it may have been submitted: not sent twice
+                    log.warning("submit not answered", error=str(exc), request=arrival.request)
+                    break
+                except CommandUnavailable as exc:  # no scheduler yet (starting or restarting): the job waits
+                    log.info("scheduler not answering yet, retrying", error=str(exc))
+                except CommandRefused as exc:
+                    log.warning("submit failed", error=str(exc), request=arrival.request)
+                    break
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=2)
     finally:
         await nc.close()
