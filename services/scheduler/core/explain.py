@@ -195,7 +195,8 @@ def _running_text(state: SchedulerState, job: Job, head: str) -> str:
         lent = "runs on lent capacity, given back when it ends, never preempted"
         text += f" ({_gpus(job.borrowed_gpus)} borrowed: {lent})"
     elif job.borrowed_gpus:
-        text += f" ({_gpus(job.borrowed_gpus)} borrowed: the team that lent them may take them back)"
+        back = "it" if job.borrowed_gpus == 1 else "them"
+        text += f" ({_gpus(job.borrowed_gpus)} borrowed: the team that lent {back} may take {back} back)"
     if held := _held_under(state, job):
         text += f"; an isolation is held for {held}: it runs on, and no new work is placed there"
     return text
