@@ -61,13 +61,14 @@ async def _main(args: argparse.Namespace, stop: asyncio.Event) -> None:
     from services.runtime import connect
     from services.runtime.commands import CommandRefused, CommandTimedOut, CommandUnavailable, request
     from services.runtime.logs import get_logger
-    from services.stack.workload import arrivals, quota_requests
+    from services.stack.workload import WARM_FILL, arrivals, quota_requests
 
     log = get_logger("chamber.workload")
     nc = await connect(args.nats, name="chamber-workload")
     try:
         marker = args.setup_marker
-        if marker is None or marker.exists():
+        first_run = marker is None or marker.exists()
+        if first_run:
             price = {"gpu_model": args.gpu_model, "price_per_gpu_hour": args.price}
             await _until_done(nc, stop, "billing", "price", price)
             for quota in quota_requests(args.gpus):
@@ -76,7 +77,9 @@ async def _main(args: argparse.Namespace, stop: asyncio.Event) -> None:
                 marker.unlink(missing_ok=True)
         else:
             log.info("setup skipped: the data directory was set up before", marker=str(marker))
-        for arrival in arrivals(args.seed, time.time(), args.gpus, args.load):
+        # a restarted stack still has its queue: a second warm-up burst on top would double its load
+        warm_fill = WARM_FILL if first_run else 0.0
+        for arrival in arrivals(args.seed, time.time(), args.gpus, args.load, warm_fill=warm_fill):
             delay = arrival.at - time.time()
             if delay > 0:
                 with contextlib.suppress(TimeoutError):
