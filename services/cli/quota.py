@@ -200,18 +200,29 @@ def set_quota(args: argparse.Namespace) -> int:
 def _check_team_name(args: argparse.Namespace) -> None:
     """A patch is a change to a quota; one that would create a team named like an existing team is a
     typo, refused with the name (a new team is created on purpose with --replace and its whole quota)."""
+    refuse_team_typo(args, args.team, args.pool, "a new team is created on purpose with --replace: --gpus N --replace")
+
+
+def refuse_team_typo(
+    args: argparse.Namespace, team: str, pool: str | None, how_new: str, *, quota_needed: bool = True
+) -> None:
+    """Refuse `team` when it has no quota (in `pool`, or in any) and is named like a team that has one.
+    Without `quota_needed` the check is skipped while the quota service does not answer."""
     import difflib
 
-    quotas = _send(args, "quota", "list", {}).get("teams", [])
-    if any(q["team"] == args.team and q["pool"] == args.pool for q in quotas):
+    team = team.strip().lower()  # the services' team rule (events/names.py): `Vision` is `vision`
+    try:
+        quotas = _send(args, "quota", "list", {}).get("teams", [])
+    except UsageError:
+        if quota_needed:
+            raise
         return
-    known = sorted({q["team"] for q in quotas})
-    close = difflib.get_close_matches(args.team, known, n=1, cutoff=0.75)
+    if any(q["team"] == team and pool in (None, q["pool"]) for q in quotas):
+        return
+    close = difflib.get_close_matches(team, sorted({q["team"] for q in quotas}), n=1, cutoff=0.75)
     if close:
-        raise UsageError(
-            f"team {args.team!r} has no quota in pool {args.pool}; did you mean {close[0]!r}? "
-            f"(a new team is created on purpose with --replace and its whole quota: --gpus N --replace)"
-        )
+        where = f" in pool {pool}" if pool else ""
+        raise UsageError(f"team {team!r} has no quota{where}; did you mean {close[0]!r}? ({how_new})")
 
 
 def _check_pool_name(args: argparse.Namespace) -> None:
