@@ -386,6 +386,8 @@ def phase3_admit(ctx: CycleContext, c: Candidate) -> bool:
     spot = placement.place(work, job)
     assert spot is not None, "select_victims promised a fit"
     why = f"placed on {work.describe(spot)} after preempting {names}"
+    if moved := _moved_because(ctx, job):  # it ran elsewhere before: say from where and why it moved
+        why += f"; moved here: {moved}"
     if job.id in work.link_notes:
         why += f"; {work.link_notes[job.id]}"
     if lent := quota.lent_to(work, job):
