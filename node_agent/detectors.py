@@ -48,7 +48,7 @@ from dataclasses import dataclass, field, replace
 
 from events.faults import FaultKind, GpuFaultDetected, Severity
 from events.telemetry import GpuSample, NodeSample, NvLinkCounters
-from node_agent.xid_catalog import SOURCE as XID_SOURCE
+from node_agent.xid_catalog import NAME as XID_NAME
 from node_agent.xid_catalog import classify
 
 WINDOW_S = 60.0
@@ -199,7 +199,7 @@ def detect(
                 FaultKind.XID,
                 info.severity,
                 x.gpu_index,
-                f"XID {x.xid} {info.mnemonic}: {info.meaning}; action {info.action} ({XID_SOURCE})",
+                f"XID {x.xid} {info.mnemonic}: {info.meaning}; action {info.action} per the {XID_NAME}",
                 xid=x.xid,
                 at=x.at,
             )

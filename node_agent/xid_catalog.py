@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from events.faults import Severity
 
 SOURCE = "NVIDIA Xid Catalog (docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html, 2025-10-29)"
+NAME = "NVIDIA Xid Catalog of 2025-10-29"  # in each fault's detail: short, for reasons read in a table
 
 # NVIDIA's immediate-action buckets.
 RESET_GPU = "RESET_GPU"

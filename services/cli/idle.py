@@ -46,6 +46,10 @@ def run_policy(args: argparse.Namespace) -> int:
         "grace_minutes": args.grace_minutes,
         "memory_tolerance_mib": args.memory_tolerance,
     }
+    from services.cli.quota import refuse_team_typo  # the quota command's module: loaded only here
+
+    first = f"for a new team, set its quota first: chamber quota set {args.team} --gpus N --replace"
+    refuse_team_typo(args, args.team, None, first, quota_needed=False)  # the policy is perf's
     result: dict[str, Any] = send_command(args, "perf", "idle_policy", payload)
     if args.json:
         print(json.dumps(result, indent=2))

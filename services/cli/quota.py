@@ -186,6 +186,7 @@ def set_quota(args: argparse.Namespace) -> int:
                 "nothing to change: give at least one of --gpus, --borrow-limit, --lend-limit, --np-lend-limit, "
                 "--weight, --critical/--no-critical, --budget, --on-budget"
             )
+        _check_team_name(args)
         result = _send(args, "quota", "patch", {"team": args.team, "pool": args.pool, **given})
     if args.json:
         print(json.dumps(result))
@@ -194,6 +195,34 @@ def set_quota(args: argparse.Namespace) -> int:
     for warning in result.get("warnings", []):
         print(f"chamber quota set: warning: {warning}", file=sys.stderr)
     return 0
+
+
+def _check_team_name(args: argparse.Namespace) -> None:
+    """A patch is a change to a quota; one that would create a team named like an existing team is a
+    typo, refused with the name (a new team is created on purpose with --replace and its whole quota)."""
+    refuse_team_typo(args, args.team, args.pool, "a new team is created on purpose with --replace: --gpus N --replace")
+
+
+def refuse_team_typo(
+    args: argparse.Namespace, team: str, pool: str | None, how_new: str, *, quota_needed: bool = True
+) -> None:
+    """Refuse `team` when it has no quota (in `pool`, or in any) and is named like a team that has one.
+    Without `quota_needed` the check is skipped while the quota service does not answer."""
+    import difflib
+
+    team = team.strip().lower()  # the services' team rule (events/names.py): `Vision` is `vision`
+    try:
+        quotas = _send(args, "quota", "list", {}).get("teams", [])
+    except UsageError:
+        if quota_needed:
+            raise
+        return
+    if any(q["team"] == team and pool in (None, q["pool"]) for q in quotas):
+        return
+    close = difflib.get_close_matches(team, sorted({q["team"] for q in quotas}), n=1, cutoff=0.75)
+    if close:
+        where = f" in pool {pool}" if pool else ""
+        raise UsageError(f"team {team!r} has no quota{where}; did you mean {close[0]!r}? ({how_new})")
 
 
 def _check_pool_name(args: argparse.Namespace) -> None:

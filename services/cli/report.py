@@ -60,12 +60,15 @@ def run_efficiency(args: argparse.Namespace) -> int:
     print(f"fleet efficiency {report['since']} .. {report['until']} UTC")
     groups = report.get("groups") or [{"fleet": "fleet", **{m: report[m] for m in METRICS}}]
     key = args.by or "fleet"
-    header = [key, "capacity_h", "allocated_h", "busy_h", "alloc", "usage", "score", "stranded_h", "idle_cost", "idle"]
+    header = [key.upper(), "CAPACITY-H", "ALLOCATED-H", "BUSY-H", "ALLOC", "USAGE", "SCORE", "STRANDED-H"]
+    header += ["IDLE COST", "IDLE GPUS NOW"]
     lines = [header]
     for g in groups:
+        # a team owns no GPUs: its capacity, and the ratios over it, would read as a bare 0 and "-"
+        shown = METRICS[1:3] if key == "team" else METRICS[:3]
         lines.append(
             [str(g[key])]
-            + [_fmt(g[m]) for m in METRICS[:3]]
+            + ["-" if m not in shown else _fmt(g[m]) for m in METRICS[:3]]
             + [_pct(g[m]) for m in ("allocation_ratio", "usage_ratio", "efficiency_score")]
             + [_fmt(g["stranded_gpu_hours"]), _fmt(g["idle_cost"]), _fmt(g["idle_gpus_now"])]
         )

@@ -41,6 +41,8 @@ def discover(wanted: list[str] | None = None) -> dict[str, ModuleType]:
             if exc.name != f"services.{name}.service":
                 raise
             continue
+        if not hasattr(module, "run"):
+            continue  # a decider hosted in another service's process (idle runs inside perf's)
         found[getattr(module, "NAME", name)] = module
     return dict(sorted(found.items()))
 

@@ -59,15 +59,16 @@ async def _until_done(nc: Any, stop: asyncio.Event, service: str, verb: str, pay
 
 async def _main(args: argparse.Namespace, stop: asyncio.Event) -> None:
     from services.runtime import connect
-    from services.runtime.commands import CommandRefused, CommandUnavailable, request
+    from services.runtime.commands import CommandRefused, CommandTimedOut, CommandUnavailable, request
     from services.runtime.logs import get_logger
-    from services.stack.workload import arrivals, quota_requests
+    from services.stack.workload import WARM_FILL, arrivals, quota_requests
 
     log = get_logger("chamber.workload")
     nc = await connect(args.nats, name="chamber-workload")
     try:
         marker = args.setup_marker
-        if marker is None or marker.exists():
+        first_run = marker is None or marker.exists()
+        if first_run:
             price = {"gpu_model": args.gpu_model, "price_per_gpu_hour": args.price}
             await _until_done(nc, stop, "billing", "price", price)
             for quota in quota_requests(args.gpus):
@@ -76,17 +77,29 @@ async def _main(args: argparse.Namespace, stop: asyncio.Event) -> None:
                 marker.unlink(missing_ok=True)
         else:
             log.info("setup skipped: the data directory was set up before", marker=str(marker))
-        for arrival in arrivals(args.seed, time.time(), args.gpus, args.load):
+        # a restarted stack still has its queue: a second warm-up burst on top would double its load
+        warm_fill = WARM_FILL if first_run else 0.0
+        for arrival in arrivals(args.seed, time.time(), args.gpus, args.load, warm_fill=warm_fill):
             delay = arrival.at - time.time()
             if delay > 0:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), timeout=delay)
             if stop.is_set():
                 return
-            try:
-                result = await request(nc, "scheduler", "submit", arrival.request, timeout=5)
-                log.info("submitted", job=result, team=arrival.request["team"])
-            except (CommandRefused, CommandUnavailable) as exc:
-                log.warning("submit failed", error=str(exc), request=arrival.request)
+            while not stop.is_set():
+                try:
+                    result = await request(nc, "scheduler", "submit", arrival.request, timeout=5)
+                    log.info("submitted", job=result, team=arrival.request["team"])
+                    break
+                except CommandTimedOut as exc:  # it may have been submitted: not sent twice
+                    log.warning("submit not answered", error=str(exc), request=arrival.request)
+                    break
+                except CommandUnavailable as exc:  # no scheduler yet (starting or restarting): the job waits
+                    log.info("scheduler not answering yet, retrying", error=str(exc))
+                except CommandRefused as exc:
+                    log.warning("submit failed", error=str(exc), request=arrival.request)
+                    break
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=2)
     finally:
         await nc.close()

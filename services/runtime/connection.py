@@ -58,22 +58,32 @@ async def connect(
             timeout=deadline_s,
         )
     backoff = Backoff(first_s=first_delay_s, max_s=max_delay_s)
+    made: list[Client] = []
+
+    async def on_disconnect() -> None:
+        if made and made[0].is_closed:  # our own close (a stop) calls back too: nothing went wrong
+            return
+        _disconnected()
+
     for attempt in range(1, attempts + 1):
         try:
-            return await _refused_login_fails_fast(
-                credentials,
-                servers=servers,
-                name=name,
-                allow_reconnect=True,
-                max_reconnect_attempts=-1,  # a service outlives server restarts
-                reconnect_time_wait=0.5,
-                connect_timeout=2,
-                user_credentials=user_credentials,
-                **credentials,
-                **inbox,
-                disconnected_cb=_on_disconnect,
-                reconnected_cb=_on_reconnect,
-            )
+            made[:] = [
+                await _refused_login_fails_fast(
+                    credentials,
+                    servers=servers,
+                    name=name,
+                    allow_reconnect=True,
+                    max_reconnect_attempts=-1,  # a service outlives server restarts
+                    reconnect_time_wait=0.5,
+                    connect_timeout=2,
+                    user_credentials=user_credentials,
+                    **credentials,
+                    **inbox,
+                    disconnected_cb=on_disconnect,
+                    reconnected_cb=_on_reconnect,
+                )
+            ]
+            return made[0]
         except (OSError, nats.errors.NoServersError, TimeoutError) as exc:
             if attempt == attempts:
                 raise
@@ -180,10 +190,6 @@ _disconnected = Throttled("nats disconnected")
 
 async def _on_error(exc: Exception) -> None:
     _error(error=repr(exc))
-
-
-async def _on_disconnect() -> None:
-    _disconnected()
 
 
 async def _on_reconnect() -> None:

@@ -228,6 +228,12 @@ class Scheduler:
             unknown = f"{exc}; `chamber queue --all` lists the jobs"
             if not str(exc).startswith("no job") or not state.forgotten:
                 raise CommandRefused(unknown, field="job") from None
+            # a name or an id prefix finds only the jobs in memory; a finished one has left it
+            like = "".join(c for c in req.job[:64] if c.isalnum() or c in "-_.")  # a hint to copy, quotes out
+            unknown += (
+                "; a finished job is found by its full id, which the warehouse has: chamber sql "
+                f"\"SELECT DISTINCT job_id FROM events WHERE job_id LIKE '{like}%'\""
+            )
             raise FromLog("JOBS", subjects.jobs(req.job), unknown, "job") from None  # finished, gone from memory
         found = explain(state, job_id, self.waiting, now=now, policy=self.policy)
         assert found is not None

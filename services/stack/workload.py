@@ -33,7 +33,12 @@ def quota_requests(total_gpus: int) -> list[dict[str, Any]]:
     return out
 
 
-def arrivals(seed: int, start: float, total_gpus: int, load: float = 1.1, warm_fill: float = 0.7) -> Iterator[Arrival]:
+WARM_FILL = 0.7  # the share of the fleet a new demo's first jobs ask for, one a second
+
+
+def arrivals(
+    seed: int, start: float, total_gpus: int, load: float = 1.1, warm_fill: float = WARM_FILL
+) -> Iterator[Arrival]:
     """Poisson arrivals offering `load` x the fleet's GPU-seconds, so a queue forms and borrowing,
     reclaim and preemption all happen. The first jobs come one a second until they ask for
     `warm_fill` of the fleet, so a new dashboard shows a busy fleet within a minute."""

@@ -102,6 +102,8 @@ async def test_the_dashboard_shows_the_running_fleet(
 
             job_row = page.locator(f'#running tr[data-job="{a_running_job.job_id}"]')
             assert a_running_job.team in await job_row.text_content()  # type: ignore[operator]
+            where = ", ".join(f"{p.node}[{','.join(map(str, p.gpu_indices))}]" for p in a_running_job.placements)
+            assert where in await job_row.text_content()  # type: ignore[operator]  # as chamber queue writes it
             vision = next(t for t in teams.teams if t.team == "vision")
             team_row = page.locator('#teams [data-team="vision"]')
             assert f"{vision.used_gpus} / {vision.guaranteed_gpus} GPUs" in await team_row.text_content()  # type: ignore[operator]

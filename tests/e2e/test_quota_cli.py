@@ -135,6 +135,7 @@ async def test_a_week_of_quota_edits(nats_server: SecuredNatsServer, js: JetStre
     for args, words in (
         (("quota", "set", "vision"), "nothing to change"),
         (("quota", "set", "speech", "--weight", "2"), "no quota in this pool yet"),
+        (("quota", "set", "visoin", "--gpus", "2"), "team 'visoin' has no quota in pool default; did you mean"),
         (("quota", "set", "vision", "--replace", "--weight", "2"), "--replace sets the whole quota: give --gpus N"),
         (("quota", "set", "vision", "--gpus", "4", "--lend-limit", "9"), "above the guarantee"),
         (("quota", "set", "vision", "--borrow-limit", "lots"), "expected a whole number of GPUs"),

@@ -13,6 +13,7 @@ import pytest
 from services.stack.backoff import RestartPolicy
 from services.stack.supervisor import Component, Supervisor
 from tests.integration.test_runtime import eventually
+from tests.secured_bus import SecuredNatsServer
 
 
 async def test_a_dying_process_is_restarted_with_back_off_and_stop_ends_every_child(tmp_path: Path) -> None:
@@ -83,6 +84,17 @@ def test_reconnect_warnings_are_rate_limited() -> None:
     assert warn.logged == 1 and warn.left_out == 59
     warn(error="connection refused")
     assert warn.logged == 2 and warn.left_out == 0
+
+
+async def test_a_connection_closed_on_purpose_warns_of_no_disconnect(nats_server: SecuredNatsServer) -> None:
+    """A stop drains and closes each connection, and nats-py calls back "disconnected" for that too:
+    every service logged a warning at a clean stop. Only a lost server warns."""
+    from services.runtime import connection
+
+    before = connection._disconnected.logged + connection._disconnected.left_out
+    nc = await connection.connect(nats_server.url, name="closer")
+    await nc.drain()
+    assert connection._disconnected.logged + connection._disconnected.left_out == before
 
 
 async def test_a_child_does_not_inherit_the_secrets_it_has_no_use_for(

@@ -169,6 +169,29 @@ def test_critical_work_preempts_lower_classes_of_other_teams() -> None:
     d.given(a_job("b-critical", team="b", gpus=8, priority="critical", at=3))
     cycle = d.cycle()
     assert [(x.job_id, x.reason.value) for x in cycle.decisions if isinstance(x, Preempt)] == [("a-normal", "critical")]
+    # explain says why the victim could be preempted, and who may take the borrowed GPUs back
+    said = explain(d.state, "b-critical", d.waiting)["text"]
+    assert "after preempting a-normal (preemptible by critical work of any team)" in said
+    assert "(8 GPUs borrowed: the team that lent them may take them back)" in said
+
+
+def test_a_job_moved_off_an_isolated_node_by_preempting_says_why_it_moved() -> None:
+    d = Driver().given(
+        a_node("n1"),
+        a_node("n2"),
+        a_quota("a", 8),
+        a_quota("b", 8, critical=True),
+        a_job("crit", team="b", gpus=8, priority="critical"),
+    )
+    d.cycle()
+    d.given(a_job("a-normal", team="a", gpus=8, at=2))
+    d.cycle(now=10)
+    assert set(d.where("crit")) == {"n1"} and set(d.where("a-normal")) == {"n2"}
+    d.given(NodeIsolated(cluster="c1", node="n1", at=20, reason="xid 79", fault_ids=["f1"]))
+    d.cycle(now=21)
+    assert set(d.where("crit")) == {"n2"} and d.state_of("a-normal") == "suspended"
+    said = explain(d.state, "crit", d.waiting)["text"]
+    assert "after preempting a-normal" in said and "moved here: a GPU or node it ran on went out of service" in said
 
 
 def test_jobs_on_an_isolated_node_or_gpu_are_requeued_and_resume_elsewhere() -> None:

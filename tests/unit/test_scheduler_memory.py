@@ -50,3 +50,22 @@ def test_the_queue_log_is_trimmed_and_the_next_cycle_is_full(monkeypatch: pytest
     assert len(d.state.pending_log.items) == 1
     cycle = d.cycle(now=7)
     assert cycle.full and {"j1", "j2", "j3"} <= set(cycle.waiting)
+
+
+def test_explain_of_an_unknown_name_after_jobs_left_memory_says_how_to_find_a_finished_one() -> None:
+    """A name or id prefix finds only the jobs in memory: the refusal, if the log has no such id
+    either, says where a finished job's full id is (the warehouse), as a command to copy."""
+    import argparse
+
+    from services.runtime.commands import FromLog
+    from services.scheduler import service
+
+    parser = argparse.ArgumentParser()
+    service.add_arguments(parser)
+    state = SchedulerState()
+    state.forgotten = 1
+    with pytest.raises(FromLog) as raised:
+        service.Scheduler(parser.parse_args([])).answer_explain(state, service.ExplainRequest(job="from-curl'"), 1.0)
+    assert raised.value.unknown.endswith(
+        "chamber sql \"SELECT DISTINCT job_id FROM events WHERE job_id LIKE 'from-curl%'\""
+    )

@@ -57,6 +57,8 @@ def test_focus_narrows_the_parser_only_and_chamber_up_still_finds_every_service(
     try:
         service.focus([])  # what `chamber up` sets for its own process
         assert {"quota", "scheduler", "recorder", "gateway"} <= set(service.discover())
+        # idle's decider runs inside perf's process: no process (nor NATS user) of its own
+        assert "idle" not in service.discover()
         assert service.discover(["quota"]).keys() == {"quota"}
     finally:
         service._FOCUS.clear()

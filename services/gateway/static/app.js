@@ -245,7 +245,7 @@ function renderPending(q, now) {
 
 function renderRunning(r, now) {
   const rows = r.jobs.slice(0, 100).map((j) => {
-    const where = j.placements.map((p) => `${p.node}[${p.gpu_indices.length}]`).join(", ");
+    const where = j.placements.map((p) => `${p.node}[${p.gpu_indices.join(",")}]`).join(", ");  // as chamber queue writes it
     return `<tr data-job="${esc(j.job_id)}"><td>${esc(j.name || j.job_id)}</td><td>${esc(j.team)}</td>
       <td class="num">${j.gpus}</td><td>${esc(where)}</td>
       <td class="num">${ago(j.started_at == null ? null : now - j.started_at)}</td></tr>`;

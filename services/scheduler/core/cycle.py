@@ -350,6 +350,24 @@ def _note_protected(ctx: CycleContext, job: Job) -> None:
 
 
 # -- 3. admit ---------------------------------------------------------------------------------
+# why a victim could be preempted, in the words `chamber explain` shows
+_ELIGIBLE = {
+    PreemptionReason.PRIORITY: "lower priority, same team",
+    PreemptionReason.RECLAIM: "on borrowed GPUs their owner takes back",
+    PreemptionReason.CRITICAL: "preemptible by critical work of any team",
+    PreemptionReason.OPERATOR: "by an operator",
+    PreemptionReason.IDLE: "idle past its team's policy",
+}
+
+
+def _victims_why(victims: Victims) -> str:
+    """`a, b (lower priority, same team); c (on borrowed GPUs ...)`: the victims grouped by why."""
+    by_reason: dict[PreemptionReason, list[str]] = {}
+    for v, reason in victims:
+        by_reason.setdefault(reason, []).append(v.id)
+    return "; ".join(f"{', '.join(ids)} ({_ELIGIBLE.get(r, r.value)})" for r, ids in by_reason.items())
+
+
 def phase3_admit(ctx: CycleContext, c: Candidate) -> bool:
     """Place the job on free GPUs, else on what the victims it may preempt would free. Admitted
     (and any victims preempted) on the scratch view at once, so later jobs see it."""
@@ -362,8 +380,7 @@ def phase3_admit(ctx: CycleContext, c: Candidate) -> bool:
     victims = _victims(ctx, c)
     if not victims:
         return False
-    names = ", ".join(v.id for v, _ in victims)
-    kinds = ", ".join(sorted({r.value for _, r in victims}))
+    names = _victims_why(victims)
     for v, reason in victims:
         detail = f"preempted by {job.id} ({reason.value}, {job.spec.priority.value} priority, team {job.spec.team})"
         ctx.decisions.append(
@@ -372,7 +389,9 @@ def phase3_admit(ctx: CycleContext, c: Candidate) -> bool:
         work.release(v)
     spot = placement.place(work, job)
     assert spot is not None, "select_victims promised a fit"
-    why = f"placed on {work.describe(spot)} after preempting {names} ({kinds})"
+    why = f"placed on {work.describe(spot)} after preempting {names}"
+    if moved := _moved_because(ctx, job):  # it ran elsewhere before: say from where and why it moved
+        why += f"; moved here: {moved}"
     if job.id in work.link_notes:
         why += f"; {work.link_notes[job.id]}"
     if lent := quota.lent_to(work, job):

@@ -192,12 +192,18 @@ def _running_text(state: SchedulerState, job: Job, head: str) -> str:
     if job.id in state.displaced and only_degraded(state, job):  # the cycle leaves it there (cycle.py)
         text += f"; {stay_note(job, out_of_service(state, job)[0], at_least=True)}"
     if job.borrowed_gpus and not job.spec.preemptible:  # issue 19: lent to it, returned by draining
-        text += f" ({job.borrowed_gpus} GPUs borrowed: runs on lent capacity, given back when it ends, never preempted)"
+        lent = "runs on lent capacity, given back when it ends, never preempted"
+        text += f" ({_gpus(job.borrowed_gpus)} borrowed: {lent})"
     elif job.borrowed_gpus:
-        text += f" ({job.borrowed_gpus} GPUs borrowed: may be reclaimed by their owner)"
+        back = "it" if job.borrowed_gpus == 1 else "them"
+        text += f" ({_gpus(job.borrowed_gpus)} borrowed: the team that lent {back} may take {back} back)"
     if held := _held_under(state, job):
         text += f"; an isolation is held for {held}: it runs on, and no new work is placed there"
     return text
+
+
+def _gpus(n: int) -> str:
+    return f"{n} GPU" if n == 1 else f"{n} GPUs"
 
 
 def _queued_text(
