@@ -39,7 +39,7 @@ async def test_a_job_held_back_by_its_quota_shows_the_schedulers_reason_on_the_d
             return next((r["reason"] for r in rows if r["id"] == "held"), "")
 
         async def decided() -> bool:  # past "submitted; waiting for the next scheduling cycle"
-            return "quota" in await scheduler_reason()
+            return "borrow limit 0" in await scheduler_reason()  # it cannot run until the quota changes
 
         await eventually(decided, within=30)
         said = await scheduler_reason()

@@ -139,7 +139,7 @@ async def test_the_standby_takes_over_when_the_leader_dies_or_stops_and_nothing_
     # (each replica folds the other's submit a moment later: wait until both agree)
     async def both_say_why() -> bool:
         reasons = {(await queue_row(nc, "huge")).get("reason", "") for _ in range(8)}
-        return len(reasons) == 1 and "no node has 9 GPUs" in reasons.pop()
+        return len(reasons) == 1 and "the largest node of pool default has 8" in reasons.pop()
 
     await eventually(both_say_why, within=15)
 
