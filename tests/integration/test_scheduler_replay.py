@@ -9,10 +9,12 @@ import os
 import sys
 from asyncio.subprocess import PIPE
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from structlog.testing import capture_logs
@@ -21,6 +23,7 @@ from events import JobPreempted, JobResumed, JobScheduled, decode
 from services.cli.scheduler import service_settings
 from services.runtime import Publisher
 from services.runtime.commands import request
+from services.runtime.logs import configure_logging
 from services.scheduler import service as scheduler_service
 from services.scheduler.replay import fold_to, mark_from_record, rerun
 from tests.integration.test_runtime import eventually
@@ -47,8 +50,20 @@ async def published_by_time(js: JetStreamContext) -> dict[float, set[str]]:
     return out
 
 
+@pytest.fixture
+def info_logs() -> Iterator[None]:
+    """Info lines reach `capture_logs`: a CLI run in-process by an earlier test may have left structlog
+    filtering at "error" (capture_logs swaps the processors, not the level filter)."""
+    saved = structlog.get_config()
+    configure_logging("info")
+    try:
+        yield
+    finally:
+        structlog.configure(**saved)
+
+
 async def test_each_logged_cycle_replays_to_the_ids_the_scheduler_published(
-    nats_server: SecuredNatsServer, nc: Client, js: JetStreamContext, tmp_path: Path
+    nats_server: SecuredNatsServer, nc: Client, js: JetStreamContext, tmp_path: Path, info_logs: None
 ) -> None:
     publisher = Publisher(js, source="test/discovery")
     for node in ("n1", "n2"):
