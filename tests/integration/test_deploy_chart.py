@@ -329,6 +329,24 @@ def test_a_gpu_cluster_agent_logs_in_as_its_own_node_and_sees_only_agent_passwor
     assert set(agents_secret["data"]) == {"agent-dgx-a-001", "agent-dgx-a-002", "agent-dgx-a-003"}
 
 
+@pytest.mark.parametrize("values", ["default", "gpu-cluster"])
+def test_step_log_directories_are_mounted_read_only_and_named_to_the_agent(helm: Path, values: str) -> None:
+    """A workload's `chamber.io/step-log` path P is read at mountRoot + P; only the directories the
+    operator lists are mounted, read-only, and nothing is mounted by default."""
+    sets = ("agent.stepLogs.hostPaths[0]=/var/lib/training/steps",)
+    [agent] = kinds(render(helm, VALUES[values], *sets), "DaemonSet")
+    spec = agent["spec"]["template"]["spec"]
+    [c] = spec["containers"]
+    [mount] = [m for m in c["volumeMounts"] if m["name"].startswith("step-logs")]
+    assert mount == {"name": "step-logs-0", "mountPath": "/host/var/lib/training/steps", "readOnly": True}
+    [volume] = [v for v in spec["volumes"] if v["name"] == "step-logs-0"]
+    assert volume["hostPath"] == {"path": "/var/lib/training/steps", "type": "Directory"}
+    args = " ".join(c["args"])
+    assert "--step-log-root /host" in args
+    [plain] = kinds(render(helm, VALUES[values]), "DaemonSet")
+    assert "--step-log-root" not in " ".join(plain["spec"]["template"]["spec"]["containers"][0]["args"])
+
+
 def test_the_dev_fleet_is_one_simulated_agent_without_gpu_scheduling(rendered: dict[str, list[Doc]]) -> None:
     docs = rendered["dev"]
     assert kinds(docs, "DaemonSet") == []
