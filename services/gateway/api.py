@@ -79,6 +79,10 @@ def json_response(value: Any, status: int = 200) -> web.Response:
     return web.Response(body=_encoder.encode(value), status=status, content_type="application/json")
 
 
+# A refused command's HTTP status by what the client should do next (services/runtime/commands.py).
+REFUSAL_STATUS = {"invalid": 422, "conflict": 409, "catching_up": 503, "unknown": 404}
+
+
 def problem(status: int, error: str, field: str | None = None) -> web.Response:
     return json_response(views.Problem(error=error, field=field, status=status), status)
 
@@ -393,7 +397,10 @@ async def _forward(request: web.Request, service: str, verb: str, payload: dict[
     try:
         result = await _ctx(request).forward(service, verb, payload)
     except CommandRefused as exc:
-        return problem(422, str(exc), exc.field)
+        response = problem(REFUSAL_STATUS[exc.kind], str(exc), exc.field)
+        if exc.kind == "catching_up":
+            response.headers["Retry-After"] = str(RETRY_AFTER_S)
+        return response
     except CommandUnavailable as exc:
         return problem(503, str(exc))
     return json_response(views.CommandAnswer(ok=True, result=result))

@@ -84,8 +84,16 @@ def build(operations: list[Operation], *, title: str, version: str, protect_read
                 "description": "missing or wrong bearer token; nothing changed",
                 "headers": {"WWW-Authenticate": {"schema": {"type": "string"}}},
             }
+            responses["404"] = {"description": "the job (or other entity) named is not known; nothing changed"}
+            responses["409"] = {
+                "description": "what the command changes changed since it was read (another change won); "
+                "re-read and retry; nothing changed"
+            }
             responses["422"] = {"description": "refused (`field` names the part to fix); nothing changed"}
-            responses["503"] = {"description": "the owning service is not answering"}
+            responses["503"] = {
+                "description": "the owning service is not answering, or is still catching up with its log "
+                "(then with `Retry-After`)"
+            }
         elif protect_reads and (op.path.startswith("/api/") or op.path == "/metrics"):
             entry["security"] = [{"bearer": []}]
             responses["401"] = {

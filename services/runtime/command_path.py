@@ -78,7 +78,7 @@ class CommandPath(Generic[S]):
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(host.caught_up_event.wait(), CATCH_UP_WAIT_S)
         if not host.ready:
-            raise CommandRefused(catching_up(host.decider.name, host.replaying()))
+            raise CommandRefused(catching_up(host.decider.name, host.replaying()), kind="catching_up")
 
     async def _change(self, command: Command[S, Any], request: Any) -> Any:
         host = self.host
@@ -89,12 +89,12 @@ class CommandPath(Generic[S]):
             try:
                 seq = await host.entity_seq(stream, subject)  # folded up to it when it returns
             except CommandConflict as exc:
-                raise CommandRefused(str(exc)) from None
+                raise CommandRefused(str(exc), kind="conflict") from None
             read = getattr(request, "expected_seq", None)
             if read is None:
                 request = msgspec.structs.replace(request, expected_seq=seq)
             elif read != seq:  # the requester read the entity before its latest change
-                raise CommandRefused(_conflict(command, request), field=command.conflict_field)
+                raise CommandRefused(_conflict(command, request), field=command.conflict_field, kind="conflict")
         accepted = command.validate(host.state, request, time.time())
         return await self._record(command, request, accepted)
 
@@ -107,7 +107,9 @@ class CommandPath(Generic[S]):
                 if accepted.if_conflict is not None:
                     return accepted.if_conflict  # a retry of a change already made: applied once
                 raise CommandRefused(
-                    append.conflict or _conflict(command, request), field=append.field or command.conflict_field
+                    append.conflict or _conflict(command, request),
+                    field=append.field or command.conflict_field,
+                    kind="conflict",
                 ) from None
         if accepted.appends:  # an operator's change, in the service's log with what it recorded
             events = [type(a.event).__name__ for a in accepted.appends]
@@ -124,9 +126,9 @@ class CommandPath(Generic[S]):
             first = await js.get_msg(gone.stream, seq=1, subject=gone.subject, next=True)
             last = await js.get_last_msg(gone.stream, gone.subject)
         except NotFoundError:
-            raise CommandRefused(gone.unknown, field=gone.field) from None
+            raise CommandRefused(gone.unknown, field=gone.field, kind="unknown") from None
         if command.from_log is None:
-            raise CommandRefused(gone.unknown, field=gone.field)
+            raise CommandRefused(gone.unknown, field=gone.field, kind="unknown")
         return command.from_log(
             request, decode(first.headers, first.data or b"").event, decode(last.headers, last.data or b"").event
         )

@@ -33,12 +33,20 @@ S = TypeVar("S")
 R = TypeVar("R")
 
 
-class CommandRefused(Exception):
-    """The command is wrong or not allowed now; `field` names the part to fix."""
+# Why a command was refused, so an HTTP client gets the status that tells it what to do next:
+# fix the request (invalid: 422), re-read and retry (conflict: 409), retry later (catching_up: 503),
+# or look elsewhere (unknown: 404).
+REFUSAL_KINDS = ("invalid", "conflict", "catching_up", "unknown")
 
-    def __init__(self, message: str, *, field: str | None = None) -> None:
+
+class CommandRefused(Exception):
+    """The command is wrong or not allowed now; `field` names the part to fix, `kind` is one of
+    REFUSAL_KINDS."""
+
+    def __init__(self, message: str, *, field: str | None = None, kind: str = "invalid") -> None:
         super().__init__(message)
         self.field = field
+        self.kind = kind if kind in REFUSAL_KINDS else "invalid"
 
 
 class CommandConflict(Exception):
@@ -119,6 +127,7 @@ class CommandReply(msgspec.Struct, omit_defaults=True):
     result: Any = None
     error: str | None = None
     field: str | None = None
+    kind: str | None = None  # a refusal's kind (REFUSAL_KINDS); absent: invalid
 
 
 _encoder = msgspec.json.Encoder()
@@ -220,7 +229,8 @@ class CommandServer:
             except InvalidName as exc:  # a handler's own check of the event it would publish
                 return _reply(ok=False, error=str(exc), field=exc.field)
             except CommandRefused as exc:
-                return _reply(ok=False, error=str(exc), field=exc.field)
+                kind = None if exc.kind == "invalid" else exc.kind
+                return _reply(ok=False, error=str(exc), field=exc.field, kind=kind)
             except Exception as exc:  # a bug must still answer, and not kill the server
                 log.exception("command failed", service=self.service, verb=verb)
                 return _reply(ok=False, error=f"internal error in {self.service}.{verb}: {type(exc).__name__}: {exc}")
@@ -262,5 +272,5 @@ async def request(nc: Client, service: str, verb: str, payload: Any, *, timeout:
         ) from None
     reply = msgspec.json.decode(msg.data, type=CommandReply)
     if not reply.ok:
-        raise CommandRefused(reply.error or "refused", field=reply.field)
+        raise CommandRefused(reply.error or "refused", field=reply.field, kind=reply.kind or "invalid")
     return reply.result

@@ -227,7 +227,7 @@ class Scheduler:
         except JobRefError as exc:
             unknown = f"{exc}; `chamber queue --all` lists the jobs"
             if not str(exc).startswith("no job") or not state.forgotten:
-                raise CommandRefused(unknown, field="job") from None
+                raise CommandRefused(unknown, field="job", kind="unknown") from None
             # a name or an id prefix finds only the jobs in memory; a finished one has left it
             like = "".join(c for c in req.job[:64] if c.isalnum() or c in "-_.")  # a hint to copy, quotes out
             unknown += (
@@ -300,7 +300,7 @@ def validate_cancel(state: SchedulerState, req: CancelRequest, now: float) -> Ac
         unknown = f"{unknown or f'no job {name!r}'}; `chamber queue` lists the jobs"
         if state.forgotten:  # finished, perhaps, and it has left memory since: its log says
             raise FromLog("JOBS", subjects.jobs(name), unknown, "job")
-        raise CommandRefused(unknown, field="job")
+        raise CommandRefused(unknown, field="job", kind="unknown")
     if job.state in FINISHED:
         raise CommandRefused(f"job {name} is already {job.state.value}", field="job")
     event = JobCancelled(job_id=job.id, at=now, by=req.by, reason=req.reason)
@@ -317,7 +317,9 @@ def validate_resume(state: SchedulerState, req: ResumeJob, now: float) -> Accept
     job_id, unknown = _job_named(state, req.job)
     job = state.jobs.get(job_id)
     if job is None:
-        raise CommandRefused(f"{unknown or f'no job {req.job!r}'}; `chamber queue` lists the jobs", field="job")
+        raise CommandRefused(
+            f"{unknown or f'no job {req.job!r}'}; `chamber queue` lists the jobs", field="job", kind="unknown"
+        )
     if idle_held(state, job) is None:
         suspended = job.state == JobState.SUSPENDED
         why = "it resumes on its own when capacity frees" if suspended else f"it is {job.state.value}"

@@ -52,6 +52,7 @@ def one_wins(results: list[Any]) -> tuple[dict[str, Any], CommandRefused]:
     won = [r for r in results if isinstance(r, dict)]
     lost = [r for r in results if isinstance(r, CommandRefused)]
     assert len(won) == 1 and len(lost) == 1, results
+    assert lost[0].kind == "conflict"  # the gateway answers it 409: re-read and retry
     return won[0], lost[0]
 
 

@@ -208,6 +208,12 @@ async def test_commands_need_the_token_and_change_nothing_without_it(
         # refused by the owning service: its message and field come back as a 422
         status, body = await gateway.send("POST", "/api/jobs", json={"team": "closed", "gpus_per_replica": 1})
         assert (status, body["field"]) == (422, "team") and "no new work" in body["error"]
+        # the status says what to do next: re-read (409), wait (503 with Retry-After), look elsewhere (404)
+        for team, want in (("raced", 409), ("early", 503), ("ghost", 404)):
+            job = {"team": team, "gpus_per_replica": 1}
+            async with gateway.http.post(gateway.url + "/api/jobs", json=job, headers=_auth()) as r:
+                assert r.status == want and "refused as" in (await r.json())["error"]
+                assert ("Retry-After" in r.headers) == (want == 503)
         count = len(received)
         # refused at the door with the same types and limits as the service: never forwarded
         status, body = await gateway.send("POST", "/api/jobs", json={"team": "vision", "gpus_per_replica": 0})
@@ -326,6 +332,9 @@ async def _fake_owners(url: str, received: list[dict[str, Any]]) -> tuple[asynci
     async def submit(cmd: _Submit) -> dict[str, str]:
         if cmd.team == "closed":
             raise CommandRefused("team closed takes no new work", field="team")
+        kinds = {"raced": "conflict", "early": "catching_up", "ghost": "unknown"}
+        if cmd.team in kinds:
+            raise CommandRefused(f"refused as {kinds[cmd.team]}", kind=kinds[cmd.team])
         received.append(msgspec.structs.asdict(cmd))
         return {"job_id": "job-1"}
 

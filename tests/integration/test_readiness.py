@@ -108,6 +108,7 @@ async def test_a_command_while_the_service_catches_up_is_refused_with_the_one_me
                 await asyncio.sleep(0.01)
             except CommandRefused as exc:
                 refusals.append(str(exc))
+                assert exc.kind == "catching_up"  # the gateway answers it 503 with Retry-After
                 await asyncio.sleep(0.02)
     finally:
         await sched.close()
