@@ -30,6 +30,7 @@ from events.jobs import (
     Placement,
     PreemptionReason,
     PriorityClass,
+    ServingReplica,
 )
 from events.quota import BudgetAction, BudgetSet, FairShareUpdated, PoolDefined, PoolRemoved, TeamQuotaSet
 from events.streams import STREAMS, StreamSpec
@@ -87,6 +88,7 @@ __all__ = [
     "PreemptionReason",
     "PriceSet",
     "PriorityClass",
+    "ServingReplica",
     "ProcessInfo",
     "RowRemapState",
     "Severity",

@@ -1,0 +1,242 @@
+"""Serving workloads under the same quotas (services/kube/serving.py says which kinds and how their pods
+are found): each replica of a Deployment, StatefulSet or LeaderWorkerSet that names a team is a Chamber
+job of class `serving` (a LeaderWorkerSet group is one gang of `size` pods).
+
+- Replicas `0 .. min - 1` (`chamber.io/min-replicas`, default 1) are guaranteed: non-preemptible, so the
+  quota rules for non-preemptible work apply and they preempt lower classes as such work does; they are
+  never preempted. Replicas from `min` up are preemptible and borrow like any other work.
+- Scaling (an HPA or KEDA changing `spec.replicas`) submits or cancels only the difference, the highest
+  replicas first; running replicas are never touched. Scaled to zero, every replica is cancelled in the
+  same round, so its quota returns at once. A workload deleted is scaled to zero.
+- A replica admitted releases its pods (the scheduling gate lifted, pinned to the replica's nodes); a
+  borrowed replica preempted has its pods deleted (its controller makes them again, gated, and they
+  wait for the replica's next admission).
+
+`reconcile_serving(...)` is pure and level-triggered like `services.scheduler.kubernetes.reconcile`.
+A replica's job id is `<workload's job id>-r<replica>`; once that job has finished (scaled down and
+up again) the next is `...-r<replica>-<n>`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from events import Event, JobCancelled, JobSpec, PriorityClass, ServingReplica
+from events.codec import stable_id
+from services.kube.bindings import Bindings
+from services.kube.kinds import Observed, Pod
+from services.kube.resources import WorkloadError
+from services.kube.serving import SERVING_KINDS, ServingKind, release_ops
+from services.scheduler.core import FINISHED, Job, JobState, SchedulerState
+from services.scheduler.kubernetes import OPEN, Admit, Refuse, job_id, spec_of, through_the_door
+
+_GATE = Pod()
+
+
+@dataclass(frozen=True)
+class DeletePod:
+    """A preempted replica's pod: deleted, its controller makes it again (gated)."""
+
+    namespace: str
+    name: str
+    reason: str
+    kind: str = "Pod"
+
+
+@dataclass(frozen=True)
+class Workload:
+    kind: ServingKind
+    obj: dict[str, Any]
+    pods: tuple[dict[str, Any], ...]
+
+    @property
+    def key(self) -> tuple[str, str]:
+        meta = self.obj["metadata"]
+        return (meta["namespace"], f"{self.kind.short}/{meta['name']}")
+
+
+def split(listed: list[Observed]) -> tuple[list[Observed], list[Workload]]:
+    """The serving workloads (with their pods), and everything else: pods of a listed serving workload
+    are its replicas', not plain Pods of their own."""
+    serving = [o for o in listed if isinstance(o.kind, ServingKind)]
+    by_owner: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for o in serving:
+        meta = o.obj["metadata"]
+        by_owner[(meta["namespace"], o.kind.kind, meta["name"])] = []
+    rest = []
+    for o in listed:
+        if isinstance(o.kind, ServingKind):
+            continue
+        if isinstance(o.kind, Pod):
+            ns = o.obj["metadata"]["namespace"]
+            owner = next(
+                (pods for k in SERVING_KINDS if (pods := by_owner.get((ns, k.kind, k.owns(o.obj) or ""))) is not None),
+                None,
+            )
+            if owner is not None:
+                owner.append(o.obj)
+                continue
+        rest.append(o)
+    out = []
+    for o in serving:
+        assert isinstance(o.kind, ServingKind)
+        meta = o.obj["metadata"]
+        pods = by_owner[(meta["namespace"], o.kind.kind, meta["name"])]
+        out.append(Workload(o.kind, o.obj, tuple(sorted(pods, key=lambda p: p["metadata"]["name"]))))
+    return rest, out
+
+
+def replica_id(base: str, replica: int, incarnation: int) -> str:
+    return f"{base}-r{replica}" if incarnation == 0 else f"{base}-r{replica}-{incarnation}"
+
+
+def current(state: SchedulerState, base: str, replica: int) -> tuple[str, Job | None]:
+    """The replica's live job, or the id its next job takes (the first of its ids not finished)."""
+    n = 0
+    while True:
+        jid = replica_id(base, replica, n)
+        job = state.jobs.get(jid)
+        if job is None or job.state not in FINISHED:
+            return jid, job
+        n += 1
+
+
+def replicas_known(state: SchedulerState, base: str) -> int:
+    """How many replicas the workload has had jobs for (they are numbered from 0 without gaps)."""
+    n = 0
+    while replica_id(base, n, 0) in state.jobs:
+        n += 1
+    return n
+
+
+def reconcile_serving(
+    state: SchedulerState, workloads: list[Workload], cluster: str, now: float, bindings: Bindings = OPEN
+) -> tuple[list[tuple[Event, str]], list[Admit | DeletePod | Refuse]]:
+    """Replica jobs to submit or cancel as the workloads scale, and pods to release or delete."""
+    events: list[tuple[Event, str]] = []
+    actions: list[Admit | DeletePod | Refuse] = []
+    seen: set[tuple[str, str]] = set()
+    for w in sorted(workloads, key=lambda w: w.key):
+        seen.add(w.key)
+        meta = w.obj["metadata"]
+        ns, name, uid = meta["namespace"], meta["name"], meta.get("uid", "")
+        base = job_id(cluster, ns, name, w.kind)
+        spec = spec_of(w.kind, w.obj, cluster, bindings)
+        if spec is None:
+            continue  # asks for no GPU: not Chamber's to admit
+        desired, minimum, why = _scale(w, spec)
+        if why is not None:
+            actions.append(Refuse(ns, name, w.kind.kind, uid, why))
+        known = max(replicas_known(state, base), desired)
+        jobs: dict[int, Job] = {}
+        for r in range(known):
+            jid, job = current(state, base, r)
+            if r >= desired:
+                if job is not None:
+                    why = f"{w.kind.kind} {ns}/{name} scaled to {desired} replicas"
+                    events.append(_cancel(job.id, now, why, cluster, uid))
+                continue
+            if job is not None:
+                jobs[r] = job
+                continue
+            assert isinstance(spec, JobSpec)
+            submit = _submit(state, spec, jid, now, r, minimum, f"{w.kind.short}/{name}")
+            if isinstance(submit, str):
+                actions.append(Refuse(ns, name, w.kind.kind, uid, submit))
+                break
+            events.append((submit, stable_id("k8s-serving-submitted", cluster, uid, jid)))
+        actions += _pods(w, jobs, cluster)
+    events += _orphans(state, seen, cluster, now)
+    return events, actions
+
+
+def _scale(w: Workload, spec: JobSpec | str) -> tuple[int, int, str | None]:
+    """(replicas wanted, replicas guaranteed, why it is refused): a refused workload is scaled to 0."""
+    if isinstance(spec, str):
+        return 0, 0, spec
+    try:
+        return w.kind.replicas(w.obj), w.kind.min_replicas(w.obj), None
+    except WorkloadError as exc:
+        return 0, 0, str(exc)
+
+
+def _submit(
+    state: SchedulerState, spec: JobSpec, jid: str, now: float, replica: int, minimum: int, workload: str
+) -> Event | str:
+    """One replica's JobSubmitted through the door of `chamber submit` (as high: the door keeps class
+    serving to replicas), then made a replica: class serving, preemptible above the minimum."""
+    submit = through_the_door(state, msgspec.structs.replace(spec, priority=PriorityClass.HIGH), jid, now)
+    if isinstance(submit, str):
+        return submit
+    replica = msgspec.structs.replace(
+        submit.spec,
+        priority=PriorityClass.SERVING,
+        preemptible=replica >= minimum,
+        serving=ServingReplica(workload=workload, replica=replica),
+    )
+    return msgspec.structs.replace(submit, spec=replica)
+
+
+def _cancel(jid: str, now: float, why: str, cluster: str, uid: str) -> tuple[Event, str]:
+    return JobCancelled(job_id=jid, at=now, by="kubernetes", reason=why), stable_id("k8s-serving-cancelled", cluster, jid)
+
+
+def _orphans(state: SchedulerState, seen: set[tuple[str, str]], cluster: str, now: float) -> list[tuple[Event, str]]:
+    """Live replicas of this cluster's workloads that are no longer listed (deleted): cancelled."""
+    out = []
+    live = [jid for ids in state.running.values() for jid in ids] + [
+        jid for line in state.fifo_lines.values() for _, jid in line
+    ]
+    for jid in sorted(set(live)):
+        spec = state.jobs[jid].spec
+        if spec.serving is None or spec.cluster != cluster or spec.namespace is None:
+            continue
+        if (spec.namespace, spec.serving.workload) not in seen:
+            why = f"{spec.serving.workload} in namespace {spec.namespace} is gone"
+            out.append(_cancel(jid, now, why, cluster, ""))
+    return out
+
+
+def _pods(w: Workload, jobs: dict[int, Job], cluster: str) -> list[Admit | DeletePod | Refuse]:
+    """Release the pods of admitted replicas, delete those of preempted ones. A Deployment's pods get
+    their replica as they are released: the gated ones go to admitted replicas without a pod, lowest
+    replica first."""
+    out: list[Admit | DeletePod | Refuse] = []
+    name = w.obj["metadata"]["name"]
+    bound: dict[int, list[dict[str, Any]]] = {}
+    unbound: list[dict[str, Any]] = []
+    for pod in w.pods:
+        if _GATE.finished(pod) is not None or (pod.get("metadata") or {}).get("deletionTimestamp"):
+            continue
+        r = w.kind.replica_of(pod, name)
+        if r is None:
+            if _GATE.held(pod):
+                unbound.append(pod)
+            continue
+        bound.setdefault(r, []).append(pod)
+    running = {r: j for r, j in jobs.items() if j.state == JobState.RUNNING}
+    waiting = sorted(r for r in running if r not in bound)
+    for pod in unbound:
+        if not waiting:
+            break
+        r = waiting.pop(0)
+        out.append(_release(w, pod, running[r], r, cluster))
+    for r, pods in sorted(bound.items()):
+        job = jobs.get(r)
+        for pod in pods:
+            if job is not None and job.state == JobState.RUNNING and _GATE.held(pod):
+                out.append(_release(w, pod, job, r, cluster))
+            elif job is not None and job.state != JobState.RUNNING and job.ran_before and not _GATE.held(pod):
+                why = job.reason or f"replica {r} was preempted"
+                out.append(DeletePod(pod["metadata"]["namespace"], pod["metadata"]["name"], why))
+    return out
+
+
+def _release(w: Workload, pod: dict[str, Any], job: Job, replica: int, cluster: str) -> Admit:
+    nodes = tuple(sorted({p.node for p in job.placements if p.cluster == cluster}))
+    ops = [*release_ops(w.kind, pod, replica), *_GATE.admit_ops(pod, nodes)]
+    return Admit(pod["metadata"]["namespace"], pod["metadata"]["name"], nodes, "Pod", tuple(ops))
+
