@@ -204,7 +204,7 @@ class KubeStub:
     ) -> tuple[int, Any]:
         if path.rstrip("/") == "/apis" and method == "GET":
             groups = {}
-            for group, version in [("batch", "v1"), *self.api_groups]:
+            for group, version in [("batch", "v1"), ("apps", "v1"), *self.api_groups]:
                 entry = groups.setdefault(group, {"name": group, "versions": []})
                 entry["versions"].append({"groupVersion": f"{group}/{version}", "version": version})
             for entry in groups.values():
@@ -215,7 +215,7 @@ class KubeStub:
             api, rest = "/api/v1", parts[2:]
         elif parts[0] == "apis" and len(parts) >= 3:
             api, rest = f"/apis/{parts[1]}/{parts[2]}", parts[3:]
-            if parts[1] != "batch" and (parts[1], parts[2]) not in self.api_groups:
+            if parts[1] not in ("batch", "apps") and (parts[1], parts[2]) not in self.api_groups:
                 return 404, _status(404, "NotFound", f"the server could not find the requested resource ({path})")
         else:
             return 404, _status(404, "NotFound", path)

@@ -179,7 +179,11 @@ def serving_pod_spec(gpus: int = 2) -> dict[str, Any]:
 def a_deployment(
     name: str = "llm", *, replicas: int | None = 1, gpus: int = 2, min_replicas: int | None = None
 ) -> dict[str, Any]:
-    spec: dict[str, Any] = {"template": {"metadata": {"labels": {"chamber.io/team": "vision"}}, "spec": serving_pod_spec(gpus)}}
+    labels = {"chamber.io/team": "vision", "app": name}
+    spec: dict[str, Any] = {
+        "selector": {"matchLabels": {"app": name}},
+        "template": {"metadata": {"labels": labels}, "spec": serving_pod_spec(gpus)},
+    }
     if replicas is not None:
         spec["replicas"] = replicas
     m = meta(name, None)

@@ -2,8 +2,7 @@
 ones that name a team or a Kueue queue, apply Chamber's JSON patches, and post Events.
 
 A kind whose CRD is not installed is found missing once, at start (the API server's group list),
-and skipped with one log line; the batch Job and Pod kinds are always there (Deployments and
-StatefulSets too on a real API server, which lists `apps/v1`).
+and skipped with one log line; the batch Job, Pod, Deployment and StatefulSet kinds are always there.
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ SELECTORS = (TEAM_LABEL, KUEUE_QUEUE_LABEL)  # a selector cannot say "either", s
 
 
 def serves(available: set[tuple[str, str]], kind: WorkloadKind) -> bool:
-    return kind.group in ("", "batch") or (kind.group, kind.version) in available
+    return kind.group in ("", "batch", "apps") or (kind.group, kind.version) in available
 
 
 class KubernetesWorkloads:
