@@ -1,7 +1,7 @@
 """Chamber's shared language: event types, subjects, streams, and the wire codec."""
 
 from events.base import Event, event_type
-from events.billing import BudgetExceeded, CostAccrued, PriceSet
+from events.billing import BudgetExceeded, CostAccrued, PriceSet, ServingTokensReported
 from events.catalog import ALL_EVENTS, by_type
 from events.codec import DecodeError, Envelope, UnknownEventType, decode, encode
 from events.faults import FaultKind, GpuFaultDetected, Severity
@@ -89,6 +89,7 @@ __all__ = [
     "PriceSet",
     "PriorityClass",
     "ServingReplica",
+    "ServingTokensReported",
     "ProcessInfo",
     "RowRemapState",
     "Severity",

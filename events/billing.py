@@ -49,3 +49,15 @@ class BudgetExceeded(Event, frozen=True, tag=event_type("billing", "budget_excee
     spent: float
     currency: str = "USD"
     period: str = "month"
+
+
+class ServingTokensReported(Event, frozen=True, tag=event_type("billing", "serving_tokens")):
+    """Tokens a serving workload served since its last report (a count, not a running total), as its
+    owner reports them (`chamber billing tokens`): billing divides the workload's cost by them."""
+
+    team: Team
+    cluster: Name
+    namespace: Name
+    workload: Name  # <kind>/<name>: deployment/llm, statefulset/kv, leaderworkerset/big
+    tokens: Annotated[int, Meta(ge=0, le=10**15)]
+    at: float
