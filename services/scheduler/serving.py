@@ -148,7 +148,7 @@ def reconcile_serving(
                 actions.append(Refuse(ns, name, w.kind.kind, uid, submit))
                 break
             events.append((submit, stable_id("k8s-serving-submitted", cluster, uid, jid)))
-        actions += _pods(w, jobs, cluster)
+        actions += _pods(w, jobs, desired, cluster)
     events += _orphans(state, seen, cluster, now)
     return events, actions
 
@@ -200,10 +200,13 @@ def _orphans(state: SchedulerState, seen: set[tuple[str, str]], cluster: str, no
     return out
 
 
-def _pods(w: Workload, jobs: dict[int, Job], cluster: str) -> list[Admit | DeletePod | Refuse]:
+def _pods(w: Workload, jobs: dict[int, Job], desired: int, cluster: str) -> list[Admit | DeletePod | Refuse]:
     """Release the pods of admitted replicas, delete those of preempted ones. A Deployment's pods get
     their replica as they are released: the gated ones go to admitted replicas without a pod, lowest
-    replica first."""
+    replica first. A released pod of a replica no longer wanted is deleted too: its controller removes
+    it anyway, unless it removed another replica's pod instead (a ReplicaSet deletes a pod that is not
+    ready before a ready one, whatever its deletion cost); then this pod must not run on GPUs the
+    cancelled replica gave back, and the pod made in its place is released for the replica left without one."""
     out: list[Admit | DeletePod | Refuse] = []
     name = w.obj["metadata"]["name"]
     bound: dict[int, list[dict[str, Any]]] = {}
@@ -231,6 +234,9 @@ def _pods(w: Workload, jobs: dict[int, Job], cluster: str) -> list[Admit | Delet
                 out.append(_release(w, pod, job, r, cluster))
             elif job is not None and job.state != JobState.RUNNING and job.ran_before and not _GATE.held(pod):
                 why = job.reason or f"replica {r} was preempted"
+                out.append(DeletePod(pod["metadata"]["namespace"], pod["metadata"]["name"], why))
+            elif job is None and r >= desired and not _GATE.held(pod):
+                why = f"replica {r} is no longer wanted ({desired} replicas)"
                 out.append(DeletePod(pod["metadata"]["namespace"], pod["metadata"]["name"], why))
     return out
 

@@ -196,3 +196,26 @@ def test_a_bad_minimum_is_refused_with_the_fix() -> None:
     dep["metadata"]["annotations"]["chamber.io/min-replicas"] = "two"
     events, actions = reconcile_serving(d.state, [Workload(DEPLOYMENT, dep, ())], "c1", now=1.0)
     assert events == [] and "chamber.io/min-replicas: 'two' is not a whole number" in actions[0].reason
+
+
+def test_a_scale_down_that_removed_a_lower_replicas_pod_moves_that_replica_to_the_next_pod() -> None:
+    """A ReplicaSet deletes a pod that is not ready before a ready one, whatever its deletion cost: if it
+    took replica 1's pod, replica 2 (cancelled, the highest) must not keep running on GPUs it gave back."""
+    d = Driver().given(a_quota("vision", 8), a_node("n1", cluster="c1"))
+    dep = a_deployment_of(3, minimum=1)
+    gated = tuple(a_replica_pod(dep, f"llm-abc12-{x}") for x in "abc")
+    scaled(d, dep, 3, now=1.0, pods=gated)
+    d.cycle(now=2.0)
+    released = scaled(d, dep, 3, now=3.0, pods=gated)
+    running = {
+        a.name: {**p, "metadata": {**p["metadata"], "annotations": {"chamber.io/replica": str(i)}}, "spec": {"containers": []}}
+        for i, (a, p) in enumerate(zip(released, gated, strict=True))
+    }
+    left = (running["llm-abc12-a"], running["llm-abc12-c"])  # the ReplicaSet took replica 1's pod
+    actions = scaled(d, dep, 2, now=4.0, pods=left)
+    assert [d.state_of(f"{R}{i}") for i in range(3)] == ["running", "running", "cancelled"]
+    assert [(type(a), a.name) for a in actions] == [(DeletePod, "llm-abc12-c")]
+    again = (running["llm-abc12-a"], a_replica_pod(dep, "llm-abc12-d"))
+    [release] = scaled(d, dep, 2, now=5.0, pods=again)
+    assert (release.name, release.ops[0]["value"]) == ("llm-abc12-d", {"chamber.io/replica": "1"})
+    assert release.nodes == ("n1",)
