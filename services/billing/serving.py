@@ -69,7 +69,7 @@ def by_workload(ledger: ServingLedger, month: str | None = None) -> list[dict[st
         if month is None or m == month:
             sums.setdefault(w, [0.0, 0.0, 0.0])[2] += tokens
     rows: list[dict[str, object]] = []
-    for (cluster, namespace, workload), (cost, seconds, tokens) in sums.items():
+    for (cluster, namespace, workload), (cost, seconds, count) in sums.items():
         rows.append(
             {
                 "cluster": cluster,
@@ -78,8 +78,8 @@ def by_workload(ledger: ServingLedger, month: str | None = None) -> list[dict[st
                 "team": ledger.team_of.get((cluster, namespace, workload), ""),
                 "cost": round(cost, 6),
                 "gpu_hours": round(seconds / 3600.0, 6),
-                "tokens": int(tokens),
-                "cost_per_million_tokens": round(cost / tokens * 1e6, 6) if tokens else None,
+                "tokens": int(count),
+                "cost_per_million_tokens": round(cost / count * 1e6, 6) if count else None,
             }
         )
     rows.sort(key=lambda r: (-float(r["cost"]), str(r["cluster"]), str(r["namespace"]), str(r["workload"])))  # type: ignore[arg-type]

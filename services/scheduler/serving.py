@@ -137,7 +137,7 @@ def reconcile_serving(
             if r >= desired:
                 if job is not None:
                     why = f"{w.kind.kind} {ns}/{name} scaled to {desired} replicas"
-                    events.append(_cancel(job.id, now, why, cluster, uid))
+                    events.append(_cancel(job.id, now, why, cluster))
                 continue
             if job is not None:
                 jobs[r] = job
@@ -171,17 +171,18 @@ def _submit(
     submit = through_the_door(state, msgspec.structs.replace(spec, priority=PriorityClass.HIGH), jid, now)
     if isinstance(submit, str):
         return submit
-    replica = msgspec.structs.replace(
+    spec = msgspec.structs.replace(
         submit.spec,
         priority=PriorityClass.SERVING,
         preemptible=replica >= minimum,
         serving=ServingReplica(workload=workload, replica=replica),
     )
-    return msgspec.structs.replace(submit, spec=replica)
+    return msgspec.structs.replace(submit, spec=spec)
 
 
-def _cancel(jid: str, now: float, why: str, cluster: str, uid: str) -> tuple[Event, str]:
-    return JobCancelled(job_id=jid, at=now, by="kubernetes", reason=why), stable_id("k8s-serving-cancelled", cluster, jid)
+def _cancel(jid: str, now: float, why: str, cluster: str) -> tuple[Event, str]:
+    event = JobCancelled(job_id=jid, at=now, by="kubernetes", reason=why)
+    return event, stable_id("k8s-serving-cancelled", cluster, jid)
 
 
 def _orphans(state: SchedulerState, seen: set[tuple[str, str]], cluster: str, now: float) -> list[tuple[Event, str]]:
@@ -196,7 +197,7 @@ def _orphans(state: SchedulerState, seen: set[tuple[str, str]], cluster: str, no
             continue
         if (spec.namespace, spec.serving.workload) not in seen:
             why = f"{spec.serving.workload} in namespace {spec.namespace} is gone"
-            out.append(_cancel(jid, now, why, cluster, ""))
+            out.append(_cancel(jid, now, why, cluster))
     return out
 
 
@@ -245,4 +246,3 @@ def _release(w: Workload, pod: dict[str, Any], job: Job, replica: int, cluster: 
     nodes = tuple(sorted({p.node for p in job.placements if p.cluster == cluster}))
     ops = [*release_ops(w.kind, pod, replica), *_GATE.admit_ops(pod, nodes)]
     return Admit(pod["metadata"]["namespace"], pod["metadata"]["name"], nodes, "Pod", tuple(ops))
-

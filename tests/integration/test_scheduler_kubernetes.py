@@ -493,7 +493,11 @@ def test_a_deployment_scales_up_down_and_to_zero_replica_by_replica_through_the_
             JSON_PATCH,
             [
                 {"op": "add", "path": "/metadata/annotations", "value": {"chamber.io/replica": "0"}},
-                {"op": "add", "path": "/metadata/annotations/controller.kubernetes.io~1pod-deletion-cost", "value": "0"},
+                {
+                    "op": "add",
+                    "path": "/metadata/annotations/controller.kubernetes.io~1pod-deletion-cost",
+                    "value": "0",
+                },
                 {"op": "add", "path": "/spec/affinity", "value": pinned(["n1"])},
                 {"op": "test", "path": gate, "value": {"name": "chamber.io/admission"}},
                 {"op": "remove", "path": gate},

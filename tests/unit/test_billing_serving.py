@@ -89,5 +89,7 @@ def test_tokens_for_a_workload_billing_does_not_know_are_refused_with_the_fix() 
     evolve(state, msgspec.structs.replace(other, spec=msgspec.structs.replace(other.spec, cluster="c2")), "x")
     with pytest.raises(CommandRefused, match="is in clusters c1, c2"):
         validate_tokens(state, ReportTokens(namespace="ml", workload="deployment/llm", tokens=1), T)
-    accepted = validate_tokens(state, ReportTokens(namespace="ml", workload="deployment/llm", tokens=1, cluster="c2"), T)
+    accepted = validate_tokens(
+        state, ReportTokens(namespace="ml", workload="deployment/llm", tokens=1, cluster="c2"), T
+    )
     assert accepted.result["cluster"] == "c2"

@@ -32,6 +32,12 @@ def scaled(d: Driver, obj: dict[str, Any], replicas: int, now: float, pods: tupl
     return actions
 
 
+def as_released(pod: dict[str, Any], replica: int) -> dict[str, Any]:
+    """The pod once Chamber released it for `replica` (annotated, its gate gone)."""
+    annotations = {"chamber.io/replica": str(replica)}
+    return {**pod, "metadata": {**pod["metadata"], "annotations": annotations}, "spec": {"containers": []}}
+
+
 def recorded(d: Driver, since: int) -> list[Event]:
     return d.log[since:]
 
@@ -146,10 +152,7 @@ def test_a_preempted_borrowed_replica_has_its_pod_deleted_and_the_next_pod_waits
         ("llm-abc12-a", {"chamber.io/replica": "0"}),
         ("llm-abc12-b", {"chamber.io/replica": "1"}),
     ]
-    running = tuple(
-        {**p, "metadata": {**p["metadata"], "annotations": {"chamber.io/replica": str(i)}}, "spec": {"containers": []}}
-        for i, p in enumerate(pods)
-    )
+    running = tuple(as_released(p, i) for i, p in enumerate(pods))
     d.given(a_job("nlp-train", team="nlp", gpus=6, priority="high", at=4.0, cluster="c1"))
     d.cycle(now=5.0)
     assert (d.state_of(f"{R}0"), d.state_of(f"{R}1")) == ("running", "suspended")
@@ -164,7 +167,12 @@ def test_a_leaderworkerset_group_is_one_gang_and_its_pods_are_found_by_group() -
     lws = a_leaderworkerset(replicas=2, size=3, gpus=8)
     lws["metadata"]["uid"] = "u2"
     group_pods = [
-        a_replica_pod(lws, f"big-{g}{'' if w == 0 else f'-{w}'}", gpus=8, labels={"leaderworkerset.sigs.k8s.io/group-index": str(g)})
+        a_replica_pod(
+            lws,
+            f"big-{g}{'' if w == 0 else f'-{w}'}",
+            gpus=8,
+            labels={"leaderworkerset.sigs.k8s.io/group-index": str(g)},
+        )
         for g in range(2)
         for w in range(3)
     ]
@@ -208,7 +216,11 @@ def test_a_scale_down_that_removed_a_lower_replicas_pod_moves_that_replica_to_th
     d.cycle(now=2.0)
     released = scaled(d, dep, 3, now=3.0, pods=gated)
     running = {
-        a.name: {**p, "metadata": {**p["metadata"], "annotations": {"chamber.io/replica": str(i)}}, "spec": {"containers": []}}
+        a.name: {
+            **p,
+            "metadata": {**p["metadata"], "annotations": {"chamber.io/replica": str(i)}},
+            "spec": {"containers": []},
+        }
         for i, (a, p) in enumerate(zip(released, gated, strict=True))
     }
     left = (running["llm-abc12-a"], running["llm-abc12-c"])  # the ReplicaSet took replica 1's pod
