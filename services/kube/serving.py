@@ -70,6 +70,11 @@ class ServingKind(WorkloadKind):
             raise WorkloadError(f"annotation {MIN_REPLICAS_ANNOTATION}: {raw!r} is not a whole number of replicas")
         return int(str(raw).strip())
 
+    def owned(self, obj: dict[str, Any]) -> bool:
+        """Part of another workload (a LeaderWorkerSet's StatefulSets): not a serving workload of its own."""
+        labels = (obj.get("metadata") or {}).get("labels") or {}
+        return LWS_NAME_LABEL in labels or any(r.get("kind") == "LeaderWorkerSet" for r in _owners(obj))
+
     def owns(self, pod: dict[str, Any]) -> str | None:
         """The name of the workload of this kind that owns the pod, if one does."""
         raise NotImplementedError

@@ -14,7 +14,8 @@ job of class `serving` (a LeaderWorkerSet group is one gang of `size` pods).
 
 `reconcile_serving(...)` is pure and level-triggered like `services.scheduler.kubernetes.reconcile`.
 A replica's job id is `<workload's job id>-r<replica>`; once that job has finished (scaled down and
-up again) the next is `...-r<replica>-<n>`.
+up again) the next is `...-r<replica>-<n>`. Which job is a replica's is read from the live jobs' specs
+(`spec.serving`), not from the ids.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from services.kube.bindings import Bindings
 from services.kube.kinds import Observed, Pod
 from services.kube.resources import WorkloadError
 from services.kube.serving import SERVING_KINDS, ServingKind, release_ops
-from services.scheduler.core import FINISHED, Job, JobState, SchedulerState
+from services.scheduler.core import Job, JobState, SchedulerState
 from services.scheduler.kubernetes import OPEN, Admit, Refuse, job_id, spec_of, through_the_door
 
 _GATE = Pod()
@@ -61,7 +62,7 @@ class Workload:
 def split(listed: list[Observed]) -> tuple[list[Observed], list[Workload]]:
     """The serving workloads (with their pods), and everything else: pods of a listed serving workload
     are its replicas', not plain Pods of their own."""
-    serving = [o for o in listed if isinstance(o.kind, ServingKind)]
+    serving = [o for o in listed if isinstance(o.kind, ServingKind) and not o.kind.owned(o.obj)]
     by_owner: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for o in serving:
         meta = o.obj["metadata"]
@@ -69,7 +70,7 @@ def split(listed: list[Observed]) -> tuple[list[Observed], list[Workload]]:
     rest = []
     for o in listed:
         if isinstance(o.kind, ServingKind):
-            continue
+            continue  # a workload, or a part of one (a LeaderWorkerSet's StatefulSets)
         if isinstance(o.kind, Pod):
             ns = o.obj["metadata"]["namespace"]
             owner = next(
@@ -93,23 +94,26 @@ def replica_id(base: str, replica: int, incarnation: int) -> str:
     return f"{base}-r{replica}" if incarnation == 0 else f"{base}-r{replica}-{incarnation}"
 
 
-def current(state: SchedulerState, base: str, replica: int) -> tuple[str, Job | None]:
-    """The replica's live job, or the id its next job takes (the first of its ids not finished)."""
-    n = 0
-    while True:
-        jid = replica_id(base, replica, n)
-        job = state.jobs.get(jid)
-        if job is None or job.state not in FINISHED:
-            return jid, job
-        n += 1
+def live_replicas(state: SchedulerState, cluster: str) -> dict[tuple[str, str], dict[int, Job]]:
+    """(namespace, `<kind>/<name>`) -> replica -> its live (queued or running) job, in this cluster."""
+    found: dict[tuple[str, str], dict[int, Job]] = {}
+    live = {jid for ids in state.running.values() for jid in ids}
+    live.update(jid for line in state.fifo_lines.values() for _, jid in line)
+    for jid in sorted(live):  # sorted: of two jobs for one replica (never made here) the first wins
+        job = state.jobs[jid]
+        serving, namespace = job.spec.serving, job.spec.namespace
+        if serving is not None and namespace is not None and job.spec.cluster == cluster:
+            found.setdefault((namespace, serving.workload), {}).setdefault(serving.replica, job)
+    return found
 
 
-def replicas_known(state: SchedulerState, base: str) -> int:
-    """How many replicas the workload has had jobs for (they are numbered from 0 without gaps)."""
+def next_id(state: SchedulerState, base: str, replica: int) -> str:
+    """The id a replica's next job takes: the first of its ids the state does not hold (one forgotten
+    long ago may come again; the submission's event id differs by the workload's generation)."""
     n = 0
-    while replica_id(base, n, 0) in state.jobs:
+    while replica_id(base, replica, n) in state.jobs:
         n += 1
-    return n
+    return replica_id(base, replica, n)
 
 
 def reconcile_serving(
@@ -118,38 +122,39 @@ def reconcile_serving(
     """Replica jobs to submit or cancel as the workloads scale, and pods to release or delete."""
     events: list[tuple[Event, str]] = []
     actions: list[Admit | DeletePod | Refuse] = []
-    seen: set[tuple[str, str]] = set()
+    live = live_replicas(state, cluster)
     for w in sorted(workloads, key=lambda w: w.key):
-        seen.add(w.key)
         meta = w.obj["metadata"]
         ns, name, uid = meta["namespace"], meta["name"], meta.get("uid", "")
-        base = job_id(cluster, ns, name, w.kind)
+        mine = live.pop(w.key, {})
         spec = spec_of(w.kind, w.obj, cluster, bindings)
-        if spec is None:
-            continue  # asks for no GPU: not Chamber's to admit
+        if spec is None:  # asks for no GPU: not Chamber's to admit; its pods go as they are
+            actions += [_release(w, p, None, 0, cluster) for p in w.pods if _GATE.held(p)]
+            events += [_cancel(j.id, now, "it asks for no GPU now", cluster) for _, j in sorted(mine.items())]
+            continue
         desired, minimum, why = _scale(w, spec)
         if why is not None:
             actions.append(Refuse(ns, name, w.kind.kind, uid, why))
-        known = max(replicas_known(state, base), desired)
-        jobs: dict[int, Job] = {}
-        for r in range(known):
-            jid, job = current(state, base, r)
+        for r, job in sorted(mine.items()):
             if r >= desired:
-                if job is not None:
-                    why = f"{w.kind.kind} {ns}/{name} scaled to {desired} replicas"
-                    events.append(_cancel(job.id, now, why, cluster))
-                continue
-            if job is not None:
-                jobs[r] = job
+                events.append(_cancel(job.id, now, f"{w.kind.kind} {ns}/{name} scaled to {desired} replicas", cluster))
+        jobs = {r: job for r, job in mine.items() if r < desired}
+        base = job_id(cluster, ns, name, w.kind)
+        for r in range(desired):
+            if r in jobs:
                 continue
             assert isinstance(spec, JobSpec)
+            jid = next_id(state, base, r)
             submit = _submit(state, spec, jid, now, r, minimum, f"{w.kind.short}/{name}")
             if isinstance(submit, str):
                 actions.append(Refuse(ns, name, w.kind.kind, uid, submit))
                 break
-            events.append((submit, stable_id("k8s-serving-submitted", cluster, uid, jid)))
+            generation = str(meta.get("generation", ""))  # a forgotten id that comes again is a new event
+            events.append((submit, stable_id("k8s-serving-submitted", cluster, uid, jid, generation)))
         actions += _pods(w, jobs, desired, cluster)
-    events += _orphans(state, seen, cluster, now)
+    for (ns, workload), gone in sorted(live.items()):  # no longer listed (deleted, or its label removed)
+        for _, job in sorted(gone.items()):
+            events.append(_cancel(job.id, now, f"{workload} in namespace {ns} is gone", cluster))
     return events, actions
 
 
@@ -183,22 +188,6 @@ def _submit(
 def _cancel(jid: str, now: float, why: str, cluster: str) -> tuple[Event, str]:
     event = JobCancelled(job_id=jid, at=now, by="kubernetes", reason=why)
     return event, stable_id("k8s-serving-cancelled", cluster, jid)
-
-
-def _orphans(state: SchedulerState, seen: set[tuple[str, str]], cluster: str, now: float) -> list[tuple[Event, str]]:
-    """Live replicas of this cluster's workloads that are no longer listed (deleted): cancelled."""
-    out = []
-    live = [jid for ids in state.running.values() for jid in ids] + [
-        jid for line in state.fifo_lines.values() for _, jid in line
-    ]
-    for jid in sorted(set(live)):
-        spec = state.jobs[jid].spec
-        if spec.serving is None or spec.cluster != cluster or spec.namespace is None:
-            continue
-        if (spec.namespace, spec.serving.workload) not in seen:
-            why = f"{spec.serving.workload} in namespace {spec.namespace} is gone"
-            out.append(_cancel(jid, now, why, cluster))
-    return out
 
 
 def _pods(w: Workload, jobs: dict[int, Job], desired: int, cluster: str) -> list[Admit | DeletePod | Refuse]:
@@ -242,7 +231,10 @@ def _pods(w: Workload, jobs: dict[int, Job], desired: int, cluster: str) -> list
     return out
 
 
-def _release(w: Workload, pod: dict[str, Any], job: Job, replica: int, cluster: str) -> Admit:
+def _release(w: Workload, pod: dict[str, Any], job: Job | None, replica: int, cluster: str) -> Admit:
+    """Lift the pod's gate, pinned to the replica's nodes (no job: a pod without GPUs, not pinned)."""
+    if job is None:
+        return Admit(pod["metadata"]["namespace"], pod["metadata"]["name"], (), "Pod", tuple(_GATE.admit_ops(pod, ())))
     nodes = tuple(sorted({p.node for p in job.placements if p.cluster == cluster}))
     ops = [*release_ops(w.kind, pod, replica), *_GATE.admit_ops(pod, nodes)]
     return Admit(pod["metadata"]["namespace"], pod["metadata"]["name"], nodes, "Pod", tuple(ops))

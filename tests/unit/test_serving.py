@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import msgspec
 import pytest
 
 from events import Event, JobCancelled, JobSubmitted, PriorityClass
@@ -231,3 +232,36 @@ def test_a_scale_down_that_removed_a_lower_replicas_pod_moves_that_replica_to_th
     [release] = scaled(d, dep, 2, now=5.0, pods=again)
     assert (release.name, release.ops[0]["value"]) == ("llm-abc12-d", {"chamber.io/replica": "1"})
     assert release.nodes == ("n1",)
+
+
+def test_a_leaderworkersets_own_statefulset_is_not_a_workload_and_a_gpu_less_one_releases_its_pods() -> None:
+    lws = a_leaderworkerset(replicas=1, size=2)
+    part = a_deployment("big", replicas=1)  # the leader StatefulSet LeaderWorkerSet makes, labelled as its pods
+    part = {**part, "kind": "StatefulSet", "metadata": {**part["metadata"], "labels": {**part["metadata"]["labels"]}}}
+    part["metadata"]["labels"]["leaderworkerset.sigs.k8s.io/name"] = "big"
+    _, workloads = split([Observed(LeaderWorkerSet(), lws), Observed(SERVING_KINDS[1], part)])
+    assert [w.kind.kind for w in workloads] == ["LeaderWorkerSet"]
+
+    web = a_deployment("web", replicas=2, gpus=0)
+    web["spec"]["template"]["spec"]["containers"][0].pop("resources")
+    pods = (a_replica_pod(web, "web-abc12-a", gpus=0),)
+    d = Driver().given(a_quota("vision", 8), a_node("n1", cluster="c1"))
+    events, [release] = reconcile_serving(d.state, [Workload(DEPLOYMENT, web, pods)], "c1", now=1.0)
+    assert events == [] and release.nodes == () and [op["op"] for op in release.ops] == ["test", "remove"]
+
+
+def test_a_replica_is_found_by_its_spec_even_when_its_earlier_jobs_were_forgotten() -> None:
+    """Finished jobs leave the state after the retention window, the oldest first: replica 0's first
+    job may be gone while its second runs. The replica is known by `spec.serving`, not by its id."""
+    d = Driver().given(a_quota("vision", 8), a_node("n1", cluster="c1"))
+    dep = a_deployment_of(1, minimum=1)
+    scaled(d, dep, 0, now=1.0)
+    scaled(d, dep, 1, now=2.0)
+    first = d.log[-1]
+    assert isinstance(first, JobSubmitted) and first.job_id == f"{R}0"
+    again = msgspec.structs.replace(first, job_id=f"{R}0-1")  # as if r0 had finished and been forgotten
+    d = Driver().given(a_quota("vision", 8), a_node("n1", cluster="c1"), again)
+    mark = len(d.log)
+    assert scaled(d, dep, 1, now=3.0) == [] and d.log[mark:] == []  # no second replica 0
+    scaled(d, dep, 0, now=4.0)
+    assert [(type(e), e.job_id) for e in d.log[mark:]] == [(JobCancelled, f"{R}0-1")]
