@@ -40,6 +40,9 @@ class CostAccrued(Event, frozen=True, tag=event_type("billing", "cost_accrued"))
     cluster: Name | None = None  # where the GPUs were (cost reports by cluster, provider, region)
     provider: str | None = None  # chamber.io/provider of the nodes: aws, gcp, azure, on-prem...
     region: str | None = None  # chamber.io/region of the nodes
+    # The serving workload the job is a replica of, `<namespace>/<kind>/<name>` in `cluster`: billing sums
+    # its cost per workload (services/billing/serving.py)
+    serving: Annotated[str, Meta(max_length=600)] | None = None
 
 
 class BudgetExceeded(Event, frozen=True, tag=event_type("billing", "budget_exceeded")):

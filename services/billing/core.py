@@ -52,7 +52,6 @@ from services.billing.idle import fold as fold_reclaimed
 from services.billing.price_table import resolve
 from services.billing.serving import ServingLedger
 from services.billing.serving import fold as fold_serving
-from services.billing.serving import forget as forget_replicas
 from services.pools import PoolDef, node_pool
 
 GpuKey = tuple[str, str, int]  # cluster, node, gpu index
@@ -307,7 +306,7 @@ def _prune(state: BillingState) -> None:
         del state.finished[job]
         state.job_team.pop(job, None)
         state.job_pool.pop(job, None)
-    forget_replicas(state.serving, cutoff - state.period_s)
+        state.serving.replica_of.pop(job, None)
     horizon = cutoff - max(DEDUP_WINDOW_S, state.period_s)
     state.seen = {i: t for i, t in state.seen.items() if t >= horizon}
 
@@ -352,7 +351,10 @@ def period_costs(state: BillingState, p0: float, p1: float) -> list[tuple[CostAc
 
     out: list[tuple[CostAccrued, str]] = []
     for (job, team, model, where), (seconds, amount) in sorted(held.items(), key=lambda kv: _sort_key(kv[0])):
-        event = cost(model, where, seconds, amount, team=team or None, job_id=job, pool=state.job_pool.get(job))
+        serving = state.serving.replica_of.get(job)
+        event = cost(
+            model, where, seconds, amount, team=team or None, job_id=job, pool=state.job_pool.get(job), serving=serving
+        )
         out.append((event, stable_id("billing.cost", job, model, p0, p1, *_id_parts(where))))
     idle: dict[tuple[str, str, Where], list[float]] = defaultdict(lambda: [0.0, 0.0])
     for s in state.service:

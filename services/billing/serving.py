@@ -1,6 +1,7 @@
 """Cost per serving workload, and per million tokens where the workload reports them. A serving
 workload's replicas are jobs (JobSubmitted with `spec.serving`, services/scheduler/serving.py); the
-cost billing accrues for them (its own CostAccrued, folded back) is summed per workload and UTC month,
+cost billing accrues for them (its own CostAccrued, which names the workload, folded back) is summed
+per workload and UTC month,
 and so are the tokens its owner reports (ServingTokensReported, `chamber billing tokens`). Pure: folded
 by the billing core, answered by `chamber.cmd.billing.serving`.
 """
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from events import CostAccrued, Event, JobCancelled, JobCompleted, JobFailed, JobSubmitted, ServingTokensReported
+from events import CostAccrued, Event, JobSubmitted, ServingTokensReported
 from services.billing.idle import month_of
 
 Workload = tuple[str, str, str]  # cluster, namespace, <kind>/<name>
@@ -17,38 +18,30 @@ Workload = tuple[str, str, str]  # cluster, namespace, <kind>/<name>
 
 @dataclass
 class ServingLedger:
-    replica_of: dict[str, Workload] = field(default_factory=dict)  # replica job -> its workload
-    ended: dict[str, float] = field(default_factory=dict)  # replica job -> when it ended
+    replica_of: dict[str, str] = field(default_factory=dict)  # live replica job -> <namespace>/<kind>/<name>
     team_of: dict[Workload, str] = field(default_factory=dict)
     cost: dict[tuple[Workload, str], tuple[float, float]] = field(default_factory=dict)  # (w, month) -> cost, GPU-s
     tokens: dict[tuple[Workload, str], int] = field(default_factory=dict)  # (w, month) -> tokens
 
 
 def fold(ledger: ServingLedger, event: Event) -> None:
+    """Each fact on its own (no lookup across streams): the same state whatever order JOBS and BILLING
+    are merged in. A CostAccrued names its workload (billing's decide reads `replica_of`, which the job's
+    JobSubmitted, earlier in JOBS than anything billed, has filled)."""
     match event:
         case JobSubmitted() if event.spec.serving is not None:
             spec = event.spec
             assert spec.serving is not None
-            workload = (spec.cluster or "", spec.namespace or "", spec.serving.workload)
-            ledger.replica_of[event.job_id] = workload
-            ledger.team_of[workload] = spec.team
-        case CostAccrued() if event.job_id is not None and event.job_id in ledger.replica_of:
-            key = (ledger.replica_of[event.job_id], month_of(event.period_start))
+            ledger.replica_of[event.job_id] = f"{spec.namespace or ''}/{spec.serving.workload}"
+            ledger.team_of[(spec.cluster or "", spec.namespace or "", spec.serving.workload)] = spec.team
+        case CostAccrued() if event.serving is not None:
+            namespace, _, workload = event.serving.partition("/")
+            key = ((event.cluster or "", namespace, workload), month_of(event.period_start))
             cost, seconds = ledger.cost.get(key, (0.0, 0.0))
             ledger.cost[key] = (cost + event.cost, seconds + event.gpu_seconds)
-        case JobCancelled() | JobCompleted() | JobFailed() if event.job_id in ledger.replica_of:
-            ledger.ended[event.job_id] = event.at
         case ServingTokensReported():
             key = ((event.cluster, event.namespace, event.workload), month_of(event.at))
             ledger.tokens[key] = ledger.tokens.get(key, 0) + event.tokens
-
-
-def forget(ledger: ServingLedger, before: float) -> None:
-    """Replicas that ended before `before` (billing's prune passes a period behind what is accrued, so
-    their last cost lines are in): the workloads' sums stay."""
-    for job in [j for j, at in ledger.ended.items() if at < before]:
-        del ledger.ended[job]
-        ledger.replica_of.pop(job, None)
 
 
 def find(ledger: ServingLedger, namespace: str, workload: str, cluster: str | None) -> list[Workload]:
