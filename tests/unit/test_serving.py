@@ -13,6 +13,7 @@ import pytest
 
 from events import Event, JobCancelled, JobSubmitted, PriorityClass
 from events.commands import SubmitJob
+from events.idle import IdleModeName, JobIdleDetected
 from events.names import InvalidName
 from services.kube.kinds import Observed, Pod
 from services.kube.serving import SERVING_KINDS, LeaderWorkerSet
@@ -265,3 +266,14 @@ def test_a_replica_is_found_by_its_spec_even_when_its_earlier_jobs_were_forgotte
     assert scaled(d, dep, 1, now=3.0) == [] and d.log[mark:] == []  # no second replica 0
     scaled(d, dep, 0, now=4.0)
     assert [(type(e), e.job_id) for e in d.log[mark:]] == [(JobCancelled, f"{R}0-1")]
+
+
+def test_idle_reclaim_only_flags_a_serving_replica() -> None:
+    d = Driver().given(a_quota("vision", 8), a_node("n1", cluster="c1"))
+    scaled(d, a_deployment_of(1, minimum=1), 1, now=1.0)
+    d.cycle(now=2.0)
+    verdict = JobIdleDetected(job_id=f"{R}0", at=4000.0, team="vision", action=IdleModeName.SUSPEND, idle_since=2000.0)
+    d.given(verdict)
+    d.cycle(now=4001.0)
+    assert d.state_of(f"{R}0") == "running"
+    assert "a serving replica keeps its GPUs" in d.state.idle_reclaim[f"{R}0"].detail
