@@ -32,6 +32,7 @@ from tests.kube_workloads import (
     a_pytorchjob,
     a_rayjob,
     a_replica_pod,
+    a_statefulset,
     a_trainjob,
     an_mpijob,
 )
@@ -544,3 +545,35 @@ def test_a_deployment_scales_up_down_and_to_zero_replica_by_replica_through_the_
     assert d.state.usage.get(("default", "vision"), 0) == 0
     d.cycle(now=10.0)
     assert d.state_of("train") == "running"
+
+
+def test_a_statefulsets_borrowed_replica_reclaimed_by_its_lender_has_its_pod_deleted(api: KubeStub) -> None:
+    w = workloads(api)
+    d = Driver().given(a_quota("vision", 2), a_quota("nlp", 6), a_node("n1", cluster="c1"))
+    sts = api.add(a_statefulset("kv", replicas=2, gpus=2))
+    for ordinal in (0, 1):
+        api.add(a_replica_pod(sts, f"kv-{ordinal}"))
+    submitted = serving_round(api, w, d, now=1.0)
+    assert [(e.job_id, e.spec.preemptible) for e in submitted if isinstance(e, JobSubmitted)] == [
+        ("k8s-c1-ml-statefulset-kv-r0", False),
+        ("k8s-c1-ml-statefulset-kv-r1", True),  # beyond the minimum of 1: borrows nlp's idle GPUs
+    ]
+    d.cycle(now=2.0)
+    api.requests.clear()
+    serving_round(api, w, d, now=3.0)
+    gate = "/spec/schedulingGates/0"
+    assert [(r.method, r.path, [op["path"] for op in r.body]) for r in api.writes()] == [
+        ("PATCH", f"/api/v1/namespaces/ml/pods/kv-{i}", ["/spec/affinity", gate, gate]) for i in (0, 1)
+    ]
+    d.given(a_job("nlp-train", team="nlp", gpus=6, priority="high", at=4.0, cluster="c1"))
+    d.cycle(now=5.0)
+    api.requests.clear()
+    serving_round(api, w, d, now=6.0)
+    assert [(r.method, r.path) for r in api.writes()] == [("DELETE", "/api/v1/namespaces/ml/pods/kv-1")]
+    api.add(a_replica_pod(sts, "kv-1"))  # the StatefulSet makes it again, gated by the webhook
+    api.requests.clear()
+    assert serving_round(api, w, d, now=7.0) == [] and api.writes() == []  # it waits for replica 1's admission
+    assert (d.state_of("k8s-c1-ml-statefulset-kv-r0"), d.state_of("k8s-c1-ml-statefulset-kv-r1")) == (
+        "running",
+        "suspended",
+    )
