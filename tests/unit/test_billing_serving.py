@@ -6,25 +6,13 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from events import Event, JobCancelled, JobSpec, JobSubmitted, NodeDiscovered, PriceSet, ServingReplica
+from events import Event, JobCancelled, NodeDiscovered, PriceSet
 from services.billing.core import BillingState, decide, evolve
 from services.billing.service import ReportTokens, ServingRequest, answer_serving, snapshot_codec, validate_tokens
 from services.runtime.commands import CommandRefused
-from tests.warehouse_builders import an_inventory, completed, scheduled, submitted
+from tests.warehouse_builders import a_serving_replica, an_inventory, completed, scheduled, submitted
 
 T = 1_767_225_600.0  # 2026-01-01 00:00 UTC
-
-
-def a_replica(job: str, replica: int, at: float) -> JobSubmitted:
-    spec = JobSpec(
-        team="vision",
-        gpus_per_replica=2,
-        cluster="c1",
-        namespace="ml",
-        name="llm",
-        serving=ServingReplica(workload="deployment/llm", replica=replica),
-    )
-    return JobSubmitted(job_id=job, at=at, spec=spec)
 
 
 def run(events: list[Event], until: float) -> BillingState:
@@ -44,9 +32,9 @@ def test_cost_per_serving_workload_and_per_million_tokens() -> None:
         [
             PriceSet(gpu_model="H100-80GB", at=T - 10, price_per_gpu_hour=3.0),
             NodeDiscovered(cluster="c1", node="n1", at=T, gpus=inv.gpus),
-            a_replica("r0", 0, T),
+            a_serving_replica("r0", 0, T),
             scheduled("r0", "vision", "n1", [0, 1], T),
-            a_replica("r1", 1, T),
+            a_serving_replica("r1", 1, T),
             scheduled("r1", "vision", "n1", [2, 3], T),
             JobCancelled(job_id="r1", at=T + 1800, by="kubernetes"),  # scaled down after half an hour
             submitted("train", "vision", 4, T),  # training of the same team is not the workload's cost
@@ -82,10 +70,10 @@ def test_cost_per_serving_workload_and_per_million_tokens() -> None:
 
 
 def test_tokens_for_a_workload_billing_does_not_know_are_refused_with_the_fix() -> None:
-    state = run([a_replica("r0", 0, T)], until=T)
+    state = run([a_serving_replica("r0", 0, T)], until=T)
     with pytest.raises(CommandRefused, match="no serving workload deployment/other in namespace ml"):
         validate_tokens(state, ReportTokens(namespace="ml", workload="deployment/other", tokens=1), T)
-    other = msgspec.structs.replace(a_replica("x0", 0, T), job_id="x0")
+    other = msgspec.structs.replace(a_serving_replica("x0", 0, T), job_id="x0")
     evolve(state, msgspec.structs.replace(other, spec=msgspec.structs.replace(other.spec, cluster="c2")), "x")
     with pytest.raises(CommandRefused, match="is in clusters c1, c2"):
         validate_tokens(state, ReportTokens(namespace="ml", workload="deployment/llm", tokens=1), T)
@@ -93,3 +81,20 @@ def test_tokens_for_a_workload_billing_does_not_know_are_refused_with_the_fix() 
         state, ReportTokens(namespace="ml", workload="deployment/llm", tokens=1, cluster="c2"), T
     )
     assert accepted.result["cluster"] == "c2"
+
+
+def test_the_cli_table_shows_cost_per_million_tokens_only_where_tokens_were_reported() -> None:
+    from services.cli.billing import serving_text
+
+    rows = [
+        {"cluster": "c1", "namespace": "ml", "workload": "deployment/llm", "team": "vision", "cost": 9.0,
+         "gpu_hours": 3.0, "tokens": 3_000_000, "cost_per_million_tokens": 3.0},
+        {"cluster": "c1", "namespace": "ml", "workload": "statefulset/kv", "team": "vision", "cost": 1.5,
+         "gpu_hours": 0.5, "tokens": 0, "cost_per_million_tokens": None},
+    ]  # fmt: skip
+    text = serving_text({"month": "2026-01", "currency": "USD", "workloads": rows})
+    lines = text.splitlines()
+    assert lines[0] == "serving workloads in 2026-01"
+    assert lines[2].split() == ["c1/ml/deployment/llm", "vision", "3.00", "9.00", "3000000", "3.0000"]
+    assert lines[3].split() == ["c1/ml/statefulset/kv", "vision", "0.50", "1.50", "-", "-"]
+    assert serving_text({"workloads": []}) == "no serving workload has cost anything yet"
