@@ -277,3 +277,12 @@ def test_idle_reclaim_only_flags_a_serving_replica() -> None:
     d.cycle(now=4001.0)
     assert d.state_of(f"{R}0") == "running"
     assert "a serving replica keeps its GPUs" in d.state.idle_reclaim[f"{R}0"].detail
+
+
+def test_guaranteed_replicas_reclaim_their_teams_guarantee_from_another_teams_borrowed_training() -> None:
+    d = Driver().given(a_quota("vision", 4), a_quota("nlp", 4), a_node("n1", cluster="c1"))
+    d.given(a_job("nlp-train", team="nlp", gpus=8, priority="normal", cluster="c1"))  # borrows vision's 4
+    d.cycle(now=2.0)
+    scaled(d, a_deployment_of(2, minimum=2), 2, now=3.0)
+    d.cycle(now=4.0)
+    assert (d.state_of("nlp-train"), d.state_of(f"{R}0"), d.state_of(f"{R}1")) == ("suspended", "running", "running")
