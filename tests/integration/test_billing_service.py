@@ -36,6 +36,7 @@ from tests.secured_bus import SecuredNatsServer
 from tests.warehouse_builders import T0, a_serving_replica, an_inventory, completed, scheduled, submitted
 
 pytestmark = pytest.mark.integration
+CHAMBER = str(Path(sys.executable).parent / "chamber")
 
 
 async def billing_events(js: JetStreamContext) -> list[object]:
@@ -155,8 +156,13 @@ async def test_cost_per_serving_workload_and_per_million_tokens_by_command(
         await eventually(accrued, within=20)  # 2 GPUs x 1 h at 2.0 a GPU-hour
         with pytest.raises(CommandRefused, match="no serving workload deployment/web in namespace ml"):
             await request(nc, "billing", "tokens", {"namespace": "ml", "workload": "deployment/web", "tokens": 1})
+        cli = [CHAMBER, "billing", "tokens", "deployment/llm", "2000000", "-n", "ml", "--report-id", "r1"]
+        done = await asyncio.to_thread(
+            subprocess.run, [*cli, "--nats", nats_server.url], capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout == "c1/ml/deployment/llm: 2000000 tokens recorded\n"
         report = {"namespace": "ml", "workload": "deployment/llm", "tokens": 2_000_000, "report_id": "r1"}
-        assert (await request(nc, "billing", "tokens", report))["cluster"] == "c1"
         await request(nc, "billing", "tokens", report)  # a retry with the same report id counts once
         [row] = (await request(nc, "billing", "serving", {}))["workloads"]
         assert (row["tokens"], row["cost_per_million_tokens"]) == (2_000_000, pytest.approx(2.0))
