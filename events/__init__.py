@@ -1,7 +1,7 @@
 """Chamber's shared language: event types, subjects, streams, and the wire codec."""
 
 from events.base import Event, event_type
-from events.billing import BudgetExceeded, CostAccrued, PriceSet
+from events.billing import BudgetExceeded, CostAccrued, PriceSet, ServingTokensReported
 from events.catalog import ALL_EVENTS, by_type
 from events.codec import DecodeError, Envelope, UnknownEventType, decode, encode
 from events.faults import FaultKind, GpuFaultDetected, Severity
@@ -30,6 +30,7 @@ from events.jobs import (
     Placement,
     PreemptionReason,
     PriorityClass,
+    ServingReplica,
 )
 from events.quota import BudgetAction, BudgetSet, FairShareUpdated, PoolDefined, PoolRemoved, TeamQuotaSet
 from events.streams import STREAMS, StreamSpec
@@ -89,6 +90,8 @@ __all__ = [
     "PriorityClass",
     "ProcessInfo",
     "RowRemapState",
+    "ServingReplica",
+    "ServingTokensReported",
     "Severity",
     "StreamSpec",
     "TeamQuotaSet",

@@ -40,6 +40,9 @@ class CostAccrued(Event, frozen=True, tag=event_type("billing", "cost_accrued"))
     cluster: Name | None = None  # where the GPUs were (cost reports by cluster, provider, region)
     provider: str | None = None  # chamber.io/provider of the nodes: aws, gcp, azure, on-prem...
     region: str | None = None  # chamber.io/region of the nodes
+    # The serving workload the job is a replica of, `<namespace>/<kind>/<name>` in `cluster`: billing sums
+    # its cost per workload (services/billing/serving.py)
+    serving: Annotated[str, Meta(max_length=600)] | None = None
 
 
 class BudgetExceeded(Event, frozen=True, tag=event_type("billing", "budget_exceeded")):
@@ -49,3 +52,15 @@ class BudgetExceeded(Event, frozen=True, tag=event_type("billing", "budget_excee
     spent: float
     currency: str = "USD"
     period: str = "month"
+
+
+class ServingTokensReported(Event, frozen=True, tag=event_type("billing", "serving_tokens")):
+    """Tokens a serving workload served since its last report (a count, not a running total), as its
+    owner reports them (`chamber billing tokens`): billing divides the workload's cost by them."""
+
+    team: Team
+    cluster: Name
+    namespace: Name
+    workload: Name  # <kind>/<name>: deployment/llm, statefulset/kv, leaderworkerset/big
+    tokens: Annotated[int, Meta(ge=0, le=10**15)]
+    at: float

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from events.base import Event
-from events.billing import BudgetExceeded, CostAccrued, PriceSet
+from events.billing import BudgetExceeded, CostAccrued, PriceSet, ServingTokensReported
 from events.fabric import FabricSample, JobSlowdownCleared, JobSlowdownDetected
 from events.faults import GpuFaultDetected
 from events.fleet import (
@@ -75,6 +75,7 @@ ALL_EVENTS: tuple[type[Event], ...] = (
     PriceSet,
     CostAccrued,
     BudgetExceeded,
+    ServingTokensReported,
     JobSlowdownDetected,
     JobSlowdownCleared,
     IdlePolicySet,

@@ -12,9 +12,13 @@ from events.names import GpusPerReplica, Label, Model, Replicas, Seconds, Second
 
 
 class PriorityClass(StrEnum):
-    """Ordered from most to least urgent; `rank` gives the sort key."""
+    """Ordered from most to least urgent; `rank` gives the sort key. `serving` is the class of the
+    replicas of a serving workload (a Kubernetes Deployment, StatefulSet or LeaderWorkerSet); it ranks
+    with `high` (its guaranteed replicas preempt normal and low work), and its replicas up to the
+    workload's minimum are non-preemptible (services/scheduler/serving.py)."""
 
     CRITICAL = "critical"
+    SERVING = "serving"
     HIGH = "high"
     NORMAL = "normal"
     LOW = "low"
@@ -26,7 +30,7 @@ class PriorityClass(StrEnum):
         return _PRIORITY_RANK[self._value_]
 
 
-_PRIORITY_RANK = {"critical": 0, "high": 1, "normal": 2, "low": 3}
+_PRIORITY_RANK = {"critical": 0, "serving": 1, "high": 1, "normal": 2, "low": 3}
 
 
 class PreemptionReason(StrEnum):
@@ -35,6 +39,15 @@ class PreemptionReason(StrEnum):
     CRITICAL = "critical"  # critical work across teams
     OPERATOR = "operator"
     IDLE = "idle"  # it held its GPUs idle past its team's idle policy (services/idle)
+
+
+class ServingReplica(msgspec.Struct, frozen=True, kw_only=True):
+    """The serving workload a job is one replica of: `workload` is `<kind>/<name>` (kind lower-case:
+    deployment, statefulset, leaderworkerset) in the job's cluster and namespace; `replica` its ordinal,
+    counted from 0 (the StatefulSet pod ordinal, the LeaderWorkerSet group index)."""
+
+    workload: Name
+    replica: Annotated[int, msgspec.Meta(ge=0, le=100_000)]
 
 
 class JobSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -55,6 +68,7 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True):
     topology_key: Name | None = None  # node label whose value names a topology domain (e.g. rack)
     cluster: Name | None = None  # run within this cluster only (None: any one cluster of the fleet)
     gpu_vendor: Name | None = None  # "nvidia" | "amd": only GPUs of this vendor (what a pod's resource asks)
+    serving: ServingReplica | None = None  # a replica of a serving workload (class serving)
 
     @property
     def total_gpus(self) -> int:

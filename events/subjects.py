@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 
 from events.base import Event
-from events.billing import BudgetExceeded, CostAccrued, PriceSet
+from events.billing import BudgetExceeded, CostAccrued, PriceSet, ServingTokensReported
 from events.fabric import FabricSample, JobSlowdownCleared, JobSlowdownDetected
 from events.faults import GpuFaultDetected
 from events.idle import IdlePolicySet, JobIdleDetected
@@ -124,7 +124,7 @@ def subject_for(event: Event) -> str:
             return billing(None)
         case CostAccrued():
             return billing(event.team)
-        case BudgetExceeded():
+        case BudgetExceeded() | ServingTokensReported():
             return billing(event.team)
     domain = event.domain()
     if domain == "fleet":

@@ -6,7 +6,7 @@ real `kubernetes` client sent, and applies patches the way the API server does f
 by `type`; a stale `resourceVersion` is refused with 409).
 
 Besides Nodes it serves namespaced workloads of any kind (`add(obj)`): list across namespaces with
-a label selector, get, PATCH as JSON Patch (RFC 6902, applied by the `jsonpatch` library; a failed
+a label selector, get, DELETE, PATCH as JSON Patch (RFC 6902, applied by the `jsonpatch` library; a failed
 `test` is refused with 422) or merge patch; `POST .../events` stores Events; `GET /apis` lists only
 the API groups in `api_groups`, so a test decides which CRDs are "installed". A Pod's spec may only
 change its scheduling gates and, while gated, its affinity (as the API server enforces).
@@ -94,6 +94,9 @@ class KubeStub:
 
             def do_POST(self) -> None:
                 stub._handle(self, "POST")
+
+            def do_DELETE(self) -> None:
+                stub._handle(self, "DELETE")
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -201,7 +204,7 @@ class KubeStub:
     ) -> tuple[int, Any]:
         if path.rstrip("/") == "/apis" and method == "GET":
             groups = {}
-            for group, version in [("batch", "v1"), *self.api_groups]:
+            for group, version in [("batch", "v1"), ("apps", "v1"), *self.api_groups]:
                 entry = groups.setdefault(group, {"name": group, "versions": []})
                 entry["versions"].append({"groupVersion": f"{group}/{version}", "version": version})
             for entry in groups.values():
@@ -212,7 +215,7 @@ class KubeStub:
             api, rest = "/api/v1", parts[2:]
         elif parts[0] == "apis" and len(parts) >= 3:
             api, rest = f"/apis/{parts[1]}/{parts[2]}", parts[3:]
-            if parts[1] != "batch" and (parts[1], parts[2]) not in self.api_groups:
+            if parts[1] not in ("batch", "apps") and (parts[1], parts[2]) not in self.api_groups:
                 return 404, _status(404, "NotFound", f"the server could not find the requested resource ({path})")
         else:
             return 404, _status(404, "NotFound", path)
@@ -232,6 +235,9 @@ class KubeStub:
         if obj is None:
             return 404, _status(404, "NotFound", f'{rest[2]} "{rest[3]}" not found')
         if method == "GET":
+            return 200, obj
+        if method == "DELETE":
+            del self.objects[key]
             return 200, obj
         if method != "PATCH":
             return 405, _status(405, "MethodNotAllowed", method)

@@ -167,3 +167,66 @@ USER_AFFINITY = {
         }
     }
 }
+
+
+# -- serving workloads: scaled, not suspended; their pods are gated --------------------------------------
+
+
+def serving_pod_spec(gpus: int = 2) -> dict[str, Any]:
+    return {"containers": [container("server", gpus=gpus)]}
+
+
+def a_deployment(
+    name: str = "llm", *, replicas: int | None = 1, gpus: int = 2, min_replicas: int | None = None
+) -> dict[str, Any]:
+    labels = {"chamber.io/team": "vision", "app": name}
+    spec: dict[str, Any] = {
+        "selector": {"matchLabels": {"app": name}},
+        "template": {"metadata": {"labels": labels}, "spec": serving_pod_spec(gpus)},
+    }
+    if replicas is not None:
+        spec["replicas"] = replicas
+    m = meta(name, None)
+    if min_replicas is not None:
+        m["annotations"] = {"chamber.io/min-replicas": str(min_replicas)}
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": m, "spec": spec}
+
+
+def a_statefulset(name: str = "kv", *, replicas: int = 1, gpus: int = 2) -> dict[str, Any]:
+    obj = a_deployment(name, replicas=replicas, gpus=gpus)
+    return {**obj, "kind": "StatefulSet"}
+
+
+def a_leaderworkerset(name: str = "big", *, replicas: int = 1, size: int = 2, gpus: int = 8) -> dict[str, Any]:
+    template = {"spec": serving_pod_spec(gpus)}
+    return {
+        "apiVersion": "leaderworkerset.x-k8s.io/v1",
+        "kind": "LeaderWorkerSet",
+        "metadata": meta(name, None),
+        "spec": {
+            "replicas": replicas,
+            "leaderWorkerTemplate": {"size": size, "leaderTemplate": template, "workerTemplate": template},
+        },
+    }
+
+
+def a_replica_pod(
+    owner: dict[str, Any], name: str, *, gpus: int = 2, gated: bool = True, labels: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """A pod the workload's controller made (gated by the webhook): a Deployment's through its
+    ReplicaSet `<name>-abc12`, a StatefulSet's directly, a LeaderWorkerSet's through its StatefulSets
+    with its name and group labels."""
+    kind, workload = owner["kind"], owner["metadata"]["name"]
+    spec = serving_pod_spec(gpus)
+    if gated:
+        spec["schedulingGates"] = [{"name": "chamber.io/admission"}]
+    m = meta(name, {"chamber.io/team": "vision", **(labels or {})})
+    if kind == "Deployment":
+        m["labels"]["pod-template-hash"] = "abc12"
+        ref = {"kind": "ReplicaSet", "name": f"{workload}-abc12"}
+    else:
+        ref = {"kind": "StatefulSet", "name": workload}
+    if kind == "LeaderWorkerSet":
+        m["labels"]["leaderworkerset.sigs.k8s.io/name"] = workload
+    m["ownerReferences"] = [{"apiVersion": "apps/v1", "controller": True, "uid": "owner", **ref}]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": m, "spec": spec}

@@ -17,6 +17,7 @@ from events import (
     NodeSample,
     Placement,
     PreemptionReason,
+    ServingReplica,
 )
 
 # An hour boundary a few hours ago: recent enough for the raw samples' TTL, fixed for the whole run.
@@ -49,6 +50,19 @@ def a_sample(
 
 def submitted(job: str, team: str, gpus: int, at: float, *, model: str | None = None) -> JobSubmitted:
     return JobSubmitted(job_id=job, at=at, spec=JobSpec(team=team, gpus_per_replica=gpus, gpu_model=model))
+
+
+def a_serving_replica(job: str, replica: int, at: float, *, workload: str = "deployment/llm") -> JobSubmitted:
+    """A replica of a serving workload in namespace ml of cluster c1 (services/scheduler/serving.py)."""
+    spec = JobSpec(
+        team="vision",
+        gpus_per_replica=2,
+        cluster="c1",
+        namespace="ml",
+        name=workload.split("/")[1],
+        serving=ServingReplica(workload=workload, replica=replica),
+    )
+    return JobSubmitted(job_id=job, at=at, spec=spec)
 
 
 def scheduled(job: str, team: str, node: str, indices: list[int], at: float, cluster: str = "c1") -> JobScheduled:

@@ -50,6 +50,8 @@ from events.jobs import JobResumed
 from services.billing.idle import Reclaimed
 from services.billing.idle import fold as fold_reclaimed
 from services.billing.price_table import resolve
+from services.billing.serving import ServingLedger
+from services.billing.serving import fold as fold_serving
 from services.pools import PoolDef, node_pool
 
 GpuKey = tuple[str, str, int]  # cluster, node, gpu index
@@ -84,7 +86,9 @@ class InService:
 # The meaning of this core's fold, for its snapshots (services/runtime/state_codec.py): bump it when a
 # change makes a state folded by the previous release wrong for this one (a field's meaning, what an
 # event does); the first start after it folds the log from the start. Comments, logs, speed: no bump.
-STATE_VERSION = 2  # 2: GPU-hours reclaimed from idle jobs (billing/idle.py)
+# 2: GPU-hours reclaimed from idle jobs (billing/idle.py)
+# 3: cost and tokens per serving workload (billing/serving.py)
+STATE_VERSION = 3
 
 
 @dataclass
@@ -117,6 +121,7 @@ class BillingState:
     # state stays bounded however long the history.
     seen: dict[str, float] = field(default_factory=dict)
     reclaimed: Reclaimed = field(default_factory=Reclaimed)  # idle reclaim's GPU-hours (billing/idle.py)
+    serving: ServingLedger = field(default_factory=ServingLedger)  # cost per serving workload (billing/serving.py)
 
 
 def month_of(ts: float) -> str:
@@ -176,6 +181,7 @@ def evolve(state: BillingState, event: Event, event_id: str = "") -> BillingStat
         start = _floor(float(at), state.period_s)
         state.accrued_until = start if state.accrued_until is None else min(state.accrued_until, start)
     fold_reclaimed(state.reclaimed, event)
+    fold_serving(state.serving, event)
     match event:
         case PriceSet():
             table, price_key, at_key = _price_table(state, event)
@@ -300,6 +306,7 @@ def _prune(state: BillingState) -> None:
         del state.finished[job]
         state.job_team.pop(job, None)
         state.job_pool.pop(job, None)
+        state.serving.replica_of.pop(job, None)
     horizon = cutoff - max(DEDUP_WINDOW_S, state.period_s)
     state.seen = {i: t for i, t in state.seen.items() if t >= horizon}
 
@@ -344,7 +351,10 @@ def period_costs(state: BillingState, p0: float, p1: float) -> list[tuple[CostAc
 
     out: list[tuple[CostAccrued, str]] = []
     for (job, team, model, where), (seconds, amount) in sorted(held.items(), key=lambda kv: _sort_key(kv[0])):
-        event = cost(model, where, seconds, amount, team=team or None, job_id=job, pool=state.job_pool.get(job))
+        serving = state.serving.replica_of.get(job)
+        event = cost(
+            model, where, seconds, amount, team=team or None, job_id=job, pool=state.job_pool.get(job), serving=serving
+        )
         out.append((event, stable_id("billing.cost", job, model, p0, p1, *_id_parts(where))))
     idle: dict[tuple[str, str, Where], list[float]] = defaultdict(lambda: [0.0, 0.0])
     for s in state.service:

@@ -3,7 +3,9 @@
 process was started with when the log has others; answers `chamber billing price set MODEL RATE`
 (a pure validation served by the host; a change carries the prices' last sequence, so of two
 concurrent changes one wins and the other is told the prices changed), `chamber billing price list`
-(`prices`) and `reclaimed` (GPU-hours idle reclaim gave back per team)."""
+(`prices`), `reclaimed` (GPU-hours idle reclaim gave back per team), `tokens` (a serving workload's
+tokens, recorded as ServingTokensReported) and `serving` (cost per serving workload and per million
+tokens)."""
 
 from __future__ import annotations
 
@@ -14,12 +16,13 @@ from typing import Annotated, Any
 
 import msgspec
 
-from events import Event, PriceSet, subjects
+from events import Event, PriceSet, ServingTokensReported, subjects
 from events.codec import stable_id
 from events.commands import ExpectedSeq
 from services.billing import core
 from services.billing.core import BillingState, decide, evolve
 from services.billing.idle import by_team as reclaimed_by_team
+from services.billing.serving import by_workload, find
 from services.runtime.commands import Accepted, Append, Command, CommandRefused
 from services.runtime.decider import Decider, DeciderHost, Input, SnapshotCodec
 from services.runtime.host import ServiceContext, serve
@@ -171,10 +174,58 @@ def answer_reclaimed(state: BillingState, req: ReclaimedRequest, now: float) -> 
     return {"month": req.month, "gpu_hours_by_team": reclaimed_by_team(state.reclaimed, now, req.month)}
 
 
+class ReportTokens(msgspec.Struct, forbid_unknown_fields=True):
+    """Tokens a serving workload served since its last report (a count, not a running total)."""
+
+    namespace: str
+    workload: str  # <kind>/<name>: deployment/llm
+    tokens: Annotated[int, msgspec.Meta(ge=0, le=10**15)]
+    cluster: str | None = None  # needed only when the workload's name is in more than one cluster
+    report_id: str | None = None  # the reporter's id for this count: a retry with the same one counts once
+
+
+def validate_tokens(state: BillingState, req: ReportTokens, now: float) -> Accepted:
+    found = find(state.serving, req.namespace, req.workload, req.cluster)
+    if not found:
+        raise CommandRefused(
+            f"billing knows no serving workload {req.workload} in namespace {req.namespace}"
+            + (f" of cluster {req.cluster}" if req.cluster else "")
+            + ": name it <kind>/<name> (deployment/llm), as a Deployment, StatefulSet or LeaderWorkerSet labelled "
+            "chamber.io/team whose replicas Chamber admitted",
+            field="workload",
+        )
+    if len(found) > 1:
+        clusters = ", ".join(w[0] for w in found)
+        raise CommandRefused(f"{req.workload} is in clusters {clusters}: name one with cluster", field="cluster")
+    [(cluster, namespace, workload)] = found
+    event = ServingTokensReported(
+        team=state.serving.team_of[found[0]],
+        cluster=cluster,
+        namespace=namespace,
+        workload=workload,
+        tokens=req.tokens,
+        at=now,
+    )
+    key = req.report_id if req.report_id else repr(now)
+    append = Append(event, stable_id("serving-tokens", cluster, namespace, workload, req.tokens, key))
+    return Accepted((append,), {"cluster": cluster, "namespace": namespace, "workload": workload, "tokens": req.tokens})
+
+
+class ServingRequest(msgspec.Struct, forbid_unknown_fields=True):
+    month: Annotated[str, msgspec.Meta(pattern=r"^\d{4}-\d{2}$")] | None = None  # YYYY-MM; none: ever
+
+
+def answer_serving(state: BillingState, req: ServingRequest, now: float) -> dict[str, Any]:
+    """Cost per serving workload, and per million tokens where it reports them (billing/serving.py)."""
+    return {"month": req.month, "currency": state.currency, "workloads": by_workload(state.serving, req.month)}
+
+
 COMMANDS: tuple[Command[BillingState, Any], ...] = (
     Command("price", SetPrice, validate=validate_price, entity=_price_subject, conflict=_prices_changed),
     Command("prices", ListPrices, answer=answer_prices),
     Command("reclaimed", ReclaimedRequest, answer=answer_reclaimed),
+    Command("tokens", ReportTokens, validate=validate_tokens),
+    Command("serving", ServingRequest, answer=answer_serving),
 )
 
 

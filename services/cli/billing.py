@@ -1,4 +1,5 @@
-"""`chamber billing price set MODEL RATE|list|import` and `chamber billing report --since 7d [--json]`."""
+"""`chamber billing price set MODEL RATE|list|import`, `chamber billing report --since 7d [--json]`, and for
+serving workloads `chamber billing tokens KIND/NAME COUNT -n NS` and `chamber billing serving [--month]`."""
 
 from __future__ import annotations
 
@@ -35,6 +36,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     imp.add_argument("--dry-run", action="store_true", help="print the per-GPU-hour prices without setting them")
     add_nats_option(imp)
     imp.set_defaults(func=run_price_import)
+
+    tokens = billing.add_parser("tokens", help="report tokens a serving workload served (for its cost per million)")
+    tokens.add_argument("workload", help="<kind>/<name> of a serving workload: deployment/llm, statefulset/kv")
+    tokens.add_argument("tokens", type=int, help="tokens served since the last report (a count, not a total)")
+    tokens.add_argument("--namespace", "-n", required=True, help="the workload's namespace")
+    tokens.add_argument("--cluster", default=None, help="its cluster, if its name is in more than one")
+    tokens.add_argument("--report-id", default=None, help="your id for this count: a retry with it counts once")
+    add_nats_option(tokens)
+    tokens.set_defaults(func=run_tokens)
+    serving = billing.add_parser("serving", help="cost per serving workload, and per million tokens")
+    serving.add_argument("--month", default=None, help="YYYY-MM (UTC); default: ever")
+    serving.add_argument("--json", action="store_true", help="print JSON")
+    add_nats_option(serving)
+    serving.set_defaults(func=run_serving)
 
     report = billing.add_parser("report", help="cost per team, idle cost per pool, budgets")
     report.add_argument("--since", default="7d", help="window start: 7d, 24h or an ISO time (7d)")
@@ -119,6 +134,46 @@ def run_price_import(args: argparse.Namespace) -> int:
             )
         print(f"{price.scope} {price.name}: {price.per_gpu_hour:.4f} {currency} per GPU-hour ({price.how})")
     return 0
+
+
+def run_tokens(args: argparse.Namespace) -> int:
+    if args.tokens < 0:
+        raise UsageError("TOKENS must be 0 or more")
+    request = {"namespace": args.namespace, "workload": args.workload, "tokens": args.tokens}
+    request.update({k: v for k, v in (("cluster", args.cluster), ("report_id", args.report_id)) if v})
+    result = send_command(args, "billing", "tokens", request)
+    print(f"{result['cluster']}/{result['namespace']}/{result['workload']}: {result['tokens']} tokens recorded")
+    return 0
+
+
+def run_serving(args: argparse.Namespace) -> int:
+    result = send_command(args, "billing", "serving", {"month": args.month} if args.month else {})
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    print(serving_text(result))
+    return 0
+
+
+def serving_text(result: dict[str, Any]) -> str:
+    """One row per serving workload: cost, GPU-hours, tokens and cost per million tokens."""
+    currency = result.get("currency", "USD")
+    rows = [
+        (
+            f"{w['cluster']}/{w['namespace']}/{w['workload']}",
+            w["team"],
+            f"{w['gpu_hours']:.2f}",
+            f"{w['cost']:.2f}",
+            str(w["tokens"]) if w["tokens"] else "-",
+            "-" if w["cost_per_million_tokens"] is None else f"{w['cost_per_million_tokens']:.4f}",
+        )
+        for w in result.get("workloads", [])
+    ]
+    if not rows:
+        return "no serving workload has cost anything yet"
+    when = f" in {result['month']}" if result.get("month") else ""
+    head = ("WORKLOAD", "TEAM", "GPU-HOURS", f"COST ({currency})", "TOKENS", f"{currency}/1M TOKENS")
+    return f"serving workloads{when}\n" + table(head, rows, left=2)
 
 
 def report_sql(since: float, until: float) -> str:

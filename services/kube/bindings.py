@@ -144,17 +144,21 @@ def _queue_team(queue: str, namespace: str, binding: NamespaceBinding | None, bi
     return None
 
 
+# The classes a label may name: `serving` is given to the replicas of serving workloads, not asked for.
+LABEL_CLASSES = tuple(c.value for c in PriorityClass if c != PriorityClass.SERVING)
+
+
 def _priority(labels: dict[str, str], bindings: Bindings) -> PriorityClass | str:
     for label in (PRIORITY_LABEL, KUEUE_PRIORITY_LABEL):
         value = labels.get(label)
         if value is None:
             continue
         key = value.strip()
-        if key.lower() in {c.value for c in PriorityClass}:
+        if key.lower() in LABEL_CLASSES:
             return PriorityClass(key.lower())
         if key in bindings.priorities:
             return bindings.priorities[key]
-        known = [c.value for c in PriorityClass] + sorted(bindings.priorities)
+        known = [*LABEL_CLASSES, *sorted(bindings.priorities)]
         return (
             f"unknown priority {label}={value!r}: use one of {', '.join(known)}, or map this "
             "WorkloadPriorityClass under priorities in Chamber's bindings (Helm value kube.bindings.priorities)"

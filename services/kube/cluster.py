@@ -2,7 +2,7 @@
 ones that name a team or a Kueue queue, apply Chamber's JSON patches, and post Events.
 
 A kind whose CRD is not installed is found missing once, at start (the API server's group list),
-and skipped with one log line; the batch Job and Pod kinds are always there.
+and skipped with one log line; the batch Job, Pod, Deployment and StatefulSet kinds are always there.
 """
 
 from __future__ import annotations
@@ -14,22 +14,24 @@ from typing import Any, cast
 
 from services.kube.bindings import KUEUE_QUEUE_LABEL, TEAM_LABEL
 from services.kube.kinds import KINDS, BatchJob, Observed, Pod, WorkloadKind
+from services.kube.serving import SERVING_KINDS, Deployment, StatefulSet
 
 JSON_PATCH = "application/json-patch+json"
 SELECTORS = (TEAM_LABEL, KUEUE_QUEUE_LABEL)  # a selector cannot say "either", so one list each
 
 
 def serves(available: set[tuple[str, str]], kind: WorkloadKind) -> bool:
-    return kind.group in ("", "batch") or (kind.group, kind.version) in available
+    return kind.group in ("", "batch", "apps") or (kind.group, kind.version) in available
 
 
 class KubernetesWorkloads:
-    def __init__(self, api_client: Any, kinds: tuple[WorkloadKind, ...] = KINDS) -> None:
+    def __init__(self, api_client: Any, kinds: tuple[WorkloadKind, ...] = KINDS + SERVING_KINDS) -> None:
         from kubernetes import client
 
         self.api_client = api_client
         self.core = client.CoreV1Api(api_client)
         self.batch = client.BatchV1Api(api_client)
+        self.apps = client.AppsV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
         self.apis = client.ApisApi(api_client)
         self.kinds = kinds
@@ -52,6 +54,10 @@ class KubernetesWorkloads:
             return list(self.batch.list_job_for_all_namespaces(label_selector=selector).items)
         if isinstance(kind, Pod):
             return list(self.core.list_pod_for_all_namespaces(label_selector=selector).items)
+        if isinstance(kind, Deployment):
+            return list(self.apps.list_deployment_for_all_namespaces(label_selector=selector).items)
+        if isinstance(kind, StatefulSet):
+            return list(self.apps.list_stateful_set_for_all_namespaces(label_selector=selector).items)
         # custom objects come back as the API's JSON (a dict); the client annotates them as `object`
         found = cast(
             "dict[str, Any]",
@@ -85,6 +91,10 @@ class KubernetesWorkloads:
             self.custom.patch_namespaced_custom_object(
                 kind.group, kind.version, namespace, kind.plural, name, ops, _content_type=JSON_PATCH
             )
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        """A preempted serving replica's pod (its controller makes it again, gated)."""
+        self.core.delete_namespaced_pod(name, namespace)
 
     def event(
         self, kind: WorkloadKind, namespace: str, name: str, uid: str, reason: str, message: str, now: float

@@ -1,5 +1,6 @@
 """The scheduler's Kubernetes actuator (`--kubernetes`): each round, list this cluster's workloads,
-reconcile them with the scheduler's state (`services.scheduler.kubernetes.reconcile`, pure), publish
+reconcile them with the scheduler's state (`services.scheduler.kubernetes.reconcile`, and
+`services.scheduler.serving.reconcile_serving` for serving workloads, both pure), publish
 what it learnt (submitted, completed, failed) and apply the patches; refusals become one Event each.
 Only the leader runs it (the scheduler's tick checks `synced`)."""
 
@@ -10,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from services.runtime.logs import get_logger
 from services.scheduler.kubernetes import Refuse, reconcile
+from services.scheduler.serving import DeletePod, reconcile_serving, split
 
 if TYPE_CHECKING:
     from services.scheduler.service import Scheduler
@@ -62,6 +64,18 @@ class KubernetesActuator:
         except Exception as exc:  # the bucket is made by `chamber setup`; jobs run without step logs meanwhile
             log.warning("could not hand out step logs", bucket=STEP_LOG_BUCKET, error=repr(exc))
 
+    async def _delete_pod(self, action: DeletePod) -> None:
+        """A preempted serving replica's pod goes (its controller makes it again, gated)."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            await asyncio.to_thread(self.workloads.delete_pod, action.namespace, action.name)
+        except ApiException as exc:
+            if exc.status != 404:  # gone already is what we wanted
+                log.warning("could not delete the pod", namespace=action.namespace, name=action.name, status=exc.status)
+            return
+        log.info("serving replica's pod deleted", namespace=action.namespace, name=action.name, reason=action.reason)
+
     def _skipped(self, kind: Any) -> None:
         log.info("workload kind skipped: its CRD is not installed", kind=kind.kind, api_version=kind.api_version)
 
@@ -75,12 +89,18 @@ class KubernetesActuator:
             await asyncio.to_thread(self.workloads.detect, self._skipped)
             self.detected = True
         listed = await asyncio.to_thread(self.workloads.list)
-        events, actions = reconcile(sched.state, listed, self.cluster, now, self.bindings)
+        rest, serving = split(listed)
+        events, actions = reconcile(sched.state, rest, self.cluster, now, self.bindings)
+        more, scaled = reconcile_serving(sched.state, serving, self.cluster, now, self.bindings)
+        events += more
         for event, event_id in events:
             await sched.host.ctx.publisher.publish(event, id=event_id)
         await self._hand_out_step_logs(listed)
         kinds = {k.kind: k for k in self.workloads.kinds}
-        for action in actions:
+        for action in [*actions, *scaled]:
+            if isinstance(action, DeletePod):
+                await self._delete_pod(action)
+                continue
             if isinstance(action, Refuse):
                 if action.uid in self.refused:
                     continue

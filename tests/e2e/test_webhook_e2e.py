@@ -258,4 +258,4 @@ async def test_the_webhook_holds_and_refuses_then_the_scheduler_admits_through_t
     assert "may not charge team 'research'" in event["message"]
     assert api.get("batch/v1", "Job", "ml", "steal")["spec"]["suspend"] is True  # never admitted
     log = (tmp_path / "scheduler.log").read_text()
-    assert log.count("workload kind skipped") == 5  # JobSet, TrainJob, PyTorchJob, MPIJob, RayJob: no CRDs here
+    assert log.count("workload kind skipped") == 6  # JobSet, TrainJob, PyTorchJob, MPIJob, RayJob, LeaderWorkerSet

@@ -14,19 +14,29 @@ import pytest
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from events import BudgetExceeded, BudgetSet, CostAccrued, NodeDiscovered, PoolDefined, decode
+from events import (
+    BudgetExceeded,
+    BudgetSet,
+    CostAccrued,
+    JobCancelled,
+    NodeDiscovered,
+    PoolDefined,
+    ServingTokensReported,
+    decode,
+)
 from services.billing import service as billing_service
 from services.runtime import Publisher
-from services.runtime.commands import CommandRefused, request
+from services.runtime.commands import CommandRefused, CommandUnavailable, request
 from services.runtime.nats_server import free_port
 from services.warehouse import migrate
 from services.warehouse.chdb_backend import ChdbWarehouse
 from tests.integration.test_recorder_pipeline import start_recorder
 from tests.integration.test_runtime import eventually
 from tests.secured_bus import SecuredNatsServer
-from tests.warehouse_builders import T0, an_inventory, completed, scheduled, submitted
+from tests.warehouse_builders import T0, a_serving_replica, an_inventory, completed, scheduled, submitted
 
 pytestmark = pytest.mark.integration
+CHAMBER = str(Path(sys.executable).parent / "chamber")
 
 
 async def billing_events(js: JetStreamContext) -> list[object]:
@@ -117,3 +127,47 @@ def billing_report(data_dir: Path) -> str:
     nats = f"nats://127.0.0.1:{free_port()}"  # nothing there: the CLI opens the data dir itself
     args = ["billing", "report", "--since", "1d", "--json", "--data-dir", str(data_dir), "--nats", nats]
     return subprocess.run([chamber, *args], capture_output=True, text=True, check=True).stdout
+
+
+async def test_cost_per_serving_workload_and_per_million_tokens_by_command(
+    nats_server: SecuredNatsServer, nc: Client, js: JetStreamContext
+) -> None:
+    t0 = in_one_month(T0)
+    stop = asyncio.Event()
+    args = argparse.Namespace(
+        nats=nats_server.url_for("billing"), period=3600.0, settle=0.0, tick=0.2, price=["H100-80GB=2.0"]
+    )
+    task = asyncio.create_task(billing_service.run(args, stop))
+    try:
+        pub = Publisher(js, source="test")
+        inv = an_inventory("n1", gpus=2, at=t0)
+        await pub.publish(NodeDiscovered(cluster="c1", node="n1", at=t0, gpus=inv.gpus))
+        await pub.publish(a_serving_replica("k8s-c1-ml-deployment-llm-r0", 0, t0))
+        await pub.publish(scheduled("k8s-c1-ml-deployment-llm-r0", "vision", "n1", [0, 1], t0))
+        await pub.publish(JobCancelled(job_id="k8s-c1-ml-deployment-llm-r0", at=t0 + 3600, by="kubernetes"))
+
+        async def accrued() -> bool:
+            try:
+                answer = await request(nc, "billing", "serving", {})
+            except CommandUnavailable:  # not subscribed yet
+                return False
+            return bool(answer["workloads"]) and answer["workloads"][0]["cost"] == pytest.approx(4.0)
+
+        await eventually(accrued, within=20)  # 2 GPUs x 1 h at 2.0 a GPU-hour
+        with pytest.raises(CommandRefused, match="no serving workload deployment/web in namespace ml"):
+            await request(nc, "billing", "tokens", {"namespace": "ml", "workload": "deployment/web", "tokens": 1})
+        cli = [CHAMBER, "billing", "tokens", "deployment/llm", "2000000", "-n", "ml", "--report-id", "r1"]
+        done = await asyncio.to_thread(
+            subprocess.run, [*cli, "--nats", nats_server.url], capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout == "c1/ml/deployment/llm: 2000000 tokens recorded\n"
+        report = {"namespace": "ml", "workload": "deployment/llm", "tokens": 2_000_000, "report_id": "r1"}
+        await request(nc, "billing", "tokens", report)  # a retry with the same report id counts once
+        [row] = (await request(nc, "billing", "serving", {}))["workloads"]
+        assert (row["tokens"], row["cost_per_million_tokens"]) == (2_000_000, pytest.approx(2.0))
+        reported = [e for e in await billing_events(js) if isinstance(e, ServingTokensReported)]
+        assert [(e.team, e.workload, e.tokens) for e in reported] == [("vision", "deployment/llm", 2_000_000)]
+    finally:
+        stop.set()
+        await task

@@ -2,7 +2,7 @@
 stub (tests/kube_stub.py) that records every request: pick up a held workload, admit it with node
 affinity (keeping the user's own) and release it, suspend it on preemption with the user's affinity
 restored, report its completion. Every kind: batch Job, JobSet, TrainJob, PyTorchJob, MPIJob, RayJob,
-plain Pods with a scheduling gate."""
+plain Pods with a scheduling gate; and a serving Deployment scaled up, down and to zero."""
 
 from __future__ import annotations
 
@@ -21,14 +21,18 @@ from services.kube.bindings import Bindings, NamespaceBinding
 from services.kube.cluster import KubernetesWorkloads
 from services.kube.kinds import KINDS, kind_of
 from services.scheduler.kubernetes import CHECKPOINT_ANNOTATION, Admit, Refuse, Suspend, reconcile
+from services.scheduler.serving import DeletePod, reconcile_serving, split
 from tests.kube_stub import KubeStub, Request
 from tests.kube_workloads import (
     USER_AFFINITY,
     a_batch_job,
+    a_deployment,
     a_jobset,
     a_pod,
     a_pytorchjob,
     a_rayjob,
+    a_replica_pod,
+    a_statefulset,
     a_trainjob,
     an_mpijob,
 )
@@ -321,12 +325,14 @@ def test_a_kind_whose_crd_is_missing_is_skipped_once_and_never_listed(api: KubeS
     api.api_groups = [("kubeflow.org", "v1")]  # no JobSet, Trainer, Ray CRDs; MPIJob's v2beta1 absent too
     skipped: list[str] = []
     w = workloads(api, skipped)
-    assert skipped == ["JobSet", "TrainJob", "MPIJob", "RayJob"]
-    assert [k.kind for k in w.kinds] == ["Job", "PyTorchJob", "Pod"]
+    assert skipped == ["JobSet", "TrainJob", "MPIJob", "RayJob", "LeaderWorkerSet"]
+    assert [k.kind for k in w.kinds] == ["Job", "PyTorchJob", "Pod", "Deployment", "StatefulSet"]
     api.requests.clear()
     w.list()
     assert sorted({r.path for r in api.requests}) == [
         "/api/v1/pods",
+        "/apis/apps/v1/deployments",
+        "/apis/apps/v1/statefulsets",
         "/apis/batch/v1/jobs",
         "/apis/kubeflow.org/v1/pytorchjobs",
     ]
@@ -433,3 +439,141 @@ def test_a_job_id_from_a_long_namespace_and_name_stays_within_the_name_limit(api
         d.given(event)
     d.cycle(now=2.0)
     assert reconcile(d.state, w.list(), "c1", now=3.0)[0] == []  # known now: not submitted twice
+
+
+# -- serving workloads: scaled, replica by replica, under the same quotas --------------------------------
+
+
+def a_replicaset_round(api: KubeStub, deployment: str) -> None:
+    """What the Deployment's ReplicaSet does: make gated pods up to spec.replicas, or delete the surplus,
+    pods not yet scheduled (gated) first, then the lowest `controller.kubernetes.io/pod-deletion-cost`."""
+    dep = api.get("apps/v1", "Deployment", "ml", deployment)
+    pods = [o for (a, p, _, _), o in sorted(api.objects.items()) if a == "/api/v1" and p == "pods"]
+
+    def deletion_order(pod: dict[str, Any]) -> tuple[bool, int, str]:
+        cost = int((pod["metadata"].get("annotations") or {}).get("controller.kubernetes.io/pod-deletion-cost", 0))
+        return (not pod["spec"].get("schedulingGates"), cost, pod["metadata"]["name"])
+
+    for pod in sorted(pods, key=deletion_order)[: max(0, len(pods) - dep["spec"]["replicas"])]:
+        del api.objects[("/api/v1", "pods", "ml", pod["metadata"]["name"])]
+    names = {p["metadata"]["name"] for p in pods}
+    made = (f"{deployment}-abc12-{i}" for i in range(100) if f"{deployment}-abc12-{i}" not in names)
+    for _ in range(dep["spec"]["replicas"] - len(pods)):
+        api.add(a_replica_pod(dep, next(made)))
+
+
+def serving_round(api: KubeStub, w: KubernetesWorkloads, d: Driver, now: float) -> list[Any]:
+    """One actuator round for serving workloads: list, reconcile, record, act (as actuator.py does)."""
+    _, serving = split(w.list())
+    events, actions = reconcile_serving(d.state, serving, "c1", now)
+    d.given(*(e for e, _ in events))
+    for action in actions:
+        if isinstance(action, DeletePod):
+            w.delete_pod(action.namespace, action.name)
+        elif isinstance(action, Admit):
+            w.patch(kind_of("v1", "Pod"), action.namespace, action.name, list(action.ops))  # type: ignore[arg-type]
+    return [e for e, _ in events]
+
+
+def test_a_deployment_scales_up_down_and_to_zero_replica_by_replica_through_the_api_server(api: KubeStub) -> None:
+    w = workloads(api)
+    d = Driver().given(a_quota("vision", 8), a_node("n1", cluster="c1"))
+    api.add(a_deployment("llm", replicas=1, gpus=2, min_replicas=1))
+    a_replicaset_round(api, "llm")
+    [r0] = serving_round(api, w, d, now=1.0)
+    assert isinstance(r0, JobSubmitted) and (r0.spec.priority, r0.spec.preemptible) == ("serving", False)
+    d.cycle(now=2.0)
+    api.requests.clear()
+    serving_round(api, w, d, now=3.0)
+    pod = "/api/v1/namespaces/ml/pods/llm-abc12-0"
+    gate = "/spec/schedulingGates/0"
+    assert api.writes() == [
+        Request(
+            "PATCH",
+            pod,
+            JSON_PATCH,
+            [
+                {"op": "add", "path": "/metadata/annotations", "value": {"chamber.io/replica": "0"}},
+                {
+                    "op": "add",
+                    "path": "/metadata/annotations/controller.kubernetes.io~1pod-deletion-cost",
+                    "value": "0",
+                },
+                {"op": "add", "path": "/spec/affinity", "value": pinned(["n1"])},
+                {"op": "test", "path": gate, "value": {"name": "chamber.io/admission"}},
+                {"op": "remove", "path": gate},
+            ],
+        )
+    ]
+    first = api.get("v1", "Pod", "ml", "llm-abc12-0")["metadata"]["resourceVersion"]
+
+    # an HPA scales to 3: two replicas more are submitted and their pods released; the first is not touched
+    api.get("apps/v1", "Deployment", "ml", "llm")["spec"]["replicas"] = 3
+    a_replicaset_round(api, "llm")
+    up = serving_round(api, w, d, now=4.0)
+    assert [(e.job_id, e.spec.preemptible) for e in up if isinstance(e, JobSubmitted)] == [
+        ("k8s-c1-ml-deployment-llm-r1", True),
+        ("k8s-c1-ml-deployment-llm-r2", True),
+    ]
+    d.cycle(now=5.0)
+    api.requests.clear()
+    serving_round(api, w, d, now=6.0)
+    assert [(r.method, r.path) for r in api.writes()] == [
+        ("PATCH", "/api/v1/namespaces/ml/pods/llm-abc12-1"),
+        ("PATCH", "/api/v1/namespaces/ml/pods/llm-abc12-2"),
+    ]
+    assert api.get("v1", "Pod", "ml", "llm-abc12-0")["metadata"]["resourceVersion"] == first
+    assert d.state.usage[("default", "vision")] == 6
+
+    # down to 2: the ReplicaSet deletes the highest replica's pod (its deletion cost), Chamber cancels that replica
+    api.get("apps/v1", "Deployment", "ml", "llm")["spec"]["replicas"] = 2
+    a_replicaset_round(api, "llm")
+    assert sorted(n for (_, p, _, n) in api.objects if p == "pods") == ["llm-abc12-0", "llm-abc12-1"]
+    api.requests.clear()
+    down = serving_round(api, w, d, now=7.0)
+    assert [(type(e).__name__, e.job_id) for e in down] == [("JobCancelled", "k8s-c1-ml-deployment-llm-r2")]
+    assert api.writes() == [] and d.state.usage[("default", "vision")] == 4
+
+    # to zero: every replica goes in the same round, and the quota with it
+    d.given(a_job("train", team="vision", gpus=8, at=8.0, cluster="c1"))
+    d.cycle(now=8.5)
+    assert d.state_of("train") == "pending"
+    api.get("apps/v1", "Deployment", "ml", "llm")["spec"]["replicas"] = 0
+    a_replicaset_round(api, "llm")
+    zero = serving_round(api, w, d, now=9.0)
+    assert sorted(e.job_id for e in zero) == ["k8s-c1-ml-deployment-llm-r0", "k8s-c1-ml-deployment-llm-r1"]
+    assert d.state.usage.get(("default", "vision"), 0) == 0
+    d.cycle(now=10.0)
+    assert d.state_of("train") == "running"
+
+
+def test_a_statefulsets_borrowed_replica_reclaimed_by_its_lender_has_its_pod_deleted(api: KubeStub) -> None:
+    w = workloads(api)
+    d = Driver().given(a_quota("vision", 2), a_quota("nlp", 6), a_node("n1", cluster="c1"))
+    sts = api.add(a_statefulset("kv", replicas=2, gpus=2))
+    for ordinal in (0, 1):
+        api.add(a_replica_pod(sts, f"kv-{ordinal}"))
+    submitted = serving_round(api, w, d, now=1.0)
+    assert [(e.job_id, e.spec.preemptible) for e in submitted if isinstance(e, JobSubmitted)] == [
+        ("k8s-c1-ml-statefulset-kv-r0", False),
+        ("k8s-c1-ml-statefulset-kv-r1", True),  # beyond the minimum of 1: borrows nlp's idle GPUs
+    ]
+    d.cycle(now=2.0)
+    api.requests.clear()
+    serving_round(api, w, d, now=3.0)
+    gate = "/spec/schedulingGates/0"
+    assert [(r.method, r.path, [op["path"] for op in r.body]) for r in api.writes()] == [
+        ("PATCH", f"/api/v1/namespaces/ml/pods/kv-{i}", ["/spec/affinity", gate, gate]) for i in (0, 1)
+    ]
+    d.given(a_job("nlp-train", team="nlp", gpus=6, priority="high", at=4.0, cluster="c1"))
+    d.cycle(now=5.0)
+    api.requests.clear()
+    serving_round(api, w, d, now=6.0)
+    assert [(r.method, r.path) for r in api.writes()] == [("DELETE", "/api/v1/namespaces/ml/pods/kv-1")]
+    api.add(a_replica_pod(sts, "kv-1"))  # the StatefulSet makes it again, gated by the webhook
+    api.requests.clear()
+    assert serving_round(api, w, d, now=7.0) == [] and api.writes() == []  # it waits for replica 1's admission
+    assert (d.state_of("k8s-c1-ml-statefulset-kv-r0"), d.state_of("k8s-c1-ml-statefulset-kv-r1")) == (
+        "running",
+        "suspended",
+    )

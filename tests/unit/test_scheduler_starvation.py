@@ -19,7 +19,7 @@ from services.scheduler.core.work import Work
 from services.timefmt import when
 from tests.scheduler_builders import Driver, a_job, a_node, a_quota, done
 
-CRIT, HIGH, NORMAL, LOW = (p.rank for p in PriorityClass)
+CRIT, HIGH, NORMAL, LOW = (PriorityClass(c).rank for c in ("critical", "high", "normal", "low"))
 HOUR = 3600.0
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import difflib
 
 from events.commands import SubmitJob
-from events.jobs import JobSpec, JobSubmitted
+from events.jobs import JobSpec, JobSubmitted, PriorityClass
 from events.names import InvalidName, check_event
 from services.pools import DEFAULT_POOL, job_pool, node_pool
 from services.scheduler.core.quota import critical_block
@@ -59,6 +59,12 @@ def submitted(state: SchedulerState, req: SubmitJob, job_id: str, at: float) -> 
         )
     if req.pool:
         _check_pool(state, req.pool)
+    if req.priority == PriorityClass.SERVING:
+        raise InvalidName(
+            "class serving is for the replicas of serving workloads (Kubernetes Deployments, StatefulSets and "
+            "LeaderWorkerSets labelled chamber.io/team); submit this job as high",
+            field="priority",
+        )
     spec = JobSpec(
         team=req.team,
         gpus_per_replica=gpus,

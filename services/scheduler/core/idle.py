@@ -2,7 +2,8 @@
 cycle preempt the job (reason `idle`, the usual JobPreempted + JobSuspended, so a Kubernetes workload
 is suspended and checkpoints as for any preemption). A job suspended so stays suspended (its GPUs go to
 others) until its owner asks for it again (JobResumeRequested, `chamber resume JOB`); it then queues
-and resumes as any suspended job does. The verdicts come from the idle decider (services/idle).
+and resumes as any suspended job does. The verdicts come from the idle decider (services/idle). A
+serving replica is only flagged: its workload scales (services/scheduler/serving.py).
 
 Pure, like the rest of the core: folds set facts, the cycle reads them.
 """
@@ -36,6 +37,10 @@ def fold_idle_detected(s: SchedulerState, e: JobIdleDetected) -> None:
         del s.idle_reclaim[jid]
     idle_min = max(0.0, e.at - e.idle_since) / 60.0
     why = e.reason or f"idle for {idle_min:.0f} min"
+    if job.spec.serving is not None:  # scaled by its autoscaler (to zero: its quota returns at once)
+        detail = f"flagged idle ({why}); a serving replica keeps its GPUs: scale its workload down instead"
+        s.idle_reclaim[e.job_id] = IdleReclaim(job.generation, detail, suspend=False)
+        return
     if e.action != IdleModeName.SUSPEND:
         detail = f"flagged idle ({why}); its team's idle policy is notify: it keeps its GPUs"
         s.idle_reclaim[e.job_id] = IdleReclaim(job.generation, detail, suspend=False)

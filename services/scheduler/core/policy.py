@@ -44,7 +44,7 @@ QueueKey = tuple[int, float, float, str]  # priority rank, -fair share, submit t
 OrderKey = tuple[float, float, float, str]  # smaller first
 QueuedSince = Callable[[str], float]  # job id -> when it last joined the queue
 
-RANKS = tuple(sorted(p.rank for p in PriorityClass))  # most urgent (critical) first
+RANKS = tuple(sorted({p.rank for p in PriorityClass}))  # most urgent (critical) first; serving ranks with high
 LOWEST_RANK = RANKS[-1]
 CRITICAL_RANK = PriorityClass.CRITICAL.rank
 _BELOW_CRITICAL = 1e-3  # aged work stops just below the least critical job
