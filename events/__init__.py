@@ -16,6 +16,7 @@ from events.fleet import (
     NodeUpdated,
 )
 from events.jobs import (
+    GpuShare,
     JobCancelled,
     JobCompleted,
     JobFailed,
@@ -30,6 +31,7 @@ from events.jobs import (
     Placement,
     PreemptionReason,
     PriorityClass,
+    ShareMode,
 )
 from events.quota import BudgetAction, BudgetSet, FairShareUpdated, PoolDefined, PoolRemoved, TeamQuotaSet
 from events.streams import STREAMS, StreamSpec
@@ -61,6 +63,7 @@ __all__ = [
     "GpuIsolated",
     "GpuRestored",
     "GpuSample",
+    "GpuShare",
     "JobCancelled",
     "JobCompleted",
     "JobFailed",
@@ -90,6 +93,7 @@ __all__ = [
     "ProcessInfo",
     "RowRemapState",
     "Severity",
+    "ShareMode",
     "StreamSpec",
     "TeamQuotaSet",
     "UnknownEventType",
