@@ -36,7 +36,7 @@ from services.kube.patches import (
     saved_affinities,
     set_value,
 )
-from services.kube.resources import MAX_PODS, WorkloadError, count, pod_gpus, pod_vendor
+from services.kube.resources import MAX_PODS, ShareRequest, WorkloadError, count, pod_gpus, pod_share, pod_vendor
 
 SCHEDULING_GATE = "chamber.io/admission"
 PLACEMENT_ANNOTATION = "chamber.io/placement-override"  # TrainJob: index of the override Chamber added
@@ -108,6 +108,28 @@ class WorkloadKind:
             raise WorkloadError(f"{self.kind} mixes nvidia.com/gpu and amd.com/gpu pods; a gang runs on one vendor")
         return Demand(gpus, pods, next(iter(vendors), None))
 
+    def share(self, obj: dict[str, Any]) -> tuple[ShareRequest, int] | None:
+        """The part of one GPU each GPU pod asks for (`nvidia.com/mig-<profile>`, KAI's `gpu-fraction` /
+        `gpu-memory` annotations on the pod template), and how many such pods; None when none asks.
+        Pods asking for different shares are refused, as pods of different GPU counts are."""
+        found: dict[ShareRequest, int] = {}
+        for group in self.groups(obj):
+            if not group.pods:
+                continue
+            share = pod_share(group.spec, _annotations(obj, group.pointer), group.pointer or "spec")
+            if share is not None:
+                found[share] = found.get(share, 0) + group.pods
+        if not found:
+            return None
+        if len(found) > 1:
+            raise WorkloadError(
+                f"{self.kind} mixes pods asking for different GPU shares; Chamber places a gang of equal pods"
+            )
+        [(share, pods)] = found.items()
+        if pods > MAX_PODS:
+            raise WorkloadError(f"{self.kind} has {pods} GPU pods, more than {MAX_PODS}; check the replica counts")
+        return share, pods
+
     def held(self, obj: dict[str, Any]) -> bool:
         return bool(resolve(obj, self.suspend_pointer or ""))
 
@@ -129,7 +151,13 @@ class WorkloadKind:
         return [] if self.held(obj) else set_value(obj, self.suspend_pointer, True)
 
     def _gpu_groups(self, obj: dict[str, Any]) -> list[PodGroup]:
-        return [g for g in self.groups(obj) if g.pointer is not None and g.pods and pod_gpus(g.spec, g.pointer)]
+        return [
+            g
+            for g in self.groups(obj)
+            if g.pointer is not None
+            and g.pods
+            and (pod_gpus(g.spec, g.pointer) or pod_share(g.spec, _annotations(obj, g.pointer), g.pointer))
+        ]
 
     def admit_ops(self, obj: dict[str, Any], nodes: tuple[str, ...]) -> list[Op]:
         """Pin the GPU pods to `nodes` (keeping the user's own affinity), then let it run."""
@@ -165,6 +193,14 @@ class WorkloadKind:
             else:
                 ops.append({"op": "add", "path": f"{pointer}/affinity", "value": affinity})
         return ops + annotation_ops(obj, USER_AFFINITY_ANNOTATION, None)
+
+
+def _annotations(obj: dict[str, Any], pointer: str | None) -> dict[str, str]:
+    """The annotations of the pod template whose spec sits at `pointer` (a Pod's own for `/spec`)."""
+    if pointer is None or not pointer.endswith("/spec"):
+        return {}
+    found = resolve(obj, pointer[: -len("/spec")] + "/metadata/annotations")
+    return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else {}
 
 
 def _template(obj: dict[str, Any], pointer: str, pods: int) -> PodGroup:

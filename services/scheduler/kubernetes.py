@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from events import Event, JobCompleted, JobFailed, JobSpec, JobSubmitted
+from events import Event, GpuShare, JobCompleted, JobFailed, JobSpec, JobSubmitted, ShareMode
 from events.codec import stable_id
 from events.commands import SubmitJob
 from events.names import NAME_MAX, InvalidName, check_event, decode_request
@@ -27,7 +27,7 @@ from services.kube.bindings import PREEMPTIBLE_LABEL as PREEMPTIBLE_LABEL
 from services.kube.bindings import PRIORITY_LABEL as PRIORITY_LABEL
 from services.kube.bindings import TEAM_LABEL as TEAM_LABEL
 from services.kube.bindings import Bindings, Claim, claim
-from services.kube.kinds import BatchJob, Observed, WorkloadKind, owned_by_workload
+from services.kube.kinds import BatchJob, Demand, Observed, WorkloadKind, owned_by_workload
 from services.kube.patches import Op, annotation_ops
 from services.kube.resources import ShareRequest, WorkloadError
 from services.scheduler.core import FINISHED, JobState, SchedulerState
@@ -101,6 +101,11 @@ def through_the_door(state: SchedulerState, spec: JobSpec, jid: str, at: float) 
         "preemptible": spec.preemptible,
         "allow_wait": True,
     }
+    if spec.share is not None:
+        share = _share_fields(state, spec.share)
+        if isinstance(share, str):
+            return f"Chamber refuses this workload: {share}"
+        request.update(share)
     try:
         event, _ = admit(state, decode_request(request, SubmitJob), jid, at)
         event = JobSubmitted(job_id=jid, at=at, spec=msgspec.structs.replace(event.spec, namespace=spec.namespace))
@@ -108,6 +113,34 @@ def through_the_door(state: SchedulerState, spec: JobSpec, jid: str, at: float) 
     except InvalidName as exc:
         return f"Chamber refuses this workload as it would the same `chamber submit`: {exc}"
     return event
+
+
+def _share_fields(state: SchedulerState, share: GpuShare) -> dict[str, Any] | str:
+    """A pod's share as `chamber submit` options. A `gpu-memory` fraction counts as the share of the
+    smallest GPU memory in the fleet it asks for, rounded up (so it fits wherever it is placed)."""
+    if share.mig_profile:
+        return {"mig_profile": share.mig_profile}
+    milli = share.gpu_milli
+    if not milli:
+        memories = [m for n in state.nodes.values() for m in n.gpu_memory.values()]
+        if not memories:
+            return "gpu-memory: the fleet's GPU memory is not known yet; ask with gpu-fraction instead"
+        if share.memory_mib > min(memories):
+            return f"gpu-memory: {share.memory_mib} MiB is more than the smallest GPU's {min(memories)} MiB"
+        milli = -(-1000 * share.memory_mib // min(memories))
+    fields: dict[str, Any] = {"gpu_milli": milli, "share_mode": share.mode.value}
+    if share.memory_mib:
+        fields["gpu_memory_mib"] = share.memory_mib
+    return fields
+
+
+def _spec_share(share: ShareRequest) -> GpuShare | str:
+    """A pod's parsed share (services.kube.resources.pod_share) as the job's per-replica share."""
+    if share.mig_profile:
+        if share.mig_count != 1:
+            return f"nvidia.com/mig-{share.mig_profile}: {share.mig_count} instances in one pod; a pod takes one"
+        return GpuShare(mode=ShareMode.MIG, mig_profile=share.mig_profile)
+    return GpuShare(gpu_milli=share.gpu_milli, memory_mib=share.gpu_memory_mib)
 
 
 def spec_of(kind: WorkloadKind, obj: dict[str, Any], cluster: str, bindings: Bindings = OPEN) -> JobSpec | str | None:
@@ -119,13 +152,22 @@ def spec_of(kind: WorkloadKind, obj: dict[str, Any], cluster: str, bindings: Bin
         return claimed
     try:
         demand = kind.demand(obj)
+        shared = kind.share(obj)
     except WorkloadError as exc:
         return str(exc)
+    if demand is not None and shared is not None:
+        return f"{kind.kind} mixes whole-GPU pods and pods asking for part of a GPU; a gang is of equal pods"
+    share = None if shared is None else _spec_share(shared[0])
+    if isinstance(share, str):
+        return share
+    if demand is None and shared is not None:
+        demand = Demand(1, shared[1], "nvidia")
     if demand is None:
         return None
     if (why := kind.check(obj)) is not None:
         return why
     return JobSpec(
+        share=share,
         team=claimed.team,
         gpus_per_replica=demand.gpus_per_pod,
         replicas=demand.pods,

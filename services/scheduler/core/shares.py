@@ -65,21 +65,24 @@ def mig_models_with(profile: str) -> list[str]:
     return sorted(m for m, t in MIG_MODELS.items() if profile in t.profiles)
 
 
-def share_milli(share: GpuShare) -> int:
-    """Milli-GPU-equivalents one replica counts for: a fraction's `gpu_milli`; a MIG instance's profile
-    share on the first model that has it (0 when none has it: the door refuses such a request)."""
-    if share.mig_profile:
-        having = mig_models_with(share.mig_profile)
-        table = mig_model(having[0]) if having else None
-        return table.share_milli(share.mig_profile) if table is not None else 0
-    return share.gpu_milli
+def share_milli(share: GpuShare, model: str | None = None) -> int:
+    """Milli-GPU-equivalents one replica counts for before it is placed: a fraction's `gpu_milli`; a MIG
+    instance's profile share on `model`, or without one the largest among the models that have the
+    profile (a name like 1g.10gb is a different share on an A100-40GB than on an A100-80GB), so a quota
+    is never passed by a guess. Placed, a job counts its placements' shares. 0: no model has it (the
+    door refuses such a request)."""
+    if not share.mig_profile:
+        return share.gpu_milli
+    named = mig_model(model) if model else None
+    tables = [named] if named is not None else [mig_model(m) for m in mig_models_with(share.mig_profile)]
+    return max((t.share_milli(share.mig_profile) for t in tables if t and share.mig_profile in t.profiles), default=0)
 
 
 def equivalents(spec: JobSpec) -> float:
-    """The GPU-equivalents a job's quota counts: whole GPUs, or its replicas' shares."""
+    """The GPU-equivalents a job's quota counts while it waits: whole GPUs, or its replicas' shares."""
     if spec.share is None:
         return spec.total_gpus
-    return round(spec.replicas * share_milli(spec.share) / MILLI, 6)
+    return round(spec.replicas * share_milli(spec.share, spec.gpu_model) / MILLI, 6)
 
 
 def plus(total: float, change: float) -> float:

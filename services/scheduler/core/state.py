@@ -246,6 +246,7 @@ class SchedulerState:
     preemptible: dict[tuple[str, str, int], float] = field(default_factory=dict)  # (pool, team, rank) -> GPUs
     running: dict[tuple[str, str], set[str]] = field(default_factory=dict)  # (pool, team) -> job ids
     displaced: set[str] = field(default_factory=set)  # running on a GPU or node out of service
+    shared_gpus: int = 0  # GPUs that hold shares (Node.shared) fleet-wide
     # GPUs claimed by jobs on nodes not (yet) discovered: replaying JOBS may run ahead of FLEET
     claims: dict[tuple[str, str], dict[int, str]] = field(default_factory=dict)
     capacity_epoch: int = 0  # bumped when capacity frees or the rules change: the next cycle is full
@@ -417,6 +418,8 @@ def _hold(
     job.reason = reason
     conflict = False
     share = job.spec.share
+    if share is not None:  # what it holds: its placements' GPU-equivalents (a MIG share is the placed model's)
+        job.gpus = round(sum(p.gpu_equivalents for p in placements), 6)
     for p in placements:
         node = s.nodes.get((p.cluster, p.node))
         if node is None:
@@ -471,6 +474,7 @@ def _hold_share(s: SchedulerState, node: Node, job: Job, p: Placement) -> bool:
         sg = node.shared.get(i)
         if sg is None:
             sg = node.shared[i] = SharedGpu(mode)
+            s.shared_gpus += 1
         elif not room(sg, mode, *part, node.gpu_memory.get(i)):
             conflict = True  # never more than one GPU's worth, nor two modes, on one GPU
             continue
@@ -498,6 +502,7 @@ def _release(s: SchedulerState, job: Job) -> None:
                 sg.drop(job.id)
                 if not sg.holders:
                     del node.shared[i]
+                    s.shared_gpus -= 1
         s.refresh_node(node)
     key = (job.pool, job.spec.team)
     s.usage[key] = plus(s.usage.get(key, 0), -job.gpus)
@@ -511,6 +516,8 @@ def _release(s: SchedulerState, job: Job) -> None:
     s.displaced.discard(job.id)
     job.placements = []
     job.borrowed_gpus = 0
+    if job.spec.share is not None:
+        job.gpus = equivalents(job.spec)
     job.pool_fixed = False
     job.pool = job_pool(job.spec, s.team_pools)
     s.capacity_epoch += 1

@@ -192,13 +192,13 @@ class Work:
         return q.np_lendable
 
     # -- scratch changes -----------------------------------------------------------------------
-    def count(self, job: Job, sign: int, usage: Usage | None = None) -> None:
-        """Add (+1) or remove (-1) the job's GPUs to a usage table (the scratch view's by default)."""
+    def count(self, job: Job, sign: int, usage: Usage | None = None, gpus: float | None = None) -> None:
+        """Add (+1) or remove (-1) the job's GPUs (or `gpus`) to a usage table (the scratch view's by default)."""
         usage = self.usage if usage is None else usage
         key = (job.pool, job.spec.team)
         if usage is self.usage and key not in usage:
             self._teams.pop(job.pool, None)  # a team new to the pool
-        n = sign * job.gpus
+        n = sign * (job.gpus if gpus is None else gpus)
         held = usage.get(key, 0) + n
         # with shares, GPU-equivalents: sums rounded (shares.plus), whole GPUs stay ints
         usage[key] = round(held, 6) if held.__class__ is float else held
@@ -229,11 +229,14 @@ class Work:
         self.gone.add(job.id)
 
     def admit(self, job: Job, spot: Spot) -> tuple[Placement, ...]:
-        self.count(job, +1)
         self.fresh[job.id] = spot
-        nodes = self.s.node_by_id
         if job.spec.share is not None:
-            return self._shared_placements(job, spot)
+            placements = self._shared_placements(job, spot)
+            # counted as the fold will count it: the placed shares (a MIG share is the placed model's)
+            self.count(job, +1, gpus=round(sum(p.gpu_equivalents for p in placements), 6))
+            return placements
+        self.count(job, +1)
+        nodes = self.s.node_by_id
         return tuple(Placement(cluster=nodes[nid].cluster, node=nodes[nid].name, gpu_indices=g) for nid, g in spot)
 
     def _shared_placements(self, job: Job, spot: Spot) -> tuple[Placement, ...]:
