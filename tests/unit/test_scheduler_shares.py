@@ -184,7 +184,8 @@ def test_completion_makes_the_gpu_whole_again() -> None:
 # -- the submit path --------------------------------------------------------------------------------
 def test_the_door_turns_submit_options_into_the_share() -> None:
     d = Driver().given(a_quota("vision", 8), a_node("n1", 1, model="A100-80GB"))
-    event = submitted(d.state, SubmitJob(team="vision", gpu_milli=300, gpu_memory_mib=8000, share_mode=ShareMode.MPS), "j", 1)
+    asked = SubmitJob(team="vision", gpu_milli=300, gpu_memory_mib=8000, share_mode=ShareMode.MPS)
+    event = submitted(d.state, asked, "j", 1)
     assert event.spec.share == GpuShare(gpu_milli=300, memory_mib=8000, mode=ShareMode.MPS)
     assert event.spec.gpus_per_replica == 1
     event = submitted(d.state, SubmitJob(team="vision", mig_profile="1g.10gb", replicas=2), "k", 1)
