@@ -23,9 +23,11 @@ Kubernetes, and a workload mixing GPU counts is refused, since Chamber could not
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
+from services.kube.dra import DraRequest, pod_request
 from services.kube.patches import (
     USER_AFFINITY_ANNOTATION,
     Op,
@@ -130,6 +132,24 @@ class WorkloadKind:
             raise WorkloadError(f"{self.kind} has {pods} GPU pods, more than {MAX_PODS}; check the replica counts")
         return share, pods
 
+    def dra(
+        self, obj: dict[str, Any], templates: Mapping[str, dict[str, Any]]
+    ) -> tuple[Demand | None, tuple[ShareRequest, int] | None]:
+        """Whole GPUs or a share per pod asked through DRA claims of the NVIDIA driver (`templates`: the
+        namespace's ResourceClaimTemplates by name); pods asking differently are refused."""
+        found: dict[DraRequest, int] = {}
+        for group in self.groups(obj):
+            if group.pods and (asked := pod_request(group.spec, templates, None, group.pointer or "spec")):
+                found[asked] = found.get(asked, 0) + group.pods
+        if not found:
+            return None, None
+        if len(found) > 1:
+            raise WorkloadError(f"{self.kind} mixes pods asking for different DRA devices; a gang is of equal pods")
+        [(asked, pods)] = found.items()
+        if asked.share is not None:
+            return None, (asked.share, pods)
+        return Demand(asked.gpus, pods, "nvidia"), None
+
     def held(self, obj: dict[str, Any]) -> bool:
         return bool(resolve(obj, self.suspend_pointer or ""))
 
@@ -156,7 +176,11 @@ class WorkloadKind:
             for g in self.groups(obj)
             if g.pointer is not None
             and g.pods
-            and (pod_gpus(g.spec, g.pointer) or pod_share(g.spec, _annotations(obj, g.pointer), g.pointer))
+            and (
+                pod_gpus(g.spec, g.pointer)
+                or pod_share(g.spec, _annotations(obj, g.pointer), g.pointer)
+                or g.spec.get("resourceClaims")  # DRA devices (services/kube/dra.py)
+            )
         ]
 
     def admit_ops(self, obj: dict[str, Any], nodes: tuple[str, ...]) -> list[Op]:

@@ -14,6 +14,7 @@ is never submitted: `Refuse` becomes a Kubernetes Event on it saying why.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -140,12 +141,20 @@ def _spec_share(share: ShareRequest) -> GpuShare | str:
         if share.mig_count != 1:
             return f"nvidia.com/mig-{share.mig_profile}: {share.mig_count} instances in one pod; a pod takes one"
         return GpuShare(mode=ShareMode.MIG, mig_profile=share.mig_profile)
-    return GpuShare(gpu_milli=share.gpu_milli, memory_mib=share.gpu_memory_mib)
+    mode = ShareMode.MPS if share.mode == "mps" else ShareMode.TIME_SLICING
+    return GpuShare(gpu_milli=share.gpu_milli, memory_mib=share.gpu_memory_mib, mode=mode)
 
 
-def spec_of(kind: WorkloadKind, obj: dict[str, Any], cluster: str, bindings: Bindings = OPEN) -> JobSpec | str | None:
+def spec_of(
+    kind: WorkloadKind,
+    obj: dict[str, Any],
+    cluster: str,
+    bindings: Bindings = OPEN,
+    templates: Mapping[str, Mapping[str, dict[str, Any]]] | None = None,
+) -> JobSpec | str | None:
     """The Chamber job a workload asks for; a refusal (why, and the fix); None if it is not Chamber's or
-    asks no GPU."""
+    asks no GPU. `templates` (namespace -> name -> ResourceClaimTemplate) lets pods ask through DRA
+    claims of the NVIDIA driver (services/kube/dra.py)."""
     meta = obj.get("metadata") or {}
     claimed = claim(meta.get("labels") or {}, meta.get("namespace") or "", bindings)
     if not isinstance(claimed, Claim):
@@ -153,6 +162,8 @@ def spec_of(kind: WorkloadKind, obj: dict[str, Any], cluster: str, bindings: Bin
     try:
         demand = kind.demand(obj)
         shared = kind.share(obj)
+        if demand is None and shared is None and templates is not None:
+            demand, shared = kind.dra(obj, templates.get(str(meta.get("namespace") or ""), {}))
     except WorkloadError as exc:
         return str(exc)
     if demand is not None and shared is not None:
