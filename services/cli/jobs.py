@@ -116,6 +116,25 @@ def _positive(value: float | None, flag: str) -> None:
 
 
 def submit(args: argparse.Namespace) -> int:
+    payload = submit_payload(args)
+    try:
+        result = _send(args, "scheduler", "submit", payload)
+    except UsageError as exc:
+        if args.request_id is None and "start it with" in str(exc):  # no answer: it may have been applied
+            raise UsageError(
+                f"{exc}; to retry without submitting twice: --request-id {payload['request_id']}"
+            ) from None
+        raise
+    for warning in result.get("warnings", []):
+        print(f"chamber submit: warning: {warning}", file=sys.stderr)
+    print(json.dumps({"id": result["id"]}) if args.json else result["id"])
+    if not result.get("warnings"):  # the scheduler checks the model against its fleet; older ones did not
+        warn_unknown_model(args, args.gpu_model, f"job {result['id']}")
+    return 0
+
+
+def submit_payload(args: argparse.Namespace) -> dict[str, Any]:
+    """The `submit` request `chamber submit`'s options make (UsageError for options it refuses itself)."""
     shared = any(v is not None for v in (args.gpu_milli, args.gpu_memory, args.share_mode, args.mig_profile))
     if args.gpus is None and not shared:
         raise UsageError("how many GPUs per replica? pass --gpus N, or a share (--gpu-milli N, --mig-profile P)")
@@ -152,20 +171,7 @@ def submit(args: argparse.Namespace) -> int:
     }
     payload.update({k: v for k, v in optional.items() if v is not None})
     payload["request_id"] = args.request_id or secrets.token_hex(8)
-    try:
-        result = _send(args, "scheduler", "submit", payload)
-    except UsageError as exc:
-        if args.request_id is None and "start it with" in str(exc):  # no answer: it may have been applied
-            raise UsageError(
-                f"{exc}; to retry without submitting twice: --request-id {payload['request_id']}"
-            ) from None
-        raise
-    for warning in result.get("warnings", []):
-        print(f"chamber submit: warning: {warning}", file=sys.stderr)
-    print(json.dumps({"id": result["id"]}) if args.json else result["id"])
-    if not result.get("warnings"):  # the scheduler checks the model against its fleet; older ones did not
-        warn_unknown_model(args, args.gpu_model, f"job {result['id']}")
-    return 0
+    return payload
 
 
 def cancel(args: argparse.Namespace) -> int:

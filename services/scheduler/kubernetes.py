@@ -197,9 +197,10 @@ def reconcile(
     cluster: str,
     now: float,
     bindings: Bindings = OPEN,
+    templates: Mapping[str, Mapping[str, dict[str, Any]]] | None = None,
 ) -> tuple[list[tuple[Event, str]], list[Action]]:
     """Compare the scheduler's decisions with the cluster's workloads: events to record, patches to make.
-    Plain dicts are batch Jobs."""
+    Plain dicts are batch Jobs. `templates`: the ResourceClaimTemplates per namespace (DRA requests)."""
     items = [Observed(*o) if isinstance(o, tuple) else Observed(BatchJob(), o) for o in observed]
     events: list[tuple[Event, str]] = []
     actions: list[Action] = []
@@ -215,7 +216,7 @@ def reconcile(
         done = kind.finished(obj)
         if known is None:
             if held and done is None:
-                spec = spec_of(kind, obj, cluster, bindings)
+                spec = spec_of(kind, obj, cluster, bindings, templates)
                 submit = through_the_door(state, spec, jid, now) if isinstance(spec, JobSpec) else spec
                 if isinstance(submit, str):
                     actions.append(Refuse(ns, name, kind.kind, uid, submit))

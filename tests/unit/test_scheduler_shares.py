@@ -233,3 +233,29 @@ def test_a_kubernetes_fraction_and_a_mig_pod_become_shared_jobs() -> None:
     assert not isinstance(event, str) and event.spec.share is not None
     assert event.spec.share.gpu_milli == 250 and event.spec.share.memory_mib == 20480  # 20 GiB of 80
     assert event.spec.priority == PriorityClass.NORMAL
+
+
+def test_the_sharing_pages_submit_examples_reach_the_scheduler_as_shares() -> None:
+    """Each `chamber submit` line of docs/sharing.md, through the CLI's parser and payload and the
+    request decoder, becomes the share the page says."""
+    import shlex
+    from pathlib import Path
+
+    from events.names import decode_request
+    from services.cli import build_parser
+    from services.cli.jobs import submit_payload
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "sharing.md").read_text()
+    lines = [line.split("#")[0] for line in page.splitlines() if line.startswith("chamber submit ")]
+    assert len(lines) == 3
+    d = Driver().given(a_quota("vision", 8), a_node("n1", 1, model="H100-80GB"))
+    shares = []
+    for line in lines:
+        args = build_parser().parse_args(shlex.split(line)[1:])
+        event = submitted(d.state, decode_request(submit_payload(args), SubmitJob), "j", 1)
+        shares.append((event.spec.share, event.spec.replicas))
+    assert shares == [
+        (TS, 1),
+        (GpuShare(gpu_milli=500, memory_mib=20480, mode=ShareMode.MPS), 4),
+        (mig("1g.10gb"), 1),
+    ]
