@@ -249,6 +249,8 @@ class SchedulerState:
     shared_gpus: int = 0  # GPUs that hold shares (Node.shared) fleet-wide
     # GPUs claimed by jobs on nodes not (yet) discovered: replaying JOBS may run ahead of FLEET
     claims: dict[tuple[str, str], dict[int, str]] = field(default_factory=dict)
+    # jobs holding shares on nodes not (yet) discovered, in the order they were placed (folded on discovery)
+    share_claims: dict[tuple[str, str], dict[str, None]] = field(default_factory=dict)
     capacity_epoch: int = 0  # bumped when capacity frees or the rules change: the next cycle is full
     pending_log: PendingLog = field(default_factory=PendingLog)  # job ids as they (re)entered the queue
     budgets: dict[str, BudgetRule] = field(default_factory=dict)  # team -> budget and its action (budget.py)
@@ -416,17 +418,11 @@ def _hold(
     job.generation += 1
     job.ran_before = True
     job.reason = reason
-    conflict = False
-    share = job.spec.share
-    if share is not None:  # what it holds: its placements' GPU-equivalents (a MIG share is the placed model's)
-        job.gpus = round(sum(p.gpu_equivalents for p in placements), 6)
-    for p in placements:
+    conflict = _hold_shares(s, job, placements) if job.spec.share is not None else False
+    for p in placements if job.spec.share is None else ():
         node = s.nodes.get((p.cluster, p.node))
         if node is None:
             s.claims.setdefault((p.cluster, p.node), {}).update(dict.fromkeys(p.gpu_indices, job.id))
-            continue
-        if share is not None:
-            conflict = _hold_share(s, node, job, p) or conflict
             continue
         clean = node.in_service
         for i in p.gpu_indices:
@@ -455,6 +451,20 @@ def _hold(
         s.preemptible[pkey] = plus(s.preemptible.get(pkey, 0), job.gpus)
     if conflict:
         s.displaced.add(job.id)
+
+
+def _hold_shares(s: SchedulerState, job: Job, placements: list[Placement]) -> bool:
+    """Fold a job's shares of GPUs (on nodes not yet discovered: when they are); True on a conflict.
+    It holds its placements' GPU-equivalents (a MIG share is the placed model's)."""
+    job.gpus = round(sum(p.gpu_equivalents for p in placements), 6)
+    conflict = False
+    for p in placements:
+        node = s.nodes.get((p.cluster, p.node))
+        if node is None:
+            s.share_claims.setdefault((p.cluster, p.node), {})[job.id] = None
+        else:
+            conflict = _hold_share(s, node, job, p) or conflict
+    return conflict
 
 
 def _hold_share(s: SchedulerState, node: Node, job: Job, p: Placement) -> bool:
@@ -490,6 +500,7 @@ def _release(s: SchedulerState, job: Job) -> None:
     for p in job.placements:
         node = s.nodes.get((p.cluster, p.node))
         if node is None:
+            s.share_claims.get((p.cluster, p.node), {}).pop(job.id, None)
             claims = s.claims.get((p.cluster, p.node), {})
             for i in p.gpu_indices:
                 if claims.get(i) == job.id:
@@ -647,12 +658,12 @@ def _in_service(s: SchedulerState, job: Job) -> bool:
         node = s.nodes.get((p.cluster, p.node))
         if node is None or not node.in_service:
             return False
-        if any(i in node.bad_gpus or i not in node.gpus or not _holds(node, i, job.id) for i in p.gpu_indices):
+        if any(i in node.bad_gpus or i not in node.gpus or not holds(node, i, job.id) for i in p.gpu_indices):
             return False
     return True
 
 
-def _holds(node: Node, gpu: int, job_id: str) -> bool:
+def holds(node: Node, gpu: int, job_id: str) -> bool:
     """The job holds the GPU, whole or a share of it."""
     return node.owners.get(gpu) == job_id or ((sg := node.shared.get(gpu)) is not None and job_id in sg.holders)
 
@@ -668,9 +679,14 @@ def _discovered(s: SchedulerState, e: NodeDiscovered) -> None:
         node.gpu_memory = _memory(e.gpus)
         s.nodes[(e.cluster, e.node)] = node
         s.node_by_id.append(node)
+        for job_id in s.share_claims.pop((e.cluster, e.node), {}):
+            if (job := s.jobs.get(job_id)) is not None and job.state == JobState.RUNNING:
+                here = [p for p in job.placements if (p.cluster, p.node) == (e.cluster, e.node)]
+                if any([_hold_share(s, node, job, p) for p in here]):  # every placement folded, then judged
+                    s.displaced.add(job_id)
         for i, job_id in s.claims.pop((e.cluster, e.node), {}).items():
             node.owners[i] = job_id
-            if i not in node.gpus:
+            if i not in node.gpus or i in node.shared:
                 s.displaced.add(job_id)
     else:  # rediscovered after being lost
         node.gpus, node.labels, node.lost, node.status = _gpus(e.gpus), dict(e.labels), False, NodeStatus.HEALTHY
