@@ -227,7 +227,8 @@ def queue_text(jobs: list[dict[str, Any]]) -> str:
 
 
 def _gpus(j: dict[str, Any]) -> str:
-    return f"{j['replicas']}x{j['gpus']}" if j["replicas"] > 1 else str(j["gpus"])
+    each = j.get("share") or str(j["gpus"])  # a share: "250 milli-GPU (time-slicing)", "1g.10gb MIG instance"
+    return f"{j['replicas']}x{each}" if j["replicas"] > 1 else each
 
 
 def _queue_row(j: dict[str, Any]) -> tuple[str, ...]:

@@ -14,7 +14,7 @@ from events.names import InvalidName
 from services.kube.kinds import BatchJob
 from services.scheduler.core import Admit, Preempt, schedule
 from services.scheduler.core.door import submitted
-from services.scheduler.core.explain import explain
+from services.scheduler.core.explain import explain, queue_rows
 from services.scheduler.core.mig import MIG_MODELS, occupancy
 from services.scheduler.kubernetes import spec_of, through_the_door
 from tests.scheduler_builders import Driver, a_job, a_node, a_quota, done
@@ -94,6 +94,8 @@ def test_mig_instances_take_legal_free_slices_and_pack_one_gpu() -> None:
     assert d.state.jobs["big"].gpus == pytest.approx(table.share_milli("3g.40gb") / 1000)
     text = explain(d.state, "small", {})
     assert text is not None and "1g.10gb at slice" in text["text"] and len(text["shares"]) == 4
+    rows = {r["id"]: r for r in queue_rows(d.state, {}, now=20.0)}
+    assert (rows["small"]["share"], rows["small"]["replicas"]) == ("1g.10gb MIG instance", 4)
 
 
 def test_a_mig_profile_goes_only_where_the_model_has_it() -> None:

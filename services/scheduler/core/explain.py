@@ -147,6 +147,7 @@ def queue_rows(
             "team": j.spec.team,
             "priority": j.spec.priority.value,
             "gpus": j.spec.gpus_per_replica,
+            "share": None if j.spec.share is None else describe_share(j.spec.share),  # part of a GPU per replica
             "replicas": j.spec.replicas,
             "state": j.state.value,
             "reason": _reason(j, waiting, impossible.get(j.id)),
