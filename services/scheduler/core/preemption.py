@@ -117,7 +117,7 @@ def select(work: Work, job: Job) -> Victims | None:
     if quota.block(work, job, usage) is not None:
         return None
     # With GPUs shared, preempting x GPU-equivalents may free more whole GPUs than x: no bound from counts.
-    if not work.s.shared_gpus and cap.free_in(list(classes)) + freeable < job.gpus:
+    if not work.s.shared_nodes and cap.free_in(list(classes)) + freeable < job.gpus:
         return None
     gone, fresh = work.gone, work.fresh
     candidates = (

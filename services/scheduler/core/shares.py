@@ -138,6 +138,9 @@ def take(work: Work, nid: int, gpu: int, job_id: str, mode: str, part: tuple[int
         cap.take_exact(nid, [gpu])
         sg = node.shared[gpu] = SharedGpu(mode)
         cap.undo(lambda: _forget(node, gpu))
+        if nid not in work.s.shared_nodes:  # (a node whose shares all end in the cycle stays listed: harmless)
+            work.s.shared_nodes[nid] = None
+            cap.undo(lambda: work.s.shared_nodes.pop(nid, None))
     before = (sg.milli, sg.memory_mib, sg.mig_used, sg.holders.get(job_id))
     sg.add(job_id, *part)
     cap.undo(lambda: _restore(sg, job_id, before))
@@ -234,12 +237,11 @@ def part(share: GpuShare, model: str, start: int | None) -> tuple[int, int, int]
 def _on_shared(work: Work, share: GpuShare, mode: str, classes: list[int]) -> Choice | None:
     """The best GPU already shared in this mode that has room (None: none has)."""
     wanted = set(classes)
-    slots = work.cap.slots
+    slots, nodes = work.cap.slots, work.s.node_by_id
     best: Choice | None = None
-    for node in work.s.node_by_id:
-        if not node.shared:
-            continue
-        slot = slots[node.nid]
+    for nid in sorted(work.s.shared_nodes):
+        node = nodes[nid]
+        slot = slots[nid]
         if not slot.usable or slot.cls not in wanted:
             continue
         for gpu in sorted(node.shared):

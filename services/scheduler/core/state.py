@@ -246,7 +246,8 @@ class SchedulerState:
     preemptible: dict[tuple[str, str, int], float] = field(default_factory=dict)  # (pool, team, rank) -> GPUs
     running: dict[tuple[str, str], set[str]] = field(default_factory=dict)  # (pool, team) -> job ids
     displaced: set[str] = field(default_factory=set)  # running on a GPU or node out of service
-    shared_gpus: int = 0  # GPUs that hold shares (Node.shared) fleet-wide
+    # node ids with GPUs that hold shares (Node.shared), so placing a share reads those nodes, not the fleet
+    shared_nodes: dict[int, None] = field(default_factory=dict)
     # GPUs claimed by jobs on nodes not (yet) discovered: replaying JOBS may run ahead of FLEET
     claims: dict[tuple[str, str], dict[int, str]] = field(default_factory=dict)
     # jobs holding shares on nodes not (yet) discovered, in the order they were placed (folded on discovery)
@@ -484,7 +485,7 @@ def _hold_share(s: SchedulerState, node: Node, job: Job, p: Placement) -> bool:
         sg = node.shared.get(i)
         if sg is None:
             sg = node.shared[i] = SharedGpu(mode)
-            s.shared_gpus += 1
+            s.shared_nodes[node.nid] = None
         elif not room(sg, mode, *part, node.gpu_memory.get(i)):
             conflict = True  # never more than one GPU's worth, nor two modes, on one GPU
             continue
@@ -513,7 +514,8 @@ def _release(s: SchedulerState, job: Job) -> None:
                 sg.drop(job.id)
                 if not sg.holders:
                     del node.shared[i]
-                    s.shared_gpus -= 1
+                    if not node.shared:
+                        s.shared_nodes.pop(node.nid, None)
         s.refresh_node(node)
     key = (job.pool, job.spec.team)
     s.usage[key] = plus(s.usage.get(key, 0), -job.gpus)
