@@ -13,7 +13,7 @@ from events.commands import SubmitJob
 from events.names import InvalidName
 from services.kube.kinds import BatchJob
 from services.scheduler.core import Admit, Preempt, schedule
-from services.scheduler.core.door import submitted
+from services.scheduler.core.door import cannot_run, submitted
 from services.scheduler.core.explain import explain, queue_rows
 from services.scheduler.core.mig import MIG_MODELS, occupancy
 from services.scheduler.kubernetes import spec_of, through_the_door
@@ -184,6 +184,15 @@ def test_completion_makes_the_gpu_whole_again() -> None:
 
 
 # -- the submit path --------------------------------------------------------------------------------
+def test_shares_are_judged_at_the_door_in_gpu_equivalents() -> None:
+    d = Driver().given(a_quota("vision", 1, borrow=1), a_node("n1", 2))
+    quarters = JobSpec(team="vision", gpus_per_replica=1, replicas=8, share=TS)
+    assert cannot_run(d.state, quarters) == []  # 8 quarters are 2 GPUs, not 8
+    halves = JobSpec(team="vision", gpus_per_replica=1, replicas=6, share=GpuShare(gpu_milli=500))
+    [fleet, team] = cannot_run(d.state, halves)
+    assert "asks for 3 GPUs and pool default has 2 installed" in fleet and "asks for 3" in team
+
+
 def test_the_door_turns_submit_options_into_the_share() -> None:
     d = Driver().given(a_quota("vision", 8), a_node("n1", 1, model="A100-80GB"))
     asked = SubmitJob(team="vision", gpu_milli=300, gpu_memory_mib=8000, share_mode=ShareMode.MPS)

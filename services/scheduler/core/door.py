@@ -19,7 +19,7 @@ from events.names import InvalidName, check_event
 from services.pools import DEFAULT_POOL, job_pool, node_pool
 from services.scheduler.core.mig import MIG_MODELS, mig_model
 from services.scheduler.core.quota import critical_block
-from services.scheduler.core.shares import mig_models_with
+from services.scheduler.core.shares import equivalents, mig_models_with
 from services.scheduler.core.state import SchedulerState
 
 
@@ -167,17 +167,18 @@ def cannot_run(state: SchedulerState, spec: JobSpec) -> list[str]:
     total = sum(len(n.gpus) for n in in_pool)
     largest = max((len(n.gpus) for n in in_pool), default=0)
     where = f"pool {pool}" + (f" ({spec.gpu_model})" if spec.gpu_model else "")
-    if spec.total_gpus > total:
-        out.append(f"the job asks for {spec.total_gpus} GPUs and {where} has {total} installed")
+    asked = spec.total_gpus if spec.share is None else equivalents(spec)  # shares: GPU-equivalents
+    if asked > total:
+        out.append(f"the job asks for {asked:g} GPUs and {where} has {total} installed")
     if spec.gpus_per_replica > largest:
         out.append(
             f"each replica asks for {spec.gpus_per_replica} GPUs on one node and the largest node of {where} has "
             f"{largest} (split it into more replicas)"
         )
     q = state.quotas.get((pool, spec.team))
-    if q is not None and q.borrow_limit is not None and spec.total_gpus > q.guaranteed + q.borrow_limit:
+    if q is not None and q.borrow_limit is not None and asked > q.guaranteed + q.borrow_limit:
         out.append(
             f"team {spec.team} may hold at most {q.guaranteed + q.borrow_limit} GPUs in pool {pool} (guarantee "
-            f"{q.guaranteed} + borrow limit {q.borrow_limit}) and the job asks for {spec.total_gpus}"
+            f"{q.guaranteed} + borrow limit {q.borrow_limit}) and the job asks for {asked:g}"
         )
     return out
