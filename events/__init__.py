@@ -16,6 +16,7 @@ from events.fleet import (
     NodeUpdated,
 )
 from events.jobs import (
+    GpuShare,
     JobCancelled,
     JobCompleted,
     JobFailed,
@@ -31,6 +32,7 @@ from events.jobs import (
     PreemptionReason,
     PriorityClass,
     ServingReplica,
+    ShareMode,
 )
 from events.quota import BudgetAction, BudgetSet, FairShareUpdated, PoolDefined, PoolRemoved, TeamQuotaSet
 from events.streams import STREAMS, StreamSpec
@@ -62,6 +64,7 @@ __all__ = [
     "GpuIsolated",
     "GpuRestored",
     "GpuSample",
+    "GpuShare",
     "JobCancelled",
     "JobCompleted",
     "JobFailed",
@@ -93,6 +96,7 @@ __all__ = [
     "ServingReplica",
     "ServingTokensReported",
     "Severity",
+    "ShareMode",
     "StreamSpec",
     "TeamQuotaSet",
     "UnknownEventType",

@@ -14,7 +14,7 @@ from typing import Annotated
 import msgspec
 
 from events.idle import IdleModeName, Minutes, Percent
-from events.jobs import PriorityClass
+from events.jobs import MemoryMib, PriorityClass, ShareMilliAsked, ShareMode
 from events.names import (
     TEAM_MAX,
     GpuCount,
@@ -68,6 +68,12 @@ class SubmitJob(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     expected_duration_s: Seconds | None = None
     sim_duration_s: SecondsOrZero | None = None
     topology_key: Name | None = None
+    # Part of one GPU per replica instead of whole GPUs: a fraction (`gpu_milli` of 1000, optionally
+    # `gpu_memory_mib` of its memory, shared by `share_mode`), or one MIG instance (`mig_profile`)
+    gpu_milli: ShareMilliAsked | None = None
+    gpu_memory_mib: MemoryMib | None = None
+    share_mode: ShareMode | None = None
+    mig_profile: Name | None = None
     # The client's id for this request: a retry with the same one (after a timeout, a 503) is
     # applied once and answers with the same job. Without `id`, the job id is derived from it.
     request_id: Name | None = None

@@ -50,8 +50,31 @@ class ServingReplica(msgspec.Struct, frozen=True, kw_only=True):
     replica: Annotated[int, msgspec.Meta(ge=0, le=100_000)]
 
 
+class ShareMode(StrEnum):
+    """How jobs that share one GPU share it; jobs of different modes never share a GPU."""
+
+    TIME_SLICING = "time-slicing"  # the device plugin's time-slicing (no memory isolation)
+    MPS = "mps"  # CUDA MPS (an SM share and a memory limit per client)
+    MIG = "mig"  # a MIG instance: hardware partition of the GPU (`mig_profile`)
+
+
+ShareMilliAsked = Annotated[int, msgspec.Meta(ge=0, le=1000)]
+MemoryMib = Annotated[int, msgspec.Meta(ge=0, le=1 << 24)]
+
+
+class GpuShare(msgspec.Struct, frozen=True, kw_only=True):
+    """Part of one GPU per replica: a fraction (`gpu_milli` of 1000, optionally `memory_mib` of the GPU's
+    memory) shared by `mode`, or one MIG instance of `mig_profile` (mode MIG, its share from the profile)."""
+
+    gpu_milli: ShareMilliAsked = 0
+    memory_mib: MemoryMib = 0
+    mode: ShareMode = ShareMode.TIME_SLICING
+    mig_profile: Name | None = None
+
+
 class JobSpec(msgspec.Struct, frozen=True, kw_only=True):
-    """What was asked for: a gang of `replicas` x `gpus_per_replica` GPUs, all or nothing."""
+    """What was asked for: a gang of `replicas` x `gpus_per_replica` GPUs, all or nothing. With `share`,
+    each replica takes part of one GPU instead (`gpus_per_replica` is 1)."""
 
     team: Team
     gpus_per_replica: GpusPerReplica
@@ -69,6 +92,9 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True):
     cluster: Name | None = None  # run within this cluster only (None: any one cluster of the fleet)
     gpu_vendor: Name | None = None  # "nvidia" | "amd": only GPUs of this vendor (what a pod's resource asks)
     serving: ServingReplica | None = None  # a replica of a serving workload (class serving)
+
+
+    share: GpuShare | None = None  # part of one GPU per replica (a fraction or a MIG instance)
 
     @property
     def total_gpus(self) -> int:
@@ -114,7 +140,7 @@ class JobScheduled(Event, frozen=True, tag=event_type("jobs", "scheduled", 2)):
     # The pool the job was admitted in: folding never asks another stream's state for it.
     pool: str
     reason: str = ""
-    borrowed_gpus: int = 0
+    borrowed_gpus: float = 0  # GPU-equivalents with shares
 
 
 class JobStarted(Event, frozen=True, tag=event_type("jobs", "started")):
@@ -147,7 +173,7 @@ class JobResumed(Event, frozen=True, tag=event_type("jobs", "resumed", 2)):
     # The pool the job was admitted in: folding never asks another stream's state for it.
     pool: str
     reason: str = ""
-    borrowed_gpus: int = 0
+    borrowed_gpus: float = 0  # GPU-equivalents with shares
 
 
 class JobRequeued(Event, frozen=True, tag=event_type("jobs", "requeued")):

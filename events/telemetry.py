@@ -33,6 +33,14 @@ class ProcessInfo(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     container_id: str | None = None
 
 
+class PodMemory(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Device memory a pod's cgroup holds on one GPU, as the kernel's cgroup v2 `dmem` controller counts
+    it (`dmem.current`, Linux 6.14+): what the pod holds, whichever process allocated it."""
+
+    pod_uid: str
+    dmem_mib: float
+
+
 class NvLinkCounters(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """Cumulative NVLink error counters of one link (DCGM's NVLink health watch reads these).
 
@@ -138,6 +146,7 @@ class GpuSample(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     # On the wire: only links with a non-zero counter (see `compact_links`); read locally: every link.
     nvlink: list[NvLinkCounters] = []
     processes: list[ProcessInfo] = []
+    pod_memory: list[PodMemory] = []  # per pod on this GPU, where the kernel has the dmem controller
     nvlink_total: NvLinkTotals | None = None  # None: no NVLink counters known (no links, or old form)
     amd: AmdGpuHealth | None = None  # AMD GPUs only (RAS blocks, bad pages, XGMI); None on NVIDIA
 

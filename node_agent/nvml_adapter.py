@@ -21,9 +21,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from events.telemetry import GpuInfo, GpuSample, NodeSample, NvLinkCounters, ProcessInfo, RowRemapState
+from events.telemetry import GpuInfo, GpuSample, NodeSample, NvLinkCounters, PodMemory, ProcessInfo, RowRemapState
 from node_agent.detectors import DEFAULT_SLOWDOWN_TEMP_C, GpuLimits, Reading, XidEvent, pcie_replay_limit
-from node_agent.pods import pod_of_pid
+from node_agent.pods import PodRef, dmem_current, pod_of_pid
 from services.runtime.logs import get_logger
 
 log = get_logger("chamber.agent.nvml")
@@ -79,11 +79,20 @@ class NvmlSampler:
     """One node's GPUs through NVML (the `Sampler` of `node_agent.runner`)."""
 
     def __init__(
-        self, nvml: Any, *, node: str = "localhost", xid_timeout_ms: int = 500, proc_root: Path | None = Path("/proc")
+        self,
+        nvml: Any,
+        *,
+        node: str = "localhost",
+        xid_timeout_ms: int = 500,
+        proc_root: Path | None = Path("/proc"),
+        cgroup_root: Path | None = Path("/sys/fs/cgroup"),
     ) -> None:
         self.nvml = nvml
         self.node = node
         self.proc_root = proc_root  # where to read a GPU process's cgroup (None: do not attribute to pods)
+        self.cgroup_root = cgroup_root  # the cgroup v2 mount, for pods' dmem.current (None: not read)
+        self._pods: dict[str, PodRef] = {}  # pod uid -> its cgroup, as last read from a GPU process
+        self._bus: dict[int, str] = {}  # GPU index -> its PCI address as dmem regions name it ("0000:18:00.0")
         self._util_seen: dict[int, int] = {}  # per GPU index: the newest process-utilisation timestamp read
         n = nvml
         self._soft_errors = {
@@ -121,6 +130,7 @@ class NvmlSampler:
         node: str = "localhost",
         watch_xids: bool = True,
         proc_root: Path | None = Path("/proc"),
+        cgroup_root: Path | None = Path("/sys/fs/cgroup"),
     ) -> NvmlSampler:
         """Initialise NVML; raises NvmlUnavailable with a clear message when there is no driver."""
         if nvml is None:
@@ -137,7 +147,7 @@ class NvmlSampler:
                 "node (or, in a container, use the NVIDIA container runtime); to run without GPUs use "
                 "`chamber agent --simulate`."
             ) from None
-        sampler = cls(nvml, node=node, proc_root=proc_root)
+        sampler = cls(nvml, node=node, proc_root=proc_root, cgroup_root=cgroup_root)
         if watch_xids:
             sampler.start_xid_watch()
         return sampler
@@ -192,6 +202,8 @@ class NvmlSampler:
         mem = self._soft(n.nvmlDeviceGetMemoryInfo, h)
         total_mib = mem.total / MIB if mem is not None else None
         pci = self._soft(n.nvmlDeviceGetPciInfo, h)
+        if pci is not None:  # NVML says 00000000:18:00.0, the kernel's dmem regions 0000:18:00.0
+            self._bus[i] = _text(pci.busId)[-12:].lower()
         mig = self._soft(n.nvmlDeviceGetMigMode, h)
         limit_mw = self._soft(n.nvmlDeviceGetEnforcedPowerLimit, h)
         self._links[i] = self._active_links(h)
@@ -289,7 +301,8 @@ class NvmlSampler:
             else None,
             pcie_replay_count=soft(n.nvmlDeviceGetPcieReplayCounter, h),
             nvlink=[self._link_counters(h, link) for link in self._links.get(i, [])],
-            processes=self._processes(i, h),
+            processes=(procs := self._processes(i, h)),
+            pod_memory=self._pod_memory(i, procs),
         )
 
     def _link_counters(self, h: Any, link: int) -> NvLinkCounters:
@@ -312,6 +325,8 @@ class NvmlSampler:
         for p in procs:
             used = getattr(p, "usedGpuMemory", None)
             pod = pod_of_pid(int(p.pid), self.proc_root) if self.proc_root is not None else None
+            if pod is not None:
+                self._pods[pod.uid] = pod
             out.append(
                 ProcessInfo(
                     pid=int(p.pid),
@@ -324,6 +339,22 @@ class NvmlSampler:
                     container_id=pod.container_id if pod else None,
                 )
             )
+        return out
+
+    def _pod_memory(self, i: int, procs: list[ProcessInfo]) -> list[PodMemory]:
+        """Per pod with a process on GPU `i`: the device memory its cgroup holds on that GPU
+        (`dmem.current`'s regions of this GPU's PCI address), where the kernel has the dmem controller."""
+        bus = self._bus.get(i)
+        if self.cgroup_root is None or bus is None:
+            return []
+        out = []
+        for uid in sorted({p.pod_uid for p in procs if p.pod_uid}):
+            regions = dmem_current(self._pods[uid], self.cgroup_root)
+            if regions is None:
+                continue  # no dmem controller (or the pod has gone)
+            held = [b for region, b in regions.items() if _region_bus(region) == bus]
+            if held:
+                out.append(PodMemory(pod_uid=uid, dmem_mib=sum(held) / MIB))
         return out
 
     def _sm_shares(self, i: int, h: Any) -> dict[int, float]:
@@ -383,6 +414,12 @@ class NvmlSampler:
 
 def _float(v: float | int | None) -> float | None:
     return float(v) if v is not None and not (isinstance(v, float) and math.isnan(v)) else None
+
+
+def _region_bus(region: str) -> str:
+    """The PCI address in a dmem region's name ("drm/0000:18:00.0/vram0" -> "0000:18:00.0")."""
+    parts = region.split("/")
+    return parts[1].lower() if len(parts) > 2 else ""
 
 
 def _text(v: str | bytes) -> str:

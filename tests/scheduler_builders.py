@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from events import (
     Event,
     GpuInfo,
+    GpuShare,
     JobCompleted,
     JobSpec,
     JobSubmitted,
@@ -19,13 +20,23 @@ from services.scheduler.core import Cycle, CycleMark, Policy, SchedulerState, ev
 
 
 def a_node(
-    name: str, gpus: int = 8, *, cluster: str = "c1", model: str = "H100", at: float = 0.0, **labels: str
+    name: str,
+    gpus: int = 8,
+    *,
+    cluster: str = "c1",
+    model: str = "H100",
+    at: float = 0.0,
+    memory_mib: float | None = None,
+    **labels: str,
 ) -> NodeDiscovered:
     return NodeDiscovered(
         cluster=cluster,
         node=name,
         at=at,
-        gpus=[GpuInfo(index=i, uuid=f"GPU-{cluster}-{name}-{i}", model=model) for i in range(gpus)],
+        gpus=[
+            GpuInfo(index=i, uuid=f"GPU-{cluster}-{name}-{i}", model=model, memory_total_mib=memory_mib)
+            for i in range(gpus)
+        ],
         labels=labels,
     )
 
@@ -44,6 +55,7 @@ def a_job(
     model: str | None = None,
     pool: str | None = None,
     cluster: str | None = None,
+    share: GpuShare | None = None,
 ) -> JobSubmitted:
     return JobSubmitted(
         job_id=job_id,
@@ -60,6 +72,7 @@ def a_job(
             pool=pool,
             cluster=cluster,
             name=job_id,
+            share=share,
         ),
     )
 

@@ -31,7 +31,26 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("submit", help="submit a job (a gang of --replicas x --gpus GPUs); prints its id")
     add_nats_option(p)
     p.add_argument("--team", required=True)
-    p.add_argument("--gpus", type=int, required=True, help="GPUs per replica")
+    p.add_argument("--gpus", type=int, help="GPUs per replica (with a share: 1, the default)")
+    p.add_argument(
+        "--gpu-milli",
+        type=int,
+        metavar="N",
+        help="a fraction of one GPU per replica: N milli-GPU of its compute (1..1000); quotas count N/1000 GPUs",
+    )
+    p.add_argument(
+        "--gpu-memory", type=int, metavar="MIB", help="with --gpu-milli: the GPU memory each replica needs, in MiB"
+    )
+    p.add_argument(
+        "--share-mode",
+        choices=("time-slicing", "mps"),
+        help="how a fraction shares its GPU (default time-slicing); different modes never share a GPU",
+    )
+    p.add_argument(
+        "--mig-profile",
+        metavar="PROFILE",
+        help="one MIG instance per replica (e.g. 1g.10gb); quotas count its share of the GPU",
+    )
     p.add_argument("--replicas", type=int, default=1, help="replicas, placed all or nothing (default 1)")
     p.add_argument("--priority", default="normal", choices=PRIORITIES)
     p.add_argument(
@@ -97,7 +116,29 @@ def _positive(value: float | None, flag: str) -> None:
 
 
 def submit(args: argparse.Namespace) -> int:
-    if args.gpus < 1:
+    payload = submit_payload(args)
+    try:
+        result = _send(args, "scheduler", "submit", payload)
+    except UsageError as exc:
+        if args.request_id is None and "start it with" in str(exc):  # no answer: it may have been applied
+            raise UsageError(
+                f"{exc}; to retry without submitting twice: --request-id {payload['request_id']}"
+            ) from None
+        raise
+    for warning in result.get("warnings", []):
+        print(f"chamber submit: warning: {warning}", file=sys.stderr)
+    print(json.dumps({"id": result["id"]}) if args.json else result["id"])
+    if not result.get("warnings"):  # the scheduler checks the model against its fleet; older ones did not
+        warn_unknown_model(args, args.gpu_model, f"job {result['id']}")
+    return 0
+
+
+def submit_payload(args: argparse.Namespace) -> dict[str, Any]:
+    """The `submit` request `chamber submit`'s options make (UsageError for options it refuses itself)."""
+    shared = any(v is not None for v in (args.gpu_milli, args.gpu_memory, args.share_mode, args.mig_profile))
+    if args.gpus is None and not shared:
+        raise UsageError("how many GPUs per replica? pass --gpus N, or a share (--gpu-milli N, --mig-profile P)")
+    if args.gpus is not None and args.gpus < 1:
         raise UsageError(f"--gpus must be 1 or more, got {args.gpus}")
     if args.replicas < 1:
         raise UsageError(f"--replicas must be 1 or more, got {args.replicas}")
@@ -107,7 +148,7 @@ def submit(args: argparse.Namespace) -> int:
         raise UsageError(f"--sim-duration must be 0 or more, got {args.sim_duration:g}")
     payload: dict[str, Any] = {
         "team": args.team,
-        "gpus": args.gpus,
+        "gpus": args.gpus if args.gpus is not None else 1,
         "replicas": args.replicas,
         "priority": args.priority,
         "name": args.name,
@@ -123,23 +164,14 @@ def submit(args: argparse.Namespace) -> int:
         "checkpoint_interval_s": args.checkpoint_interval,
         "expected_duration_s": args.expected_duration,
         "sim_duration_s": args.sim_duration,
+        "gpu_milli": args.gpu_milli,
+        "gpu_memory_mib": args.gpu_memory,
+        "share_mode": args.share_mode,
+        "mig_profile": args.mig_profile,
     }
     payload.update({k: v for k, v in optional.items() if v is not None})
     payload["request_id"] = args.request_id or secrets.token_hex(8)
-    try:
-        result = _send(args, "scheduler", "submit", payload)
-    except UsageError as exc:
-        if args.request_id is None and "start it with" in str(exc):  # no answer: it may have been applied
-            raise UsageError(
-                f"{exc}; to retry without submitting twice: --request-id {payload['request_id']}"
-            ) from None
-        raise
-    for warning in result.get("warnings", []):
-        print(f"chamber submit: warning: {warning}", file=sys.stderr)
-    print(json.dumps({"id": result["id"]}) if args.json else result["id"])
-    if not result.get("warnings"):  # the scheduler checks the model against its fleet; older ones did not
-        warn_unknown_model(args, args.gpu_model, f"job {result['id']}")
-    return 0
+    return payload
 
 
 def cancel(args: argparse.Namespace) -> int:
@@ -195,7 +227,8 @@ def queue_text(jobs: list[dict[str, Any]]) -> str:
 
 
 def _gpus(j: dict[str, Any]) -> str:
-    return f"{j['replicas']}x{j['gpus']}" if j["replicas"] > 1 else str(j["gpus"])
+    each = j.get("share") or str(j["gpus"])  # a share: "250 milli-GPU (time-slicing)", "1g.10gb MIG instance"
+    return f"{j['replicas']}x{each}" if j["replicas"] > 1 else each
 
 
 def _queue_row(j: dict[str, Any]) -> tuple[str, ...]:

@@ -154,7 +154,7 @@ class Job:
     finished_at: float | None = None
     placements: list[Placement] = field(default_factory=list)
     reason: str = ""  # why it is where it is, from the last event that said so
-    borrowed_gpus: int = 0
+    borrowed_gpus: float = 0  # GPU-equivalents where the job shares GPUs
     preemptions: int = 0
     idle: str = ""  # the idle-reclaim flag of its current run (JobIdleDetected), "" when none
 
@@ -231,7 +231,7 @@ class Point:
 # The meaning of this core's fold, for its snapshots (services/runtime/state_codec.py): bump it when a
 # change makes a state folded by the previous release wrong for this one (a field's meaning, what an
 # event does); the first start after it folds the log from the start. Comments, logs, speed: no bump.
-STATE_VERSION = 3  # 2: held isolations are part of the read model; 3: jobs' idle flags
+STATE_VERSION = 4  # 2: held isolations are part of the read model; 3: jobs' idle flags; 4: shares' GPU-equivalents
 
 
 @dataclass

@@ -88,7 +88,7 @@ class JobView(msgspec.Struct, kw_only=True):
     finished_at: float | None
     updated_at: float
     reason: str
-    borrowed_gpus: int
+    borrowed_gpus: float  # GPU-equivalents where the job shares GPUs
     preemptions: int
     placements: list[Placement] = []
     # the idle-reclaim flag of its current run ("idle since ...: why; flagged or suspended"), if any

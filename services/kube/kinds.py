@@ -23,9 +23,11 @@ Kubernetes, and a workload mixing GPU counts is refused, since Chamber could not
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
+from services.kube.dra import DraRequest, pod_request
 from services.kube.patches import (
     USER_AFFINITY_ANNOTATION,
     Op,
@@ -36,7 +38,7 @@ from services.kube.patches import (
     saved_affinities,
     set_value,
 )
-from services.kube.resources import MAX_PODS, WorkloadError, count, pod_gpus, pod_vendor
+from services.kube.resources import MAX_PODS, ShareRequest, WorkloadError, count, pod_gpus, pod_share, pod_vendor
 
 SCHEDULING_GATE = "chamber.io/admission"
 PLACEMENT_ANNOTATION = "chamber.io/placement-override"  # TrainJob: index of the override Chamber added
@@ -108,6 +110,46 @@ class WorkloadKind:
             raise WorkloadError(f"{self.kind} mixes nvidia.com/gpu and amd.com/gpu pods; a gang runs on one vendor")
         return Demand(gpus, pods, next(iter(vendors), None))
 
+    def share(self, obj: dict[str, Any]) -> tuple[ShareRequest, int] | None:
+        """The part of one GPU each GPU pod asks for (`nvidia.com/mig-<profile>`, KAI's `gpu-fraction` /
+        `gpu-memory` annotations on the pod template), and how many such pods; None when none asks.
+        Pods asking for different shares are refused, as pods of different GPU counts are."""
+        found: dict[ShareRequest, int] = {}
+        for group in self.groups(obj):
+            if not group.pods:
+                continue
+            share = pod_share(group.spec, _annotations(obj, group.pointer), group.pointer or "spec")
+            if share is not None:
+                found[share] = found.get(share, 0) + group.pods
+        if not found:
+            return None
+        if len(found) > 1:
+            raise WorkloadError(
+                f"{self.kind} mixes pods asking for different GPU shares; Chamber places a gang of equal pods"
+            )
+        [(share, pods)] = found.items()
+        if pods > MAX_PODS:
+            raise WorkloadError(f"{self.kind} has {pods} GPU pods, more than {MAX_PODS}; check the replica counts")
+        return share, pods
+
+    def dra(
+        self, obj: dict[str, Any], templates: Mapping[str, dict[str, Any]]
+    ) -> tuple[Demand | None, tuple[ShareRequest, int] | None]:
+        """Whole GPUs or a share per pod asked through DRA claims of the NVIDIA driver (`templates`: the
+        namespace's ResourceClaimTemplates by name); pods asking differently are refused."""
+        found: dict[DraRequest, int] = {}
+        for group in self.groups(obj):
+            if group.pods and (asked := pod_request(group.spec, templates, None, group.pointer or "spec")):
+                found[asked] = found.get(asked, 0) + group.pods
+        if not found:
+            return None, None
+        if len(found) > 1:
+            raise WorkloadError(f"{self.kind} mixes pods asking for different DRA devices; a gang is of equal pods")
+        [(asked, pods)] = found.items()
+        if asked.share is not None:
+            return None, (asked.share, pods)
+        return Demand(asked.gpus, pods, "nvidia"), None
+
     def held(self, obj: dict[str, Any]) -> bool:
         return bool(resolve(obj, self.suspend_pointer or ""))
 
@@ -129,7 +171,17 @@ class WorkloadKind:
         return [] if self.held(obj) else set_value(obj, self.suspend_pointer, True)
 
     def _gpu_groups(self, obj: dict[str, Any]) -> list[PodGroup]:
-        return [g for g in self.groups(obj) if g.pointer is not None and g.pods and pod_gpus(g.spec, g.pointer)]
+        return [
+            g
+            for g in self.groups(obj)
+            if g.pointer is not None
+            and g.pods
+            and (
+                pod_gpus(g.spec, g.pointer)
+                or pod_share(g.spec, _annotations(obj, g.pointer), g.pointer)
+                or g.spec.get("resourceClaims")  # DRA devices (services/kube/dra.py)
+            )
+        ]
 
     def admit_ops(self, obj: dict[str, Any], nodes: tuple[str, ...]) -> list[Op]:
         """Pin the GPU pods to `nodes` (keeping the user's own affinity), then let it run."""
@@ -165,6 +217,14 @@ class WorkloadKind:
             else:
                 ops.append({"op": "add", "path": f"{pointer}/affinity", "value": affinity})
         return ops + annotation_ops(obj, USER_AFFINITY_ANNOTATION, None)
+
+
+def _annotations(obj: dict[str, Any], pointer: str | None) -> dict[str, str]:
+    """The annotations of the pod template whose spec sits at `pointer` (a Pod's own for `/spec`)."""
+    if pointer is None or not pointer.endswith("/spec"):
+        return {}
+    found = resolve(obj, pointer[: -len("/spec")] + "/metadata/annotations")
+    return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else {}
 
 
 def _template(obj: dict[str, Any], pointer: str, pods: int) -> PodGroup:

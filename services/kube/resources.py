@@ -118,6 +118,7 @@ class ShareRequest:
     mig_count: int = 0
     gpu_milli: int = 0
     gpu_memory_mib: int = 0
+    mode: str = ""  # how a fraction shares its GPU: "" (time-slicing) or "mps" (a DRA claim's MPS config)
 
 
 def _mig_counts(container: dict[str, Any], where: str) -> dict[str, int]:

@@ -14,12 +14,13 @@ is never submitted: `Refuse` becomes a Kubernetes Event on it saying why.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from events import Event, JobCompleted, JobFailed, JobSpec, JobSubmitted
+from events import Event, GpuShare, JobCompleted, JobFailed, JobSpec, JobSubmitted, ShareMode
 from events.codec import stable_id
 from events.commands import SubmitJob
 from events.names import NAME_MAX, InvalidName, check_event, decode_request
@@ -27,7 +28,7 @@ from services.kube.bindings import PREEMPTIBLE_LABEL as PREEMPTIBLE_LABEL
 from services.kube.bindings import PRIORITY_LABEL as PRIORITY_LABEL
 from services.kube.bindings import TEAM_LABEL as TEAM_LABEL
 from services.kube.bindings import Bindings, Claim, claim
-from services.kube.kinds import BatchJob, Observed, WorkloadKind, owned_by_workload
+from services.kube.kinds import BatchJob, Demand, Observed, WorkloadKind, owned_by_workload
 from services.kube.patches import Op, annotation_ops
 from services.kube.resources import ShareRequest, WorkloadError
 from services.scheduler.core import FINISHED, JobState, SchedulerState
@@ -101,6 +102,11 @@ def through_the_door(state: SchedulerState, spec: JobSpec, jid: str, at: float) 
         "preemptible": spec.preemptible,
         "allow_wait": True,
     }
+    if spec.share is not None:
+        share = _share_fields(state, spec.share)
+        if isinstance(share, str):
+            return f"Chamber refuses this workload: {share}"
+        request.update(share)
     try:
         event, _ = admit(state, decode_request(request, SubmitJob), jid, at)
         event = JobSubmitted(job_id=jid, at=at, spec=msgspec.structs.replace(event.spec, namespace=spec.namespace))
@@ -110,22 +116,69 @@ def through_the_door(state: SchedulerState, spec: JobSpec, jid: str, at: float) 
     return event
 
 
-def spec_of(kind: WorkloadKind, obj: dict[str, Any], cluster: str, bindings: Bindings = OPEN) -> JobSpec | str | None:
+def _share_fields(state: SchedulerState, share: GpuShare) -> dict[str, Any] | str:
+    """A pod's share as `chamber submit` options. A `gpu-memory` fraction counts as the share of the
+    smallest GPU memory in the fleet it asks for, rounded up (so it fits wherever it is placed)."""
+    if share.mig_profile:
+        return {"mig_profile": share.mig_profile}
+    milli = share.gpu_milli
+    if not milli:
+        memories = [m for n in state.nodes.values() for m in n.gpu_memory.values()]
+        if not memories:
+            return "gpu-memory: the fleet's GPU memory is not known yet; ask with gpu-fraction instead"
+        if share.memory_mib > min(memories):
+            return f"gpu-memory: {share.memory_mib} MiB is more than the smallest GPU's {min(memories)} MiB"
+        milli = -(-1000 * share.memory_mib // min(memories))
+    fields: dict[str, Any] = {"gpu_milli": milli, "share_mode": share.mode.value}
+    if share.memory_mib:
+        fields["gpu_memory_mib"] = share.memory_mib
+    return fields
+
+
+def _spec_share(share: ShareRequest) -> GpuShare | str:
+    """A pod's parsed share (services.kube.resources.pod_share) as the job's per-replica share."""
+    if share.mig_profile:
+        if share.mig_count != 1:
+            return f"nvidia.com/mig-{share.mig_profile}: {share.mig_count} instances in one pod; a pod takes one"
+        return GpuShare(mode=ShareMode.MIG, mig_profile=share.mig_profile)
+    mode = ShareMode.MPS if share.mode == "mps" else ShareMode.TIME_SLICING
+    return GpuShare(gpu_milli=share.gpu_milli, memory_mib=share.gpu_memory_mib, mode=mode)
+
+
+def spec_of(
+    kind: WorkloadKind,
+    obj: dict[str, Any],
+    cluster: str,
+    bindings: Bindings = OPEN,
+    templates: Mapping[str, Mapping[str, dict[str, Any]]] | None = None,
+) -> JobSpec | str | None:
     """The Chamber job a workload asks for; a refusal (why, and the fix); None if it is not Chamber's or
-    asks no GPU."""
+    asks no GPU. `templates` (namespace -> name -> ResourceClaimTemplate) lets pods ask through DRA
+    claims of the NVIDIA driver (services/kube/dra.py)."""
     meta = obj.get("metadata") or {}
     claimed = claim(meta.get("labels") or {}, meta.get("namespace") or "", bindings)
     if not isinstance(claimed, Claim):
         return claimed
     try:
         demand = kind.demand(obj)
+        shared = kind.share(obj)
+        if demand is None and shared is None and templates is not None:
+            demand, shared = kind.dra(obj, templates.get(str(meta.get("namespace") or ""), {}))
     except WorkloadError as exc:
         return str(exc)
+    if demand is not None and shared is not None:
+        return f"{kind.kind} mixes whole-GPU pods and pods asking for part of a GPU; a gang is of equal pods"
+    share = None if shared is None else _spec_share(shared[0])
+    if isinstance(share, str):
+        return share
+    if demand is None and shared is not None:
+        demand = Demand(1, shared[1], "nvidia")
     if demand is None:
         return None
     if (why := kind.check(obj)) is not None:
         return why
     return JobSpec(
+        share=share,
         team=claimed.team,
         gpus_per_replica=demand.gpus_per_pod,
         replicas=demand.pods,
@@ -144,9 +197,10 @@ def reconcile(
     cluster: str,
     now: float,
     bindings: Bindings = OPEN,
+    templates: Mapping[str, Mapping[str, dict[str, Any]]] | None = None,
 ) -> tuple[list[tuple[Event, str]], list[Action]]:
     """Compare the scheduler's decisions with the cluster's workloads: events to record, patches to make.
-    Plain dicts are batch Jobs."""
+    Plain dicts are batch Jobs. `templates`: the ResourceClaimTemplates per namespace (DRA requests)."""
     items = [Observed(*o) if isinstance(o, tuple) else Observed(BatchJob(), o) for o in observed]
     events: list[tuple[Event, str]] = []
     actions: list[Action] = []
@@ -162,7 +216,7 @@ def reconcile(
         done = kind.finished(obj)
         if known is None:
             if held and done is None:
-                spec = spec_of(kind, obj, cluster, bindings)
+                spec = spec_of(kind, obj, cluster, bindings, templates)
                 submit = through_the_door(state, spec, jid, now) if isinstance(spec, JobSpec) else spec
                 if isinstance(submit, str):
                     actions.append(Refuse(ns, name, kind.kind, uid, submit))

@@ -18,11 +18,13 @@ from events import (
     GpuFaultDetected,
     GpuIsolated,
     GpuRestored,
+    GpuShare,
     JobCancelled,
     NodeIsolated,
     NodeRestored,
     PoolDefined,
     Severity,
+    ShareMode,
 )
 from events.fabric import CulpritKind, JobSlowdownCleared, JobSlowdownDetected
 from services.billing import core as billing
@@ -45,6 +47,12 @@ from tests.conformance.harness import (
 from tests.scheduler_builders import a_job, a_node, a_quota, done
 
 TEAMS = ["a", "b", "c"]
+SHARES = [
+    GpuShare(gpu_milli=250),
+    GpuShare(gpu_milli=500, memory_mib=20480, mode=ShareMode.MPS),
+    GpuShare(mode=ShareMode.MIG, mig_profile="1g.10gb"),
+    GpuShare(mode=ShareMode.MIG, mig_profile="3g.40gb"),
+]
 _codec = scheduler_service.snapshot_codec()
 
 
@@ -95,7 +103,7 @@ def fleet_logs(draw: st.DrawFn, links: bool = False) -> tuple[list[Event], float
     # A seeded walk rather than a drawn list: long logs with many decisions, still reproducible.
     rng = random.Random(draw(st.integers(0, 2**32)))
     kinds = ["submit"] * 6 + ["cycle"] * 5 + ["quota", "pool", "complete", "complete", "cancel"]
-    kinds += ["isolate", "restore", "bad_gpu", "good_gpu"]
+    kinds += ["isolate", "restore", "bad_gpu", "good_gpu", "share"]
     if links:
         kinds += ["nic_fault", "slow", "recovered"]  # link health (scheduler/core/links.py)
     actions: list[tuple[Any, ...]] = []
@@ -103,6 +111,8 @@ def fleet_logs(draw: st.DrawFn, links: bool = False) -> tuple[list[Event], float
         kind = rng.choice(kinds)
         if kind == "submit":
             actions.append((kind, rng.choice(TEAMS), rng.choice([1, 2, 4]), rng.random() < 0.3))
+        elif kind == "share":  # part of a GPU per replica: fractions of two modes, MIG instances
+            actions.append((kind, rng.choice(TEAMS), rng.randrange(len(SHARES)), rng.choice([1, 3])))
         elif kind == "quota":
             actions.append((kind, rng.choice(TEAMS), rng.randint(0, 8)))
         elif kind == "pool":
@@ -118,6 +128,10 @@ def fleet_logs(draw: st.DrawFn, links: bool = False) -> tuple[list[Event], float
         if kind == "submit":
             _, team, gpus, high = action
             happen(a_job(f"j{submitted}", team=team, gpus=gpus, at=now, priority="high" if high else "normal"))
+            submitted += 1
+        elif kind == "share":
+            _, team, which, replicas = action
+            happen(a_job(f"j{submitted}", team=team, gpus=1, replicas=replicas, at=now, share=SHARES[which]))
             submitted += 1
         elif kind == "cycle":
             happen(*(e for e, _ in _scheduler_decide(state, now)))

@@ -108,6 +108,7 @@ async def test_submit_schedule_explain_cancel_and_a_restart_rebuilds_the_same_st
         "team",
         "priority",
         "gpus",
+        "share",  # part of a GPU per replica (None: whole GPUs)
         "replicas",
         "state",
         "reason",
@@ -149,6 +150,14 @@ async def test_submit_schedule_explain_cancel_and_a_restart_rebuilds_the_same_st
     assert len(watched.of(JobScheduled, "train-1")) == 1 and len(watched.of(JobScheduled, "wait-1")) == 1
     with pytest.raises(CommandRefused, match="already cancelled"):
         await request(nc, "scheduler", "cancel", {"job": "train-1"})
+
+    # part of a GPU: the submit's share reaches the cycle, the placement and explain
+    await request(nc, "scheduler", "submit", {"team": "vision", "gpu_milli": 250, "share_mode": "mps", "id": "frac-1"})
+    await eventually(lambda: bool(watched.of(JobScheduled, "frac-1")))
+    [part] = watched.of(JobScheduled, "frac-1")[0].placements
+    assert part.share_milli == 250 and part.gpu_indices[0] in (2, 3)
+    explained = await request(nc, "scheduler", "explain", {"job": "frac-1"})
+    assert "250 milli-GPU" in explained["text"] and explained["shares"][0]["share_milli"] == 250
     await sched.close()
 
 

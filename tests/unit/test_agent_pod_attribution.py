@@ -65,3 +65,25 @@ def test_processes_carry_their_pod_mig_instance_and_sm_share(tmp_path: Path) -> 
     g0.sm_samples.append((4242, 3_000, 12))
     [again] = sampler.read("c1", 1, 10.0, 10.0).sample.gpus[0].processes
     assert again.sm_util_pct == 12.0
+
+
+def test_samples_carry_each_pods_device_memory_from_dmem_current(tmp_path: Path) -> None:
+    """A recorded cgroupfs tree: the pod's dmem.current names two GPUs' regions; each GPU's sample carries
+    what the pod holds on that GPU (its PCI address), and nothing where the kernel has no dmem."""
+    fake = FakeNvml(gpus=2)
+    g0, g1 = fake.gpus
+    g1.processes = [(4242, 1024 * MIB, "train")]
+    proc = recorded_proc(tmp_path / "proc")
+    pod = pod_of_cgroup(SYSTEMD)
+    assert pod is not None
+    cgroups = tmp_path / "cgroup"
+    without = NvmlSampler.open(fake, node="n1", watch_xids=False, proc_root=proc, cgroup_root=cgroups)
+    assert [g.pod_memory for g in without.read("c1", 0, 0.0, 10.0).sample.gpus] == [[], []]
+    folder = cgroups / pod.cgroup.lstrip("/")
+    folder.mkdir(parents=True)
+    bus0, bus1 = (g.bus_id[-12:].lower() for g in (g0, g1))
+    (folder / "dmem.current").write_text(f"drm/{bus0}/vram0 {3 * 1024 * MIB}\ndrm/{bus1}/vram0 {5 * 1024 * MIB}\n")
+    sampler = NvmlSampler.open(fake, node="n1", watch_xids=False, proc_root=proc, cgroup_root=cgroups)
+    gpus = sampler.read("c1", 0, 0.0, 10.0).sample.gpus
+    assert [(m.pod_uid, m.dmem_mib) for m in gpus[0].pod_memory] == [(UID, 3 * 1024)]
+    assert [(m.pod_uid, m.dmem_mib) for m in gpus[1].pod_memory] == [(UID, 5 * 1024)]

@@ -52,9 +52,9 @@ def free_by(work: Work, job: Job, horizon: float) -> float | None:
     return None if found is None else found[0]
 
 
-def _enough(work: Work, job: Job, ends: Iterable[tuple[float, int]]) -> tuple[float, int] | None:
+def _enough(work: Work, job: Job, ends: Iterable[tuple[float, float]]) -> tuple[float, float] | None:
     """The first of the (sorted) ends by which enough GPUs are free for `job`, and the GPUs left over."""
-    free = work.cap.free_in(work.classes(job))
+    free: float = work.cap.free_in(work.classes(job))
     for end, gpus in ends:
         free += gpus
         if free >= job.gpus:
@@ -62,7 +62,7 @@ def _enough(work: Work, job: Job, ends: Iterable[tuple[float, int]]) -> tuple[fl
     return None
 
 
-def _ends(work: Work, pool: str) -> Iterator[tuple[float, int]]:
+def _ends(work: Work, pool: str) -> Iterator[tuple[float, float]]:
     """(estimated end, GPUs) of the pool's running work with runtime estimates, sorted (an end
     already past counts as now), read only as far as the caller goes: the state keeps the ends of
     what ran before this cycle sorted, so only the overdue ones (all "now") and this cycle's
@@ -90,7 +90,7 @@ def drain(work: Work, job: Job, keep: int | None = None) -> Drain | None:
     for nid in [keep] if keep is not None else range(len(slots)):
         slot = slots[nid]
         if slot.cls in classes and slot.usable and slot.total >= job.gpus:
-            at = (_node_ready(work, nid, job.gpus), nid)
+            at = (_node_ready(work, nid, job.spec.total_gpus), nid)
             best = at if best is None or at < best else best
     if best is None or best[0] == math.inf:  # a node whose work never ends is not worth holding
         return None if keep is None else drain(work, job)

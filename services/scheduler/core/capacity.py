@@ -13,9 +13,12 @@ works on the live index and rolls everything back at its end (KAI's Statement, a
 from __future__ import annotations
 
 from bisect import bisect_left, insort
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 ClassKey = tuple[str, str, str]  # pool, cluster, gpu model
+# A journal entry: (node id, GPU indices, taken), or an undo of a change outside the index (GPU shares).
+Entry = tuple[int, list[int], bool] | Callable[[], None]
 
 
 @dataclass
@@ -41,7 +44,7 @@ class Capacity:
         self.dom_free: dict[tuple[int, str], int] = {}
         self.class_domains: list[set[str]] = []
         self.max_gpus = 0  # GPUs of the largest node: buckets go 1..max_gpus
-        self._journal: list[tuple[int, list[int], bool]] | None = None
+        self._journal: list[Entry] | None = None
         # Derived, per class: (free GPUs, domain) of the domains with any free, sorted, so a gang
         # finds the emptiest-but-sufficient domains without a scan of them all. Not pickled: rebuilt.
         self.dom_order: list[list[tuple[int, str]]] = []
@@ -158,6 +161,12 @@ class Capacity:
         if self._journal is not None:
             self._journal.append((nid, list(indices), False))
 
+    def undo(self, action: Callable[[], None]) -> None:
+        """Journal the undo of a change made beside the index (a GPU share taken or given, shares.py),
+        so `rollback` undoes it in order with the index's own changes. Nothing to keep outside a journal."""
+        if self._journal is not None:
+            self._journal.append(action)
+
     def begin(self) -> int:
         if self._journal is None:
             self._journal = []
@@ -171,7 +180,11 @@ class Capacity:
         journal = self._journal
         assert journal is not None
         while len(journal) > mark:
-            nid, indices, taken = journal.pop()
+            entry = journal.pop()
+            if not isinstance(entry, tuple):
+                entry()
+                continue
+            nid, indices, taken = entry
             slot = self.slots[nid]
             self._unbucket(nid)
             if taken:

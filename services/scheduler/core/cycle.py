@@ -25,8 +25,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from operator import attrgetter
 
-from events import PreemptionReason, PriorityClass
-from services.scheduler.core import backfill, idle, placement, preemption, quota
+from events import JobSpec, PreemptionReason, PriorityClass
+from services.scheduler.core import backfill, idle, placement, preemption, quota, shares
 from services.scheduler.core.budget import held as budget_held
 from services.scheduler.core.decisions import Admit, Cycle, CycleMark, Decision, Preempt, Requeue, Reservation
 from services.scheduler.core.degraded import only_degraded, out_of_service, stay_note
@@ -94,6 +94,7 @@ def _turns(ctx: CycleContext, keys: Iterable[QueueKey]) -> None:
             spec.gpus_per_replica,
             spec.replicas,
             spec.preemptible,
+            spec.share,
         )
         if idle_reclaim and (idle_hold := idle.held(ctx.state, job)) is not None:
             waiting[key[3]] = idle_hold  # before the shape's answer: it is this job's own
@@ -301,7 +302,7 @@ def _move_or_stay(ctx: CycleContext, job: Job, out: list[str], faults: tuple[str
     ctx.decisions.append(Requeue(job.id, f"moved off degraded hardware ({causes})", node, job.generation, faults))
     borrowed = quota.borrowed(work, job)
     placements = work.admit(job, spot)
-    why = f"moved from {was} (degraded: {causes}) to {work.describe(spot)}"
+    why = f"moved from {was} (degraded: {causes}) to {work.describe(spot, job)}"
     ctx.decisions.append(Admit(job.id, job.spec.team, placements, borrowed, why, True, job.generation + 1, job.pool))
 
 
@@ -389,7 +390,7 @@ def phase3_admit(ctx: CycleContext, c: Candidate) -> bool:
         work.release(v)
     spot = placement.place(work, job)
     assert spot is not None, "select_victims promised a fit"
-    why = f"placed on {work.describe(spot)} after preempting {names}"
+    why = f"placed on {work.describe(spot, job)} after preempting {names}"
     if moved := _moved_because(ctx, job):  # it ran elsewhere before: say from where and why it moved
         why += f"; moved here: {moved}"
     if job.id in work.link_notes:
@@ -421,7 +422,7 @@ def _moved_because(ctx: CycleContext, job: Job) -> str | None:
 def _placed_why(ctx: CycleContext, c: Candidate, spot: Spot) -> str:
     """The reason an admission on free GPUs gives (measured before the admission counts the job)."""
     work, job, res = ctx.work, c.job, c.res
-    why = f"placed on {work.describe(spot)}"
+    why = f"placed on {work.describe(spot, job)}"
     if moved := _moved_because(ctx, job):  # it ran elsewhere before: say from where and why it moved
         why += f"; moved here: {moved}"
     if job.id in work.link_notes:
@@ -538,7 +539,7 @@ def _capacity_wait(ctx: CycleContext, c: Candidate, guard: str) -> Wait | None:
     why = (
         c.block.text
         if c.block is not None
-        else f"waiting for capacity: needs {spec.replicas}x{spec.gpus_per_replica} GPUs{model} "
+        else f"waiting for capacity: needs {spec.replicas}x{_asked(spec)}{model} "
         f"in pool {job.pool}; {work.cap.free_in(classes)} free, at most {work.cap.max_free(classes)} on one node"
     )
     if spec.gpus_per_replica > work.cap.max_gpus:
@@ -557,6 +558,11 @@ def _capacity_wait(ctx: CycleContext, c: Candidate, guard: str) -> Wait | None:
             ctx.waiting[job.id] = guard + why
             return None
     return Wait(kind, why)
+
+
+def _asked(spec: JobSpec) -> str:
+    """`2 GPUs` / `a 1g.10gb MIG instance` / `250 milli-GPU (mps)`: what one replica asks for."""
+    return f"{spec.gpus_per_replica} GPUs" if spec.share is None else shares.describe(spec.share)
 
 
 def _not_worth(work: Work, job: Job, victims: list[tuple[Job, PreemptionReason]], worth: float) -> str | None:

@@ -23,7 +23,7 @@ class Admit:
     job_id: str
     team: str
     placements: tuple[Placement, ...]
-    borrowed_gpus: int
+    borrowed_gpus: float
     reason: str
     resume: bool  # the job ran before (suspended or requeued): it resumes from its checkpoint
     generation: int
@@ -59,9 +59,9 @@ class Reservation:
 
     job_id: str
     key: tuple[int, float, float, str]
-    gpus: int
+    gpus: float
     shadow_at: float  # estimated time enough GPUs are free for it
-    extra_gpus: int  # GPUs free at shadow time beyond what it needs: later jobs may use them
+    extra_gpus: float  # GPUs free at shadow time beyond what it needs: later jobs may use them
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ isolation whose faults are not (yet) known counts as failing, the behaviour befo
 
 from __future__ import annotations
 
-from services.scheduler.core.state import Job, SchedulerState
+from services.scheduler.core.state import Job, SchedulerState, holds
 
 
 def only_degraded(state: SchedulerState, job: Job) -> bool:
@@ -30,7 +30,7 @@ def only_degraded(state: SchedulerState, job: Job) -> bool:
                 return False
             found = True
         for i in p.gpu_indices:
-            if i not in node.gpus or node.owners.get(i) != job.id:
+            if i not in node.gpus or not holds(node, i, job.id):  # whole, or a share of it
                 return False
             if i in node.bad_gpus:
                 faults = node.gpu_out.get(i, ("", ()))[1]

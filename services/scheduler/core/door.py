@@ -14,10 +14,12 @@ from __future__ import annotations
 import difflib
 
 from events.commands import SubmitJob
-from events.jobs import JobSpec, JobSubmitted, PriorityClass
+from events.jobs import GpuShare, JobSpec, JobSubmitted, PriorityClass, ShareMode
 from events.names import InvalidName, check_event
 from services.pools import DEFAULT_POOL, job_pool, node_pool
+from services.scheduler.core.mig import MIG_MODELS, mig_model
 from services.scheduler.core.quota import critical_block
+from services.scheduler.core.shares import equivalents, mig_models_with
 from services.scheduler.core.state import SchedulerState
 
 
@@ -44,6 +46,15 @@ def submitted(state: SchedulerState, req: SubmitJob, job_id: str, at: float) -> 
     if req.gpus is not None and req.gpus_per_replica is not None and req.gpus != req.gpus_per_replica:
         raise InvalidName("gpus and gpus_per_replica differ; give one of them", field="gpus")
     gpus = req.gpus if req.gpus is not None else req.gpus_per_replica
+    share = _share(req)
+    if share is not None:
+        if gpus not in (None, 1):
+            raise InvalidName(
+                f"a GPU share is part of one GPU per replica, and the request asks for {gpus} GPUs per replica; "
+                "give --replicas N for more shares (or whole GPUs without a share)",
+                field="gpus",
+            )
+        gpus = 1
     if gpus is None:
         raise InvalidName("how many GPUs per replica? pass --gpus N (N >= 1)", field="gpus")
     if job_id in state.jobs:
@@ -79,10 +90,45 @@ def submitted(state: SchedulerState, req: SubmitJob, job_id: str, at: float) -> 
         expected_duration_s=req.expected_duration_s,
         sim_duration_s=req.sim_duration_s,
         topology_key=req.topology_key,
+        share=share,
     )
     event = JobSubmitted(job_id=job_id, at=at, spec=spec)
     check_event(event)
     return event
+
+
+def _share(req: SubmitJob) -> GpuShare | None:
+    """The part of one GPU a request asks per replica (None: whole GPUs); InvalidName when it mixes
+    a MIG instance with a fraction, or names a profile no GPU model has."""
+    fraction = req.gpu_milli is not None or req.gpu_memory_mib is not None or req.share_mode is not None
+    if req.mig_profile:
+        if fraction:
+            raise InvalidName(
+                "a MIG instance and a GPU fraction both asked for; give --mig-profile alone, or the fraction",
+                field="mig_profile",
+            )
+        having = mig_models_with(req.mig_profile)
+        if not having:
+            known = sorted({p for m in MIG_MODELS.values() for p in m.profiles})
+            close = difflib.get_close_matches(req.mig_profile, known, n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise InvalidName(f"no GPU model has MIG profile {req.mig_profile!r}{hint}", field="mig_profile")
+        return GpuShare(mode=ShareMode.MIG, mig_profile=req.mig_profile)
+    if not fraction:
+        return None
+    if req.share_mode == ShareMode.MIG:
+        raise InvalidName("share mode mig needs --mig-profile (the instance's profile)", field="share_mode")
+    if not req.gpu_milli:
+        raise InvalidName(
+            "a GPU fraction needs --gpu-milli N (1..1000: the share of the GPU's compute its quota counts); "
+            "--gpu-memory only adds a memory limit",
+            field="gpu_milli",
+        )
+    return GpuShare(
+        gpu_milli=req.gpu_milli,
+        memory_mib=req.gpu_memory_mib or 0,
+        mode=req.share_mode or ShareMode.TIME_SLICING,
+    )
 
 
 def _check_pool(state: SchedulerState, pool: str) -> None:
@@ -116,22 +162,29 @@ def cannot_run(state: SchedulerState, spec: JobSpec) -> list[str]:
             out.append(f"no GPU in the fleet is a {spec.gpu_model!r} (it has {have}){hint}")
             return out
         nodes = [n for n in nodes if n.model.lower() == spec.gpu_model.lower()]
+    if spec.share is not None and spec.share.mig_profile:
+        profile = spec.share.mig_profile
+        nodes = [n for n in nodes if (t := mig_model(n.model)) is not None and profile in t.profiles]
+        if not nodes:
+            out.append(f"no GPU in the fleet{' of that model' if spec.gpu_model else ''} has MIG profile {profile}")
+            return out
     pool = job_pool(spec, state.team_pools)
     in_pool = [n for n in nodes if node_pool(state.pools, n.model, n.labels) == pool]
     total = sum(len(n.gpus) for n in in_pool)
     largest = max((len(n.gpus) for n in in_pool), default=0)
     where = f"pool {pool}" + (f" ({spec.gpu_model})" if spec.gpu_model else "")
-    if spec.total_gpus > total:
-        out.append(f"the job asks for {spec.total_gpus} GPUs and {where} has {total} installed")
+    asked = spec.total_gpus if spec.share is None else equivalents(spec)  # shares: GPU-equivalents
+    if asked > total:
+        out.append(f"the job asks for {asked:g} GPUs and {where} has {total} installed")
     if spec.gpus_per_replica > largest:
         out.append(
             f"each replica asks for {spec.gpus_per_replica} GPUs on one node and the largest node of {where} has "
             f"{largest} (split it into more replicas)"
         )
     q = state.quotas.get((pool, spec.team))
-    if q is not None and q.borrow_limit is not None and spec.total_gpus > q.guaranteed + q.borrow_limit:
+    if q is not None and q.borrow_limit is not None and asked > q.guaranteed + q.borrow_limit:
         out.append(
             f"team {spec.team} may hold at most {q.guaranteed + q.borrow_limit} GPUs in pool {pool} (guarantee "
-            f"{q.guaranteed} + borrow limit {q.borrow_limit}) and the job asks for {spec.total_gpus}"
+            f"{q.guaranteed} + borrow limit {q.borrow_limit}) and the job asks for {asked:g}"
         )
     return out

@@ -5,12 +5,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from events import Event, JobCancelled, JobCompleted, JobFailed, JobSubmitted
+from events import Event, JobCancelled, JobCompleted, JobFailed, JobSpec, JobSubmitted
 from services.scheduler.core.budget import note as budget_note
 from services.scheduler.core.degraded import only_degraded, out_of_service, stay_note
 from services.scheduler.core.door import cannot_run
 from services.scheduler.core.idle import flag as idle_flag
 from services.scheduler.core.policy import CHAMBER, ORDERINGS, Policy, QueueKey, by_multifactor_priority, sorted_queue
+from services.scheduler.core.shares import describe as describe_share
 from services.scheduler.core.state import FINISHED, QUEUED, Job, JobState, SchedulerState
 from services.timefmt import iso, when
 
@@ -20,6 +21,36 @@ def _placement(job: Job) -> dict[str, list[int]]:
     for p in job.placements:
         out.setdefault(p.node, []).extend(p.gpu_indices)
     return out
+
+
+def _ask(spec: JobSpec) -> str:
+    """`2x8 GPUs of H100-80GB` / `4x250 milli-GPU (mps) of ...`: what the job asks for."""
+    each = f"{spec.gpus_per_replica} GPUs" if spec.share is None else describe_share(spec.share)
+    return f"{spec.replicas}x{each}" + (f" of {spec.gpu_model}" if spec.gpu_model else "")
+
+
+def _shares(job: Job) -> list[dict[str, Any]]:
+    """The part of each GPU a job sharing GPUs holds (empty for whole GPUs)."""
+    if job.spec.share is None:
+        return []
+    return [
+        {"node": p.node, "gpu": i, "share_milli": p.share_milli, "mig_profile": p.mig_profile, "mig_start": p.mig_start}
+        for p in job.placements
+        for i in p.gpu_indices
+    ]
+
+
+def _where(job: Job) -> str:
+    """`n1[0,1]`, and for shares `n1[0] 250 milli-GPU` / `n1[0] 1g.10gb@2` per placement."""
+    out = []
+    for p in job.placements:
+        text = f"{p.node}[{','.join(map(str, p.gpu_indices))}]"
+        if p.mig_profile:
+            text += f" {p.mig_profile} at slice {p.mig_start}"
+        elif job.spec.share is not None:
+            text += f" {p.share_milli} milli-GPU"
+        out.append(text)
+    return ", ".join(out)
 
 
 def _reason(job: Job, waiting: Mapping[str, str], impossible: list[str] | None = None) -> str:
@@ -116,6 +147,7 @@ def queue_rows(
             "team": j.spec.team,
             "priority": j.spec.priority.value,
             "gpus": j.spec.gpus_per_replica,
+            "share": None if j.spec.share is None else describe_share(j.spec.share),  # part of a GPU per replica
             "replicas": j.spec.replicas,
             "state": j.state.value,
             "reason": _reason(j, waiting, impossible.get(j.id)),
@@ -152,7 +184,7 @@ def explain(
             "protected": now is not None and now >= protected_at,
         }
     spec = job.spec
-    ask = f"{spec.replicas}x{spec.gpus_per_replica} GPUs" + (f" of {spec.gpu_model}" if spec.gpu_model else "")
+    ask = _ask(spec)
     head = f"job {job.id} ({spec.name or 'unnamed'}, team {spec.team}, {spec.priority.value} priority, {ask}"
     head += f", pool {job.pool})"
     impossible = _impossible(state, [job]).get(job.id)
@@ -177,6 +209,7 @@ def explain(
         "reason": _reason(job, waiting),
         "cannot_run": impossible or [],
         "placement": _placement(job),
+        "shares": _shares(job),
         "preempted_by": job.preempted_by,
         "preempt_reason": job.preempt_reason,
         "preemptions": job.preemptions,
@@ -185,9 +218,12 @@ def explain(
 
 
 def _running_text(state: SchedulerState, job: Job, head: str) -> str:
-    where = ", ".join(f"{p.node}[{','.join(map(str, p.gpu_indices))}]" for p in job.placements)
+    plain = ", ".join(f"{p.node}[{','.join(map(str, p.gpu_indices))}]" for p in job.placements)
+    where = _where(job)
     # the reason starts with where it was placed, which the sentence has just said
-    reason = job.reason.removeprefix(f"placed on {where}").lstrip(" ,;")
+    reason = job.reason.removeprefix(f"placed on {plain}").lstrip(" ,;")
+    if job.spec.share is not None and reason.startswith("("):  # the share, which `where` has said too
+        reason = reason.partition(")")[2].lstrip(" ,;")
     text = f"{head} is running on {where}" + (f": {reason}" if reason else "")
     if job.id in state.displaced and only_degraded(state, job):  # the cycle leaves it there (cycle.py)
         text += f"; {stay_note(job, out_of_service(state, job)[0], at_least=True)}"
@@ -202,8 +238,8 @@ def _running_text(state: SchedulerState, job: Job, head: str) -> str:
     return text
 
 
-def _gpus(n: int) -> str:
-    return f"{n} GPU" if n == 1 else f"{n} GPUs"
+def _gpus(n: float) -> str:
+    return f"{n:g} GPU" if n == 1 else f"{n:g} GPUs"
 
 
 def _queued_text(
@@ -241,7 +277,7 @@ def explain_finished(job_id: str, submitted: Event, ended: Event) -> dict[str, A
     head = f"job {job_id}"
     if isinstance(submitted, JobSubmitted):
         spec = submitted.spec
-        ask = f"{spec.replicas}x{spec.gpus_per_replica} GPUs" + (f" of {spec.gpu_model}" if spec.gpu_model else "")
+        ask = _ask(spec)
         head += f" ({spec.name or 'unnamed'}, team {spec.team}, {spec.priority.value} priority, {ask})"
     state, why = _ending(ended)
     text = f"{head} is {state}: {why} (from the log: finished jobs leave the scheduler's memory as they finish)"

@@ -8,7 +8,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable, Iterator
 
-from services.scheduler.core import backfill, quota
+from services.scheduler.core import backfill, quota, shares
 from services.scheduler.core.state import Job
 from services.scheduler.core.topology import fewest_domains
 from services.scheduler.core.work import Spot, Usage, Work
@@ -18,6 +18,8 @@ def could_fit(work: Work, job: Job) -> bool:
     """A cheap test from the index's counters, before the real placement."""
     cap = work.cap
     classes = work.classes(job)
+    if job.spec.share is not None:
+        return True  # room on a shared GPU is not in the counters: shares.place looks
     n = job.gpus
     if cap.free_in(classes) < n:
         return False
@@ -29,11 +31,12 @@ def could_fit(work: Work, job: Job) -> bool:
 def place(work: Work, job: Job) -> Spot | None:
     """`_place`, keeping off the node its pool holds for a protected whole-node job (`Drain`),
     unless the job may start there (backfill.held_from)."""
+    found = shares.place if job.spec.share is not None else _place
     held = backfill.held_from(work, job) if work.drains else None
     if held is None or not work.cap.slots[held].free:
-        return _place(work, job)
+        return found(work, job)
     hidden = work.cap.take(held, len(work.cap.slots[held].free))  # journaled: given back below
-    spot = _place(work, job)
+    spot = found(work, job)
     work.cap.give(held, hidden)
     return spot
 
@@ -156,7 +159,7 @@ def _fill_by_label(work: Work, job: Job, clusters: dict[str, list[int]], key: st
                 if spot is not None:
                     return spot
         # No one domain has room: the fewest domains that do (fewest leaf switches crossed).
-        spread = fewest_domains(groups, job.gpus)
+        spread = fewest_domains(groups, job.spec.total_gpus)
         if spread is not None and (spot := cap.fill(cls, per, replicas, only=spread)) is not None:
             return spot
     return None

@@ -104,7 +104,7 @@ def select(work: Work, job: Job) -> Victims | None:
     # Bounds first, from counters: even with every eligible GPU freed, would quota and free
     # GPUs allow the job? Most hopeless searches end here without looking at a single job.
     usage = dict(work.usage)
-    freeable = 0
+    freeable: float = 0
     for (p, t, r), gpus in work.preemptible.items():
         if (
             p == pool
@@ -114,7 +114,10 @@ def select(work: Work, job: Job) -> Victims | None:
         ):
             usage[(p, t)] = usage.get((p, t), 0) - gpus
             freeable += gpus
-    if quota.block(work, job, usage) is not None or cap.free_in(list(classes)) + freeable < job.gpus:
+    if quota.block(work, job, usage) is not None:
+        return None
+    # With GPUs shared, preempting x GPU-equivalents may free more whole GPUs than x: no bound from counts.
+    if not work.s.shared_nodes and cap.free_in(list(classes)) + freeable < job.gpus:
         return None
     gone, fresh = work.gone, work.fresh
     candidates = (
@@ -224,7 +227,7 @@ class _Reasons:
         self.work, self.job, self.reclaim = work, job, reclaim
         self.known: dict[tuple[str, int, bool], PreemptionReason | None] = {}
 
-    def __call__(self, victim: Job, held: int) -> PreemptionReason | None:
+    def __call__(self, victim: Job, held: float) -> PreemptionReason | None:
         job, vt = self.job, victim.spec.team
         key = (vt, victim.spec.priority.rank, held > self.work.guarantee(job.pool, vt))
         if key in self.known:
@@ -278,8 +281,7 @@ def _fits_without(work: Work, job: Job, chosen: Victims, usage: Usage) -> bool:
         return False
     mark = work.cap.mark()
     for v, _ in chosen:
-        for nid, gpus in work.held(v):
-            work.cap.give(nid, gpus)
+        work.give_back(v)  # whole GPUs and shares (a share frees room only where it is)
     ok = placement.fits(work, job, local)
     work.cap.rollback(mark)
     return ok

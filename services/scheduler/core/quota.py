@@ -47,7 +47,7 @@ def borrowing(work: Work, pool: str, team: str, usage: Usage | None = None) -> b
     return work.borrowing(pool, team, usage)
 
 
-def smallest_waiting(work: Work, pool: str, team: str, rank: int = LOWEST_RANK) -> int | None:
+def smallest_waiting(work: Work, pool: str, team: str, rank: int = LOWEST_RANK) -> float | None:
     """GPUs of the team's smallest queued job in the pool at priority `rank` or more urgent, or None."""
     return work.smallest_waiting(pool, team, rank)
 
@@ -97,7 +97,7 @@ def room_block(work: Work, job: Job, usage: Usage | None = None) -> Wait | None:
     usage = work.usage if usage is None else usage
     pool, team, n = job.pool, job.spec.team, job.gpus
     u = usage.get((pool, team), 0)
-    held = 0  # what other teams hold or keep back (unlendable guarantee) in the pool
+    held: float = 0  # what other teams hold or keep back (unlendable guarantee) in the pool
     teams = (
         work.teams(pool)
         if usage is work.usage
@@ -134,7 +134,7 @@ def within_guarantee(work: Work, job: Job) -> bool:
     return work.usage.get((job.pool, job.spec.team), 0) + job.gpus <= guarantee(work, job.pool, job.spec.team)
 
 
-def borrowed(work: Work, job: Job) -> int:
+def borrowed(work: Work, job: Job) -> float:
     """GPUs beyond the team's guarantee that admitting the job now would add."""
     g = guarantee(work, job.pool, job.spec.team)
     u = work.usage.get((job.pool, job.spec.team), 0)
@@ -155,7 +155,7 @@ def critical_block(state: SchedulerState, team: str, pool: str, priority: Priori
     )
 
 
-def nonpreemptible(work: Work, pool: str, team: str) -> int:
+def nonpreemptible(work: Work, pool: str, team: str) -> float:
     """GPUs the team's non-preemptible jobs hold in the pool (scratch view; preemption never changes it)."""
     held = work.usage.get((pool, team), 0)
     for rank in RANKS:
@@ -163,7 +163,7 @@ def nonpreemptible(work: Work, pool: str, team: str) -> int:
     return held
 
 
-def promised(work: Work, pool: str, team: str, lending: bool = True, rank: int = RANKS[-1]) -> int:
+def promised(work: Work, pool: str, team: str, lending: bool = True, rank: int = RANKS[-1]) -> float:
     """What the rule keeps for `team` in the pool: max(guarantee - what it lends to non-preemptible
     work now, its non-preemptible GPUs); with `lending` False, its whole guarantee."""
     lent = lends_to_nonpreemptible(work, pool, team, rank) if lending else 0
@@ -217,13 +217,13 @@ def nonpreemptible_block(work: Work, job: Job) -> Wait | None:
     )
 
 
-def _lent_out(work: Work, pool: str, team: str) -> int:
+def _lent_out(work: Work, pool: str, team: str) -> float:
     """Non-preemptible GPUs other teams hold beyond their guarantees in the pool."""
     teams = work.teams(pool)
     return sum(max(0, nonpreemptible(work, pool, t) - guarantee(work, pool, t)) for t in teams if t != team)
 
 
-def lent_to(work: Work, job: Job) -> int:
+def lent_to(work: Work, job: Job) -> float:
     """GPUs of other teams' idle guarantees a non-preemptible job admitted now runs on (beyond its
     guarantee and the pool's unguaranteed capacity): returned by draining, never preempted."""
     if job.spec.preemptible or not work.policy.quotas:

@@ -54,6 +54,7 @@ from services.scheduler.core.budget import BudgetRule, demoted, fold_budget_exce
 from services.scheduler.core.capacity import Capacity
 from services.scheduler.core.idle import IdleReclaim, fold_idle_detected, fold_resume_requested
 from services.scheduler.core.links import LinkHealth, fold_cleared, fold_fault, fold_kind, fold_slowdown
+from services.scheduler.core.shares import SharedGpu, equivalents, holding, mode_of, plus, room
 
 DEFAULT_TOPOLOGY_KEY = "rack"
 KUBERNETES_KEEP_S = 6 * 3600.0  # a finished Kubernetes workload's job stays known this long at least
@@ -85,14 +86,16 @@ class Job:
     queued_since: float = 0.0  # when it last joined the queue (submitted, suspended, requeued): its age
     started_at: float | None = None  # the executor's JobStarted
     finished_at: float | None = None
-    borrowed_gpus: int = 0
+    borrowed_gpus: float = 0
     generation: int = 0  # placement changes folded so far: makes decision ids unique and stable
     ran_before: bool = False  # then admission is a resume
     reason: str = ""  # why it is where it is (last decision or event)
     preempted_by: str | None = None
     preempt_reason: str | None = None
     preemptions: int = 0
-    gpus: int = 0  # spec.total_gpus, kept as a field: read on every hot path
+    # What its quota counts, kept as a field (read on every hot path): spec.total_gpus, or for a job that
+    # shares GPUs its GPU-equivalents (shares.equivalents: a float)
+    gpus: float = 0
     note: str = ""  # a standing remark for `chamber explain` (e.g. demoted by its team's budget)
     # The pool came with a decision (JobScheduled/JobResumed) while it held GPUs. Otherwise it is
     # derived from the current rules and re-derived when they change, so it does not depend on
@@ -100,7 +103,7 @@ class Job:
     pool_fixed: bool = False
 
     def __post_init__(self) -> None:
-        self.gpus = self.spec.total_gpus
+        self.gpus = self.spec.total_gpus if self.spec.share is None else equivalents(self.spec)
 
 
 def estimate_s(job: Job) -> float | None:
@@ -108,7 +111,7 @@ def estimate_s(job: Job) -> float | None:
     return job.spec.expected_duration_s or job.spec.sim_duration_s
 
 
-EndEntry = tuple[float, int, str]  # (estimated end: running since + estimate, GPUs, job id)
+EndEntry = tuple[float, float, str]  # (estimated end: running since + estimate, GPUs, job id)
 
 
 def _end_entry(job: Job) -> EndEntry | None:
@@ -137,6 +140,8 @@ class Node:
     # Isolations health's budget held back (GPU index, None: the whole node) -> reason: the fault would
     # have isolated it, so new work stays off it; work already there runs on until an operator decides.
     held: dict[int | None, str] = field(default_factory=dict)
+    shared: dict[int, SharedGpu] = field(default_factory=dict)  # gpu index -> the jobs sharing it (shares.py)
+    gpu_memory: dict[int, int] = field(default_factory=dict)  # gpu index -> its memory in MiB, where known
     _model: str = ""
     _model_of: object = None
 
@@ -237,12 +242,16 @@ class SchedulerState:
     quotas: dict[tuple[str, str], Quota] = field(default_factory=dict)  # (pool, team)
     team_pools: dict[str, list[str]] = field(default_factory=dict)
     fair_share: dict[tuple[str, str], float] = field(default_factory=dict)  # (pool, team) -> (0, 1]
-    usage: dict[tuple[str, str], int] = field(default_factory=dict)  # (pool, team) -> GPUs held
-    preemptible: dict[tuple[str, str, int], int] = field(default_factory=dict)  # (pool, team, rank) -> GPUs
+    usage: dict[tuple[str, str], float] = field(default_factory=dict)  # (pool, team) -> GPUs(-equivalents) held
+    preemptible: dict[tuple[str, str, int], float] = field(default_factory=dict)  # (pool, team, rank) -> GPUs
     running: dict[tuple[str, str], set[str]] = field(default_factory=dict)  # (pool, team) -> job ids
     displaced: set[str] = field(default_factory=set)  # running on a GPU or node out of service
+    # node ids with GPUs that hold shares (Node.shared), so placing a share reads those nodes, not the fleet
+    shared_nodes: dict[int, None] = field(default_factory=dict)
     # GPUs claimed by jobs on nodes not (yet) discovered: replaying JOBS may run ahead of FLEET
     claims: dict[tuple[str, str], dict[int, str]] = field(default_factory=dict)
+    # jobs holding shares on nodes not (yet) discovered, in the order they were placed (folded on discovery)
+    share_claims: dict[tuple[str, str], dict[str, None]] = field(default_factory=dict)
     capacity_epoch: int = 0  # bumped when capacity frees or the rules change: the next cycle is full
     pending_log: PendingLog = field(default_factory=PendingLog)  # job ids as they (re)entered the queue
     budgets: dict[str, BudgetRule] = field(default_factory=dict)  # team -> budget and its action (budget.py)
@@ -311,7 +320,7 @@ class SchedulerState:
     def refresh_node(self, node: Node) -> None:
         # a held isolation takes the GPU (or node) out of the capacity new work is placed on
         healthy = [i for i in node.gpus if node.offers(i)]
-        free = [i for i in healthy if i not in node.owners]
+        free = [i for i in healthy if i not in node.owners and i not in node.shared]
         domain = node.labels.get(self.topology_key, "")
         offered = node.in_service and None not in node.held
         self.capacity.set_slot(node.nid, self.node_class(node), free, len(healthy), offered, domain)
@@ -391,7 +400,7 @@ def _submitted(s: SchedulerState, e: JobSubmitted) -> None:
 
 
 def _hold(
-    s: SchedulerState, job: Job, placements: list[Placement], at: float, borrowed: int, reason: str, pool: str
+    s: SchedulerState, job: Job, placements: list[Placement], at: float, borrowed: float, reason: str, pool: str
 ) -> None:
     if job.state not in QUEUED:
         return  # a duplicate or stale decision: the job already runs or has finished
@@ -410,15 +419,15 @@ def _hold(
     job.generation += 1
     job.ran_before = True
     job.reason = reason
-    conflict = False
-    for p in placements:
+    conflict = _hold_shares(s, job, placements) if job.spec.share is not None else False
+    for p in placements if job.spec.share is None else ():
         node = s.nodes.get((p.cluster, p.node))
         if node is None:
             s.claims.setdefault((p.cluster, p.node), {}).update(dict.fromkeys(p.gpu_indices, job.id))
             continue
         clean = node.in_service
         for i in p.gpu_indices:
-            if i in node.owners:
+            if i in node.owners or i in node.shared:
                 conflict, clean = True, False  # never give a GPU to two jobs: this job gets requeued instead
                 continue
             # Held even when out of service (the decision may predate the fault in another stream):
@@ -433,16 +442,56 @@ def _hold(
         else:
             s.refresh_node(node)
     key = (job.pool, job.spec.team)
-    s.usage[key] = s.usage.get(key, 0) + job.gpus
+    s.usage[key] = plus(s.usage.get(key, 0), job.gpus)
     s.running.setdefault(key, set()).add(job.id)
     s._add_end(job)
     if (index := _derived_if_built(s)) is not None:
         index.add_running(job)
     if job.spec.preemptible:
         pkey = (job.pool, job.spec.team, job.spec.priority.rank)
-        s.preemptible[pkey] = s.preemptible.get(pkey, 0) + job.gpus
+        s.preemptible[pkey] = plus(s.preemptible.get(pkey, 0), job.gpus)
     if conflict:
         s.displaced.add(job.id)
+
+
+def _hold_shares(s: SchedulerState, job: Job, placements: list[Placement]) -> bool:
+    """Fold a job's shares of GPUs (on nodes not yet discovered: when they are); True on a conflict.
+    It holds its placements' GPU-equivalents (a MIG share is the placed model's)."""
+    job.gpus = round(sum(p.gpu_equivalents for p in placements), 6)
+    conflict = False
+    for p in placements:
+        node = s.nodes.get((p.cluster, p.node))
+        if node is None:
+            s.share_claims.setdefault((p.cluster, p.node), {})[job.id] = None
+        else:
+            conflict = _hold_share(s, node, job, p) or conflict
+    return conflict
+
+
+def _hold_share(s: SchedulerState, node: Node, job: Job, p: Placement) -> bool:
+    """Fold a placement of part of a GPU; True where it conflicts (the job is displaced and requeued):
+    a GPU held whole, another mode, no room, an illegal MIG start, or hardware out of service."""
+    share = job.spec.share
+    assert share is not None
+    mode = mode_of(share)
+    conflict = not node.in_service
+    for i in p.gpu_indices:
+        part = holding(p, share, node.gpus.get(i, ""))
+        if i not in node.gpus or i in node.bad_gpus:
+            conflict = True
+        if i in node.owners or part is None:
+            conflict = True
+            continue
+        sg = node.shared.get(i)
+        if sg is None:
+            sg = node.shared[i] = SharedGpu(mode)
+            s.shared_nodes[node.nid] = None
+        elif not room(sg, mode, *part, node.gpu_memory.get(i)):
+            conflict = True  # never more than one GPU's worth, nor two modes, on one GPU
+            continue
+        sg.add(job.id, *part)
+    s.refresh_node(node)
+    return conflict
 
 
 def _release(s: SchedulerState, job: Job) -> None:
@@ -452,6 +501,7 @@ def _release(s: SchedulerState, job: Job) -> None:
     for p in job.placements:
         node = s.nodes.get((p.cluster, p.node))
         if node is None:
+            s.share_claims.get((p.cluster, p.node), {}).pop(job.id, None)
             claims = s.claims.get((p.cluster, p.node), {})
             for i in p.gpu_indices:
                 if claims.get(i) == job.id:
@@ -460,19 +510,27 @@ def _release(s: SchedulerState, job: Job) -> None:
         for i in p.gpu_indices:
             if node.owners.get(i) == job.id:
                 del node.owners[i]
+            if (sg := node.shared.get(i)) is not None and job.id in sg.holders:
+                sg.drop(job.id)
+                if not sg.holders:
+                    del node.shared[i]
+                    if not node.shared:
+                        s.shared_nodes.pop(node.nid, None)
         s.refresh_node(node)
     key = (job.pool, job.spec.team)
-    s.usage[key] = s.usage.get(key, 0) - job.gpus
+    s.usage[key] = plus(s.usage.get(key, 0), -job.gpus)
     s.running.get(key, set()).discard(job.id)
     s._drop_end(job)
     if (index := _derived_if_built(s)) is not None:
         index.drop_running(job)
     if job.spec.preemptible:
         pkey = (job.pool, job.spec.team, job.spec.priority.rank)
-        s.preemptible[pkey] = s.preemptible.get(pkey, 0) - job.gpus
+        s.preemptible[pkey] = plus(s.preemptible.get(pkey, 0), -job.gpus)
     s.displaced.discard(job.id)
     job.placements = []
     job.borrowed_gpus = 0
+    if job.spec.share is not None:
+        job.gpus = equivalents(job.spec)
     job.pool_fixed = False
     job.pool = job_pool(job.spec, s.team_pools)
     s.capacity_epoch += 1
@@ -583,12 +641,15 @@ def _displace_holders(s: SchedulerState, node: Node, indices: list[int] | None =
     for i, job_id in node.owners.items():
         if indices is None or i in indices:
             s.displaced.add(job_id)
+    for i, sg in node.shared.items():
+        if indices is None or i in indices:
+            s.displaced.update(sg.holders)
 
 
 def _settle_holders(s: SchedulerState, node: Node) -> None:
     """A node or GPU came back: its holders are no longer displaced if all they hold is in service.
     (So `displaced` is a function of the folded facts, whichever stream was folded first.)"""
-    for job_id in set(node.owners.values()):
+    for job_id in set(node.owners.values()).union(*(sg.holders for sg in node.shared.values())):
         job = s.jobs.get(job_id)
         if job_id in s.displaced and job is not None and _in_service(s, job):
             s.displaced.discard(job_id)
@@ -599,23 +660,39 @@ def _in_service(s: SchedulerState, job: Job) -> bool:
         node = s.nodes.get((p.cluster, p.node))
         if node is None or not node.in_service:
             return False
-        if any(i in node.bad_gpus or i not in node.gpus or node.owners.get(i) != job.id for i in p.gpu_indices):
+        if any(i in node.bad_gpus or i not in node.gpus or not holds(node, i, job.id) for i in p.gpu_indices):
             return False
     return True
+
+
+def holds(node: Node, gpu: int, job_id: str) -> bool:
+    """The job holds the GPU, whole or a share of it."""
+    return node.owners.get(gpu) == job_id or ((sg := node.shared.get(gpu)) is not None and job_id in sg.holders)
+
+
+def _memory(infos: list[GpuInfo]) -> dict[int, int]:
+    return {g.index: int(g.memory_total_mib) for g in infos if g.memory_total_mib}
 
 
 def _discovered(s: SchedulerState, e: NodeDiscovered) -> None:
     node = s.nodes.get((e.cluster, e.node))
     if node is None:
         node = Node(nid=len(s.node_by_id), cluster=e.cluster, name=e.node, gpus=_gpus(e.gpus), labels=dict(e.labels))
+        node.gpu_memory = _memory(e.gpus)
         s.nodes[(e.cluster, e.node)] = node
         s.node_by_id.append(node)
+        for job_id in s.share_claims.pop((e.cluster, e.node), {}):
+            if (job := s.jobs.get(job_id)) is not None and job.state == JobState.RUNNING:
+                here = [p for p in job.placements if (p.cluster, p.node) == (e.cluster, e.node)]
+                if any([_hold_share(s, node, job, p) for p in here]):  # every placement folded, then judged
+                    s.displaced.add(job_id)
         for i, job_id in s.claims.pop((e.cluster, e.node), {}).items():
             node.owners[i] = job_id
-            if i not in node.gpus:
+            if i not in node.gpus or i in node.shared:
                 s.displaced.add(job_id)
     else:  # rediscovered after being lost
         node.gpus, node.labels, node.lost, node.status = _gpus(e.gpus), dict(e.labels), False, NodeStatus.HEALTHY
+        node.gpu_memory = _memory(e.gpus)
         _settle_holders(s, node)
     s.refresh_node(node)
     s.capacity_epoch += 1
@@ -626,11 +703,11 @@ def _updated(s: SchedulerState, e: NodeUpdated) -> None:
     if node is None:
         _discovered(s, NodeDiscovered(cluster=e.cluster, node=e.node, at=e.at, gpus=e.gpus, labels=e.labels))
         node = s.nodes[(e.cluster, e.node)]
-    node.gpus, node.status = _gpus(e.gpus), e.status
+    node.gpus, node.status, node.gpu_memory = _gpus(e.gpus), e.status, _memory(e.gpus)
     if e.labels:
         node.labels = dict(e.labels)
     node.lost = e.status == NodeStatus.LOST
-    gone = [i for i in node.owners if i not in node.gpus]
+    gone = [i for i in [*node.owners, *node.shared] if i not in node.gpus]
     if node.lost or gone:
         _displace_holders(s, node, None if node.lost else gone)
     elif node.in_service:

@@ -16,13 +16,18 @@ from services.pools import model_vendor
 from services.scheduler.core.decisions import Drain
 from services.scheduler.core.links import degraded
 from services.scheduler.core.policy import CHAMBER, LOWEST_RANK, RANKS, Policy, guard_band
+from services.scheduler.core.shares import give as give_shares
+from services.scheduler.core.shares import mode_of, plus
+from services.scheduler.core.shares import part as share_part
+from services.scheduler.core.shares import request as share_request
 from services.scheduler.core.state import Job, SchedulerState
 
 if TYPE_CHECKING:
     from services.scheduler.core.preemption import Walk
+    from services.scheduler.core.sharing import Mix
 
 Spot = list[tuple[int, list[int]]]  # (node id, GPU indices) per node
-Usage = dict[tuple[str, str], int]  # (pool, team) -> GPUs held
+Usage = dict[tuple[str, str], float]  # (pool, team) -> GPUs held (GPU-equivalents with shares)
 
 
 class Work:
@@ -43,11 +48,13 @@ class Work:
         # link health (placement.py): nodes gangs should avoid now, and what placement says about it
         self._avoid: dict[int, str] | None = None
         self.link_notes: dict[str, str] = {}
-        self._smallest_waiting: dict[tuple[str, str, int], int] | None = None
+        self._smallest_waiting: dict[tuple[str, str, int], float] | None = None
         self._fair: dict[tuple[str, str], float] | None = None
         self._oldest: dict[str, tuple[int, float, str]] | None = None
         self._protected_np: dict[tuple[str, str], Job] | None = None
         self.drains: dict[str, Drain] = {}  # pool -> the node held for its protected whole-node job
+        self.share_starts: dict[str, list[int | None]] = {}  # job -> MIG start per replica (shares.place)
+        self._share_mix: dict[str, Mix] = {}  # share mode -> the queued shares' request mix
 
     # -- lookups -------------------------------------------------------------------------------
     def classes(self, job: Job) -> list[int]:
@@ -99,11 +106,11 @@ class Work:
         usage = self.usage if usage is None else usage
         return usage.get((pool, team), 0) > self.guarantee(pool, team)
 
-    def smallest_waiting(self, pool: str, team: str, rank: int = LOWEST_RANK) -> int | None:
+    def smallest_waiting(self, pool: str, team: str, rank: int = LOWEST_RANK) -> float | None:
         """GPUs of the team's smallest queued job in the pool at priority `rank` or more urgent (at
         the start of the cycle), or None."""
         if self._smallest_waiting is None:
-            found: dict[tuple[str, str, int], int] = {}
+            found: dict[tuple[str, str, int], float] = {}
             jobs = self.s.jobs
             for t, line in self.s.fifo_lines.items():
                 for _, jid in line:
@@ -185,16 +192,19 @@ class Work:
         return q.np_lendable
 
     # -- scratch changes -----------------------------------------------------------------------
-    def count(self, job: Job, sign: int, usage: Usage | None = None) -> None:
-        """Add (+1) or remove (-1) the job's GPUs to a usage table (the scratch view's by default)."""
+    def count(self, job: Job, sign: int, usage: Usage | None = None, gpus: float | None = None) -> None:
+        """Add (+1) or remove (-1) the job's GPUs (or `gpus`) to a usage table (the scratch view's by default)."""
         usage = self.usage if usage is None else usage
         key = (job.pool, job.spec.team)
         if usage is self.usage and key not in usage:
             self._teams.pop(job.pool, None)  # a team new to the pool
-        usage[key] = usage.get(key, 0) + sign * job.gpus
+        n = sign * (job.gpus if gpus is None else gpus)
+        held = usage.get(key, 0) + n
+        # with shares, GPU-equivalents: sums rounded (shares.plus), whole GPUs stay ints
+        usage[key] = round(held, 6) if held.__class__ is float else held
         if usage is self.usage and job.spec.preemptible:
             pkey = (job.pool, job.spec.team, job.spec.priority.rank)
-            self.preemptible[pkey] = self.preemptible.get(pkey, 0) + sign * job.gpus
+            self.preemptible[pkey] = plus(self.preemptible.get(pkey, 0), n)
 
     def held(self, job: Job) -> Spot:
         """The healthy GPUs a running job holds, per node id (not those of a held isolation: freed, they
@@ -206,21 +216,81 @@ class Work:
                 out.append((node.nid, [i for i in p.gpu_indices if node.owners.get(i) == job.id and node.offers(i)]))
         return out
 
-    def release(self, job: Job) -> None:
+    def give_back(self, job: Job) -> None:
+        """What a running job holds, whole GPUs and shares, free again on the scratch view."""
+        if job.spec.share is not None:
+            give_shares(self, job)
         for nid, gpus in self.held(job):
             self.cap.give(nid, gpus)
+
+    def release(self, job: Job) -> None:
+        self.give_back(job)
         self.count(job, -1)
         self.gone.add(job.id)
 
     def admit(self, job: Job, spot: Spot) -> tuple[Placement, ...]:
-        self.count(job, +1)
         self.fresh[job.id] = spot
+        if job.spec.share is not None:
+            placements = self._shared_placements(job, spot)
+            # counted as the fold will count it: the placed shares (a MIG share is the placed model's)
+            self.count(job, +1, gpus=round(sum(p.gpu_equivalents for p in placements), 6))
+            return placements
+        self.count(job, +1)
         nodes = self.s.node_by_id
         return tuple(Placement(cluster=nodes[nid].cluster, node=nodes[nid].name, gpu_indices=g) for nid, g in spot)
 
-    def describe(self, spot: Spot) -> str:
+    def _shared_placements(self, job: Job, spot: Spot) -> tuple[Placement, ...]:
+        """One placement per replica: its GPU, its share, and for a MIG instance the profile and start."""
+        share = job.spec.share
+        assert share is not None
         nodes = self.s.node_by_id
-        return ", ".join(f"{nodes[nid].name}[{','.join(map(str, g))}]" for nid, g in spot)
+        out = []
+        for (nid, g), start in zip(spot, self.share_starts[job.id], strict=True):
+            node = nodes[nid]
+            held = share_part(share, node.gpus[g[0]], start)
+            assert held is not None
+            milli = held[0]
+            out.append(
+                Placement(
+                    cluster=node.cluster,
+                    node=node.name,
+                    gpu_indices=g,
+                    share_milli=milli,
+                    mig_profile=share.mig_profile,
+                    mig_start=start,
+                )
+            )
+        return tuple(out)
+
+    def share_mix(self, mode: str) -> Mix:
+        """The request mix the sharing scorer expects next in a share mode: the queued jobs' shares of
+        that mode, at the start of the cycle (built once per cycle, when a share is first placed)."""
+        found = self._share_mix.get(mode)
+        if found is None:
+            from services.scheduler.core.sharing import Mix
+
+            jobs = self.s.jobs
+            asked = [
+                share_request(share)
+                for line in self.s.fifo_lines.values()
+                for _, jid in line
+                if (share := jobs[jid].spec.share) is not None and mode_of(share) == mode
+            ]
+            found = self._share_mix[mode] = Mix.of(asked)
+        return found
+
+    def describe(self, spot: Spot, job: Job | None = None) -> str:
+        nodes = self.s.node_by_id
+        where = ", ".join(f"{nodes[nid].name}[{','.join(map(str, g))}]" for nid, g in spot)
+        share = None if job is None else job.spec.share
+        if share is None:
+            return where
+        if share.mig_profile:
+            starts = self.share_starts.get(job.id, []) if job is not None else []
+            at = ", ".join(f"slice {s}" for s in starts if s is not None)
+            return f"{where} ({share.mig_profile} MIG instance{'s' if len(spot) > 1 else ''} at {at})"
+        memory = f", {share.memory_mib} MiB" if share.memory_mib else ""
+        return f"{where} ({share.gpu_milli} milli-GPU each, {share.mode.value}{memory})"
 
 
 def _water_fill(state: SchedulerState, capacity: Callable[[str], int]) -> dict[tuple[str, str], float]:

@@ -1,0 +1,317 @@
+"""GPU shares in the live cycle: fractions of a GPU (time-slicing, MPS) and MIG instances.
+
+A job with `spec.share` takes part of one GPU per replica. A GPU that holds any share is out of the
+whole-GPU index (`Capacity`) and carries a `SharedGpu` on its node (`Node.shared`): the mode it is
+shared by (jobs of different modes never share a GPU), the milli-GPU and GPU memory taken, the MIG
+memory slices taken, and who holds what. When its last holder leaves, the GPU is whole again.
+
+Placement (`place`) packs: a replica goes on a GPU already shared in its mode that has room, chosen
+with the sharing scorer (sharing.py: the growth of FGD fragmentation for the expected mix of shared
+requests, plus best fit), and takes a free whole GPU (best-fit node) only when none has room. A MIG
+instance goes at a legal free start of a GPU whose model has the profile (mig.py); a GPU becomes a MIG
+GPU when its first instance is placed (the MIG reconfiguration planner, mig_plan.py, and the GPU
+Operator's mig.config make the layout; Chamber decides, the driver enforces).
+
+Quotas count GPU-equivalents: a fraction by its share, a MIG instance by its profile's share of the
+GPU (the mean of its compute and memory fractions), so four 1g slices never cost four GPUs.
+
+In a cycle every change goes on the live state with its undo journaled in the capacity index
+(`Capacity.undo`), which the cycle rolls back, as it does for whole GPUs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from events import GpuShare, JobSpec, Placement, ShareMode
+from services.scheduler.core.mig import MIG_MODELS, mig_model, occupancy, starts_in_mask
+
+if TYPE_CHECKING:
+    from services.scheduler.core.sharing import Mix, PodRequest, State
+    from services.scheduler.core.state import Job, Node
+    from services.scheduler.core.work import Spot, Work
+
+MILLI = 1000
+
+
+@dataclass
+class SharedGpu:
+    """One GPU shared by jobs: its mode, what they take of it, and each holder's part."""
+
+    mode: str  # a ShareMode value
+    milli: int = 0  # milli-GPU taken
+    memory_mib: int = 0  # GPU memory taken (fractions that asked for memory)
+    mig_used: int = 0  # MIG memory slices taken (mig.occupancy masks)
+    holders: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # job -> (milli, memory, mask)
+
+    def add(self, job_id: str, milli: int, memory_mib: int, mask: int) -> None:
+        m, mem, used = self.holders.get(job_id, (0, 0, 0))
+        self.holders[job_id] = (m + milli, mem + memory_mib, used | mask)
+        self.milli += milli
+        self.memory_mib += memory_mib
+        self.mig_used |= mask
+
+    def drop(self, job_id: str) -> None:
+        m, mem, used = self.holders.pop(job_id)
+        self.milli -= m
+        self.memory_mib -= mem
+        self.mig_used &= ~used
+
+
+# -- what a request costs ---------------------------------------------------------------------------
+def mig_models_with(profile: str) -> list[str]:
+    """The MIG models that have `profile`, sorted."""
+    return sorted(m for m, t in MIG_MODELS.items() if profile in t.profiles)
+
+
+def share_milli(share: GpuShare, model: str | None = None) -> int:
+    """Milli-GPU-equivalents one replica counts for before it is placed: a fraction's `gpu_milli`; a MIG
+    instance's profile share on `model`, or without one the largest among the models that have the
+    profile (a name like 1g.10gb is a different share on an A100-40GB than on an A100-80GB), so a quota
+    is never passed by a guess. Placed, a job counts its placements' shares. 0: no model has it (the
+    door refuses such a request)."""
+    if not share.mig_profile:
+        return share.gpu_milli
+    named = mig_model(model) if model else None
+    tables = [named] if named is not None else [mig_model(m) for m in mig_models_with(share.mig_profile)]
+    return max((t.share_milli(share.mig_profile) for t in tables if t and share.mig_profile in t.profiles), default=0)
+
+
+def equivalents(spec: JobSpec) -> float:
+    """The GPU-equivalents a job's quota counts while it waits: whole GPUs, or its replicas' shares."""
+    if spec.share is None:
+        return spec.total_gpus
+    return round(spec.replicas * share_milli(spec.share, spec.gpu_model) / MILLI, 6)
+
+
+def plus(total: float, change: float) -> float:
+    """`total + change` for GPU counts: whole GPUs stay ints; with shares the sum is rounded to a
+    millionth, so adding and taking back the same shares gives the same number again."""
+    value = total + change
+    return round(value, 6) if value.__class__ is float else value
+
+
+def mode_of(share: GpuShare) -> str:
+    return ShareMode.MIG.value if share.mig_profile else share.mode.value
+
+
+def describe(share: GpuShare) -> str:
+    """`1g.10gb MIG instance` / `250 milli-GPU (mps, 4096 MiB)`: what one replica asks for."""
+    if share.mig_profile:
+        return f"{share.mig_profile} MIG instance"
+    memory = f", {share.memory_mib} MiB" if share.memory_mib else ""
+    return f"{share.gpu_milli} milli-GPU ({share.mode.value}{memory})"
+
+
+def holding(placement: Placement, share: GpuShare, model: str) -> tuple[int, int, int] | None:
+    """(milli, memory, MIG mask) a placement holds of its GPU; None where it is not legal there."""
+    if share.mig_profile:
+        table = mig_model(model)
+        start = placement.mig_start
+        if table is None or share.mig_profile not in table.profiles or start is None:
+            return None
+        if start not in table.profiles[share.mig_profile].starts:
+            return None
+        return (table.share_milli(share.mig_profile), 0, occupancy(table, share.mig_profile, start))
+    return (placement.share_milli, share.memory_mib, 0)
+
+
+def room(sg: SharedGpu, mode: str, milli: int, memory_mib: int, mask: int, gpu_memory: int | None) -> bool:
+    """Whether one more holder of this part fits on the shared GPU."""
+    if sg.mode != mode:
+        return False
+    if mask:
+        return not sg.mig_used & mask
+    if sg.milli + milli > MILLI:
+        return False
+    return not (memory_mib and gpu_memory is not None and sg.memory_mib + memory_mib > gpu_memory)
+
+
+# -- the cycle's scratch changes (journaled in the capacity index) ----------------------------------
+def take(work: Work, nid: int, gpu: int, job_id: str, mode: str, part: tuple[int, int, int]) -> None:
+    """Give `job_id` this part of a GPU on the scratch view (a free whole GPU becomes shared)."""
+    node = work.s.node_by_id[nid]
+    cap = work.cap
+    sg = node.shared.get(gpu)
+    if sg is None:
+        cap.take_exact(nid, [gpu])
+        sg = node.shared[gpu] = SharedGpu(mode)
+        cap.undo(lambda: _forget(node, gpu))
+        if nid not in work.s.shared_nodes:  # (a node whose shares all end in the cycle stays listed: harmless)
+            work.s.shared_nodes[nid] = None
+            cap.undo(lambda: work.s.shared_nodes.pop(nid, None))
+    before = (sg.milli, sg.memory_mib, sg.mig_used, sg.holders.get(job_id))
+    sg.add(job_id, *part)
+    cap.undo(lambda: _restore(sg, job_id, before))
+
+
+def give(work: Work, job: Job) -> None:
+    """Take back what a running job holds of shared GPUs on the scratch view (a GPU left by its last
+    holder is whole and free again, if healthy)."""
+    nodes, cap = work.s.nodes, work.cap
+    for p in job.placements:
+        node = nodes.get((p.cluster, p.node))
+        if node is None:
+            continue
+        for i in p.gpu_indices:
+            sg = node.shared.get(i)
+            if sg is None or job.id not in sg.holders:
+                continue
+            before = (sg.milli, sg.memory_mib, sg.mig_used, sg.holders[job.id])
+            sg.drop(job.id)
+            cap.undo(lambda sg=sg, before=before: _restore(sg, job.id, before))  # type: ignore[misc]
+            if not sg.holders:
+                del node.shared[i]
+                cap.undo(lambda node=node, i=i, sg=sg: node.shared.__setitem__(i, sg))  # type: ignore[misc]
+                if node.offers(i):
+                    cap.give(node.nid, [i])
+
+
+def _forget(node: Node, gpu: int) -> None:
+    del node.shared[gpu]
+
+
+def _restore(sg: SharedGpu, job_id: str, before: tuple[int, int, int, tuple[int, int, int] | None]) -> None:
+    sg.milli, sg.memory_mib, sg.mig_used, held = before
+    if held is None:
+        sg.holders.pop(job_id, None)
+    else:
+        sg.holders[job_id] = held
+
+
+# -- placement ----------------------------------------------------------------------------------
+Choice = tuple[float, int, int, int | None]  # (score, node id, GPU index, MIG start)
+
+
+def place(work: Work, job: Job) -> Spot | None:
+    """Place each replica's share on the scratch view, all or nothing; the MIG starts chosen are kept in
+    `work.share_starts[job.id]` (for the placements `Work.admit` makes)."""
+    share = job.spec.share
+    assert share is not None
+    classes = work.classes(job)
+    if not classes:
+        return None
+    mark = work.cap.mark()
+    spot: Spot = []
+    starts: list[int | None] = []
+    mode = mode_of(share)
+    for _ in range(job.spec.replicas):
+        found = _place_one(work, job.id, share, mode, classes)
+        if found is None:
+            work.cap.rollback(mark)
+            return None
+        nid, gpu, start = found
+        spot.append((nid, [gpu]))
+        starts.append(start)
+    work.share_starts[job.id] = starts
+    return spot
+
+
+def _place_one(
+    work: Work, job_id: str, share: GpuShare, mode: str, classes: list[int]
+) -> tuple[int, int, int | None] | None:
+    best = _on_shared(work, share, mode, classes)
+    if best is None:
+        best = _on_whole(work, share, mode, classes)
+    if best is None:
+        return None
+    _, nid, gpu, start = best
+    node = work.s.node_by_id[nid]
+    held = part(share, node.gpus[gpu], start)
+    assert held is not None
+    take(work, nid, gpu, job_id, mode, held)
+    return nid, gpu, start
+
+
+def part(share: GpuShare, model: str, start: int | None) -> tuple[int, int, int] | None:
+    """(milli, memory, MIG mask) one replica's share takes of a GPU of `model` (a MIG one at `start`)."""
+    if share.mig_profile:
+        table = mig_model(model)
+        if table is None or start is None:
+            return None
+        return (table.share_milli(share.mig_profile), 0, occupancy(table, share.mig_profile, start))
+    return (share.gpu_milli, share.memory_mib, 0)
+
+
+def _on_shared(work: Work, share: GpuShare, mode: str, classes: list[int]) -> Choice | None:
+    """The best GPU already shared in this mode that has room (None: none has)."""
+    wanted = set(classes)
+    slots, nodes = work.cap.slots, work.s.node_by_id
+    best: Choice | None = None
+    for nid in sorted(work.s.shared_nodes):
+        node = nodes[nid]
+        slot = slots[nid]
+        if not slot.usable or slot.cls not in wanted:
+            continue
+        for gpu in sorted(node.shared):
+            sg = node.shared[gpu]
+            if sg.mode != mode or not node.offers(gpu):
+                continue
+            for choice in _choices(work, node, gpu, sg, share):
+                if best is None or choice < best:
+                    best = choice
+    return best
+
+
+def _on_whole(work: Work, share: GpuShare, mode: str, classes: list[int]) -> Choice | None:
+    """A free whole GPU on the best-fit node of a class whose model can hold the share."""
+    cap = work.cap
+    usable = [c for c in classes if _model_holds(cap.class_keys[c][2], share)]
+    nid = cap.best_fit(usable, 1) if usable else None
+    if nid is None:
+        return None
+    node = work.s.node_by_id[nid]
+    gpu = cap.slots[nid].free[0]
+    found = _choices(work, node, gpu, SharedGpu(mode), share)
+    return min(found) if found else None
+
+
+def _model_holds(model: str, share: GpuShare) -> bool:
+    if not share.mig_profile:
+        return True
+    table = mig_model(model)
+    return table is not None and share.mig_profile in table.profiles
+
+
+def _choices(work: Work, node: Node, gpu: int, sg: SharedGpu, share: GpuShare) -> list[Choice]:
+    """Every way the share could go on this GPU, scored by the sharing scorer (lower is better)."""
+    model = node.gpus[gpu]
+    mix = work.share_mix(mode_of(share))
+    left = MILLI - sg.milli
+    if share.mig_profile:
+        table = mig_model(model)
+        if table is None or share.mig_profile not in table.profiles:
+            return []
+        need = table.share_milli(share.mig_profile)
+        before: State = (model, 0, 0, False, (left,), ((sg.mig_used, left),))
+        out: list[Choice] = []
+        for start in starts_in_mask(table, sg.mig_used, share.mig_profile):
+            used = sg.mig_used | occupancy(table, share.mig_profile, start)
+            new: State = (model, 0, 0, False, (left - need,), ((used, left - need),))
+            out.append((_score(mix, before, new), node.nid, gpu, start))
+        return out
+    if not room(sg, sg.mode, share.gpu_milli, share.memory_mib, 0, node.gpu_memory.get(gpu)):
+        return []
+    plain: State = (model, 0, 0, False, (left,), ())
+    after: State = (model, 0, 0, False, (left - share.gpu_milli,), ())
+    return [(_score(mix, plain, after), node.nid, gpu, None)]
+
+
+def _score(mix: Mix, before: State, new: State) -> float:
+    """The sharing scorer (sharing.py's chamber policy) on one GPU: the growth of FGD fragmentation for the
+    expected mix, plus best fit, so near-ties go to the GPU the share leaves fullest."""
+    from services.scheduler.core import sharing  # numpy: only a cycle that places a share loads it
+
+    grad = sharing.fragment(new, mix) - sharing.fragment(before, mix)
+    return grad + sharing.BESTFIT_WEIGHT * new[4][0] / MILLI
+
+
+def request(share: GpuShare) -> PodRequest:
+    """The sharing scorer's request for a share (its shape in the expected mix)."""
+    from services.scheduler.core.sharing import PodRequest
+
+    if share.mig_profile:
+        having = frozenset(mig_models_with(share.mig_profile))
+        return PodRequest(num_gpu=1, gpu_milli=share_milli(share), models=having, mig_profile=share.mig_profile)
+    return PodRequest(num_gpu=1, gpu_milli=share.gpu_milli)
