@@ -1,0 +1,172 @@
+"""Multi-cluster dispatch, wired live: two Kubernetes API-server stubs (tests/kube_stub.py, the real
+`kubernetes` client), one bus under the generated permissions (svc-dispatch, actuator-a, actuator-b),
+the dispatcher and both clusters' actuators as `chamber service dispatch` runs them.
+
+A workload created in cluster a with `chamber.io/clusters` gets exactly one copy, in the cluster the
+dispatcher prefers (b, cheaper), none in a; the origin stays suspended and shows the copy's phase;
+when b stops answering its workload is dispatched to a; when b comes back, its fenced copy is deleted
+before anything else is written there; completion deletes the copy and the origin says complete.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from events import TeamQuotaSet
+from services.dispatch import service
+from services.dispatch.actuator import GENERATION_LABEL, STATUS_ANNOTATION, WORKLOAD_LABEL
+from services.runtime import Publisher, connect
+from tests.kube_stub import KubeStub, a_k8s_node
+from tests.kube_workloads import a_batch_job
+from tests.secured_bus import SecuredNatsServer
+
+pytestmark = pytest.mark.integration
+
+LOST_AFTER_S = 2.0
+ROUND_S = 0.2
+JOBS = "/apis/batch/v1/namespaces/ml/jobs"
+
+
+@pytest.fixture
+def bus(tmp_path: Path) -> Iterator[SecuredNatsServer]:
+    server = SecuredNatsServer(tmp_path, actuator_clusters=("a", "b"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.kill()
+    assert server.violations() == [], "the bus refused a permission (services/cli/nats_config.py)"
+
+
+def args(url: str, cluster: str = "", *, kubeconfig: Path | None = None, price: float = 0.0) -> argparse.Namespace:
+    return argparse.Namespace(
+        nats=url,
+        cluster=cluster or "local",
+        actuator=bool(cluster),
+        kubeconfig=str(kubeconfig) if kubeconfig else None,
+        lost_after=LOST_AFTER_S,
+        interval=ROUND_S,
+        price=price,
+        leader_lease="",
+        leader_lease_ttl=15.0,
+    )
+
+
+class Running:
+    """`chamber service dispatch` processes, in this event loop."""
+
+    def __init__(self) -> None:
+        self.stops: dict[str, asyncio.Event] = {}
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+
+    def start(self, name: str, a: argparse.Namespace) -> None:
+        self.stops[name] = asyncio.Event()
+        self.tasks[name] = asyncio.create_task(service.run(a, self.stops[name]))
+
+    async def stop(self, name: str) -> None:
+        self.stops[name].set()
+        await asyncio.wait_for(self.tasks.pop(name), 10)
+
+    async def stop_all(self) -> None:
+        for name in list(self.tasks):
+            await self.stop(name)
+
+
+async def until(what: Callable[[], Any], within: float = 8.0) -> Any:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if value := what():
+            return value
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"not within {within} s: {what.__doc__ or what}")
+
+
+def copies(stub: KubeStub) -> list[dict[str, Any]]:
+    return [o for o in stub.objects.values() if WORKLOAD_LABEL in (o["metadata"].get("labels") or {})]
+
+
+def status(stub: KubeStub) -> dict[str, Any]:
+    raw = (stub.get("batch/v1", "Job", "ml", "train")["metadata"].get("annotations") or {}).get(STATUS_ANNOTATION)
+    return json.loads(raw) if raw else {}
+
+
+def running(*stubs: KubeStub) -> list[str]:
+    return [o["metadata"]["name"] for s in stubs for o in copies(s) if o["spec"].get("suspend") is False]
+
+
+async def test_one_copy_in_the_chosen_cluster_mirrored_requeued_on_loss_never_twice(
+    bus: SecuredNatsServer, tmp_path: Path
+) -> None:
+    nodes = [a_k8s_node("a1", gpus=8)], [a_k8s_node("b1", gpus=8), a_k8s_node("b2", gpus=8)]
+    with KubeStub(nodes[0]) as api_a, KubeStub(nodes[1]) as api_b:
+        origin = a_batch_job("train", gpus=4, parallelism=2)  # 8 GPUs, created held in cluster a
+        origin["metadata"]["annotations"] = {"chamber.io/clusters": "*"}
+        nc = await connect(bus.url, name="test-admin")
+        await Publisher(nc.jetstream(), source="test").publish(
+            TeamQuotaSet(team="vision", pool="default", guaranteed_gpus=16, at=time.time())
+        )
+        procs = Running()
+        try:
+            procs.start("dispatch", args(bus.url_for("dispatch")))
+            config_a, config_b = api_a.kubeconfig(tmp_path / "a.json"), api_b.kubeconfig(tmp_path / "b.json")
+            actuator_a = args(bus.url_for("actuator-a"), "a", kubeconfig=config_a, price=10.0)
+            actuator_b = args(bus.url_for("actuator-b"), "b", kubeconfig=config_b, price=1.0)
+            procs.start("a", actuator_a)
+            procs.start("b", actuator_b)
+            # both clusters answer (each has counted its GPUs for a heartbeat) before the user submits
+            await until(lambda: all(any(r.path == "/api/v1/nodes" for r in s.requests) for s in (api_a, api_b)))
+            await asyncio.sleep(2 * ROUND_S)
+            api_a.add(origin)
+
+            # dispatched to b (cheaper): exactly one copy there, none in a; the origin stays suspended
+            [copy] = await until(lambda: copies(api_b))
+            assert copy["metadata"]["name"] == "train" and copy["spec"]["suspend"] is True
+            assert copy["metadata"]["labels"][GENERATION_LABEL] == "1"
+            assert "chamber.io/clusters" not in (copy["metadata"].get("annotations") or {})
+            assert copy["spec"]["template"] == origin["spec"]["template"]
+            await until(lambda: status(api_a).get("cluster") == "b")
+            await asyncio.sleep(3 * ROUND_S)
+            assert [r.method for r in api_b.writes() if r.path == JOBS] == ["POST"]
+            assert copies(api_a) == [] and [r for r in api_a.writes() if r.path == JOBS] == []
+            assert api_a.get("batch/v1", "Job", "ml", "train")["spec"]["suspend"] is True
+
+            # b admits its copy: the origin shows it running there
+            api_b.get("batch/v1", "Job", "ml", "train")["spec"]["suspend"] = False
+            await until(lambda: status(api_a) == {"cluster": "b", "generation": 1, "phase": "running"})
+
+            # b stops answering: after the timeout its workload runs in a, once
+            await procs.stop("b")
+            lost_at = time.monotonic()
+            [moved] = await until(lambda: copies(api_a), within=LOST_AFTER_S + 6)
+            assert time.monotonic() - lost_at >= LOST_AFTER_S - 2 * ROUND_S  # not before the stated timeout
+            assert moved["metadata"]["name"] == "train-dispatched"
+            assert moved["metadata"]["labels"][GENERATION_LABEL] == "2"
+            await until(lambda: status(api_a).get("cluster") == "a")
+            moved_copy = api_a.get("batch/v1", "Job", "ml", "train-dispatched")
+            moved_copy["spec"]["suspend"] = False
+
+            # b comes back: its fenced copy is deleted before anything else is written there
+            api_b.requests.clear()
+            procs.start("b", actuator_b)
+            await until(lambda: copies(api_b) == [])
+            await asyncio.sleep(3 * ROUND_S)
+            assert [(r.method, r.path) for r in api_b.writes()] == [("DELETE", f"{JOBS}/train")]
+            assert running(api_a, api_b) == ["train-dispatched"]
+
+            # completion: the copy is deleted, the origin says complete and stays suspended
+            moved_copy["status"] = {"conditions": [{"type": "Complete", "status": "True"}]}
+            await until(lambda: copies(api_a) == [])
+            await until(lambda: status(api_a).get("phase") == "complete")
+            assert api_a.get("batch/v1", "Job", "ml", "train")["spec"]["suspend"] is True
+            assert copies(api_b) == []
+        finally:
+            await procs.stop_all()
+            await nc.close()
