@@ -12,7 +12,6 @@ import re
 
 from events.base import Event
 from events.billing import BudgetExceeded, CostAccrued, PriceSet
-from events.fabric import FabricSample, JobSlowdownCleared, JobSlowdownDetected
 from events.dispatch import (
     ClusterHeartbeat,
     CopyRecalled,
@@ -21,6 +20,7 @@ from events.dispatch import (
     WorkloadOffered,
     WorkloadWithdrawn,
 )
+from events.fabric import FabricSample, JobSlowdownCleared, JobSlowdownDetected
 from events.faults import GpuFaultDetected
 from events.idle import IdlePolicySet, JobIdleDetected
 from events.quota import BudgetSet, FairShareUpdated, PoolDefined, PoolRemoved, TeamQuotaSet

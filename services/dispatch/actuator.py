@@ -272,9 +272,9 @@ def plan(
     for wid, o in origins.items():
         meta = o.obj["metadata"]
         if wid not in s.offers:
-            offer = offer_of(o, me, now)
-            if isinstance(offer, WorkloadOffered):
-                events.append((offer, stable_id("dispatch-offered", me, meta.get("uid", ""), wid)))
+            offered = offer_of(o, me, now)
+            if isinstance(offered, WorkloadOffered):
+                events.append((offered, stable_id("dispatch-offered", me, meta.get("uid", ""), wid)))
         ops: list[Op] = []
         if not o.kind.held(o.obj):
             ops += o.kind.suspend_ops(o.obj) or []
@@ -297,7 +297,9 @@ def _copy_workload(s: ActuatorState, label: str) -> str:
     return next((w for w in s.offers if _label_value(w) == label), label)
 
 
-def _report(wid: str, cluster: str, generation: int, phase: CopyPhase, now: float, message: str = "") -> tuple[Event, str]:
+def _report(
+    wid: str, cluster: str, generation: int, phase: CopyPhase, now: float, message: str = ""
+) -> tuple[Event, str]:
     event = CopyReported(workload=wid, cluster=cluster, generation=generation, phase=phase, at=now, message=message)
     return event, stable_id("copy-reported", wid, cluster, generation, phase)
 

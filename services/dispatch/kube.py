@@ -16,9 +16,9 @@ BACKGROUND = "Background"  # a deleted Job's pods go with it (kubectl's default 
 class DispatchWorkloads(KubernetesWorkloads):
     def create(self, kind: WorkloadKind, namespace: str, body: dict[str, Any]) -> None:
         if isinstance(kind, BatchJob):
-            self.batch.create_namespaced_job(namespace, body)
+            self.batch.create_namespaced_job(namespace, body)  # type: ignore[arg-type]  # a dict body goes as JSON
         elif isinstance(kind, Pod):
-            self.core.create_namespaced_pod(namespace, body)
+            self.core.create_namespaced_pod(namespace, body)  # type: ignore[arg-type]  # a dict body goes as JSON
         else:
             self.custom.create_namespaced_custom_object(kind.group, kind.version, namespace, kind.plural, body)
 

@@ -41,6 +41,7 @@ from services.runtime.options import add_cluster_option
 
 NAME = "dispatch"
 DESCRIPTION = "place each multi-cluster workload in one cluster; --actuator: a cluster's copies"
+RUNS_IN_UP = False  # one machine is one cluster: nothing to dispatch
 log = get_logger("chamber.dispatch")
 
 ROLE = Manifest(
@@ -134,7 +135,12 @@ class Actuator:
                 if isinstance(action, act.Create):
                     failed.add(action.workload)
                 continue
-            log.info("dispatch: kubernetes workload", action=type(action).__name__, namespace=action.namespace, name=action.name)
+            log.info(
+                "dispatch: kubernetes workload",
+                action=type(action).__name__,
+                namespace=action.namespace,
+                name=action.name,
+            )
         for event, event_id in events:
             if isinstance(event, CopyReported) and event.phase == CopyPhase.CREATED and event.workload in failed:
                 continue

@@ -1,0 +1,149 @@
+"""A cluster's dispatch actuator, the pure part (services/dispatch/actuator.py `plan`): the copy it
+creates (same spec, held, labelled with its origin and generation), stale copies deleted before
+anything is created, a fenced actuator deleting every copy, origins kept suspended with the copy's
+phase mirrored, and a deleted origin withdrawn."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from events.dispatch import (
+    CopyPhase,
+    CopyRecalled,
+    CopyReported,
+    WorkloadDispatched,
+    WorkloadOffered,
+    WorkloadWithdrawn,
+)
+from services.dispatch.actuator import (
+    GENERATION_LABEL,
+    ORIGIN_LABEL,
+    STATUS_ANNOTATION,
+    WORKLOAD_LABEL,
+    ActuatorState,
+    Create,
+    Delete,
+    Patch,
+    copy_body,
+    evolve,
+    multi_cluster,
+    offer_of,
+    plan,
+)
+from services.kube.kinds import BatchJob, Observed
+from tests.kube_workloads import a_batch_job
+
+JOB = BatchJob()
+
+
+def origin(*, suspend: bool = True, status: dict[str, Any] | None = None) -> dict[str, Any]:
+    obj = a_batch_job("train", gpus=4, parallelism=2, suspend=suspend)
+    obj["metadata"]["uid"] = "uid-1"
+    obj["metadata"]["annotations"] = {"chamber.io/clusters": "b, a"}
+    if status is not None:
+        obj["metadata"]["annotations"][STATUS_ANNOTATION] = json.dumps(status, sort_keys=True, separators=(",", ":"))
+    return obj
+
+
+def the_offer() -> WorkloadOffered:
+    offer = offer_of(Observed(JOB, origin()), "a", 1.0)
+    assert isinstance(offer, WorkloadOffered)
+    return offer
+
+
+def state(cluster: str, *events: Any) -> ActuatorState:
+    s = ActuatorState(cluster)
+    for e in events:
+        evolve(s, e)
+    return s
+
+
+def a_copy(generation: int, *, suspend: bool = True, done: str | None = None) -> Observed:
+    body = copy_body(the_offer(), "b", generation)
+    body["metadata"]["uid"] = f"copy-{generation}"
+    body["spec"]["suspend"] = suspend
+    if done:
+        body["status"] = {"conditions": [{"type": done, "status": "True"}]}
+    return Observed(JOB, body)
+
+
+def dispatched(cluster: str, generation: int) -> WorkloadDispatched:
+    return WorkloadDispatched(workload="k8s-a-ml-train", cluster=cluster, generation=generation, at=2.0)
+
+
+def test_an_origin_is_offered_with_its_allow_list_and_what_to_copy() -> None:
+    offer = the_offer()
+    assert (offer.workload, offer.origin, offer.team, offer.gpus, offer.clusters) == (
+        "k8s-a-ml-train",
+        "a",
+        "vision",
+        8,
+        ("b", "a"),
+    )
+    events, actions = plan(state("a"), [Observed(JOB, origin())], 1.0)
+    assert [e for e, _ in events] == [offer] and actions == []  # no status before it is offered
+
+
+def test_the_copy_keeps_the_spec_held_and_names_its_origin_and_generation() -> None:
+    s = state("b", the_offer(), dispatched("b", 1))
+    events, actions = plan(s, [], 3.0)
+    [create] = actions
+    assert isinstance(create, Create) and (create.namespace, create.name) == ("ml", "train")
+    body = create.body
+    assert body["spec"] == origin()["spec"] and body["spec"]["suspend"] is True
+    labels = body["metadata"]["labels"]
+    assert labels[WORKLOAD_LABEL] == "k8s-a-ml-train" and labels[GENERATION_LABEL] == "1"
+    assert labels[ORIGIN_LABEL] == "a" and labels["chamber.io/team"] == "vision"
+    assert not multi_cluster(body)  # the copy is an ordinary held workload where it lands
+    assert [(e.phase, e.generation) for e, _ in events] == [(CopyPhase.CREATED, 1)]
+    # another cluster creates nothing
+    assert plan(state("c", the_offer(), dispatched("b", 1)), [], 3.0) == ([], [])
+
+
+def test_a_fenced_copy_is_deleted_before_anything_is_created() -> None:
+    recalled = CopyRecalled(workload="k8s-a-ml-train", cluster="b", generation=1, at=5.0, reason="cluster b lost")
+    s = state("b", the_offer(), dispatched("b", 1), recalled, dispatched("b", 3))
+    _, actions = plan(s, [a_copy(1, suspend=False)], 6.0)
+    assert [type(a) for a in actions] == [Delete, Create]
+    assert (actions[0].name, actions[1].body["metadata"]["labels"][GENERATION_LABEL]) == ("train", "3")
+
+
+def test_a_fenced_actuator_deletes_every_copy_and_creates_none() -> None:
+    s = state("b", the_offer(), dispatched("b", 1))
+    events, actions = plan(s, [a_copy(1, suspend=False)], 6.0, fenced=True)
+    assert events == [] and [type(a) for a in actions] == [Delete]
+
+
+def test_a_copys_phase_is_reported_on_each_change_only() -> None:
+    s = state("b", the_offer(), dispatched("b", 1))
+    created = CopyReported(workload="k8s-a-ml-train", cluster="b", generation=1, phase=CopyPhase.CREATED, at=3.0)
+    evolve(s, created)
+    assert plan(s, [a_copy(1)], 4.0) == ([], [])
+    [(running, _)], _ = plan(s, [a_copy(1, suspend=False)], 4.0)
+    assert running.phase == CopyPhase.RUNNING
+    evolve(s, running)
+    [(suspended, _)], _ = plan(s, [a_copy(1)], 5.0)
+    assert suspended.phase == CopyPhase.SUSPENDED  # held again after running: preempted there
+    [(complete, _)], _ = plan(s, [a_copy(1, suspend=False, done="Complete")], 5.0)
+    assert complete.phase == CopyPhase.COMPLETE
+    [(gone, _)], _ = plan(s, [], 5.0)
+    assert gone.phase == CopyPhase.GONE
+
+
+def test_the_origin_stays_suspended_and_shows_where_its_copy_runs() -> None:
+    report = CopyReported(workload="k8s-a-ml-train", cluster="b", generation=1, phase=CopyPhase.RUNNING, at=3.0)
+    s = state("a", the_offer(), dispatched("b", 1), report)
+    _, [patch] = plan(s, [Observed(JOB, origin(suspend=False))], 4.0)
+    assert isinstance(patch, Patch)
+    ops = {op["path"]: op["value"] for op in patch.ops}
+    assert ops["/spec/suspend"] is True
+    mirrored = {"cluster": "b", "generation": 1, "phase": "running"}
+    assert json.loads(ops[f"/metadata/annotations/{STATUS_ANNOTATION.replace('/', '~1')}"]) == mirrored
+    assert plan(s, [Observed(JOB, origin(status=mirrored))], 5.0) == ([], [])  # converged
+
+
+def test_an_origin_deleted_by_its_user_is_withdrawn() -> None:
+    s = state("a", the_offer(), dispatched("b", 1))
+    [(withdrawn, _)], actions = plan(s, [], 4.0)
+    assert withdrawn == WorkloadWithdrawn(workload="k8s-a-ml-train", origin="a", at=4.0) and actions == []
