@@ -37,7 +37,7 @@ from events.dispatch import (
 )
 from events.jobs import JobSpec
 from services.dispatch.core import CLUSTERS_ANNOTATION, DispatchError, parse_clusters
-from services.kube.kinds import Observed, WorkloadKind, kind_of, owned_by_workload
+from services.kube.kinds import SCHEDULING_GATE, Observed, WorkloadKind, kind_of, owned_by_workload
 from services.kube.patches import Op, annotation_ops
 
 STATUS_ANNOTATION = "chamber.io/dispatch-status"  # on the origin: where its one copy is and how it is
@@ -164,7 +164,26 @@ def manifest_of(kind: WorkloadKind, obj: dict[str, Any]) -> str:
     return json.dumps(body, sort_keys=True, separators=(",", ":"))
 
 
-def copy_body(offer: WorkloadOffered, cluster: str, generation: int) -> dict[str, Any]:
+def released(kind: WorkloadKind, body: dict[str, Any]) -> dict[str, Any]:
+    """The copy let run at once (`--copies released`): unsuspended, or Chamber's gate lifted from a Pod;
+    the cluster's own scheduler places its pods."""
+    if kind.suspend_pointer is None:
+        spec = body.setdefault("spec", {})
+        gates = [g for g in spec.get("schedulingGates") or [] if g.get("name") != SCHEDULING_GATE]
+        if gates:
+            spec["schedulingGates"] = gates
+        else:
+            spec.pop("schedulingGates", None)
+        return body
+    *parents, last = kind.suspend_pointer.strip("/").split("/")
+    node = body
+    for key in parents:
+        node = node.setdefault(key, {})
+    node[last] = False
+    return body
+
+
+def copy_body(offer: WorkloadOffered, cluster: str, generation: int, *, release: bool = False) -> dict[str, Any]:
     body: dict[str, Any] = json.loads(offer.manifest)
     meta = body.setdefault("metadata", {})
     meta["name"], meta["namespace"] = copy_name(offer, cluster), offer.namespace
@@ -178,7 +197,8 @@ def copy_body(offer: WorkloadOffered, cluster: str, generation: int) -> dict[str
         }
     )
     meta.setdefault("annotations", {})[ORIGIN_NAME_ANNOTATION] = offer.name
-    return body
+    kind = kind_of(body.get("apiVersion", ""), body.get("kind", ""))
+    return released(kind, body) if release and kind is not None else body
 
 
 def phase_of(kind: WorkloadKind, obj: dict[str, Any], before: CopyPhase | None) -> CopyPhase:
@@ -217,10 +237,11 @@ def _key(o: Observed) -> tuple[str, str, str]:
 
 
 def plan(
-    s: ActuatorState, listed: list[Observed], now: float, *, fenced: bool = False
+    s: ActuatorState, listed: list[Observed], now: float, *, fenced: bool = False, release: bool = False
 ) -> tuple[list[tuple[Event, str]], list[Action]]:
     """This cluster's round: events (offers, withdrawals, copy phases) and actions, deletions first.
-    `fenced`: the actuator lost the bus for too long: every copy here is deleted, nothing created."""
+    `fenced`: the actuator lost the bus for too long: every copy here is deleted, nothing created.
+    `release`: copies are created released (`released`), else held as their origin was."""
     me = s.cluster
     events: list[tuple[Event, str]] = []
     deletes: list[Action] = []
@@ -256,7 +277,7 @@ def plan(
             if found is None:
                 if before is None:
                     offer = s.offers[wid]
-                    body = copy_body(offer, me, generation)
+                    body = copy_body(offer, me, generation, release=release)
                     kind = kind_of(body["apiVersion"], body["kind"])
                     if kind is not None:
                         name = body["metadata"]["name"]

@@ -83,6 +83,7 @@ class Actuator:
     def __init__(self, args: argparse.Namespace, workloads: Any) -> None:
         self.cluster = args.cluster
         self.price = args.price
+        self.release = args.copies == "released"
         self.lost_after_s = args.lost_after
         self.workloads = workloads
         self.host: DeciderHost[act.ActuatorState] | None = None
@@ -109,7 +110,7 @@ class Actuator:
             self.detected = True
         fenced = now - self.last_beat > self.lost_after_s * act.FENCE_FRACTION
         listed = await asyncio.to_thread(self.workloads.list)
-        events, actions = act.plan(host.state, listed, now, fenced=fenced)
+        events, actions = act.plan(host.state, listed, now, fenced=fenced, release=self.release)
         kinds = {k.kind: k for k in self.workloads.kinds}
         failed: set[str] = set()
         for action in actions:  # deletions come first (plan's order): no duplicate runs while we create
@@ -189,6 +190,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--interval", type=float, default=2.0, help="seconds between rounds (default 2)")
     parser.add_argument(
         "--price", type=float, default=0.0, metavar="PER_GPU_HOUR", help="the actuator's cluster price (default 0)"
+    )
+    parser.add_argument(
+        "--copies",
+        choices=("held", "released"),
+        default="held",
+        help="the actuator creates copies held as their origin was, for the cluster's own admission (Chamber's "
+        "scheduler on that cluster, or Kueue) to place; or released at once, placed by Kubernetes (default held)",
     )
     parser.add_argument("--leader-lease", default=os.environ.get(ENV_NAME, ""), help=f"(default ${ENV_NAME})")
     parser.add_argument("--leader-lease-ttl", type=float, default=float(os.environ.get(ENV_TTL) or 15.0))

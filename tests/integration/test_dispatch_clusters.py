@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from events import TeamQuotaSet
+from services.cli.common import add_nats_option
 from services.dispatch import service
 from services.dispatch.actuator import GENERATION_LABEL, STATUS_ANNOTATION, WORKLOAD_LABEL
 from services.runtime import Publisher, connect
@@ -47,17 +48,14 @@ def bus(tmp_path: Path) -> Iterator[SecuredNatsServer]:
 
 
 def args(url: str, cluster: str = "", *, kubeconfig: Path | None = None, price: float = 0.0) -> argparse.Namespace:
-    return argparse.Namespace(
-        nats=url,
-        cluster=cluster or "local",
-        actuator=bool(cluster),
-        kubeconfig=str(kubeconfig) if kubeconfig else None,
-        lost_after=LOST_AFTER_S,
-        interval=ROUND_S,
-        price=price,
-        leader_lease="",
-        leader_lease_ttl=15.0,
-    )
+    """The flags as docs/multicluster.md gives them to `chamber service dispatch`, parsed by its parser."""
+    parser = argparse.ArgumentParser()
+    add_nats_option(parser)
+    service.add_arguments(parser)
+    argv = ["--nats", url, "--lost-after", str(LOST_AFTER_S), "--interval", str(ROUND_S)]
+    if cluster:
+        argv += ["--actuator", "--cluster", cluster, "--kubeconfig", str(kubeconfig), "--price", str(price)]
+    return parser.parse_args(argv)
 
 
 class Running:

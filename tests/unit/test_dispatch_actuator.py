@@ -30,9 +30,10 @@ from services.dispatch.actuator import (
     multi_cluster,
     offer_of,
     plan,
+    released,
 )
-from services.kube.kinds import BatchJob, Observed
-from tests.kube_workloads import a_batch_job
+from services.kube.kinds import BatchJob, Observed, Pod
+from tests.kube_workloads import a_batch_job, a_pod
 
 JOB = BatchJob()
 
@@ -147,3 +148,17 @@ def test_an_origin_deleted_by_its_user_is_withdrawn() -> None:
     s = state("a", the_offer(), dispatched("b", 1))
     [(withdrawn, _)], actions = plan(s, [], 4.0)
     assert withdrawn == WorkloadWithdrawn(workload="k8s-a-ml-train", origin="a", at=4.0) and actions == []
+
+
+def test_a_copy_may_be_created_released_for_kubernetes_to_place() -> None:
+    s = state("b", the_offer(), dispatched("b", 1))
+    _, [create] = plan(s, [], 3.0, release=True)
+    assert isinstance(create, Create) and create.body["spec"]["suspend"] is False
+    assert create.body["spec"]["template"] == origin()["spec"]["template"]
+
+
+def test_a_released_pod_loses_chambers_gate_and_keeps_any_other() -> None:
+    pod = a_pod()
+    pod["spec"]["schedulingGates"].append({"name": "example.com/other"})
+    assert released(Pod(), pod)["spec"]["schedulingGates"] == [{"name": "example.com/other"}]
+    assert "schedulingGates" not in released(Pod(), a_pod())["spec"]
