@@ -55,7 +55,8 @@ from services.runtime.credentials import inbox_prefix
 from services.runtime.manifest import Manifest, lease_bucket, snapshot_bucket
 
 DEFAULT_SERVICES = ("discovery", "health", "quota", "scheduler", "billing", "recorder", "gateway", "perf")
-# Not in the default set (one cluster needs none; the chart does not run it yet): name it with --service.
+# Not in the default set (one cluster needs none; the chart does not run it yet): added with
+# `--actuator-cluster`, or named with `--service`.
 MULTI_CLUSTER_SERVICES = ("dispatch",)
 EVENT_STREAMS = tuple(s.name for s in STREAMS if s.name != "DEAD")
 SIM_COMMANDS = "sim"  # the simulated fleet's command subject token (node_agent/agent.py SIM_SERVICE)
@@ -547,9 +548,13 @@ def run(args: argparse.Namespace) -> int:
         if not node or any(c.isspace() or c in "*>." for c in node):
             raise UsageError(f"--agent-node {node!r}: give a Kubernetes node name")
     explaining = args.explain is not None
+    multi_cluster = bool(args.actuator_cluster) or (
+        explaining and args.explain.startswith(("actuator-", "svc-dispatch"))
+    )
     chosen = users(
         args.cluster,
-        services=args.services or DEFAULT_SERVICES,
+        # with cluster actuators comes the dispatcher that they serve
+        services=args.services or (*DEFAULT_SERVICES, *(MULTI_CLUSTER_SERVICES if multi_cluster else ())),
         agent_nodes=[
             *args.agent_node,
             *([args.explain[6:]] if explaining and args.explain.startswith("agent-") else []),

@@ -162,3 +162,14 @@ def test_a_released_pod_loses_chambers_gate_and_keeps_any_other() -> None:
     pod["spec"]["schedulingGates"].append({"name": "example.com/other"})
     assert released(Pod(), pod)["spec"]["schedulingGates"] == [{"name": "example.com/other"}]
     assert "schedulingGates" not in released(Pod(), a_pod())["spec"]
+
+
+def test_the_schedulers_own_actuator_leaves_a_multi_cluster_origin_alone() -> None:
+    from services.scheduler.kubernetes import reconcile
+    from tests.scheduler_builders import Driver, a_quota
+
+    d = Driver().given(a_quota("vision", 16))
+    plain = a_batch_job("plain")
+    plain["metadata"]["uid"] = "uid-2"
+    events, actions = reconcile(d.state, [origin(), plain], "a", now=1.0)
+    assert [e.job_id for e, _ in events] == ["k8s-a-ml-plain"] and actions == []  # type: ignore[attr-defined]
