@@ -94,9 +94,11 @@ class CopyReported(Event, frozen=True, tag=event_type("dispatch", "copy_reported
 
 
 class ClusterHeartbeat(Event, frozen=True, tag=event_type("dispatch", "cluster_heartbeat")):
-    """A cluster's actuator is answering: its GPU capacity (allocatable GPUs of its nodes) and price."""
+    """A cluster's actuator is answering: its GPU capacity (allocatable GPUs of its nodes), its price,
+    and the workload kinds its API server serves (a JobSet goes only where JobSet is installed)."""
 
     cluster: Name
     at: float
     capacity_gpus: GpuCount = 0
     price_per_gpu_hour: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    kinds: tuple[Name, ...] = ()  # empty: not said (any kind)

@@ -8,9 +8,9 @@ One cycle, in numbered phases:
 2. recall: a copy whose workload completed, failed or was withdrawn is recalled for good; one that
    was suspended there (preempted) or went missing is recalled and its workload goes back to 3;
 3. lost clusters: a cluster silent for `lost_after_s` has each of its copies recalled (fenced: the
-   generation is retired) and its workloads dispatched again among the clusters still answering;
+   generation is retired) and its workloads go back to 4, among the clusters still answering;
 4. dispatch: each offered workload without a live copy, oldest offer first (then by id), goes to
-   the one best cluster (services/dispatch/core.py `choose`), or waits.
+   the one best cluster that serves its kind (services/dispatch/core.py `choose`), or waits.
 
 Quota: a team may hold at most the sum over its pools of guaranteed + borrow limit GPUs in live copies
 (pools may span clusters: the quota is the team's, wherever its copies run); a team without a quota
@@ -19,7 +19,7 @@ dispatches nothing, as the scheduler's door refuses its jobs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from events import Event, TeamQuotaSet
 from events.codec import stable_id
@@ -48,6 +48,7 @@ class Seen:
     last_seen: float
     capacity_gpus: int
     price_per_gpu_hour: float
+    kinds: frozenset[str] = frozenset()  # the workload kinds it serves (empty: not said)
 
 
 @dataclass
@@ -55,6 +56,7 @@ class DispatcherState:
     lost_after_s: float = LOST_AFTER_S
     offers: dict[str, core.Workload] = field(default_factory=dict)
     offered_at: dict[str, float] = field(default_factory=dict)
+    kinds: dict[str, str] = field(default_factory=dict)  # workload -> its kind (Job, JobSet, ...)
     done: dict[str, str] = field(default_factory=dict)  # workload -> why it is not dispatched again
     withdrawn: set[str] = field(default_factory=set)
     clusters: dict[str, Seen] = field(default_factory=dict)
@@ -73,6 +75,7 @@ def evolve(s: DispatcherState, event: Event) -> None:
                     event.workload, event.team, event.gpus, event.origin, tuple(event.clusters)
                 )
                 s.offered_at[event.workload] = event.at
+                s.kinds[event.workload] = event.kind
         case WorkloadWithdrawn():
             if event.workload in s.offers and event.workload not in s.done:
                 s.withdrawn.add(event.workload)
@@ -81,7 +84,8 @@ def evolve(s: DispatcherState, event: Event) -> None:
         case ClusterHeartbeat():
             seen = s.clusters.get(event.cluster)
             if seen is None or event.at >= seen.last_seen:
-                s.clusters[event.cluster] = Seen(event.at, event.capacity_gpus, event.price_per_gpu_hour)
+                kinds = frozenset(event.kinds)
+                s.clusters[event.cluster] = Seen(event.at, event.capacity_gpus, event.price_per_gpu_hour, kinds)
         case WorkloadDispatched():
             w = event.workload
             if event.generation > s.copies.generations.get(w, 0) and w not in s.done:
@@ -116,6 +120,7 @@ def _retire(s: DispatcherState, workload: str, why: str) -> None:
     s.done[workload] = why
     s.offers.pop(workload, None)
     s.offered_at.pop(workload, None)
+    s.kinds.pop(workload, None)
     s.withdrawn.discard(workload)
     s.copies.waiting.pop(workload, None)
 
@@ -187,16 +192,18 @@ def decide(s: DispatcherState, now: float) -> list[tuple[Event, str]]:
             reason = "preempted there" if phase == CopyPhase.SUSPENDED else "the copy went missing"
             out += _events(core.finished(scratch, wid, reason), now)
             again.append(wid)
-    # 3. lost clusters: fence their copies, dispatch their workloads elsewhere
-    cluster_views = views(s, scratch)
-    unknown = core.Workload("", "", UNLIMITED, "")  # a copy without an offer: fenced, never fits again
-    live = {wid: s.offers.get(wid, replace(unknown, id=wid)) for wid in scratch.copies}
-    out += _events(core.cluster_lost(scratch, live, cluster_views, now, s.lost_after_s), now)
-    # 4. dispatch what has no copy, oldest offer first
+    # 3. lost clusters: fence their copies; their workloads are dispatched again in 4
+    lost = {name for name, c in s.clusters.items() if now - c.last_seen > s.lost_after_s}
+    for wid, copy in sorted(scratch.copies.items()):
+        if copy.cluster in lost:
+            out += _events(core.finished(scratch, wid, f"cluster {copy.cluster} lost"), now)
+            again.append(wid)
+    # 4. dispatch what has no copy, oldest offer first, among the clusters that serve its kind
     pending = [wid for wid in s.offers if wid not in scratch.copies and wid not in s.withdrawn | closing]
     for wid in sorted(set(pending) | set(again), key=lambda w: (s.offered_at.get(w, 0.0), w)):
-        if wid in scratch.copies:
+        if wid in scratch.copies or wid not in s.offers:
             continue
-        actions = core.dispatch(scratch, s.offers[wid], views(s, scratch), now, s.lost_after_s)
-        out += _events(actions, now)
+        kind = s.kinds.get(wid, "")
+        serving = [v for v in views(s, scratch) if not s.clusters[v.name].kinds or kind in s.clusters[v.name].kinds]
+        out += _events(core.dispatch(scratch, s.offers[wid], serving, now, s.lost_after_s), now)
     return out

@@ -114,15 +114,19 @@ class Actuator:
         kinds = {k.kind: k for k in self.workloads.kinds}
         failed: set[str] = set()
         for action in actions:  # deletions come first (plan's order): no duplicate runs while we create
+            kind = kinds.get(action.kind)
+            if kind is None:  # not served here (the dispatcher sends a kind only where it is served)
+                log.warning("dispatch: workload kind not served here", kind=action.kind, name=action.name)
+                if isinstance(action, act.Create):
+                    failed.add(action.workload)
+                continue
             try:
                 if isinstance(action, act.Delete):
-                    await asyncio.to_thread(self.workloads.delete, kinds[action.kind], action.namespace, action.name)
+                    await asyncio.to_thread(self.workloads.delete, kind, action.namespace, action.name)
                 elif isinstance(action, act.Create):
-                    await asyncio.to_thread(self.workloads.create, kinds[action.kind], action.namespace, action.body)
+                    await asyncio.to_thread(self.workloads.create, kind, action.namespace, action.body)
                 else:
-                    await asyncio.to_thread(
-                        self.workloads.patch, kinds[action.kind], action.namespace, action.name, list(action.ops)
-                    )
+                    await asyncio.to_thread(self.workloads.patch, kind, action.namespace, action.name, list(action.ops))
             except ApiException as exc:
                 log.warning(
                     "dispatch: kubernetes refused",
@@ -151,7 +155,10 @@ class Actuator:
     async def beat(self, now: float) -> None:
         assert self.host is not None
         capacity = await asyncio.to_thread(self.workloads.capacity_gpus)
-        beat = ClusterHeartbeat(cluster=self.cluster, at=now, capacity_gpus=capacity, price_per_gpu_hour=self.price)
+        kinds = tuple(k.kind for k in self.workloads.kinds) if self.detected else ()
+        beat = ClusterHeartbeat(
+            cluster=self.cluster, at=now, capacity_gpus=capacity, price_per_gpu_hour=self.price, kinds=kinds
+        )
         await self.host.ctx.publisher.publish(beat)
         self.last_beat = now
 

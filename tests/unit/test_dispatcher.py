@@ -85,6 +85,19 @@ def test_the_allow_list_and_the_quota_and_capacity_bound_the_choice() -> None:
     assert out[0].final and (out[1].workload, out[1].cluster) == ("pinned", "a")
 
 
+def test_a_workload_goes_only_where_its_kind_is_served() -> None:
+    jobset = WorkloadOffered(
+        workload="js", origin="a", namespace="ml", name="js", team="vision", gpus=8, at=1.0, kind="JobSet"
+    )
+    cheap_without = ClusterHeartbeat(cluster="b", at=10.0, capacity_gpus=16, price_per_gpu_hour=1.0, kinds=("Job",))
+    dear_with = ClusterHeartbeat(
+        cluster="c", at=10.0, capacity_gpus=16, price_per_gpu_hour=9.0, kinds=("Job", "JobSet")
+    )
+    d = Given(quota(), cheap_without, dear_with, jobset, offer())
+    placed = {e.workload: e.cluster for e in d.decide(11.0) if isinstance(e, WorkloadDispatched)}
+    assert placed == {"js": "c", "w1": "b"}
+
+
 def test_a_team_without_a_quota_dispatches_nothing() -> None:
     d = Given(beat("a", 10.0), offer())
     assert d.decide(11.0) == []
