@@ -3,7 +3,7 @@ DISPATCH (offers, heartbeats, copy reports, its own decisions once they come bac
 QUOTA (team quotas); `decide(state, now)` returns the decisions. Pure: no I/O, time passed in.
 
 One cycle, in numbered phases:
-1. views: each cluster that ever beat, with its capacity and price from its last heartbeat, and its
+1. views (`Board`): each cluster that ever beat, with its capacity and price from its last heartbeat, and its
    queue from the copies dispatched there (running ones hold GPUs, the others wait);
 2. recall: a copy whose workload completed, failed or was withdrawn is recalled for good; one that
    was suspended there (preempted) or went missing is recalled and its workload goes back to 3;
@@ -128,37 +128,49 @@ def _retire(s: DispatcherState, workload: str, why: str) -> None:
 # -- deciding ----------------------------------------------------------------------------------
 
 
-def views(s: DispatcherState, copies: core.DispatchState) -> list[core.ClusterView]:
-    """Each cluster that ever beat, with its queue from the copies dispatched there (`copies`: the
-    cycle's working copy, so a workload dispatched earlier in the cycle counts)."""
-    running: dict[str, int] = {}
-    queued: dict[str, int] = {}
-    held: dict[str, int] = {}  # team -> GPUs in live copies anywhere
-    for wid, copy in copies.copies.items():
-        w = s.offers.get(wid)
-        if w is None:
-            continue
-        target = running if s.phases.get(wid) == CopyPhase.RUNNING else queued
-        target[copy.cluster] = target.get(copy.cluster, 0) + w.gpus
-        held[w.team] = held.get(w.team, 0) + w.gpus
-    limits: dict[str, int] = {}
-    for (team, _), gpus in s.quotas.items():
-        limits[team] = min(UNLIMITED, limits.get(team, 0) + gpus)
-    quota_left = {team: limit - held.get(team, 0) for team, limit in limits.items()}
-    mean = sum(s.runtimes) / len(s.runtimes) if s.runtimes else DEFAULT_MEAN_RUNTIME_S
-    return [
-        core.ClusterView(
-            name=name,
-            capacity_gpus=c.capacity_gpus,
-            free_gpus=max(0, c.capacity_gpus - running.get(name, 0)),
-            queued_gpus=queued.get(name, 0),
-            mean_runtime_s=max(1.0, mean),
-            price_per_gpu_hour=c.price_per_gpu_hour,
-            last_seen=c.last_seen,
-            quota_left=quota_left,
-        )
-        for name, c in sorted(s.clusters.items())
-    ]
+@dataclass
+class Board:
+    """The queue model of one cycle: GPUs running and queued per cluster, GPUs each team holds in live
+    copies; built once from the copies, then updated with each dispatch of the cycle."""
+
+    running: dict[str, int] = field(default_factory=dict)
+    queued: dict[str, int] = field(default_factory=dict)
+    held: dict[str, int] = field(default_factory=dict)
+
+    @staticmethod
+    def of(s: DispatcherState, copies: core.DispatchState) -> Board:
+        board = Board()
+        for wid, copy in copies.copies.items():
+            w = s.offers.get(wid)
+            if w is not None:
+                board.add(w, copy.cluster, running=s.phases.get(wid) == CopyPhase.RUNNING)
+        return board
+
+    def add(self, w: core.Workload, cluster: str, *, running: bool = False) -> None:
+        target = self.running if running else self.queued
+        target[cluster] = target.get(cluster, 0) + w.gpus
+        self.held[w.team] = self.held.get(w.team, 0) + w.gpus
+
+    def views(self, s: DispatcherState) -> list[core.ClusterView]:
+        """Each cluster that ever beat, as the scoring sees it."""
+        limits: dict[str, int] = {}
+        for (team, _), gpus in s.quotas.items():
+            limits[team] = min(UNLIMITED, limits.get(team, 0) + gpus)
+        quota_left = {team: limit - self.held.get(team, 0) for team, limit in limits.items()}
+        mean = sum(s.runtimes) / len(s.runtimes) if s.runtimes else DEFAULT_MEAN_RUNTIME_S
+        return [
+            core.ClusterView(
+                name=name,
+                capacity_gpus=c.capacity_gpus,
+                free_gpus=max(0, c.capacity_gpus - self.running.get(name, 0)),
+                queued_gpus=self.queued.get(name, 0),
+                mean_runtime_s=max(1.0, mean),
+                price_per_gpu_hour=c.price_per_gpu_hour,
+                last_seen=c.last_seen,
+                quota_left=quota_left,
+            )
+            for name, c in sorted(s.clusters.items())
+        ]
 
 
 def _events(actions: list[core.Action], now: float, final: bool = False) -> list[tuple[Event, str]]:
@@ -200,10 +212,15 @@ def decide(s: DispatcherState, now: float) -> list[tuple[Event, str]]:
             again.append(wid)
     # 4. dispatch what has no copy, oldest offer first, among the clusters that serve its kind
     pending = [wid for wid in s.offers if wid not in scratch.copies and wid not in s.withdrawn | closing]
+    board = Board.of(s, scratch)
     for wid in sorted(set(pending) | set(again), key=lambda w: (s.offered_at.get(w, 0.0), w)):
         if wid in scratch.copies or wid not in s.offers:
             continue
         kind = s.kinds.get(wid, "")
-        serving = [v for v in views(s, scratch) if not s.clusters[v.name].kinds or kind in s.clusters[v.name].kinds]
-        out += _events(core.dispatch(scratch, s.offers[wid], serving, now, s.lost_after_s), now)
+        serving = [v for v in board.views(s) if not s.clusters[v.name].kinds or kind in s.clusters[v.name].kinds]
+        actions = core.dispatch(scratch, s.offers[wid], serving, now, s.lost_after_s)
+        for a in actions:
+            if isinstance(a, core.CreateCopy):
+                board.add(s.offers[wid], a.cluster)
+        out += _events(actions, now)
     return out
