@@ -125,7 +125,19 @@ class Patch:
     ops: tuple[Op, ...] = field(default=(), compare=False)
 
 
-Action = Delete | Create | Patch
+@dataclass(frozen=True)
+class Refuse:
+    """An origin Chamber cannot dispatch as written: a Kubernetes Event on it says why (once per uid)."""
+
+    kind: str
+    api_version: str
+    namespace: str
+    name: str
+    uid: str = ""
+    reason: str = field(default="", compare=False)
+
+
+Action = Delete | Create | Patch | Refuse
 
 
 def workload_id(cluster: str, namespace: str, name: str, kind: WorkloadKind) -> str:
@@ -296,6 +308,9 @@ def plan(
             offered = offer_of(o, me, now)
             if isinstance(offered, WorkloadOffered):
                 events.append((offered, stable_id("dispatch-offered", me, meta.get("uid", ""), wid)))
+            elif isinstance(offered, str):
+                ns, name, uid = meta["namespace"], meta["name"], meta.get("uid", "")
+                others.append(Refuse(o.kind.kind, o.kind.api_version, ns, name, uid, offered))
         ops: list[Op] = []
         if not o.kind.held(o.obj):
             ops += o.kind.suspend_ops(o.obj) or []

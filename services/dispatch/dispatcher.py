@@ -6,7 +6,7 @@ One cycle, in numbered phases:
 1. views (`Board`): each cluster that ever beat, with its capacity and price from its last heartbeat, and its
    queue from the copies dispatched there (running ones hold GPUs, the others wait);
 2. recall: a copy whose workload completed, failed or was withdrawn is recalled for good; one that
-   was suspended there (preempted) or went missing is recalled and its workload goes back to 3;
+   was suspended there (preempted) or went missing is recalled and its workload goes back to 4;
 3. lost clusters: a cluster silent for `lost_after_s` has each of its copies recalled (fenced: the
    generation is retired) and its workloads go back to 4, among the clusters still answering;
 4. dispatch: each offered workload without a live copy, oldest offer first (then by id), goes to

@@ -89,6 +89,7 @@ class Actuator:
         self.host: DeciderHost[act.ActuatorState] | None = None
         self.last_beat = time.time()  # the last heartbeat the bus acknowledged
         self.detected = False
+        self.refused: set[str] = set()  # origin uids already told why they are not dispatched
 
     def manifest(self, interval: float) -> Decider[act.ActuatorState]:
         return Decider(
@@ -119,6 +120,9 @@ class Actuator:
                 log.warning("dispatch: workload kind not served here", kind=action.kind, name=action.name)
                 if isinstance(action, act.Create):
                     failed.add(action.workload)
+                continue
+            if isinstance(action, act.Refuse):
+                await self.refuse(kind, action, now)
                 continue
             try:
                 if isinstance(action, act.Delete):
@@ -151,6 +155,28 @@ class Actuator:
                 continue
             await host.ctx.publisher.publish(event, id=event_id)
         await self.beat(now)
+
+    async def refuse(self, kind: Any, action: act.Refuse, now: float) -> None:
+        """Say once, on the origin object, why it is not dispatched (and in the log in any case)."""
+        from kubernetes.client.exceptions import ApiException
+
+        if action.uid in self.refused:
+            return
+        self.refused.add(action.uid)
+        log.warning("dispatch: workload refused", namespace=action.namespace, name=action.name, reason=action.reason)
+        try:
+            await asyncio.to_thread(
+                self.workloads.event,
+                kind,
+                action.namespace,
+                action.name,
+                action.uid,
+                "ChamberRefused",
+                action.reason,
+                now,
+            )
+        except ApiException as exc:
+            log.warning("could not post the Event", name=action.name, status=exc.status)
 
     async def beat(self, now: float) -> None:
         assert self.host is not None

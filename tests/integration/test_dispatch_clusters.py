@@ -5,7 +5,8 @@ the dispatcher and both clusters' actuators as `chamber service dispatch` runs t
 A workload created in cluster a with `chamber.io/clusters` gets exactly one copy, in the cluster the
 dispatcher prefers (b, cheaper), none in a; the origin stays suspended and shows the copy's phase;
 when b stops answering its workload is dispatched to a; when b comes back, its fenced copy is deleted
-before anything else is written there; completion deletes the copy and the origin says complete.
+before anything else is written there; completion deletes the copy and the origin says complete. A
+workload whose annotation names no cluster gets one Kubernetes Event saying so.
 """
 
 from __future__ import annotations
@@ -121,8 +122,11 @@ async def test_one_copy_in_the_chosen_cluster_mirrored_requeued_on_loss_never_tw
             procs.start("b", actuator_b)
             # both clusters answer (each has counted its GPUs for a heartbeat) before the user submits
             await until(lambda: all(any(r.path == "/api/v1/nodes" for r in s.requests) for s in (api_a, api_b)))
-            await asyncio.sleep(2 * ROUND_S)
+            await asyncio.sleep(ROUND_S)
             api_a.add(origin)
+            bad = a_batch_job("bad", gpus=4, parallelism=1)
+            bad["metadata"]["annotations"] = {"chamber.io/clusters": " , "}  # names no cluster
+            api_a.add(bad)
 
             # dispatched to b (cheaper): exactly one copy there, none in a; the origin stays suspended
             [copy] = await until(lambda: copies(api_b))
@@ -131,7 +135,7 @@ async def test_one_copy_in_the_chosen_cluster_mirrored_requeued_on_loss_never_tw
             assert "chamber.io/clusters" not in (copy["metadata"].get("annotations") or {})
             assert copy["spec"]["template"] == origin["spec"]["template"]
             await until(lambda: status(api_a).get("cluster") == "b")
-            await asyncio.sleep(3 * ROUND_S)
+            await asyncio.sleep(2 * ROUND_S)
             assert [r.method for r in api_b.writes() if r.path == JOBS] == ["POST"]
             assert copies(api_a) == [] and [r for r in api_a.writes() if r.path == JOBS] == []
             assert api_a.get("batch/v1", "Job", "ml", "train")["spec"]["suspend"] is True
@@ -155,7 +159,7 @@ async def test_one_copy_in_the_chosen_cluster_mirrored_requeued_on_loss_never_tw
             api_b.requests.clear()
             procs.start("b", actuator_b)
             await until(lambda: copies(api_b) == [])
-            await asyncio.sleep(3 * ROUND_S)
+            await asyncio.sleep(2 * ROUND_S)
             assert [(r.method, r.path) for r in api_b.writes()] == [("DELETE", f"{JOBS}/train")]
             assert running(api_a, api_b) == ["train-dispatched"]
 
@@ -165,6 +169,9 @@ async def test_one_copy_in_the_chosen_cluster_mirrored_requeued_on_loss_never_tw
             await until(lambda: status(api_a).get("phase") == "complete")
             assert api_a.get("batch/v1", "Job", "ml", "train")["spec"]["suspend"] is True
             assert copies(api_b) == []
+            # the workload that names no cluster was told so, once, and never offered
+            refused = [(e["involvedObject"]["name"], e["reason"]) for e in api_a.events]
+            assert refused == [("bad", "ChamberRefused")] and "names no cluster" in api_a.events[0]["message"]
         finally:
             await procs.stop_all()
             await nc.close()

@@ -25,6 +25,7 @@ from services.dispatch.actuator import (
     Create,
     Delete,
     Patch,
+    Refuse,
     copy_body,
     evolve,
     multi_cluster,
@@ -173,3 +174,11 @@ def test_the_schedulers_own_actuator_leaves_a_multi_cluster_origin_alone() -> No
     plain["metadata"]["uid"] = "uid-2"
     events, actions = reconcile(d.state, [origin(), plain], "a", now=1.0)
     assert [e.job_id for e, _ in events] == ["k8s-a-ml-plain"] and actions == []  # type: ignore[attr-defined]
+
+
+def test_an_origin_that_cannot_be_dispatched_as_written_is_refused_with_the_fix() -> None:
+    bad = origin()
+    bad["metadata"]["annotations"]["chamber.io/clusters"] = " , "
+    events, [refuse] = plan(state("a"), [Observed(JOB, bad)], 1.0)
+    assert events == [] and isinstance(refuse, Refuse) and refuse.uid == "uid-1"
+    assert "names no cluster" in refuse.reason
