@@ -95,10 +95,15 @@ class CopyReported(Event, frozen=True, tag=event_type("dispatch", "copy_reported
 
 class ClusterHeartbeat(Event, frozen=True, tag=event_type("dispatch", "cluster_heartbeat")):
     """A cluster's actuator is answering: its GPU capacity (allocatable GPUs of its nodes), its price,
-    and the workload kinds its API server serves (a JobSet goes only where JobSet is installed)."""
+    the workload kinds its API server serves (a JobSet goes only where JobSet is installed), and the
+    load of its own workloads (the dispatcher's queue model adds the copies it sent there)."""
 
     cluster: Name
     at: float
     capacity_gpus: GpuCount = 0
     price_per_gpu_hour: Annotated[float, msgspec.Meta(ge=0)] = 0.0
     kinds: tuple[Name, ...] = ()  # empty: not said (any kind)
+    # the cluster's own Chamber workloads (not dispatched copies, which the dispatcher counts itself):
+    # GPUs of those released and not finished, and of those held (waiting for admission there)
+    running_gpus: GpuCount = 0
+    queued_gpus: GpuCount = 0

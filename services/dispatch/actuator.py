@@ -39,6 +39,7 @@ from events.jobs import JobSpec
 from services.dispatch.core import CLUSTERS_ANNOTATION, DispatchError, parse_clusters
 from services.kube.kinds import SCHEDULING_GATE, Observed, WorkloadKind, kind_of, owned_by_workload
 from services.kube.patches import Op, annotation_ops
+from services.kube.resources import WorkloadError
 
 STATUS_ANNOTATION = "chamber.io/dispatch-status"  # on the origin: where its one copy is and how it is
 WORKLOAD_LABEL = "chamber.io/dispatch-workload"  # on a copy: the workload it is a copy of
@@ -324,6 +325,28 @@ def plan(
         if offer.origin == me and wid not in origins and wid not in s.final and wid not in s.withdrawn:
             events.append((WorkloadWithdrawn(workload=wid, origin=me, at=now), stable_id("dispatch-withdrawn", wid)))
     return events, [*deletes, *others]
+
+
+def load(listed: list[Observed]) -> tuple[int, int]:
+    """(GPUs running, GPUs waiting) of the cluster's own Chamber workloads: released and not finished,
+    or held; dispatched copies and origins are not counted (the dispatcher counts copies itself, and an
+    origin never runs where it was created)."""
+    running = queued = 0
+    for o in listed:
+        if owned_by_workload(o.obj) or is_copy(o.obj) or multi_cluster(o.obj) or o.kind.finished(o.obj):
+            continue
+        try:
+            demand = o.kind.demand(o.obj)
+        except WorkloadError:
+            continue
+        if demand is None:
+            continue
+        gpus = demand.gpus_per_pod * demand.pods
+        if o.kind.held(o.obj):
+            queued += gpus
+        else:
+            running += gpus
+    return running, queued
 
 
 def _copy_workload(s: ActuatorState, label: str) -> str:

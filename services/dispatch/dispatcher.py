@@ -3,8 +3,9 @@ DISPATCH (offers, heartbeats, copy reports, its own decisions once they come bac
 QUOTA (team quotas); `decide(state, now)` returns the decisions. Pure: no I/O, time passed in.
 
 One cycle, in numbered phases:
-1. views (`Board`): each cluster that ever beat, with its capacity and price from its last heartbeat, and its
-   queue from the copies dispatched there (running ones hold GPUs, the others wait);
+1. views (`Board`): each cluster that ever beat, with its capacity, price and own load (its own
+   workloads running and waiting) from its last heartbeat, plus the copies dispatched there (running
+   ones hold GPUs, the others wait);
 2. recall: a copy whose workload completed, failed or was withdrawn is recalled for good; one that
    was suspended there (preempted) or went missing is recalled and its workload goes back to 4;
 3. lost clusters: a cluster silent for `lost_after_s` has each of its copies recalled (fenced: the
@@ -49,6 +50,8 @@ class Seen:
     capacity_gpus: int
     price_per_gpu_hour: float
     kinds: frozenset[str] = frozenset()  # the workload kinds it serves (empty: not said)
+    running_gpus: int = 0  # of its own workloads (not copies)
+    queued_gpus: int = 0
 
 
 @dataclass
@@ -84,8 +87,14 @@ def evolve(s: DispatcherState, event: Event) -> None:
         case ClusterHeartbeat():
             seen = s.clusters.get(event.cluster)
             if seen is None or event.at >= seen.last_seen:
-                kinds = frozenset(event.kinds)
-                s.clusters[event.cluster] = Seen(event.at, event.capacity_gpus, event.price_per_gpu_hour, kinds)
+                s.clusters[event.cluster] = Seen(
+                    event.at,
+                    event.capacity_gpus,
+                    event.price_per_gpu_hour,
+                    frozenset(event.kinds),
+                    event.running_gpus,
+                    event.queued_gpus,
+                )
         case WorkloadDispatched():
             w = event.workload
             if event.generation > s.copies.generations.get(w, 0) and w not in s.done:
@@ -162,8 +171,8 @@ class Board:
             core.ClusterView(
                 name=name,
                 capacity_gpus=c.capacity_gpus,
-                free_gpus=max(0, c.capacity_gpus - self.running.get(name, 0)),
-                queued_gpus=self.queued.get(name, 0),
+                free_gpus=max(0, c.capacity_gpus - c.running_gpus - self.running.get(name, 0)),
+                queued_gpus=c.queued_gpus + self.queued.get(name, 0),
                 mean_runtime_s=max(1.0, mean),
                 price_per_gpu_hour=c.price_per_gpu_hour,
                 last_seen=c.last_seen,

@@ -154,7 +154,7 @@ class Actuator:
             if isinstance(event, CopyReported) and event.phase == CopyPhase.CREATED and event.workload in failed:
                 continue
             await host.ctx.publisher.publish(event, id=event_id)
-        await self.beat(now)
+        await self.beat(now, *act.load(listed))
 
     async def refuse(self, kind: Any, action: act.Refuse, now: float) -> None:
         """Say once, on the origin object, why it is not dispatched (and in the log in any case)."""
@@ -178,12 +178,18 @@ class Actuator:
         except ApiException as exc:
             log.warning("could not post the Event", name=action.name, status=exc.status)
 
-    async def beat(self, now: float) -> None:
+    async def beat(self, now: float, running_gpus: int, queued_gpus: int) -> None:
         assert self.host is not None
         capacity = await asyncio.to_thread(self.workloads.capacity_gpus)
         kinds = tuple(k.kind for k in self.workloads.kinds) if self.detected else ()
         beat = ClusterHeartbeat(
-            cluster=self.cluster, at=now, capacity_gpus=capacity, price_per_gpu_hour=self.price, kinds=kinds
+            cluster=self.cluster,
+            at=now,
+            capacity_gpus=capacity,
+            price_per_gpu_hour=self.price,
+            kinds=kinds,
+            running_gpus=running_gpus,
+            queued_gpus=queued_gpus,
         )
         await self.host.ctx.publisher.publish(beat)
         self.last_beat = now

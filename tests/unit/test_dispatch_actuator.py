@@ -28,6 +28,7 @@ from services.dispatch.actuator import (
     Refuse,
     copy_body,
     evolve,
+    load,
     multi_cluster,
     offer_of,
     plan,
@@ -182,3 +183,12 @@ def test_an_origin_that_cannot_be_dispatched_as_written_is_refused_with_the_fix(
     events, [refuse] = plan(state("a"), [Observed(JOB, bad)], 1.0)
     assert events == [] and isinstance(refuse, Refuse) and refuse.uid == "uid-1"
     assert "names no cluster" in refuse.reason
+
+
+def test_the_heartbeat_load_counts_the_clusters_own_workloads_not_copies_or_origins() -> None:
+    running = a_batch_job("local-running", gpus=4, parallelism=2, suspend=False)
+    waiting = a_batch_job("local-waiting", gpus=2, parallelism=1)
+    done = a_batch_job("local-done", gpus=8, parallelism=1, suspend=False)
+    done["status"] = {"conditions": [{"type": "Complete", "status": "True"}]}
+    listed = [Observed(JOB, o) for o in (running, waiting, done, origin())] + [a_copy(1, suspend=False)]
+    assert load(listed) == (8, 2)

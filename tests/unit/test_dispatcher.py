@@ -98,6 +98,18 @@ def test_a_workload_goes_only_where_its_kind_is_served() -> None:
     assert placed == {"js": "c", "w1": "b"}
 
 
+def test_a_cluster_busy_with_its_own_work_waits_longer() -> None:
+    busy = ClusterHeartbeat(
+        cluster="b", at=10.0, capacity_gpus=16, price_per_gpu_hour=1.0, running_gpus=16, queued_gpus=8
+    )
+    d = Given(quota(), beat("a", 10.0, price=2.0), busy, offer())
+    [placed] = d.decide(11.0)
+    assert isinstance(placed, WorkloadDispatched) and placed.cluster == "a"  # dearer, but b would make it wait
+    d = Given(quota(), beat("a", 10.0, price=2.0), beat("b", 10.0, price=1.0), offer())
+    [placed] = d.decide(11.0)
+    assert isinstance(placed, WorkloadDispatched) and placed.cluster == "b"  # idle: the cheaper one wins
+
+
 def test_a_team_without_a_quota_dispatches_nothing() -> None:
     d = Given(beat("a", 10.0), offer())
     assert d.decide(11.0) == []
