@@ -109,6 +109,7 @@ class Actuator:
         if not self.detected:
             await asyncio.to_thread(self.workloads.detect, lambda kind: None)
             self.detected = True
+            self.last_beat = now  # the fence's clock starts once caught up (a long replay is no silence)
         fenced = now - self.last_beat > self.lost_after_s * act.FENCE_FRACTION
         listed = await asyncio.to_thread(self.workloads.list)
         events, actions = act.plan(host.state, listed, now, fenced=fenced, release=self.release)
