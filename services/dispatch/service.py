@@ -110,7 +110,7 @@ class Actuator:
             await asyncio.to_thread(self.workloads.detect, lambda kind: None)
             self.detected = True
             self.last_beat = now  # the fence's clock starts once caught up (a long replay is no silence)
-        fenced = now - self.last_beat > self.lost_after_s * act.FENCE_FRACTION
+        fenced = self.fenced(now)
         listed = await asyncio.to_thread(self.workloads.list)
         events, actions = act.plan(host.state, listed, now, fenced=fenced, release=self.release)
         kinds = {k.kind: k for k in self.workloads.kinds}
@@ -156,6 +156,27 @@ class Actuator:
                 continue
             await host.ctx.publisher.publish(event, id=event_id)
         await self.beat(now, *act.load(listed))
+
+    def fenced(self, now: float) -> bool:
+        return now - self.last_beat > self.lost_after_s * act.FENCE_FRACTION
+
+    async def guard(self, now: float) -> None:
+        """The fence on its own timer: a round blocked on a bus that does not answer (each publish
+        waits for its ack) must not keep this cluster's copies running past the fence."""
+        if self.host is None or not self.detected or not self.fenced(now):
+            return
+        listed = await asyncio.to_thread(self.workloads.list)
+        _, actions = act.plan(self.host.state, listed, now, fenced=True)
+        kinds = {k.kind: k for k in self.workloads.kinds}
+        for action in actions:
+            if isinstance(action, act.Delete) and action.kind in kinds:
+                log.warning(
+                    "dispatch: the bus is out of reach; deleting this cluster's copy",
+                    namespace=action.namespace,
+                    name=action.name,
+                    silent_s=round(now - self.last_beat, 1),
+                )
+                await asyncio.to_thread(self.workloads.delete, kinds[action.kind], action.namespace, action.name)
 
     async def refuse(self, kind: Any, action: act.Refuse, now: float) -> None:
         """Say once, on the origin object, why it is not dispatched (and in the log in any case)."""
@@ -260,5 +281,6 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
         shell.host = DeciderHost(shell.manifest(args.interval), ctx)
         shell.host.install()
         ctx.every(args.interval, shell.tick)
+        ctx.every(args.interval, shell.guard)
 
     await serve(actuator_name(args.cluster), args.nats, setup_actuator, stop)

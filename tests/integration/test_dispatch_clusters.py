@@ -6,13 +6,16 @@ A workload created in cluster a with `chamber.io/clusters` gets exactly one copy
 dispatcher prefers (b, cheaper), none in a; the origin stays suspended and shows the copy's phase;
 when b stops answering its workload is dispatched to a; when b comes back, its fenced copy is deleted
 before anything else is written there; completion deletes the copy and the origin says complete. A
-workload whose annotation names no cluster gets one Kubernetes Event saying so.
+workload whose annotation names no cluster gets one Kubernetes Event saying so. A cluster whose
+actuator is cut off from the bus (the cluster itself still running) deletes its copy before the
+workload's next copy is created elsewhere.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -173,5 +176,86 @@ async def test_one_copy_in_the_chosen_cluster_mirrored_requeued_on_loss_never_tw
             refused = [(e["involvedObject"]["name"], e["reason"]) for e in api_a.events]
             assert refused == [("bad", "ChamberRefused")] and "names no cluster" in api_a.events[0]["message"]
         finally:
+            await procs.stop_all()
+            await nc.close()
+
+
+class Partition:
+    """A TCP relay between one client and the bus: `cut()` drops its connections and refuses new ones,
+    as a network partition between that cluster and the control plane would."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.server: asyncio.Server | None = None
+        self.writers: list[asyncio.StreamWriter] = []
+
+    async def start(self) -> int:
+        self.server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        return int(self.server.sockets[0].getsockname()[1])
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.port)
+        self.writers += [writer, up_writer]
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(ConnectionError, OSError):
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            dst.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    async def cut(self) -> None:
+        assert self.server is not None
+        self.server.close()
+        for w in self.writers:
+            w.close()
+
+
+async def test_a_cluster_cut_off_from_the_bus_deletes_its_copy_before_it_runs_elsewhere(
+    bus: SecuredNatsServer, tmp_path: Path
+) -> None:
+    with KubeStub([a_k8s_node("a1", gpus=8)]) as api_a, KubeStub([a_k8s_node("b1", gpus=8)]) as api_b:
+        writes: list[tuple[float, str, str]] = []  # (when, cluster, method) of every copy write
+        for name, stub in (("a", api_a), ("b", api_b)):
+            stub.on_request = lambda r, name=name: (
+                writes.append((time.monotonic(), name, r.method)) if r.method in ("POST", "DELETE") else None
+            )
+        origin = a_batch_job("train", gpus=4, parallelism=2)
+        origin["metadata"]["annotations"] = {"chamber.io/clusters": "*"}
+        nc = await connect(bus.url, name="test-admin")
+        await Publisher(nc.jetstream(), source="test").publish(
+            TeamQuotaSet(team="vision", pool="default", guaranteed_gpus=16, at=time.time())
+        )
+        partition = Partition(bus.port)
+        port = await partition.start()
+        url_b = bus.url_for("actuator-b").replace(f":{bus.port}", f":{port}")
+        procs = Running()
+        try:
+            procs.start("dispatch", args(bus.url_for("dispatch")))
+            config_a, config_b = api_a.kubeconfig(tmp_path / "a.json"), api_b.kubeconfig(tmp_path / "b.json")
+            procs.start("a", args(bus.url_for("actuator-a"), "a", kubeconfig=config_a, price=10.0))
+            procs.start("b", args(url_b, "b", kubeconfig=config_b, price=1.0))
+            await until(lambda: all(any(r.path == "/api/v1/nodes" for r in s.requests) for s in (api_a, api_b)))
+            await asyncio.sleep(ROUND_S)
+            api_a.add(origin)
+            [copy] = await until(lambda: copies(api_b))
+            copy["spec"]["suspend"] = False  # running in b
+            await until(lambda: status(api_a).get("phase") == "running")
+
+            # b's actuator loses the bus; b itself keeps running: it deletes its copy (half the timeout),
+            # and only then (the whole timeout) does the workload get a copy in a
+            await partition.cut()
+            [moved] = await until(lambda: copies(api_a), within=LOST_AFTER_S + 6)
+            assert copies(api_b) == [] and moved["metadata"]["labels"][GENERATION_LABEL] == "2"
+            [deleted_b] = [t for t, c, m in writes if (c, m) == ("b", "DELETE")]
+            [created_a] = [t for t, c, m in writes if (c, m) == ("a", "POST") and t > deleted_b - 60]
+            assert deleted_b < created_a, "the copy in a was created while b's still ran"
+        finally:
+            cut_off = procs.tasks.pop("b")  # nothing left to drain
+            cut_off.cancel()
+            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+                await asyncio.wait_for(cut_off, 5)
             await procs.stop_all()
             await nc.close()
