@@ -71,6 +71,7 @@ class ActuatorState:
     live: dict[str, tuple[str, int]] = field(default_factory=dict)  # workload -> (cluster, generation)
     generations: dict[str, int] = field(default_factory=dict)
     final: dict[str, str] = field(default_factory=dict)  # workload -> why it is done
+    final_at: dict[str, float] = field(default_factory=dict)  # workload -> when it was recalled for good
     withdrawn: set[str] = field(default_factory=set)
     reports: dict[str, CopyReported] = field(default_factory=dict)  # workload -> its live copy's last report
     mine: dict[tuple[str, int], CopyPhase] = field(default_factory=dict)  # what this cluster reported
@@ -91,6 +92,7 @@ def evolve(s: ActuatorState, event: Event) -> None:
                 del s.live[event.workload]
             if event.final:
                 s.final[event.workload] = event.reason or "done"
+                s.final_at.setdefault(event.workload, event.at)
         case CopyReported():
             if event.cluster == s.cluster:
                 s.mine[(event.workload, event.generation)] = event.phase
@@ -250,11 +252,19 @@ def _key(o: Observed) -> tuple[str, str, str]:
 
 
 def plan(
-    s: ActuatorState, listed: list[Observed], now: float, *, fenced: bool = False, release: bool = False
+    s: ActuatorState,
+    listed: list[Observed],
+    now: float,
+    *,
+    fenced: bool = False,
+    release: bool = False,
+    keep_finished_s: float = 0.0,
 ) -> tuple[list[tuple[Event, str]], list[Action]]:
     """This cluster's round: events (offers, withdrawals, copy phases) and actions, deletions first.
     `fenced`: the actuator lost the bus for too long: every copy here is deleted, nothing created.
-    `release`: copies are created released (`released`), else held as their origin was."""
+    `release`: copies are created released (`released`), else held as their origin was.
+    `keep_finished_s`: a copy that completed or failed is deleted this long after its recall, so
+    whatever admitted it in its cluster (Chamber's scheduler, Kueue) sees it finish first."""
     me = s.cluster
     events: list[tuple[Event, str]] = []
     deletes: list[Action] = []
@@ -274,6 +284,8 @@ def plan(
             wid = _copy_workload(s, labels.get(WORKLOAD_LABEL, ""))
             key = (wid, generation)
             if fenced or s.live.get(wid) != (me, generation) or key in copies:
+                if not fenced and wid in s.final and o.kind.finished(o.obj) and now < s.final_at[wid] + keep_finished_s:
+                    continue  # finished: kept a little, so the cluster's own admission sees it finish
                 why = "fenced: this cluster lost the bus" if fenced else "not the workload's live copy"
                 deletes.append(Delete(o.kind.kind, o.kind.api_version, meta["namespace"], meta["name"], why))
                 continue

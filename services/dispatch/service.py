@@ -41,7 +41,10 @@ from services.runtime.options import add_cluster_option
 
 NAME = "dispatch"
 DESCRIPTION = "place each multi-cluster workload in one cluster; --actuator: a cluster's copies"
-RUNS_IN_UP = False  # one machine is one cluster: nothing to dispatch
+RUNS_IN_UP = False
+KEEP_FINISHED_ROUNDS = (
+    5  # a finished copy is deleted this many rounds after its recall  # one machine is one cluster: nothing to dispatch
+)
 log = get_logger("chamber.dispatch")
 
 ROLE = Manifest(
@@ -84,6 +87,7 @@ class Actuator:
         self.cluster = args.cluster
         self.price = args.price
         self.release = args.copies == "released"
+        self.keep_finished_s = KEEP_FINISHED_ROUNDS * args.interval
         self.lost_after_s = args.lost_after
         self.workloads = workloads
         self.host: DeciderHost[act.ActuatorState] | None = None
@@ -112,7 +116,9 @@ class Actuator:
             self.last_beat = now  # the fence's clock starts once caught up (a long replay is no silence)
         fenced = self.fenced(now)
         listed = await asyncio.to_thread(self.workloads.list)
-        events, actions = act.plan(host.state, listed, now, fenced=fenced, release=self.release)
+        events, actions = act.plan(
+            host.state, listed, now, fenced=fenced, release=self.release, keep_finished_s=self.keep_finished_s
+        )
         kinds = {k.kind: k for k in self.workloads.kinds}
         failed: set[str] = set()
         for action in actions:  # deletions come first (plan's order): no duplicate runs while we create

@@ -24,13 +24,15 @@ from typing import Any
 
 import pytest
 
-from events import TeamQuotaSet
+from events import JobCompleted, TeamQuotaSet
+from events.codec import decode_event
 from services.cli.common import add_nats_option
 from services.dispatch import service
 from services.dispatch.actuator import GENERATION_LABEL, STATUS_ANNOTATION, WORKLOAD_LABEL
 from services.runtime import Publisher, connect
 from tests.kube_stub import KubeStub, a_k8s_node
 from tests.kube_workloads import a_batch_job
+from tests.scheduler_builders import a_node, a_quota
 from tests.secured_bus import SecuredNatsServer
 
 pytestmark = pytest.mark.integration
@@ -257,5 +259,59 @@ async def test_a_cluster_cut_off_from_the_bus_deletes_its_copy_before_it_runs_el
             cut_off.cancel()
             with contextlib.suppress(asyncio.CancelledError, TimeoutError):
                 await asyncio.wait_for(cut_off, 5)
+            await procs.stop_all()
+            await nc.close()
+
+
+async def test_the_one_scheduler_admits_the_copy_in_its_cluster_and_the_origin_shows_it(
+    bus: SecuredNatsServer, tmp_path: Path
+) -> None:
+    """The whole loop: dispatched to b, the held copy is placed on b's node by the scheduler acting on b
+    (`--kubernetes-cluster b=KUBECONFIG`), and the origin in a shows it running there, then complete."""
+    from services.scheduler import service as scheduler
+
+    with KubeStub([a_k8s_node("a1", gpus=8)]) as api_a, KubeStub([a_k8s_node("b1", gpus=8)]) as api_b:
+        origin = a_batch_job("train", gpus=4, parallelism=2)
+        origin["metadata"]["annotations"] = {"chamber.io/clusters": "b"}
+        nc = await connect(bus.url, name="test-admin")
+        publisher = Publisher(nc.jetstream(), source="test")
+        for event in (a_quota("vision", 16), a_node("b1", gpus=8, cluster="b")):  # what quota and discovery say
+            await publisher.publish(event)
+        config_a, config_b = api_a.kubeconfig(tmp_path / "a.json"), api_b.kubeconfig(tmp_path / "b.json")
+        parser = argparse.ArgumentParser()
+        add_nats_option(parser)
+        scheduler.add_arguments(parser)
+        argv = ["--nats", bus.url_for("scheduler"), "--cluster", "a", "--kubernetes-cluster", f"b={config_b}"]
+        scheduler_args = parser.parse_args([*argv, "--interval", "0.2", "--kubernetes-interval", str(ROUND_S)])
+        procs = Running()
+        stop = asyncio.Event()
+        scheduling = asyncio.create_task(scheduler.run(scheduler_args, stop))
+        try:
+            procs.start("dispatch", args(bus.url_for("dispatch")))
+            procs.start("a", args(bus.url_for("actuator-a"), "a", kubeconfig=config_a))
+            procs.start("b", args(bus.url_for("actuator-b"), "b", kubeconfig=config_b))
+            await until(lambda: all(any(r.path == "/api/v1/nodes" for r in s.requests) for s in (api_a, api_b)))
+            api_a.add(origin)
+
+            # the copy in b is admitted on b1 by the scheduler, and the origin in a shows it running
+            await until(lambda: running(api_b) == ["train"])
+            copy = api_b.get("batch/v1", "Job", "ml", "train")
+            terms = copy["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
+            expressions = terms["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
+            assert {"key": "kubernetes.io/hostname", "operator": "In", "values": ["b1"]} in expressions[
+                "matchExpressions"
+            ]
+            await until(lambda: status(api_a) == {"cluster": "b", "generation": 1, "phase": "running"})
+            assert api_a.get("batch/v1", "Job", "ml", "train")["spec"]["suspend"] is True
+
+            copy["status"] = {"conditions": [{"type": "Complete", "status": "True"}]}
+            await until(lambda: status(api_a).get("phase") == "complete")
+            await until(lambda: copies(api_b) == [])
+            # the scheduler saw the copy finish before it was deleted: its GPUs on b1 are free again
+            last = await nc.jetstream().get_last_msg("JOBS", "chamber.jobs.k8s-b-ml-train")
+            assert isinstance(decode_event(last.headers, last.data)[0], JobCompleted)
+        finally:
+            stop.set()
+            await asyncio.wait_for(scheduling, 10)
             await procs.stop_all()
             await nc.close()

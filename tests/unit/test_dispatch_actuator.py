@@ -192,3 +192,16 @@ def test_the_heartbeat_load_counts_the_clusters_own_workloads_not_copies_or_orig
     done["status"] = {"conditions": [{"type": "Complete", "status": "True"}]}
     listed = [Observed(JOB, o) for o in (running, waiting, done, origin())] + [a_copy(1, suspend=False)]
     assert load(listed) == (8, 2)
+
+
+def test_a_finished_copy_stays_a_little_for_its_clusters_admission_to_see_it_finish() -> None:
+    recalled = CopyRecalled(
+        workload="k8s-a-ml-train", cluster="b", generation=1, at=10.0, reason="complete", final=True
+    )
+    s = state("b", the_offer(), dispatched("b", 1), recalled)
+    finished = a_copy(1, suspend=False, done="Complete")
+    assert plan(s, [finished], 12.0, keep_finished_s=5.0) == ([], [])
+    _, [delete] = plan(s, [finished], 15.0, keep_finished_s=5.0)
+    assert isinstance(delete, Delete)
+    _, [delete] = plan(s, [a_copy(1, suspend=False)], 12.0, keep_finished_s=5.0)  # not finished: at once
+    assert isinstance(delete, Delete)
