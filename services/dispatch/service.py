@@ -121,6 +121,7 @@ class Actuator:
         )
         kinds = {k.kind: k for k in self.workloads.kinds}
         failed: set[str] = set()
+        undeleted = False  # a deletion the API server refused this round
         for action in actions:  # deletions come first (plan's order): no duplicate runs while we create
             kind = kinds.get(action.kind)
             if kind is None:  # not served here (the dispatcher sends a kind only where it is served)
@@ -130,6 +131,9 @@ class Actuator:
                 continue
             if isinstance(action, act.Refuse):
                 await self.refuse(kind, action, now)
+                continue
+            if isinstance(action, act.Create) and undeleted:
+                failed.add(action.workload)  # a stale copy is still here: nothing new runs beside it
                 continue
             try:
                 if isinstance(action, act.Delete):
@@ -150,6 +154,7 @@ class Actuator:
                 )
                 if isinstance(action, act.Create):
                     failed.add(action.workload)
+                undeleted = undeleted or isinstance(action, act.Delete)
                 continue
             log.info(
                 "dispatch: kubernetes workload",
