@@ -4,6 +4,14 @@ from __future__ import annotations
 
 from events.base import Event
 from events.billing import BudgetExceeded, CostAccrued, PriceSet, ServingTokensReported
+from events.dispatch import (
+    ClusterHeartbeat,
+    CopyRecalled,
+    CopyReported,
+    WorkloadDispatched,
+    WorkloadOffered,
+    WorkloadWithdrawn,
+)
 from events.fabric import FabricSample, JobSlowdownCleared, JobSlowdownDetected
 from events.faults import GpuFaultDetected
 from events.fleet import (
@@ -81,6 +89,12 @@ ALL_EVENTS: tuple[type[Event], ...] = (
     IdlePolicySet,
     JobIdleDetected,
     JobResumeRequested,
+    WorkloadOffered,
+    WorkloadWithdrawn,
+    WorkloadDispatched,
+    CopyRecalled,
+    CopyReported,
+    ClusterHeartbeat,
 )
 
 _BY_TYPE: dict[str, type[Event]] = {cls.ce_type(): cls for cls in ALL_EVENTS}

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from events import billing, fabric, faults, fleet, idle, jobs, quota, steps, telemetry
+from events import billing, dispatch, fabric, faults, fleet, idle, jobs, quota, steps, telemetry
 from events.base import Event
-from events.streams import BILLING, DEAD, FAULTS, FLEET, JOBS, QUOTA, TELEMETRY, StreamSpec
+from events.streams import BILLING, DEAD, DISPATCH, FAULTS, FLEET, JOBS, QUOTA, TELEMETRY, StreamSpec
 
 
 @dataclass(frozen=True)
@@ -154,6 +154,38 @@ CHANNELS: tuple[Channel, ...] = (
         "Prices, accrued cost, budgets exceeded and serving tokens (`_fleet` for prices and idle cost).",
         (billing.PriceSet, billing.CostAccrued, billing.BudgetExceeded, billing.ServingTokensReported),
         (("team", "team token, or _fleet"),),
+    ),
+    Channel(
+        "dispatchOffer",
+        "chamber.dispatch.offer.{cluster}.{workload}",
+        DISPATCH,
+        "Workloads a cluster's actuator offers for dispatch (their origin object stays suspended), or withdraws.",
+        (dispatch.WorkloadOffered, dispatch.WorkloadWithdrawn),
+        (("cluster", "origin cluster token"), ("workload", "workload id token")),
+    ),
+    Channel(
+        "dispatchDecision",
+        "chamber.dispatch.decision.{workload}",
+        DISPATCH,
+        "The dispatcher's decisions: the one cluster a workload runs in, and copies recalled.",
+        (dispatch.WorkloadDispatched, dispatch.CopyRecalled),
+        (("workload", "workload id token"),),
+    ),
+    Channel(
+        "dispatchCopy",
+        "chamber.dispatch.copy.{cluster}.{workload}",
+        DISPATCH,
+        "The phase of a workload's remote copy, as the actuator of the cluster holding it sees it.",
+        (dispatch.CopyReported,),
+        (("cluster", "cluster token"), ("workload", "workload id token")),
+    ),
+    Channel(
+        "dispatchHeartbeat",
+        "chamber.dispatch.heartbeat.{cluster}",
+        DISPATCH,
+        "A cluster's actuator is answering: its GPU capacity and price (the last 1000 beats are kept).",
+        (dispatch.ClusterHeartbeat,),
+        (("cluster", "cluster token"),),
     ),
 )
 

@@ -136,6 +136,20 @@ BILLING = StreamSpec(
     max_bytes=1024 * MIB,
     discard_new=True,
 )
+# Multi-cluster dispatch (events/dispatch.py): offers, decisions, copy statuses, heartbeats. The
+# per-subject limit rolls each cluster's heartbeat subject (its last DISPATCH_PER_SUBJECT beats); a
+# workload's subjects carry a handful of events each, so the rest is kept as domain history.
+DISPATCH_PER_SUBJECT = 1000
+DISPATCH = StreamSpec(
+    "DISPATCH",
+    ("chamber.dispatch.>",),
+    "multi-cluster dispatch: workloads offered, dispatched, recalled; copy statuses; cluster heartbeats",
+    None,
+    600,
+    max_bytes=256 * MIB,
+    max_msgs_per_subject=DISPATCH_PER_SUBJECT,
+    discard_new=True,
+)
 # A dead letter is the original plus a few headers: a little more room than the largest message.
 DEAD = StreamSpec(
     "DEAD",
@@ -148,7 +162,7 @@ DEAD = StreamSpec(
     max_msgs_per_subject=100_000,  # per source stream: a poisoned stream does not erase another's
 )
 
-STREAMS: tuple[StreamSpec, ...] = (TELEMETRY, FAULTS, FLEET, JOBS, QUOTA, BILLING, DEAD)
+STREAMS: tuple[StreamSpec, ...] = (TELEMETRY, FAULTS, FLEET, JOBS, QUOTA, BILLING, DISPATCH, DEAD)
 
 
 def stream_for(subject: str) -> StreamSpec | None:

@@ -12,6 +12,14 @@ import re
 
 from events.base import Event
 from events.billing import BudgetExceeded, CostAccrued, PriceSet, ServingTokensReported
+from events.dispatch import (
+    ClusterHeartbeat,
+    CopyRecalled,
+    CopyReported,
+    WorkloadDispatched,
+    WorkloadOffered,
+    WorkloadWithdrawn,
+)
 from events.fabric import FabricSample, JobSlowdownCleared, JobSlowdownDetected
 from events.faults import GpuFaultDetected
 from events.idle import IdlePolicySet, JobIdleDetected
@@ -93,6 +101,22 @@ def command(service: str, verb: str) -> str:
     return f"{ROOT}.cmd.{token(service)}.{token(verb)}"
 
 
+def dispatch_offer(origin: str, workload: str) -> str:
+    return f"{ROOT}.dispatch.offer.{token(origin)}.{token(workload)}"
+
+
+def dispatch_decision(workload: str) -> str:
+    return f"{ROOT}.dispatch.decision.{token(workload)}"
+
+
+def dispatch_copy(cluster: str, workload: str) -> str:
+    return f"{ROOT}.dispatch.copy.{token(cluster)}.{token(workload)}"
+
+
+def dispatch_heartbeat(cluster: str) -> str:
+    return f"{ROOT}.dispatch.heartbeat.{token(cluster)}"
+
+
 def dead(stream: str) -> str:
     return f"{ROOT}.dead.{token(stream)}"
 
@@ -126,6 +150,14 @@ def subject_for(event: Event) -> str:
             return billing(event.team)
         case BudgetExceeded() | ServingTokensReported():
             return billing(event.team)
+        case WorkloadOffered() | WorkloadWithdrawn():
+            return dispatch_offer(event.origin, event.workload)
+        case WorkloadDispatched() | CopyRecalled():
+            return dispatch_decision(event.workload)
+        case CopyReported():
+            return dispatch_copy(event.cluster, event.workload)
+        case ClusterHeartbeat():
+            return dispatch_heartbeat(event.cluster)
     domain = event.domain()
     if domain == "fleet":
         return fleet(event.cluster, event.node)  # type: ignore[attr-defined]

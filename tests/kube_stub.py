@@ -6,8 +6,9 @@ real `kubernetes` client sent, and applies patches the way the API server does f
 by `type`; a stale `resourceVersion` is refused with 409).
 
 Besides Nodes it serves namespaced workloads of any kind (`add(obj)`): list across namespaces with
-a label selector, get, DELETE, PATCH as JSON Patch (RFC 6902, applied by the `jsonpatch` library; a failed
-`test` is refused with 422) or merge patch; `POST .../events` stores Events; `GET /apis` lists only
+a label selector, get, PATCH as JSON Patch (RFC 6902, applied by the `jsonpatch` library; a failed
+`test` is refused with 422) or merge patch, create (POST to the collection; 409 if the name is
+taken) and DELETE; `POST .../events` stores Events; `GET /apis` lists only
 the API groups in `api_groups`, so a test decides which CRDs are "installed". A Pod's spec may only
 change its scheduling gates and, while gated, its affinity (as the API server enforces).
 """
@@ -228,6 +229,8 @@ class KubeStub:
             event["metadata"]["name"] = event["metadata"].pop("generateName", "event.") + str(len(self.events))
             self.events.append(event)
             return 201, event
+        if len(rest) == 3 and rest[0] == "namespaces" and method == "POST":
+            return self._create(api, rest[2], rest[1], body)
         if len(rest) != 4 or rest[0] != "namespaces":
             return 404, _status(404, "NotFound", path)
         key = (api, rest[2], rest[1], rest[3])
@@ -238,7 +241,9 @@ class KubeStub:
             return 200, obj
         if method == "DELETE":
             del self.objects[key]
-            return 200, obj
+            if rest[2] == "pods":  # a Pod is deleted gracefully: the API server answers with the Pod
+                return 200, obj
+            return 200, {**_status(200, "", f'{rest[2]} "{rest[3]}" deleted'), "status": "Success"}
         if method != "PATCH":
             return 405, _status(405, "MethodNotAllowed", method)
         try:
@@ -254,6 +259,22 @@ class KubeStub:
         patched["metadata"]["resourceVersion"] = str(int(obj["metadata"]["resourceVersion"]) + 1)
         self.objects[key] = patched
         return 200, patched
+
+    def _create(self, api: str, plural: str, namespace: str, body: Any) -> tuple[int, Any]:
+        """POST to a namespaced collection: stored with a uid, or 409 if the name is taken."""
+        meta = (body or {}).get("metadata") or {}
+        name = meta.get("name")
+        if not name or meta.get("namespace", namespace) != namespace:
+            return 422, _status(422, "Invalid", "metadata.name is required and metadata.namespace must match the path")
+        key = (api, plural, namespace, name)
+        if key in self.objects:
+            return 409, _status(409, "AlreadyExists", f'{plural} "{name}" already exists')
+        obj = copy.deepcopy(body)
+        obj["metadata"]["namespace"] = namespace
+        obj["metadata"]["uid"] = f"uid-{next(self._uids)}"
+        obj["metadata"]["resourceVersion"] = "1"
+        self.objects[key] = obj
+        return 201, obj
 
     def _list(self, api: str, plural: str, namespace: str | None, query: str) -> dict:  # type: ignore[type-arg]
         selector = (parse_qs(query).get("labelSelector") or [""])[0]

@@ -14,11 +14,18 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 from nats.aio.client import Client
 
-from services.cli.nats_config import DEFAULT_SERVICES, PasswordSource, render
+from services.cli.nats_config import (
+    DEFAULT_SERVICES,
+    MULTI_CLUSTER_SERVICES,
+    PasswordSource,
+    render,
+    users,
+)
 from services.runtime import connect
 from services.runtime.nats_server import NatsServerProcess
 from services.stack.credentials import stack_users
@@ -29,16 +36,19 @@ _VIOLATION = re.compile(r"^.*(Publish|Subscription) Violation.*$", re.IGNORECASE
 
 def user_of(role: str) -> str:
     """`scheduler` -> `svc-scheduler`; a user name stays as it is."""
-    return f"svc-{role}" if role in DEFAULT_SERVICES else role
+    return f"svc-{role}" if role in DEFAULT_SERVICES + MULTI_CLUSTER_SERVICES else role
 
 
 class SecuredNatsServer(NatsServerProcess):
     """A NatsServerProcess under `chamber up`'s users. `url` logs in as `admin` (the operator's CLI and
     the tests' own checks); `url_for(role)` as that role; the server's log names every refusal."""
 
-    def __init__(self, tmp: Path, cluster: str = CLUSTER) -> None:
+    def __init__(self, tmp: Path, cluster: str = CLUSTER, actuator_clusters: Sequence[str] = ()) -> None:
         self.passwords = PasswordSource(tmp / "nats-users", create_missing=True)
         self.users = {u.name: u for u in stack_users(cluster, list(DEFAULT_SERVICES))}
+        if actuator_clusters:  # multi-cluster dispatch: the dispatcher and each cluster's actuator
+            services = [*DEFAULT_SERVICES, *MULTI_CLUSTER_SERVICES]
+            self.users |= {u.name: u for u in users(cluster, services=services, actuator_clusters=actuator_clusters)}
         conf = tmp / "nats-auth.conf"
         conf.write_text(render(list(self.users.values()), self.passwords))
         super().__init__(tmp / "jetstream", log_file=tmp / "nats-server.log", extra_args=["-c", str(conf)])

@@ -39,6 +39,8 @@ def for_type(tp: Any) -> st.SearchStrategy[Any]:
         return st.one_of(*(for_type(a) for a in args))
     if origin is list:
         return st.lists(for_type(args[0]), max_size=3)
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        return st.lists(for_type(args[0]), max_size=3).map(tuple)
     if origin is dict:
         return st.dictionaries(for_type(args[0]), for_type(args[1]), max_size=3)
     if tp is type(None):

@@ -15,6 +15,9 @@ comes with the reason `--explain ROLE` prints:
 - `simulator`      (--simulator) the simulated fleet: any node's telemetry and faults of this cluster,
                    job progress (`chamber.jobs.<job>`), reads JOBS through its own consumers, answers
                    `chamber.cmd.sim.>`.
+- `actuator-<c>`   (--actuator-cluster C) a cluster's dispatch actuator: offers its cluster's
+                   workloads, reports the copies it holds and beats for that cluster only; reads
+                   DISPATCH through consumers of its own.
 - `reader`         read-only external subscriber: core and JetStream reads of the event streams
                    through consumers of its own; no events, commands, streams or purges.
 - `setup`          (--setup-user) creates and updates the streams and buckets (`chamber setup`);
@@ -52,6 +55,9 @@ from services.runtime.credentials import inbox_prefix
 from services.runtime.manifest import Manifest, lease_bucket, snapshot_bucket
 
 DEFAULT_SERVICES = ("discovery", "health", "quota", "scheduler", "billing", "recorder", "gateway", "perf")
+# Not in the default set (one cluster needs none; the chart does not run it yet): added with
+# `--actuator-cluster`, or named with `--service`.
+MULTI_CLUSTER_SERVICES = ("dispatch",)
 EVENT_STREAMS = tuple(s.name for s in STREAMS if s.name != "DEAD")
 SIM_COMMANDS = "sim"  # the simulated fleet's command subject token (node_agent/agent.py SIM_SERVICE)
 
@@ -323,6 +329,28 @@ def shared_agent_user(cluster: str) -> User:
     )
 
 
+def actuator_user(cluster: str, manifests: Mapping[str, Manifest] | None = None) -> User:
+    """A cluster's dispatch actuator (services/dispatch/service.py `--actuator`): its cluster's
+    offers, copy phases and heartbeat, nothing about another cluster; reads DISPATCH."""
+    c = subjects.token(cluster)
+    user = f"actuator-{c}"
+    publish = [
+        Grant(f"chamber.dispatch.offer.{c}.*", f"offers the workloads created in cluster {cluster}"),
+        Grant(f"chamber.dispatch.copy.{c}.*", f"reports the copies cluster {cluster} holds"),
+        Grant(f"chamber.dispatch.heartbeat.{c}", f"says cluster {cluster} is answering"),
+        *_api_basics(),
+        *_consumer_reads("DISPATCH", [], "reads DISPATCH (offers, decisions, copy phases)"),
+        Grant(subjects.dead("DISPATCH"), "dead-letters poison messages of DISPATCH"),
+    ]
+    deny = _others_durables(set(), every_durable(manifests if manifests is not None else service_manifests()))
+    return User(
+        user,
+        "actuator",
+        Permissions.of(publish, [_inbox(user)], deny),
+        f"the dispatch actuator of cluster {cluster}: its copies, its origins' offers, its heartbeat",
+    )
+
+
 def simulator_user(cluster: str, manifests: Mapping[str, Manifest] | None = None) -> User:
     """The simulated fleet replays JOBS with an ephemeral consumer at every start (its executor),
     reports job progress and serves `chamber.cmd.sim.*` (fault injection)."""
@@ -396,6 +424,7 @@ def users(
     simulator: bool = False,
     telemetry_partitions: int = 1,
     setup: bool = True,
+    actuator_clusters: Sequence[str] = (),
 ) -> list[User]:
     every = service_manifests()
     chosen = service_manifests(services)
@@ -405,6 +434,7 @@ def users(
         out.append(shared_agent_user(cluster))
     if simulator:
         out.append(simulator_user(cluster, every))
+    out += [actuator_user(c, every) for c in dict.fromkeys(actuator_clusters)]
     out.append(reader_user(telemetry_partitions, every))
     if setup:
         out.append(setup_user())
@@ -486,6 +516,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--agent-node", action="append", default=[], metavar="NODE", help="a per-node agent user")
     p.add_argument("--shared-agent", action="store_true", help="one agent user for any node of the cluster")
     p.add_argument("--simulator", action="store_true", help="a user for the simulated fleet")
+    p.add_argument(
+        "--actuator-cluster",
+        action="append",
+        default=[],
+        metavar="CLUSTER",
+        help="a dispatch actuator user for this cluster (actuator-CLUSTER; repeatable)",
+    )
     p.add_argument("--out", type=Path, help="write here (default: stdout)")
     p.add_argument(
         "--explain",
@@ -504,19 +541,30 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def run(args: argparse.Namespace) -> int:
     from services.runtime.partitions import parse_partitions
 
+    for cluster in args.actuator_cluster:
+        if not cluster or any(c.isspace() or c in "*>." for c in cluster):
+            raise UsageError(f"--actuator-cluster {cluster!r}: give a cluster name")
     for node in args.agent_node:
         if not node or any(c.isspace() or c in "*>." for c in node):
             raise UsageError(f"--agent-node {node!r}: give a Kubernetes node name")
     explaining = args.explain is not None
+    multi_cluster = bool(args.actuator_cluster) or (
+        explaining and args.explain.startswith(("actuator-", "svc-dispatch"))
+    )
     chosen = users(
         args.cluster,
-        services=args.services or DEFAULT_SERVICES,
+        # with cluster actuators comes the dispatcher that they serve
+        services=args.services or (*DEFAULT_SERVICES, *(MULTI_CLUSTER_SERVICES if multi_cluster else ())),
         agent_nodes=[
             *args.agent_node,
             *([args.explain[6:]] if explaining and args.explain.startswith("agent-") else []),
         ],
         shared_agent=args.shared_agent or (explaining and args.explain == "agent"),
         simulator=args.simulator or (explaining and args.explain == "simulator"),
+        actuator_clusters=[
+            *args.actuator_cluster,
+            *([args.explain[9:]] if explaining and args.explain.startswith("actuator-") else []),
+        ],
         telemetry_partitions=parse_partitions(args.telemetry_partitions),
     )
     if explaining:

@@ -1,5 +1,6 @@
 """Multi-cluster dispatch, the decision only: which one cluster runs a workload, and what happens to
-its copy when that cluster stops answering. Pure (time passed in); not yet wired into a service.
+its copy when that cluster stops answering. Pure (time passed in); run live by the dispatcher
+(services/dispatch/dispatcher.py) and the simulation bench/multicluster.py.
 
 - A workload names the clusters it may run in with the `chamber.io/clusters` annotation (a comma list,
   in order of preference; absent or `*`: any). It runs in exactly one of them, never spanning.
@@ -71,11 +72,13 @@ def parse_clusters(value: str | None) -> tuple[str, ...]:
     return names
 
 
-def score(w: Workload, c: ClusterView, now: float, weights: Weights = Weights()) -> float | None:
+def score(
+    w: Workload, c: ClusterView, now: float, weights: Weights = Weights(), lost_after_s: float = LOST_AFTER_S
+) -> float | None:
     """Lower is better; None: the cluster may not run it now."""
     if w.clusters and c.name not in w.clusters:
         return None
-    if now - c.last_seen > LOST_AFTER_S or w.gpus > c.capacity_gpus:
+    if now - c.last_seen > lost_after_s or w.gpus > c.capacity_gpus:
         return None
     if c.quota_left.get(w.team, 0) < w.gpus:
         return None
@@ -84,11 +87,17 @@ def score(w: Workload, c: ClusterView, now: float, weights: Weights = Weights())
     return c.expected_wait_s(w.gpus) + cost_s + rank * weights.preference_s
 
 
-def choose(w: Workload, clusters: list[ClusterView], now: float, weights: Weights = Weights()) -> str | None:
+def choose(
+    w: Workload,
+    clusters: list[ClusterView],
+    now: float,
+    weights: Weights = Weights(),
+    lost_after_s: float = LOST_AFTER_S,
+) -> str | None:
     """The best cluster (ties: the origin, then by name), or None when none may run it now."""
     best: tuple[float, int, str] | None = None
     for c in clusters:
-        s = score(w, c, now, weights)
+        s = score(w, c, now, weights, lost_after_s)
         if s is None or math.isnan(s):
             continue
         key = (s, 0 if c.name == w.origin else 1, c.name)
@@ -127,11 +136,13 @@ class DeleteCopy:
 Action = CreateCopy | DeleteCopy
 
 
-def dispatch(s: DispatchState, w: Workload, clusters: list[ClusterView], now: float) -> list[Action]:
+def dispatch(
+    s: DispatchState, w: Workload, clusters: list[ClusterView], now: float, lost_after_s: float = LOST_AFTER_S
+) -> list[Action]:
     """One remote copy for a workload that has none (none if it already has one)."""
     if w.id in s.copies:
         return []
-    target = choose(w, clusters, now)
+    target = choose(w, clusters, now, lost_after_s=lost_after_s)
     if target is None:
         s.waiting[w.id] = w
         return []
@@ -150,18 +161,22 @@ def finished(s: DispatchState, workload: str, reason: str) -> list[Action]:
 
 
 def cluster_lost(
-    s: DispatchState, workloads: dict[str, Workload], clusters: list[ClusterView], now: float
+    s: DispatchState,
+    workloads: dict[str, Workload],
+    clusters: list[ClusterView],
+    now: float,
+    lost_after_s: float = LOST_AFTER_S,
 ) -> list[Action]:
-    """Clusters silent past `LOST_AFTER_S`: their copies are fenced and their workloads dispatched
+    """Clusters silent past `lost_after_s`: their copies are fenced and their workloads dispatched
     again among the clusters still answering (or left waiting)."""
-    lost = {c.name for c in clusters if now - c.last_seen > LOST_AFTER_S}
+    lost = {c.name for c in clusters if now - c.last_seen > lost_after_s}
     out: list[Action] = []
     for wid, copy in sorted(s.copies.items()):
         if copy.cluster not in lost:
             continue
         del s.copies[wid]
         out.append(DeleteCopy(wid, copy.cluster, copy.generation, f"cluster {copy.cluster} lost"))
-        out += dispatch(s, workloads[wid], clusters, now)
+        out += dispatch(s, workloads[wid], clusters, now, lost_after_s)
     return out
 
 

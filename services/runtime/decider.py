@@ -293,9 +293,11 @@ class DeciderHost(Generic[S]):
         config.num_replicas = stream.config.num_replicas or 1
         first = stream.state.first_seq or 0
         c = stream.config
-        # nothing ages it out: no age, and its other limits (if any) refuse new messages, never drop old ones
+        # nothing ages it out: no age, and its other limits (if any) refuse new messages, never drop old
+        # ones; a per-subject limit rolls its subjects (DISPATCH's heartbeats), so the head moves on its own
         unbounded = (c.max_bytes or -1) < 0 and (c.max_msgs or -1) < 0
-        kept = not c.max_age and (c.discard == DiscardPolicy.NEW or unbounded)
+        rolls = (c.max_msgs_per_subject or -1) > 0
+        kept = not c.max_age and not rolls and (c.discard == DiscardPolicy.NEW or unbounded)
         if kept and from_position and start < first and start <= (stream.state.last_seq or 0):
             # The snapshot is the base of replay: trimming below it is safe, trimming above it is not.
             self.stats.trimmed[spec.stream] = (start, first)

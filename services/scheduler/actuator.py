@@ -22,26 +22,37 @@ log = get_logger("chamber.scheduler")
 class KubernetesActuator:
     """Level-triggered reconciliation of this cluster's workloads with the scheduler's state."""
 
-    def __init__(self, scheduler: Scheduler, cluster: str, bindings_file: str | None = None) -> None:
+    def __init__(
+        self, scheduler: Scheduler, cluster: str, bindings_file: str | None = None, kubeconfig: str | None = None
+    ) -> None:
+        """`kubeconfig`: another cluster's credentials (`--kubernetes-cluster NAME=FILE`); else in-cluster
+        or the default kubeconfig."""
         from kubernetes import client, config
 
         from services.kube.bindings import Bindings, BindingsError
         from services.kube.cluster import KubernetesWorkloads
 
-        try:
-            config.load_incluster_config()
-        except config.ConfigException:
+        api_client: Any = None
+        if kubeconfig:
             try:
-                config.load_kube_config()
-            except config.ConfigException as exc:
-                raise SystemExit(f"chamber scheduler --kubernetes: no cluster to talk to ({exc})") from None
+                api_client = config.new_client_from_config(config_file=kubeconfig)
+            except (config.ConfigException, OSError) as exc:
+                raise SystemExit(f"chamber scheduler --kubernetes-cluster {cluster}={kubeconfig}: {exc}") from None
+        else:
+            try:
+                config.load_incluster_config()
+            except config.ConfigException:
+                try:
+                    config.load_kube_config()
+                except config.ConfigException as exc:
+                    raise SystemExit(f"chamber scheduler --kubernetes: no cluster to talk to ({exc})") from None
         try:
             self.bindings = Bindings.load(bindings_file)
         except BindingsError as exc:
             raise SystemExit(f"chamber scheduler: {exc}") from None
         if self.bindings.open:
             log.warning("no --bindings file: any namespace may charge any team")
-        self.workloads = KubernetesWorkloads(client.ApiClient())
+        self.workloads = KubernetesWorkloads(api_client or client.ApiClient())
         self.detected = False
         self.refused: set[str] = set()  # uids already given their Event
         self.scheduler = scheduler

@@ -24,6 +24,7 @@ from events import Event, GpuShare, JobCompleted, JobFailed, JobSpec, JobSubmitt
 from events.codec import stable_id
 from events.commands import SubmitJob
 from events.names import NAME_MAX, InvalidName, check_event, decode_request
+from services.dispatch.core import CLUSTERS_ANNOTATION
 from services.kube.bindings import PREEMPTIBLE_LABEL as PREEMPTIBLE_LABEL
 from services.kube.bindings import PRIORITY_LABEL as PRIORITY_LABEL
 from services.kube.bindings import TEAM_LABEL as TEAM_LABEL
@@ -208,6 +209,8 @@ def reconcile(
         kind, obj = item.kind, item.obj
         if owned_by_workload(obj):
             continue  # admitted through its owner
+        if CLUSTERS_ANNOTATION in (obj["metadata"].get("annotations") or {}):
+            continue  # a multi-cluster origin: it stays suspended, its one copy runs where it is dispatched
         meta = obj["metadata"]
         ns, name, uid = meta["namespace"], meta["name"], meta.get("uid", "")
         jid = job_id(cluster, ns, name, kind)

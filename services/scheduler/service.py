@@ -357,6 +357,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="namespace -> team bindings and Kueue names (YAML; default $CHAMBER_KUBE_BINDINGS; none: any "
         "namespace may charge any team)",
     )
+    parser.add_argument(
+        "--kubernetes-cluster",
+        action="append",
+        default=[],
+        type=_cluster_kubeconfig,
+        metavar="NAME=KUBECONFIG",
+        help="also admit and suspend the workloads of cluster NAME through KUBECONFIG (several clusters: "
+        "the copies multi-cluster dispatch creates there; repeatable)",
+    )
     parser.add_argument("--kubernetes-interval", type=float, default=2.0, help="seconds between reconciliations")
     parser.add_argument("--interval", type=float, default=0.5, help="seconds between cycles (default 0.5)")
     parser.add_argument(
@@ -412,6 +421,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _cluster_kubeconfig(text: str) -> tuple[str, str]:
+    name, eq, path = text.partition("=")
+    if not eq or not name.strip() or not path.strip():
+        raise argparse.ArgumentTypeError(f"{text!r}: give NAME=KUBECONFIG (a cluster name and its kubeconfig file)")
+    return name.strip(), path.strip()
+
+
 def _link_memory(text: str) -> float:
     try:
         value = float(text)
@@ -425,12 +441,14 @@ def _link_memory(text: str) -> float:
 async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
     scheduler = Scheduler(args)
     # Bad bindings or no cluster: said at start, before anything connects.
-    actuator = KubernetesActuator(scheduler, args.cluster, args.bindings) if args.kubernetes else None
+    actuators = [KubernetesActuator(scheduler, args.cluster, args.bindings)] if args.kubernetes else []
+    for name, kubeconfig in getattr(args, "kubernetes_cluster", []):
+        actuators.append(KubernetesActuator(scheduler, name, args.bindings, kubeconfig))
 
     async def setup(ctx: ServiceContext) -> None:
         scheduler.host = DeciderHost(scheduler.manifest(), ctx)
         scheduler.host.install()
-        if actuator is not None:
+        for actuator in actuators:
             ctx.every(args.kubernetes_interval, actuator.tick)
 
     await serve(NAME, args.nats, setup, stop)

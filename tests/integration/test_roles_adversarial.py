@@ -21,7 +21,7 @@ from nats.aio.client import Client
 from nats.js.api import AckPolicy, ConsumerConfig
 
 from events.channels import STEP_LOG_BUCKET
-from services.cli.nats_config import PasswordSource, User, render, users
+from services.cli.nats_config import DEFAULT_SERVICES, MULTI_CLUSTER_SERVICES, PasswordSource, User, render, users
 from services.runtime.credentials import inbox_prefix
 from services.runtime.manifest import lease_bucket, snapshot_bucket
 from services.runtime.nats_server import NatsServerProcess
@@ -51,7 +51,7 @@ def _a(name: str, kind: str, subject: str, *allowed: str, body: bytes = b"{}") -
     return Action(name, kind, subject, frozenset(allowed), body)
 
 
-ALL_SERVICES = ("discovery", "health", "quota", "scheduler", "billing", "recorder", "gateway", "perf")
+ALL_SERVICES = (*DEFAULT_SERVICES, *MULTI_CLUSTER_SERVICES)
 SVC = {s: f"svc-{s}" for s in ALL_SERVICES}
 STEP_LOGS_CREATE = f"$JS.API.CONSUMER.CREATE.KV_{STEP_LOG_BUCKET}"
 ACTIONS = [
@@ -138,6 +138,11 @@ ACTIONS = [
         "simulator",
         *(SVC[s] for s in ("quota", "scheduler", "billing", "recorder", "gateway", "perf")),
     ),
+    # multi-cluster dispatch: the dispatcher decides; each cluster's actuator speaks for its cluster only
+    _a("publish a dispatch decision", "pub", "chamber.dispatch.decision.w1", SVC["dispatch"]),
+    _a("offer another cluster's workload", "pub", "chamber.dispatch.offer.c9.w1", "actuator-c9"),
+    _a("report another cluster's copy", "pub", "chamber.dispatch.copy.c9.w1", "actuator-c9"),
+    _a("beat for another cluster", "pub", "chamber.dispatch.heartbeat.c9", "actuator-c9"),
     # commands: the gateway is the one door (and the demo workload sends its own few)
     _a("submit a job (command)", "pub", "chamber.cmd.scheduler.submit", SVC["gateway"], "workload"),
     _a("set a quota (command)", "pub", "chamber.cmd.quota.set", SVC["gateway"], "workload"),
@@ -153,7 +158,14 @@ AGENT_NODE = "agent-n1"
 
 def role_users() -> list[User]:
     return [
-        *users(CLUSTER, agent_nodes=["n1"], shared_agent=True, simulator=True),
+        *users(
+            CLUSTER,
+            services=ALL_SERVICES,
+            agent_nodes=["n1"],
+            shared_agent=True,
+            simulator=True,
+            actuator_clusters=["c1", "c9"],
+        ),
         workload_user(),
     ]
 

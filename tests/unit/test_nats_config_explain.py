@@ -36,6 +36,18 @@ def test_an_agent_is_limited_to_its_node(capsys: pytest.CaptureFixture[str]) -> 
     assert "chamber.faults.c1.n7" in out and "chamber.faults.c1.*" not in out
 
 
+def test_a_cluster_actuator_speaks_for_its_cluster_only_and_the_dispatcher_decides(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    out = explained(capsys, "actuator-west")
+    assert "chamber.dispatch.copy.west.*" in out and "chamber.dispatch.heartbeat.west" in out
+    assert "chamber.dispatch.decision" not in out and "chamber.jobs" not in out and "$KV." not in out
+    out = explained(capsys, "svc-dispatch")
+    assert "chamber.dispatch.decision.>" in out and "chamber.dispatch.copy" not in out
+    names = {u.name for u in users("c1", actuator_clusters=["west", "east"])}
+    assert {"actuator-west", "actuator-east"} <= names and "svc-dispatch" not in names  # the CLI adds it
+
+
 def test_an_unknown_user_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["nats-config", "--explain", "nobody"]) == 2
     assert "no such user" in capsys.readouterr().err
