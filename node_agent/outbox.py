@@ -14,17 +14,24 @@ A publish that no stream takes (the server answers "no responders": e.g. its sub
 samples to a partition stream that does not exist) is spooled like any other failure, and diagnosed:
 one log line says what the server maps, which streams exist and the fix, and `problem` holds it for
 the health report until a publish goes through again.
+
+A record the server refuses for good (larger than its stream's `max_msg_size`, or than the server's
+`max_payload`) would be refused again at every retry and hold back everything after it: it is
+dropped, counted in `refused` and logged, and the records after it go on. Every other refusal is
+retried (spooled), so nothing is lost to a passing condition.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import Awaitable, Callable
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+from nats.errors import MaxPayloadError
 from nats.js import JetStreamContext
 
 from node_agent.spool import Record, Spool
@@ -33,10 +40,13 @@ from services.runtime.partitions import diagnose_unrouted
 
 log = get_logger("chamber.agent.outbox")
 DIAGNOSE_EVERY_S = 30.0  # a stuck publish is re-diagnosed at most this often (the log line only on change)
+# JetStream's answer to a message over its stream's `max_msg_size` ("message size exceeds maximum
+# allowed"): the same bytes are refused at every retry.
+REFUSED_FOR_GOOD = frozenset({10054})
 
 
 class _Batch:
-    __slots__ = ("acked", "done", "expected", "failed", "number", "ok", "unrouted")
+    __slots__ = ("acked", "done", "expected", "failed", "number", "ok", "refused", "unrouted")
 
     def __init__(self, number: int, size: int) -> None:
         self.number = number
@@ -45,7 +55,14 @@ class _Batch:
         self.expected = size
         self.failed = False
         self.unrouted = -1  # the first record no stream took ("no responders"), -1: none
+        self.refused: dict[int, str] = {}  # records refused for good (done with, not stored): index -> why
         self.done = asyncio.Event()
+
+    def settle(self, i: int) -> None:
+        """Record `i` needs no more sending (stored, or refused for good)."""
+        if not self.ok[i]:
+            self.ok[i] = 1
+            self.acked += 1
 
 
 class Outbox:
@@ -64,6 +81,7 @@ class Outbox:
         self.nc: Client | None = None
         self.js: JetStreamContext | None = None
         self.published = 0
+        self.refused = 0  # records the server refused for good (too large): dropped, not retried
         self._queue: list[Record] = []
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
@@ -174,7 +192,12 @@ class Outbox:
             if not self.connected:
                 break
             try:
+                if _wire_bytes(r) > nc.max_payload:  # the server would close the connection on it
+                    raise MaxPayloadError
                 await nc.publish(r.subject, r.body, reply=f"{prefix}{i}", headers=r.headers)
+            except MaxPayloadError:
+                batch.refused[i] = f"{_wire_bytes(r)} bytes with headers: over max_payload ({nc.max_payload})"
+                batch.settle(i)
             except Exception as exc:  # disconnected mid-batch, buffer full: the rest goes to the spool
                 log.warning("publish failed", error=repr(exc))
                 break
@@ -197,7 +220,13 @@ class Outbox:
         self._acks = None
         ok = batch.ok.find(0)
         ok = sent if ok < 0 or ok > sent else ok
-        self.published += ok
+        refused = [i for i in sorted(batch.refused) if i < ok]
+        self.refused += len(refused)
+        for i in refused:
+            r = records[i]
+            log.error("record refused for good, dropped", subject=r.subject, msg_id=r.msg_id, bytes=len(r.body),
+                      reason=batch.refused[i], refused_total=self.refused)  # fmt: skip
+        self.published += ok - len(refused)
         if batch.unrouted >= 0:
             await self._diagnose(records[batch.unrouted].subject)
         elif ok == len(records) and self.problem is not None:
@@ -224,9 +253,10 @@ class Outbox:
         # A PubAck is `{"stream":...,"seq":...}` (with `"duplicate":true` when JetStream dropped a repeat);
         # an error is `{"error":...}`; no stream for the subject is an empty 503.
         if msg.data and b'"error"' not in msg.data:
-            if not batch.ok[i]:
-                batch.ok[i] = 1
-                batch.acked += 1
+            batch.settle(i)
+        elif (refusal := _refused_for_good(msg.data)) is not None:
+            batch.refused[i] = refusal
+            batch.settle(i)
         else:
             batch.failed = True
             if not msg.data and (msg.headers or {}).get("Status") == "503":
@@ -251,3 +281,20 @@ class Outbox:
                     dropped_faults=s.dropped_faults,
                     max_bytes=self.spool.max_bytes,
                 )
+
+
+def _wire_bytes(r: Record) -> int:
+    """Body and headers as the server counts them against `max_payload` (`NATS/1.0\r\n`, a
+    `key: value\r\n` line each, a blank line)."""
+    return len(r.body) + 12 + sum(len(k) + len(v) + 4 for k, v in r.headers.items())
+
+
+def _refused_for_good(reply: bytes) -> str | None:
+    """The server's reason when a JetStream error reply means the same bytes will never be stored."""
+    try:
+        error = json.loads(reply)["error"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(error, dict) or error.get("err_code") not in REFUSED_FOR_GOOD:
+        return None
+    return str(error.get("description", "refused"))
