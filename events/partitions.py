@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from events.streams import STREAMS, TELEMETRY, StreamSpec
+from events.streams import INGEST_PREFIX, STREAMS, TELEMETRY, StreamSpec, with_gates
 
 MAX_PARTITIONS = 64
 SAMPLE_SUBJECT = "chamber.telemetry.sample.*.*"
@@ -63,10 +63,12 @@ def server_mapping(partitions: int) -> dict[str, str]:
     """The account mapping a nats-server needs (`mappings { ... }`); none for one partition."""
     if check_partitions(partitions) == 1:
         return {}
-    # wildcard 1 is the cluster token, 2 the node token: a node keeps its partition
+    # wildcard 1 is the cluster token, 2 the node token: a node keeps its partition. What agents
+    # publish (the ingest prefix, into the gates) is split alike, each partition its own gate.
     destination = "chamber.telemetry.sample.{{wildcard(1)}}.{{wildcard(2)}}.{{partition(N,2)}}"
     destination = destination.replace("(N,", f"({partitions},")
-    return {SAMPLE_SUBJECT: destination}
+    ingest = INGEST_PREFIX + SAMPLE_SUBJECT.removeprefix("chamber.")
+    return {SAMPLE_SUBJECT: destination, ingest: INGEST_PREFIX + destination.removeprefix("chamber.")}
 
 
 def server_mapping_conf(partitions: int) -> str:
@@ -107,6 +109,7 @@ def telemetry_specs(partitions: int, *, existing: int = 0) -> tuple[StreamSpec, 
 
 
 def stream_specs(partitions: int, *, existing: int = 0) -> tuple[StreamSpec, ...]:
-    """Every stream of the design, TELEMETRY split as `telemetry_specs` says."""
+    """Every stream of the design, TELEMETRY split as `telemetry_specs` says, with the gates agents
+    publish into (events/streams.py `with_gates`: split alike, each partition its own gate)."""
     rest = tuple(s for s in STREAMS if s.name != TELEMETRY.name)
-    return (*telemetry_specs(partitions, existing=existing), *rest)
+    return with_gates((*telemetry_specs(partitions, existing=existing), *rest))

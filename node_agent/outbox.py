@@ -15,6 +15,11 @@ samples to a partition stream that does not exist) is spooled like any other fai
 one log line says what the server maps, which streams exist and the fix, and `problem` holds it for
 the health report until a publish goes through again.
 
+Records go to the node's gate streams (`chamber.ingest.…`, events/streams.py), which accept at most
+GATE_PER_WINDOW per node and kind in any GATE_WINDOW_S. A record over that rate is refused and kept
+(spooled, in order); the outbox then waits `throttle_s` and sends small batches until one goes
+through whole, so a backlog after an outage drains at the gate's rate without hammering it.
+
 A record the server refuses for good (larger than its stream's `max_msg_size`, or than the server's
 `max_payload`) would be refused again at every retry and hold back everything after it: it is
 dropped, counted in `refused` and logged, and the records after it go on. Every other refusal is
@@ -34,6 +39,7 @@ from nats.aio.subscription import Subscription
 from nats.errors import MaxPayloadError
 from nats.js import JetStreamContext
 
+from events import subjects
 from node_agent.spool import Record, Spool
 from services.runtime.logs import get_logger
 from services.runtime.partitions import diagnose_unrouted
@@ -42,11 +48,16 @@ log = get_logger("chamber.agent.outbox")
 DIAGNOSE_EVERY_S = 30.0  # a stuck publish is re-diagnosed at most this often (the log line only on change)
 # JetStream's answer to a message over its stream's `max_msg_size` ("message size exceeds maximum
 # allowed"): the same bytes are refused at every retry.
-REFUSED_FOR_GOOD = frozenset({10054})
+# And "header size exceeds maximum allowed of 64k".
+REFUSED_FOR_GOOD = frozenset({10054, 10097})
+# A stream's limits refused the message for now ("maximum messages per subject exceeded": a gate's
+# window is full; "maximum bytes exceeded"): the same record goes through once the window moves on.
+STORE_REFUSED = 10077
+PROBE_BATCH = 20  # records per batch after a refusal, until one batch goes through whole
 
 
 class _Batch:
-    __slots__ = ("acked", "done", "expected", "failed", "number", "ok", "refused", "unrouted")
+    __slots__ = ("acked", "done", "expected", "failed", "number", "ok", "refused", "throttled", "unrouted")
 
     def __init__(self, number: int, size: int) -> None:
         self.number = number
@@ -56,6 +67,7 @@ class _Batch:
         self.failed = False
         self.unrouted = -1  # the first record no stream took ("no responders"), -1: none
         self.refused: dict[int, str] = {}  # records refused for good (done with, not stored): index -> why
+        self.throttled = ""  # why a stream's limits refused a record for now ("": none did)
         self.done = asyncio.Event()
 
     def settle(self, i: int) -> None:
@@ -73,10 +85,15 @@ class Outbox:
         ack_timeout_s: float = 5.0,
         batch: int = 4000,
         on_reconnect: Callable[[], Awaitable[None]] | None = None,
+        throttle_s: float = 1.0,
     ) -> None:
         self.spool = spool
         self.ack_timeout_s = ack_timeout_s
         self.batch = batch
+        self.throttle_s = throttle_s
+        self.throttled = 0  # records a stream's limits refused for now (sent again later)
+        self._resume_at = float("-inf")  # after a refusal for now: nothing is sent before this
+        self._probing = False  # after a refusal for now: small batches until one goes through whole
         self.on_reconnect = on_reconnect
         self.nc: Client | None = None
         self.js: JetStreamContext | None = None
@@ -122,7 +139,7 @@ class Outbox:
         while True:
             self._wake.clear()
             progressed = await self._step()
-            if stop.is_set() and (not self._queue or not self.connected):
+            if stop.is_set() and (not self._queue or not self.connected or self._waiting()):
                 self._to_spool()
                 return
             if not self._queue and self.spool.empty():
@@ -145,17 +162,20 @@ class Outbox:
                 self._to_spool()
                 return False
         self._needs_setup = False
+        if self._waiting():
+            return False
         if not self.spool.empty():
             self._to_spool()  # keep order: what is queued now comes after what was spooled
             return await self._flush_oldest_segment()
         if not self._queue:
             return False
-        records, self._queue = self._queue[: self.batch], self._queue[self.batch :]
+        size = self._batch_size()
+        records, self._queue = self._queue[:size], self._queue[size:]
         ok = await self._publish(records)
         if ok < len(records):
             self._queue[:0] = records[ok:]
             self._to_spool()
-            self._needs_setup = True
+            self._needs_setup = not self._probing  # refused for now: the streams are there
         return ok > 0
 
     async def _flush_oldest_segment(self) -> bool:
@@ -163,13 +183,20 @@ class Outbox:
         if oldest is None:
             return False
         n, records = oldest
+        records = records[: self._batch_size()]
         ok = await self._publish(records)
         self.spool.done(n, ok)
         if ok:
             log.info("spool flushed", records=ok, left=len(self.spool), bytes_left=self.spool.bytes)
         if ok < len(records):
-            self._needs_setup = True
+            self._needs_setup = not self._probing
         return ok > 0
+
+    def _waiting(self) -> bool:
+        return asyncio.get_running_loop().time() < self._resume_at
+
+    def _batch_size(self) -> int:
+        return PROBE_BATCH if self._probing else self.batch
 
     async def _publish(self, records: list[Record]) -> int:
         """Publish in order; return how many from the start of `records` are surely in the stream.
@@ -194,7 +221,7 @@ class Outbox:
             try:
                 if _wire_bytes(r) > nc.max_payload:  # the server would close the connection on it
                     raise MaxPayloadError
-                await nc.publish(r.subject, r.body, reply=f"{prefix}{i}", headers=r.headers)
+                await nc.publish(subjects.ingest(r.subject), r.body, reply=f"{prefix}{i}", headers=r.headers)
             except MaxPayloadError:
                 batch.refused[i] = f"{_wire_bytes(r)} bytes with headers: over max_payload ({nc.max_payload})"
                 batch.settle(i)
@@ -227,6 +254,16 @@ class Outbox:
             log.error("record refused for good, dropped", subject=r.subject, msg_id=r.msg_id, bytes=len(r.body),
                       reason=batch.refused[i], refused_total=self.refused)  # fmt: skip
         self.published += ok - len(refused)
+        if batch.throttled:
+            if not self._probing:
+                log.warning("over the node's rate: the server refused records, sending them again later",
+                            reason=batch.throttled, sent=sent, stored=ok, wait_s=self.throttle_s)  # fmt: skip
+            self.throttled += sent - ok
+            self._probing = True
+            self._resume_at = asyncio.get_running_loop().time() + self.throttle_s
+        elif ok == len(records) and self._probing:
+            self._probing = False
+            log.info("publishing at full batches again", throttled_total=self.throttled)
         if batch.unrouted >= 0:
             await self._diagnose(records[batch.unrouted].subject)
         elif ok == len(records) and self.problem is not None:
@@ -254,14 +291,16 @@ class Outbox:
         # an error is `{"error":...}`; no stream for the subject is an empty 503.
         if msg.data and b'"error"' not in msg.data:
             batch.settle(i)
-        elif (refusal := _refused_for_good(msg.data)) is not None:
-            batch.refused[i] = refusal
+        elif (refusal := _error(msg.data)) is not None and refusal[0] in REFUSED_FOR_GOOD:
+            batch.refused[i] = refusal[1]
             batch.settle(i)
         else:
+            if refusal is not None and refusal[0] == STORE_REFUSED:
+                batch.throttled = refusal[1]
             batch.failed = True
             if not msg.data and (msg.headers or {}).get("Status") == "503":
                 batch.unrouted = i if batch.unrouted < 0 else min(batch.unrouted, i)
-            else:
+            elif not batch.throttled:
                 log.warning("publish refused", subject=msg.subject, reply=msg.data[:200].decode(errors="replace"))
         if batch.failed or batch.acked >= batch.expected:
             batch.done.set()
@@ -289,12 +328,12 @@ def _wire_bytes(r: Record) -> int:
     return len(r.body) + 12 + sum(len(k) + len(v) + 4 for k, v in r.headers.items())
 
 
-def _refused_for_good(reply: bytes) -> str | None:
-    """The server's reason when a JetStream error reply means the same bytes will never be stored."""
+def _error(reply: bytes) -> tuple[int, str] | None:
+    """A JetStream error reply's (err_code, description), None if it is not one."""
     try:
         error = json.loads(reply)["error"]
     except (ValueError, KeyError, TypeError):
         return None
-    if not isinstance(error, dict) or error.get("err_code") not in REFUSED_FOR_GOOD:
+    if not isinstance(error, dict):
         return None
-    return str(error.get("description", "refused"))
+    return int(error.get("err_code") or 0), str(error.get("description", "refused"))

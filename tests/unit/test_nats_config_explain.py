@@ -33,7 +33,23 @@ def test_a_service_writes_only_its_own_buckets_and_owns_its_leases(capsys: pytes
 
 def test_an_agent_is_limited_to_its_node(capsys: pytest.CaptureFixture[str]) -> None:
     out = explained(capsys, "agent-n7")
-    assert "chamber.faults.c1.n7" in out and "chamber.faults.c1.*" not in out
+    assert "chamber.ingest.faults.c1.n7" in out and "chamber.ingest.faults.c1.*" not in out
+
+
+def test_an_agent_publishes_only_into_its_gates_and_is_told_their_limits(capsys: pytest.CaptureFixture[str]) -> None:
+    """Every subject an agent may publish outside the JetStream API lands in a gate stream (never in
+    TELEMETRY or FAULTS directly), and `--explain` states each gate's rate, size and byte limits."""
+    from events.streams import GATES, STREAMS, stream_for
+
+    agent = next(u for u in users("c1", agent_nodes=["n7"]) if u.name == "agent-n7")
+    assert agent.permissions is not None
+    events = [s for s in agent.permissions.publish if not s.startswith("$")]
+    assert events and all(any(g.covers(s) for g in GATES) for s in events)
+    assert not any(spec.covers(s) for s in events for spec in STREAMS) and stream_for(events[0]) is None
+    out = explained(capsys, "agent-n7")
+    for gate in GATES:
+        assert f"(stream {gate.name}): at most {gate.max_msgs_per_subject} messages a subject in any" in out
+    assert "each at most 256 KiB" in out and "each at most 16 KiB" in out and "no per-user publish rate" in out
 
 
 def test_an_unknown_user_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
