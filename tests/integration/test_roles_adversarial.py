@@ -423,10 +423,11 @@ async def test_an_agent_over_its_rate_is_refused_by_the_server_and_other_nodes_s
 
 async def eventually_stored(admin: Session, stream: str, subject: str, n: int) -> None:
     """`stream` holds `n` messages on `subject` within 5 s (a stream copies its gate asynchronously)."""
-    deadline = asyncio.get_running_loop().time() + 5
-    while await stored(admin, stream, subject) != n:
-        assert asyncio.get_running_loop().time() < deadline, f"{stream} {subject}: not {n}"
-        await asyncio.sleep(0.05)
+
+    async def holds() -> bool:
+        return await stored(admin, stream, subject) == n
+
+    await eventually(holds, within=5)
 
 
 async def test_an_oversized_agent_message_is_refused_and_reaches_no_service(
@@ -440,10 +441,11 @@ async def test_an_oversized_agent_message_is_refused_and_reaches_no_service(
 
     server, passwords = bus
     ajs = admin.nc.jetstream()
+    new = ConsumerConfig(deliver_policy=DeliverPolicy.NEW)
     watch = {  # a service's view: a consumer on each stream, from now on
-        name: await ajs.pull_subscribe(subject, durable=None, stream=name, config=ConsumerConfig(deliver_policy=DeliverPolicy.NEW))
+        name: await ajs.pull_subscribe(subject, durable=None, stream=name, config=new)
         for name, subject in (("TELEMETRY", "chamber.telemetry.sample.c1.n3"), ("FAULTS", "chamber.faults.c1.n3"))
-    }  # fmt: skip
+    }
     agent = await login(server, passwords, "agent")
     try:
         fault_in, fault_errors = await publish_counting(

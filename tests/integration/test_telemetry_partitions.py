@@ -206,18 +206,6 @@ async def test_a_partition_count_changed_between_restarts_is_explained_and_loses
         two.kill()
 
 
-async def messages_in(js: JetStreamContext, stream: str) -> int:
-    return (await js.stream_info(stream)).state.messages
-
-
-async def eventually_async(count: Any, expected: int, within: float = 10.0) -> None:
-    """`await count()` reaches `expected` within `within` seconds (a copy from a gate is asynchronous)."""
-    deadline = time.monotonic() + within
-    while (got := await count()) != expected:
-        assert time.monotonic() < deadline, f"{got} != {expected}"
-        await asyncio.sleep(0.05)
-
-
 async def test_with_roles_an_agent_publishes_into_its_partitions_gate_and_the_reader_reads_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -304,8 +292,12 @@ async def test_a_server_mapping_more_partitions_than_streams_exist_is_explained_
         await ensure_streams(js)
         assert await outbox.drained(20)
         assert outbox.problem is None and health.report()[1]
+
         # the sample, once (the stream copies it from its gate); the diagnosis's probe was never stored
-        await eventually_async(lambda: messages_in(js, partition_stream(p)), 1)
+        async def copied_once() -> bool:
+            return (await js.stream_info(partition_stream(p))).state.messages == 1
+
+        await eventually(copied_once)
         assert await server_partitions(nc) == 4  # probes with every stream in place: still none stored
         assert [(await js.stream_info(partition_stream(i))).state.messages for i in range(4)].count(0) >= 3
         stop.set()

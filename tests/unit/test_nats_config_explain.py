@@ -69,3 +69,20 @@ def test_every_service_has_a_manifest_and_each_owned_bucket_has_one_owner() -> N
     }
     assert kv_writes["svc-discovery"] == {"$KV.chamber_fleet.>"}
     assert kv_writes["reader"] == set() and kv_writes["setup"] == set()
+
+
+def test_no_role_but_admin_may_subscribe_to_what_agents_publish() -> None:
+    """What an agent publishes reaches others only through TELEMETRY and FAULTS, after its gate took
+    it: no role may subscribe to the ingest subjects, so a message a gate refuses (too large, over
+    the rate) is delivered to no one."""
+    from events.streams import GATES, StreamSpec
+
+    roles = users("c1", agent_nodes=["n1"], shared_agent=True, simulator=True)
+    for user in roles:
+        if user.permissions is None:
+            continue
+        for pattern in user.permissions.subscribe:
+            probe = StreamSpec("probe", (pattern,), "", None, 0)
+            for gate in GATES:
+                sample = gate.subjects[0].replace(">", "sample.c1.n1")
+                assert not probe.covers(sample), f"{user.name} may subscribe to {pattern}"
