@@ -48,7 +48,7 @@ def stream_config(spec: StreamSpec, replicas: int = 1, *, byte_shares: int = 1) 
         max_msg_size=spec.max_msg_size,
         max_msgs_per_subject=spec.max_msgs_per_subject or -1,
         discard=DiscardPolicy.NEW if spec.discard_new else DiscardPolicy.OLD,
-        discard_new_per_subject=spec.discard_new_per_subject or None,
+        discard_new_per_subject=spec.discard_new_per_subject,
         sources=[
             StreamSource(name=s.stream, subject_transforms=[SubjectTransform(src=s.src, dest=s.dest)])
             for s in spec.sources
