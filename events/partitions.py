@@ -7,9 +7,11 @@ the server rewrites every published subject with a mapping, here
     chamber.telemetry.sample.<c>.<n>  ->  chamber.telemetry.sample.<c>.<n>.<p>   p = partition(N, node)
 
 and each partition p has its own stream, TELEMETRY_P<p>. A node always lands in the same partition
-(so its samples stay in order), and the agent publishes as it always did. A subscriber of
-`chamber.telemetry.sample.>` still receives every sample (the partition is one more trailing token);
-one of `chamber.telemetry.sample.*.*` would not, so external tools use `>`.
+(so its samples stay in order), and the agent publishes as it always did: into its gate
+(events/streams.py), which the same mapping splits alike (`chamber.ingest.telemetry.sample...`, one
+gate AGENT_TELEMETRY_P<p> per partition). A consumer filtered on `chamber.telemetry.sample.>` still
+receives every sample (the partition is one more trailing token); one on `chamber.telemetry.sample.*.*`
+would not, so external tools use `>`.
 
 With partitions the TELEMETRY stream keeps the other telemetry (inventories: five-token subjects,
 `chamber.telemetry.*.*.*`, which never overlap the six-token partitioned samples). With one
