@@ -172,13 +172,14 @@ STREAMS: tuple[StreamSpec, ...] = (TELEMETRY, FAULTS, FLEET, JOBS, QUOTA, BILLIN
 # agent's default rate, half what the recorder stores per subject. TELEMETRY and FAULTS copy what
 # a gate accepted (`sources`, the `chamber.ingest.` prefix taken off) and de-duplicate it by message id
 # over their own windows, so the gate's short one loses nothing. A refused publish is the agent's to
-# retry (its outbox does, lossless). Services and the simulator's tools publish as before.
+# retry (its outbox does, lossless). The simulated fleet publishes through the gates too (it runs the
+# agent's code); services publish straight into the streams, as before.
 #
 # Sizes: a gate's message limit may not exceed its target stream's (the server refuses the source
-# otherwise). Agents' telemetry is capped at 256 KiB, fifteen times an 8-GPU sample with its process
-# lists (17.5 KB); faults at FAULTS' 16 KiB. A gate that is full refuses everyone (discard new), so
-# its byte cap is far above its traffic: ten seconds of 1,000 nodes at one 18 KB sample a second is
-# 180 MiB, while one node can hold at most 4 kinds x 100 x 256 KiB = 100 MiB of it.
+# otherwise). Agents' telemetry is capped at 256 KiB, fifteen times the largest 8-GPU sample (a full
+# one with process lists, 17.5 KB); faults at FAULTS' 16 KiB. A gate that is full refuses everyone
+# (discard new), so its byte cap is far above its traffic: ten seconds of 1,000 nodes at one 18 KB
+# sample a second is 180 MiB, while one node can hold at most 4 kinds x 100 x 256 KiB = 100 MiB of it.
 INGEST_PREFIX = "chamber.ingest."
 GATE_WINDOW_S = 10.0
 GATE_PER_WINDOW = 100
