@@ -46,9 +46,8 @@ from services.runtime.partitions import diagnose_unrouted
 
 log = get_logger("chamber.agent.outbox")
 DIAGNOSE_EVERY_S = 30.0  # a stuck publish is re-diagnosed at most this often (the log line only on change)
-# JetStream's answer to a message over its stream's `max_msg_size` ("message size exceeds maximum
-# allowed"): the same bytes are refused at every retry.
-# And "header size exceeds maximum allowed of 64k".
+# JetStream's answers that the same bytes get at every retry: "message size exceeds maximum allowed"
+# (over the stream's `max_msg_size`) and "header size exceeds maximum allowed of 64k".
 REFUSED_FOR_GOOD = frozenset({10054, 10097})
 # A stream's limits refused the message for now ("maximum messages per subject exceeded": a gate's
 # window is full; "maximum bytes exceeded"): the same record goes through once the window moves on.
@@ -91,7 +90,7 @@ class Outbox:
         self.ack_timeout_s = ack_timeout_s
         self.batch = batch
         self.throttle_s = throttle_s
-        self.throttled = 0  # records a stream's limits refused for now (sent again later)
+        self.throttled = 0  # records sent again because a stream's limits refused them (or one before them)
         self._resume_at = float("-inf")  # after a refusal for now: nothing is sent before this
         self._probing = False  # after a refusal for now: small batches until one goes through whole
         self.on_reconnect = on_reconnect
