@@ -219,3 +219,34 @@ def test_a_missing_password_is_a_clear_usage_error(tmp_path: Path, capsys: pytes
     assert main(["nats-config", "--passwords", str(tmp_path / "none")]) == 2
     err = capsys.readouterr().err
     assert "no password for NATS user 'svc-discovery'" in err and "--create-missing" in err
+
+
+async def test_the_setup_user_makes_the_gates_and_the_streams_that_copy_them(
+    secured_server: tuple[NatsServerProcess, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`chamber setup` under the `setup` role makes each gate before the stream that copies it, and
+    what an agent publishes into its gate then reaches TELEMETRY, with no permission refused."""
+    from tests.secured_bus import violations_in
+
+    server, passwords = secured_server
+    url = f"nats://setup:{(passwords / 'setup').read_text()}@127.0.0.1:{server.port}"
+    assert await asyncio.to_thread(main, ["setup", "--nats", url]) == 0
+    out = capsys.readouterr().out
+    assert out.index("added AGENT_TELEMETRY") < out.index("added TELEMETRY"), out
+    assert out.index("added AGENT_FAULTS") < out.index("added FAULTS"), out
+    nc = await nats.connect(
+        f"nats://agent-n1:{(passwords / 'agent-n1').read_text()}@127.0.0.1:{server.port}",
+        inbox_prefix=inbox_prefix("agent-n1"),
+    )
+    admin = await nats.connect(f"nats://admin:{(passwords / 'admin').read_text()}@127.0.0.1:{server.port}")
+    try:
+        await nc.jetstream().publish(ingest(subjects.sample(CLUSTER, "n1")), b"{}")
+
+        async def copied() -> bool:
+            return (await admin.jetstream().stream_info("TELEMETRY")).state.messages == 1
+
+        await eventually(copied)
+    finally:
+        await nc.close()
+        await admin.close()
+    assert server.log_file is not None and violations_in(server.log_file) == []
