@@ -9,8 +9,10 @@ comes with the reason `--explain ROLE` prints:
                    durables; writes only its own KV buckets, lease bucket and snapshot store; serves
                    `chamber.cmd.<service>.>` (the gateway alone sends commands to others). It may not
                    create, update, delete or purge a stream (the set-up does that: `chamber setup`).
-- `agent-<node>`   publishes only its node's telemetry and faults; reads stream info and its node's
-                   keys of the step-log bucket (one consumer, named and filtered for the node).
+- `agent-<node>`   publishes only its node's telemetry and faults, into the gate streams that bound
+                   each node's rate and message size (`chamber.ingest.…`, events/streams.py), never
+                   straight into TELEMETRY or FAULTS; reads stream info and its node's keys of the
+                   step-log bucket (one consumer, named and filtered for the node).
 - `agent`          (--shared-agent) the same for any node of this cluster.
 - `simulator`      (--simulator) the simulated fleet: any node's telemetry and faults of this cluster,
                    job progress (`chamber.jobs.<job>`), reads JOBS through its own consumers, answers
