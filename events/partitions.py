@@ -7,9 +7,11 @@ the server rewrites every published subject with a mapping, here
     chamber.telemetry.sample.<c>.<n>  ->  chamber.telemetry.sample.<c>.<n>.<p>   p = partition(N, node)
 
 and each partition p has its own stream, TELEMETRY_P<p>. A node always lands in the same partition
-(so its samples stay in order), and the agent publishes as it always did. A subscriber of
-`chamber.telemetry.sample.>` still receives every sample (the partition is one more trailing token);
-one of `chamber.telemetry.sample.*.*` would not, so external tools use `>`.
+(so its samples stay in order), and the agent publishes as it always did: into its gate
+(events/streams.py), which the same mapping splits alike (`chamber.ingest.telemetry.sample...`, one
+gate AGENT_TELEMETRY_P<p> per partition). A consumer filtered on `chamber.telemetry.sample.>` still
+receives every sample (the partition is one more trailing token); one on `chamber.telemetry.sample.*.*`
+would not, so external tools use `>`.
 
 With partitions the TELEMETRY stream keeps the other telemetry (inventories: five-token subjects,
 `chamber.telemetry.*.*.*`, which never overlap the six-token partitioned samples). With one
@@ -26,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from events.streams import STREAMS, TELEMETRY, StreamSpec
+from events.streams import INGEST_PREFIX, STREAMS, TELEMETRY, StreamSpec, with_gates
 
 MAX_PARTITIONS = 64
 SAMPLE_SUBJECT = "chamber.telemetry.sample.*.*"
@@ -63,10 +65,12 @@ def server_mapping(partitions: int) -> dict[str, str]:
     """The account mapping a nats-server needs (`mappings { ... }`); none for one partition."""
     if check_partitions(partitions) == 1:
         return {}
-    # wildcard 1 is the cluster token, 2 the node token: a node keeps its partition
+    # wildcard 1 is the cluster token, 2 the node token: a node keeps its partition. What agents
+    # publish (the ingest prefix, into the gates) is split alike, each partition its own gate.
     destination = "chamber.telemetry.sample.{{wildcard(1)}}.{{wildcard(2)}}.{{partition(N,2)}}"
     destination = destination.replace("(N,", f"({partitions},")
-    return {SAMPLE_SUBJECT: destination}
+    ingest = INGEST_PREFIX + SAMPLE_SUBJECT.removeprefix("chamber.")
+    return {SAMPLE_SUBJECT: destination, ingest: INGEST_PREFIX + destination.removeprefix("chamber.")}
 
 
 def server_mapping_conf(partitions: int) -> str:
@@ -107,6 +111,7 @@ def telemetry_specs(partitions: int, *, existing: int = 0) -> tuple[StreamSpec, 
 
 
 def stream_specs(partitions: int, *, existing: int = 0) -> tuple[StreamSpec, ...]:
-    """Every stream of the design, TELEMETRY split as `telemetry_specs` says."""
+    """Every stream of the design, TELEMETRY split as `telemetry_specs` says, with the gates agents
+    publish into (events/streams.py `with_gates`: split alike, each partition its own gate)."""
     rest = tuple(s for s in STREAMS if s.name != TELEMETRY.name)
-    return (*telemetry_specs(partitions, existing=existing), *rest)
+    return with_gates((*telemetry_specs(partitions, existing=existing), *rest))

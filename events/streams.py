@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 MINUTE = 60.0
@@ -33,6 +33,15 @@ class Storage(StrEnum):
 
 
 @dataclass(frozen=True)
+class Source:
+    """Another stream this one copies (JetStream `sources`), its subjects rewritten `src` -> `dest`."""
+
+    stream: str
+    src: str
+    dest: str
+
+
+@dataclass(frozen=True)
 class StreamSpec:
     """One stream. `max_age_s` None keeps messages forever (domain history is the source of truth)."""
 
@@ -50,6 +59,10 @@ class StreamSpec:
     max_msgs_per_subject: int | None = None
     # Full: refuse new messages instead of dropping the oldest (domain history is never lost).
     discard_new: bool = False
+    # With `max_msgs_per_subject` and `max_age`: a subject at its count refuses new messages until its
+    # oldest ages out, so at most that many are accepted per subject in any `max_age` window.
+    discard_new_per_subject: bool = False
+    sources: tuple[Source, ...] = ()
 
     def covers(self, subject: str) -> bool:
         return any(_matches(pattern, subject) for pattern in self.subjects)
@@ -163,6 +176,90 @@ DEAD = StreamSpec(
 )
 
 STREAMS: tuple[StreamSpec, ...] = (TELEMETRY, FAULTS, FLEET, JOBS, QUOTA, BILLING, DISPATCH, DEAD)
+
+# --- what agents publish: through a gate that bounds each node's rate --------------------------------
+# NATS has no per-user publish rate. Agents therefore publish into gate streams, never into TELEMETRY
+# or FAULTS directly (their NATS users may not): `chamber.ingest.<kind>.<cluster>.<node>`. A gate keeps
+# each message GATE_WINDOW_S and refuses a subject's next message while it holds GATE_PER_WINDOW of
+# them (discard new, per subject), so the server accepts at most GATE_PER_WINDOW messages per node
+# and kind in any GATE_WINDOW_S, whatever the agent does: ten a second on average, ten times the
+# agent's default rate, half what the recorder stores per subject. TELEMETRY and FAULTS copy what
+# a gate accepted (`sources`, the `chamber.ingest.` prefix taken off) and de-duplicate it by message id
+# over their own windows, so the gate's short one loses nothing. A refused publish is the agent's to
+# retry (its outbox does, lossless). The simulated fleet publishes through the gates too (it runs the
+# agent's code); services publish straight into the streams, as before.
+#
+# Sizes: a gate's message limit may not exceed its target stream's (the server refuses the source
+# otherwise). Agents' telemetry is capped at 256 KiB, fifteen times the largest 8-GPU sample (a full
+# one with process lists, 17.5 KB); faults at FAULTS' 16 KiB. A gate that is full refuses everyone
+# (discard new), so its byte cap is far above its traffic: ten seconds of 1,000 nodes at one 18 KB
+# sample a second is 180 MiB, while one node can hold at most 4 kinds x 100 x 256 KiB = 100 MiB of it.
+INGEST_PREFIX = "chamber.ingest."
+GATE_WINDOW_S = 10.0
+GATE_PER_WINDOW = 100
+AGENT_TELEMETRY_MAX_MSG = 256 * 1024
+
+
+GATE_PREFIX = "AGENT_"
+_GATE_LIMITS = {  # target family -> (message size limit, byte cap), shared by a family's partition streams
+    "TELEMETRY": (AGENT_TELEMETRY_MAX_MSG, 512 * MIB),
+    "FAULTS": (FAULTS.max_msg_size, 64 * MIB),
+}
+
+
+def family(name: str) -> str:
+    """A stream name without its partition suffix: `TELEMETRY_P3` -> `TELEMETRY` (others unchanged)."""
+    head, sep, tail = name.rpartition("_P")
+    return head if sep and tail.isdigit() else name
+
+
+def gate_for(target: StreamSpec) -> StreamSpec | None:
+    """The gate agents publish into for `target` (TELEMETRY, its partitions, FAULTS), None if agents
+    do not publish into it. Its subjects are the target's under the ingest prefix."""
+    limits = _GATE_LIMITS.get(family(target.name))
+    if limits is None:
+        return None
+    max_msg_size, max_bytes = limits
+    return StreamSpec(
+        GATE_PREFIX + target.name,
+        tuple(INGEST_PREFIX + s.removeprefix("chamber.") for s in target.subjects),
+        f"what agents publish for {target.name}: at most {GATE_PER_WINDOW} per node and kind in {GATE_WINDOW_S:g} s",
+        GATE_WINDOW_S,
+        GATE_WINDOW_S,  # the server requires a duplicate window no longer than max_age
+        max_msg_size=max_msg_size,
+        max_bytes=max_bytes,
+        max_msgs_per_subject=GATE_PER_WINDOW,
+        discard_new=True,
+        discard_new_per_subject=True,
+    )
+
+
+def with_gates(specs: tuple[StreamSpec, ...]) -> tuple[StreamSpec, ...]:
+    """The streams with their gates, each gate before the stream that copies it (`sources`); the
+    copy takes the ingest prefix off, so consumers see the subjects agents name."""
+    gates: list[StreamSpec] = []
+    out: list[StreamSpec] = []
+    for spec in specs:
+        gate = gate_for(spec)
+        if gate is None:
+            out.append(spec)
+            continue
+        domain = spec.name.split("_")[0].lower()  # TELEMETRY_P3 -> telemetry: the subjects' second token
+        source = Source(gate.name, f"{INGEST_PREFIX}{domain}.>", f"chamber.{domain}.>")
+        gates.append(gate)
+        out.append(replace(spec, sources=(*spec.sources, source)))
+    return (*gates, *out)
+
+
+def _gate_of(target: StreamSpec) -> StreamSpec:
+    gate = gate_for(target)
+    assert gate is not None, target.name
+    return gate
+
+
+AGENT_TELEMETRY = _gate_of(TELEMETRY)
+AGENT_FAULTS = _gate_of(FAULTS)
+GATES: tuple[StreamSpec, ...] = (AGENT_TELEMETRY, AGENT_FAULTS)
 
 
 def stream_for(subject: str) -> StreamSpec | None:

@@ -25,6 +25,7 @@ from events.faults import GpuFaultDetected
 from events.idle import IdlePolicySet, JobIdleDetected
 from events.quota import BudgetSet, FairShareUpdated, PoolDefined, PoolRemoved, TeamQuotaSet
 from events.steps import RankStepTimings
+from events.streams import INGEST_PREFIX
 from events.telemetry import NodeInventory, NodeSample
 
 ROOT = "chamber"
@@ -58,6 +59,14 @@ def fabric(cluster: str, node: str) -> str:
 def steps(cluster: str, node: str) -> str:
     """Per-rank step timings of the jobs on a node (events/steps.py)."""
     return f"{ROOT}.telemetry.steps.{token(cluster)}.{token(node)}"
+
+
+def ingest(subject: str) -> str:
+    """Where an agent publishes a message for `subject`: its gate stream, which bounds each node's rate
+    and passes the message on under `subject` (events/streams.py). Given an ingest subject, the same."""
+    if subject.startswith(INGEST_PREFIX):
+        return subject
+    return INGEST_PREFIX + subject.removeprefix(f"{ROOT}.")
 
 
 def perf(job_id: str) -> str:

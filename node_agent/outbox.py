@@ -14,29 +14,49 @@ A publish that no stream takes (the server answers "no responders": e.g. its sub
 samples to a partition stream that does not exist) is spooled like any other failure, and diagnosed:
 one log line says what the server maps, which streams exist and the fix, and `problem` holds it for
 the health report until a publish goes through again.
+
+Records go to the node's gate streams (`chamber.ingest.…`, events/streams.py), which accept at most
+GATE_PER_WINDOW per node and kind in any GATE_WINDOW_S. A record over that rate is refused and kept
+(spooled, in order); the outbox then waits `throttle_s` and sends small batches until one goes
+through whole, so a backlog after an outage drains at the gate's rate without hammering it.
+
+A record the server refuses for good (larger than its stream's `max_msg_size`, or than the server's
+`max_payload`) would be refused again at every retry and hold back everything after it: it is
+dropped, counted in `refused` and logged, and the records after it go on. Every other refusal is
+retried (spooled), so nothing is lost to a passing condition.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import Awaitable, Callable
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+from nats.errors import MaxPayloadError
 from nats.js import JetStreamContext
 
+from events import subjects
 from node_agent.spool import Record, Spool
 from services.runtime.logs import get_logger
 from services.runtime.partitions import diagnose_unrouted
 
 log = get_logger("chamber.agent.outbox")
 DIAGNOSE_EVERY_S = 30.0  # a stuck publish is re-diagnosed at most this often (the log line only on change)
+# JetStream's answers that the same bytes get at every retry: "message size exceeds maximum allowed"
+# (over the stream's `max_msg_size`) and "header size exceeds maximum allowed of 64k".
+REFUSED_FOR_GOOD = frozenset({10054, 10097})
+# A stream's limits refused the message for now ("maximum messages per subject exceeded": a gate's
+# window is full; "maximum bytes exceeded"): the same record goes through once the window moves on.
+STORE_REFUSED = 10077
+PROBE_BATCH = 20  # records per batch after a refusal, until one batch goes through whole
 
 
 class _Batch:
-    __slots__ = ("acked", "done", "expected", "failed", "number", "ok", "unrouted")
+    __slots__ = ("acked", "done", "expected", "failed", "number", "ok", "refused", "throttled", "unrouted")
 
     def __init__(self, number: int, size: int) -> None:
         self.number = number
@@ -45,7 +65,15 @@ class _Batch:
         self.expected = size
         self.failed = False
         self.unrouted = -1  # the first record no stream took ("no responders"), -1: none
+        self.refused: dict[int, str] = {}  # records refused for good (done with, not stored): index -> why
+        self.throttled = ""  # why a stream's limits refused a record for now ("": none did)
         self.done = asyncio.Event()
+
+    def settle(self, i: int) -> None:
+        """Record `i` needs no more sending (stored, or refused for good)."""
+        if not self.ok[i]:
+            self.ok[i] = 1
+            self.acked += 1
 
 
 class Outbox:
@@ -56,14 +84,20 @@ class Outbox:
         ack_timeout_s: float = 5.0,
         batch: int = 4000,
         on_reconnect: Callable[[], Awaitable[None]] | None = None,
+        throttle_s: float = 1.0,
     ) -> None:
         self.spool = spool
         self.ack_timeout_s = ack_timeout_s
         self.batch = batch
+        self.throttle_s = throttle_s
+        self.throttled = 0  # records sent again because a stream's limits refused them (or one before them)
+        self._resume_at = float("-inf")  # after a refusal for now: nothing is sent before this
+        self._probing = False  # after a refusal for now: small batches until one goes through whole
         self.on_reconnect = on_reconnect
         self.nc: Client | None = None
         self.js: JetStreamContext | None = None
         self.published = 0
+        self.refused = 0  # records the server refused for good (too large): dropped, not retried
         self._queue: list[Record] = []
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
@@ -104,7 +138,7 @@ class Outbox:
         while True:
             self._wake.clear()
             progressed = await self._step()
-            if stop.is_set() and (not self._queue or not self.connected):
+            if stop.is_set() and (not self._queue or not self.connected or self._waiting()):
                 self._to_spool()
                 return
             if not self._queue and self.spool.empty():
@@ -127,17 +161,20 @@ class Outbox:
                 self._to_spool()
                 return False
         self._needs_setup = False
+        if self._waiting():
+            return False
         if not self.spool.empty():
             self._to_spool()  # keep order: what is queued now comes after what was spooled
             return await self._flush_oldest_segment()
         if not self._queue:
             return False
-        records, self._queue = self._queue[: self.batch], self._queue[self.batch :]
+        size = self._batch_size()
+        records, self._queue = self._queue[:size], self._queue[size:]
         ok = await self._publish(records)
         if ok < len(records):
             self._queue[:0] = records[ok:]
             self._to_spool()
-            self._needs_setup = True
+            self._needs_setup = not self._probing  # refused for now: the streams are there
         return ok > 0
 
     async def _flush_oldest_segment(self) -> bool:
@@ -145,13 +182,20 @@ class Outbox:
         if oldest is None:
             return False
         n, records = oldest
+        records = records[: self._batch_size()]
         ok = await self._publish(records)
         self.spool.done(n, ok)
         if ok:
             log.info("spool flushed", records=ok, left=len(self.spool), bytes_left=self.spool.bytes)
         if ok < len(records):
-            self._needs_setup = True
+            self._needs_setup = not self._probing
         return ok > 0
+
+    def _waiting(self) -> bool:
+        return asyncio.get_running_loop().time() < self._resume_at
+
+    def _batch_size(self) -> int:
+        return PROBE_BATCH if self._probing else self.batch
 
     async def _publish(self, records: list[Record]) -> int:
         """Publish in order; return how many from the start of `records` are surely in the stream.
@@ -174,7 +218,12 @@ class Outbox:
             if not self.connected:
                 break
             try:
-                await nc.publish(r.subject, r.body, reply=f"{prefix}{i}", headers=r.headers)
+                if _wire_bytes(r) > nc.max_payload:  # the server would close the connection on it
+                    raise MaxPayloadError
+                await nc.publish(subjects.ingest(r.subject), r.body, reply=f"{prefix}{i}", headers=r.headers)
+            except MaxPayloadError:
+                batch.refused[i] = f"{_wire_bytes(r)} bytes with headers: over max_payload ({nc.max_payload})"
+                batch.settle(i)
             except Exception as exc:  # disconnected mid-batch, buffer full: the rest goes to the spool
                 log.warning("publish failed", error=repr(exc))
                 break
@@ -197,7 +246,23 @@ class Outbox:
         self._acks = None
         ok = batch.ok.find(0)
         ok = sent if ok < 0 or ok > sent else ok
-        self.published += ok
+        refused = [i for i in sorted(batch.refused) if i < ok]
+        self.refused += len(refused)
+        for i in refused:
+            r = records[i]
+            log.error("record refused for good, dropped", subject=r.subject, msg_id=r.msg_id, bytes=len(r.body),
+                      reason=batch.refused[i], refused_total=self.refused)  # fmt: skip
+        self.published += ok - len(refused)
+        if batch.throttled:
+            if not self._probing:
+                log.warning("over the node's rate: the server refused records, sending them again later",
+                            reason=batch.throttled, sent=sent, stored=ok, wait_s=self.throttle_s)  # fmt: skip
+            self.throttled += sent - ok
+            self._probing = True
+            self._resume_at = asyncio.get_running_loop().time() + self.throttle_s
+        elif ok == len(records) and self._probing:
+            self._probing = False
+            log.info("publishing at full batches again", throttled_total=self.throttled)
         if batch.unrouted >= 0:
             await self._diagnose(records[batch.unrouted].subject)
         elif ok == len(records) and self.problem is not None:
@@ -224,14 +289,17 @@ class Outbox:
         # A PubAck is `{"stream":...,"seq":...}` (with `"duplicate":true` when JetStream dropped a repeat);
         # an error is `{"error":...}`; no stream for the subject is an empty 503.
         if msg.data and b'"error"' not in msg.data:
-            if not batch.ok[i]:
-                batch.ok[i] = 1
-                batch.acked += 1
+            batch.settle(i)
+        elif (refusal := _error(msg.data)) is not None and refusal[0] in REFUSED_FOR_GOOD:
+            batch.refused[i] = refusal[1]
+            batch.settle(i)
         else:
+            if refusal is not None and refusal[0] == STORE_REFUSED:
+                batch.throttled = refusal[1]
             batch.failed = True
             if not msg.data and (msg.headers or {}).get("Status") == "503":
                 batch.unrouted = i if batch.unrouted < 0 else min(batch.unrouted, i)
-            else:
+            elif not batch.throttled:
                 log.warning("publish refused", subject=msg.subject, reply=msg.data[:200].decode(errors="replace"))
         if batch.failed or batch.acked >= batch.expected:
             batch.done.set()
@@ -251,3 +319,20 @@ class Outbox:
                     dropped_faults=s.dropped_faults,
                     max_bytes=self.spool.max_bytes,
                 )
+
+
+def _wire_bytes(r: Record) -> int:
+    """Body and headers as the server counts them against `max_payload` (`NATS/1.0\r\n`, a
+    `key: value\r\n` line each, a blank line)."""
+    return len(r.body) + 12 + sum(len(k) + len(v) + 4 for k, v in r.headers.items())
+
+
+def _error(reply: bytes) -> tuple[int, str] | None:
+    """A JetStream error reply's (err_code, description), None if it is not one."""
+    try:
+        error = json.loads(reply)["error"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(error, dict):
+        return None
+    return int(error.get("err_code") or 0), str(error.get("description", "refused"))

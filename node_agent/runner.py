@@ -28,7 +28,7 @@ from events.codec import (
     rfc3339,
 )
 from events.fabric import FabricSample
-from events.streams import TELEMETRY
+from events.streams import AGENT_TELEMETRY
 from events.telemetry import GpuInfo, HostInfo, NodeInventory, NodeSample
 from node_agent.detectors import DetectorState, GpuLimits, Reading, detect
 from node_agent.fabric_detectors import FabricDetectorState, detect_nic
@@ -39,8 +39,8 @@ from services.runtime.tracing import root_traceparent
 INVENTORY_EVERY_S = 60.0
 INVENTORY_CHECK_S = 10.0
 AGENT_VERSION = "0.1.0"
-# The largest sample body the agent publishes: what the stream stores and what consumers decode.
-MAX_SAMPLE_BYTES = min(TELEMETRY.max_msg_size, DEFAULT_MAX_BYTES) - 4096  # headroom for the headers
+# The largest sample body the agent publishes: what its gate stream takes (events/streams.py).
+MAX_SAMPLE_BYTES = min(AGENT_TELEMETRY.max_msg_size, DEFAULT_MAX_BYTES) - 4096  # headroom for the headers
 
 
 class Sampler(Protocol):

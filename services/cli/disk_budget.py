@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import statistics
 
-from events.streams import STREAMS, TELEMETRY, StreamSpec, telemetry_retention
+from events.streams import GATES, STREAMS, TELEMETRY, StreamSpec, telemetry_retention
 from node_agent.runner import NodeFacts, NodeRunner
 from node_agent.sim.fleet import SimFleet
 from node_agent.sim.models import gpu_model
@@ -46,13 +46,17 @@ def describe(nodes: int, gpus_per_node: int, interval_s: float = 1.0) -> list[st
         f"{gpus_per_node} GPUs every {interval_s:g} s ({_size(per_sample)} a sample, {_size(per_s)}/s)",
         f"warehouse grows about {_size(raw_day)} a day of raw samples and {_size(rollup_day)} of minute rollups "
         "(kept 30 and 400 days: recorder --raw-ttl-days, --rollup-ttl-days)",
-        "other streams at most: " + ", ".join(_cap(s) for s in STREAMS if s is not TELEMETRY),
+        "other streams at most: " + ", ".join(_cap(s) for s in (*STREAMS, *GATES) if s is not TELEMETRY),
     ]
 
 
 def _cap(spec: StreamSpec) -> str:
     """A stream's byte cap and what happens when it is reached."""
     assert spec.max_bytes is not None, f"{spec.name} has no byte cap"
+    if spec.discard_new_per_subject:  # a gate: what agents publish, bounded per node and kind
+        return (
+            f"{spec.name} {_size(spec.max_bytes)} ({spec.max_msgs_per_subject:,} per subject in {spec.max_age_s:g} s)"
+        )
     when_full = "then refuses new events" if spec.discard_new else "oldest dropped first"
     per = f", {spec.max_msgs_per_subject:,} per subject" if spec.max_msgs_per_subject else ""
     return f"{spec.name} {_size(spec.max_bytes)} ({when_full}{per})"

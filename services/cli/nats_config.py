@@ -9,8 +9,10 @@ comes with the reason `--explain ROLE` prints:
                    durables; writes only its own KV buckets, lease bucket and snapshot store; serves
                    `chamber.cmd.<service>.>` (the gateway alone sends commands to others). It may not
                    create, update, delete or purge a stream (the set-up does that: `chamber setup`).
-- `agent-<node>`   publishes only its node's telemetry and faults; reads stream info and its node's
-                   keys of the step-log bucket (one consumer, named and filtered for the node).
+- `agent-<node>`   publishes only its node's telemetry and faults, into the gate streams that bound
+                   each node's rate and message size (`chamber.ingest.…`, events/streams.py), never
+                   straight into TELEMETRY or FAULTS; reads stream info and its node's keys of the
+                   step-log bucket (one consumer, named and filtered for the node).
 - `agent`          (--shared-agent) the same for any node of this cluster.
 - `simulator`      (--simulator) the simulated fleet: any node's telemetry and faults of this cluster,
                    job progress (`chamber.jobs.<job>`), reads JOBS through its own consumers, answers
@@ -48,7 +50,7 @@ from events import subjects
 from events.channels import STEP_LOG_BUCKET
 from events.partitions import partition_stream
 from events.steps import step_log_consumer, step_log_keys_of
-from events.streams import STREAMS
+from events.streams import GATE_PER_WINDOW, GATE_WINDOW_S, GATES, STREAMS, StreamSpec
 from services.cli.common import add_cluster_option
 from services.cli.errors import UsageError
 from services.runtime.credentials import inbox_prefix
@@ -121,6 +123,7 @@ class User:
     role: str
     permissions: Permissions | None  # None: everything (admin)
     why: str = ""
+    limits: tuple[str, ...] = ()  # what the server bounds beyond permissions, and why (for --explain)
 
 
 # --- building blocks ---------------------------------------------------------------------------
@@ -213,9 +216,11 @@ def _object_store(bucket: str, why: str) -> list[Grant]:
 
 
 def _node_subjects(cluster: str, node: str | None) -> list[Grant]:
-    """One node's telemetry and fault subjects; `None`: any node of the cluster (a `*` wildcard).
-    nats-server checks publish permissions on the subject after its mappings, so a node's samples
-    are also allowed with the partition token the telemetry mapping appends (events/partitions.py)."""
+    """One node's telemetry and fault subjects, as agents publish them: into the gate streams, under
+    the ingest prefix (events/streams.py), never straight into TELEMETRY or FAULTS. `None`: any node
+    of the cluster (a `*` wildcard). nats-server checks publish permissions on the subject after its
+    mappings, so a node's samples are also allowed with the partition token the telemetry mapping
+    appends (events/partitions.py)."""
     who = f"node {node}" if node is not None else f"any node of cluster {cluster}"
     if node is not None:
         sample = subjects.sample(cluster, node)
@@ -237,7 +242,10 @@ def _node_subjects(cluster: str, node: str | None) -> list[Grant]:
             f"chamber.telemetry.steps.{c}.*",
         ]
         fault = f"chamber.faults.{c}.*"
-    return [Grant(s, f"telemetry of {who}") for s in subjects_] + [Grant(fault, f"GPU faults of {who}")]
+    gate = f"through its gate: at most {GATE_PER_WINDOW} a subject in {GATE_WINDOW_S:g} s"
+    return [Grant(subjects.ingest(s), f"telemetry of {who}, {gate}") for s in subjects_] + [
+        Grant(subjects.ingest(fault), f"GPU faults of {who}, {gate}")
+    ]
 
 
 # --- roles ---------------------------------------------------------------------------------------
@@ -292,6 +300,29 @@ def service_user(
     )
 
 
+def _size(n: int) -> str:
+    return f"{n // (1024 * 1024)} MiB" if n % (1024 * 1024) == 0 else f"{n // 1024} KiB"
+
+
+def _gate_limit(gate: StreamSpec) -> str:
+    subjects_ = ", ".join(gate.subjects)
+    return (
+        f"{subjects_} (stream {gate.name}): at most {gate.max_msgs_per_subject} messages a subject in any "
+        f"{gate.max_age_s:g} s, each at most {_size(gate.max_msg_size)}; {_size(gate.max_bytes or 0)} in all"
+    )
+
+
+AGENT_LIMITS = (
+    *(_gate_limit(g) for g in GATES),
+    "a subject is one node's one kind (samples, inventory, fabric, step timings, faults): a node that "
+    "publishes faster is refused the excess (discard new per subject) and other nodes are not affected",
+    "any message: the server's max_payload (1 MiB unless nats-server is told otherwise); a client that "
+    "sends more is disconnected",
+    "why streams: nats-server has no per-user publish rate, and no per-user message size in its "
+    "configuration file; these limits hold whatever the agent's code does",
+)
+
+
 def _step_log_reads(cluster: str, node: str | None) -> list[Grant]:
     """Read one node's keys of the step-log bucket (None: any node's) through a consumer named for
     the node and filtered to its keys; the filter is in the API subject, so no other key is reachable."""
@@ -315,6 +346,7 @@ def agent_user(cluster: str, node: str) -> User:
             [*_node_subjects(cluster, node), *_step_log_reads(cluster, node), *_api_basics()], [_inbox(user)]
         ),
         f"the node agent of {node}: its own node's samples, inventory, fabric and faults",
+        AGENT_LIMITS,
     )
 
 
@@ -326,6 +358,7 @@ def shared_agent_user(cluster: str) -> User:
             [*_node_subjects(cluster, None), *_step_log_reads(cluster, None), *_api_basics()], [_inbox("agent")]
         ),
         f"one user for every node agent of cluster {cluster}",
+        (*AGENT_LIMITS, "one user for every node: it may name any node, so the per-node bounds do not hold it"),
     )
 
 
@@ -368,6 +401,7 @@ def simulator_user(cluster: str, manifests: Mapping[str, Manifest] | None = None
         "simulator",
         Permissions.of(publish, subscribe, deny, allow_responses=True),
         f"the simulated fleet of cluster {cluster} and its job executor",
+        (*AGENT_LIMITS, "one user for every node: it may name any node, so the per-node bounds do not hold it"),
     )
 
 
@@ -486,9 +520,6 @@ def render(users_: Sequence[User], passwords: PasswordSource) -> str:
 TITLES = {"publish": "may publish", "subscribe": "may subscribe", "deny": "may NOT publish (wins over the above)"}
 
 
-TITLES = {"publish": "may publish", "subscribe": "may subscribe", "deny": "may NOT publish (wins over the above)"}
-
-
 def explain(user: User) -> str:
     """What a user may do and why, one subject a line."""
     lines = [f"{user.name} ({user.role}): {user.why}"]
@@ -504,6 +535,9 @@ def explain(user: User) -> str:
     if p.allow_responses:
         lines.append("  may answer requests it receives (allow_responses)")
     lines.append("  anything else: refused by the server")
+    if user.limits:
+        lines.append("  limits the server enforces on what it publishes:")
+        lines += [f"    {line}" for line in user.limits]
     return "\n".join(lines)
 
 

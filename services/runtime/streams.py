@@ -6,15 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
 from functools import partial
 
 from nats.js import JetStreamContext
-from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
+from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig, StreamSource, SubjectTransform
 from nats.js.errors import APIError, NotFoundError
 
 from events.partitions import stream_specs
-from events.streams import TELEMETRY, StreamSpec, retention
+from events.streams import TELEMETRY, StreamSpec, family, retention
 from services.runtime.backoff import Backoff
 from services.runtime.logs import get_logger
 from services.runtime.partitions import configured_partitions, existing_partitions, explain_change
@@ -31,7 +32,7 @@ _PLACEMENT_ERRORS = {_NOT_CLUSTERED, 10005, 10023}
 
 def stream_config(spec: StreamSpec, replicas: int = 1, *, byte_shares: int = 1) -> StreamConfig:
     """`byte_shares`: how many streams split the spec's byte cap (TELEMETRY and its partition streams
-    share the one configured cap, so the total on disk stays what the operator set)."""
+    share the one configured cap, so the total on disk stays what the operator set; so do their gates)."""
     max_age, max_bytes = retention(spec)  # TELEMETRY's may be set by the operator
     if max_bytes and byte_shares > 1:
         max_bytes = max(max_bytes // byte_shares, 1)
@@ -47,8 +48,19 @@ def stream_config(spec: StreamSpec, replicas: int = 1, *, byte_shares: int = 1) 
         max_msg_size=spec.max_msg_size,
         max_msgs_per_subject=spec.max_msgs_per_subject or -1,
         discard=DiscardPolicy.NEW if spec.discard_new else DiscardPolicy.OLD,
+        discard_new_per_subject=spec.discard_new_per_subject,
+        sources=[
+            StreamSource(name=s.stream, subject_transforms=[SubjectTransform(src=s.src, dest=s.dest)])
+            for s in spec.sources
+        ]
+        or None,
         num_replicas=replicas,
     )
+
+
+def _sources(config: StreamConfig) -> list[tuple[str, tuple[tuple[str, str], ...]]]:
+    """A config's sources as comparable values: (stream, ((src, dest), ...))."""
+    return sorted((s.name, tuple((t.src, t.dest) for t in s.subject_transforms or ())) for s in config.sources or ())
 
 
 async def ensure_streams(
@@ -73,10 +85,10 @@ async def ensure_streams(
     if specs is None:
         specs = await _design_streams(js)
     specs = list(specs)
-    shares = sum(1 for s in specs if s.name.startswith(TELEMETRY.name)) or 1
+    shares = Counter(family(s.name) for s in specs)
     changed: list[str] = []
     for spec in specs:
-        wanted = stream_config(spec, replicas, byte_shares=shares if spec.name.startswith(TELEMETRY.name) else 1)
+        wanted = stream_config(spec, replicas, byte_shares=shares[family(spec.name)])
         try:
             info = await js.stream_info(spec.name)
         except NotFoundError:
@@ -93,6 +105,8 @@ async def ensure_streams(
             or have.max_msg_size != wanted.max_msg_size
             or (have.max_msgs_per_subject or -1) != wanted.max_msgs_per_subject
             or (have.discard or DiscardPolicy.OLD) != wanted.discard
+            or bool(have.discard_new_per_subject) != bool(wanted.discard_new_per_subject)
+            or _sources(have) != _sources(wanted)
             or have.description != wanted.description
             or (have.num_replicas or 1) != wanted.num_replicas
         ):

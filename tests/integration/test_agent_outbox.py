@@ -71,3 +71,71 @@ async def test_an_outage_that_overflows_the_spool_loses_old_samples_never_faults
     stop.set()
     await pump
     await nc.close()
+
+
+async def test_a_record_the_server_refuses_for_good_is_dropped_and_counted_and_the_rest_goes_on(
+    nats_server: SecuredNatsServer, js: JetStreamContext, tmp_path: Path
+) -> None:
+    """A fault over FAULTS' size limit (the stream refuses it) and a sample over the server's
+    max_payload (the server would close the connection) would be refused at every retry: each is
+    dropped and counted, and the records around them still arrive, in order, under the agent's user."""
+    from events.streams import FAULTS
+
+    spool = Spool(tmp_path)
+    outbox = Outbox(spool)
+    big = fault_record(1)
+    too_big_for_faults = Record(big.kind, big.subject, big.headers, big.body + b" " * FAULTS.max_msg_size)
+    nc = await connect(nats_server.url_for("agent"), name="agent")
+    over_payload = Record(int(Kind.SAMPLE), subjects.sample("c1", "n1"), {}, b"x" * nc.max_payload)
+    outbox.attach(nc)
+    stop = asyncio.Event()
+    pump = asyncio.create_task(outbox.run(stop, retry_s=0.05))
+    try:
+        outbox.submit([sample_record(0), too_big_for_faults, fault_record(2), over_payload, sample_record(3)])
+        assert await outbox.drained(10)
+        assert (outbox.refused, outbox.published) == (2, 3)
+        assert [s.seq for s in await read_stream(js, "chamber.telemetry.sample.c1.n1")] == [0, 3]  # type: ignore[attr-defined]
+        assert [f.observed_at for f in await read_stream(js, "chamber.faults.c1.n1")] == [3.0]  # type: ignore[attr-defined]
+        assert nc.is_connected and spool.empty()
+    finally:
+        stop.set()
+        await pump
+        await nc.close()
+
+
+async def test_a_backlog_over_the_gates_rate_is_refused_then_sent_again_in_order_losing_nothing(
+    nats_server: SecuredNatsServer, js: JetStreamContext, tmp_path: Path
+) -> None:
+    """A node's backlog (an outage's spool) larger than its gate takes in one window: the server
+    refuses the excess, the outbox waits and sends it again in small batches, and every sample
+    reaches TELEMETRY once, in order. (The gate is narrowed to 40 a second so the test is short.)"""
+    from dataclasses import replace
+
+    from events.streams import AGENT_TELEMETRY
+
+    narrow = replace(AGENT_TELEMETRY, max_age_s=1.0, duplicate_window_s=1.0, max_msgs_per_subject=40)
+    assert await ensure_streams(js, [narrow]) == ["updated AGENT_TELEMETRY"]
+    spool = Spool(tmp_path)
+    outbox = Outbox(spool, throttle_s=0.2)
+    backlog = [sample_record(seq) for seq in range(130)]
+    outbox.submit(backlog)  # no connection yet: all of it spooled, as after an outage
+    stop = asyncio.Event()
+    pump = asyncio.create_task(outbox.run(stop, retry_s=0.05))
+    nc = await connect(nats_server.url_for("agent"), name="agent")
+    try:
+        await asyncio.sleep(0.1)
+        assert not spool.empty()
+        outbox.attach(nc)
+        assert await outbox.drained(9)
+        assert outbox.throttled > 0 and outbox.refused == 0 and outbox.published == 130
+        seqs: list[int] = []
+        for _ in range(50):  # TELEMETRY copies from the gate asynchronously
+            seqs = [s.seq for s in await read_stream(js, "chamber.telemetry.sample.c1.n1")]  # type: ignore[attr-defined]
+            if len(seqs) == 130:
+                break
+            await asyncio.sleep(0.1)
+        assert seqs == list(range(130))
+    finally:
+        stop.set()
+        await pump
+        await nc.close()

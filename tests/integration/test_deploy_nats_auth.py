@@ -13,6 +13,7 @@ from nats.aio.client import Client
 from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
 
 from events import subjects
+from events.subjects import ingest
 from services.cli import main
 from services.runtime import Publisher, ensure_streams
 from services.runtime.consumer import ephemeral_name
@@ -95,14 +96,16 @@ async def test_an_agent_publishes_its_own_node_and_is_refused_on_another_nodes_s
     admin, agent = await login("admin"), await login("agent-n1")
     publisher = Publisher(agent.nc.jetstream(), source="agent/n1")
 
-    ack = await publisher.publish(a_node_sample("n1", cluster=CLUSTER))
-    assert ack.stream == "TELEMETRY"
+    ack = await publisher.publish(a_node_sample("n1", cluster=CLUSTER), subject=ingest(subjects.sample(CLUSTER, "n1")))
+    assert ack.stream == "AGENT_TELEMETRY"  # its gate, which TELEMETRY copies
 
     with pytest.raises(nats.errors.TimeoutError):  # the server drops it: no stream ever acks it
-        await agent.nc.jetstream().publish(subjects.sample(CLUSTER, "n2"), b"{}", timeout=0.5)
-    await agent.nc.publish(subjects.faults(CLUSTER, "n2"), b"{}")
-    await eventually(lambda: agent.refused(subjects.sample(CLUSTER, "n2")))
-    await eventually(lambda: agent.refused(subjects.faults(CLUSTER, "n2")))
+        await agent.nc.jetstream().publish(ingest(subjects.sample(CLUSTER, "n2")), b"{}", timeout=0.5)
+    await agent.nc.publish(ingest(subjects.faults(CLUSTER, "n2")), b"{}")
+    await agent.nc.publish(subjects.faults(CLUSTER, "n1"), b"{}")  # its own node, but past the gate
+    await eventually(lambda: agent.refused(ingest(subjects.sample(CLUSTER, "n2"))))
+    await eventually(lambda: agent.refused(ingest(subjects.faults(CLUSTER, "n2"))))
+    await eventually(lambda: agent.refused(subjects.faults(CLUSTER, "n1")))
 
     await agent.nc.publish(subjects.fleet(CLUSTER, "n1"), b"{}")  # not an agent's to say
     await agent.nc.publish("chamber.cmd.scheduler.submit", b"{}")
@@ -114,22 +117,25 @@ async def test_an_agent_publishes_its_own_node_and_is_refused_on_another_nodes_s
     with pytest.raises(nats.errors.TimeoutError):
         await agent.nc.jetstream(timeout=0.5).delete_stream("TELEMETRY")
 
-    assert await stream_subjects(admin, "TELEMETRY") == [subjects.sample(CLUSTER, "n1")]
+    async def copied() -> bool:  # TELEMETRY copies its gate asynchronously
+        return await stream_subjects(admin, "TELEMETRY") == [subjects.sample(CLUSTER, "n1")]
+
+    await eventually(copied)
     assert (await admin.nc.jetstream().stream_info("FAULTS")).state.messages == 0
     assert (await admin.nc.jetstream().stream_info("FLEET")).state.messages == 0
 
 
 async def test_the_shared_agent_stays_inside_its_cluster(login) -> None:
     agent = await login("agent")
-    await agent.nc.jetstream().publish(subjects.sample(CLUSTER, "any-node"), b"{}")
-    await agent.nc.publish(subjects.sample("other-cluster", "n1"), b"{}")
-    await eventually(lambda: agent.refused(subjects.sample("other-cluster", "n1")))
+    await agent.nc.jetstream().publish(ingest(subjects.sample(CLUSTER, "any-node")), b"{}")
+    await agent.nc.publish(ingest(subjects.sample("other-cluster", "n1")), b"{}")
+    await eventually(lambda: agent.refused(ingest(subjects.sample("other-cluster", "n1"))))
 
 
 async def test_the_simulated_fleet_speaks_for_its_cluster_nodes_and_jobs_but_not_for_the_fleet(login) -> None:
     sim = await login("simulator")
     js = sim.nc.jetstream()
-    await js.publish(subjects.sample(CLUSTER, "sim-007"), b"{}")
+    await js.publish(ingest(subjects.sample(CLUSTER, "sim-007")), b"{}")
     await js.publish(subjects.jobs("j1"), b"{}")  # it stands in for the executor (started, completed)
     # the executor's own (ephemeral, named) consumer on JOBS, as the agent makes it: the placements
     config = ConsumerConfig(name=ephemeral_name(), ack_policy=AckPolicy.EXPLICIT, inactive_threshold=60.0)
@@ -213,3 +219,34 @@ def test_a_missing_password_is_a_clear_usage_error(tmp_path: Path, capsys: pytes
     assert main(["nats-config", "--passwords", str(tmp_path / "none")]) == 2
     err = capsys.readouterr().err
     assert "no password for NATS user 'svc-discovery'" in err and "--create-missing" in err
+
+
+async def test_the_setup_user_makes_the_gates_and_the_streams_that_copy_them(
+    secured_server: tuple[NatsServerProcess, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`chamber setup` under the `setup` role makes each gate before the stream that copies it, and
+    what an agent publishes into its gate then reaches TELEMETRY, with no permission refused."""
+    from tests.secured_bus import violations_in
+
+    server, passwords = secured_server
+    url = f"nats://setup:{(passwords / 'setup').read_text()}@127.0.0.1:{server.port}"
+    assert await asyncio.to_thread(main, ["setup", "--nats", url]) == 0
+    out = capsys.readouterr().out
+    assert out.index("added AGENT_TELEMETRY") < out.index("added TELEMETRY"), out
+    assert out.index("added AGENT_FAULTS") < out.index("added FAULTS"), out
+    nc = await nats.connect(
+        f"nats://agent-n1:{(passwords / 'agent-n1').read_text()}@127.0.0.1:{server.port}",
+        inbox_prefix=inbox_prefix("agent-n1"),
+    )
+    admin = await nats.connect(f"nats://admin:{(passwords / 'admin').read_text()}@127.0.0.1:{server.port}")
+    try:
+        await nc.jetstream().publish(ingest(subjects.sample(CLUSTER, "n1")), b"{}")
+
+        async def copied() -> bool:
+            return (await admin.jetstream().stream_info("TELEMETRY")).state.messages == 1
+
+        await eventually(copied)
+    finally:
+        await nc.close()
+        await admin.close()
+    assert server.log_file is not None and violations_in(server.log_file) == []

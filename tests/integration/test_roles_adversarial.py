@@ -18,8 +18,10 @@ from pathlib import Path
 import nats
 import pytest
 from nats.aio.client import Client
-from nats.js.api import AckPolicy, ConsumerConfig
+from nats.aio.msg import Msg
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
+from events import subjects
 from events.channels import STEP_LOG_BUCKET
 from services.cli.nats_config import DEFAULT_SERVICES, MULTI_CLUSTER_SERVICES, PasswordSource, User, render, users
 from services.runtime.credentials import inbox_prefix
@@ -113,9 +115,12 @@ ACTIONS = [
     _a("publish a job event", "pub", "chamber.jobs.fake", SVC["scheduler"], "simulator"),
     _a("publish a quota event", "pub", "chamber.quota.vision", SVC["quota"]),
     _a("publish a billing event", "pub", "chamber.billing.vision", SVC["billing"]),
-    _a("publish another node's sample", "pub", "chamber.telemetry.sample.c1.n2", "agent", "simulator"),
-    _a("publish another node's fault", "pub", "chamber.faults.c1.n2", "agent", "simulator", SVC["perf"]),
-    _a("publish another cluster's sample", "pub", "chamber.telemetry.sample.c9.n1"),
+    _a("publish another node's sample", "pub", "chamber.ingest.telemetry.sample.c1.n2", "agent", "simulator"),
+    _a("publish another node's fault", "pub", "chamber.ingest.faults.c1.n2", "agent", "simulator"),
+    _a("publish another cluster's sample", "pub", "chamber.ingest.telemetry.sample.c9.n1"),
+    # agents publish through their gates (a rate per node): never straight into TELEMETRY or FAULTS
+    _a("publish a sample past the gate", "pub", "chamber.telemetry.sample.c1.n1"),
+    _a("publish a fault past the gate", "pub", "chamber.faults.c1.n1", SVC["perf"]),
     # step logs the scheduler hands to agents (services/scheduler/step_logs.py): an agent reads its node's keys
     _a(
         "read another node's step logs",
@@ -350,73 +355,145 @@ async def test_refusals_do_not_need_the_connection_to_die(bus: tuple[NatsServerP
     server, passwords = bus
     agent = await login(server, passwords, AGENT_NODE)
     try:
-        await agent.nc.publish("chamber.faults.c1.n2", b"{}")
+        await agent.nc.publish("chamber.faults.c1.n1", b"{}")  # past its gate: refused
         await agent.nc.flush()
-        ack = await agent.nc.jetstream().publish("chamber.faults.c1.n1", b"{}")
-        assert ack.stream == "FAULTS"
+        ack = await agent.nc.jetstream().publish("chamber.ingest.faults.c1.n1", b"{}")
+        assert ack.stream == "AGENT_FAULTS"
         await asyncio.sleep(0)
     finally:
         await agent.nc.close()
 
 
-async def test_an_agent_cannot_flood_faults_past_its_nodes_share(
+async def publish_counting(session: Session, subject: str, bodies: list[bytes]) -> tuple[int, list[str]]:
+    """Publish as fast as the connection goes, each with a reply subject; wait for every answer and
+    return (how many were stored, the server's reasons for the others)."""
+    answers: list[bytes] = []
+    done = asyncio.Event()
+    inbox = session.nc.new_inbox()
+
+    async def on(msg: Msg) -> None:
+        answers.append(msg.data)
+        if len(answers) == len(bodies):
+            done.set()
+
+    sub = await session.nc.subscribe(f"{inbox}.*", cb=on)
+    for i, body in enumerate(bodies):
+        await session.nc.publish(subject, body, reply=f"{inbox}.{i}")
+    await asyncio.wait_for(done.wait(), 10)
+    await sub.unsubscribe()
+    errors = [json.loads(a)["error"]["description"] for a in answers if b'"error"' in a]
+    return len(answers) - len(errors), errors
+
+
+async def stored(admin: Session, stream: str, subject: str) -> int:
+    info = await admin.nc.jetstream().stream_info(stream, subjects_filter=subject)
+    return (info.state.subjects or {}).get(subject, 0)
+
+
+async def test_an_agent_over_its_rate_is_refused_by_the_server_and_other_nodes_still_get_through(
     bus: tuple[NatsServerProcess, PasswordSource], admin: Session
 ) -> None:
-    """A message over FAULTS' size limit is refused by the stream; past its per-node count, an
-    agent's faults push out only its own older ones, never another node's."""
-    from nats.js.errors import APIError
-
-    from events.streams import FAULTS, FAULTS_PER_NODE
-
-    server, passwords = bus
-    await admin.nc.jetstream().publish("chamber.faults.c1.other", b"{}")  # another node's fault (admin stands in)
-    agent = await login(server, passwords, AGENT_NODE)
-    js = agent.nc.jetstream()
-    try:
-        with pytest.raises(APIError, match=r"(?i)maximum"):
-            await js.publish("chamber.faults.c1.n1", b"x" * (FAULTS.max_msg_size + 1))
-        for _ in range((FAULTS_PER_NODE + 200) // 100):
-            await asyncio.gather(*(js.publish("chamber.faults.c1.n1", b"{}") for _i in range(100)))
-    finally:
-        await agent.nc.close()
-    info = await admin.nc.jetstream().stream_info("FAULTS", subjects_filter="chamber.faults.c1.>")
-    assert info.state.subjects is not None
-    assert info.state.subjects["chamber.faults.c1.n1"] == FAULTS_PER_NODE
-    assert info.state.subjects["chamber.faults.c1.other"] == 1
-
-
-async def test_an_agent_flooding_its_telemetry_pushes_out_only_its_own(
-    bus: tuple[NatsServerProcess, PasswordSource], admin: Session
-) -> None:
-    """An agent publishing as fast as its connection goes keeps at most TELEMETRY_PER_SUBJECT of its
-    messages per subject: its flood pushes out its own older samples, never another node's, which
-    still get through during and after it, and the stream stays within its byte cap."""
-    from events.streams import TELEMETRY, TELEMETRY_PER_SUBJECT
+    """An agent that floods its node's samples and faults has at most GATE_PER_WINDOW of each
+    accepted in the gate's window; the server refuses the rest (whatever the agent's code does), and
+    they never reach TELEMETRY, FAULTS or any consumer. Another node's samples and faults, published
+    during the flood, all arrive."""
+    from events.streams import GATE_PER_WINDOW
 
     server, passwords = bus
-    ours, other = "chamber.telemetry.sample.c1.n1", "chamber.telemetry.sample.c1.other"
-    ajs = admin.nc.jetstream()
-    await ajs.publish(other, b"{}")  # another node's sample before the flood (admin stands in)
-    agent = await login(server, passwords, AGENT_NODE)
-    flood = TELEMETRY_PER_SUBJECT + 1000
+    ours = {"TELEMETRY": "chamber.telemetry.sample.c1.n1", "FAULTS": "chamber.faults.c1.n1"}
+    before = {name: await stored(admin, name, subject) for name, subject in ours.items()}
+    in_window = {  # what earlier tests left in the gates' window for n1
+        name: await stored(admin, f"AGENT_{name}", subjects.ingest(subject)) for name, subject in ours.items()
+    }
+    hostile = await login(server, passwords, AGENT_NODE)
+    other = await login(server, passwords, "agent")  # the shared agent user, speaking for node n2
+    flood = 3 * GATE_PER_WINDOW
     try:
         began = asyncio.get_running_loop().time()
-        for i in range(flood):  # core publishes: no ack to wait for, as fast as the socket takes them
-            await agent.nc.publish(ours, b"x" * 1024)
-            if i == flood // 2:
-                await ajs.publish(other, b"{}")  # and one during it
-        await agent.nc.jetstream().publish(ours, b"{}")  # acked: everything before it is stored
+        [(samples_in, sample_errors), (faults_in, fault_errors), (others_in, other_errors)] = await asyncio.gather(
+            publish_counting(hostile, subjects.ingest(ours["TELEMETRY"]), [b"x" * 1024] * flood),
+            publish_counting(hostile, subjects.ingest(ours["FAULTS"]), [b"{}"] * flood),
+            publish_counting(other, "chamber.ingest.telemetry.sample.c1.n2", [b"{}"] * 5),
+        )
         seconds = asyncio.get_running_loop().time() - began
+        other_fault, _ = await publish_counting(other, "chamber.ingest.faults.c1.n2", [b"{}"])
+    finally:
+        await hostile.nc.close()
+        await other.nc.close()
+    print(f"\nflood of {flood} samples and {flood} faults in {seconds:.2f} s: {samples_in} and {faults_in} accepted")
+    for accepted, name in ((samples_in, "TELEMETRY"), (faults_in, "FAULTS")):
+        assert GATE_PER_WINDOW - in_window[name] <= accepted <= GATE_PER_WINDOW, name
+    assert set(sample_errors) == set(fault_errors) == {"maximum messages per subject exceeded"}
+    assert (len(sample_errors), len(fault_errors)) == (flood - samples_in, flood - faults_in)
+    assert (others_in, other_errors, other_fault) == (5, [], 1)
+    await eventually_stored(admin, "TELEMETRY", "chamber.telemetry.sample.c1.n2", 5)
+    await eventually_stored(admin, "FAULTS", "chamber.faults.c1.n2", 1)
+    # what the gates accepted is copied, and nothing they refused
+    await eventually_stored(admin, "TELEMETRY", ours["TELEMETRY"], before["TELEMETRY"] + samples_in)
+    await eventually_stored(admin, "FAULTS", ours["FAULTS"], before["FAULTS"] + faults_in)
+
+
+async def eventually_stored(admin: Session, stream: str, subject: str, n: int) -> None:
+    """`stream` holds `n` messages on `subject` within 5 s (a stream copies its gate asynchronously)."""
+
+    async def holds() -> bool:
+        return await stored(admin, stream, subject) == n
+
+    await eventually(holds, within=5)
+
+
+async def test_an_oversized_agent_message_is_refused_and_reaches_no_service(
+    bus: tuple[NatsServerProcess, PasswordSource], admin: Session
+) -> None:
+    """A fault over 16 KiB and a sample over 256 KiB are refused by the agent's gates (though TELEMETRY
+    itself takes 1 MiB), so no consumer is ever delivered them; a message over the server's max_payload
+    closes the connection before anyone sees it. Services read agents' subjects only through
+    consumers of TELEMETRY and FAULTS (no service may subscribe to them), so nothing refused reaches one."""
+    from events.streams import AGENT_FAULTS, AGENT_TELEMETRY
+
+    server, passwords = bus
+    ajs = admin.nc.jetstream()
+    new = ConsumerConfig(deliver_policy=DeliverPolicy.NEW)
+    watch = {  # a service's view: a consumer on each stream, from now on
+        name: await ajs.pull_subscribe(subject, durable=None, stream=name, config=new)
+        for name, subject in (("TELEMETRY", "chamber.telemetry.sample.c1.n3"), ("FAULTS", "chamber.faults.c1.n3"))
+    }
+    agent = await login(server, passwords, "agent")
+    try:
+        fault_in, fault_errors = await publish_counting(
+            agent, "chamber.ingest.faults.c1.n3", [b"x" * (AGENT_FAULTS.max_msg_size + 1), b"ok"]
+        )
+        sample_in, sample_errors = await publish_counting(
+            agent, "chamber.ingest.telemetry.sample.c1.n3", [b"x" * (AGENT_TELEMETRY.max_msg_size + 1), b"ok"]
+        )
+        assert (fault_in, sample_in) == (1, 1)
+        assert fault_errors == sample_errors == ["message size exceeds maximum allowed"]
+        for name, sub in watch.items():
+            [msg] = await sub.fetch(1, timeout=5)
+            assert msg.data == b"ok", name
+            with pytest.raises(TimeoutError):
+                await sub.fetch(1, timeout=0.3)
     finally:
         await agent.nc.close()
-    await ajs.publish(other, b"{}")  # and after it
-    info = await ajs.stream_info(TELEMETRY.name, subjects_filter="chamber.telemetry.sample.c1.>")
-    assert info.state.subjects is not None
-    print(f"\nflood: {flood + 1} messages in {seconds:.2f} s; kept {info.state.subjects[ours]} of them")
-    assert info.state.subjects[ours] == TELEMETRY_PER_SUBJECT
-    assert info.state.subjects[other] == 3
-    assert info.state.bytes <= (info.config.max_bytes or 0)
-    assert agent.errors == []  # bounded by the stream, not by cutting the agent off
+    # over the server's max_payload (the client library would refuse it first: speak the protocol)
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    try:
+        await reader.readline()  # INFO
+        login_ = {"user": "agent", "pass": passwords.password("agent"), "verbose": False, "pedantic": False}
+        writer.write(f"CONNECT {json.dumps(login_)}\r\n".encode())
+        writer.write(b"PING\r\n")
+        assert await asyncio.wait_for(reader.readline(), 5) == b"PONG\r\n"  # logged in
+        # the server judges the size from the PUB line, before a byte of the body
+        writer.write(f"PUB chamber.ingest.faults.c1.n3 {1024 * 1024 + 1}\r\n".encode())
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(), 5)  # to EOF: the server hangs up
+        assert b"Maximum Payload Violation" in answer
+    finally:
+        writer.close()
+    for sub in watch.values():
+        with pytest.raises(TimeoutError):
+            await sub.fetch(1, timeout=0.3)
+        await sub.unsubscribe()
 
 
 async def test_the_simulated_executor_dead_letters_a_poison_job_event_and_goes_on(

@@ -1,6 +1,6 @@
 """Partitioned telemetry on a real nats-server whose configuration maps node samples to partitions
-(`{{partition(4, node)}}`): each node lands in the stream nats-server's hash picks, subscribers of
-`chamber.telemetry.sample.>` still see every sample, the recorder stores every partition once,
+(`{{partition(4, node)}}`): each node lands in the stream nats-server's hash picks (an agent's
+samples through that partition's gate), the recorder stores every partition once,
 recorders share the partitions through leases, and a partition count changed between restarts
 is explained and loses nothing."""
 
@@ -206,7 +206,7 @@ async def test_a_partition_count_changed_between_restarts_is_explained_and_loses
         two.kill()
 
 
-async def test_with_roles_an_agent_publishes_into_its_partition_and_the_reader_reads_it(
+async def test_with_roles_an_agent_publishes_into_its_partitions_gate_and_the_reader_reads_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("CHAMBER_TELEMETRY_PARTITIONS", "4")
@@ -232,13 +232,17 @@ async def test_with_roles_an_agent_publishes_into_its_partition_and_the_reader_r
 
         await reader.subscribe("chamber.telemetry.sample.>", cb=on)
         agent = await connect(url("agent-node-03"), name="agent")
-        ack = await Publisher(agent.jetstream(), source="agent").publish(sample("node-03", 0))
+        event = sample("node-03", 0)
+        ack = await Publisher(agent.jetstream(), source="agent").publish(
+            event, subject=subjects.ingest(subjects.subject_for(event))
+        )
         p = partition_of("node-03", 4)
-        assert ack.stream == partition_stream(p)
-        await eventually(lambda: seen == [f"chamber.telemetry.sample.c1.node-03.{p}"])
+        assert ack.stream == f"AGENT_{partition_stream(p)}"  # the partition's gate
         pull = await reader.jetstream().pull_subscribe(partition_subject(p), durable=None, stream=partition_stream(p))
         [msg] = await pull.fetch(1, timeout=5)
-        assert msg.subject.endswith(f".node-03.{p}")
+        assert msg.subject == f"chamber.telemetry.sample.c1.node-03.{p}"
+        # the stream copied it from the gate: nothing went out on the core subject
+        assert seen == []
         for nc in (agent, reader, admin):
             await nc.close()
     finally:
@@ -288,8 +292,12 @@ async def test_a_server_mapping_more_partitions_than_streams_exist_is_explained_
         await ensure_streams(js)
         assert await outbox.drained(20)
         assert outbox.problem is None and health.report()[1]
-        state = (await js.stream_info(partition_stream(p))).state
-        assert state.messages == 1  # the sample, once; the diagnosis's probe was never stored
+
+        # the sample, once (the stream copies it from its gate); the diagnosis's probe was never stored
+        async def copied_once() -> bool:
+            return (await js.stream_info(partition_stream(p))).state.messages == 1
+
+        await eventually(copied_once)
         assert await server_partitions(nc) == 4  # probes with every stream in place: still none stored
         assert [(await js.stream_info(partition_stream(i))).state.messages for i in range(4)].count(0) >= 3
         stop.set()

@@ -33,7 +33,23 @@ def test_a_service_writes_only_its_own_buckets_and_owns_its_leases(capsys: pytes
 
 def test_an_agent_is_limited_to_its_node(capsys: pytest.CaptureFixture[str]) -> None:
     out = explained(capsys, "agent-n7")
-    assert "chamber.faults.c1.n7" in out and "chamber.faults.c1.*" not in out
+    assert "chamber.ingest.faults.c1.n7" in out and "chamber.ingest.faults.c1.*" not in out
+
+
+def test_an_agent_publishes_only_into_its_gates_and_is_told_their_limits(capsys: pytest.CaptureFixture[str]) -> None:
+    """Every subject an agent may publish outside the JetStream API lands in a gate stream (never in
+    TELEMETRY or FAULTS directly), and `--explain` states each gate's rate, size and byte limits."""
+    from events.streams import GATES, STREAMS, stream_for
+
+    agent = next(u for u in users("c1", agent_nodes=["n7"]) if u.name == "agent-n7")
+    assert agent.permissions is not None
+    events = [s for s in agent.permissions.publish if not s.startswith("$")]
+    assert events and all(any(g.covers(s) for g in GATES) for s in events)
+    assert not any(spec.covers(s) for s in events for spec in STREAMS) and stream_for(events[0]) is None
+    out = explained(capsys, "agent-n7")
+    for gate in GATES:
+        assert f"(stream {gate.name}): at most {gate.max_msgs_per_subject} messages a subject in any" in out
+    assert "each at most 256 KiB" in out and "each at most 16 KiB" in out and "no per-user publish rate" in out
 
 
 def test_a_cluster_actuator_speaks_for_its_cluster_only_and_the_dispatcher_decides(
@@ -65,3 +81,20 @@ def test_every_service_has_a_manifest_and_each_owned_bucket_has_one_owner() -> N
     }
     assert kv_writes["svc-discovery"] == {"$KV.chamber_fleet.>"}
     assert kv_writes["reader"] == set() and kv_writes["setup"] == set()
+
+
+def test_no_role_but_admin_may_subscribe_to_what_agents_publish() -> None:
+    """What an agent publishes reaches others only through TELEMETRY and FAULTS, after its gate took
+    it: no role may subscribe to the ingest subjects, so a message a gate refuses (too large, over
+    the rate) is delivered to no one."""
+    from events.streams import GATES, StreamSpec
+
+    roles = users("c1", agent_nodes=["n1"], shared_agent=True, simulator=True)
+    for user in roles:
+        if user.permissions is None:
+            continue
+        for pattern in user.permissions.subscribe:
+            probe = StreamSpec("probe", (pattern,), "", None, 0)
+            for gate in GATES:
+                sample = gate.subjects[0].replace(">", "sample.c1.n1")
+                assert not probe.covers(sample), f"{user.name} may subscribe to {pattern}"
