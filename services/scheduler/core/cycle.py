@@ -211,7 +211,7 @@ def phase1_heads(ctx: CycleContext) -> Iterable[QueueKey]:
         ctx.guard_per_key = True  # the cycle stops at a blocked head: only the keys it reaches count
         return _first_come_first_served(state, ctx.requeued, ctx.policy, ctx.waiting)
     if ctx.full or since is None:
-        keys = [*state.queue(), *(state.queue_key(j) for j in ctx.requeued.values())]
+        keys = [*state.queued_keys(), *(state.queue_key(j) for j in ctx.requeued.values())]
         return _in_order(ctx, keys)
     jobs = state.jobs
     new = set(state.pending_log[since.pending_seq :])

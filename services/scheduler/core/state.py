@@ -158,6 +158,9 @@ class Node:
         return self._model
 
 
+QueueKey = tuple[int, float, float, str]  # priority rank, -fair share, submit time, job id
+
+
 class Derived:
     """Indexes derived from the state's facts for the cycle's hot paths, kept by the fold once a
     cycle first asks for them (`derived(state)`). Never saved: it pickles empty, so a snapshot holds
@@ -166,6 +169,9 @@ class Derived:
     def __init__(self) -> None:
         # (pool, team, priority rank) -> running preemptible jobs: the preemption search's groups
         self.victims: dict[tuple[str, str, int], dict[str, Job]] | None = None
+        # job id -> queue key of every queued job, in no order: what a full cycle sorts (O(1) to
+        # keep as jobs join and leave the queue, where a sorted list moves half of itself each time)
+        self.queued: dict[str, QueueKey] | None = None
 
     def __reduce__(self) -> tuple[type[Derived], tuple[()]]:
         return (Derived, ())
@@ -257,7 +263,7 @@ class SchedulerState:
     finished_heap: list[tuple[float, str]] = field(default_factory=list)  # (leaves memory at, job id)
     forgotten: int = 0  # finished jobs dropped so far
     forgotten_until: float = 0.0  # the JOBS time expired jobs were last dropped at (in steps: `_age`)
-    _queue: list[tuple[int, float, float, str]] | None = None
+    _queue: list[QueueKey] | None = None  # the queue by `queue_key`, sorted when asked for (None: not yet)
     # Queued jobs per team in submit order, (submit time, id): first-come-first-served lines for
     # the head-of-line baselines (fifo, static-quota), so a cycle reads heads, not the whole queue.
     fifo_lines: dict[str, list[tuple[float, str]]] = field(default_factory=dict)
@@ -269,21 +275,36 @@ class SchedulerState:
     _ends: dict[str, list[EndEntry]] | None = None
 
     # -- the queue -----------------------------------------------------------------------------
-    def queue_key(self, job: Job) -> tuple[int, float, float, str]:
+    def queue_key(self, job: Job) -> QueueKey:
         """Queue order: priority class, then fair-share factor (higher first), then submit time,
         then job id (unique tie-breaker). A suspended job keeps its submit time, so its place."""
         factor = self.fair_share.get((job.pool, job.spec.team), 1.0)
         return (job.spec.priority.rank, -factor, job.submitted_at, job.id)
 
-    def queue(self) -> list[tuple[int, float, float, str]]:
+    def queue(self) -> list[QueueKey]:
+        """The queued jobs' keys, sorted (a cycle orders `queued_keys` by its policy instead)."""
         if self._queue is None:
-            self._queue = sorted(self.queue_key(j) for j in self.jobs.values() if j.state in QUEUED)
+            self._queue = sorted(self.queued_keys())
         return self._queue
+
+    def queued_keys(self) -> list[QueueKey]:
+        """Every queued job's key, in no particular order."""
+        index = derived(self)
+        if index.queued is None:
+            index.queued = {j.id: self.queue_key(j) for j in self.jobs.values() if j.state in QUEUED}
+        return list(index.queued.values())
+
+    def reorder(self) -> None:
+        """Queue keys changed under the queued jobs (fair share, priority, pools): computed again."""
+        self._queue = None
+        if (index := _derived_if_built(self)) is not None:
+            index.queued = None
 
     def _enqueue(self, job: Job) -> None:
         insort(self.fifo_lines.setdefault(job.spec.team, []), (job.submitted_at, job.id))
-        if self._queue is not None:
-            insort(self._queue, self.queue_key(job))
+        self._queue = None
+        if (index := _derived_if_built(self)) is not None and index.queued is not None:
+            index.queued[job.id] = self.queue_key(job)
         if len(self.pending_log.items) >= PENDING_LOG_KEPT:
             # Bounded: no incremental cycle reads from before the trim (the epoch makes the next one full).
             self.pending_log.trim()
@@ -295,13 +316,9 @@ class SchedulerState:
         i = bisect_left(line, (job.submitted_at, job.id))
         if i < len(line) and line[i][1] == job.id:
             del line[i]
-        if self._queue is not None:
-            key = self.queue_key(job)
-            i = bisect_left(self._queue, key)
-            if i < len(self._queue) and self._queue[i] == key:
-                del self._queue[i]
-            else:  # the key moved (fair share changed under it): rebuild lazily
-                self._queue = None
+        self._queue = None
+        if (index := _derived_if_built(self)) is not None and index.queued is not None:
+            index.queued.pop(job.id, None)
 
     # -- classes -------------------------------------------------------------------------------
     def node_class(self, node: Node) -> int:
@@ -710,7 +727,7 @@ def _rules_changed(s: SchedulerState) -> None:
             job.pool = job_pool(job.spec, s.team_pools)
     for node in s.node_by_id:
         s.refresh_node(node)
-    s._queue = None
+    s.reorder()
     s.capacity_epoch += 1
 
 
@@ -741,7 +758,7 @@ def _quota_set(s: SchedulerState, e: TeamQuotaSet) -> None:
 def _fair_share(s: SchedulerState, e: FairShareUpdated) -> None:
     if s.fair_share.get((e.pool, e.team)) != e.factor:
         s.fair_share[(e.pool, e.team)] = e.factor
-        s._queue = None
+        s.reorder()
         s.capacity_epoch += 1
 
 
