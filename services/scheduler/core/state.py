@@ -54,6 +54,7 @@ from services.scheduler.core.budget import BudgetRule, demoted, fold_budget_exce
 from services.scheduler.core.capacity import Capacity
 from services.scheduler.core.idle import IdleReclaim, fold_idle_detected, fold_resume_requested
 from services.scheduler.core.links import LinkHealth, fold_cleared, fold_fault, fold_kind, fold_slowdown
+from services.scheduler.core.sortedlist import SortedList
 
 DEFAULT_TOPOLOGY_KEY = "rack"
 KUBERNETES_KEEP_S = 6 * 3600.0  # a finished Kubernetes workload's job stays known this long at least
@@ -272,7 +273,12 @@ class SchedulerState:
     # Derived, built on first use (None: not built): pool -> the running jobs with a runtime
     # estimate, sorted by estimated end. EASY backfill and the preemption-worth check read the ends
     # up to a horizon from it instead of walking every running job each time.
-    _ends: dict[str, list[EndEntry]] | None = None
+    _ends: dict[str, SortedList[EndEntry]] | None = None
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if self._ends is not None:  # snapshots from before the ends were chunked hold plain sorted lists
+            self._ends = {p: e if isinstance(e, SortedList) else SortedList(e) for p, e in self._ends.items()}
 
     # -- the queue -----------------------------------------------------------------------------
     def queue_key(self, job: Job) -> QueueKey:
@@ -334,7 +340,7 @@ class SchedulerState:
         self.capacity.set_slot(node.nid, self.node_class(node), free, len(healthy), offered, domain)
 
     # -- estimated ends ------------------------------------------------------------------------
-    def running_ends(self, pool: str) -> list[EndEntry]:
+    def running_ends(self, pool: str) -> SortedList[EndEntry]:
         """(estimated end, GPUs, job id) of the pool's running jobs with an estimate, by end."""
         if self._ends is None:
             ends: dict[str, list[EndEntry]] = {}
@@ -342,21 +348,16 @@ class SchedulerState:
                 for jid in ids:
                     if (entry := _end_entry(self.jobs[jid])) is not None:
                         ends.setdefault(p, []).append(entry)
-            for line in ends.values():
-                line.sort()
-            self._ends = ends
-        return self._ends.get(pool, [])
+            self._ends = {p: SortedList(line) for p, line in ends.items()}
+        return self._ends.get(pool) or SortedList()
 
     def _add_end(self, job: Job) -> None:
         if self._ends is not None and (entry := _end_entry(job)) is not None:
-            insort(self._ends.setdefault(job.pool, []), entry)
+            self._ends.setdefault(job.pool, SortedList()).add(entry)
 
     def _drop_end(self, job: Job) -> None:
-        if self._ends is not None and (entry := _end_entry(job)) is not None:
-            line = self._ends.get(job.pool, [])
-            i = bisect_left(line, entry)
-            if i < len(line) and line[i] == entry:
-                del line[i]
+        if self._ends is not None and (entry := _end_entry(job)) is not None and job.pool in self._ends:
+            self._ends[job.pool].discard(entry)
 
     def pool_of_node(self, node: Node) -> str:
         return self.capacity.class_keys[self.capacity.slots[node.nid].cls][0]
