@@ -160,6 +160,24 @@ class Node:
 
 
 QueueKey = tuple[int, float, float, str]  # priority rank, -fair share, submit time, job id
+# What decides a waiting job's answer when it does not fit (same shape, same answer in a cycle):
+# pool, team, priority rank, GPU model, cluster, GPUs per replica, replicas, preemptible
+Shape = tuple[str, str, int, str | None, str | None, int, int, bool]
+QueueEntry = tuple[QueueKey, int, float]  # a queued job's key, its shape's number, when it joined the queue
+
+
+def shape_of(job: Job) -> Shape:
+    spec = job.spec
+    return (
+        job.pool,
+        spec.team,
+        spec.priority.rank,
+        spec.gpu_model,
+        spec.cluster,
+        spec.gpus_per_replica,
+        spec.replicas,
+        spec.preemptible,
+    )
 
 
 class Derived:
@@ -170,9 +188,18 @@ class Derived:
     def __init__(self) -> None:
         # (pool, team, priority rank) -> running preemptible jobs: the preemption search's groups
         self.victims: dict[tuple[str, str, int], dict[str, Job]] | None = None
-        # job id -> queue key of every queued job, in no order: what a full cycle sorts (O(1) to
-        # keep as jobs join and leave the queue, where a sorted list moves half of itself each time)
-        self.queued: dict[str, QueueKey] | None = None
+        # job id -> (queue key, shape number, queued since) of every queued job, in no order: what a
+        # full cycle sorts (O(1) to keep as jobs join and leave the queue, where a sorted list moves
+        # half of itself each time), and what it reads per job without touching the job
+        self.queued: dict[str, QueueEntry] | None = None
+        self.shapes: dict[Shape, int] = {}  # each shape seen, numbered (a cycle keys its answers by number)
+
+    def shape_id(self, job: Job) -> int:
+        shape = shape_of(job)
+        found = self.shapes.get(shape)
+        if found is None:
+            found = self.shapes[shape] = len(self.shapes)
+        return found
 
     def __reduce__(self) -> tuple[type[Derived], tuple[()]]:
         return (Derived, ())
@@ -295,10 +322,17 @@ class SchedulerState:
 
     def queued_keys(self) -> list[QueueKey]:
         """Every queued job's key, in no particular order."""
+        return [entry[0] for entry in self.queued_entries().values()]
+
+    def queued_entries(self) -> dict[str, QueueEntry]:
+        """Job id -> (queue key, shape number, queued since) of every queued job (not to be changed)."""
         index = derived(self)
         if index.queued is None:
-            index.queued = {j.id: self.queue_key(j) for j in self.jobs.values() if j.state in QUEUED}
-        return list(index.queued.values())
+            index.queued = {j.id: self._entry(index, j) for j in self.jobs.values() if j.state in QUEUED}
+        return index.queued
+
+    def _entry(self, index: Derived, job: Job) -> QueueEntry:
+        return (self.queue_key(job), index.shape_id(job), job.queued_since)
 
     def reorder(self) -> None:
         """Queue keys changed under the queued jobs (fair share, priority, pools): computed again."""
@@ -310,7 +344,7 @@ class SchedulerState:
         insort(self.fifo_lines.setdefault(job.spec.team, []), (job.submitted_at, job.id))
         self._queue = None
         if (index := _derived_if_built(self)) is not None and index.queued is not None:
-            index.queued[job.id] = self.queue_key(job)
+            index.queued[job.id] = self._entry(index, job)
         if len(self.pending_log.items) >= PENDING_LOG_KEPT:
             # Bounded: no incremental cycle reads from before the trim (the epoch makes the next one full).
             self.pending_log.trim()
@@ -817,4 +851,16 @@ _JOB_EVENTS = frozenset(
     }
 )
 
-__all__ = ["DEFAULT_POOL", "FINISHED", "QUEUED", "Job", "JobState", "Node", "Quota", "SchedulerState", "evolve"]
+__all__ = [
+    "DEFAULT_POOL",
+    "FINISHED",
+    "QUEUED",
+    "Job",
+    "JobState",
+    "Node",
+    "Quota",
+    "SchedulerState",
+    "Shape",
+    "evolve",
+    "shape_of",
+]
