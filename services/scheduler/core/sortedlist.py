@@ -96,8 +96,8 @@ class SortedList(Generic[T]):
             maxes[i] = chunk[-1]
         return True
 
-    def bisect_right(self, item: T) -> int:
-        """How many items are at most `item`."""
+    def bisect_right(self, item: Any) -> int:
+        """How many items are at most `item` (any value the items compare with)."""
         i = bisect_right(self.maxes, item)
         if i == len(self.maxes):
             return self.size

@@ -383,7 +383,8 @@ class SchedulerState:
                     if (entry := _end_entry(self.jobs[jid])) is not None:
                         ends.setdefault(p, []).append(entry)
             self._ends = {p: SortedList(line) for p, line in ends.items()}
-        return self._ends.get(pool) or SortedList()
+        found = self._ends.get(pool)
+        return SortedList() if found is None else found
 
     def _add_end(self, job: Job) -> None:
         if self._ends is not None and (entry := _end_entry(job)) is not None:
