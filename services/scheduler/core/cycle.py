@@ -89,13 +89,33 @@ def _turns(ctx: CycleContext, keys: Iterable[QueueKey]) -> None:
             waiting[jid] = same.text
             continue
         job = jobs[jid]
+        if (text := _held_back(ctx, job, sid)) is not None:
+            waiting[jid] = text
+            continue
         found = phase2_nominate(ctx, key, job, sid)
         if isinstance(found, Wait):
-            waiting[key[3]] = found.text
+            waiting[jid] = found.text
+            if found.kind == WaitKind.BACKFILL:
+                ctx.held_back[(sid, estimate_s(job))] = (ctx.reservations[job.pool], found.text)
         elif not phase3_admit(ctx, found):
             phase4_requeue(ctx, found)
             _hold_a_node(ctx, found)
     ctx.considered = considered
+
+
+def _held_back(ctx: CycleContext, job: Job, sid: int) -> str | None:
+    """What an earlier job of the same shape and runtime estimate was told by its pool's reservation,
+    while that reservation stands: in a full cycle every reservation is made by a job earlier in the
+    queue order than the jobs after it (the cycle walks the queue in order and starts with none), so it
+    is ahead of them all, and the rest of phase 2 up to the backfill check depends on the shape only
+    (pool, budget, critical permission) and the check on the estimate, the GPUs and the reservation.
+    Most jobs of a long queue behind a reservation end here."""
+    if not ctx.full or ctx.guard_per_key or not ctx.held_back:
+        return None
+    found = ctx.held_back.get((sid, estimate_s(job)))
+    if found is None or ctx.reservations.get(job.pool) is not found[0]:
+        return None
+    return found[1]
 
 
 def _own_wait(ctx: CycleContext, job: Job) -> bool:
@@ -134,6 +154,8 @@ class CycleContext:
     reservations: dict[str, Reservation] = field(default_factory=dict)  # pool -> its EASY reservation
     starving: dict[str, str] = field(default_factory=dict)  # pool -> its first protected job waiting for capacity
     failed: dict[int, Wait] = field(default_factory=dict)  # shapes (by number) that found no room this cycle
+    # (shape number, runtime estimate) -> the reservation that held such a job back, and what it said
+    held_back: dict[tuple[int, float | None], tuple[Reservation, str]] = field(default_factory=dict)
     searched: set[tuple[str, str, int]] = field(default_factory=set)  # (pool, team, priority) heads that searched
     guard_at: float = math.inf  # when the next queued job becomes protected
     considered: int = 0

@@ -1,6 +1,8 @@
-"""The chunked sorted list behind the capacity buckets and the estimated ends reads like a sorted
-list through any adds and removes (chunks split and empty), and a snapshot written before it (plain
-lists) restores into it and decides as the history folded afresh."""
+"""What makes long queues and large fleets fast decides as the plain way did: the chunked sorted list
+behind the capacity buckets and the estimated ends reads like a sorted list through any adds and
+removes (chunks split and empty), a snapshot written before it (plain lists) restores into it and
+decides as the history folded afresh, and a full cycle answers a job behind a reservation as an
+earlier job of its shape was answered only when its runtime estimate is the same."""
 
 from __future__ import annotations
 
@@ -14,8 +16,10 @@ from hypothesis import strategies as st
 from services.runtime.snapshots import Snapshot
 from services.scheduler.core import schedule
 from services.scheduler.core import sortedlist as sl
+from services.scheduler.core.decisions import Admit
 from services.scheduler.core.sortedlist import SortedList
 from tests.conformance.harness import fold
+from tests.scheduler_builders import Driver, a_job, a_node
 from tests.snapshot_fixtures import FIXTURES, NOW, codecs, history
 
 OPS = st.lists(st.tuples(st.booleans(), st.integers(0, 60)), max_size=400)
@@ -56,3 +60,18 @@ def test_a_snapshot_with_plain_lists_restores_into_chunked_ones_and_decides_alik
     for now in (NOW + 300.0, NOW + 400.0):
         assert schedule(restored, now).decisions == schedule(fresh, now).decisions
         assert restored.running_ends("default") == fresh.running_ends("default")
+
+
+def test_a_full_cycle_answers_jobs_behind_a_reservation_by_shape_and_estimate() -> None:
+    d = Driver().given(a_node("n1", gpus=4), a_job("running", gpus=3, estimate=100, at=0))
+    d.cycle(now=0)
+    d.given(
+        a_job("wide", gpus=4, at=1),
+        a_job("long", gpus=1, at=2, estimate=500),
+        a_job("short", gpus=1, at=3, estimate=50),  # the same shape as long's: ends before the reservation
+        a_job("long-too", gpus=1, at=4, estimate=500),
+    )
+    cycle = schedule(d.state, 10.0)  # full: every queued job's turn
+    assert cycle.full and [x.job_id for x in cycle.decisions if isinstance(x, Admit)] == ["short"]
+    assert "backfill: would delay wide" in cycle.waiting["long"]
+    assert cycle.waiting["long-too"] == cycle.waiting["long"]
