@@ -90,8 +90,13 @@ def new_id() -> str:
 
 def stable_id(*parts: object) -> str:
     """A deterministic event id from the facts that make a decision unique (for replay dedup)."""
-    digest = hashlib.sha256("\x1f".join(str(p) for p in parts).encode()).hexdigest()
-    return str(uuid.UUID(digest[:32], version=5))
+    h = hashlib.sha256("\x1f".join(map(str, parts)).encode()).hexdigest()
+    # `str(uuid.UUID(h[:32], version=5))`, formatted directly (a cycle makes one per decision): the
+    # version nibble set to 5, the variant's top two bits to 10.
+    return f"{h[:8]}-{h[8:12]}-5{h[13:16]}-{_VARIANT[h[16]]}{h[17:20]}-{h[20:32]}"
+
+
+_VARIANT = {c: "89ab"[int(c, 16) & 3] for c in "0123456789abcdef"}
 
 
 def rfc3339(ts: float) -> str:

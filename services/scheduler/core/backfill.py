@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import heapq
 import math
-from bisect import bisect_right
 from collections.abc import Iterable, Iterator
 from functools import lru_cache
 from itertools import islice, takewhile
@@ -69,9 +68,9 @@ def _ends(work: Work, pool: str) -> Iterator[tuple[float, float]]:
     admissions are sorted here."""
     s, now, gone = work.s, work.now, work.gone
     ends = s.running_ends(pool)
-    due = bisect_right(ends, (now, math.inf))  # those with an end at or before now
-    overdue = sorted((now, gpus) for _, gpus, jid in ends[:due] if jid not in gone)
-    later = ((end, gpus) for end, gpus, jid in islice(ends, due, None) if jid not in gone)
+    due = ends.bisect_right((now, math.inf, ""))  # those with an end at or before now
+    overdue = sorted((now, gpus) for _, gpus, jid in islice(ends, due) if jid not in gone)
+    later = ((end, gpus) for end, gpus, jid in ends.iter_from(due) if jid not in gone)
     fresh = []
     for jid in work.fresh:
         r = s.jobs[jid]

@@ -63,7 +63,7 @@ def fold_budget_exceeded(s: SchedulerState, e: BudgetExceeded) -> None:
     for job in s.jobs.values():
         if job.spec.team == e.team and job.state in QUEUED and job.submitted_at >= e.at and not job.note:
             job.spec, job.note = demoted(s, job.spec, job.submitted_at)
-            s._queue = None  # the queue order follows the priority
+            s.reorder()  # the queue order follows the priority
     s.capacity_epoch += 1
 
 

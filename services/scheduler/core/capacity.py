@@ -16,6 +16,8 @@ from bisect import bisect_left, insort
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from services.scheduler.core.sortedlist import SortedList
+
 ClassKey = tuple[str, str, str]  # pool, cluster, gpu model
 # A journal entry: (node id, GPU indices, taken), or an undo of a change outside the index (GPU shares).
 Entry = tuple[int, list[int], bool] | Callable[[], None]
@@ -37,7 +39,7 @@ class Capacity:
         self.slots: list[Slot] = []
         self.class_keys: list[ClassKey] = []
         self.class_ids: dict[ClassKey, int] = {}
-        self.buckets: list[list[list[int]]] = []  # [class][free count] -> sorted node ids
+        self.buckets: list[list[SortedList[int]]] = []  # [class][free count] -> node ids
         self.class_free: list[int] = []
         self.class_total: list[int] = []
         self.dom_buckets: dict[tuple[int, str], list[list[int]]] = {}
@@ -54,6 +56,8 @@ class Capacity:
 
     def __setstate__(self, state: dict[str, object]) -> None:
         self.__dict__.update(state)
+        # snapshots from before the buckets were chunked hold plain sorted lists
+        self.buckets = [[b if isinstance(b, SortedList) else SortedList(b) for b in c] for c in self.buckets]
         self.dom_order = [[] for _ in self.class_keys]
         for (cls, domain), free in sorted(self.dom_free.items()):
             if free > 0:
@@ -67,7 +71,7 @@ class Capacity:
         if cid is None:
             cid = self.class_ids[key] = len(self.class_keys)
             self.class_keys.append(key)
-            self.buckets.append([[] for _ in range(self.max_gpus + 1)])
+            self.buckets.append([SortedList() for _ in range(self.max_gpus + 1)])
             self.class_free.append(0)
             self.class_total.append(0)
             self.class_domains.append(set())
@@ -76,7 +80,9 @@ class Capacity:
 
     def _grow(self, gpus: int) -> None:
         if gpus > self.max_gpus:
-            for b in [*self.buckets, *self.dom_buckets.values()]:
+            for c in self.buckets:
+                c.extend(SortedList() for _ in range(gpus - self.max_gpus))
+            for b in self.dom_buckets.values():
                 b.extend([] for _ in range(gpus - self.max_gpus))
             self.max_gpus = gpus
 
@@ -103,8 +109,7 @@ class Capacity:
         slot = self.slots[nid]
         k = len(slot.free)
         if slot.usable and k:
-            bucket = self.buckets[slot.cls][k]
-            del bucket[bisect_left(bucket, nid)]
+            self.buckets[slot.cls][k].remove(nid)
             self.class_free[slot.cls] -= k
             if slot.domain:
                 bucket = self.dom_buckets[(slot.cls, slot.domain)][k]
@@ -115,7 +120,7 @@ class Capacity:
         slot = self.slots[nid]
         k = len(slot.free)
         if slot.usable and k:
-            insort(self.buckets[slot.cls][k], nid)
+            self.buckets[slot.cls][k].add(nid)
             self.class_free[slot.cls] += k
             if slot.domain:
                 insort(self.dom_buckets[(slot.cls, slot.domain)][k], nid)
@@ -235,8 +240,8 @@ class Capacity:
             best: int | None = None
             for c in classes:
                 b = self.buckets[c][k]
-                if b and (best is None or b[0] < best):
-                    best = b[0]
+                if b and (best is None or b.first() < best):
+                    best = b.first()
             if best is not None:
                 return best
         return None

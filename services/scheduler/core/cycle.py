@@ -23,7 +23,7 @@ import heapq
 import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 
 from events import JobSpec, PreemptionReason, PriorityClass
 from services.scheduler.core import backfill, idle, placement, preemption, quota, shares
@@ -33,7 +33,7 @@ from services.scheduler.core.degraded import only_degraded, out_of_service, stay
 from services.scheduler.core.policy import CHAMBER, ORDERINGS, Order, OrderKey, Policy, QueueKey, sorted_queue
 from services.scheduler.core.pools import DEFAULT_POOL
 from services.scheduler.core.preemption import Victims, lost_work_gpu_s
-from services.scheduler.core.state import QUEUED, REQUEUED, Job, JobState, SchedulerState, estimate_s
+from services.scheduler.core.state import QUEUED, REQUEUED, Job, JobState, SchedulerState, derived, estimate_s
 from services.scheduler.core.waits import Wait, WaitKind
 from services.scheduler.core.work import Spot, Work
 from services.timefmt import distinct, when
@@ -41,8 +41,6 @@ from services.timefmt import distinct, when
 __all__ = ["PREEMPTION_SEARCHES", "estimate_s", "lost_work_gpu_s", "schedule", "select_victims"]
 
 PREEMPTION_SEARCHES = CHAMBER.preemption_searches
-
-Shape = tuple[object, ...]  # what decides a job's answer when it does not fit (same shape, same answer)
 
 
 def schedule(state: SchedulerState, now: float, since: CycleMark | None = None, *, policy: Policy = CHAMBER) -> Cycle:
@@ -75,40 +73,60 @@ def _turns(ctx: CycleContext, keys: Iterable[QueueKey]) -> None:
     """Each queued job's turn, in order: phases 2 to 4. Phase 2's first check is made here, as
     most jobs of a long queue end at it: a job of the same shape already found no room this cycle
     (it passed the pool and budget checks, which depend only on the shape's pool and team)."""
-    jobs, failed, waiting, per_key = ctx.state.jobs, ctx.failed, ctx.waiting, ctx.guard_per_key
-    idle_reclaim = bool(ctx.state.idle_reclaim)
+    state = ctx.state
+    jobs, failed, waiting, per_key = state.jobs, ctx.failed, ctx.waiting, ctx.guard_per_key
+    look = bool(state.idle_reclaim) or per_key  # a job's own checks come before its shape's answer
+    entries, shape_id = state.queued_entries(), derived(state).shape_id
     considered = 0
     for key in keys:
         considered += 1
-        job = jobs[key[3]]
-        if per_key:
-            _note_protected(ctx, job)
-        spec = job.spec
-        # key[0] is the priority's rank (cheaper to hash than the enum)
-        shape = (
-            job.pool,
-            spec.team,
-            key[0],
-            spec.gpu_model,
-            spec.cluster,
-            spec.gpus_per_replica,
-            spec.replicas,
-            spec.preemptible,
-            spec.share,
-        )
-        if idle_reclaim and (idle_hold := idle.held(ctx.state, job)) is not None:
-            waiting[key[3]] = idle_hold  # before the shape's answer: it is this job's own
+        jid = key[3]
+        # the shape's number: kept with the queue (a job requeued in this cycle is not in it yet)
+        sid = entry[1] if (entry := entries.get(jid)) is not None else shape_id(jobs[jid])
+        if look and _own_wait(ctx, jobs[jid]):
             continue
-        if (same := failed.get(shape)) is not None:
-            waiting[key[3]] = same.text
+        if (same := failed.get(sid)) is not None:
+            waiting[jid] = same.text
             continue
-        found = phase2_nominate(ctx, key, job, shape)
+        job = jobs[jid]
+        if (text := _held_back(ctx, job, sid)) is not None:
+            waiting[jid] = text
+            continue
+        found = phase2_nominate(ctx, key, job, sid)
         if isinstance(found, Wait):
-            waiting[key[3]] = found.text
+            waiting[jid] = found.text
+            if found.kind == WaitKind.BACKFILL:
+                ctx.held_back[(sid, estimate_s(job))] = (ctx.reservations[job.pool], found.text)
         elif not phase3_admit(ctx, found):
             phase4_requeue(ctx, found)
             _hold_a_node(ctx, found)
     ctx.considered = considered
+
+
+def _held_back(ctx: CycleContext, job: Job, sid: int) -> str | None:
+    """What an earlier job of the same shape and runtime estimate was told by its pool's reservation,
+    while that reservation stands: in a full cycle every reservation is made by a job earlier in the
+    queue order than the jobs after it (the cycle walks the queue in order and starts with none), so it
+    is ahead of them all, and the rest of phase 2 up to the backfill check depends on the shape only
+    (pool, budget, critical permission) and the check on the estimate, the GPUs and the reservation.
+    Most jobs of a long queue behind a reservation end here."""
+    if not ctx.full or ctx.guard_per_key or not ctx.held_back:
+        return None
+    found = ctx.held_back.get((sid, estimate_s(job)))
+    if found is None or ctx.reservations.get(job.pool) is not found[0]:
+        return None
+    return found[1]
+
+
+def _own_wait(ctx: CycleContext, job: Job) -> bool:
+    """The starvation guard's key-by-key watch (head-of-line policies), and a job's own idle hold
+    (recorded: it waits for that, whatever its shape's answer)."""
+    if ctx.guard_per_key:
+        _note_protected(ctx, job)
+    if ctx.state.idle_reclaim and (idle_hold := idle.held(ctx.state, job)) is not None:
+        ctx.waiting[job.id] = idle_hold
+        return True
+    return False
 
 
 def _displaced_changed(state: SchedulerState, since: CycleMark) -> bool:
@@ -135,7 +153,9 @@ class CycleContext:
     staying: dict[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict)  # on degraded hardware: why, faults
     reservations: dict[str, Reservation] = field(default_factory=dict)  # pool -> its EASY reservation
     starving: dict[str, str] = field(default_factory=dict)  # pool -> its first protected job waiting for capacity
-    failed: dict[Shape, Wait] = field(default_factory=dict)  # shapes that found no room this cycle
+    failed: dict[int, Wait] = field(default_factory=dict)  # shapes (by number) that found no room this cycle
+    # (shape number, runtime estimate) -> the reservation that held such a job back, and what it said
+    held_back: dict[tuple[int, float | None], tuple[Reservation, str]] = field(default_factory=dict)
     searched: set[tuple[str, str, int]] = field(default_factory=set)  # (pool, team, priority) heads that searched
     guard_at: float = math.inf  # when the next queued job becomes protected
     considered: int = 0
@@ -188,7 +208,7 @@ class Candidate:
 
     job: Job
     key: QueueKey
-    shape: Shape
+    shape: int  # its shape's number (`Derived.shape_id`)
     res: Reservation | None  # its pool's reservation when it was nominated
     exempt: bool  # critical work: never held back by a reservation
     via_extra: bool  # may start only on the reserved job's leftover GPUs
@@ -212,8 +232,9 @@ def phase1_heads(ctx: CycleContext) -> Iterable[QueueKey]:
         ctx.guard_per_key = True  # the cycle stops at a blocked head: only the keys it reaches count
         return _first_come_first_served(state, ctx.requeued, ctx.policy, ctx.waiting)
     if ctx.full or since is None:
-        keys = [*state.queue(), *(state.queue_key(j) for j in ctx.requeued.values())]
-        return _in_order(ctx, keys)
+        entries = state.queued_entries().values()
+        keys = [*map(itemgetter(0), entries), *(state.queue_key(j) for j in ctx.requeued.values())]
+        return _in_order(ctx, keys, [*map(itemgetter(2), entries), *(ctx.now for _ in ctx.requeued)])
     jobs = state.jobs
     new = set(state.pending_log[since.pending_seq :])
     ctx.reservations = dict(since.reservations)
@@ -223,16 +244,26 @@ def phase1_heads(ctx: CycleContext) -> Iterable[QueueKey]:
     return _in_order(ctx, keys)
 
 
-def _in_order(ctx: CycleContext, keys: list[QueueKey]) -> list[QueueKey]:
-    """The keys in the policy's order. Every one of them is considered (nothing stops the cycle
-    early), so when the next of them becomes protected is found here, for all at once."""
-    since = _since_column(ctx, keys)
+def _in_order(ctx: CycleContext, keys: list[QueueKey], since: list[float] | None = None) -> list[QueueKey]:
+    """The keys in the policy's order (`since`: when each joined the queue, if known). Every one of
+    them is considered (nothing stops the cycle early), so when the next of them becomes protected is
+    found here, for all at once."""
+    if since is None:
+        since = _since_column(ctx, keys)
     if ctx.bound is not None:
-        now, bound = ctx.now, ctx.bound
-        # the same sums as policy.protected_since's, per job
-        at = min((p for t in since if (p := t + bound) > now), default=math.inf)
-        ctx.guard_at = min(ctx.guard_at, at)
+        ctx.guard_at = min(ctx.guard_at, _next_protected(since, ctx.bound, ctx.now))
     return sorted_queue(ctx.policy, keys, since, ctx.now)
+
+
+def _next_protected(since: list[float], bound: float, now: float) -> float:
+    """When the next of these jobs becomes protected (the same sums as policy.protected_since's)."""
+    if len(since) < 64:
+        return min((p for t in since if (p := t + bound) > now), default=math.inf)
+    import numpy as np  # as policy.sorted_queue: only cycles over long queues need it
+
+    at = np.array(since, dtype=np.float64) + bound
+    later = at[at > now]
+    return float(later.min()) if len(later) else math.inf
 
 
 def _queued_since(state: SchedulerState, requeued: dict[str, Job], now: float) -> Callable[[str], float]:
@@ -307,7 +338,7 @@ def _move_or_stay(ctx: CycleContext, job: Job, out: list[str], faults: tuple[str
 
 
 # -- 2. nominate ------------------------------------------------------------------------------
-def phase2_nominate(ctx: CycleContext, key: QueueKey, job: Job, shape: Shape) -> Candidate | Wait:
+def phase2_nominate(ctx: CycleContext, key: QueueKey, job: Job, shape: int) -> Candidate | Wait:
     """The checks before placement (after the answer for its shape so far this cycle, `_turns`):
     pool, budget, critical permission, the pool's backfill reservation, then the team's quota."""
     state, now, policy, spec = ctx.state, ctx.now, ctx.policy, job.spec

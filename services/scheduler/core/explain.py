@@ -72,7 +72,7 @@ def _impossible(state: SchedulerState, jobs: list[Job]) -> dict[str, list[str]]:
         if j.state not in QUEUED:
             continue
         s = j.spec
-        shape = (s.team, s.pool, s.gpu_model, s.gpus_per_replica, s.replicas)
+        shape = (s.team, s.pool, s.gpu_model, s.gpus_per_replica, s.replicas, s.share)
         if shape not in by_shape:
             by_shape[shape] = cannot_run(state, s)
         if by_shape[shape]:

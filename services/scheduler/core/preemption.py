@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable, Iterator
-from itertools import tee
+from itertools import islice, tee
 
 from events import PreemptionReason, PriorityClass
 from services.scheduler.core import placement, quota
@@ -119,10 +119,7 @@ def select(work: Work, job: Job) -> Victims | None:
     # With GPUs shared, preempting x GPU-equivalents may free more whole GPUs than x: no bound from counts.
     if not work.s.shared_nodes and cap.free_in(list(classes)) + freeable < job.gpus:
         return None
-    gone, fresh = work.gone, work.fresh
-    candidates = (
-        v for v in _in_order(work, pool, team, rank, reclaim, urgent) if v.id not in gone and v.id not in fresh
-    )
+    candidates = _in_order(work, pool, team, rank, reclaim, urgent)
     usage = dict(work.usage)
     mark = cap.mark()
     try:
@@ -140,7 +137,8 @@ def select(work: Work, job: Job) -> Victims | None:
 
 
 def _in_order(work: Work, pool: str, team: str, rank: int, reclaim: bool, urgent: bool) -> Iterator[Job]:
-    """The jobs a preemptor of `team` at `rank` may preempt, in victim order: borrowed
+    """The jobs a preemptor of `team` at `rank` may preempt (not preempted or admitted in this
+    cycle already), in victim order: borrowed
     capacity first, then lowest priority, then least `victim_cost`, then id (borrowing judged at
     the start of the cycle: reclaim takes only from teams borrowing then, and their borrowing
     only shrinks). Jobs are grouped by (team, priority) and a group is sorted only when the walk
@@ -154,11 +152,13 @@ def _in_order(work: Work, pool: str, team: str, rank: int, reclaim: bool, urgent
         for r in RANKS:
             if eligible(team, rank, t, r, reclaim=reclaim, victim_borrowing=borrowing, urgent=urgent):
                 by_class.setdefault((0 if borrowing else 1, -r), []).append((t, r))
+    gone, fresh = work.gone, work.fresh
     for key in sorted(by_class):
         walks = [_group(work, pool, t, r) for t, r in sorted(by_class[key])]
         # (cost, id, job): ids are unique, so jobs are never compared
-        for _, _, v in walks[0] if len(walks) == 1 else heapq.merge(*walks):
-            yield v
+        for _, jid, v in walks[0] if len(walks) == 1 else heapq.merge(*walks):
+            if jid not in gone and jid not in fresh:
+                yield v
 
 
 class Walk:
@@ -174,14 +174,15 @@ class Walk:
     def __iter__(self) -> Iterator[tuple[float, str, Job]]:
         done, heap = self.done, self.heap
         i = 0
-        while i < len(done) or heap:
+        while heap:
             if i == len(done):
                 if i >= _POPS_BEFORE_SORT:
                     self.finish()  # a long walk: one sort in C beats a pop per job
-                    continue
+                    break
                 done.append(heapq.heappop(heap))
             yield done[i]
             i += 1
+        yield from islice(done, i, None)  # all in order now: no more pops
 
     def finish(self) -> list[tuple[float, str, Job]]:
         """Every job, in order (the rest of the heap sorted at once)."""
@@ -226,10 +227,15 @@ class _Reasons:
     def __init__(self, work: Work, job: Job, reclaim: bool) -> None:
         self.work, self.job, self.reclaim = work, job, reclaim
         self.known: dict[tuple[str, int, bool], PreemptionReason | None] = {}
+        self.guarantees: dict[str, int] = {}  # team -> its guarantee in the job's pool
 
     def __call__(self, victim: Job, held: float) -> PreemptionReason | None:
-        job, vt = self.job, victim.spec.team
-        key = (vt, victim.spec.priority.rank, held > self.work.guarantee(job.pool, vt))
+        job, spec = self.job, victim.spec
+        vt = spec.team
+        g = self.guarantees.get(vt)
+        if g is None:
+            g = self.guarantees[vt] = self.work.guarantee(job.pool, vt)
+        key = (vt, spec.priority.rank, held > g)
         if key in self.known:
             return self.known[key]
         found = self.known[key] = eligible(
@@ -249,27 +255,30 @@ def _free_one_node(
 ) -> Victims | None:
     """Walk victims in order, counting what each node would free; the first node with room
     (and quota) wins: its victims are the cheapest that make the job fit on one node."""
-    slots, nodes = work.cap.slots, work.s.nodes
+    slots, nodes, need = work.cap.slots, work.s.nodes, job.gpus
     reasons = _Reasons(work, job, reclaim)
     freed: dict[int, int] = {}
     chosen: dict[int, Victims] = {}
     delta: dict[int, Usage] = {}
     for v in candidates:
+        vkey = (v.pool, v.spec.team)
         for p in v.placements:
             nid = nodes[(p.cluster, p.node)].nid
             slot = slots[nid]
             if slot.cls not in classes or not slot.usable:
                 continue
-            local = delta.setdefault(nid, {})
-            vkey = (v.pool, v.spec.team)
+            local = delta.get(nid)
+            if local is None:  # first seen: what is free there counts (the walk changes nothing)
+                local, chosen[nid], freed[nid] = delta.setdefault(nid, {}), [], len(slot.free)
             reason = reasons(v, usage.get(vkey, 0) + local.get(vkey, 0))
             if reason is None:
                 continue
             local[vkey] = local.get(vkey, 0) - v.gpus
-            chosen.setdefault(nid, []).append((v, reason))
-            freed[nid] = freed.get(nid, len(slot.free)) + len(p.gpu_indices)
-            if freed[nid] >= job.gpus and _fits_without(work, job, chosen[nid], usage):
-                return chosen[nid]
+            mine = chosen[nid]
+            mine.append((v, reason))
+            got = freed[nid] = freed[nid] + len(p.gpu_indices)
+            if got >= need and _fits_without(work, job, mine, usage):
+                return mine
     return None
 
 

@@ -48,6 +48,7 @@ from events.fabric import JobSlowdownCleared, JobSlowdownDetected
 from events.faults import GpuFaultDetected
 from events.fleet import IsolationDismissed, IsolationHeld
 from events.idle import JobIdleDetected, JobResumeRequested
+from events.jobs import GpuShare
 from events.telemetry import GpuInfo
 from services.pools import DEFAULT_POOL, PoolDef, Quota, job_pool, node_pool
 from services.scheduler.core.budget import BudgetRule, demoted, fold_budget_exceeded, fold_budget_set
@@ -55,6 +56,7 @@ from services.scheduler.core.capacity import Capacity
 from services.scheduler.core.idle import IdleReclaim, fold_idle_detected, fold_resume_requested
 from services.scheduler.core.links import LinkHealth, fold_cleared, fold_fault, fold_kind, fold_slowdown
 from services.scheduler.core.shares import SharedGpu, equivalents, holding, mode_of, plus, room
+from services.scheduler.core.sortedlist import SortedList
 
 DEFAULT_TOPOLOGY_KEY = "rack"
 KUBERNETES_KEEP_S = 6 * 3600.0  # a finished Kubernetes workload's job stays known this long at least
@@ -163,6 +165,28 @@ class Node:
         return self._model
 
 
+QueueKey = tuple[int, float, float, str]  # priority rank, -fair share, submit time, job id
+# What decides a waiting job's answer when it does not fit (same shape, same answer in a cycle):
+# pool, team, priority rank, GPU model, cluster, GPUs per replica, replicas, preemptible
+Shape = tuple[str, str, int, str | None, str | None, int, int, bool, GpuShare | None]
+QueueEntry = tuple[QueueKey, int, float]  # a queued job's key, its shape's number, when it joined the queue
+
+
+def shape_of(job: Job) -> Shape:
+    spec = job.spec
+    return (
+        job.pool,
+        spec.team,
+        spec.priority.rank,
+        spec.gpu_model,
+        spec.cluster,
+        spec.gpus_per_replica,
+        spec.replicas,
+        spec.preemptible,
+        spec.share,
+    )
+
+
 class Derived:
     """Indexes derived from the state's facts for the cycle's hot paths, kept by the fold once a
     cycle first asks for them (`derived(state)`). Never saved: it pickles empty, so a snapshot holds
@@ -171,6 +195,18 @@ class Derived:
     def __init__(self) -> None:
         # (pool, team, priority rank) -> running preemptible jobs: the preemption search's groups
         self.victims: dict[tuple[str, str, int], dict[str, Job]] | None = None
+        # job id -> (queue key, shape number, queued since) of every queued job, in no order: what a
+        # full cycle sorts (O(1) to keep as jobs join and leave the queue, where a sorted list moves
+        # half of itself each time), and what it reads per job without touching the job
+        self.queued: dict[str, QueueEntry] | None = None
+        self.shapes: dict[Shape, int] = {}  # each shape seen, numbered (a cycle keys its answers by number)
+
+    def shape_id(self, job: Job) -> int:
+        shape = shape_of(job)
+        found = self.shapes.get(shape)
+        if found is None:
+            found = self.shapes[shape] = len(self.shapes)
+        return found
 
     def __reduce__(self) -> tuple[type[Derived], tuple[()]]:
         return (Derived, ())
@@ -266,7 +302,7 @@ class SchedulerState:
     finished_heap: list[tuple[float, str]] = field(default_factory=list)  # (leaves memory at, job id)
     forgotten: int = 0  # finished jobs dropped so far
     forgotten_until: float = 0.0  # the JOBS time expired jobs were last dropped at (in steps: `_age`)
-    _queue: list[tuple[int, float, float, str]] | None = None
+    _queue: list[QueueKey] | None = None  # the queue by `queue_key`, sorted when asked for (None: not yet)
     # Queued jobs per team in submit order, (submit time, id): first-come-first-served lines for
     # the head-of-line baselines (fifo, static-quota), so a cycle reads heads, not the whole queue.
     fifo_lines: dict[str, list[tuple[float, str]]] = field(default_factory=dict)
@@ -275,24 +311,51 @@ class SchedulerState:
     # Derived, built on first use (None: not built): pool -> the running jobs with a runtime
     # estimate, sorted by estimated end. EASY backfill and the preemption-worth check read the ends
     # up to a horizon from it instead of walking every running job each time.
-    _ends: dict[str, list[EndEntry]] | None = None
+    _ends: dict[str, SortedList[EndEntry]] | None = None
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if self._ends is not None:  # snapshots from before the ends were chunked hold plain sorted lists
+            self._ends = {p: e if isinstance(e, SortedList) else SortedList(e) for p, e in self._ends.items()}
 
     # -- the queue -----------------------------------------------------------------------------
-    def queue_key(self, job: Job) -> tuple[int, float, float, str]:
+    def queue_key(self, job: Job) -> QueueKey:
         """Queue order: priority class, then fair-share factor (higher first), then submit time,
         then job id (unique tie-breaker). A suspended job keeps its submit time, so its place."""
         factor = self.fair_share.get((job.pool, job.spec.team), 1.0)
         return (job.spec.priority.rank, -factor, job.submitted_at, job.id)
 
-    def queue(self) -> list[tuple[int, float, float, str]]:
+    def queue(self) -> list[QueueKey]:
+        """The queued jobs' keys, sorted (a cycle orders `queued_keys` by its policy instead)."""
         if self._queue is None:
-            self._queue = sorted(self.queue_key(j) for j in self.jobs.values() if j.state in QUEUED)
+            self._queue = sorted(self.queued_keys())
         return self._queue
+
+    def queued_keys(self) -> list[QueueKey]:
+        """Every queued job's key, in no particular order."""
+        return [entry[0] for entry in self.queued_entries().values()]
+
+    def queued_entries(self) -> dict[str, QueueEntry]:
+        """Job id -> (queue key, shape number, queued since) of every queued job (not to be changed)."""
+        index = derived(self)
+        if index.queued is None:
+            index.queued = {j.id: self._entry(index, j) for j in self.jobs.values() if j.state in QUEUED}
+        return index.queued
+
+    def _entry(self, index: Derived, job: Job) -> QueueEntry:
+        return (self.queue_key(job), index.shape_id(job), job.queued_since)
+
+    def reorder(self) -> None:
+        """Queue keys changed under the queued jobs (fair share, priority, pools): computed again."""
+        self._queue = None
+        if (index := _derived_if_built(self)) is not None:
+            index.queued = None
 
     def _enqueue(self, job: Job) -> None:
         insort(self.fifo_lines.setdefault(job.spec.team, []), (job.submitted_at, job.id))
-        if self._queue is not None:
-            insort(self._queue, self.queue_key(job))
+        self._queue = None
+        if (index := _derived_if_built(self)) is not None and index.queued is not None:
+            index.queued[job.id] = self._entry(index, job)
         if len(self.pending_log.items) >= PENDING_LOG_KEPT:
             # Bounded: no incremental cycle reads from before the trim (the epoch makes the next one full).
             self.pending_log.trim()
@@ -304,13 +367,9 @@ class SchedulerState:
         i = bisect_left(line, (job.submitted_at, job.id))
         if i < len(line) and line[i][1] == job.id:
             del line[i]
-        if self._queue is not None:
-            key = self.queue_key(job)
-            i = bisect_left(self._queue, key)
-            if i < len(self._queue) and self._queue[i] == key:
-                del self._queue[i]
-            else:  # the key moved (fair share changed under it): rebuild lazily
-                self._queue = None
+        self._queue = None
+        if (index := _derived_if_built(self)) is not None and index.queued is not None:
+            index.queued.pop(job.id, None)
 
     # -- classes -------------------------------------------------------------------------------
     def node_class(self, node: Node) -> int:
@@ -326,7 +385,7 @@ class SchedulerState:
         self.capacity.set_slot(node.nid, self.node_class(node), free, len(healthy), offered, domain)
 
     # -- estimated ends ------------------------------------------------------------------------
-    def running_ends(self, pool: str) -> list[EndEntry]:
+    def running_ends(self, pool: str) -> SortedList[EndEntry]:
         """(estimated end, GPUs, job id) of the pool's running jobs with an estimate, by end."""
         if self._ends is None:
             ends: dict[str, list[EndEntry]] = {}
@@ -334,21 +393,17 @@ class SchedulerState:
                 for jid in ids:
                     if (entry := _end_entry(self.jobs[jid])) is not None:
                         ends.setdefault(p, []).append(entry)
-            for line in ends.values():
-                line.sort()
-            self._ends = ends
-        return self._ends.get(pool, [])
+            self._ends = {p: SortedList(line) for p, line in ends.items()}
+        found = self._ends.get(pool)
+        return SortedList() if found is None else found
 
     def _add_end(self, job: Job) -> None:
         if self._ends is not None and (entry := _end_entry(job)) is not None:
-            insort(self._ends.setdefault(job.pool, []), entry)
+            self._ends.setdefault(job.pool, SortedList()).add(entry)
 
     def _drop_end(self, job: Job) -> None:
-        if self._ends is not None and (entry := _end_entry(job)) is not None:
-            line = self._ends.get(job.pool, [])
-            i = bisect_left(line, entry)
-            if i < len(line) and line[i] == entry:
-                del line[i]
+        if self._ends is not None and (entry := _end_entry(job)) is not None and job.pool in self._ends:
+            self._ends[job.pool].discard(entry)
 
     def pool_of_node(self, node: Node) -> str:
         return self.capacity.class_keys[self.capacity.slots[node.nid].cls][0]
@@ -787,7 +842,7 @@ def _rules_changed(s: SchedulerState) -> None:
             job.pool = job_pool(job.spec, s.team_pools)
     for node in s.node_by_id:
         s.refresh_node(node)
-    s._queue = None
+    s.reorder()
     s.capacity_epoch += 1
 
 
@@ -818,7 +873,7 @@ def _quota_set(s: SchedulerState, e: TeamQuotaSet) -> None:
 def _fair_share(s: SchedulerState, e: FairShareUpdated) -> None:
     if s.fair_share.get((e.pool, e.team)) != e.factor:
         s.fair_share[(e.pool, e.team)] = e.factor
-        s._queue = None
+        s.reorder()
         s.capacity_epoch += 1
 
 
@@ -876,4 +931,16 @@ _JOB_EVENTS = frozenset(
     }
 )
 
-__all__ = ["DEFAULT_POOL", "FINISHED", "QUEUED", "Job", "JobState", "Node", "Quota", "SchedulerState", "evolve"]
+__all__ = [
+    "DEFAULT_POOL",
+    "FINISHED",
+    "QUEUED",
+    "Job",
+    "JobState",
+    "Node",
+    "Quota",
+    "SchedulerState",
+    "Shape",
+    "evolve",
+    "shape_of",
+]
