@@ -28,6 +28,7 @@ VALUES = {
     "monitor": [CHART / "ci" / "monitor-values.yaml"],
     "gpu-cluster": [CHART / "ci" / "gpu-cluster-values.yaml"],
     "dev": [CHART / "values-dev.yaml"],
+    "dispatch": [CHART / "ci" / "dispatch-values.yaml"],  # multi-cluster dispatch's control plane
 }
 ALL_SERVICES = {"discovery", "health", "quota", "scheduler", "billing", "recorder", "gateway", "perf"}
 WORKLOADS = {"Deployment", "DaemonSet", "StatefulSet"}
