@@ -255,7 +255,10 @@ def rbac_need(method: str, url: str) -> tuple[str, str, str] | None:
     return group, resource, verb
 
 
-def test_the_actuators_rbac_is_exactly_what_its_kubernetes_client_calls(member: list[Doc]) -> None:
+def test_the_actuators_rbac_is_exactly_what_its_kubernetes_client_calls(
+    helm: Path,  # noqa: F811
+    member: list[Doc],
+) -> None:
     from services.dispatch.kube import DispatchWorkloads
 
     # what the actuator's shell calls on its client: if it starts calling more, the chart's role must follow
@@ -283,9 +286,22 @@ def test_the_actuators_rbac_is_exactly_what_its_kubernetes_client_calls(member: 
 
     needed = {n for r in stub.requests if (n := rbac_need(r.method, f"{r.path}?{r.query}")) is not None}
     [role] = kinds(member, "ClusterRole")  # cluster-wide: it lists every namespace
-    granted = {
+    assert granted(role) == needed
+    # and the copyable kinds are every kind the scheduler manages, the serving kinds only listed
+    assert {(k.group, k.plural) for k in KINDS} == {(g, r) for g, r, v in needed if v == "create" and r != "events"}
+
+    # rbac.jobNamespaces: still listing everywhere, writing only there
+    namespaced = render(helm, [], *MEMBER, "rbac.jobNamespaces={research,inference}")
+    [role] = kinds(namespaced, "ClusterRole")
+    assert granted(role) == {n for n in needed if n[2] == "list"}
+    roles = {r["metadata"]["namespace"]: granted(r) for r in kinds(namespaced, "Role")}
+    writes = {n for n in needed if n[2] != "list"}
+    assert roles == {"research": writes, "inference": writes}
+    bindings = {(b["metadata"]["namespace"], b["roleRef"]["kind"]) for b in kinds(namespaced, "RoleBinding")}
+    assert bindings == {("research", "Role"), ("inference", "Role")}
+
+
+def granted(role: Doc) -> set[tuple[str, str, str]]:
+    return {
         (g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]
     }
-    assert needed == granted
-    # and the copyable kinds are every kind the scheduler manages, the serving kinds only listed
-    assert {(k.group, k.plural) for k in KINDS} == {(g, r) for g, r, v in granted if v == "create" and r != "events"}
