@@ -57,7 +57,7 @@ from services.runtime.credentials import inbox_prefix
 from services.runtime.manifest import Manifest, lease_bucket, snapshot_bucket
 
 DEFAULT_SERVICES = ("discovery", "health", "quota", "scheduler", "billing", "recorder", "gateway", "perf")
-# Not in the default set (one cluster needs none; the chart does not run it yet): added with
+# Not in the default set (one cluster needs none; the chart runs it with dispatch.enabled): added with
 # `--actuator-cluster`, or named with `--service`.
 MULTI_CLUSTER_SERVICES = ("dispatch",)
 EVENT_STREAMS = tuple(s.name for s in STREAMS if s.name != "DEAD")

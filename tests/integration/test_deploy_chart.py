@@ -28,6 +28,7 @@ VALUES = {
     "monitor": [CHART / "ci" / "monitor-values.yaml"],
     "gpu-cluster": [CHART / "ci" / "gpu-cluster-values.yaml"],
     "dev": [CHART / "values-dev.yaml"],
+    "dispatch": [CHART / "ci" / "dispatch-values.yaml"],  # multi-cluster dispatch's control plane
 }
 ALL_SERVICES = {"discovery", "health", "quota", "scheduler", "billing", "recorder", "gateway", "perf"}
 WORKLOADS = {"Deployment", "DaemonSet", "StatefulSet"}
@@ -543,11 +544,13 @@ def test_the_per_node_agent_wrapper_logs_in_as_its_node_or_stops_with_the_value_
     assert unknown.returncode == 1 and "add it to nats.auth.agentNodes" in unknown.stderr
 
 
+@pytest.mark.parametrize("values", ["default", "dispatch"])
 async def test_the_charts_nats_admits_each_pod_with_the_url_the_chart_gives_it(
-    rendered: dict[str, list[Doc]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    rendered: dict[str, list[Doc]], values: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The rendered nats.conf plus the init container's generated block, served by a real nats-server;
-    each workload connects with the CHAMBER_NATS_URL the chart builds for it."""
+    each workload connects with the CHAMBER_NATS_URL the chart builds for it (with dispatch: the
+    dispatcher as svc-dispatch and this cluster's actuator as actuator-<cluster>)."""
     import nats as nats_py
 
     from services.runtime import ensure_streams
@@ -555,7 +558,7 @@ async def test_the_charts_nats_admits_each_pod_with_the_url_the_chart_gives_it(
     from services.runtime.nats_server import NatsServerProcess
     from services.runtime.setup import set_up
 
-    docs = rendered["default"]
+    docs = rendered[values]
     config = named(docs, "ConfigMap", "chamber-nats")["data"]["nats.conf"]
     # the store and ports come from the test server's flags; the pid file goes to a writable place
     config = re.sub(r"\n\s*store_dir: .*", "", config).replace("/var/run/nats", str(tmp_path))

@@ -53,10 +53,35 @@ discovery health recorder gateway perf
 {{- define "chamber.serviceRuns" -}}
 {{- $root := index . 0 -}}
 {{- $name := index . 1 -}}
+{{- if not (include "chamber.actuatorOnly" $root) -}}
+{{- if eq $name "dispatch" -}}
+{{- if include "chamber.dispatchRuns" $root -}}
+true
+{{- end -}}
+{{- else -}}
 {{- $svc := index $root.Values.services $name -}}
 {{- if and $svc.enabled (or (eq $root.Values.mode "manage") (has $name (splitList " " (include "chamber.monitorServices" $root)))) -}}
 true
 {{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Multi-cluster dispatch. The control plane (dispatch.enabled, manage mode) runs the dispatcher and
+this cluster's actuator; an actuator-only install (dispatch.actuator.enabled) runs nothing else. */}}
+{{- define "chamber.actuatorOnly" -}}
+{{- if .Values.dispatch.actuator.enabled -}}true{{- end -}}
+{{- end -}}
+
+{{- define "chamber.dispatchRuns" -}}
+{{- if and .Values.dispatch.enabled (eq .Values.mode "manage") (not .Values.dispatch.actuator.enabled) -}}true{{- end -}}
+{{- end -}}
+
+{{/* The clusters whose actuators get a NATS user (actuator-<cluster>): this one and dispatch.clusters. */}}
+{{- define "chamber.dispatchClusters" -}}
+{{- $names := list .Values.cluster.name -}}
+{{- range .Values.dispatch.clusters }}{{ $names = append $names .name }}{{ end -}}
+{{- join " " $names -}}
 {{- end -}}
 
 {{/* Services that talk to the Kubernetes API (and so get a token). */}}
