@@ -54,6 +54,12 @@ FENCE_FRACTION = 0.5  # an actuator without the bus for this part of the timeout
 _NOT_COPIED = (CLUSTERS_ANNOTATION, STATUS_ANNOTATION, "kubectl.kubernetes.io/last-applied-configuration")
 
 
+NOT_DISPATCHED = (
+    f"a serving workload (Deployment, StatefulSet, LeaderWorkerSet) runs in the cluster it is created in; "
+    f"remove the {CLUSTERS_ANNOTATION} annotation, or create it in the cluster it should run in"
+)
+
+
 def multi_cluster(obj: dict[str, Any]) -> bool:
     """An origin object: it names the clusters it may run in. The scheduler's own actuator leaves
     it alone (it never runs where it was created; its copy does, wherever it is dispatched)."""
@@ -317,6 +323,10 @@ def plan(
     # origins created here: offer once, keep suspended, mirror the copy's status
     for wid, o in origins.items():
         meta = o.obj["metadata"]
+        if kind_of(o.kind.api_version, o.kind.kind) is None:  # a serving workload: not copied, not touched
+            ns, name, uid = meta["namespace"], meta["name"], meta.get("uid", "")
+            others.append(Refuse(o.kind.kind, o.kind.api_version, ns, name, uid, NOT_DISPATCHED))
+            continue
         if wid not in s.offers:
             offered = offer_of(o, me, now)
             if isinstance(offered, WorkloadOffered):

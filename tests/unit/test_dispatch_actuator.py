@@ -35,7 +35,8 @@ from services.dispatch.actuator import (
     released,
 )
 from services.kube.kinds import BatchJob, Observed, Pod
-from tests.kube_workloads import a_batch_job, a_pod
+from services.kube.serving import Deployment
+from tests.kube_workloads import a_batch_job, a_deployment, a_pod
 
 JOB = BatchJob()
 
@@ -183,6 +184,18 @@ def test_an_origin_that_cannot_be_dispatched_as_written_is_refused_with_the_fix(
     events, [refuse] = plan(state("a"), [Observed(JOB, bad)], 1.0)
     assert events == [] and isinstance(refuse, Refuse) and refuse.uid == "uid-1"
     assert "names no cluster" in refuse.reason
+
+
+def test_a_serving_workload_that_names_clusters_is_refused_and_left_untouched() -> None:
+    deployment = a_deployment("chat", replicas=2, gpus=1)
+    deployment["metadata"]["uid"] = "uid-d"
+    deployment["metadata"].setdefault("annotations", {})["chamber.io/clusters"] = "b"
+    events, actions = plan(state("a"), [Observed(Deployment(), deployment)], 1.0)
+    assert events == []  # never offered: a copy of it could not be made
+    [refuse] = actions  # and no patch (the actuator may not patch Deployments)
+    assert (
+        isinstance(refuse, Refuse) and refuse.uid == "uid-d" and "runs in the cluster it is created in" in refuse.reason
+    )
 
 
 def test_the_heartbeat_load_counts_the_clusters_own_workloads_not_copies_or_origins() -> None:
