@@ -120,21 +120,6 @@ class FdCache:
             self.forget(path)
             return None
 
-    def read_all(self, path: str) -> bytes | None:
-        """A file that may pass one read (gpu_vram_bad_pages: 28 bytes a page), in 64 KiB preads."""
-        first = self.read(path)
-        if first is None or len(first) < 65536:
-            return first
-        fd = self._fds[path]
-        chunks = [first]
-        try:
-            while chunk := os.pread(fd, 65536, 65536 * len(chunks)):
-                chunks.append(chunk)
-        except OSError:
-            self.forget(path)
-            return None
-        return b"".join(chunks)
-
     def text(self, path: str) -> str | None:
         raw = self.read(path)
         return None if raw is None else raw.decode("ascii", "replace").strip()
@@ -217,11 +202,13 @@ class _CardPaths:
         return out
 
     def read_rest(self, n: int, first: bytes) -> bytes:
-        """A file longer than one read (gpu_vram_bad_pages holds 28 bytes per page)."""
-        chunks = [first]
+        """The rest of a file longer than one read: gpu_vram_bad_pages is a binary attribute, which
+        kernfs answers at most a page per read (kernfs_file_read_iter), whole 28-byte lines each time."""
+        chunks, at = [first], len(first)
         with contextlib.suppress(OSError):
-            while chunk := os.pread(self.fds[n], 65536, 65536 * len(chunks)):
+            while chunk := os.pread(self.fds[n], 65536, at):
                 chunks.append(chunk)
+                at += len(chunk)
         return b"".join(chunks)
 
     def _reopen(self, n: int) -> None:
@@ -247,6 +234,10 @@ def _open(path: str) -> int:
         return -1
 
 
+# A binary sysfs attribute answers at most a page per read; gpu_vram_bad_pages lines are 28 bytes
+# ("0x%08x : 0x%08x : %1s\n", amdgpu_ras_sysfs_badpages_read), and a read returns whole lines only.
+MIN_PAGE = 4096
+BAD_PAGE_LINE = 28
 NA16 = 0xFFFF  # a gpu_metrics field the board does not fill
 NA64 = 0xFFFFFFFFFFFFFFFF
 
@@ -435,7 +426,7 @@ class SysfsSource:
         nras = paths.nras
         ras_raw = raws[2 : 2 + nras]
         bad_raw = raws[2 + nras] if nras else None
-        if bad_raw is not None and len(bad_raw) == 65536:
+        if bad_raw is not None and len(bad_raw) > MIN_PAGE - BAD_PAGE_LINE:  # ~146 pages or more: read on
             bad_raw = paths.read_rest(2 + nras, bad_raw)
         threshold = static.threshold
         memo = self._memo.get(i)
