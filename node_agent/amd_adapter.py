@@ -173,6 +173,10 @@ class _CardPaths:
         self._zeros = (0,) * len(self.fds)
         self.vendor_fd = _open(self.vendor)
         self.last_metrics: bytes | None = None  # gpu_metrics as last read
+        # the decoder of the table header this card sent last (a card does not change revision)
+        self.metrics_head = b""
+        self.metrics_min = 0
+        self.decoder: fs.MetricsDecoder | None = None
 
     def gone(self) -> bool:
         """The device's files were removed (fstat of an open file: no links left)."""
@@ -261,9 +265,10 @@ class _Memo(NamedTuple):
     xgmi: tuple[int, ...] | None  # the raw link status words (0xFFFF: no such link)
     threshold: int | None
     health: AmdGpuHealth
-    ce: int | None
+    ce: int | None  # corrected errors summed over the blocks
     umc_ue: int | None
-    bad: fs.BadPages | None
+    reserved: int | None  # retired pages
+    pending: bool | None  # any page pending retirement
 
 
 @dataclass(frozen=True)
@@ -395,14 +400,27 @@ class SysfsSource:
             paths.close()
             del self._paths[i]  # opened afresh next time: a GPU that comes back is read again
             raise GpuLost()
-        static = self._static.get(i, _NO_STATIC)
-        dec = fs.metrics_decoder(raw) if raw else None
+        total_mib, limit_w, threshold = self._static.get(i, _NO_STATIC)
+        dec: fs.MetricsDecoder | None = None
         xgmi: tuple[int, ...] | None = None
+        if raw:
+            if raw[:4] == paths.metrics_head and len(raw) >= paths.metrics_min:
+                dec = paths.decoder  # the table this card sent last time: a known revision
+            else:
+                dec = fs.metrics_decoder(raw)
+                paths.metrics_head = raw[:4] if dec else b""
+                paths.metrics_min, paths.decoder = (dec.min_len, dec) if dec else (0, None)
         if dec is not None:
             v = dec.unpack(raw)  # type: ignore[arg-type]
             hot, power, gfx, umc, gfxclk, uclk, replay = dec.pick(v)
             if dec.xgmi is not None:
                 xgmi = v[dec.xgmi]
+        util: float | None
+        watts: float | None
+        temp: float | None
+        sclk: float | None
+        mclk: float | None
+        replays: int | None
         if (
             dec is not None
             and dec.has_replay
@@ -419,7 +437,7 @@ class SysfsSource:
             util, mem_util, watts, temp, sclk, mclk, replays = self._from_files(self.cards[i], paths, raw)
         used_raw = raws[1]
         try:
-            used_mib = int(used_raw) / MIB if used_raw else None  # type: ignore[arg-type]
+            used_mib = int(used_raw) / MIB if used_raw else None
         except ValueError:
             used_mib = None
         # RAS counts and bad pages change rarely: parse them only when the files' bytes change.
@@ -428,41 +446,31 @@ class SysfsSource:
         bad_raw = raws[2 + nras] if nras else None
         if bad_raw is not None and len(bad_raw) > MIN_PAGE - BAD_PAGE_LINE:  # ~146 pages or more: read on
             bad_raw = paths.read_rest(2 + nras, bad_raw)
-        threshold = static.threshold
         memo = self._memo.get(i)
-        if (
-            memo is None
-            or memo.ras_raw != ras_raw
-            or memo.bad_raw != bad_raw
-            or memo.xgmi != xgmi
-            or (memo.threshold != threshold)
-        ):
-            links = fs.xgmi_links(xgmi) if xgmi is not None else None
-            memo = self._memo[i] = _Memo(
-                ras_raw, bad_raw, xgmi, threshold, *self._health(paths, ras_raw, bad_raw, links, threshold)
-            )
-        bad = memo.bad
+        if memo is None or memo[0] != ras_raw or memo[1] != bad_raw or memo[2] != xgmi or memo[3] != threshold:
+            memo = self._memo[i] = self._health(paths, ras_raw, bad_raw, xgmi, threshold)
+        _, _, _, _, health, ce, umc_ue, reserved, pending = memo
         sample = GpuSample(
             index=index if index is not None else i,
             uuid=uuid,
             utilization_pct=util,
             memory_utilization_pct=mem_util,
             memory_used_mib=used_mib,
-            memory_total_mib=static.total_mib,
+            memory_total_mib=total_mib,
             power_w=watts,
-            power_limit_w=static.limit_w,
+            power_limit_w=limit_w,
             temperature_c=temp,
             sm_clock_mhz=sclk,
             mem_clock_mhz=mclk,
-            ecc_sbe_volatile=memo.ce,
-            ecc_dbe_volatile=memo.umc_ue,
-            retired_pages_dbe=bad.reserved if bad else None,
-            retired_pages_pending=(bad.pending > 0) if bad else None,
+            ecc_sbe_volatile=ce,
+            ecc_dbe_volatile=umc_ue,
+            retired_pages_dbe=reserved,
+            retired_pages_pending=pending,
             pcie_replay_count=replays,
-            amd=memo.health,
+            amd=health,
             nvlink=NO_LINKS,
         )
-        return sample, memo.health
+        return sample, health
 
     def _from_files(
         self, c: fs.AmdCard, paths: _CardPaths, raw: bytes | None
@@ -471,6 +479,9 @@ class SysfsSource:
         plain files: utilization, memory utilization, power, temperature, clocks, PCIe replays."""
         fds = self.fds
         m = fs.parse_gpu_metrics(raw) if raw else None
+        util: float | None
+        power: float | None
+        temp: float | None
         if m is not None and m.gfx_pct is not None and m.power_w is not None and m.hotspot_c is not None:
             util, mem_util, power, temp = m.gfx_pct, m.umc_pct, m.power_w, m.hotspot_c
         else:
@@ -508,9 +519,9 @@ class SysfsSource:
         bad_raw: bytes | None,
         xgmi: tuple[int, ...] | None,
         threshold: int | None,
-    ) -> tuple[AmdGpuHealth, int | None, int | None, fs.BadPages | None]:
-        """The card's health from its RAS files, bad pages and XGMI links (1 up, 0 down); with the
-        corrected errors summed, the UMC uncorrectable count and the bad pages."""
+    ) -> _Memo:
+        """The card's health from its RAS files, bad pages and XGMI link words, with what the sample
+        takes from them."""
         blocks: list[tuple[str, fs.RasCount]] = []
         inaccessible = False
         for (block, _), raw in zip(paths.ras, ras_raw, strict=True):
@@ -525,16 +536,18 @@ class SysfsSource:
                 blocks.append((block, count))
         bad = fs.parse_bad_pages(bad_raw.decode("ascii", "replace")) if bad_raw is not None else None
         ras, ce, umc_ue = _ras(blocks)
+        links = fs.xgmi_links(xgmi) if xgmi is not None else None
         health = AmdGpuHealth(
             ras=ras,
             bad_pages=bad.total if bad else None,
             bad_pages_pending=bad.pending if bad else None,
             bad_page_threshold=threshold,
-            xgmi_links=len(xgmi) if xgmi else None,
-            xgmi_down=[n for n, up in enumerate(xgmi) if up == 0] if xgmi else [],
+            xgmi_links=len(links) if links else None,
+            xgmi_down=[n for n, up in enumerate(links) if up == 0] if links else [],
             ras_inaccessible=inaccessible,
         )
-        return health, ce, umc_ue, bad
+        reserved, pending = (bad.reserved, bad.pending > 0) if bad else (None, None)
+        return _Memo(ras_raw, bad_raw, xgmi, threshold, health, ce, umc_ue, reserved, pending)
 
     def events(self, now: float) -> list[AmdEvent]:
         return []  # no CPER or reset notifications in sysfs (see the module docstring)
