@@ -169,8 +169,9 @@ class _CardPaths:
         self.nras = len(self.ras)
         self.fds = [_open(p) for p in self.paths]
         self.all_open = min(self.fds) >= 0
-        # gpu_metrics and the bad pages read whole; the counters are short text (SHORT_READ)
-        self._sizes = (65536, SHORT_READ, *(SHORT_READ for _ in self.ras), *((65536,) if self.ras else ()))
+        # gpu_metrics read whole; the counters are short text (SHORT_READ), and so is the bad-page list
+        # of most boards (none); a longer list is read on (`read_rest`) and in one go from then on.
+        self.sizes = [65536, SHORT_READ, *(SHORT_READ for _ in self.ras), *((SHORT_READ,) if self.ras else ())]
         self._zeros = (0,) * len(self.fds)
         self.vendor_fd = _open(self.vendor)
         self.last_metrics: bytes | None = None  # gpu_metrics as last read
@@ -190,8 +191,8 @@ class _CardPaths:
         pread = os.pread
         try:  # every file open and readable: one pread each, in one map (no Python frame per file)
             if self.all_open:
-                return list(map(pread, self.fds, self._sizes, self._zeros))
-            return [pread(fd, size, 0) if fd >= 0 else None for fd, size in zip(self.fds, self._sizes, strict=True)]
+                return list(map(pread, self.fds, self.sizes, self._zeros))
+            return [pread(fd, size, 0) if fd >= 0 else None for fd, size in zip(self.fds, self.sizes, strict=True)]
         except OSError:
             pass
         out: list[bytes | None] = []
@@ -200,7 +201,7 @@ class _CardPaths:
                 out.append(None)
                 continue
             try:
-                out.append(pread(fd, self._sizes[n], 0))
+                out.append(pread(fd, self.sizes[n], 0))
             except OSError:  # EIO / ENODEV: reopen next time
                 self._reopen(n)
                 out.append(None)
@@ -209,6 +210,7 @@ class _CardPaths:
     def read_rest(self, n: int, first: bytes) -> bytes:
         """The rest of a file longer than one read: gpu_vram_bad_pages is a binary attribute, which
         kernfs answers at most a page per read (kernfs_file_read_iter), whole 28-byte lines each time."""
+        self.sizes[n] = 65536
         chunks, at = [first], len(first)
         with contextlib.suppress(OSError):
             while chunk := os.pread(self.fds[n], 65536, at):
@@ -449,7 +451,8 @@ class SysfsSource:
         nras = paths.nras
         ras_raw = raws[2 : 2 + nras]
         bad_raw = raws[2 + nras] if nras else None
-        if bad_raw is not None and len(bad_raw) > MIN_PAGE - BAD_PAGE_LINE:  # ~146 pages or more: read on
+        # a read that came back (nearly) full: there may be more lines
+        if bad_raw is not None and len(bad_raw) > min(paths.sizes[2 + nras], MIN_PAGE) - BAD_PAGE_LINE:
             bad_raw = paths.read_rest(2 + nras, bad_raw)
         memo = self._memo.get(i)
         if memo is None or memo[0] != ras_raw or memo[1] != bad_raw or memo[2] != xgmi or memo[3] != threshold:
