@@ -172,6 +172,7 @@ class _CardPaths:
         # gpu_metrics read whole; the counters are short text (SHORT_READ), and so is the bad-page list
         # of most boards (none); a longer list is read on (`read_rest`) and in one go from then on.
         self.sizes = [65536, SHORT_READ, *(SHORT_READ for _ in self.ras), *((SHORT_READ,) if self.ras else ())]
+        self.bad_pages_full = SHORT_READ - BAD_PAGE_LINE  # a bad-page read longer than this may have more
         self._zeros = (0,) * len(self.fds)
         self.vendor_fd = _open(self.vendor)
         self.last_metrics: bytes | None = None  # gpu_metrics as last read
@@ -211,6 +212,7 @@ class _CardPaths:
         """The rest of a file longer than one read: gpu_vram_bad_pages is a binary attribute, which
         kernfs answers at most a page per read (kernfs_file_read_iter), whole 28-byte lines each time."""
         self.sizes[n] = 65536
+        self.bad_pages_full = MIN_PAGE - BAD_PAGE_LINE
         chunks, at = [first], len(first)
         with contextlib.suppress(OSError):
             while chunk := os.pread(self.fds[n], 65536, at):
@@ -452,7 +454,7 @@ class SysfsSource:
         ras_raw = raws[2 : 2 + nras]
         bad_raw = raws[2 + nras] if nras else None
         # a read that came back (nearly) full: there may be more lines
-        if bad_raw is not None and len(bad_raw) > min(paths.sizes[2 + nras], MIN_PAGE) - BAD_PAGE_LINE:
+        if bad_raw is not None and len(bad_raw) > paths.bad_pages_full:
             bad_raw = paths.read_rest(2 + nras, bad_raw)
         memo = self._memo.get(i)
         if memo is None or memo[0] != ras_raw or memo[1] != bad_raw or memo[2] != xgmi or memo[3] != threshold:
