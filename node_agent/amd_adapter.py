@@ -34,7 +34,7 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import msgspec
 
@@ -120,21 +120,6 @@ class FdCache:
             self.forget(path)
             return None
 
-    def read_all(self, path: str) -> bytes | None:
-        """A file that may pass one read (gpu_vram_bad_pages: 28 bytes a page), in 64 KiB preads."""
-        first = self.read(path)
-        if first is None or len(first) < 65536:
-            return first
-        fd = self._fds[path]
-        chunks = [first]
-        try:
-            while chunk := os.pread(fd, 65536, 65536 * len(chunks)):
-                chunks.append(chunk)
-        except OSError:
-            self.forget(path)
-            return None
-        return b"".join(chunks)
-
     def text(self, path: str) -> str | None:
         raw = self.read(path)
         return None if raw is None else raw.decode("ascii", "replace").strip()
@@ -181,9 +166,20 @@ class _CardPaths:
         self.paths = [c.path("gpu_metrics"), c.path("mem_info_vram_used"), *(p for _, p in self.ras)]
         if self.ras:
             self.paths.append(self.bad_pages)
+        self.nras = len(self.ras)
         self.fds = [_open(p) for p in self.paths]
+        self.all_open = min(self.fds) >= 0
+        # gpu_metrics read whole; the counters are short text (SHORT_READ), and so is the bad-page list
+        # of most boards (none); a longer list is read on (`read_rest`) and in one go from then on.
+        self.sizes = [65536, SHORT_READ, *(SHORT_READ for _ in self.ras), *((SHORT_READ,) if self.ras else ())]
+        self.bad_pages_full = SHORT_READ - BAD_PAGE_LINE  # a bad-page read longer than this may have more
+        self._zeros = (0,) * len(self.fds)
         self.vendor_fd = _open(self.vendor)
         self.last_metrics: bytes | None = None  # gpu_metrics as last read
+        # the decoder of the table header this card sent last (a card does not change revision)
+        self.metrics_head = b""
+        self.metrics_min = 0
+        self.decoder: fs.MetricsDecoder | None = None
 
     def gone(self) -> bool:
         """The device's files were removed (fstat of an open file: no links left)."""
@@ -194,8 +190,10 @@ class _CardPaths:
 
     def read(self) -> list[bytes | None]:
         pread = os.pread
-        try:  # every file open and readable: one pread each, nothing else
-            return [pread(fd, 65536, 0) if fd >= 0 else None for fd in self.fds]
+        try:  # every file open and readable: one pread each, in one map (no Python frame per file)
+            if self.all_open:
+                return list(map(pread, self.fds, self.sizes, self._zeros))
+            return [pread(fd, size, 0) if fd >= 0 else None for fd, size in zip(self.fds, self.sizes, strict=True)]
         except OSError:
             pass
         out: list[bytes | None] = []
@@ -204,24 +202,29 @@ class _CardPaths:
                 out.append(None)
                 continue
             try:
-                out.append(pread(fd, 65536, 0))
+                out.append(pread(fd, self.sizes[n], 0))
             except OSError:  # EIO / ENODEV: reopen next time
                 self._reopen(n)
                 out.append(None)
         return out
 
     def read_rest(self, n: int, first: bytes) -> bytes:
-        """A file longer than one read (gpu_vram_bad_pages holds 28 bytes per page)."""
-        chunks = [first]
+        """The rest of a file longer than one read: gpu_vram_bad_pages is a binary attribute, which
+        kernfs answers at most a page per read (kernfs_file_read_iter), whole 28-byte lines each time."""
+        self.sizes[n] = 65536
+        self.bad_pages_full = MIN_PAGE - BAD_PAGE_LINE
+        chunks, at = [first], len(first)
         with contextlib.suppress(OSError):
-            while chunk := os.pread(self.fds[n], 65536, 65536 * len(chunks)):
+            while chunk := os.pread(self.fds[n], 65536, at):
                 chunks.append(chunk)
+                at += len(chunk)
         return b"".join(chunks)
 
     def _reopen(self, n: int) -> None:
         with contextlib.suppress(OSError):
             os.close(self.fds[n])
         self.fds[n] = _open(self.paths[n])
+        self.all_open = min(self.fds) >= 0
 
     def close(self) -> None:
         for fd in [*self.fds, self.vendor_fd]:
@@ -229,6 +232,7 @@ class _CardPaths:
                 with contextlib.suppress(OSError):
                     os.close(fd)
         self.fds = [-1] * len(self.fds)
+        self.all_open = False
         self.vendor_fd = -1
 
 
@@ -237,6 +241,43 @@ def _open(path: str) -> int:
         return os.open(path, os.O_RDONLY)
     except OSError:
         return -1
+
+
+# A binary sysfs attribute answers at most a page per read; gpu_vram_bad_pages lines are 28 bytes
+# ("0x%08x : 0x%08x : %1s\n", amdgpu_ras_sysfs_badpages_read), and a read returns whole lines only.
+MIN_PAGE = 4096
+BAD_PAGE_LINE = 28
+# mem_info_vram_used ("%llu\n") and ras/<block>_err_count (two or three "xx: %lu\n" lines, or "Query
+# currently inaccessible\n") are at most 75 bytes. A read that small is a pymalloc allocation, where a
+# 64 KiB one is a malloc and a realloc: 8 of a card's 10 reads per sample.
+SHORT_READ = 448
+NA16 = 0xFFFF  # a gpu_metrics field the board does not fill
+NA64 = 0xFFFFFFFFFFFFFFFF
+
+
+class _Static(NamedTuple):
+    """What a sample takes from the last inventory pass."""
+
+    total_mib: float | None
+    limit_w: float | None
+    threshold: int | None  # bad pages before the driver asks for an RMA
+
+
+_NO_STATIC = _Static(None, None, None)
+
+
+class _Memo(NamedTuple):
+    """A card's RAS and bad-page files and XGMI words as last read, and the health built from them."""
+
+    ras_raw: list[bytes | None]
+    bad_raw: bytes | None
+    xgmi: tuple[int, ...] | None  # the raw link status words (0xFFFF: no such link)
+    threshold: int | None
+    health: AmdGpuHealth
+    ce: int | None  # corrected errors summed over the blocks
+    umc_ue: int | None
+    reserved: int | None  # retired pages
+    pending: bool | None  # any page pending retirement
 
 
 @dataclass(frozen=True)
@@ -259,13 +300,13 @@ class SysfsSource:
         self.cards = fs.find_cards(root)
         self.fds = FdCache()
         self.driver_version = fs.read_text(str(root / "sys/module/amdgpu/version")) or None
-        self._static: dict[int, dict[str, Any]] = {}
+        self._static: dict[int, _Static] = {}
         self._partitions: dict[int, int] = {}
         self._paths: dict[int, _CardPaths] = {}
         self._kfd: list[fs.KfdNode] | None = None  # read again when a card's partition mode changes
         self._identities: dict[int, _Identity] = {}
         self._modes: dict[int, tuple[str | None, str | None]] = {}  # the partition modes last seen
-        self._memo: dict[int, tuple[Any, AmdGpuHealth, int | None, int | None, fs.BadPages | None]] = {}
+        self._memo: dict[int, _Memo] = {}
 
     def count(self) -> int:
         return len(self.cards)
@@ -314,11 +355,7 @@ class SysfsSource:
         cap_uw = fds.int(f"{c.hwmon}/power1_cap") if c.hwmon else None
         speed = (fds.text(c.path("current_link_speed")) or "").split(" ")[0]
         width = fds.int(c.path("current_link_width"))
-        self._static[i] = {
-            "total_mib": total_mib,
-            "limit_w": cap_uw / 1e6 if cap_uw else None,
-            "threshold": ident.threshold,
-        }
+        self._static[i] = _Static(total_mib, cap_uw / 1e6 if cap_uw else None, ident.threshold)
         compute = fds.text(c.path("current_compute_partition")) or None
         memory = fds.text(c.path("current_memory_partition")) or None
         if self._modes.get(i) != (compute, memory):
@@ -332,7 +369,7 @@ class SysfsSource:
             serial=ident.serial,
             pci_bus_id=c.pci_bus_id or None,
             memory_total_mib=total_mib,
-            power_limit_w=self._static[i]["limit_w"],
+            power_limit_w=self._static[i].limit_w,
             nvlink_links=None,
             vendor="amd",
             compute_partition=compute,
@@ -357,27 +394,102 @@ class SysfsSource:
         return len(kfd) or by_mode
 
     def sample(self, i: int, uuid: str, index: int | None = None) -> tuple[GpuSample, AmdGpuHealth]:
-        c, fds = self.cards[i], self.fds
         paths = self._paths.get(i)
         if paths is None:
-            paths = self._paths[i] = _CardPaths(c)
+            paths = self._paths[i] = _CardPaths(self.cards[i])
         raws = paths.read()
-        raw, used_raw = raws[0], raws[1]
+        raw = raws[0]
         # A GPU that fell off the bus loses its sysfs directory: its open files answer ENODEV (None
         # here), and a recorded tree whose files were deleted shows them unlinked. A live GPU's
         # gpu_metrics changes every read (it carries a timestamp): only a table that did not move
         # needs the fstat.
         moved = raw is not None and raw != paths.last_metrics
         paths.last_metrics = raw
-        if (raw is None and used_raw is None) or (not moved and paths.gone()):
+        if (raw is None and raws[1] is None) or (not moved and paths.gone()):
             paths.close()
             del self._paths[i]  # opened afresh next time: a GPU that comes back is read again
             raise GpuLost()
-        m = fs.parse_gpu_metrics(raw) if raw else None
-        used = _parse_int(used_raw)
-        static = self._static.get(i, {})
+        total_mib, limit_w, threshold = self._static.get(i, _NO_STATIC)
+        dec: fs.MetricsDecoder | None = None
+        xgmi: tuple[int, ...] | None = None
+        if raw:
+            if raw[:4] == paths.metrics_head and len(raw) >= paths.metrics_min:
+                dec = paths.decoder  # the table this card sent last time: a known revision
+            else:
+                dec = fs.metrics_decoder(raw)
+                paths.metrics_head = raw[:4] if dec else b""
+                paths.metrics_min, paths.decoder = (dec.min_len, dec) if dec else (0, None)
+        if dec is not None:
+            v = dec.unpack(raw)  # type: ignore[arg-type]
+            hot, power, gfx, umc, gfxclk, uclk, replay = dec.pick(v)
+            if dec.xgmi is not None:
+                xgmi = v[dec.xgmi]
         util: float | None
-        mem_util: float | None
+        watts: float | None
+        temp: float | None
+        sclk: float | None
+        mclk: float | None
+        replays: int | None
+        if (
+            dec is not None
+            and dec.has_replay
+            and gfx != NA16
+            and power != NA16
+            and hot != NA16
+            and gfxclk != NA16
+            and uclk != NA16
+            and replay != NA64
+        ):  # the table has everything (MI300): no other file to read
+            util, mem_util, watts, temp = float(gfx), (None if umc == NA16 else float(umc)), float(power), float(hot)
+            sclk, mclk, replays = float(gfxclk), float(uclk), replay
+        else:
+            util, mem_util, watts, temp, sclk, mclk, replays = self._from_files(self.cards[i], paths, raw)
+        used_raw = raws[1]
+        try:
+            used_mib = int(used_raw) / MIB if used_raw else None
+        except ValueError:
+            used_mib = None
+        # RAS counts and bad pages change rarely: parse them only when the files' bytes change.
+        nras = paths.nras
+        ras_raw = raws[2 : 2 + nras]
+        bad_raw = raws[2 + nras] if nras else None
+        # a read that came back (nearly) full: there may be more lines
+        if bad_raw is not None and len(bad_raw) > paths.bad_pages_full:
+            bad_raw = paths.read_rest(2 + nras, bad_raw)
+        memo = self._memo.get(i)
+        if memo is None or memo[0] != ras_raw or memo[1] != bad_raw or memo[2] != xgmi or memo[3] != threshold:
+            memo = self._memo[i] = self._health(paths, ras_raw, bad_raw, xgmi, threshold)
+        _, _, _, _, health, ce, umc_ue, reserved, pending = memo
+        sample = GpuSample(
+            index=index if index is not None else i,
+            uuid=uuid,
+            utilization_pct=util,
+            memory_utilization_pct=mem_util,
+            memory_used_mib=used_mib,
+            memory_total_mib=total_mib,
+            power_w=watts,
+            power_limit_w=limit_w,
+            temperature_c=temp,
+            sm_clock_mhz=sclk,
+            mem_clock_mhz=mclk,
+            ecc_sbe_volatile=ce,
+            ecc_dbe_volatile=umc_ue,
+            retired_pages_dbe=reserved,
+            retired_pages_pending=pending,
+            pcie_replay_count=replays,
+            amd=health,
+            nvlink=NO_LINKS,
+        )
+        return sample, health
+
+    def _from_files(
+        self, c: fs.AmdCard, paths: _CardPaths, raw: bytes | None
+    ) -> tuple[float | None, float | None, float | None, float | None, float | None, float | None, int | None]:
+        """What a table without every field (MI200, an older firmware, no gpu_metrics) leaves to the
+        plain files: utilization, memory utilization, power, temperature, clocks, PCIe replays."""
+        fds = self.fds
+        m = fs.parse_gpu_metrics(raw) if raw else None
+        util: float | None
         power: float | None
         temp: float | None
         if m is not None and m.gfx_pct is not None and m.power_w is not None and m.hotspot_c is not None:
@@ -391,39 +503,7 @@ class SysfsSource:
         if mclk is None:
             mclk = fs.parse_dpm(fds.text(c.path("pp_dpm_mclk")) or "")
         replays = m.pcie_replays if m and m.pcie_replays is not None else fds.int(paths.replays)
-        # RAS counts and bad pages change rarely: parse them only when the files' bytes change.
-        nras = len(paths.ras)
-        ras_raw = tuple(raws[2 : 2 + nras])
-        bad_raw = raws[2 + nras] if nras else None
-        if bad_raw is not None and len(bad_raw) == 65536:
-            bad_raw = paths.read_rest(2 + nras, bad_raw)
-        xgmi = m.xgmi_status if m else None
-        key = (ras_raw, bad_raw, xgmi, static.get("threshold"))
-        memo = self._memo.get(i)
-        if memo is None or memo[0] != key:
-            memo = self._memo[i] = (key, *self._health(paths, ras_raw, bad_raw, xgmi, static.get("threshold")))
-        _, health, ce, umc_ue, bad = memo
-        sample = GpuSample(
-            index=index if index is not None else i,
-            uuid=uuid,
-            utilization_pct=util,
-            memory_utilization_pct=mem_util,
-            memory_used_mib=used / MIB if used is not None else None,
-            memory_total_mib=static.get("total_mib"),
-            power_w=power,
-            power_limit_w=static.get("limit_w"),
-            temperature_c=temp,
-            sm_clock_mhz=sclk,
-            mem_clock_mhz=mclk,
-            ecc_sbe_volatile=ce,
-            ecc_dbe_volatile=umc_ue,
-            retired_pages_dbe=bad.reserved if bad else None,
-            retired_pages_pending=(bad.pending > 0) if bad else None,
-            pcie_replay_count=replays,
-            amd=health,
-            nvlink=NO_LINKS,
-        )
-        return sample, health
+        return util, mem_util, power, temp, sclk, mclk, replays
 
     def _plain(
         self, c: fs.AmdCard, m: fs.Metrics | None
@@ -445,11 +525,13 @@ class SysfsSource:
     @staticmethod
     def _health(
         paths: _CardPaths,
-        ras_raw: tuple[bytes | None, ...],
+        ras_raw: list[bytes | None],
         bad_raw: bytes | None,
         xgmi: tuple[int, ...] | None,
         threshold: int | None,
-    ) -> tuple[AmdGpuHealth, int | None, int | None, fs.BadPages | None]:
+    ) -> _Memo:
+        """The card's health from its RAS files, bad pages and XGMI link words, with what the sample
+        takes from them."""
         blocks: list[tuple[str, fs.RasCount]] = []
         inaccessible = False
         for (block, _), raw in zip(paths.ras, ras_raw, strict=True):
@@ -464,16 +546,18 @@ class SysfsSource:
                 blocks.append((block, count))
         bad = fs.parse_bad_pages(bad_raw.decode("ascii", "replace")) if bad_raw is not None else None
         ras, ce, umc_ue = _ras(blocks)
+        links = fs.xgmi_links(xgmi) if xgmi is not None else None
         health = AmdGpuHealth(
             ras=ras,
             bad_pages=bad.total if bad else None,
             bad_pages_pending=bad.pending if bad else None,
             bad_page_threshold=threshold,
-            xgmi_links=len(xgmi) if xgmi else None,
-            xgmi_down=[n for n, up in enumerate(xgmi) if up == 0] if xgmi else [],
+            xgmi_links=len(links) if links else None,
+            xgmi_down=[n for n, up in enumerate(links) if up == 0] if links else [],
             ras_inaccessible=inaccessible,
         )
-        return health, ce, umc_ue, bad
+        reserved, pending = (bad.reserved, bad.pending > 0) if bad else (None, None)
+        return _Memo(ras_raw, bad_raw, xgmi, threshold, health, ce, umc_ue, reserved, pending)
 
     def events(self, now: float) -> list[AmdEvent]:
         return []  # no CPER or reset notifications in sysfs (see the module docstring)
@@ -797,29 +881,40 @@ class AmdSampler:
         gpus: list[GpuSample] = []
         events: list[AmdEvent] = []
         first = 0
+        sample_of, known, inventory, lost_now, split = (
+            self.source.sample,
+            self._health,
+            self._inventory,
+            self.lost,
+            self._split,
+        )
         for phys in self._physical:
-            n = self._split.get(phys.index, 1)
+            p = phys.index
+            n = split.get(p, 1)
             try:
-                sample, health = self.source.sample(phys.index, phys.uuid, first)
-                self.lost.discard(phys.index)
+                sample, health = sample_of(p, phys.uuid, first)
+                if lost_now:
+                    lost_now.discard(p)
             except GpuLost:
-                if phys.index not in self.lost:
-                    log.error("GPU lost", gpu=phys.index, uuid=phys.uuid)
-                self.lost.add(phys.index)
+                if p not in lost_now:
+                    log.error("GPU lost", gpu=p, uuid=phys.uuid)
+                lost_now.add(p)
                 sample, health = GpuSample(index=first, uuid=phys.uuid), None
             if health is not None:
-                prev = self._health.get(phys.index)
-                if prev is not None and prev is not health and prev == health:
-                    health = prev  # the same object while nothing changed: the detectors' fast path
-                    sample = msgspec.structs.replace(sample, amd=prev)
-                self._health[phys.index] = health
-            if n == 1 and (first >= len(self._inventory) or self._inventory[first].uuid == phys.uuid):
+                prev = known.get(p)
+                if prev is not health:
+                    if prev is not None and prev == health:
+                        health = prev  # the same object while nothing changed: the detectors' fast path
+                        sample = msgspec.structs.replace(sample, amd=prev)
+                    else:
+                        known[p] = health
+            if n == 1 and (first >= len(inventory) or inventory[first].uuid == phys.uuid):
                 gpus.append(sample)  # the common case: no partitions, the source built it as it goes out
                 first += 1
                 continue
             for part in range(n):
                 index = first + part
-                uuid = self._inventory[index].uuid if index < len(self._inventory) else phys.uuid
+                uuid = inventory[index].uuid if index < len(inventory) else phys.uuid
                 gpus.append(_partition_sample(sample, health, index, uuid, n))
             first += n
         lost = (
@@ -873,15 +968,6 @@ def _replace_event(e: AmdEvent, index: int) -> AmdEvent:
     from dataclasses import replace
 
     return replace(e, gpu_index=index)
-
-
-def _parse_int(raw: bytes | None) -> int | None:
-    if not raw:
-        return None
-    try:
-        return int(raw)
-    except ValueError:
-        return None
 
 
 def _f(value: Any) -> float | None:

@@ -27,7 +27,9 @@ from __future__ import annotations
 import os
 import re
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from operator import itemgetter
 from pathlib import Path
 from typing import NamedTuple
 
@@ -187,29 +189,94 @@ def _compile(layout: dict[str, int | None]) -> tuple[struct.Struct, tuple[int, .
     return struct.Struct(fmt), tuple(where[f] for f in _FIELDS), where.get("replay"), where.get("xgmi")
 
 
-_COMPILED = {rev: _compile(layout) for rev, layout in _METRICS.items()}
 _HEADER = struct.Struct("<HBB")
+
+
+class MetricsDecoder(NamedTuple):
+    """How to read one gpu_metrics header's tables (the header: structure size and revision): one
+    `unpack` of every field, and `pick` that orders hotspot, power, gfx %, umc %, gfxclk, uclk (and the
+    replay counter where the revision has one) out of it. The agent decodes 8 of these a sample."""
+
+    revision: tuple[int, int]
+    min_len: int  # a shorter read is refused
+    unpack: Callable[[bytes], tuple[int, ...]]
+    pick: Callable[[tuple[int, ...]], tuple[int, ...]]  # always 7 values (the last a filler without replay)
+    mem_at: int  # the memory temperature in the unpacked tuple
+    has_replay: bool
+    xgmi: slice | None  # the XGMI link status words in the unpacked tuple (v1.7+)
+
+
+_DECODERS: dict[bytes, MetricsDecoder | None] = {}
+
+
+def metrics_decoder(raw: bytes) -> MetricsDecoder | None:
+    """The decoder for this table's header (cached per header); None for a revision we do not know or
+    a read too short to hold the table."""
+    head = raw[:4]
+    try:
+        dec = _DECODERS[head]
+    except KeyError:
+        dec = _new_decoder(head)
+        if len(_DECODERS) > 64:  # garbage headers must not grow it without bound
+            _DECODERS.clear()
+        _DECODERS[head] = dec
+    if dec is None or len(raw) < dec.min_len:
+        return None
+    return dec
+
+
+def _new_decoder(head: bytes) -> MetricsDecoder | None:
+    if len(head) < 4:
+        return None
+    size, fmt, content = _HEADER.unpack(head)
+    rev = (fmt, content)
+    if rev not in _METRICS:
+        return None
+    packer, at, replay_at, xgmi_at = _compile(_METRICS[rev])
+    hot, mem, power, gfx, umc, gfxclk, uclk = at
+    picked = (hot, power, gfx, umc, gfxclk, uclk, replay_at if replay_at is not None else hot)
+    return MetricsDecoder(
+        revision=rev,
+        # min(size, known): a table that says it is shorter is read as far as it goes; never shorter
+        # than the fields unpacked
+        min_len=max(min(size, METRICS_SIZES[rev]), packer.size),
+        unpack=packer.unpack_from,
+        pick=itemgetter(*picked),
+        mem_at=mem,
+        has_replay=replay_at is not None,
+        xgmi=slice(xgmi_at, xgmi_at + XGMI_LINKS_IN_METRICS) if xgmi_at is not None else None,
+    )
+
+
+def _f16(v: int) -> float | None:
+    return None if v == _NA16 else float(v)
 
 
 def parse_gpu_metrics(raw: bytes) -> Metrics | None:
     """Decode a gpu_metrics table of a known v1 revision; None for one we do not know or a short read."""
-    if len(raw) < 4:
+    dec = metrics_decoder(raw)
+    if dec is None:
         return None
-    size, fmt, content = _HEADER.unpack_from(raw, 0)
-    rev = (fmt, content)
-    compiled = _COMPILED.get(rev)
-    if compiled is None or len(raw) < min(size, METRICS_SIZES[rev]):
-        return None
-    packer, at, replay_at, xgmi_at = compiled
-    v = packer.unpack_from(raw, 0)
-    hot, mem, power, gfx, umc, gfxclk, uclk = (None if v[n] == _NA16 else float(v[n]) for n in at)
-    replay = v[replay_at] if replay_at is not None else None
-    xgmi = None
-    if xgmi_at is not None:
-        xgmi = tuple(s for s in v[xgmi_at : xgmi_at + XGMI_LINKS_IN_METRICS] if s != _NA16)
+    v = dec.unpack(raw)
+    got = dec.pick(v)
+    replay = got[6] if dec.has_replay else None  # else a filler
     return Metrics(
-        rev, hot, mem, power, gfx, umc, gfxclk, uclk, None if replay is None or replay == _NA64 else int(replay), xgmi
+        dec.revision,
+        hotspot_c=_f16(got[0]),
+        mem_temp_c=_f16(v[dec.mem_at]),
+        power_w=_f16(got[1]),
+        gfx_pct=_f16(got[2]),
+        umc_pct=_f16(got[3]),
+        gfxclk_mhz=_f16(got[4]),
+        uclk_mhz=_f16(got[5]),
+        pcie_replays=None if replay is None or replay == _NA64 else int(replay),
+        xgmi_status=xgmi_links(v[dec.xgmi]) if dec.xgmi is not None else None,
     )
+
+
+def xgmi_links(words: tuple[int, ...]) -> tuple[int, ...]:
+    """The link status words a board fills (1 up, 0 down); 0xFFFF is a link it does not have."""
+    return tuple(s for s in words if s != _NA16)
 
 
 def parse_properties(text: str) -> dict[str, int]:

@@ -166,6 +166,7 @@ class DetectorState:
 
 
 _NEW_GPU = GpuState()  # frozen: one shared "nothing seen yet"
+_NO_EVENTS: list[AmdEvent] = []  # a reading without AMD driver events (read only)
 _DEFAULT_LIMITS = GpuLimits()
 
 
@@ -211,7 +212,7 @@ def detect(
         lim = limits.get(g.index, _DEFAULT_LIMITS) if limits else _DEFAULT_LIMITS
         nxt = _detect_gpu(prev, g, g.index in reading.lost_gpus, lim, now, window_s, found)
         if g.amd is not None or nxt.amd_seen is not None or reading.amd_events:
-            events = [e for e in reading.amd_events if e.gpu_index == g.index]
+            events = [e for e in reading.amd_events if e.gpu_index == g.index] if reading.amd_events else _NO_EVENTS
             nxt = _detect_amd(nxt, g, events, now, found)
         gpus[g.index] = nxt
         changed = changed or nxt is not prev
@@ -356,7 +357,7 @@ def _detect_amd(st: GpuState, g: GpuSample, events: list[AmdEvent], now: float, 
     """The AMD rules (module docstring) over one GPU's `amd` health and its driver events."""
     a = g.amd
     quiet = a is st.amd_seen and not events and st.reset_since is None
-    if quiet and not any(k.startswith(AMD_SCOPE) for k in st.raised):
+    if quiet and (not st.raised or not any(k.startswith(AMD_SCOPE) for k in st.raised)):
         return st
     conditions: dict[str, tuple[FaultKind, Severity, str]] = {}
     ue = dict(st.amd_ue)

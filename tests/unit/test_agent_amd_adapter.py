@@ -72,6 +72,22 @@ def test_without_gpu_metrics_the_plain_files_give_the_same_figures(tmp_path: Pat
     assert (x.utilization_pct, x.power_w, x.temperature_c, x.sm_clock_mhz, x.mem_clock_mhz) == (87, 312, 54, 2100, 1300)
 
 
+def test_fields_a_board_leaves_unfilled_in_gpu_metrics_come_from_the_plain_files(tmp_path: Path) -> None:
+    na16, na64 = 0xFFFF, 0xFFFFFFFFFFFFFFFF
+    cards = write_amd_node(tmp_path, gpus=1)
+    cards[0].write("pcie_replay_count", "3\n")
+    cards[0].set_metrics(hotspot=71, power=655, gfx=99, umc=na16, gfxclk=2000, uclk=na16, replays=na64)
+    s = sysfs_sampler(tmp_path)
+    x = s.read("c", 1, 1000.0, 1.0).sample.gpus[0]
+    # the table's figures where it has them; no UMC activity is unknown (not the busy file's figure)
+    assert (x.utilization_pct, x.memory_utilization_pct, x.power_w, x.temperature_c) == (99, None, 655, 71)
+    assert (x.sm_clock_mhz, x.mem_clock_mhz, x.pcie_replay_count) == (2000, 1300, 3)  # pp_dpm_mclk's starred level
+    cards[0].set_metrics(hotspot=71, power=655, gfx=na16, umc=40)
+    x = s.read("c", 2, 1001.0, 1.0).sample.gpus[0]
+    assert (x.utilization_pct, x.memory_utilization_pct, x.power_w, x.temperature_c) == (87, 40, 655, 71)
+    assert (x.sm_clock_mhz, x.mem_clock_mhz, x.pcie_replay_count) == (2100, 1300, 0)
+
+
 def test_an_amd_sample_fills_every_field_its_nvidia_neighbour_fills(tmp_path: Path) -> None:
     write_amd_node(tmp_path, gpus=1)
     amd = sysfs_sampler(tmp_path).read("c", 1, 1000.0, 1.0).sample.gpus[0]
@@ -149,6 +165,17 @@ def test_a_umc_uncorrectable_error_is_an_amd_ras_fault_naming_the_block(tmp_path
         (FaultKind.AMD_RAS_UE, Severity.CRITICAL, 1, "umc")
     ]
     assert s.read("c", 3, 1002.0, 1.0).sample.gpus[1].ecc_dbe_volatile == 1  # the DBE analogue
+
+
+def test_bad_pages_past_one_page_of_sysfs_are_all_counted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cards = write_amd_node(tmp_path, gpus=1)
+    cards[0].set_bad_pages(reserved=300, pending=2)  # 302 lines of 28 bytes: three reads of a binary attribute
+    real = os.pread
+    # kernfs answers a binary attribute (gpu_vram_bad_pages) at most a page per read, in whole lines
+    monkeypatch.setattr(os, "pread", lambda fd, n, at: real(fd, min(n, 4096 // 28 * 28), at))
+    x = sysfs_sampler(tmp_path).read("c", 1, 1000.0, 1.0).sample.gpus[0]
+    assert x.amd is not None and (x.amd.bad_pages, x.amd.bad_pages_pending) == (302, 2)
+    assert (x.retired_pages_dbe, x.retired_pages_pending) == (300, True)
 
 
 def test_corrected_errors_alone_are_no_fault(tmp_path: Path) -> None:
