@@ -146,6 +146,15 @@ def guard_band(rank: int, lift: int) -> int:
     return rank if rank == CRITICAL_RANK else max(rank - lift, CRITICAL_RANK + 1)
 
 
+def protected_tier(rank: int) -> float:
+    """Where a protected job of class `rank` sorts among the jobs its band ranks alike: after the
+    protected jobs of more urgent classes, before every unprotected job (1.0). The guard lifts a job
+    past the unprotected work of the classes above it, never past their protected work: else a low
+    job protected for three days went ahead of high work waiting as long, and on openb under heavy
+    load low's mean wait fell below high's (docs/fairness.md)."""
+    return rank / (LOWEST_RANK + 1)
+
+
 def by_multifactor_priority(policy: Policy, queued_since: QueuedSince, now: float) -> Order:
     """Multifactor priority (higher first), then submit time, then job id; a protected (starving)
     job ranks as a job of its band (`guard_band`) with every factor at its most, ahead of the
@@ -166,7 +175,7 @@ def by_multifactor_priority(policy: Policy, queued_since: QueuedSince, now: floa
             # policy.lift, with sorted_queue's float operations
             lift = lifts if every is None else lifts + int((protected_before - since) // every)
             value = guard_band(k[0], lift) * per_rank + boosted
-            return (value if k[0] == CRITICAL_RANK else max(value, floor), 0.0, since, k[3])
+            return (value if k[0] == CRITICAL_RANK else max(value, floor), protected_tier(k[0]), since, k[3])
         age = now - since
         aged = age_w if age >= cap else age_w * max(age, 0.0) / cap
         value = k[0] * per_rank - top + share_w * k[1] - aged
@@ -197,6 +206,7 @@ def sorted_queue(policy: Policy, keys: list[QueueKey], since: list[float], now: 
     age = now - queued
     aged = np.where(age >= cap, age_w, age_w * np.maximum(age, 0.0) / cap)
     protected = queued <= protected_before
+    tier = np.where(protected, rank / (LOWEST_RANK + 1), 1.0)  # protected_tier, column-wise
     lift = np.full(len(keys), float(policy.guard_lifts_classes))
     if policy.guard_lift_every_s is not None:  # one class more per guard_lift_every_s protected
         lift = lift + np.floor_divide(np.maximum(protected_before - queued, 0.0), policy.guard_lift_every_s)
@@ -207,10 +217,10 @@ def sorted_queue(policy: Policy, keys: list[QueueKey], since: list[float], now: 
     value = np.where(rank == CRITICAL_RANK, value, np.maximum(value, floor))
     second = np.where(protected, queued, submitted)
     # The job id breaks what ties remain (a numpy string column costs more than the rare ties do).
-    order = np.lexsort((second, ~protected, value))
+    order = np.lexsort((second, tier, value))
     out = [keys[i] for i in order.tolist()]
-    value, second, protected = value[order], second[order], protected[order]
-    tied = (value[1:] == value[:-1]) & (second[1:] == second[:-1]) & (protected[1:] == protected[:-1])
+    value, second, tier = value[order], second[order], tier[order]
+    tied = (value[1:] == value[:-1]) & (second[1:] == second[:-1]) & (tier[1:] == tier[:-1])
     for start, end in _runs(np.flatnonzero(tied).tolist()):
         out[start : end + 1] = sorted(out[start : end + 1], key=itemgetter(3))
     return out

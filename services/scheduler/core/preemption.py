@@ -51,6 +51,8 @@ def eligible(
         return PreemptionReason.PRIORITY if victim_rank > rank else None
     if victim_borrowing and ((reclaim and victim_rank >= rank) or (urgent and victim_rank > rank)):
         return PreemptionReason.RECLAIM
+    if urgent and victim_rank > rank:
+        return PreemptionReason.PRIORITY
     if rank == CRITICAL_RANK and victim_rank > rank:
         return PreemptionReason.CRITICAL
     return None

@@ -182,18 +182,28 @@ def nonpreemptible_block(work: Work, job: Job) -> Wait | None:
     spare = work.pool_capacity(pool) - others
     if max(own, mine) <= spare:
         return None
-    fair = work.fair_share(pool, team)
-    if work.policy.np_fair_share and mine <= fair:
+    fair = work.fair_share(pool, team, job.spec.priority.rank)
+    # The share is per class: the team's more urgent non-preemptible work does not use up the share
+    # of its less urgent work (else a team's steady high work kept its normal work waiting while
+    # other teams' preemptible low work borrowed the idle GPUs: docs/fairness.md).
+    rank = job.spec.priority.rank
+    in_class = mine - work.np_more_urgent(pool, team, rank)
+    if work.policy.np_fair_share and in_class <= fair:
         # Within its fair share of the pool (what it holds of others' guarantees drains back), except
-        # that the team's protected non-preemptible job keeps room in the share: else the team's
-        # own smaller jobs refill it and a large job waits for good (openb's 8-GPU jobs).
+        # that the team's protected non-preemptible job of the class keeps room in the share: else the
+        # team's own smaller jobs refill it and a large job waits for good (openb's 8-GPU jobs).
         held_for = work.protected_np(pool, team)
-        if held_for is None or held_for.id == job.id or mine + held_for.gpus <= fair:
+        if (
+            held_for is None
+            or held_for.id == job.id
+            or held_for.spec.priority.rank != rank
+            or in_class + held_for.gpus <= fair
+        ):
             return None
         return Wait(
             WaitKind.QUOTA,
             f"quota: team {team}'s fair share of pool {pool} ({fair:.0f} GPUs) keeps room for {held_for.id} "
-            f"({held_for.gpus} GPUs), protected by the starvation guard; with this job {max(fair - mine, 0):.0f} left",
+            f"({held_for.gpus} GPUs), protected by the starvation guard; with this job {max(fair - in_class, 0):.0f} left",
         )
     if work.policy.np_fair_share and work.longest_protected(pool) == job.id:
         # The starvation guard's oldest job in the pool is not held to the share: with every team

@@ -44,9 +44,10 @@ class Work:
         self._avoid: dict[int, str] | None = None
         self.link_notes: dict[str, str] = {}
         self._smallest_waiting: dict[tuple[str, str, int], int] | None = None
-        self._fair: dict[tuple[str, str], float] | None = None
-        self._oldest: dict[str, tuple[int, float, str]] | None = None
+        self._fair: dict[int, dict[tuple[str, str], float]] | None = None
+        self._oldest: dict[str, tuple[int, int, float, str]] | None = None
         self._protected_np: dict[tuple[str, str], Job] | None = None
+        self._np_ranks: dict[tuple[str, str, int], int] | None = None
         self.drains: dict[str, Drain] = {}  # pool -> the node held for its protected whole-node job
 
     # -- lookups -------------------------------------------------------------------------------
@@ -115,15 +116,19 @@ class Work:
         sizes = [g for r in RANKS if r <= rank if (g := self._smallest_waiting.get((pool, team, r))) is not None]
         return min(sizes) if sizes else None
 
-    def fair_share(self, pool: str, team: str) -> float:
-        """The team's fair share of the pool now (at the start of the cycle): the pool's capacity
-        water-filled over the teams' demand (GPUs held plus GPUs queued), in proportion to their
-        quota weights. A team that wants less than its share gets what it wants; the rest is split
-        among the others. With every team wanting more than its guarantee, the shares are the
-        guarantees' proportions (equal shares: the guarantees)."""
+    def fair_share(self, pool: str, team: str, rank: int = LOWEST_RANK) -> float:
+        """The team's fair share of the pool now (at the start of the cycle) for work of priority `rank`:
+        the pool's capacity water-filled over the teams' demand of that class or more urgent (GPUs held
+        plus GPUs queued), in proportion to their quota weights. A team that wants less than its share
+        gets what it wants; the rest is split among the others. With every team wanting more than its
+        guarantee, the shares are the guarantees' proportions (equal shares: the guarantees). Less
+        urgent work does not count: another team's queued low work does not keep high work out."""
         if self._fair is None:
-            self._fair = _water_fill(self.s, self.pool_capacity)
-        return self._fair.get((pool, team), 0.0)
+            self._fair = {}
+        found = self._fair.get(rank)
+        if found is None:
+            found = self._fair[rank] = _water_fill(self.s, self.pool_capacity, rank)
+        return found.get((pool, team), 0.0)
 
     def longest_protected(self, pool: str) -> str | None:
         """The pool's first protected job in queue order (of the most urgent class the guard queues
@@ -137,12 +142,12 @@ class Work:
                     at = self.policy.protected_since(j.queued_since)
                     if at is None or at > self.now:
                         continue
-                    mine = (self._guard_band(j), j.queued_since, jid)
-                    if mine < first.get(j.pool, (1 << 30, math.inf, "")):
+                    mine = (self._guard_band(j), j.spec.priority.rank, j.queued_since, jid)
+                    if mine < first.get(j.pool, (1 << 30, 0, math.inf, "")):
                         first[j.pool] = mine
             self._oldest = first
         found = self._oldest.get(pool)
-        return None if found is None else found[2]
+        return None if found is None else found[3]
 
     def _guard_band(self, job: Job) -> int:
         """The class a protected job queues with (`policy.guard_band`)."""
@@ -161,14 +166,35 @@ class Work:
                     if j.spec.preemptible or at is None or at > self.now:
                         continue
                     old = found.get((j.pool, t))
-                    if old is None or (self._guard_band(j), j.queued_since, j.id) < (
+                    if old is None or (self._guard_band(j), j.spec.priority.rank, j.queued_since, j.id) < (
                         self._guard_band(old),
+                        old.spec.priority.rank,
                         old.queued_since,
                         old.id,
                     ):
                         found[(j.pool, t)] = j
             self._protected_np = found
         return self._protected_np.get((pool, team))
+
+    def np_more_urgent(self, pool: str, team: str, rank: int) -> int:
+        """GPUs the team's non-preemptible jobs of classes more urgent than `rank` hold in the pool
+        (scratch view): what its fair share does not count against less urgent work."""
+        if self._np_ranks is None:
+            held: dict[tuple[str, str, int], int] = {}
+            jobs = self.s.jobs
+            for ids in self.s.running.values():
+                for jid in ids:
+                    j = jobs[jid]
+                    if not j.spec.preemptible and jid not in self.gone:
+                        k = (j.pool, j.spec.team, j.spec.priority.rank)
+                        held[k] = held.get(k, 0) + j.gpus
+            for jid in self.fresh:
+                j = jobs[jid]
+                if not j.spec.preemptible:
+                    k = (j.pool, j.spec.team, j.spec.priority.rank)
+                    held[k] = held.get(k, 0) + j.gpus
+            self._np_ranks = held
+        return sum(self._np_ranks.get((pool, team, r), 0) for r in RANKS if r < rank)
 
     def lends_to_nonpreemptible(self, pool: str, team: str, rank: int = LOWEST_RANK) -> int:
         """Guaranteed GPUs of `team` that other teams' non-preemptible work at priority `rank` may
@@ -192,9 +218,12 @@ class Work:
         if usage is self.usage and key not in usage:
             self._teams.pop(job.pool, None)  # a team new to the pool
         usage[key] = usage.get(key, 0) + sign * job.gpus
-        if usage is self.usage and job.spec.preemptible:
+        if usage is self.usage:
             pkey = (job.pool, job.spec.team, job.spec.priority.rank)
-            self.preemptible[pkey] = self.preemptible.get(pkey, 0) + sign * job.gpus
+            if job.spec.preemptible:
+                self.preemptible[pkey] = self.preemptible.get(pkey, 0) + sign * job.gpus
+            elif self._np_ranks is not None:
+                self._np_ranks[pkey] = self._np_ranks.get(pkey, 0) + sign * job.gpus
 
     def held(self, job: Job) -> Spot:
         """The healthy GPUs a running job holds, per node id (not those of a held isolation: freed, they
@@ -223,7 +252,9 @@ class Work:
         return ", ".join(f"{nodes[nid].name}[{','.join(map(str, g))}]" for nid, g in spot)
 
 
-def _water_fill(state: SchedulerState, capacity: Callable[[str], int]) -> dict[tuple[str, str], float]:
+def _water_fill(
+    state: SchedulerState, capacity: Callable[[str], int], rank: int = LOWEST_RANK
+) -> dict[tuple[str, str], float]:
     """(pool, team) -> fair share, for the teams with a quota in the pool (others have none).
 
     A team's demand is what it holds plus what it has queued; a team with any demand counts for at
@@ -236,10 +267,21 @@ def _water_fill(state: SchedulerState, capacity: Callable[[str], int]) -> dict[t
     held = {k: float(state.usage.get(k, 0)) for k in state.quotas}
     queued = dict.fromkeys(state.quotas, 0.0)
     jobs = state.jobs
+    if rank != LOWEST_RANK:  # less urgent work held does not count
+        for k in held:
+            for r in RANKS:
+                if r > rank:
+                    held[k] -= state.preemptible.get((k[0], k[1], r), 0)
+        for k, ids in state.running.items():
+            if k in held:
+                for jid in ids:
+                    j = jobs[jid]
+                    if not j.spec.preemptible and j.spec.priority.rank > rank:
+                        held[k] -= j.gpus
     for t, line in state.fifo_lines.items():
         for _, jid in line:
             j = jobs[jid]
-            if (j.pool, t) in queued:
+            if (j.pool, t) in queued and j.spec.priority.rank <= rank:
                 queued[(j.pool, t)] += j.gpus
     demand: dict[tuple[str, str], float] = {}
     for k, q in state.quotas.items():
