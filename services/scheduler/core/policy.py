@@ -147,12 +147,14 @@ def guard_band(rank: int, lift: int) -> int:
 
 
 def protected_tier(rank: int) -> float:
-    """Where a protected job of class `rank` sorts among the jobs its band ranks alike: after the
-    protected jobs of more urgent classes, before every unprotected job (1.0). The guard lifts a job
-    past the unprotected work of the classes above it, never past their protected work: else a low
-    job protected for three days went ahead of high work waiting as long, and on openb under heavy
-    load low's mean wait fell below high's (docs/fairness.md)."""
-    return rank / (LOWEST_RANK + 1)
+    """Where a protected job of class `rank` sorts among the jobs its band ranks alike: a low job
+    after the protected jobs of the classes the guard lifted it to, every other protected job
+    before them, the longest waiting first, and every protected job before the unprotected ones
+    (1.0). So the guard lifts low work past the unprotected work of the classes above it, never
+    past their protected work: else a low job protected for three days went ahead of high work
+    waiting as long, and on openb under heavy load low's many short jobs waited less than high's
+    (docs/fairness.md)."""
+    return 0.5 if rank == LOWEST_RANK else 0.0
 
 
 def by_multifactor_priority(policy: Policy, queued_since: QueuedSince, now: float) -> Order:
@@ -206,7 +208,7 @@ def sorted_queue(policy: Policy, keys: list[QueueKey], since: list[float], now: 
     age = now - queued
     aged = np.where(age >= cap, age_w, age_w * np.maximum(age, 0.0) / cap)
     protected = queued <= protected_before
-    tier = np.where(protected, rank / (LOWEST_RANK + 1), 1.0)  # protected_tier, column-wise
+    tier = np.where(protected, np.where(rank == LOWEST_RANK, 0.5, 0.0), 1.0)  # protected_tier, column-wise
     lift = np.full(len(keys), float(policy.guard_lifts_classes))
     if policy.guard_lift_every_s is not None:  # one class more per guard_lift_every_s protected
         lift = lift + np.floor_divide(np.maximum(protected_before - queued, 0.0), policy.guard_lift_every_s)

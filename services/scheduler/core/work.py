@@ -15,7 +15,7 @@ from events import Placement
 from services.pools import model_vendor
 from services.scheduler.core.decisions import Drain
 from services.scheduler.core.links import degraded
-from services.scheduler.core.policy import CHAMBER, LOWEST_RANK, RANKS, Policy, guard_band
+from services.scheduler.core.policy import CHAMBER, LOWEST_RANK, RANKS, Policy, guard_band, protected_tier
 from services.scheduler.core.state import Job, SchedulerState
 
 if TYPE_CHECKING:
@@ -45,7 +45,7 @@ class Work:
         self.link_notes: dict[str, str] = {}
         self._smallest_waiting: dict[tuple[str, str, int], int] | None = None
         self._fair: dict[int, dict[tuple[str, str], float]] | None = None
-        self._oldest: dict[str, tuple[int, int, float, str]] | None = None
+        self._oldest: dict[str, tuple[int, float, float, str]] | None = None
         self._protected_np: dict[tuple[str, str], Job] | None = None
         self._np_ranks: dict[tuple[str, str, int], int] | None = None
         self.drains: dict[str, Drain] = {}  # pool -> the node held for its protected whole-node job
@@ -142,8 +142,8 @@ class Work:
                     at = self.policy.protected_since(j.queued_since)
                     if at is None or at > self.now:
                         continue
-                    mine = (self._guard_band(j), j.spec.priority.rank, j.queued_since, jid)
-                    if mine < first.get(j.pool, (1 << 30, 0, math.inf, "")):
+                    mine = (self._guard_band(j), protected_tier(j.spec.priority.rank), j.queued_since, jid)
+                    if mine < first.get(j.pool, (1 << 30, 0.0, math.inf, "")):
                         first[j.pool] = mine
             self._oldest = first
         found = self._oldest.get(pool)
@@ -166,9 +166,9 @@ class Work:
                     if j.spec.preemptible or at is None or at > self.now:
                         continue
                     old = found.get((j.pool, t))
-                    if old is None or (self._guard_band(j), j.spec.priority.rank, j.queued_since, j.id) < (
+                    if old is None or (self._guard_band(j), protected_tier(j.spec.priority.rank), j.queued_since, j.id) < (
                         self._guard_band(old),
-                        old.spec.priority.rank,
+                        protected_tier(old.spec.priority.rank),
                         old.queued_since,
                         old.id,
                     ):
