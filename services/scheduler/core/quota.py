@@ -203,7 +203,8 @@ def nonpreemptible_block(work: Work, job: Job) -> Wait | None:
         return Wait(
             WaitKind.QUOTA,
             f"quota: team {team}'s fair share of pool {pool} ({fair:.0f} GPUs) keeps room for {held_for.id} "
-            f"({held_for.gpus} GPUs), protected by the starvation guard; with this job {max(fair - in_class, 0):.0f} left",
+            f"({held_for.gpus} GPUs), protected by the starvation guard; "
+            f"with this job {max(fair - in_class, 0):.0f} left",
         )
     if work.policy.np_fair_share and work.longest_protected(pool) == job.id:
         # The starvation guard's oldest job in the pool is not held to the share: with every team

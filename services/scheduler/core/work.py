@@ -134,7 +134,7 @@ class Work:
         """The pool's first protected job in queue order (of the most urgent class the guard queues
         it with, then the longest waiting) at the start of the cycle; None if none is protected."""
         if self._oldest is None:
-            first: dict[str, tuple[int, float, str]] = {}
+            first: dict[str, tuple[int, float, float, str]] = {}
             jobs = self.s.jobs
             for line in self.s.fifo_lines.values():
                 for _, jid in line:
@@ -142,7 +142,7 @@ class Work:
                     at = self.policy.protected_since(j.queued_since)
                     if at is None or at > self.now:
                         continue
-                    mine = (self._guard_band(j), protected_tier(j.spec.priority.rank), j.queued_since, jid)
+                    mine = self._guard_key(j)
                     if mine < first.get(j.pool, (1 << 30, 0.0, math.inf, "")):
                         first[j.pool] = mine
             self._oldest = first
@@ -152,6 +152,11 @@ class Work:
     def _guard_band(self, job: Job) -> int:
         """The class a protected job queues with (`policy.guard_band`)."""
         return guard_band(job.spec.priority.rank, self.policy.lift(job.queued_since, self.now))
+
+    def _guard_key(self, job: Job) -> tuple[int, float, float, str]:
+        """Where a protected job stands in queue order among the protected: its band, then its tier
+        (`policy.protected_tier`), then the longest waiting first."""
+        return (self._guard_band(job), protected_tier(job.spec.priority.rank), job.queued_since, job.id)
 
     def protected_np(self, pool: str, team: str) -> Job | None:
         """The team's first protected non-preemptible job of the pool in queue order (most urgent
@@ -166,12 +171,7 @@ class Work:
                     if j.spec.preemptible or at is None or at > self.now:
                         continue
                     old = found.get((j.pool, t))
-                    if old is None or (self._guard_band(j), protected_tier(j.spec.priority.rank), j.queued_since, j.id) < (
-                        self._guard_band(old),
-                        protected_tier(old.spec.priority.rank),
-                        old.queued_since,
-                        old.id,
-                    ):
+                    if old is None or self._guard_key(j) < self._guard_key(old):
                         found[(j.pool, t)] = j
             self._protected_np = found
         return self._protected_np.get((pool, team))
@@ -264,20 +264,9 @@ def _water_fill(
     larger than a team's share can start while the others are idle (under the lending rule alone it
     never could: with equal shares and the default np_lend_limit it waited for good on the ITP
     clusters); an owner that comes back waits for the drain, holding the reservation."""
-    held = {k: float(state.usage.get(k, 0)) for k in state.quotas}
+    held = _held_as_urgent(state, rank)
     queued = dict.fromkeys(state.quotas, 0.0)
     jobs = state.jobs
-    if rank != LOWEST_RANK:  # less urgent work held does not count
-        for k in held:
-            for r in RANKS:
-                if r > rank:
-                    held[k] -= state.preemptible.get((k[0], k[1], r), 0)
-        for k, ids in state.running.items():
-            if k in held:
-                for jid in ids:
-                    j = jobs[jid]
-                    if not j.spec.preemptible and j.spec.priority.rank > rank:
-                        held[k] -= j.gpus
     for t, line in state.fifo_lines.items():
         for _, jid in line:
             j = jobs[jid]
@@ -303,3 +292,19 @@ def _water_fill(
             left -= demand[first]
             open_.pop(0)
     return fair
+
+
+def _held_as_urgent(state: SchedulerState, rank: int) -> dict[tuple[str, str], float]:
+    """(pool, team) -> GPUs its jobs of priority `rank` or more urgent hold, for the teams with a quota."""
+    held = {k: float(state.usage.get(k, 0)) for k in state.quotas}
+    if rank == LOWEST_RANK:
+        return held
+    for k in held:
+        held[k] -= sum(state.preemptible.get((k[0], k[1], r), 0) for r in RANKS if r > rank)
+    jobs = state.jobs
+    for k, ids in state.running.items():
+        if k in held:
+            held[k] -= sum(
+                j.gpus for j in map(jobs.__getitem__, ids) if not j.spec.preemptible and j.spec.priority.rank > rank
+            )
+    return held
