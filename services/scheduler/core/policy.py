@@ -26,7 +26,9 @@ blocked for capacity in its pool holds the pool's EASY reservation: backfill and
 start only if they do not delay it. Classes stay strict for a day of protection: a low job protected
 for less than that does not pass waiting high work (lifting protected jobs past every class at once
 let low work wait less than high on a trace under heavy load: docs/fairness.md); lifting one class
-a day keeps every class's wait bounded behind a steady stream of more urgent work.
+a day keeps every class's wait bounded behind a steady stream of more urgent work. A lifted low job
+goes ahead of the unprotected work of the class it reaches, behind that class's protected work
+(`protected_tier`).
 """
 
 from __future__ import annotations

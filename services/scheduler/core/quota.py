@@ -18,9 +18,11 @@ of a lower class (preemption.eligible: `urgent`). A job runs in one pool (its ow
 kept per pool.
 
 Fair-share borrowing (`Policy.np_fair_share`, on by default): beyond that rule, a team's
-non-preemptible work may grow up to the team's fair share of the pool (`Work.fair_share`: the pool
-water-filled over the teams' demand, held plus queued, by quota weight; a team never counts for less
-than the part of its guarantee it does not lend). Without it, on a trace whose every team always
+non-preemptible work of each class may grow up to the team's fair share of the pool for that class
+(`Work.fair_share`: the pool water-filled over the teams' demand of that class or more urgent, held
+plus queued, by quota weight; a team never counts for less than the part of its guarantee it does
+not lend). The team's more urgent non-preemptible work does not count against a less urgent class's
+share. Without it, on a trace whose every team always
 has work queued nobody lends, and the idle GPUs of a team's guarantee went to other teams'
 preemptible low work while their high work waited (docs/fairness.md). What such work holds of
 another team's guarantee comes back by draining: that team's jobs wait for it ("waits for a drain")
