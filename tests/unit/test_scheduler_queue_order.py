@@ -57,8 +57,12 @@ def test_a_protected_job_is_listed_first_of_its_class_and_never_ahead_of_a_highe
     # one class more per guard_lift_every_s protected: two of them lift a low job to high's class
     lifting = replace(guarded, guard_lift_every_s=100.0)
     assert {r["id"]: r["position"] for r in queue_rows(d.state, {}, now=150.0, policy=lifting)}["old-low"] == 2
+    # ... past unprotected work of the class it reaches, never past that class's protected work
     later = {r["id"]: r["position"] for r in queue_rows(d.state, {}, now=300.0, policy=lifting)}
-    assert [later[j] for j in ("old-low", "later-low", "fresh-high")] == [1, 3, 2]
+    assert [later[j] for j in ("fresh-high", "old-low", "later-low")] == [1, 2, 3]  # fresh-high protected at 250
+    d2 = _busy_node_with(("old-low", "low", 0.0), ("new-high", "high", 250.0))
+    passed = {r["id"]: r["position"] for r in queue_rows(d2.state, {}, now=300.0, policy=lifting)}
+    assert [passed[j] for j in ("old-low", "new-high")] == [1, 2]
     assert _admitted(d, 150.0, guarded) == "fresh-high"
 
 

@@ -36,7 +36,8 @@ HOUR = 3600.0
         (NORMAL, "b", LOW, False, True, False, None),  # beyond its own guarantee: no reclaim
         (HIGH, "b", LOW, False, True, True, PreemptionReason.RECLAIM),  # urgent: lower-class borrower
         (HIGH, "b", HIGH, False, True, True, None),  # urgent, but not a lower class
-        (HIGH, "b", LOW, False, False, True, None),  # urgent, but b is not borrowing
+        (HIGH, "b", LOW, False, False, True, PreemptionReason.PRIORITY),  # urgent: lower class, any team
+        (HIGH, "b", HIGH, False, False, True, None),  # urgent, but not a lower class
         (CRIT, "b", LOW, False, False, False, PreemptionReason.CRITICAL),
         (CRIT, "b", CRIT, False, False, False, None),
     ],
@@ -482,7 +483,7 @@ def test_explain_gives_the_position_the_next_cycle_uses() -> None:
         a_node("n1", gpus=1), a_job("fill", gpus=1, at=0), a_job("old-low", gpus=8, at=1, priority="low")
     )
     d.cycle(now=1.0)
-    d.given(a_job("new-normal", gpus=8, at=2))
+    d.given(a_job("new-normal", gpus=8, at=3))  # not yet protected at 1 + bound + 1
     bound = CHAMBER.starvation_bound_s
     assert bound is not None
     fresh = explain(d.state, "old-low", d.waiting, now=3.0, policy=CHAMBER)
@@ -537,6 +538,26 @@ def test_beyond_its_fair_share_non_preemptible_work_waits_and_says_what_its_shar
     assert d.state_of("a-more") == "pending" and "fair share 15" in d.waiting["a-more"]
 
 
+def test_the_fair_share_is_per_class_and_counts_only_demand_as_urgent() -> None:
+    """A team's high work at its share does not keep its normal work out, which may preempt another
+    team's low work within its guarantee; and queued low work does not count against high work's share."""
+    high, low = PriorityClass.HIGH.rank, PriorityClass.LOW.rank
+    for lend in (None, 0):  # the default np_lend_limit (half), and none lent
+        d = Driver().given(*(a_node(f"n{i}") for i in range(4)), *(a_quota(t, 8, np_lend=lend) for t in "abcd"))
+        for t in "abc":
+            d.given(*(a_job(f"{t}-np{i}", team=t, gpus=8, priority="high", preemptible=False, at=1) for i in range(2)))
+        d.given(*(a_job(f"d-low{i}", team="d", gpus=8, priority="low", at=1 + i) for i in range(2)))
+        d.cycle(now=10.0)
+        work = Work(d.state, 10.0)
+        assert work.fair_share("default", "a", low) == 8.0  # d's low work wants its 8 (and more)
+        # d wants no high work: it counts for nothing (or, lending none, for its whole guarantee)
+        assert work.fair_share("default", "a", high) == (32 / 3 if lend is None else 8.0)
+    d.given(a_job("a-normal", team="a", gpus=1, priority="normal", preemptible=False, at=11))
+    d.cycle(now=20.0)
+    assert d.state_of("a-normal") == "running"  # a's 8 high GPUs are not normal's share
+    assert d.state_of("d-low0") in ("suspended", "pending")  # preempted: low work was promised nothing
+
+
 def test_the_fair_share_water_fills_the_pool_over_demand_by_weight() -> None:
     d = Driver().given(*(a_node(f"n{i}") for i in range(4)), a_quota("a", 8), a_quota("b", 8), a_quota("c", 16))
     d.given(a_job("a1", team="a", gpus=2, at=1), *(a_job(f"c{i}", team="c", gpus=8, at=2 + i) for i in range(4)))
@@ -563,7 +584,8 @@ def test_a_protected_non_preemptible_job_keeps_room_in_its_teams_share() -> None
     d.given(a_job("a-big", team="a", gpus=10, priority="normal", preemptible=False, at=2))
     d.cycle(now=3.0, policy=policy)
     assert d.state_of("a-big") == "pending"  # 14 GPUs would be beyond a's share
-    d.given(a_job("a-small", team="a", gpus=1, priority="high", preemptible=False, at=150))
+    # the share is per class: a-small is of a-big's class (the team's high work has a share of its own)
+    d.given(a_job("a-small", team="a", gpus=1, priority="normal", preemptible=False, at=150))
     d.cycle(now=200.0, policy=policy)  # a-big is protected; a's share: 16 water-filled, b 4, a and c 6
     assert d.state_of("a-small") == "pending"
     assert "keeps room for a-big (10 GPUs), protected by the starvation guard" in d.waiting["a-small"]

@@ -384,7 +384,7 @@ def _note_protected(ctx: CycleContext, job: Job) -> None:
 # -- 3. admit ---------------------------------------------------------------------------------
 # why a victim could be preempted, in the words `chamber explain` shows
 _ELIGIBLE = {
-    PreemptionReason.PRIORITY: "lower priority, same team",
+    PreemptionReason.PRIORITY: "lower priority (same team, or preemptible work of a lower class)",
     PreemptionReason.RECLAIM: "on borrowed GPUs their owner takes back",
     PreemptionReason.CRITICAL: "preemptible by critical work of any team",
     PreemptionReason.OPERATOR: "by an operator",

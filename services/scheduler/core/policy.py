@@ -26,7 +26,9 @@ blocked for capacity in its pool holds the pool's EASY reservation: backfill and
 start only if they do not delay it. Classes stay strict for a day of protection: a low job protected
 for less than that does not pass waiting high work (lifting protected jobs past every class at once
 let low work wait less than high on a trace under heavy load: docs/fairness.md); lifting one class
-a day keeps every class's wait bounded behind a steady stream of more urgent work.
+a day keeps every class's wait bounded behind a steady stream of more urgent work. A lifted low job
+goes ahead of the unprotected work of the class it reaches, behind that class's protected work
+(`protected_tier`).
 """
 
 from __future__ import annotations
@@ -146,6 +148,17 @@ def guard_band(rank: int, lift: int) -> int:
     return rank if rank == CRITICAL_RANK else max(rank - lift, CRITICAL_RANK + 1)
 
 
+def protected_tier(rank: int) -> float:
+    """Where a protected job of class `rank` sorts among the jobs its band ranks alike: a low job
+    after the protected jobs of the classes the guard lifted it to, every other protected job
+    before them, the longest waiting first, and every protected job before the unprotected ones
+    (1.0). So the guard lifts low work past the unprotected work of the classes above it, never
+    past their protected work: else a low job protected for three days went ahead of high work
+    waiting as long, and on openb under heavy load low's many short jobs waited less than high's
+    (docs/fairness.md)."""
+    return 0.5 if rank == LOWEST_RANK else 0.0
+
+
 def by_multifactor_priority(policy: Policy, queued_since: QueuedSince, now: float) -> Order:
     """Multifactor priority (higher first), then submit time, then job id; a protected (starving)
     job ranks as a job of its band (`guard_band`) with every factor at its most, ahead of the
@@ -166,7 +179,7 @@ def by_multifactor_priority(policy: Policy, queued_since: QueuedSince, now: floa
             # policy.lift, with sorted_queue's float operations
             lift = lifts if every is None else lifts + int((protected_before - since) // every)
             value = guard_band(k[0], lift) * per_rank + boosted
-            return (value if k[0] == CRITICAL_RANK else max(value, floor), 0.0, since, k[3])
+            return (value if k[0] == CRITICAL_RANK else max(value, floor), protected_tier(k[0]), since, k[3])
         age = now - since
         aged = age_w if age >= cap else age_w * max(age, 0.0) / cap
         value = k[0] * per_rank - top + share_w * k[1] - aged
@@ -197,6 +210,7 @@ def sorted_queue(policy: Policy, keys: list[QueueKey], since: list[float], now: 
     age = now - queued
     aged = np.where(age >= cap, age_w, age_w * np.maximum(age, 0.0) / cap)
     protected = queued <= protected_before
+    tier = np.where(protected, np.where(rank == LOWEST_RANK, 0.5, 0.0), 1.0)  # protected_tier, column-wise
     lift = np.full(len(keys), float(policy.guard_lifts_classes))
     if policy.guard_lift_every_s is not None:  # one class more per guard_lift_every_s protected
         lift = lift + np.floor_divide(np.maximum(protected_before - queued, 0.0), policy.guard_lift_every_s)
@@ -207,10 +221,10 @@ def sorted_queue(policy: Policy, keys: list[QueueKey], since: list[float], now: 
     value = np.where(rank == CRITICAL_RANK, value, np.maximum(value, floor))
     second = np.where(protected, queued, submitted)
     # The job id breaks what ties remain (a numpy string column costs more than the rare ties do).
-    order = np.lexsort((second, ~protected, value))
+    order = np.lexsort((second, tier, value))
     out = [keys[i] for i in order.tolist()]
-    value, second, protected = value[order], second[order], protected[order]
-    tied = (value[1:] == value[:-1]) & (second[1:] == second[:-1]) & (protected[1:] == protected[:-1])
+    value, second, tier = value[order], second[order], tier[order]
+    tied = (value[1:] == value[:-1]) & (second[1:] == second[:-1]) & (tier[1:] == tier[:-1])
     for start, end in _runs(np.flatnonzero(tied).tolist()):
         out[start : end + 1] = sorted(out[start : end + 1], key=itemgetter(3))
     return out

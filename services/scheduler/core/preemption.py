@@ -45,12 +45,18 @@ def eligible(
       borrowers of lower classes (no priority inversion). It takes only borrowed capacity, and
       the quota rule keeps its team's non-preemptible GPUs within what nobody else is promised
       or lent to such work (returned by draining), so every guarantee comes back (quota.py);
+    - PRIORITY too: the preemptor is non-preemptible and the victim is of a lower class, of any
+      team, borrowing or not: preemptible work was promised nothing, so a waiting more urgent job
+      does not stand behind it (strict priority). The quota rule still bounds what the preemptor's
+      team holds (its fair share), and what it holds of another team's guarantee drains back;
     - CRITICAL: critical work preempts less urgent work of any team.
     """
     if victim_team == team:
         return PreemptionReason.PRIORITY if victim_rank > rank else None
     if victim_borrowing and ((reclaim and victim_rank >= rank) or (urgent and victim_rank > rank)):
         return PreemptionReason.RECLAIM
+    if urgent and victim_rank > rank:
+        return PreemptionReason.PRIORITY
     if rank == CRITICAL_RANK and victim_rank > rank:
         return PreemptionReason.CRITICAL
     return None

@@ -18,9 +18,11 @@ of a lower class (preemption.eligible: `urgent`). A job runs in one pool (its ow
 kept per pool.
 
 Fair-share borrowing (`Policy.np_fair_share`, on by default): beyond that rule, a team's
-non-preemptible work may grow up to the team's fair share of the pool (`Work.fair_share`: the pool
-water-filled over the teams' demand, held plus queued, by quota weight; a team never counts for less
-than the part of its guarantee it does not lend). Without it, on a trace whose every team always
+non-preemptible work of each class may grow up to the team's fair share of the pool for that class
+(`Work.fair_share`: the pool water-filled over the teams' demand of that class or more urgent, held
+plus queued, by quota weight; a team never counts for less than the part of its guarantee it does
+not lend). The team's more urgent non-preemptible work does not count against a less urgent class's
+share. Without it, on a trace whose every team always
 has work queued nobody lends, and the idle GPUs of a team's guarantee went to other teams'
 preemptible low work while their high work waited (docs/fairness.md). What such work holds of
 another team's guarantee comes back by draining: that team's jobs wait for it ("waits for a drain")
@@ -182,18 +184,29 @@ def nonpreemptible_block(work: Work, job: Job) -> Wait | None:
     spare = work.pool_capacity(pool) - others
     if max(own, mine) <= spare:
         return None
-    fair = work.fair_share(pool, team)
-    if work.policy.np_fair_share and mine <= fair:
+    fair = work.fair_share(pool, team, job.spec.priority.rank)
+    # The share is per class: the team's more urgent non-preemptible work does not use up the share
+    # of its less urgent work (else a team's steady high work kept its normal work waiting while
+    # other teams' preemptible low work borrowed the idle GPUs: docs/fairness.md).
+    rank = job.spec.priority.rank
+    in_class = mine - work.np_more_urgent(pool, team, rank)
+    if work.policy.np_fair_share and in_class <= fair:
         # Within its fair share of the pool (what it holds of others' guarantees drains back), except
-        # that the team's protected non-preemptible job keeps room in the share: else the team's
-        # own smaller jobs refill it and a large job waits for good (openb's 8-GPU jobs).
+        # that the team's protected non-preemptible job of the class keeps room in the share: else the
+        # team's own smaller jobs refill it and a large job waits for good (openb's 8-GPU jobs).
         held_for = work.protected_np(pool, team)
-        if held_for is None or held_for.id == job.id or mine + held_for.gpus <= fair:
+        if (
+            held_for is None
+            or held_for.id == job.id
+            or held_for.spec.priority.rank != rank
+            or in_class + held_for.gpus <= fair
+        ):
             return None
         return Wait(
             WaitKind.QUOTA,
             f"quota: team {team}'s fair share of pool {pool} ({fair:.0f} GPUs) keeps room for {held_for.id} "
-            f"({held_for.gpus} GPUs), protected by the starvation guard; with this job {max(fair - mine, 0):.0f} left",
+            f"({held_for.gpus} GPUs), protected by the starvation guard; "
+            f"with this job {max(fair - in_class, 0):.0f} left",
         )
     if work.policy.np_fair_share and work.longest_protected(pool) == job.id:
         # The starvation guard's oldest job in the pool is not held to the share: with every team

@@ -15,7 +15,7 @@ from events import Placement
 from services.pools import model_vendor
 from services.scheduler.core.decisions import Drain
 from services.scheduler.core.links import degraded
-from services.scheduler.core.policy import CHAMBER, LOWEST_RANK, RANKS, Policy, guard_band
+from services.scheduler.core.policy import CHAMBER, LOWEST_RANK, RANKS, Policy, guard_band, protected_tier
 from services.scheduler.core.shares import give as give_shares
 from services.scheduler.core.shares import mode_of, plus
 from services.scheduler.core.shares import part as share_part
@@ -49,9 +49,10 @@ class Work:
         self._avoid: dict[int, str] | None = None
         self.link_notes: dict[str, str] = {}
         self._smallest_waiting: dict[tuple[str, str, int], float] | None = None
-        self._fair: dict[tuple[str, str], float] | None = None
-        self._oldest: dict[str, tuple[int, float, str]] | None = None
+        self._fair: dict[int, dict[tuple[str, str], float]] | None = None
+        self._oldest: dict[str, tuple[int, float, float, str]] | None = None
         self._protected_np: dict[tuple[str, str], Job] | None = None
+        self._np_ranks: dict[tuple[str, str, int], float] | None = None
         self.drains: dict[str, Drain] = {}  # pool -> the node held for its protected whole-node job
         self.share_starts: dict[str, list[int | None]] = {}  # job -> MIG start per replica (shares.place)
         self._share_mix: dict[str, Mix] = {}  # share mode -> the queued shares' request mix
@@ -122,21 +123,25 @@ class Work:
         sizes = [g for r in RANKS if r <= rank if (g := self._smallest_waiting.get((pool, team, r))) is not None]
         return min(sizes) if sizes else None
 
-    def fair_share(self, pool: str, team: str) -> float:
-        """The team's fair share of the pool now (at the start of the cycle): the pool's capacity
-        water-filled over the teams' demand (GPUs held plus GPUs queued), in proportion to their
-        quota weights. A team that wants less than its share gets what it wants; the rest is split
-        among the others. With every team wanting more than its guarantee, the shares are the
-        guarantees' proportions (equal shares: the guarantees)."""
+    def fair_share(self, pool: str, team: str, rank: int = LOWEST_RANK) -> float:
+        """The team's fair share of the pool now (at the start of the cycle) for work of priority `rank`:
+        the pool's capacity water-filled over the teams' demand of that class or more urgent (GPUs held
+        plus GPUs queued), in proportion to their quota weights. A team that wants less than its share
+        gets what it wants; the rest is split among the others. With every team wanting more than its
+        guarantee, the shares are the guarantees' proportions (equal shares: the guarantees). Less
+        urgent work does not count: another team's queued low work does not keep high work out."""
         if self._fair is None:
-            self._fair = _water_fill(self.s, self.pool_capacity)
-        return self._fair.get((pool, team), 0.0)
+            self._fair = {}
+        found = self._fair.get(rank)
+        if found is None:
+            found = self._fair[rank] = _water_fill(self.s, self.pool_capacity, rank)
+        return found.get((pool, team), 0.0)
 
     def longest_protected(self, pool: str) -> str | None:
         """The pool's first protected job in queue order (of the most urgent class the guard queues
         it with, then the longest waiting) at the start of the cycle; None if none is protected."""
         if self._oldest is None:
-            first: dict[str, tuple[int, float, str]] = {}
+            first: dict[str, tuple[int, float, float, str]] = {}
             jobs = self.s.jobs
             for line in self.s.fifo_lines.values():
                 for _, jid in line:
@@ -144,16 +149,21 @@ class Work:
                     at = self.policy.protected_since(j.queued_since)
                     if at is None or at > self.now:
                         continue
-                    mine = (self._guard_band(j), j.queued_since, jid)
-                    if mine < first.get(j.pool, (1 << 30, math.inf, "")):
+                    mine = self._guard_key(j)
+                    if mine < first.get(j.pool, (1 << 30, 0.0, math.inf, "")):
                         first[j.pool] = mine
             self._oldest = first
         found = self._oldest.get(pool)
-        return None if found is None else found[2]
+        return None if found is None else found[3]
 
     def _guard_band(self, job: Job) -> int:
         """The class a protected job queues with (`policy.guard_band`)."""
         return guard_band(job.spec.priority.rank, self.policy.lift(job.queued_since, self.now))
+
+    def _guard_key(self, job: Job) -> tuple[int, float, float, str]:
+        """Where a protected job stands in queue order among the protected: its band, then its tier
+        (`policy.protected_tier`), then the longest waiting first."""
+        return (self._guard_band(job), protected_tier(job.spec.priority.rank), job.queued_since, job.id)
 
     def protected_np(self, pool: str, team: str) -> Job | None:
         """The team's first protected non-preemptible job of the pool in queue order (most urgent
@@ -168,14 +178,31 @@ class Work:
                     if j.spec.preemptible or at is None or at > self.now:
                         continue
                     old = found.get((j.pool, t))
-                    if old is None or (self._guard_band(j), j.queued_since, j.id) < (
-                        self._guard_band(old),
-                        old.queued_since,
-                        old.id,
-                    ):
+                    if old is None or self._guard_key(j) < self._guard_key(old):
                         found[(j.pool, t)] = j
             self._protected_np = found
         return self._protected_np.get((pool, team))
+
+    def np_more_urgent(self, pool: str, team: str, rank: int) -> float:
+        """GPUs the team's non-preemptible jobs of classes more urgent than `rank` hold in the pool
+        (scratch view): what its fair share does not count against less urgent work."""
+        if self._np_ranks is None:
+            held: dict[tuple[str, str, int], float] = {}
+            jobs = self.s.jobs
+            for ids in self.s.running.values():
+                for jid in ids:
+                    j = jobs[jid]
+                    if not j.spec.preemptible and jid not in self.gone:
+                        k = (j.pool, j.spec.team, j.spec.priority.rank)
+                        held[k] = plus(held.get(k, 0), j.gpus)
+            for jid in self.fresh:
+                j = jobs[jid]
+                if not j.spec.preemptible:
+                    k = (j.pool, j.spec.team, j.spec.priority.rank)
+                    held[k] = plus(held.get(k, 0), j.gpus)
+            self._np_ranks = held
+        ranks = self._np_ranks
+        return sum(ranks.get((pool, team, r), 0) for r in RANKS if r < rank)
 
     def lends_to_nonpreemptible(self, pool: str, team: str, rank: int = LOWEST_RANK) -> int:
         """Guaranteed GPUs of `team` that other teams' non-preemptible work at priority `rank` may
@@ -202,9 +229,12 @@ class Work:
         held = usage.get(key, 0) + n
         # with shares, GPU-equivalents: sums rounded (shares.plus), whole GPUs stay ints
         usage[key] = round(held, 6) if held.__class__ is float else held
-        if usage is self.usage and job.spec.preemptible:
+        if usage is self.usage:
             pkey = (job.pool, job.spec.team, job.spec.priority.rank)
-            self.preemptible[pkey] = plus(self.preemptible.get(pkey, 0), n)
+            if job.spec.preemptible:
+                self.preemptible[pkey] = plus(self.preemptible.get(pkey, 0), n)
+            elif self._np_ranks is not None:
+                self._np_ranks[pkey] = plus(self._np_ranks.get(pkey, 0), n)
 
     def held(self, job: Job) -> Spot:
         """The healthy GPUs a running job holds, per node id (not those of a held isolation: freed, they
@@ -293,7 +323,9 @@ class Work:
         return f"{where} ({share.gpu_milli} milli-GPU each, {share.mode.value}{memory})"
 
 
-def _water_fill(state: SchedulerState, capacity: Callable[[str], int]) -> dict[tuple[str, str], float]:
+def _water_fill(
+    state: SchedulerState, capacity: Callable[[str], int], rank: int = LOWEST_RANK
+) -> dict[tuple[str, str], float]:
     """(pool, team) -> fair share, for the teams with a quota in the pool (others have none).
 
     A team's demand is what it holds plus what it has queued; a team with any demand counts for at
@@ -303,13 +335,13 @@ def _water_fill(state: SchedulerState, capacity: Callable[[str], int]) -> dict[t
     larger than a team's share can start while the others are idle (under the lending rule alone it
     never could: with equal shares and the default np_lend_limit it waited for good on the ITP
     clusters); an owner that comes back waits for the drain, holding the reservation."""
-    held = {k: float(state.usage.get(k, 0)) for k in state.quotas}
+    held = _held_as_urgent(state, rank)
     queued = dict.fromkeys(state.quotas, 0.0)
     jobs = state.jobs
     for t, line in state.fifo_lines.items():
         for _, jid in line:
             j = jobs[jid]
-            if (j.pool, t) in queued:
+            if (j.pool, t) in queued and j.spec.priority.rank <= rank:
                 queued[(j.pool, t)] += j.gpus
     demand: dict[tuple[str, str], float] = {}
     for k, q in state.quotas.items():
@@ -331,3 +363,19 @@ def _water_fill(state: SchedulerState, capacity: Callable[[str], int]) -> dict[t
             left -= demand[first]
             open_.pop(0)
     return fair
+
+
+def _held_as_urgent(state: SchedulerState, rank: int) -> dict[tuple[str, str], float]:
+    """(pool, team) -> GPUs its jobs of priority `rank` or more urgent hold, for the teams with a quota."""
+    held = {k: float(state.usage.get(k, 0)) for k in state.quotas}
+    if rank == LOWEST_RANK:
+        return held
+    for k in held:
+        held[k] -= sum(state.preemptible.get((k[0], k[1], r), 0) for r in RANKS if r > rank)
+    jobs = state.jobs
+    for k, ids in state.running.items():
+        if k in held:
+            held[k] -= sum(
+                j.gpus for j in map(jobs.__getitem__, ids) if not j.spec.preemptible and j.spec.priority.rank > rank
+            )
+    return held
