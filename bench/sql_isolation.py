@@ -25,6 +25,7 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -43,6 +44,72 @@ from services.warehouse import migrate
 from services.warehouse.analytics import Limits
 from services.warehouse.chdb_backend import ChdbWarehouse
 from services.warehouse.door import open_door
+
+TICK = os.sysconf("SC_CLK_TCK")
+SCHED_IDLE = 5
+
+
+def _stat_fields(path: str) -> list[str] | None:
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError:  # the thread or process ended
+        return None
+    return text[text.rindex(")") + 2 :].split()
+
+
+class CpuWatch:
+    """CPU seconds while `timing` is set, sampled every `every_s`: this process's threads split into the
+    heavy query's (nice > 0 or SCHED_IDLE: what the engine and the door set on them) and ingest's (all
+    others), nats-server's, and the rest of the machine's (other processes; steal apart)."""
+
+    def __init__(self, nats_pid: int, every_s: float = 0.2) -> None:
+        self.nats_pid = nats_pid
+        self.every_s = every_s
+        self.timing = threading.Event()
+        self.totals = {"ingest": 0.0, "query": 0.0, "nats": 0.0, "others": 0.0, "steal": 0.0, "wall": 0.0}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cpu-watch", daemon=True)
+
+    def _sample(self) -> tuple[float, dict[int, tuple[int, bool]], int, tuple[int, int]]:
+        threads: dict[int, tuple[int, bool]] = {}
+        task_dir = f"/proc/{os.getpid()}/task"
+        for tid in os.listdir(task_dir):
+            f = _stat_fields(f"{task_dir}/{tid}/stat")
+            if f is not None:
+                threads[int(tid)] = (int(f[11]) + int(f[12]), int(f[16]) > 0 or int(f[38]) == SCHED_IDLE)
+        nats = _stat_fields(f"/proc/{self.nats_pid}/stat")
+        with open("/proc/stat") as fh:
+            cpu = [int(x) for x in fh.readline().split()[1:]]
+        busy = sum(cpu[:8]) - cpu[3] - cpu[4] - cpu[7]  # user nice system irq softirq (idle, iowait, steal out)
+        return time.perf_counter(), threads, int(nats[11]) + int(nats[12]) if nats else 0, (busy, cpu[7])
+
+    def _run(self) -> None:
+        last = self._sample()
+        while not self._stop.wait(self.every_s):
+            now = self._sample()
+            if self.timing.is_set():
+                t0, threads0, nats0, (busy0, steal0) = last
+                t1, threads1, nats1, (busy1, steal1) = now
+                own = 0
+                for tid, (ticks, query) in threads1.items():
+                    delta = ticks - threads0.get(tid, (0, False))[0]
+                    self.totals["query" if query else "ingest"] += delta / TICK
+                    own += delta
+                self.totals["nats"] += (nats1 - nats0) / TICK
+                self.totals["others"] += (busy1 - busy0 - own - (nats1 - nats0)) / TICK
+                self.totals["steal"] += (steal1 - steal0) / TICK
+                self.totals["wall"] += t1 - t0
+            last = now
+
+    def __enter__(self) -> CpuWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
 
 # CPU-bound until the time limit stops it: hashes a trillion numbers, reads no table.
 HEAVY = "SELECT count() FROM numbers(1000000000000) WHERE cityHash64(number) % 7 = 3"
@@ -64,7 +131,9 @@ async def heavy_client(url: str, stop: asyncio.Event, outcomes: list[str]) -> No
         await nc.close()
 
 
-async def one_round(url: str, data_dir: Path, n: int, *, heavy: bool, limits: Limits) -> dict[str, object]:
+async def one_round(
+    url: str, data_dir: Path, n: int, *, heavy: bool, limits: Limits, watch: CpuWatch
+) -> dict[str, object]:
     nc = await connect(url, name="bench")
     js = nc.jetstream()
     await ensure_streams(js)
@@ -94,7 +163,10 @@ async def one_round(url: str, data_dir: Path, n: int, *, heavy: bool, limits: Li
         if recorder.done():
             recorder.result()
             raise RuntimeError("the recorder stopped before storing every sample")
+        if first_fetch and not watch.timing.is_set():
+            watch.timing.set()
         await asyncio.sleep(0.01)
+    watch.timing.clear()
     seconds = writer.last_end - first_fetch[0]
     running_at_end = door.running
     heavy_stop.set()
@@ -114,6 +186,10 @@ async def one_round(url: str, data_dir: Path, n: int, *, heavy: bool, limits: Li
         "seconds": round(seconds, 2),
         "gpu_samples_stored": stored,
         "heavy_query_running_at_end": bool(running_at_end),
+        # CPUs used on average over the timed part (ingest: this process less the query's threads)
+        "cpus_used": {k: round(v / watch.totals["wall"], 2) for k, v in watch.totals.items() if k != "wall"},
+        # the CPU-normalised rate: GPU samples per CPU second of ingest (this process and nats-server)
+        "gpu_samples_per_ingest_cpu_s": round(n * ingest_bench.GPUS / (watch.totals["ingest"] + watch.totals["nats"])),
         "heavy_queries": outcomes,
     }
 
@@ -125,9 +201,20 @@ def main() -> None:
     parser.add_argument("--query-threads", type=int, default=0, help="threads of the heavy query (0: the default)")
     parser.add_argument("--query-time-limit", type=int, default=5, help="seconds each heavy query runs (5)")
     parser.add_argument("--nice", type=int, default=Limits().nice, help=f"the query threads' nice ({Limits().nice})")
+    parser.add_argument(
+        "--sched",
+        choices=["idle", "nice"],
+        default="idle" if Limits().idle else "nice",
+        help="idle: the query's threads also run under SCHED_IDLE; nice: only reniced",
+    )
     args = parser.parse_args()
     configure_logging("error")
-    limits = Limits(max_execution_time_s=args.query_time_limit, max_threads=args.query_threads, nice=args.nice)
+    limits = Limits(
+        max_execution_time_s=args.query_time_limit,
+        max_threads=args.query_threads,
+        nice=args.nice,
+        idle=args.sched == "idle",
+    )
     out: dict[str, object] = {"load_average_1m_at_start": round(os.getloadavg()[0], 2), "rounds": []}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.rounds * 2):
@@ -135,9 +222,13 @@ def main() -> None:
             server = NatsServerProcess(Path(tmp) / f"nats-{i}")
             server.start()
             try:
-                result = asyncio.run(
-                    one_round(server.url, Path(tmp) / f"wh-{i}", args.messages, heavy=heavy, limits=limits)
-                )
+                assert server.proc is not None
+                with CpuWatch(server.proc.pid) as watch:
+                    result = asyncio.run(
+                        one_round(
+                            server.url, Path(tmp) / f"wh-{i}", args.messages, heavy=heavy, limits=limits, watch=watch
+                        )
+                    )
             finally:
                 server.stop()
             out["rounds"].append(result)  # type: ignore[attr-defined]
@@ -157,6 +248,7 @@ def main() -> None:
             "query_threads": limits.settings()["max_threads"],
             "query_time_limit_s": limits.max_execution_time_s,
             "query_nice": limits.nice,
+            "query_sched": args.sched,
             "cpus": os.cpu_count() or 0,
             "load_average_1m_at_end": round(os.getloadavg()[0], 2),
         }

@@ -34,6 +34,7 @@ from services.warehouse.confine import (
     refused_text,
     sql_literal,
 )
+from services.warehouse.idle_threads import WATCH
 
 
 def default_threads() -> int:
@@ -52,6 +53,9 @@ class Limits:
     # The nice value of the query's threads: where the engine may renice (CAP_SYS_NICE, root in a
     # container) ingest's threads win the CPU from a heavy query; elsewhere the engine skips it.
     nice: int = 19
+    # In this process (chDB), and where they were reniced: the query's threads also run under
+    # SCHED_IDLE, so they get only CPU time nothing else wants (idle_threads.py).
+    idle: bool = True
 
     def settings(self, rows: int | None = None) -> dict[str, Any]:
         wanted = self.max_rows if rows is None else max(0, min(rows, self.max_rows))
@@ -148,7 +152,8 @@ class ChdbAnalytics(AnalyticsSession):
                 raise WarehouseError("the analytics session is closed")
             try:
                 self._session.query(f"USE {DATABASE}")  # whatever ran before, this query starts in chamber
-                result = self._session.query(sql, "JSONCompact")
+                with WATCH.during_query() if self.limits.idle else contextlib.nullcontext():
+                    result = self._session.query(sql, "JSONCompact")
             except Exception as exc:
                 # chDB hands what a failed query wrote to the next call's result; a throwaway query takes it
                 with contextlib.suppress(Exception):  # the query's own error is the one to report

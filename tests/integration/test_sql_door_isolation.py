@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +18,7 @@ from services.errors import UsageError
 from services.recorder.writer import Writer
 from services.runtime import connect
 from services.runtime.nats_server import NatsServerProcess
-from services.warehouse import access, migrate
+from services.warehouse import access, idle_threads, migrate
 from services.warehouse.analytics import Limits
 from services.warehouse.chdb_backend import ChdbWarehouse
 from services.warehouse.door import QUEUE_WAIT_S, Busy, open_door
@@ -116,3 +117,30 @@ async def test_a_recorder_that_never_answers_gets_the_limit_named_not_a_fallback
     message = str(failed.value)
     assert "did not answer within 1 s" in message and "time limit, 30 s" in message, message
     assert "held by another process" not in message
+
+
+def _sched_idle_threads() -> dict[int, int]:
+    """This process's threads under SCHED_IDLE: thread id -> nice."""
+    return {tid: nice for tid, nice, policy in idle_threads.threads() if policy == idle_threads.SCHED_IDLE}
+
+
+@pytest.mark.skipif(not idle_threads.can_leave_idle(), reason="the engine renices query threads only with CAP_SYS_NICE")
+async def test_a_query_runs_its_engine_threads_under_sched_idle_and_gives_them_back(warehouse: ChdbWarehouse) -> None:
+    door = open_door(warehouse, limits=Limits(nice=19))
+    plain = open_door(warehouse, limits=Limits(nice=19, idle=False))
+    try:
+        assert _sched_idle_threads() == {}
+        query = asyncio.create_task(door.answer("SELECT sleep(1)", 1))
+        await asyncio.sleep(0.5)
+        during = _sched_idle_threads()
+        assert during and set(during.values()) == {19}, during  # the threads the engine reniced, only those
+        assert not {t.native_id for t in threading.enumerate()} & set(during)  # never a Python thread
+        await query
+        assert _sched_idle_threads() == {}  # back in the engine's pool, which ingest uses too: normal again
+        query = asyncio.create_task(plain.answer("SELECT sleep(1)", 1))
+        await asyncio.sleep(0.5)
+        assert _sched_idle_threads() == {}  # idle=False: reniced only
+        await query
+    finally:
+        door.close()
+        plain.close()
