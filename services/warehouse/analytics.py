@@ -152,7 +152,7 @@ class ChdbAnalytics(AnalyticsSession):
                 raise WarehouseError("the analytics session is closed")
             try:
                 self._session.query(f"USE {DATABASE}")  # whatever ran before, this query starts in chamber
-                with WATCH.during_query() if self.limits.idle else contextlib.nullcontext():
+                with WATCH.during_query(idle=self.limits.idle):
                     result = self._session.query(sql, "JSONCompact")
             except Exception as exc:
                 # chDB hands what a failed query wrote to the next call's result; a throwaway query takes it

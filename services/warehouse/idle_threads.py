@@ -1,17 +1,22 @@
 """While an analytics query runs in this process, its engine threads run under SCHED_IDLE (Linux).
 
 The engine lowers a query's threads to nice 19 (`os_thread_priority`, where it may: CAP_SYS_NICE),
-which still gives them a share of a CPU that ingest wants and lets them finish their time slice
-before a woken ingest thread runs. SCHED_IDLE threads run only on a CPU nothing else wants: a waking
-ingest thread preempts them at once and counts their CPU as free. The engine has no setting for it,
-so while a query runs a watcher finds the threads the engine reniced (nice above this process's)
-and moves them to SCHED_IDLE, and moves every one of them back as soon as the engine resets its
-nice (the query let it go: the thread returns to the engine's pool, which ingest uses too) and when
-the query ends. Python threads are never moved: one holding the GIL at idle priority would stall the
-others.
+which still gives them a share of a CPU that ingest wants, and a woken ingest thread may wait behind
+them. SCHED_IDLE threads run only on a CPU nothing else wants: a woken ingest thread preempts them at
+once, and the scheduler counts their CPU as free when it places one. The engine has no setting for
+it, so while a query runs a watcher finds the threads the engine reniced (nice above this process's)
+and moves them to SCHED_IDLE, and moves each back as soon as the engine resets its nice (the query
+let it go: the thread returns to the engine's pool, which ingest uses too).
 
-Moving a thread back out of SCHED_IDLE needs the same privilege the engine needs to renice
-(CAP_SYS_NICE); without it the engine reniced nothing and nothing is moved.
+When the last query ends, every engine thread is made normal again: back from SCHED_IDLE, and back
+to this process's nice. The engine resets the nice of the threads it reniced, but a pool thread
+that a query thread started inherits nice 19 and keeps it (seen with `max_threads` above 1), so
+ingest work would later run on it at nice 19. This process uses SCHED_IDLE and positive nice values
+for nothing else. Python threads are never touched: one holding the GIL at idle priority would stall
+the others.
+
+Moving a thread back needs the privilege the engine needs to renice (CAP_SYS_NICE); without it the
+engine renices nothing and nothing here runs.
 """
 
 from __future__ import annotations
@@ -47,8 +52,8 @@ def threads() -> Iterator[tuple[int, int, int]]:
         yield int(name), int(fields[16]), int(fields[38])
 
 
-def can_leave_idle() -> bool:
-    """Whether a thread of this process may be moved from SCHED_IDLE back to normal at nice 0."""
+def can_make_normal() -> bool:
+    """Whether this process may move its threads back from SCHED_IDLE and from a positive nice."""
     if SCHED_IDLE is None or SCHED_OTHER is None or not os.path.exists(f"/proc/{os.getpid()}/task"):
         return False
     soft, _ = resource.getrlimit(resource.RLIMIT_NICE)
@@ -59,90 +64,78 @@ def can_leave_idle() -> bool:
     return bool(int(caps, 16) >> CAP_SYS_NICE & 1)
 
 
-class IdleWatch:
-    """One per process: active while any query runs (`during_query`), idle otherwise."""
+class QueryThreads:
+    """One per process: watches while any query runs (`during_query`), tidies up when the last ends."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._users = 0
-        self._idle: set[int] = set()  # threads this watch moved to SCHED_IDLE
         self._wake = threading.Condition(self._lock)
+        self._users = 0
+        self._idle_users = 0  # queries that want their threads under SCHED_IDLE
         self._thread: threading.Thread | None = None
         self._supported: bool | None = None
         self._delays: Iterator[float] = iter(SCAN_DELAYS_S)
 
-    @property
-    def idle_threads(self) -> set[int]:
-        with self._lock:
-            return set(self._idle)
-
     @contextlib.contextmanager
-    def during_query(self) -> Iterator[None]:
-        if not self._start():
-            yield
-            return
+    def during_query(self, *, idle: bool) -> Iterator[None]:
+        started = self._start(idle)
         try:
             yield
         finally:
-            self._end()
+            if started:
+                self._end(idle)
 
-    def _start(self) -> bool:
+    def _start(self, idle: bool) -> bool:
         with self._lock:
             if self._supported is None:
-                self._supported = can_leave_idle()
+                self._supported = can_make_normal()
             if not self._supported:
                 return False
             self._users += 1
-            self._delays = iter(SCAN_DELAYS_S)  # scan soon: the new query's threads start now
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._watch, name="analytics-idle", daemon=True)
-                self._thread.start()
-            self._wake.notify_all()
+            self._idle_users += idle
+            if idle:
+                self._delays = iter(SCAN_DELAYS_S)  # scan soon: the new query's threads start now
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._watch, name="analytics-idle", daemon=True)
+                    self._thread.start()
+                self._wake.notify_all()
             return True
 
-    def _end(self) -> None:
+    def _end(self, idle: bool) -> None:
         with self._lock:
             self._users -= 1
-            self._sweep(stopping=self._users == 0)
+            self._idle_users -= idle
+            self._sweep()
             self._wake.notify_all()
 
     def _watch(self) -> None:
         with self._lock:
-            while True:
-                if self._users == 0:
-                    self._thread = None
-                    return
+            while self._idle_users:
                 self._wake.wait(next(self._delays, SCAN_EVERY_S))
-                if self._users == 0:
-                    continue
-                self._sweep(stopping=False)
+                if self._idle_users:
+                    self._sweep()
+            self._thread = None
 
-    def _sweep(self, *, stopping: bool) -> None:
-        """Under the lock: move the query threads to SCHED_IDLE, and back those that are not (any more)."""
+    def _sweep(self) -> None:
+        """Under the lock. While queries run: the reniced threads to SCHED_IDLE (if wanted), the others
+        back from it. When none runs: every thread back to normal and to this process's nice."""
         assert SCHED_IDLE is not None and SCHED_OTHER is not None
-        base = os.getpriority(os.PRIO_PROCESS, os.getpid())
-        python = {t.native_id for t in threading.enumerate()}
-        seen: set[int] = set()
-        for tid, nice, policy in threads():
-            seen.add(tid)
-            query = nice > base and tid not in python and not stopping
-            if query and policy != SCHED_IDLE:
-                with contextlib.suppress(ProcessLookupError):
-                    os.sched_setscheduler(tid, SCHED_IDLE, os.sched_param(0))
-                    self._idle.add(tid)
-            elif not query and tid in self._idle:
-                self._leave_idle(tid)
-        self._idle &= seen  # threads that ended
-
-    def _leave_idle(self, tid: int) -> None:
-        assert SCHED_OTHER is not None
         try:
-            os.sched_setscheduler(tid, SCHED_OTHER, os.sched_param(0))
-        except ProcessLookupError:
-            pass
-        except PermissionError:  # cannot happen where can_leave_idle(); say so rather than stall quietly
-            log.error("cannot move an engine thread out of SCHED_IDLE", thread=tid)
-        self._idle.discard(tid)
+            base = os.getpriority(os.PRIO_PROCESS, os.getpid())
+            python = {t.native_id for t in threading.enumerate()}
+            for tid, nice, policy in threads():
+                if tid in python:
+                    continue
+                reniced = nice > base
+                with contextlib.suppress(ProcessLookupError):  # the thread ended meanwhile
+                    if self._users == 0 and reniced:
+                        os.setpriority(os.PRIO_PROCESS, tid, base)
+                    if reniced and self._idle_users and policy != SCHED_IDLE:
+                        os.sched_setscheduler(tid, SCHED_IDLE, os.sched_param(0))
+                    elif (not reniced or self._users == 0) and policy == SCHED_IDLE:
+                        os.sched_setscheduler(tid, SCHED_OTHER, os.sched_param(0))
+        except OSError as exc:  # never fail a query over its threads' priority; say so
+            log.error("cannot change the priority of the engine's threads", error=str(exc))
 
 
-WATCH = IdleWatch()
+WATCH = QueryThreads()

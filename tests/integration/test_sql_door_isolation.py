@@ -20,6 +20,7 @@ from services.runtime import connect
 from services.runtime.nats_server import NatsServerProcess
 from services.warehouse import access, idle_threads, migrate
 from services.warehouse.analytics import Limits
+from services.warehouse.backend import WarehouseError
 from services.warehouse.chdb_backend import ChdbWarehouse
 from services.warehouse.door import QUEUE_WAIT_S, Busy, open_door
 
@@ -119,12 +120,16 @@ async def test_a_recorder_that_never_answers_gets_the_limit_named_not_a_fallback
     assert "held by another process" not in message
 
 
+def python_threads() -> set[int]:
+    return {t.native_id for t in threading.enumerate() if t.native_id is not None}
+
+
 def _sched_idle_threads() -> dict[int, int]:
     """This process's threads under SCHED_IDLE: thread id -> nice."""
     return {tid: nice for tid, nice, policy in idle_threads.threads() if policy == idle_threads.SCHED_IDLE}
 
 
-@pytest.mark.skipif(not idle_threads.can_leave_idle(), reason="the engine renices query threads only with CAP_SYS_NICE")
+@pytest.mark.skipif(not idle_threads.can_make_normal(), reason="needs CAP_SYS_NICE, as the engine does")
 async def test_a_query_runs_its_engine_threads_under_sched_idle_and_gives_them_back(warehouse: ChdbWarehouse) -> None:
     door = open_door(warehouse, limits=Limits(nice=19))
     plain = open_door(warehouse, limits=Limits(nice=19, idle=False))
@@ -134,13 +139,22 @@ async def test_a_query_runs_its_engine_threads_under_sched_idle_and_gives_them_b
         await asyncio.sleep(0.5)
         during = _sched_idle_threads()
         assert during and set(during.values()) == {19}, during  # the threads the engine reniced, only those
-        assert not {t.native_id for t in threading.enumerate()} & set(during)  # never a Python thread
+        assert not python_threads() & set(during)  # never a Python thread
         await query
         assert _sched_idle_threads() == {}  # back in the engine's pool, which ingest uses too: normal again
         query = asyncio.create_task(plain.answer("SELECT sleep(1)", 1))
         await asyncio.sleep(0.5)
         assert _sched_idle_threads() == {}  # idle=False: reniced only
         await query
+        # A query on several threads: the pool threads its threads start inherit nice 19 from them
+        wide = open_door(warehouse, limits=Limits(nice=19, max_threads=4, max_execution_time_s=1))
+        try:
+            with pytest.raises(WarehouseError, match="time limit"):
+                await wide.answer("SELECT count() FROM numbers_mt(1e12) WHERE cityHash64(number) % 7 = 3", 1)
+        finally:
+            wide.close()
+        engine = [(n, p) for tid, n, p in idle_threads.threads() if tid not in python_threads()]
+        assert all(n <= 0 and p != idle_threads.SCHED_IDLE for n, p in engine), engine  # all normal for ingest
     finally:
         door.close()
         plain.close()
