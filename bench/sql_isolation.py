@@ -10,10 +10,19 @@ the last sample stored:
   path (`chamber.cmd.recorder.sql`), each one running until the query time limit stops it (5 s
   here, `--query-time-limit`, so a round ends soon after its last sample; the next query follows at
   once, so the load does not pause).
-Quiet and heavy rounds alternate (`--rounds` pairs, quiet first), so a change in the machine's load
-falls on both of a pair; `ratio` is the median over the pairs of heavy over quiet (the target:
->= 0.9), `pair_ratios` each pair's. Prints one JSON object.
-Run: `python bench/sql_isolation.py` (about two minutes).
+The query's threads run at `--nice` (the engine's `os_thread_priority`) and, with `--sched idle`
+(the recorder's default), under SCHED_IDLE while it runs; both only where the process may renice
+(CAP_SYS_NICE). Quiet and heavy rounds alternate (`--rounds` pairs, quiet first), so a change in the
+machine's load falls on both of a pair; `ratio` is the median over the pairs of heavy over quiet
+(the target: >= 0.9, wall clock), `pair_ratios` each pair's.
+Where the CPU went over each round's timed part, in CPUs (`cpus_used`): ingest (this process's
+threads but the query's), the query's threads, nats-server, and `others`: every other process on
+the machine. A round where `others` is high measured the machine's load, not the query's cost. The
+CPU-normalised rate, GPU samples per CPU second of ingest (this process and nats-server), is less
+moved by other processes; `ratio_per_ingest_cpu` is its median pair ratio: below 1, the query made
+ingest's own work slower (shared caches, locks), while the wall-clock ratio also counts the CPU time
+ingest did not get.
+Prints one JSON object. Run: `python bench/sql_isolation.py` (about two minutes).
 """
 
 from __future__ import annotations
@@ -236,6 +245,8 @@ def main() -> None:
     rates = [int(r["gpu_samples_per_s"]) for r in rounds]  # type: ignore[call-overload]
     quiet, loaded = statistics.median(rates[0::2]), statistics.median(rates[1::2])
     pairs = [round(h / q, 3) for q, h in zip(rates[0::2], rates[1::2], strict=True)]
+    per_cpu = [int(r["gpu_samples_per_ingest_cpu_s"]) for r in rounds]  # type: ignore[call-overload]
+    cpu_pairs = [round(h / q, 3) for q, h in zip(per_cpu[0::2], per_cpu[1::2], strict=True)]
     out.update(
         {
             "messages": args.messages,
@@ -243,6 +254,9 @@ def main() -> None:
             "heavy_gpu_samples_per_s": round(loaded),
             "ratio": round(statistics.median(pairs), 3),
             "pair_ratios": pairs,
+            "others_cpus": [r["cpus_used"]["others"] for r in rounds],  # type: ignore[index]
+            "ratio_per_ingest_cpu": round(statistics.median(cpu_pairs), 3),
+            "pair_ratios_per_ingest_cpu": cpu_pairs,
             "target_ratio": 0.9,
             "heavy_query": HEAVY,
             "query_threads": limits.settings()["max_threads"],
