@@ -21,7 +21,8 @@ the machine. A round where `others` is high measured the machine's load, not the
 CPU-normalised rate, GPU samples per CPU second of ingest (this process and nats-server), is less
 moved by other processes; `ratio_per_ingest_cpu` is its median pair ratio: below 1, the query made
 ingest's own work slower (shared caches, locks), while the wall-clock ratio also counts the CPU time
-ingest did not get.
+ingest did not get. `ingest_wait_ms_per_1k` is how long ingest's threads were runnable but waited
+for a CPU (the kernel's schedstat), per 1,000 node samples: a query that delays ingest raises it.
 Prints one JSON object. Run: `python bench/sql_isolation.py` (about two minutes).
 """
 
@@ -70,23 +71,29 @@ def _stat_fields(path: str) -> list[str] | None:
 class CpuWatch:
     """CPU seconds while `timing` is set, sampled every `every_s`: this process's threads split into the
     heavy query's (nice > 0 or SCHED_IDLE: what the engine and the door set on them) and ingest's (all
-    others), nats-server's, and the rest of the machine's (other processes; steal apart)."""
+    others), nats-server's, and the rest of the machine's (other processes; steal apart); and how long
+    ingest's threads waited for a CPU while runnable (schedstat's run-queue delay, `ingest_wait`)."""
 
     def __init__(self, nats_pid: int, every_s: float = 0.2) -> None:
         self.nats_pid = nats_pid
         self.every_s = every_s
         self.timing = threading.Event()
-        self.totals = {"ingest": 0.0, "query": 0.0, "nats": 0.0, "others": 0.0, "steal": 0.0, "wall": 0.0}
+        self.totals = dict.fromkeys(("ingest", "query", "nats", "others", "steal", "ingest_wait", "wall"), 0.0)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cpu-watch", daemon=True)
 
-    def _sample(self) -> tuple[float, dict[int, tuple[int, bool]], int, tuple[int, int]]:
-        threads: dict[int, tuple[int, bool]] = {}
+    def _sample(self) -> tuple[float, dict[int, tuple[int, bool, int]], int, tuple[int, int]]:
+        threads: dict[int, tuple[int, bool, int]] = {}
         task_dir = f"/proc/{os.getpid()}/task"
         for tid in os.listdir(task_dir):
             f = _stat_fields(f"{task_dir}/{tid}/stat")
+            try:
+                with open(f"{task_dir}/{tid}/schedstat") as fh:
+                    waited_ns = int(fh.read().split()[1])
+            except (OSError, IndexError):
+                waited_ns = 0
             if f is not None:
-                threads[int(tid)] = (int(f[11]) + int(f[12]), int(f[16]) > 0 or int(f[38]) == SCHED_IDLE)
+                threads[int(tid)] = (int(f[11]) + int(f[12]), int(f[16]) > 0 or int(f[38]) == SCHED_IDLE, waited_ns)
         nats = _stat_fields(f"/proc/{self.nats_pid}/stat")
         with open("/proc/stat") as fh:
             cpu = [int(x) for x in fh.readline().split()[1:]]
@@ -101,10 +108,13 @@ class CpuWatch:
                 t0, threads0, nats0, (busy0, steal0) = last
                 t1, threads1, nats1, (busy1, steal1) = now
                 own = 0
-                for tid, (ticks, query) in threads1.items():
-                    delta = ticks - threads0.get(tid, (0, False))[0]
+                for tid, (ticks, query, waited) in threads1.items():
+                    before = threads0.get(tid, (0, False, 0))
+                    delta = ticks - before[0]
                     self.totals["query" if query else "ingest"] += delta / TICK
                     own += delta
+                    if not query:
+                        self.totals["ingest_wait"] += (waited - before[2]) / 1e9
                 self.totals["nats"] += (nats1 - nats0) / TICK
                 self.totals["others"] += (busy1 - busy0 - own - (nats1 - nats0)) / TICK
                 self.totals["steal"] += (steal1 - steal0) / TICK
@@ -196,7 +206,11 @@ async def one_round(
         "gpu_samples_stored": stored,
         "heavy_query_running_at_end": bool(running_at_end),
         # CPUs used on average over the timed part (ingest: this process less the query's threads)
-        "cpus_used": {k: round(v / watch.totals["wall"], 2) for k, v in watch.totals.items() if k != "wall"},
+        "cpus_used": {
+            k: round(v / watch.totals["wall"], 2) for k, v in watch.totals.items() if k not in ("wall", "ingest_wait")
+        },
+        # ms ingest's threads waited for a CPU while runnable, per 1,000 node samples stored
+        "ingest_wait_ms_per_1k": round(watch.totals["ingest_wait"] * 1e6 / n, 1),
         # the CPU-normalised rate: GPU samples per CPU second of ingest (this process and nats-server)
         "gpu_samples_per_ingest_cpu_s": round(n * ingest_bench.GPUS / (watch.totals["ingest"] + watch.totals["nats"])),
         "heavy_queries": outcomes,
@@ -257,6 +271,7 @@ def main() -> None:
             "others_cpus": [r["cpus_used"]["others"] for r in rounds],  # type: ignore[index]
             "ratio_per_ingest_cpu": round(statistics.median(cpu_pairs), 3),
             "pair_ratios_per_ingest_cpu": cpu_pairs,
+            "ingest_wait_ms_per_1k": [r["ingest_wait_ms_per_1k"] for r in rounds],
             "target_ratio": 0.9,
             "heavy_query": HEAVY,
             "query_threads": limits.settings()["max_threads"],
