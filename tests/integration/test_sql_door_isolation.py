@@ -71,6 +71,9 @@ async def test_a_query_that_waits_too_long_for_a_slot_is_refused_busy(warehouse:
 async def test_two_slots_run_two_queries_at_once(warehouse: ChdbWarehouse) -> None:
     door = open_door(warehouse, slots=2)
     try:
+        # each session reads the engine's catalog on its first check: not timed (its threads run
+        # SCHED_IDLE, slow on a loaded machine)
+        await asyncio.gather(door.answer("SELECT sleep(0.1)", 1), door.answer("SELECT sleep(0.1)", 1))
         t0 = time.monotonic()
         await asyncio.gather(door.answer(SLOW, 1), door.answer(SLOW, 1))
         assert time.monotonic() - t0 < 3.8  # one after the other would be 4 s
@@ -120,7 +123,7 @@ async def test_a_recorder_that_never_answers_gets_the_limit_named_not_a_fallback
     assert "held by another process" not in message
 
 
-def python_threads() -> set[int]:
+def _python_threads() -> set[int]:
     return {t.native_id for t in threading.enumerate() if t.native_id is not None}
 
 
@@ -129,21 +132,33 @@ def _sched_idle_threads() -> dict[int, int]:
     return {tid: nice for tid, nice, policy in idle_threads.threads() if policy == idle_threads.SCHED_IDLE}
 
 
+async def _reniced_threads(within_s: float = 1.5) -> set[int]:
+    """The engine threads at nice 19, once a query's are (a loaded machine may take a while to start it)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        found = {tid for tid, nice, _ in idle_threads.threads() if nice == 19} - _python_threads()
+        if found or time.monotonic() > deadline:
+            return found
+        await asyncio.sleep(0.05)
+
+
 @pytest.mark.skipif(not idle_threads.can_make_normal(), reason="needs CAP_SYS_NICE, as the engine does")
 async def test_a_query_runs_its_engine_threads_under_sched_idle_and_gives_them_back(warehouse: ChdbWarehouse) -> None:
     door = open_door(warehouse, limits=Limits(nice=19))
     plain = open_door(warehouse, limits=Limits(nice=19, idle=False))
     try:
         assert _sched_idle_threads() == {}
-        query = asyncio.create_task(door.answer("SELECT sleep(1)", 1))
-        await asyncio.sleep(0.5)
+        query = asyncio.create_task(door.answer("SELECT sleep(2)", 1))
+        assert await _reniced_threads()
+        await asyncio.sleep(0.2)  # the watcher's first scans
         during = _sched_idle_threads()
         assert during and set(during.values()) == {19}, during  # the threads the engine reniced, only those
-        assert not python_threads() & set(during)  # never a Python thread
+        assert not _python_threads() & set(during)  # never a Python thread
         await query
         assert _sched_idle_threads() == {}  # back in the engine's pool, which ingest uses too: normal again
-        query = asyncio.create_task(plain.answer("SELECT sleep(1)", 1))
-        await asyncio.sleep(0.5)
+        query = asyncio.create_task(plain.answer("SELECT sleep(2)", 1))
+        assert await _reniced_threads()
+        await asyncio.sleep(0.2)
         assert _sched_idle_threads() == {}  # idle=False: reniced only
         await query
         # A query on several threads: the pool threads its threads start inherit nice 19 from them
@@ -153,7 +168,7 @@ async def test_a_query_runs_its_engine_threads_under_sched_idle_and_gives_them_b
                 await wide.answer("SELECT count() FROM numbers_mt(1e12) WHERE cityHash64(number) % 7 = 3", 1)
         finally:
             wide.close()
-        engine = [(n, p) for tid, n, p in idle_threads.threads() if tid not in python_threads()]
+        engine = [(n, p) for tid, n, p in idle_threads.threads() if tid not in _python_threads()]
         assert all(n <= 0 and p != idle_threads.SCHED_IDLE for n, p in engine), engine  # all normal for ingest
     finally:
         door.close()
