@@ -14,7 +14,9 @@ The query's threads run at `--nice` (the engine's `os_thread_priority`) and, wit
 (the recorder's default), under SCHED_IDLE while it runs; both only where the process may renice
 (CAP_SYS_NICE). Quiet and heavy rounds alternate (`--rounds` pairs, quiet first), so a change in the
 machine's load falls on both of a pair; `ratio` is the median over the pairs of heavy over quiet
-(the target: >= 0.9, wall clock), `pair_ratios` each pair's.
+(the target: >= 0.9, wall clock), `pair_ratios` each pair's. `--sched both` compares the two in one
+run: quiet, nice-only and SCHED_IDLE rounds in turn, each heavy round over the mean of the quiet
+rounds either side of it (`ratio_by_sched`).
 Where the CPU went over each round's timed part, in CPUs (`cpus_used`): ingest (this process's
 threads but the query's), the query's threads, nats-server, and `others`: every other process on
 the machine. A round where `others` is high measured the machine's load, not the query's cost. The
@@ -37,7 +39,9 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -217,6 +221,26 @@ async def one_round(
     }
 
 
+def compare_scheds(rounds: list[dict[str, Any]]) -> dict[str, object]:
+    """`--sched both`: each heavy round over the mean of the quiet rounds either side of it."""
+    by: dict[str, dict[str, list[float]]] = {"nice": {"wall": [], "cpu": []}, "idle": {"wall": [], "cpu": []}}
+    for i, r in enumerate(rounds):
+        if r["sched"] in by:
+            for key, field in (("wall", "gpu_samples_per_s"), ("cpu", "gpu_samples_per_ingest_cpu_s")):
+                quiet = (rounds[i - 1][field] + rounds[i + 1][field]) / 2
+                by[r["sched"]][key].append(round(r[field] / quiet, 3))
+    return {
+        "ratio_by_sched": {k: round(statistics.median(v["wall"]), 3) for k, v in by.items()},
+        "pair_ratios_by_sched": {k: v["wall"] for k, v in by.items()},
+        "ratio_per_ingest_cpu_by_sched": {k: round(statistics.median(v["cpu"]), 3) for k, v in by.items()},
+        "pair_ratios_per_ingest_cpu_by_sched": {k: v["cpu"] for k, v in by.items()},
+        "others_cpus": [r["cpus_used"]["others"] for r in rounds],
+        "target_ratio": 0.9,
+        "cpus": os.cpu_count() or 0,
+        "load_average_1m_at_end": round(os.getloadavg()[0], 2),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--messages", type=int, default=10_000, help="node samples (8 GPUs each) per round")
@@ -226,9 +250,10 @@ def main() -> None:
     parser.add_argument("--nice", type=int, default=Limits().nice, help=f"the query threads' nice ({Limits().nice})")
     parser.add_argument(
         "--sched",
-        choices=["idle", "nice"],
+        choices=["idle", "nice", "both"],
         default="idle" if Limits().idle else "nice",
-        help="idle: the query's threads also run under SCHED_IDLE; nice: only reniced",
+        help="idle: the query's threads also run under SCHED_IDLE; nice: only reniced; both: quiet, nice, "
+        "quiet, idle rounds, `--rounds` times, and a last quiet one",
     )
     args = parser.parse_args()
     configure_logging("error")
@@ -239,9 +264,12 @@ def main() -> None:
         idle=args.sched == "idle",
     )
     out: dict[str, object] = {"load_average_1m_at_start": round(os.getloadavg()[0], 2), "rounds": []}
+    kinds = ["quiet", "nice", "quiet", "idle"] * args.rounds + ["quiet"] if args.sched == "both" else []
     with tempfile.TemporaryDirectory() as tmp:
-        for i in range(args.rounds * 2):
-            heavy = i % 2 == 1
+        for i in range(len(kinds) or args.rounds * 2):
+            heavy = kinds[i] != "quiet" if kinds else i % 2 == 1
+            if kinds:
+                limits = replace(limits, idle=kinds[i] == "idle")
             server = NatsServerProcess(Path(tmp) / f"nats-{i}")
             server.start()
             try:
@@ -254,8 +282,12 @@ def main() -> None:
                     )
             finally:
                 server.stop()
+            result["sched"] = kinds[i] if kinds else args.sched if heavy else "quiet"
             out["rounds"].append(result)  # type: ignore[attr-defined]
     rounds: list[dict[str, object]] = out["rounds"]  # type: ignore[assignment]
+    if kinds:
+        print(json.dumps({**out, **compare_scheds(rounds), "messages": args.messages, "heavy_query": HEAVY}))
+        return
     rates = [int(r["gpu_samples_per_s"]) for r in rounds]  # type: ignore[call-overload]
     quiet, loaded = statistics.median(rates[0::2]), statistics.median(rates[1::2])
     pairs = [round(h / q, 3) for q, h in zip(rates[0::2], rates[1::2], strict=True)]
