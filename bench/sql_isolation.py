@@ -11,7 +11,7 @@ the last sample stored:
   here, `--query-time-limit`, so a round ends soon after its last sample; the next query follows at
   once, so the load does not pause).
 The query's threads run at `--nice` (the engine's `os_thread_priority`) and, with `--sched idle`
-(the recorder's default), under SCHED_IDLE while it runs; both only where the process may renice
+(not the recorder's default), under SCHED_IDLE while it runs; both only where the process may renice
 (CAP_SYS_NICE). Quiet and heavy rounds alternate (`--rounds` pairs, quiet first), so a change in the
 machine's load falls on both of a pair; `ratio` is the median over the pairs of heavy over quiet
 (the target: >= 0.9, wall clock), `pair_ratios` each pair's. `--sched both` compares the two in one

@@ -144,8 +144,8 @@ async def _reniced_threads(within_s: float = 1.5) -> set[int]:
 
 @pytest.mark.skipif(not idle_threads.can_make_normal(), reason="needs CAP_SYS_NICE, as the engine does")
 async def test_a_query_runs_its_engine_threads_under_sched_idle_and_gives_them_back(warehouse: ChdbWarehouse) -> None:
-    door = open_door(warehouse, limits=Limits(nice=19))
-    plain = open_door(warehouse, limits=Limits(nice=19, idle=False))
+    door = open_door(warehouse, limits=Limits(nice=19, idle=True))
+    plain = open_door(warehouse, limits=Limits(nice=19))
     try:
         assert _sched_idle_threads() == {}
         query = asyncio.create_task(door.answer("SELECT sleep(2)", 1))
@@ -159,7 +159,7 @@ async def test_a_query_runs_its_engine_threads_under_sched_idle_and_gives_them_b
         query = asyncio.create_task(plain.answer("SELECT sleep(2)", 1))
         assert await _reniced_threads()
         await asyncio.sleep(0.2)
-        assert _sched_idle_threads() == {}  # idle=False: reniced only
+        assert _sched_idle_threads() == {}  # the default: reniced only
         await query
         # A query on several threads: the pool threads its threads start inherit nice 19 from them
         wide = open_door(warehouse, limits=Limits(nice=19, max_threads=4, max_execution_time_s=1))
