@@ -1,4 +1,5 @@
-"""While an analytics query runs in this process, its engine threads run under SCHED_IDLE (Linux).
+"""The priority of an analytics query's engine threads in this process: tidied when queries end, and
+under SCHED_IDLE while one runs when asked (`Limits.idle`, off by default; Linux).
 
 The engine lowers a query's threads to nice 19 (`os_thread_priority`, where it may: CAP_SYS_NICE),
 which still gives them a share of a CPU that ingest wants, and a woken ingest thread may wait behind
