@@ -34,6 +34,7 @@ from services.warehouse.confine import (
     refused_text,
     sql_literal,
 )
+from services.warehouse.idle_threads import WATCH
 
 
 def default_threads() -> int:
@@ -52,6 +53,11 @@ class Limits:
     # The nice value of the query's threads: where the engine may renice (CAP_SYS_NICE, root in a
     # container) ingest's threads win the CPU from a heavy query; elsewhere the engine skips it.
     nice: int = 19
+    # In this process (chDB), and where they were reniced: the query's threads also run under
+    # SCHED_IDLE, so they get only CPU time nothing else wants (idle_threads.py). Off: on a machine
+    # busy with other processes it made every query slower (the SQL door's tests: 10 s -> 17-20 s),
+    # and it did not measurably help ingest there (bench/sql_isolation.py --sched both).
+    idle: bool = False
 
     def settings(self, rows: int | None = None) -> dict[str, Any]:
         wanted = self.max_rows if rows is None else max(0, min(rows, self.max_rows))
@@ -148,7 +154,10 @@ class ChdbAnalytics(AnalyticsSession):
                 raise WarehouseError("the analytics session is closed")
             try:
                 self._session.query(f"USE {DATABASE}")  # whatever ran before, this query starts in chamber
-                result = self._session.query(sql, "JSONCompact")
+                # a query on several threads may leave pool threads at its nice: tidied when it ends
+                tidy = self.limits.idle or self.limits.settings()["max_threads"] > 1
+                with WATCH.during_query(idle=self.limits.idle) if tidy else contextlib.nullcontext():
+                    result = self._session.query(sql, "JSONCompact")
             except Exception as exc:
                 # chDB hands what a failed query wrote to the next call's result; a throwaway query takes it
                 with contextlib.suppress(Exception):  # the query's own error is the one to report

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,8 +18,9 @@ from services.errors import UsageError
 from services.recorder.writer import Writer
 from services.runtime import connect
 from services.runtime.nats_server import NatsServerProcess
-from services.warehouse import access, migrate
+from services.warehouse import access, idle_threads, migrate
 from services.warehouse.analytics import Limits
+from services.warehouse.backend import WarehouseError
 from services.warehouse.chdb_backend import ChdbWarehouse
 from services.warehouse.door import QUEUE_WAIT_S, Busy, open_door
 
@@ -69,6 +71,9 @@ async def test_a_query_that_waits_too_long_for_a_slot_is_refused_busy(warehouse:
 async def test_two_slots_run_two_queries_at_once(warehouse: ChdbWarehouse) -> None:
     door = open_door(warehouse, slots=2)
     try:
+        # each session reads the engine's catalog on its first check: not timed (its threads run
+        # SCHED_IDLE, slow on a loaded machine)
+        await asyncio.gather(door.answer("SELECT sleep(0.1)", 1), door.answer("SELECT sleep(0.1)", 1))
         t0 = time.monotonic()
         await asyncio.gather(door.answer(SLOW, 1), door.answer(SLOW, 1))
         assert time.monotonic() - t0 < 3.8  # one after the other would be 4 s
@@ -116,3 +121,55 @@ async def test_a_recorder_that_never_answers_gets_the_limit_named_not_a_fallback
     message = str(failed.value)
     assert "did not answer within 1 s" in message and "time limit, 30 s" in message, message
     assert "held by another process" not in message
+
+
+def _python_threads() -> set[int]:
+    return {t.native_id for t in threading.enumerate() if t.native_id is not None}
+
+
+def _sched_idle_threads() -> dict[int, int]:
+    """This process's threads under SCHED_IDLE: thread id -> nice."""
+    return {tid: nice for tid, nice, policy in idle_threads.threads() if policy == idle_threads.SCHED_IDLE}
+
+
+async def _reniced_threads(within_s: float = 1.5) -> set[int]:
+    """The engine threads at nice 19, once a query's are (a loaded machine may take a while to start it)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        found = {tid for tid, nice, _ in idle_threads.threads() if nice == 19} - _python_threads()
+        if found or time.monotonic() > deadline:
+            return found
+        await asyncio.sleep(0.05)
+
+
+@pytest.mark.skipif(not idle_threads.can_make_normal(), reason="needs CAP_SYS_NICE, as the engine does")
+async def test_a_query_runs_its_engine_threads_under_sched_idle_and_gives_them_back(warehouse: ChdbWarehouse) -> None:
+    door = open_door(warehouse, limits=Limits(nice=19, idle=True))
+    plain = open_door(warehouse, limits=Limits(nice=19))
+    try:
+        assert _sched_idle_threads() == {}
+        query = asyncio.create_task(door.answer("SELECT sleep(2)", 1))
+        assert await _reniced_threads()
+        await asyncio.sleep(0.2)  # the watcher's first scans
+        during = _sched_idle_threads()
+        assert during and set(during.values()) == {19}, during  # the threads the engine reniced, only those
+        assert not _python_threads() & set(during)  # never a Python thread
+        await query
+        assert _sched_idle_threads() == {}  # back in the engine's pool, which ingest uses too: normal again
+        query = asyncio.create_task(plain.answer("SELECT sleep(2)", 1))
+        assert await _reniced_threads()
+        await asyncio.sleep(0.2)
+        assert _sched_idle_threads() == {}  # the default: reniced only
+        await query
+        # A query on several threads: the pool threads its threads start inherit nice 19 from them
+        wide = open_door(warehouse, limits=Limits(nice=19, max_threads=4, max_execution_time_s=1))
+        try:
+            with pytest.raises(WarehouseError, match="time limit"):
+                await wide.answer("SELECT count() FROM numbers_mt(1e12) WHERE cityHash64(number) % 7 = 3", 1)
+        finally:
+            wide.close()
+        engine = [(n, p) for tid, n, p in idle_threads.threads() if tid not in _python_threads()]
+        assert all(n <= 0 and p != idle_threads.SCHED_IDLE for n, p in engine), engine  # all normal for ingest
+    finally:
+        door.close()
+        plain.close()
