@@ -8,6 +8,7 @@ its answer into `Preempt` decisions.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Iterable, Iterator
 from itertools import islice, tee
 
@@ -92,12 +93,14 @@ def may_preempt(work: Work, job: Job) -> bool:
     return False
 
 
-def select(work: Work, job: Job) -> Victims | None:
+def select(work: Work, job: Job, *, indexed: bool = True) -> Victims | None:
     """The victims that let `job` fit, losing the least; None if no set does. Leaves no trace.
 
     Victim order: borrowed capacity first, then lowest priority, then least `victim_cost`, then id.
     A job that fits on one node frees one node (the one whose victims lose least); a larger
-    gang takes victims in order until it fits, then gives back the ones it did not need."""
+    gang takes victims in order until it fits, then gives back the ones it did not need.
+    `indexed`: the one-node search walks only the victims on nodes that could make room (the same
+    answer as walking them all, which `indexed=False` does: the tests compare the two)."""
     cap, pool, team, rank = work.cap, job.pool, job.spec.team, job.spec.priority.rank
     reclaim, urgent = _reclaims(work, job), not job.spec.preemptible
     classes = set(work.classes(job))
@@ -119,32 +122,37 @@ def select(work: Work, job: Job) -> Victims | None:
     # With GPUs shared, preempting x GPU-equivalents may free more whole GPUs than x: no bound from counts.
     if not work.s.shared_nodes and cap.free_in(list(classes)) + freeable < job.gpus:
         return None
-    candidates = _in_order(work, pool, team, rank, reclaim, urgent)
+    groups = _groups(work, pool, team, rank, reclaim, urgent)
+    candidates = _in_order(work, pool, groups)
     usage = dict(work.usage)
     mark = cap.mark()
     try:
-        if job.spec.replicas == 1 and job.gpus <= cap.max_gpus:
-            return _free_one_node(work, job, candidates, classes, usage, reclaim)
-        # Read twice, each time only as far as needed: tee keeps what the first reading took.
-        first, second = tee(candidates)
         if job.gpus <= cap.max_gpus:
-            found = _free_one_node(work, job, first, classes, usage, reclaim)
-            if found is not None:
-                return found
-        return _free_nodes_for_gang(work, job, second, classes, usage, reclaim)
+            early = _first_to_fill(work, job, classes, groups) if indexed else []
+            if early is None and job.spec.replicas == 1:
+                return None  # no node can get room
+            if early is not None:
+                found = _free_one_node(work, job, early, classes, usage, reclaim) if early else None
+                if found is None:  # not among the first to fill (or not indexed): the whole walk
+                    # Read twice, each time only as far as needed: tee keeps what this reading took.
+                    first, candidates = tee(candidates)
+                    found = _free_one_node(work, job, first, classes, usage, reclaim)
+                if found is not None or job.spec.replicas == 1:
+                    return found
+        return _free_nodes_for_gang(work, job, candidates, classes, usage, reclaim)
     finally:
         cap.rollback(mark)
 
 
-def _in_order(work: Work, pool: str, team: str, rank: int, reclaim: bool, urgent: bool) -> Iterator[Job]:
-    """The jobs a preemptor of `team` at `rank` may preempt (not preempted or admitted in this
-    cycle already), in victim order: borrowed
-    capacity first, then lowest priority, then least `victim_cost`, then id (borrowing judged at
-    the start of the cycle: reclaim takes only from teams borrowing then, and their borrowing
-    only shrinks). Jobs are grouped by (team, priority) and a group is sorted only when the walk
-    reaches it, once per cycle: a search usually stops in its first group."""
+Groups = dict[tuple[int, int], list[tuple[str, int]]]  # (borrowing first, -rank) -> [(team, rank)]
+
+
+def _groups(work: Work, pool: str, team: str, rank: int, reclaim: bool, urgent: bool) -> Groups:
+    """The (team, priority) groups a preemptor of `team` at `rank` may preempt, by their place in
+    victim order: borrowed capacity first, then lowest priority (borrowing judged at the start of
+    the cycle: reclaim takes only from teams borrowing then, and their borrowing only shrinks)."""
     s = work.s
-    by_class: dict[tuple[int, int], list[tuple[str, int]]] = {}
+    by_class: Groups = {}
     for p, t in s.running:
         if p != pool:
             continue
@@ -152,6 +160,13 @@ def _in_order(work: Work, pool: str, team: str, rank: int, reclaim: bool, urgent
         for r in RANKS:
             if eligible(team, rank, t, r, reclaim=reclaim, victim_borrowing=borrowing, urgent=urgent):
                 by_class.setdefault((0 if borrowing else 1, -r), []).append((t, r))
+    return by_class
+
+
+def _in_order(work: Work, pool: str, by_class: Groups) -> Iterator[Job]:
+    """The jobs of the groups (not preempted or admitted in this cycle already), in victim order:
+    by group (`_groups`), then least `victim_cost`, then id. A group is sorted only when the walk
+    reaches it, once per cycle: a search usually stops in its first group."""
     gone, fresh = work.gone, work.fresh
     for key in sorted(by_class):
         walks = [_group(work, pool, t, r) for t, r in sorted(by_class[key])]
@@ -159,6 +174,54 @@ def _in_order(work: Work, pool: str, team: str, rank: int, reclaim: bool, urgent
         for _, jid, v in walks[0] if len(walks) == 1 else heapq.merge(*walks):
             if jid not in gone and jid not in fresh:
                 yield v
+
+
+def _first_to_fill(work: Work, job: Job, classes: set[int], by_class: Groups) -> list[Job] | None:
+    """The victims `_free_one_node` needs to read to find its answer, in its order, if they can be
+    told from the state's per-node counts (`Derived.node_gpus`) without walking every victim: the
+    jobs of the groups up to the first place in victim order (`_groups`' key) where some node's free
+    GPUs and the GPUs those groups list there reach what the job needs, on the nodes that reach it
+    there. The walk counts exactly those GPUs, so no other node can get room that early: the first
+    node these jobs give room to is the walk's. None: no node can get room at all."""
+    s, pool = work.s, job.pool
+    index = derived(s)
+    index.victim_groups(s.jobs)
+    slots, nodes, need = work.cap.slots, s.nodes, job.gpus
+    room: dict[tuple[str, str], float] = {}  # node -> free GPUs and the groups' so far (-inf: not usable)
+    upto: Groups = {}
+    for cls in sorted(by_class):
+        upto[cls] = by_class[cls]
+        roomy: set[tuple[str, str]] = set()
+        for t, r in by_class[cls]:
+            for key, n in index.node_gpus.get((pool, t, r), {}).items():
+                got = room.get(key)
+                if got is None:
+                    node = nodes.get(key)
+                    slot = None if node is None else slots[node.nid]
+                    ok = slot is not None and slot.cls in classes and slot.usable
+                    got = len(slot.free) if ok and slot is not None else -math.inf
+                room[key] = got + n
+                if got + n >= need:
+                    roomy.add(key)
+        if roomy:
+            return _victims_on(work, pool, upto, roomy)
+    return None
+
+
+def _victims_on(work: Work, pool: str, by_class: Groups, roomy: set[tuple[str, str]]) -> list[Job]:
+    """The groups' jobs placed on the `roomy` nodes, in `_in_order`'s order (the same costs)."""
+    gone, fresh, jobs_on = work.gone, work.fresh, derived(work.s).node_jobs
+    out: list[Job] = []
+    for cls in sorted(by_class):
+        members: dict[str, Job] = {}
+        for t, r in by_class[cls]:
+            for key, jobs in jobs_on.get((pool, t, r), {}).items():
+                if key in roomy:
+                    members.update(jobs)
+        for _, jid, v in sorted(_costs(members, work.now)):
+            if jid not in gone and jid not in fresh:
+                out.append(v)
+    return out
 
 
 class Walk:
