@@ -8,14 +8,14 @@ its answer into `Preempt` decisions.
 from __future__ import annotations
 
 import heapq
-import math
 from collections.abc import Iterable, Iterator
 from itertools import islice, tee
 
 from events import PreemptionReason, PriorityClass
 from services.scheduler.core import placement, quota
+from services.scheduler.core.capacity import Slot
 from services.scheduler.core.policy import RANKS
-from services.scheduler.core.state import Job, derived
+from services.scheduler.core.state import Job, Node, derived
 from services.scheduler.core.work import Usage, Work
 
 CRITICAL_RANK = PriorityClass.CRITICAL.rank
@@ -183,29 +183,35 @@ def _first_to_fill(work: Work, job: Job, classes: set[int], by_class: Groups) ->
     GPUs and the GPUs those groups list there reach what the job needs, on the nodes that reach it
     there. The walk counts exactly those GPUs, so no other node can get room that early: the first
     node these jobs give room to is the walk's. None: no node can get room at all."""
-    s, pool = work.s, job.pool
+    s, pool, cap = work.s, job.pool, work.cap
     index = derived(s)
     index.victim_groups(s.jobs)
-    slots, nodes, need = work.cap.slots, s.nodes, job.gpus
-    room: dict[tuple[str, str], float] = {}  # node -> free GPUs and the groups' so far (-inf: not usable)
+    # free GPUs of the usable nodes of the job's classes that have any (the index buckets them)
+    free: dict[tuple[str, str], int] = {}
+    for c in classes:
+        for k, bucket in enumerate(cap.buckets[c][1:], start=1):
+            for nid in bucket:
+                node = s.node_by_id[nid]
+                free[(node.cluster, node.name)] = k
+    slots, nodes, need = cap.slots, s.nodes, job.gpus
+    held: dict[tuple[str, str], int] = {}  # node -> GPUs the groups so far list there
     upto: Groups = {}
     for cls in sorted(by_class):
         upto[cls] = by_class[cls]
         roomy: set[tuple[str, str]] = set()
         for t, r in by_class[cls]:
             for key, n in index.node_gpus.get((pool, t, r), {}).items():
-                got = room.get(key)
-                if got is None:
-                    node = nodes.get(key)
-                    slot = None if node is None else slots[node.nid]
-                    ok = slot is not None and slot.cls in classes and slot.usable
-                    got = len(slot.free) if ok and slot is not None else -math.inf
-                room[key] = got + n
-                if got + n >= need:
+                got = held[key] = held.get(key, 0) + n
+                if got + free.get(key, 0) >= need and _usable(nodes.get(key), slots, classes):
                     roomy.add(key)
         if roomy:
             return _victims_on(work, pool, upto, roomy)
     return None
+
+
+def _usable(node: Node | None, slots: list[Slot], classes: set[int]) -> bool:
+    slot = None if node is None else slots[node.nid]
+    return slot is not None and slot.cls in classes and slot.usable
 
 
 def _victims_on(work: Work, pool: str, by_class: Groups, roomy: set[tuple[str, str]]) -> list[Job]:
