@@ -89,7 +89,8 @@ SHARE = GpuShare(gpu_milli=500)
 @st.composite
 def fleets_and_probes(draw: st.DrawFn) -> tuple[list[Event], list[tuple[str, ...]], list[JobSubmitted]]:
     """A fleet, quotas, a history of submissions, completions and cycles, then jobs to search victims for."""
-    nodes: list[Event] = [a_node(f"n{i}", gpus=draw(st.sampled_from([4, 8, 8]))) for i in range(draw(st.integers(2, 6)))]
+    sizes = draw(st.lists(st.sampled_from([4, 8, 8]), min_size=2, max_size=6))
+    nodes: list[Event] = [a_node(f"n{i}", gpus=g) for i, g in enumerate(sizes)]
     quotas: list[Event] = [a_quota(t, draw(st.integers(0, 12)), borrow=draw(st.sampled_from([None, 8]))) for t in TEAMS]
     job = st.tuples(
         st.just("submit"),
