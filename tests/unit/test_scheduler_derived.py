@@ -3,6 +3,8 @@ saved: a state loaded from a snapshot builds them again and decides the same."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -64,7 +66,7 @@ def test_the_capacity_index_after_admissions_is_what_recomputing_each_node_gives
     assert d.state.capacity.digest() == kept
 
 
-def _node_index(index: Derived) -> tuple[dict[object, dict[object, int]], dict[object, dict[object, list[str]]]]:
+def _node_index(index: Derived) -> tuple[dict[Any, dict[Any, int]], dict[Any, dict[Any, list[str]]]]:
     gpus = {g: {k: n for k, n in on.items() if n} for g, on in index.node_gpus.items()}
     jobs = {g: {k: sorted(js) for k, js in on.items() if js} for g, on in index.node_jobs.items()}
     return {g: on for g, on in gpus.items() if on}, {g: on for g, on in jobs.items() if on}
