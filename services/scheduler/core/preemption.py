@@ -128,12 +128,12 @@ def select(work: Work, job: Job, *, indexed: bool = True) -> Victims | None:
     mark = cap.mark()
     try:
         if job.gpus <= cap.max_gpus:
-            early = _first_to_fill(work, job, classes, groups) if indexed else []
+            early = _first_to_fill(work, job, classes, groups) if indexed else iter(())
             if early is None and job.spec.replicas == 1:
                 return None  # no node can get room
             if early is not None:
-                found = _free_one_node(work, job, early, classes, usage, reclaim) if early else None
-                if found is None:  # not among the first to fill (or not indexed): the whole walk
+                found = _free_one_node(work, job, early, classes, usage, reclaim)
+                if found is None:  # not among the first to fill (or nothing read): the whole walk
                     # Read twice, each time only as far as needed: tee keeps what this reading took.
                     first, candidates = tee(candidates)
                     found = _free_one_node(work, job, first, classes, usage, reclaim)
@@ -176,16 +176,20 @@ def _in_order(work: Work, pool: str, by_class: Groups) -> Iterator[Job]:
                 yield v
 
 
-def _first_to_fill(work: Work, job: Job, classes: set[int], by_class: Groups) -> list[Job] | None:
+def _first_to_fill(work: Work, job: Job, classes: set[int], by_class: Groups) -> Iterator[Job] | None:
     """The victims `_free_one_node` needs to read to find its answer, in its order, if they can be
     told from the state's per-node counts (`Derived.node_gpus`) without walking every victim: the
     jobs of the groups up to the first place in victim order (`_groups`' key) where some node's free
     GPUs and the GPUs those groups list there reach what the job needs, on the nodes that reach it
     there. The walk counts exactly those GPUs, so no other node can get room that early: the first
-    node these jobs give room to is the walk's. None: no node can get room at all."""
+    node these jobs give room to is the walk's. None: no node can get room at all. Nothing to read
+    (an empty iterator): walk them all, as cheap for a job of at most half a node where the groups
+    before that place hold few jobs (the walk then reads few victims, one often frees enough, where
+    this would order every victim on those nodes)."""
     s, pool, cap = work.s, job.pool, work.cap
     index = derived(s)
-    index.victim_groups(s.jobs)
+    groups = index.victim_groups(s.jobs)
+    before = 0  # jobs of the groups before the one read
     # free GPUs of the usable nodes of the job's classes that have any (the index buckets them)
     free: dict[tuple[str, str], int] = {}
     for c in classes:
@@ -203,10 +207,16 @@ def _first_to_fill(work: Work, job: Job, classes: set[int], by_class: Groups) ->
             for key, n in index.node_gpus.get((pool, t, r), {}).items():
                 got = held[key] = held.get(key, 0) + n
                 if got + free.get(key, 0) >= need and _usable(nodes.get(key), slots, classes):
+                    if before < _FEW_BEFORE and 2 * need <= cap.max_gpus:
+                        return iter(())
                     roomy.add(key)
         if roomy:
             return _victims_on(work, pool, upto, roomy)
+        before += sum(len(groups.get((pool, t, r), ())) for t, r in by_class[cls])
     return None
+
+
+_FEW_BEFORE = 64
 
 
 def _usable(node: Node | None, slots: list[Slot], classes: set[int]) -> bool:
@@ -214,20 +224,19 @@ def _usable(node: Node | None, slots: list[Slot], classes: set[int]) -> bool:
     return slot is not None and slot.cls in classes and slot.usable
 
 
-def _victims_on(work: Work, pool: str, by_class: Groups, roomy: set[tuple[str, str]]) -> list[Job]:
-    """The groups' jobs placed on the `roomy` nodes, in `_in_order`'s order (the same costs)."""
+def _victims_on(work: Work, pool: str, by_class: Groups, roomy: set[tuple[str, str]]) -> Iterator[Job]:
+    """The groups' jobs placed on the `roomy` nodes, in `_in_order`'s order (the same costs), each
+    class ordered only as far as read (`Walk`): with many roomy nodes the first few victims decide."""
     gone, fresh, jobs_on = work.gone, work.fresh, derived(work.s).node_jobs
-    out: list[Job] = []
     for cls in sorted(by_class):
         members: dict[str, Job] = {}
         for t, r in by_class[cls]:
             for key, jobs in jobs_on.get((pool, t, r), {}).items():
                 if key in roomy:
                     members.update(jobs)
-        for _, jid, v in sorted(_costs(members, work.now)):
+        for _, jid, v in Walk(_costs(members, work.now)):
             if jid not in gone and jid not in fresh:
-                out.append(v)
-    return out
+                yield v
 
 
 class Walk:
