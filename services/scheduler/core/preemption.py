@@ -139,7 +139,11 @@ def select(work: Work, job: Job, *, indexed: bool = True) -> Victims | None:
                     found = _free_one_node(work, job, first, classes, usage, reclaim)
                 if found is not None or job.spec.replicas == 1:
                     return found
-        return _free_nodes_for_gang(work, job, candidates, classes, usage, reclaim)
+        if indexed:
+            pairs = _reasoned_short(work, job, groups, usage, reclaim)
+        else:
+            pairs = _reasoned(work, job, candidates, usage, reclaim)
+        return _free_nodes_for_gang(work, job, pairs, classes, usage)
     finally:
         cap.rollback(mark)
 
@@ -374,8 +378,74 @@ def _fits_without(work: Work, job: Job, chosen: Victims, usage: Usage) -> bool:
     return ok
 
 
+def _reasoned(work: Work, job: Job, candidates: Iterable[Job], usage: Usage, reclaim: bool) -> Iterator[Reasoned]:
+    """The candidates a gang's search counts, and why: each team's borrowing judged by what the
+    search has counted so far (`_Reasons`: reclaim stops once the team is back within its guarantee)."""
+    may, local, pool = _Reasons(work, job, reclaim), dict(usage), job.pool
+    for v in candidates:
+        reason = may(v, local.get((pool, v.spec.team), 0))
+        if reason is not None:
+            work.count(v, -1, local)
+            yield v, reason
+
+
+def _reasoned_short(work: Work, job: Job, by_class: Groups, usage: Usage, reclaim: bool) -> Iterator[Reasoned]:
+    """What `_reasoned` yields from `_in_order`, without reading on through a team once none of its
+    jobs can be a victim: it no longer borrows (what it holds only shrinks as the search counts
+    its jobs) and none of its groups may be preempted from a team that does not borrow. Its later
+    groups are then never ordered (a reclaim usually takes a few jobs of a borrower, not all)."""
+    may, local, pool = _Reasons(work, job, reclaim), dict(usage), job.pool
+    team, rank, urgent = job.spec.team, job.spec.priority.rank, not job.spec.preemptible
+    quiet = {t for pairs in by_class.values() for t, _ in pairs}
+    for pairs in by_class.values():
+        for t, r in pairs:
+            if eligible(team, rank, t, r, reclaim=reclaim, victim_borrowing=False, urgent=urgent):
+                quiet.discard(t)
+    done: set[str] = set()
+    gone, fresh = work.gone, work.fresh
+    for key in sorted(by_class):
+        walks = {t: _group(work, pool, t, r) for t, r in sorted(by_class[key]) if t not in done}
+        for _, jid, v in _merged(walks, done):
+            t = v.spec.team
+            if jid in gone or jid in fresh:
+                continue
+            held = local.get((pool, t), 0)
+            reason = may(v, held)
+            if reason is None:
+                if t in quiet and held <= may.guarantees[t]:
+                    done.add(t)  # every later job of the team would be refused the same
+                continue
+            work.count(v, -1, local)
+            yield v, reason
+
+
+Reasoned = tuple[Job, PreemptionReason]
+
+
+def _merged(walks: dict[str, Walk], done: set[str]) -> Iterator[tuple[float, str, Job]]:
+    """The walks' jobs in order (as `heapq.merge`), a team's no further once it is in `done`."""
+    heap = []
+    for i, (t, walk) in enumerate(walks.items()):
+        it = iter(walk)
+        first = next(it, None)
+        if first is not None:
+            heap.append((first, i, t, it))
+    heapq.heapify(heap)  # (cost, id, job) first: ids are unique, so nothing after them is compared
+    while heap:
+        item, i, t, it = heap[0]
+        if t in done:
+            heapq.heappop(heap)
+            continue
+        yield item
+        following = next(it, None)
+        if following is None:
+            heapq.heappop(heap)
+        else:
+            heapq.heapreplace(heap, (following, i, t, it))
+
+
 def _free_nodes_for_gang(
-    work: Work, job: Job, candidates: Iterable[Job], classes: set[int], usage: Usage, reclaim: bool
+    work: Work, job: Job, candidates: Iterable[Reasoned], classes: set[int], usage: Usage
 ) -> Victims | None:
     """Walk victims in order, counting the replicas each node could then hold; once the gang
     has room, keep only the victims on nodes that gained a replica."""
@@ -386,15 +456,9 @@ def _free_nodes_for_gang(
     freed: dict[int, int] = {}
     on_node: dict[int, list[Job]] = {}
     reasons: dict[str, PreemptionReason] = {}
-    may = _Reasons(work, job, reclaim)
-    local = dict(usage)
     got = 0
-    for v in candidates:
-        reason = may(v, local.get((job.pool, v.spec.team), 0))
-        if reason is None:
-            continue
+    for v, reason in candidates:
         reasons[v.id] = reason
-        work.count(v, -1, local)
         for p in v.placements:
             nid = nodes[(p.cluster, p.node)].nid
             slot = slots[nid]
