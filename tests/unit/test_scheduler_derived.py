@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from events import Event, GpuIsolated, GpuShare, JobCancelled, JobSubmitted
-from services.scheduler.core import JobState, preemption, schedule
+from services.scheduler.core import JobState, SchedulerState, preemption, schedule
 from services.scheduler.core.state import Derived, derived
 from services.scheduler.core.work import Work
 from services.scheduler.service import snapshot_codec
@@ -114,7 +114,7 @@ def fleets_and_probes(draw: st.DrawFn) -> tuple[list[Event], list[tuple[str, ...
                     st.tuples(
                         st.sampled_from(TEAMS),
                         st.sampled_from([1, 2, 4, 8]),
-                        st.sampled_from([1, 1, 2]),
+                        st.sampled_from([1, 1, 2, 3]),
                         st.sampled_from(PRIORITIES),
                         st.booleans(),
                     ),
@@ -176,3 +176,35 @@ def test_the_indexed_victim_search_picks_what_walking_every_victim_picks(
                 state.capacity.end()
             found.append(None if picked is None else [(v.id, r) for v, r in picked])
         assert found[1] == found[0] and found[2] == found[0], probe.job_id
+
+
+def _both_ways(state: SchedulerState, job_id: str, now: float) -> list[list[tuple[str, str]] | None]:
+    found: list[list[tuple[str, str]] | None] = []
+    for indexed in (True, False):
+        work = Work(state, now)
+        state.capacity.begin()
+        try:
+            picked = preemption.select(work, state.jobs[job_id], indexed=indexed)
+        finally:
+            state.capacity.end()
+        found.append(None if picked is None else sorted((v.id, r.value) for v, r in picked))
+    return found
+
+
+def test_a_gang_reclaims_from_a_borrower_only_until_it_is_back_within_its_guarantee() -> None:
+    d = Driver().given(
+        *[a_node(f"n{i}") for i in range(4)],
+        a_quota("a", 24),
+        a_quota("b", 4),
+        a_quota("c", 8),
+        *[a_job(f"b{i}", team="b", gpus=2, at=i) for i in range(1, 5)],
+        a_job("a-low", team="a", priority="low", at=5),
+        a_job("c-np", team="c", preemptible=False, at=6),
+    )
+    d.cycle(now=10)
+    d.given(*[a_job(f"b{i}", team="b", gpus=2, at=20 + i) for i in range(5, 9)])
+    d.cycle(now=50)  # b's later jobs lose least: reclaim takes them first, then two more, then b is within 4
+    d.given(a_job("gang", team="a", gpus=8, replicas=2, at=60))
+    indexed, walked = _both_ways(d.state, "gang", 70)
+    assert indexed == walked
+    assert indexed == [("a-low", "priority"), *[(f"b{i}", "reclaim") for i in range(5, 9)]]
