@@ -194,13 +194,10 @@ def _first_to_fill(work: Work, job: Job, classes: set[int], by_class: Groups) ->
     index = derived(s)
     groups = index.victim_groups(s.jobs)
     before = 0  # jobs of the groups before the one read
-    # free GPUs of the usable nodes of the job's classes that have any (the index buckets them)
-    free: dict[tuple[str, str], int] = {}
-    for c in classes:
-        for k, bucket in enumerate(cap.buckets[c][1:], start=1):
-            for nid in bucket:
-                node = s.node_by_id[nid]
-                free[(node.cluster, node.name)] = k
+    # the most GPUs free on a node of the job's classes (the index buckets nodes by free GPUs):
+    # a node's own free GPUs are looked up only where they could make the difference
+    top = max((k for c in classes for k in range(len(cap.buckets[c]) - 1, 0, -1) if cap.buckets[c][k]), default=0)
+    free: dict[tuple[str, str], int] = {}  # node -> its free GPUs, -1 if the job may not use it
     slots, nodes, need = cap.slots, s.nodes, job.gpus
     held: dict[tuple[str, str], int] = {}  # node -> GPUs the groups so far list there
     upto: Groups = {}
@@ -210,7 +207,12 @@ def _first_to_fill(work: Work, job: Job, classes: set[int], by_class: Groups) ->
         for t, r in by_class[cls]:
             for key, n in index.node_gpus.get((pool, t, r), {}).items():
                 got = held[key] = held.get(key, 0) + n
-                if got + free.get(key, 0) >= need and _usable(nodes.get(key), slots, classes):
+                if got + top < need:
+                    continue
+                f = free.get(key)
+                if f is None:
+                    f = free[key] = _free_for(nodes.get(key), slots, classes)
+                if f >= 0 and got + f >= need:
                     if before < _FEW_BEFORE and 2 * need <= cap.max_gpus:
                         return iter(())
                     roomy.add(key)
@@ -223,9 +225,9 @@ def _first_to_fill(work: Work, job: Job, classes: set[int], by_class: Groups) ->
 _FEW_BEFORE = 64
 
 
-def _usable(node: Node | None, slots: list[Slot], classes: set[int]) -> bool:
+def _free_for(node: Node | None, slots: list[Slot], classes: set[int]) -> int:
     slot = None if node is None else slots[node.nid]
-    return slot is not None and slot.cls in classes and slot.usable
+    return len(slot.free) if slot is not None and slot.cls in classes and slot.usable else -1
 
 
 def _victims_on(work: Work, pool: str, by_class: Groups, roomy: set[tuple[str, str]]) -> Iterator[Job]:
