@@ -191,6 +191,8 @@ def _first_to_fill(work: Work, job: Job, classes: set[int], by_class: Groups) ->
     before that place hold few jobs (the walk then reads few victims, one often frees enough, where
     this would order every victim on those nodes)."""
     s, pool, cap = work.s, job.pool, work.cap
+    if not by_class:
+        return None  # nothing to preempt (and no index to build for it)
     index = derived(s)
     groups = index.victim_groups(s.jobs)
     before = 0  # jobs of the groups before the one read
