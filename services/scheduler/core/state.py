@@ -229,8 +229,9 @@ class Derived:
             group = (job.pool, job.spec.team, job.spec.priority.rank)
             self.victims.setdefault(group, {})[job.id] = job
             gpus, jobs = self.node_gpus.setdefault(group, {}), self.node_jobs.setdefault(group, {})
-            for key, n in _per_node(job).items():
-                gpus[key] = gpus.get(key, 0) + n
+            for p in job.placements:
+                key = (p.cluster, p.node)
+                gpus[key] = gpus.get(key, 0) + len(p.gpu_indices)
                 jobs.setdefault(key, {})[job.id] = job
 
     def drop_running(self, job: Job) -> None:
