@@ -99,8 +99,10 @@ def select(work: Work, job: Job, *, indexed: bool = True) -> Victims | None:
     Victim order: borrowed capacity first, then lowest priority, then least `victim_cost`, then id.
     A job that fits on one node frees one node (the one whose victims lose least); a larger
     gang takes victims in order until it fits, then gives back the ones it did not need.
-    `indexed`: the one-node search walks only the victims on nodes that could make room (the same
-    answer as walking them all, which `indexed=False` does: the tests compare the two)."""
+    `indexed`: the one-node search reads only the victims on the nodes that can first get room
+    (`_first_to_fill`), and a gang's search stops reading a team none of whose jobs can be a victim
+    any more (`_reasoned_short`): the same answers as walking every victim, which `indexed=False`
+    does (the tests compare the two)."""
     cap, pool, team, rank = work.cap, job.pool, job.spec.team, job.spec.priority.rank
     reclaim, urgent = _reclaims(work, job), not job.spec.preemptible
     classes = set(work.classes(job))
