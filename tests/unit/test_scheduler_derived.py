@@ -3,11 +3,20 @@ saved: a state loaded from a snapshot builds them again and decides the same."""
 
 from __future__ import annotations
 
-from events import GpuIsolated, JobCancelled
-from services.scheduler.core import schedule
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from events import Event, GpuIsolated, GpuShare, JobCancelled, JobSubmitted
+from services.scheduler.core import JobState, SchedulerState, preemption, schedule
 from services.scheduler.core.state import Derived, derived
+from services.scheduler.core.work import Work
 from services.scheduler.service import snapshot_codec
-from tests.scheduler_builders import Driver, a_job, a_node, done
+from tests.scheduler_builders import Driver, a_job, a_node, a_quota, done
+
+TEAMS = ["a", "b", "c"]
+PRIORITIES = ["critical", "high", "normal", "low"]
 
 
 def a_busy_fleet() -> Driver:
@@ -55,3 +64,147 @@ def test_the_capacity_index_after_admissions_is_what_recomputing_each_node_gives
     for node in d.state.node_by_id:
         d.state.refresh_node(node)
     assert d.state.capacity.digest() == kept
+
+
+def _node_index(index: Derived) -> tuple[dict[Any, dict[Any, int]], dict[Any, dict[Any, list[str]]]]:
+    gpus = {g: {k: n for k, n in on.items() if n} for g, on in index.node_gpus.items()}
+    jobs = {g: {k: sorted(js) for k, js in on.items() if js} for g, on in index.node_jobs.items()}
+    return {g: on for g, on in gpus.items() if on}, {g: on for g, on in jobs.items() if on}
+
+
+def test_the_victims_by_node_follow_the_fold() -> None:
+    d = a_busy_fleet()
+    d.given(a_job("urgent", gpus=2, priority="high", at=20), a_job("gang", gpus=4, replicas=2, priority="high", at=21))
+    d.cycle(now=30)
+    d.given(done("nlp1", at=40), JobCancelled(job_id="low2", at=41))
+    d.cycle(now=50)
+    kept = derived(d.state)
+    built = Derived()
+    built.victim_groups(d.state.jobs)
+    assert _node_index(kept) == _node_index(built)
+    assert _node_index(built)[0]  # preemptible work runs on some node
+
+
+SHARE = GpuShare(gpu_milli=500)
+
+
+@st.composite
+def fleets_and_probes(draw: st.DrawFn) -> tuple[list[Event], list[tuple[str, ...]], list[JobSubmitted]]:
+    """A fleet, quotas, a history of submissions, completions and cycles, then jobs to search victims for."""
+    sizes = draw(st.lists(st.sampled_from([4, 8, 8]), min_size=2, max_size=6))
+    nodes: list[Event] = [a_node(f"n{i}", gpus=g) for i, g in enumerate(sizes)]
+    quotas: list[Event] = [a_quota(t, draw(st.integers(0, 12)), borrow=draw(st.sampled_from([None, 8]))) for t in TEAMS]
+    job = st.tuples(
+        st.just("submit"),
+        st.sampled_from(TEAMS),
+        st.sampled_from([1, 2, 2, 4, 4, 8]),
+        st.sampled_from([1, 1, 1, 2]),
+        st.sampled_from(PRIORITIES),
+        st.sampled_from(["yes", "yes", "yes", "no", "share"]),
+        st.sampled_from(["", "60"]),
+    )
+    cycle, finish = st.tuples(st.just("cycle")), st.tuples(st.just("done"))
+    first = draw(st.lists(st.one_of(job, job, job, cycle), min_size=10, max_size=36))  # fill the fleet
+    history = [*first, ("cycle",), *draw(st.lists(st.one_of(job, cycle, finish), max_size=12))]
+    probes = [
+        a_job(f"probe{i}", team=t, gpus=g, replicas=r, priority=p, preemptible=pre, at=1000)
+        for i, (t, g, r, p, pre) in enumerate(
+            draw(
+                st.lists(
+                    st.tuples(
+                        st.sampled_from(TEAMS),
+                        st.sampled_from([1, 2, 4, 8]),
+                        st.sampled_from([1, 1, 2, 3]),
+                        st.sampled_from(PRIORITIES),
+                        st.booleans(),
+                    ),
+                    min_size=1,
+                    max_size=8,
+                )
+            )
+        )
+    ]
+    return [*nodes, *quotas], history, probes
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(fleets_and_probes())
+def test_the_indexed_victim_search_picks_what_walking_every_victim_picks(
+    scenario: tuple[list[Event], list[tuple[str, ...]], list[JobSubmitted]],
+) -> None:
+    setup, history, probes = scenario
+    d = Driver().given(*setup)
+    now = 0.0
+    for i, step in enumerate([*history, ("cycle",)]):
+        now += 7.0
+        if step[0] == "submit":
+            _, team, gpus, replicas, priority, kind, checkpoint = step
+            share = SHARE if kind == "share" else None
+            d.given(
+                a_job(
+                    f"j{i}",
+                    team=team,
+                    gpus=1 if share else int(gpus),
+                    replicas=int(replicas),
+                    priority=priority,
+                    preemptible=kind != "no",
+                    checkpoint=float(checkpoint) if checkpoint else None,
+                    share=share,
+                    at=now,
+                )
+            )
+        elif step[0] == "done":
+            running = sorted(j.id for j in d.state.jobs.values() if j.state == JobState.RUNNING)
+            if running:
+                d.given(done(running[i % len(running)], at=now))
+        else:
+            d.cycle(now=now)
+    d.given(*probes)
+    state, now = d.state, now + 5
+    for probe in probes:
+        job = state.jobs[probe.job_id]
+        found = []
+        # walking every victim; the index where it saves time; the index wherever it can be read
+        for indexed, few in ((False, preemption._FEW_BEFORE), (True, preemption._FEW_BEFORE), (True, 0)):
+            work = Work(state, now)
+            state.capacity.begin()
+            preemption._FEW_BEFORE, kept = few, preemption._FEW_BEFORE
+            try:
+                picked = preemption.select(work, job, indexed=indexed)
+            finally:
+                preemption._FEW_BEFORE = kept
+                state.capacity.end()
+            found.append(None if picked is None else [(v.id, r) for v, r in picked])
+        assert found[1] == found[0] and found[2] == found[0], probe.job_id
+
+
+def _both_ways(state: SchedulerState, job_id: str, now: float) -> list[list[tuple[str, str]] | None]:
+    found: list[list[tuple[str, str]] | None] = []
+    for indexed in (True, False):
+        work = Work(state, now)
+        state.capacity.begin()
+        try:
+            picked = preemption.select(work, state.jobs[job_id], indexed=indexed)
+        finally:
+            state.capacity.end()
+        found.append(None if picked is None else sorted((v.id, r.value) for v, r in picked))
+    return found
+
+
+def test_a_gang_reclaims_from_a_borrower_only_until_it_is_back_within_its_guarantee() -> None:
+    d = Driver().given(
+        *[a_node(f"n{i}") for i in range(4)],
+        a_quota("a", 24),
+        a_quota("b", 4),
+        a_quota("c", 8),
+        *[a_job(f"b{i}", team="b", gpus=2, at=i) for i in range(1, 5)],
+        a_job("a-low", team="a", priority="low", at=5),
+        a_job("c-np", team="c", preemptible=False, at=6),
+    )
+    d.cycle(now=10)
+    d.given(*[a_job(f"b{i}", team="b", gpus=2, at=20 + i) for i in range(5, 9)])
+    d.cycle(now=50)  # b's later jobs lose least: reclaim takes them first, then two more, then b is within 4
+    d.given(a_job("gang", team="a", gpus=8, replicas=2, at=60))
+    indexed, walked = _both_ways(d.state, "gang", 70)
+    assert indexed == walked
+    assert indexed == [("a-low", "priority"), *[(f"b{i}", "reclaim") for i in range(5, 9)]]

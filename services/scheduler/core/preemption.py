@@ -13,8 +13,9 @@ from itertools import islice, tee
 
 from events import PreemptionReason, PriorityClass
 from services.scheduler.core import placement, quota
+from services.scheduler.core.capacity import Slot
 from services.scheduler.core.policy import RANKS
-from services.scheduler.core.state import Job, derived
+from services.scheduler.core.state import Job, Node, derived
 from services.scheduler.core.work import Usage, Work
 
 CRITICAL_RANK = PriorityClass.CRITICAL.rank
@@ -98,12 +99,16 @@ def may_preempt(work: Work, job: Job) -> bool:
     return False
 
 
-def select(work: Work, job: Job) -> Victims | None:
+def select(work: Work, job: Job, *, indexed: bool = True) -> Victims | None:
     """The victims that let `job` fit, losing the least; None if no set does. Leaves no trace.
 
     Victim order: borrowed capacity first, then lowest priority, then least `victim_cost`, then id.
     A job that fits on one node frees one node (the one whose victims lose least); a larger
-    gang takes victims in order until it fits, then gives back the ones it did not need."""
+    gang takes victims in order until it fits, then gives back the ones it did not need.
+    `indexed`: the one-node search reads only the victims on the nodes that can first get room
+    (`_first_to_fill`), and a gang's search stops reading a team none of whose jobs can be a victim
+    any more (`_reasoned_short`): the same answers as walking every victim, which `indexed=False`
+    does (the tests compare the two)."""
     cap, pool, team, rank = work.cap, job.pool, job.spec.team, job.spec.priority.rank
     reclaim, urgent = _reclaims(work, job), not job.spec.preemptible
     classes = set(work.classes(job))
@@ -125,32 +130,41 @@ def select(work: Work, job: Job) -> Victims | None:
     # With GPUs shared, preempting x GPU-equivalents may free more whole GPUs than x: no bound from counts.
     if not work.s.shared_nodes and cap.free_in(list(classes)) + freeable < job.gpus:
         return None
-    candidates = _in_order(work, pool, team, rank, reclaim, urgent)
+    groups = _groups(work, pool, team, rank, reclaim, urgent)
+    candidates = _in_order(work, pool, groups)
     usage = dict(work.usage)
     mark = cap.mark()
     try:
-        if job.spec.replicas == 1 and job.gpus <= cap.max_gpus:
-            return _free_one_node(work, job, candidates, classes, usage, reclaim)
-        # Read twice, each time only as far as needed: tee keeps what the first reading took.
-        first, second = tee(candidates)
         if job.gpus <= cap.max_gpus:
-            found = _free_one_node(work, job, first, classes, usage, reclaim)
-            if found is not None:
-                return found
-        return _free_nodes_for_gang(work, job, second, classes, usage, reclaim)
+            early = _first_to_fill(work, job, classes, groups) if indexed else iter(())
+            if early is None and job.spec.replicas == 1:
+                return None  # no node can get room
+            if early is not None:
+                found = _free_one_node(work, job, early, classes, usage, reclaim)
+                if found is None:  # not among the first to fill (or nothing read): the whole walk
+                    # Read twice, each time only as far as needed: tee keeps what this reading took.
+                    first, candidates = tee(candidates)
+                    found = _free_one_node(work, job, first, classes, usage, reclaim)
+                if found is not None or job.spec.replicas == 1:
+                    return found
+        if indexed:
+            pairs = _reasoned_short(work, job, groups, usage, reclaim)
+        else:
+            pairs = _reasoned(work, job, candidates, usage, reclaim)
+        return _free_nodes_for_gang(work, job, pairs, classes, usage)
     finally:
         cap.rollback(mark)
 
 
-def _in_order(work: Work, pool: str, team: str, rank: int, reclaim: bool, urgent: bool) -> Iterator[Job]:
-    """The jobs a preemptor of `team` at `rank` may preempt (not preempted or admitted in this
-    cycle already), in victim order: borrowed
-    capacity first, then lowest priority, then least `victim_cost`, then id (borrowing judged at
-    the start of the cycle: reclaim takes only from teams borrowing then, and their borrowing
-    only shrinks). Jobs are grouped by (team, priority) and a group is sorted only when the walk
-    reaches it, once per cycle: a search usually stops in its first group."""
+Groups = dict[tuple[int, int], list[tuple[str, int]]]  # (borrowing first, -rank) -> [(team, rank)]
+
+
+def _groups(work: Work, pool: str, team: str, rank: int, reclaim: bool, urgent: bool) -> Groups:
+    """The (team, priority) groups a preemptor of `team` at `rank` may preempt, by their place in
+    victim order: borrowed capacity first, then lowest priority (borrowing judged at the start of
+    the cycle: reclaim takes only from teams borrowing then, and their borrowing only shrinks)."""
     s = work.s
-    by_class: dict[tuple[int, int], list[tuple[str, int]]] = {}
+    by_class: Groups = {}
     for p, t in s.running:
         if p != pool:
             continue
@@ -158,11 +172,85 @@ def _in_order(work: Work, pool: str, team: str, rank: int, reclaim: bool, urgent
         for r in RANKS:
             if eligible(team, rank, t, r, reclaim=reclaim, victim_borrowing=borrowing, urgent=urgent):
                 by_class.setdefault((0 if borrowing else 1, -r), []).append((t, r))
+    return by_class
+
+
+def _in_order(work: Work, pool: str, by_class: Groups) -> Iterator[Job]:
+    """The jobs of the groups (not preempted or admitted in this cycle already), in victim order:
+    by group (`_groups`), then least `victim_cost`, then id. A group is sorted only when the walk
+    reaches it, once per cycle: a search usually stops in its first group."""
     gone, fresh = work.gone, work.fresh
     for key in sorted(by_class):
         walks = [_group(work, pool, t, r) for t, r in sorted(by_class[key])]
         # (cost, id, job): ids are unique, so jobs are never compared
         for _, jid, v in walks[0] if len(walks) == 1 else heapq.merge(*walks):
+            if jid not in gone and jid not in fresh:
+                yield v
+
+
+def _first_to_fill(work: Work, job: Job, classes: set[int], by_class: Groups) -> Iterator[Job] | None:
+    """The victims `_free_one_node` needs to read to find its answer, in its order, if they can be
+    told from the state's per-node counts (`Derived.node_gpus`) without walking every victim: the
+    jobs of the groups up to the first place in victim order (`_groups`' key) where some node's free
+    GPUs and the GPUs those groups list there reach what the job needs, on the nodes that reach it
+    there. The walk counts exactly those GPUs, so no other node can get room that early: the first
+    node these jobs give room to is the walk's. None: no node can get room at all. Nothing to read
+    (an empty iterator): walk them all, as cheap for a job of at most half a node where the groups
+    before that place hold few jobs (the walk then reads few victims, one often frees enough, where
+    this would order every victim on those nodes)."""
+    s, pool, cap = work.s, job.pool, work.cap
+    if not by_class:
+        return None  # nothing to preempt (and no index to build for it)
+    index = derived(s)
+    groups = index.victim_groups(s.jobs)
+    before = 0  # jobs of the groups before the one read
+    # the most GPUs free on a node of the job's classes (the index buckets nodes by free GPUs):
+    # a node's own free GPUs are looked up only where they could make the difference
+    top = max((k for c in classes for k in range(len(cap.buckets[c]) - 1, 0, -1) if cap.buckets[c][k]), default=0)
+    free: dict[tuple[str, str], int] = {}  # node -> its free GPUs, -1 if the job may not use it
+    slots, nodes, need = cap.slots, s.nodes, job.gpus
+    held: dict[tuple[str, str], int] = {}  # node -> GPUs the groups so far list there
+    upto: Groups = {}
+    for cls in sorted(by_class):
+        upto[cls] = by_class[cls]
+        roomy: set[tuple[str, str]] = set()
+        for t, r in by_class[cls]:
+            for key, n in index.node_gpus.get((pool, t, r), {}).items():
+                got = held[key] = held.get(key, 0) + n
+                if got + top < need:
+                    continue
+                f = free.get(key)
+                if f is None:
+                    f = free[key] = _free_for(nodes.get(key), slots, classes)
+                if f >= 0 and got + f >= need:
+                    if before < _FEW_BEFORE and 2 * need <= cap.max_gpus:
+                        return iter(())
+                    roomy.add(key)
+        if roomy:
+            return _victims_on(work, pool, upto, roomy)
+        before += sum(len(groups.get((pool, t, r), ())) for t, r in by_class[cls])
+    return None
+
+
+_FEW_BEFORE = 64
+
+
+def _free_for(node: Node | None, slots: list[Slot], classes: set[int]) -> int:
+    slot = None if node is None else slots[node.nid]
+    return len(slot.free) if slot is not None and slot.cls in classes and slot.usable else -1
+
+
+def _victims_on(work: Work, pool: str, by_class: Groups, roomy: set[tuple[str, str]]) -> Iterator[Job]:
+    """The groups' jobs placed on the `roomy` nodes, in `_in_order`'s order (the same costs), each
+    class ordered only as far as read (`Walk`): with many roomy nodes the first few victims decide."""
+    gone, fresh, jobs_on = work.gone, work.fresh, derived(work.s).node_jobs
+    for cls in sorted(by_class):
+        members: dict[str, Job] = {}
+        for t, r in by_class[cls]:
+            for key, jobs in jobs_on.get((pool, t, r), {}).items():
+                if key in roomy:
+                    members.update(jobs)
+        for _, jid, v in Walk(_costs(members, work.now)):
             if jid not in gone and jid not in fresh:
                 yield v
 
@@ -302,8 +390,74 @@ def _fits_without(work: Work, job: Job, chosen: Victims, usage: Usage) -> bool:
     return ok
 
 
+def _reasoned(work: Work, job: Job, candidates: Iterable[Job], usage: Usage, reclaim: bool) -> Iterator[Reasoned]:
+    """The candidates a gang's search counts, and why: each team's borrowing judged by what the
+    search has counted so far (`_Reasons`: reclaim stops once the team is back within its guarantee)."""
+    may, local, pool = _Reasons(work, job, reclaim), dict(usage), job.pool
+    for v in candidates:
+        reason = may(v, local.get((pool, v.spec.team), 0))
+        if reason is not None:
+            work.count(v, -1, local)
+            yield v, reason
+
+
+def _reasoned_short(work: Work, job: Job, by_class: Groups, usage: Usage, reclaim: bool) -> Iterator[Reasoned]:
+    """What `_reasoned` yields from `_in_order`, without reading on through a team once none of its
+    jobs can be a victim: it no longer borrows (what it holds only shrinks as the search counts
+    its jobs) and none of its groups may be preempted from a team that does not borrow. Its later
+    groups are then never ordered (a reclaim usually takes a few jobs of a borrower, not all)."""
+    may, local, pool = _Reasons(work, job, reclaim), dict(usage), job.pool
+    team, rank, urgent = job.spec.team, job.spec.priority.rank, not job.spec.preemptible
+    quiet = {t for pairs in by_class.values() for t, _ in pairs}
+    for pairs in by_class.values():
+        for t, r in pairs:
+            if eligible(team, rank, t, r, reclaim=reclaim, victim_borrowing=False, urgent=urgent):
+                quiet.discard(t)
+    done: set[str] = set()
+    gone, fresh = work.gone, work.fresh
+    for key in sorted(by_class):
+        walks = {t: _group(work, pool, t, r) for t, r in sorted(by_class[key]) if t not in done}
+        for _, jid, v in _merged(walks, done):
+            t = v.spec.team
+            if jid in gone or jid in fresh:
+                continue
+            held = local.get((pool, t), 0)
+            reason = may(v, held)
+            if reason is None:
+                if t in quiet and held <= may.guarantees[t]:
+                    done.add(t)  # every later job of the team would be refused the same
+                continue
+            work.count(v, -1, local)
+            yield v, reason
+
+
+Reasoned = tuple[Job, PreemptionReason]
+
+
+def _merged(walks: dict[str, Walk], done: set[str]) -> Iterator[tuple[float, str, Job]]:
+    """The walks' jobs in order (as `heapq.merge`), a team's no further once it is in `done`."""
+    heap = []
+    for i, (t, walk) in enumerate(walks.items()):
+        it = iter(walk)
+        first = next(it, None)
+        if first is not None:
+            heap.append((first, i, t, it))
+    heapq.heapify(heap)  # (cost, id, job) first: ids are unique, so nothing after them is compared
+    while heap:
+        item, i, t, it = heap[0]
+        if t in done:
+            heapq.heappop(heap)
+            continue
+        yield item
+        following = next(it, None)
+        if following is None:
+            heapq.heappop(heap)
+        else:
+            heapq.heapreplace(heap, (following, i, t, it))
+
+
 def _free_nodes_for_gang(
-    work: Work, job: Job, candidates: Iterable[Job], classes: set[int], usage: Usage, reclaim: bool
+    work: Work, job: Job, candidates: Iterable[Reasoned], classes: set[int], usage: Usage
 ) -> Victims | None:
     """Walk victims in order, counting the replicas each node could then hold; once the gang
     has room, keep only the victims on nodes that gained a replica."""
@@ -314,15 +468,9 @@ def _free_nodes_for_gang(
     freed: dict[int, int] = {}
     on_node: dict[int, list[Job]] = {}
     reasons: dict[str, PreemptionReason] = {}
-    may = _Reasons(work, job, reclaim)
-    local = dict(usage)
     got = 0
-    for v in candidates:
-        reason = may(v, local.get((job.pool, v.spec.team), 0))
-        if reason is None:
-            continue
+    for v, reason in candidates:
         reasons[v.id] = reason
-        work.count(v, -1, local)
         for p in v.placements:
             nid = nodes[(p.cluster, p.node)].nid
             slot = slots[nid]

@@ -195,6 +195,11 @@ class Derived:
     def __init__(self) -> None:
         # (pool, team, priority rank) -> running preemptible jobs: the preemption search's groups
         self.victims: dict[tuple[str, str, int], dict[str, Job]] | None = None
+        # the same groups by node, (cluster, node) -> GPUs their placements list there and the jobs
+        # placed there (built and kept with `victims`): a search for room on one node reads only the
+        # nodes its eligible groups could empty enough (preemption.py)
+        self.node_gpus: dict[tuple[str, str, int], dict[tuple[str, str], int]] = {}
+        self.node_jobs: dict[tuple[str, str, int], dict[tuple[str, str], dict[str, Job]]] = {}
         # job id -> (queue key, shape number, queued since) of every queued job, in no order: what a
         # full cycle sorts (O(1) to keep as jobs join and leave the queue, where a sorted list moves
         # half of itself each time), and what it reads per job without touching the job
@@ -221,11 +226,33 @@ class Derived:
 
     def add_running(self, job: Job) -> None:
         if self.victims is not None and job.spec.preemptible:
-            self.victims.setdefault((job.pool, job.spec.team, job.spec.priority.rank), {})[job.id] = job
+            group = (job.pool, job.spec.team, job.spec.priority.rank)
+            self.victims.setdefault(group, {})[job.id] = job
+            gpus, jobs = self.node_gpus.setdefault(group, {}), self.node_jobs.setdefault(group, {})
+            for p in job.placements:
+                key = (p.cluster, p.node)
+                gpus[key] = gpus.get(key, 0) + len(p.gpu_indices)
+                jobs.setdefault(key, {})[job.id] = job
 
     def drop_running(self, job: Job) -> None:
         if self.victims is not None and job.spec.preemptible:
-            self.victims.get((job.pool, job.spec.team, job.spec.priority.rank), {}).pop(job.id, None)
+            group = (job.pool, job.spec.team, job.spec.priority.rank)
+            self.victims.get(group, {}).pop(job.id, None)
+            gpus, jobs = self.node_gpus.get(group, {}), self.node_jobs.get(group, {})
+            for key, n in _per_node(job).items():
+                if job.id in jobs.get(key, ()):
+                    gpus[key] -= n
+                    del jobs[key][job.id]
+                    if not jobs[key]:
+                        del gpus[key], jobs[key]
+
+
+def _per_node(job: Job) -> dict[tuple[str, str], int]:
+    """(cluster, node) -> the GPUs the job's placements list there."""
+    out: dict[tuple[str, str], int] = {}
+    for p in job.placements:
+        out[(p.cluster, p.node)] = out.get((p.cluster, p.node), 0) + len(p.gpu_indices)
+    return out
 
 
 def derived(state: SchedulerState) -> Derived:
