@@ -623,7 +623,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--explain",
         metavar="USER",
-        help="print what USER (svc-scheduler, reader, agent-NODE, agents-CLUSTER, ...) may do and why, instead of the block",
+        help="print what USER (svc-scheduler, reader, agent-NODE, agents-CLUSTER, ...) may do and why, "
+        "instead of the block",
     )
     p.add_argument(
         "--telemetry-partitions",

@@ -108,20 +108,22 @@ def test_dispatch_is_off_by_default_and_listing_clusters_alone_turns_nothing_on(
     assert not [m for m in scheduler["volumeMounts"] if m["mountPath"].startswith("/etc/chamber/clusters")]
 
 
-def test_inconsistent_dispatch_values_are_refused_with_the_value_to_fix(helm: Path) -> None:  # noqa: F811
-    def refused(*sets: str) -> str:
-        done = run_helm(helm, "template", "c", str(CHART), *[a for s in sets for a in ("--set", s)], check=False)
-        assert done.returncode != 0, sets
-        return done.stderr
+def refused(helm: Path, *sets: str) -> str:  # noqa: F811
+    """helm's error for values the chart refuses."""
+    done = run_helm(helm, "template", "c", str(CHART), *[a for s in sets for a in ("--set", s)], check=False)
+    assert done.returncode != 0, sets
+    return done.stderr
 
-    assert "needs mode=manage" in refused("dispatch.enabled=true", "mode=monitor")
-    assert "set nats.deploy=false" in refused("dispatch.actuator.enabled=true")
-    assert "set one of them" in refused(*MEMBER, "dispatch.enabled=true")
+
+def test_inconsistent_dispatch_values_are_refused_with_the_value_to_fix(helm: Path) -> None:  # noqa: F811
+    assert "needs mode=manage" in refused(helm, "dispatch.enabled=true", "mode=monitor")
+    assert "set nats.deploy=false" in refused(helm, "dispatch.actuator.enabled=true")
+    assert "set one of them" in refused(helm, *MEMBER, "dispatch.enabled=true")
     own = refused(
-        "dispatch.enabled=true", "dispatch.clusters[0].name=default", "dispatch.clusters[0].kubeconfigSecret=k"
+        helm, "dispatch.enabled=true", "dispatch.clusters[0].name=default", "dispatch.clusters[0].kubeconfigSecret=k"
     )
     assert '"default" is listed twice or is this release\'s own cluster.name' in own
-    assert "kubeconfigSecret" in refused("dispatch.enabled=true", "dispatch.clusters[0].name=west")
+    assert "kubeconfigSecret" in refused(helm, "dispatch.enabled=true", "dispatch.clusters[0].name=west")
 
 
 # --- the control plane -----------------------------------------------------------------------------
@@ -340,11 +342,6 @@ def test_a_member_install_may_run_its_node_agents_as_its_clusters_user_on_the_co
 
 
 def test_a_member_clusters_agents_are_neither_simulated_nor_per_node(helm: Path) -> None:  # noqa: F811
-    def refused(*sets: str) -> str:
-        done = run_helm(helm, "template", "c", str(CHART), *[a for s in sets for a in ("--set", s)], check=False)
-        assert done.returncode != 0, sets
-        return done.stderr
-
     on = (*MEMBER, "dispatch.actuator.nodeAgents=true")
-    assert "runs on the control plane only" in refused(*on, "agent.simulate.enabled=true")
-    assert "leave nats.auth.agentNodes empty" in refused(*on, "nats.auth.agentNodes={gpu-1}")
+    assert "runs on the control plane only" in refused(helm, *on, "agent.simulate.enabled=true")
+    assert "leave nats.auth.agentNodes empty" in refused(helm, *on, "nats.auth.agentNodes={gpu-1}")

@@ -31,10 +31,10 @@ from services.cli.common import add_nats_option
 from services.dispatch import service
 from services.dispatch.actuator import GENERATION_LABEL, STATUS_ANNOTATION, WORKLOAD_LABEL
 from services.runtime import Publisher, connect
+from tests.integration.test_runtime import eventually
 from tests.kube_stub import KubeStub, a_k8s_node
 from tests.kube_workloads import a_batch_job
 from tests.scheduler_builders import a_node, a_quota
-from tests.integration.test_runtime import eventually
 from tests.secured_bus import SecuredNatsServer, connect_as
 
 pytestmark = pytest.mark.integration

@@ -107,7 +107,10 @@ def test_no_role_but_admin_may_subscribe_to_what_agents_publish() -> None:
 
 # --- a member cluster's node agents, on the control plane's NATS -----------------------------------
 
-CONTROL_PLANE = dict(shared_agent=True, actuator_clusters=["central", "west", "east"])
+
+def control_plane() -> list[User]:
+    """A control plane `central` with members west and east (the chart passes its own name too)."""
+    return users("central", shared_agent=True, actuator_clusters=["central", "west", "east"])
 
 
 def allows(user: User, subject: str) -> bool:
@@ -120,7 +123,7 @@ def allows(user: User, subject: str) -> bool:
 def test_a_member_clusters_agents_publish_only_their_clusters_ingest_subjects(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    roles = {u.name: u for u in users("central", **CONTROL_PLANE)}  # type: ignore[arg-type]
+    roles = {u.name: u for u in control_plane()}
     assert {n for n in roles if n.startswith("agent")} == {"agent", "agents-west", "agents-east"}
     west = roles["agents-west"]
     for make in (subjects.sample, subjects.inventory, subjects.fabric, subjects.steps, subjects.faults):
@@ -139,7 +142,7 @@ def test_the_services_publish_per_cluster_events_for_every_member_cluster_from_t
     manifests = service_manifests()
     per_cluster = {s for s, m in manifests.items() if any("{cluster}" in p for p in m.publishes)}
     assert {"discovery", "health", "perf"} <= per_cluster
-    roles = {u.name: u for u in users("central", **CONTROL_PLANE)}  # type: ignore[arg-type]
+    roles = {u.name: u for u in control_plane()}
     for service in DEFAULT_SERVICES:
         user = roles[f"svc-{service}"]
         for pattern in manifests[service].publishes:
@@ -158,7 +161,7 @@ def test_the_services_publish_per_cluster_events_for_every_member_cluster_from_t
 
 
 def test_two_roles_under_one_name_are_refused() -> None:
-    roles = users("central", **CONTROL_PLANE)  # type: ignore[arg-type]
+    roles = control_plane()
     twin = next(u for u in roles if u.name == "agents-west")
     with pytest.raises(UsageError, match="'agents-west' would be both agent"):
         _refuse_collisions([*roles, dataclasses.replace(twin, role="actuator")])
