@@ -14,6 +14,10 @@ comes with the reason `--explain ROLE` prints:
                    straight into TELEMETRY or FAULTS; reads stream info and its node's keys of the
                    step-log bucket (one consumer, named and filtered for the node).
 - `agent`          (--shared-agent) the same for any node of this cluster.
+- `agents-<c>`     (each --actuator-cluster C but this one) the node agents of member cluster C, which
+                   report to this control plane: any node's telemetry and faults of cluster C only.
+                   The services that publish per-cluster subjects (`{cluster}` in their manifests:
+                   discovery's and health's fleet events, perf's faults) get them for C too.
 - `simulator`      (--simulator) the simulated fleet: any node's telemetry and faults of this cluster,
                    job progress (`chamber.jobs.<job>`), reads JOBS through its own consumers, answers
                    `chamber.cmd.sim.>`.
@@ -259,14 +263,33 @@ def every_durable(manifests: Mapping[str, Manifest], partitions: int = 1) -> lis
     return out
 
 
+def _owned(service: str, manifest: Manifest, cluster: str, members: Sequence[str]) -> list[Grant]:
+    """The subjects a service owns: `{cluster}` stands for this cluster and, on a control plane, for
+    each member cluster whose agents report here (their nodes' events are the service's to publish)."""
+    out: list[Grant] = []
+    for s in manifest.publishes:
+        out.append(Grant(s.replace("{cluster}", subjects.token(cluster)), f"events {service} owns"))
+        if "{cluster}" in s:
+            out += [
+                Grant(
+                    s.replace("{cluster}", subjects.token(m)),
+                    f"events {service} owns, for member cluster {m} (its agents report to this control plane)",
+                )
+                for m in members
+            ]
+    return out
+
+
 def service_user(
-    service: str, manifest: Manifest, cluster: str, manifests: Mapping[str, Manifest], partitions: int = 1
+    service: str,
+    manifest: Manifest,
+    cluster: str,
+    manifests: Mapping[str, Manifest],
+    partitions: int = 1,
+    members: Sequence[str] = (),
 ) -> User:
     user = f"svc-{service}"
-    c = subjects.token(cluster)
-    publish: list[Grant] = [
-        Grant(s.replace("{cluster}", c), f"events {service} owns") for s in manifest.publishes
-    ] + _api_basics()
+    publish: list[Grant] = _owned(service, manifest, cluster, members) + _api_basics()
     mine: set[tuple[str, str]] = set()
     for stream in _streams(manifest.reads, partitions):
         durables = [name for s, name in manifest.durables if stream in _streams([s], partitions)]
@@ -350,16 +373,39 @@ def agent_user(cluster: str, node: str) -> User:
     )
 
 
-def shared_agent_user(cluster: str) -> User:
+def shared_agent_user(cluster: str, name: str = "agent", why: str = "") -> User:
     return User(
-        "agent",
+        name,
         "agent",
         Permissions.of(
-            [*_node_subjects(cluster, None), *_step_log_reads(cluster, None), *_api_basics()], [_inbox("agent")]
+            [*_node_subjects(cluster, None), *_step_log_reads(cluster, None), *_api_basics()], [_inbox(name)]
         ),
-        f"one user for every node agent of cluster {cluster}",
+        why or f"one user for every node agent of cluster {cluster}",
         (*AGENT_LIMITS, "one user for every node: it may name any node, so the per-node bounds do not hold it"),
     )
+
+
+MEMBER_AGENTS = "agents-"  # + cluster: never `agent` nor `agent-<node>` (the fifth character differs)
+
+
+def member_agent_name(cluster: str) -> str:
+    return f"{MEMBER_AGENTS}{subjects.token(cluster)}"
+
+
+def member_agent_user(cluster: str) -> User:
+    """The node agents of a member cluster (an actuator-only install that also runs agents), logged in
+    to the control plane's NATS: the shared agent's grants, for that cluster's subjects only."""
+    return shared_agent_user(
+        cluster,
+        member_agent_name(cluster),
+        f"one user for every node agent of member cluster {cluster}, reporting to this control plane",
+    )
+
+
+def member_clusters(cluster: str, actuator_clusters: Sequence[str]) -> list[str]:
+    """The clusters named with --actuator-cluster other than this one (the control plane's own)."""
+    own = subjects.token(cluster)
+    return [c for c in dict.fromkeys(actuator_clusters) if subjects.token(c) != own]
 
 
 def actuator_user(cluster: str, manifests: Mapping[str, Manifest] | None = None) -> User:
@@ -462,10 +508,12 @@ def users(
 ) -> list[User]:
     every = service_manifests()
     chosen = service_manifests(services)
-    out = [service_user(s, m, cluster, every, telemetry_partitions) for s, m in chosen.items()]
+    members = member_clusters(cluster, actuator_clusters)
+    out = [service_user(s, m, cluster, every, telemetry_partitions, members) for s, m in chosen.items()]
     out += [agent_user(cluster, n) for n in agent_nodes]
     if shared_agent:
         out.append(shared_agent_user(cluster))
+    out += [member_agent_user(c) for c in members]
     if simulator:
         out.append(simulator_user(cluster, every))
     out += [actuator_user(c, every) for c in dict.fromkeys(actuator_clusters)]
@@ -473,7 +521,20 @@ def users(
     if setup:
         out.append(setup_user())
     out.append(User("admin", "admin", None, "the operator's chamber CLI: everything"))
+    _refuse_collisions(out)
     return out
+
+
+def _refuse_collisions(users_: Sequence[User]) -> None:
+    """Two roles under one name would share a password and the server would keep one of them."""
+    seen: dict[str, User] = {}
+    for user in users_:
+        other = seen.setdefault(user.name, user)
+        if other is not user:
+            raise UsageError(
+                f"NATS user {user.name!r} would be both {other.role} ({other.why}) and {user.role} ({user.why}): "
+                "rename the node or cluster"
+            )
 
 
 # --- output ----------------------------------------------------------------------------------------
@@ -555,13 +616,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         action="append",
         default=[],
         metavar="CLUSTER",
-        help="a dispatch actuator user for this cluster (actuator-CLUSTER; repeatable)",
+        help="a dispatch actuator user for this cluster (actuator-CLUSTER; repeatable); another cluster than "
+        "--cluster is a member: its node agents' user (agents-CLUSTER) and the services' grants for it",
     )
     p.add_argument("--out", type=Path, help="write here (default: stdout)")
     p.add_argument(
         "--explain",
         metavar="USER",
-        help="print what USER (svc-scheduler, reader, agent-NODE, ...) may do and why, instead of the block",
+        help="print what USER (svc-scheduler, reader, agent-NODE, agents-CLUSTER, ...) may do and why, "
+        "instead of the block",
     )
     p.add_argument(
         "--telemetry-partitions",
@@ -598,6 +661,11 @@ def run(args: argparse.Namespace) -> int:
         actuator_clusters=[
             *args.actuator_cluster,
             *([args.explain[9:]] if explaining and args.explain.startswith("actuator-") else []),
+            *(
+                [args.explain.removeprefix(MEMBER_AGENTS)]
+                if explaining and args.explain.startswith(MEMBER_AGENTS)
+                else []
+            ),
         ],
         telemetry_partitions=parse_partitions(args.telemetry_partitions),
     )

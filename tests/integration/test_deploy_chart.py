@@ -546,11 +546,12 @@ def test_the_per_node_agent_wrapper_logs_in_as_its_node_or_stops_with_the_value_
 
 @pytest.mark.parametrize("values", ["default", "dispatch"])
 async def test_the_charts_nats_admits_each_pod_with_the_url_the_chart_gives_it(
-    rendered: dict[str, list[Doc]], values: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    helm: Path, rendered: dict[str, list[Doc]], values: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The rendered nats.conf plus the init container's generated block, served by a real nats-server;
     each workload connects with the CHAMBER_NATS_URL the chart builds for it (with dispatch: the
-    dispatcher as svc-dispatch and this cluster's actuator as actuator-<cluster>)."""
+    dispatcher as svc-dispatch and this cluster's actuator as actuator-<cluster>, and a member
+    cluster's install, its actuator and node agents, with the keys of the control plane's Secret)."""
     import nats as nats_py
 
     from services.runtime import ensure_streams
@@ -559,6 +560,17 @@ async def test_the_charts_nats_admits_each_pod_with_the_url_the_chart_gives_it(
     from services.runtime.setup import set_up
 
     docs = rendered[values]
+    pods = list(pod_specs(docs))
+    if values == "dispatch":
+        member = render(
+            helm,
+            [],
+            *("dispatch.actuator.enabled=true", "dispatch.actuator.nodeAgents=true", "cluster.name=west"),
+            *("nats.deploy=false", "nats.url=nats://chamber-nats.chamber.svc:4222"),
+            "nats.auth.existingSecret=chamber-nats-users",
+        )
+        pods += [(f"west {name}", spec) for name, spec in pod_specs(member)]
+        assert {"west Deployment/chamber-dispatch-actuator", "west DaemonSet/chamber-agent"} <= {n for n, _ in pods}
     config = named(docs, "ConfigMap", "chamber-nats")["data"]["nats.conf"]
     # the store and ports come from the test server's flags; the pid file goes to a writable place
     config = re.sub(r"\n\s*store_dir: .*", "", config).replace("/var/run/nats", str(tmp_path))
@@ -579,7 +591,7 @@ async def test_the_charts_nats_admits_each_pod_with_the_url_the_chart_gives_it(
     try:
         # the set-up Job first: it creates the streams and buckets; services and the agent only find them
         jobs = [(f"Job/{d['metadata']['name']}", d["spec"]["template"]["spec"]) for d in kinds(docs, "Job")]
-        for name, spec in [*jobs, *pod_specs(docs)]:
+        for name, spec in [*jobs, *pods]:
             for c in spec["containers"]:
                 env = {e["name"]: e for e in c.get("env", [])}
                 if "CHAMBER_NATS_URL" not in env:

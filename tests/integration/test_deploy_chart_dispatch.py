@@ -108,20 +108,22 @@ def test_dispatch_is_off_by_default_and_listing_clusters_alone_turns_nothing_on(
     assert not [m for m in scheduler["volumeMounts"] if m["mountPath"].startswith("/etc/chamber/clusters")]
 
 
-def test_inconsistent_dispatch_values_are_refused_with_the_value_to_fix(helm: Path) -> None:  # noqa: F811
-    def refused(*sets: str) -> str:
-        done = run_helm(helm, "template", "c", str(CHART), *[a for s in sets for a in ("--set", s)], check=False)
-        assert done.returncode != 0, sets
-        return done.stderr
+def refused(helm: Path, *sets: str) -> str:  # noqa: F811
+    """helm's error for values the chart refuses."""
+    done = run_helm(helm, "template", "c", str(CHART), *[a for s in sets for a in ("--set", s)], check=False)
+    assert done.returncode != 0, sets
+    return done.stderr
 
-    assert "needs mode=manage" in refused("dispatch.enabled=true", "mode=monitor")
-    assert "set nats.deploy=false" in refused("dispatch.actuator.enabled=true")
-    assert "set one of them" in refused(*MEMBER, "dispatch.enabled=true")
+
+def test_inconsistent_dispatch_values_are_refused_with_the_value_to_fix(helm: Path) -> None:  # noqa: F811
+    assert "needs mode=manage" in refused(helm, "dispatch.enabled=true", "mode=monitor")
+    assert "set nats.deploy=false" in refused(helm, "dispatch.actuator.enabled=true")
+    assert "set one of them" in refused(helm, *MEMBER, "dispatch.enabled=true")
     own = refused(
-        "dispatch.enabled=true", "dispatch.clusters[0].name=default", "dispatch.clusters[0].kubeconfigSecret=k"
+        helm, "dispatch.enabled=true", "dispatch.clusters[0].name=default", "dispatch.clusters[0].kubeconfigSecret=k"
     )
     assert '"default" is listed twice or is this release\'s own cluster.name' in own
-    assert "kubeconfigSecret" in refused("dispatch.enabled=true", "dispatch.clusters[0].name=west")
+    assert "kubeconfigSecret" in refused(helm, "dispatch.enabled=true", "dispatch.clusters[0].name=west")
 
 
 # --- the control plane -----------------------------------------------------------------------------
@@ -305,3 +307,41 @@ def granted(role: Doc) -> set[tuple[str, str, str]]:
     return {
         (g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]
     }
+
+
+# --- a member cluster's node agents, reporting to the control plane ------------------------------------
+
+
+def test_a_member_install_may_run_its_node_agents_as_its_clusters_user_on_the_control_planes_nats(
+    helm: Path,  # noqa: F811
+    member: list[Doc],
+    rendered: dict[str, list[Doc]],  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    agents = render(helm, [], *MEMBER, "dispatch.actuator.nodeAgents=true")
+    added = {(d["kind"], d["metadata"]["name"]) for d in agents} - {(d["kind"], d["metadata"]["name"]) for d in member}
+    assert added == {("ServiceAccount", "chamber-agent"), ("DaemonSet", "chamber-agent")}
+    for doc in agents:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    spec = named(agents, "DaemonSet", "chamber-agent")["spec"]["template"]["spec"]
+    [c] = spec["containers"]
+    assert nats_login(c) == ("chamber-actuator-west", "agents-west")
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["CHAMBER_NATS_URL"] == "tls://agents-west:$(CHAMBER_NATS_PASSWORD)@nats.central.example.com:4222"
+    assert env["CHAMBER_CLUSTER"] == "west"  # the cluster token of every subject it publishes
+    args = build_parser().parse_args(c["args"])
+    assert (args.command, args.node, args.simulate) == ("agent", "$(NODE_NAME)", False)
+    assert spec["automountServiceAccountToken"] is False and spec["runtimeClassName"] == "nvidia"
+    # the control plane generates that user, and its Secret holds its password, for each member cluster
+    users = generated_users(rendered["dispatch"], tmp_path)
+    assert {u for u in users if u.startswith("agents-")} == {"agents-west", "agents-east"}
+    assert {"agents-west", "agents-east"} <= set(named(rendered["dispatch"], "Secret", "chamber-nats-users")["data"])
+    # the control plane's own agents keep their user
+    [own] = named(rendered["dispatch"], "DaemonSet", "chamber-agent")["spec"]["template"]["spec"]["containers"]
+    assert nats_login(own) == ("chamber-nats-users", "agent")
+
+
+def test_a_member_clusters_agents_are_neither_simulated_nor_per_node(helm: Path) -> None:  # noqa: F811
+    on = (*MEMBER, "dispatch.actuator.nodeAgents=true")
+    assert "runs on the control plane only" in refused(helm, *on, "agent.simulate.enabled=true")
+    assert "leave nats.auth.agentNodes empty" in refused(helm, *on, "nats.auth.agentNodes={gpu-1}")

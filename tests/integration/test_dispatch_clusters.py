@@ -24,16 +24,18 @@ from typing import Any
 
 import pytest
 
-from events import JobCompleted, TeamQuotaSet
-from events.codec import decode_event
+from events import GpuInfo, JobCompleted, NodeDiscovered, NodeInventory, TeamQuotaSet, subjects
+from events.codec import decode_event, encode
+from events.subjects import subject_for
 from services.cli.common import add_nats_option
 from services.dispatch import service
 from services.dispatch.actuator import GENERATION_LABEL, STATUS_ANNOTATION, WORKLOAD_LABEL
 from services.runtime import Publisher, connect
+from tests.integration.test_runtime import eventually
 from tests.kube_stub import KubeStub, a_k8s_node
 from tests.kube_workloads import a_batch_job
 from tests.scheduler_builders import a_node, a_quota
-from tests.secured_bus import SecuredNatsServer
+from tests.secured_bus import SecuredNatsServer, connect_as
 
 pytestmark = pytest.mark.integration
 
@@ -315,3 +317,44 @@ async def test_the_one_scheduler_admits_the_copy_in_its_cluster_and_the_origin_s
             await asyncio.wait_for(scheduling, 10)
             await procs.stop_all()
             await nc.close()
+
+
+async def test_a_member_clusters_agent_reaches_the_control_planes_discovery(bus: SecuredNatsServer) -> None:
+    """Cluster b's node agents log in to the control plane's bus as agents-b (what the chart gives a
+    member install with dispatch.actuator.nodeAgents): their inventory passes b's gate and the control
+    plane's discovery (svc-discovery of cluster c1) announces the node in cluster b. The fixture
+    fails the test if the bus refused anyone anything."""
+    from services.discovery import service as discovery
+
+    parser = argparse.ArgumentParser()
+    add_nats_option(parser)
+    discovery.add_arguments(parser)
+    a = parser.parse_args(["--nats", bus.url_for("discovery"), "--cluster", "c1", "--tick", "0.1"])
+    stop = asyncio.Event()
+    task = asyncio.create_task(discovery.run(a, stop))
+    agent = await connect_as(bus, "agents-b")
+    admin = await connect(bus.url, name="test-admin")
+    try:
+        gpus = [GpuInfo(index=i, uuid=f"GPU-b-{i}", model="H100-80GB") for i in range(2)]
+        inventory = NodeInventory(cluster="b", node="gpu-1", observed_at=time.time(), gpus=gpus)
+        headers, body = encode(inventory, source="chamber/agent")
+        ack = await agent.request(subjects.ingest(subject_for(inventory)), body, headers=headers, timeout=5)
+        assert b'"error"' not in ack.data, ack.data  # the gate stream stored it
+
+        js = admin.jetstream()
+        sub = await js.pull_subscribe("chamber.fleet.b.>", durable=None)
+
+        async def announced() -> bool:
+            try:
+                msgs = await sub.fetch(10, timeout=0.3)
+            except TimeoutError:
+                return False
+            events = [decode_event(m.headers, m.data)[0] for m in msgs]
+            return any(isinstance(e, NodeDiscovered) and (e.cluster, e.node) == ("b", "gpu-1") for e in events)
+
+        await eventually(announced, within=8)
+    finally:
+        await agent.close()
+        await admin.close()
+        stop.set()
+        await asyncio.wait_for(task, 10)

@@ -117,7 +117,14 @@ ACTIONS = [
     _a("publish a billing event", "pub", "chamber.billing.vision", SVC["billing"]),
     _a("publish another node's sample", "pub", "chamber.ingest.telemetry.sample.c1.n2", "agent", "simulator"),
     _a("publish another node's fault", "pub", "chamber.ingest.faults.c1.n2", "agent", "simulator"),
-    _a("publish another cluster's sample", "pub", "chamber.ingest.telemetry.sample.c9.n1"),
+    _a("publish another cluster's sample", "pub", "chamber.ingest.telemetry.sample.c8.n1"),
+    # a member cluster (c9: an --actuator-cluster) reports to this control plane: its agents speak for
+    # its nodes only, and the services own its nodes' events as they own this cluster's
+    _a("publish a member cluster's sample", "pub", "chamber.ingest.telemetry.sample.c9.n1", "agents-c9"),
+    _a("publish a member cluster's fault", "pub", "chamber.ingest.faults.c9.n1", "agents-c9"),
+    _a("publish a member cluster's fault past the gate", "pub", "chamber.faults.c9.n1", SVC["perf"]),
+    _a("announce a member cluster's node (FLEET)", "pub", "chamber.fleet.c9.fake", SVC["discovery"], SVC["health"]),
+    _a("announce a node of a cluster not in the fleet", "pub", "chamber.fleet.c8.fake"),
     # agents publish through their gates (a rate per node): never straight into TELEMETRY or FAULTS
     _a("publish a sample past the gate", "pub", "chamber.telemetry.sample.c1.n1"),
     _a("publish a fault past the gate", "pub", "chamber.faults.c1.n1", SVC["perf"]),

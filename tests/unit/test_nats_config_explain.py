@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
+from events import subjects
+from events.streams import _matches
 from services.cli import main
-from services.cli.nats_config import service_manifests, users
+from services.cli.errors import UsageError
+from services.cli.nats_config import DEFAULT_SERVICES, User, _refuse_collisions, service_manifests, users
 from services.runtime.manifest import lease_bucket
 
 
@@ -98,3 +103,65 @@ def test_no_role_but_admin_may_subscribe_to_what_agents_publish() -> None:
             for gate in GATES:
                 sample = gate.subjects[0].replace(">", "sample.c1.n1")
                 assert not probe.covers(sample), f"{user.name} may subscribe to {pattern}"
+
+
+# --- a member cluster's node agents, on the control plane's NATS -----------------------------------
+
+
+def control_plane() -> list[User]:
+    """A control plane `central` with members west and east (the chart passes its own name too)."""
+    return users("central", shared_agent=True, actuator_clusters=["central", "west", "east"])
+
+
+def allows(user: User, subject: str) -> bool:
+    assert user.permissions is not None
+    return any(_matches(p, subject) for p in user.permissions.publish) and not any(
+        _matches(p, subject) for p in user.permissions.deny_publish
+    )
+
+
+def test_a_member_clusters_agents_publish_only_their_clusters_ingest_subjects(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    roles = {u.name: u for u in control_plane()}
+    assert {n for n in roles if n.startswith("agent")} == {"agent", "agents-west", "agents-east"}
+    west = roles["agents-west"]
+    for make in (subjects.sample, subjects.inventory, subjects.fabric, subjects.steps, subjects.faults):
+        assert allows(west, subjects.ingest(make("west", "gpu-7"))), make.__name__
+        assert not allows(west, make("west", "gpu-7")), make.__name__  # never past its gate
+        for other in ("central", "east"):
+            assert not allows(west, subjects.ingest(make(other, "gpu-7"))), (make.__name__, other)
+    assert not allows(west, subjects.fleet("west", "gpu-7")) and not allows(west, "chamber.dispatch.copy.west.j")
+    out = explained(capsys, "agents-west")
+    assert "chamber.ingest.faults.west.*" in out and "member cluster west" in out and ".c1." not in out
+
+
+def test_the_services_publish_per_cluster_events_for_every_member_cluster_from_their_manifests(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    manifests = service_manifests()
+    per_cluster = {s for s, m in manifests.items() if any("{cluster}" in p for p in m.publishes)}
+    assert {"discovery", "health", "perf"} <= per_cluster
+    roles = {u.name: u for u in control_plane()}
+    for service in DEFAULT_SERVICES:
+        user = roles[f"svc-{service}"]
+        for pattern in manifests[service].publishes:
+            for cluster in ("central", "west", "east"):
+                subject = pattern.replace("{cluster}", cluster).replace("*", "gpu-7")
+                assert allows(user, subject), (service, subject)
+            if "{cluster}" in pattern:  # a cluster not named: none of its events
+                assert not allows(user, pattern.replace("{cluster}", "north").replace("*", "gpu-7")), service
+    assert allows(roles["svc-discovery"], subjects.fleet("west", "gpu-7"))
+    assert not allows(roles["svc-scheduler"], subjects.fleet("west", "gpu-7"))
+    # one cluster: nothing of another
+    alone = {u.name: u for u in users("central", shared_agent=True)}
+    assert not allows(alone["svc-discovery"], subjects.fleet("west", "gpu-7"))
+    assert main(["nats-config", "--cluster", "central", "--actuator-cluster", "west", "--explain", "svc-health"]) == 0
+    assert "chamber.fleet.west.*" in capsys.readouterr().out
+
+
+def test_two_roles_under_one_name_are_refused() -> None:
+    roles = control_plane()
+    twin = next(u for u in roles if u.name == "agents-west")
+    with pytest.raises(UsageError, match="'agents-west' would be both agent"):
+        _refuse_collisions([*roles, dataclasses.replace(twin, role="actuator")])

@@ -68,9 +68,19 @@ true
 {{- end -}}
 
 {{/* Multi-cluster dispatch. The control plane (dispatch.enabled, manage mode) runs the dispatcher and
-this cluster's actuator; an actuator-only install (dispatch.actuator.enabled) runs nothing else. */}}
+this cluster's actuator; an actuator-only install (dispatch.actuator.enabled) runs nothing else but,
+with dispatch.actuator.nodeAgents, the node agents (chamber.memberAgents). */}}
 {{- define "chamber.actuatorOnly" -}}
 {{- if .Values.dispatch.actuator.enabled -}}true{{- end -}}
+{{- end -}}
+
+{{- define "chamber.memberAgents" -}}
+{{- if and .Values.dispatch.actuator.enabled .Values.dispatch.actuator.nodeAgents -}}true{{- end -}}
+{{- end -}}
+
+{{/* The NATS user of a member cluster's node agents: `chamber nats-config` names it agents-<cluster>. */}}
+{{- define "chamber.memberAgentUser" -}}
+{{- printf "agents-%s" . -}}
 {{- end -}}
 
 {{- define "chamber.dispatchRuns" -}}
