@@ -34,6 +34,7 @@ from events import (
     PoolDefined,
     PriceSet,
 )
+from events.dispatch import ClusterHeartbeat
 from events.fabric import FabricSample
 from events.jobs import JobResumed
 from events.steps import RankStepTimings
@@ -351,7 +352,8 @@ def build_tables(items: list[Recorded]) -> dict[str, pa.Table]:
         e = item.event
         if isinstance(e, NodeSample | LeanNodeSample):
             continue
-        if not isinstance(e, NodeInventory | FabricSample | RankStepTimings):  # telemetry, repeated: not an audit fact
+        # telemetry and heartbeats, repeated: not audit facts
+        if not isinstance(e, NodeInventory | FabricSample | RankStepTimings | ClusterHeartbeat):
             _audit_row(cols["events"], item, e)
         if isinstance(e, FabricSample):
             add_nic_rows(cols["nic_samples"], e, item.id)

@@ -18,14 +18,14 @@ import argparse
 import asyncio
 from typing import Any
 
-from events.streams import BILLING, FAULTS, FLEET, JOBS, QUOTA, TELEMETRY
+from events.streams import BILLING, DISPATCH, FAULTS, FLEET, JOBS, QUOTA, TELEMETRY
 from services.recorder.partitions import MEMBERS_BUCKET
 from services.runtime.manifest import Manifest
 
 NAME = "recorder"
 DESCRIPTION = "record telemetry and every domain event in the warehouse (ClickHouse or chDB); answer SQL"
 DURABLE = "recorder"
-STREAMS = (TELEMETRY, FAULTS, FLEET, JOBS, QUOTA, BILLING)
+STREAMS = (TELEMETRY, FAULTS, FLEET, JOBS, QUOTA, BILLING, DISPATCH)
 
 ROLE = Manifest(
     reads=tuple(s.name for s in STREAMS),

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from events import JobCompleted
+from events.dispatch import ClusterHeartbeat, WorkloadDispatched
 from services.recorder.rows import Recorded, build_tables
 from services.warehouse import WarehouseError
 from services.warehouse.efficiency import parse_since
@@ -47,6 +48,17 @@ def test_a_badly_named_migration_is_refused(tmp_path: Path) -> None:
     (tmp_path / "init.sql").write_text("SELECT 1;")
     with pytest.raises(WarehouseError, match=r"NNNN_name\.sql"):
         load(tmp_path)
+
+
+def test_dispatch_decisions_are_audited_and_cluster_heartbeats_are_not() -> None:
+    tables = build_tables(
+        recorded(
+            WorkloadDispatched(workload="k8s-a-ml-train", cluster="b", generation=1, at=T0),
+            ClusterHeartbeat(cluster="b", at=T0 + 1, capacity_gpus=64),
+        )
+    )
+    events = tables["events"].to_pydict()
+    assert events["type"] == [WorkloadDispatched.ce_type()] and events["cluster"] == ["b"]
 
 
 def recorded(*events: object) -> list[Recorded]:
