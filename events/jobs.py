@@ -93,7 +93,6 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True):
     gpu_vendor: Name | None = None  # "nvidia" | "amd": only GPUs of this vendor (what a pod's resource asks)
     serving: ServingReplica | None = None  # a replica of a serving workload (class serving)
 
-
     share: GpuShare | None = None  # part of one GPU per replica (a fraction or a MIG instance)
 
     @property
