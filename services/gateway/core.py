@@ -194,6 +194,7 @@ class Team:
     budget_currency: str = "USD"
     budget_period: str = "month"
     budget_exceeded_at: float | None = None
+    budget_set_at: float | None = None  # when the budget was last set: an older "exceeded" is void
     cost: float = 0.0
     gpu_seconds: float = 0.0
 
@@ -576,7 +577,11 @@ def _quota(state: GatewayState, event: PoolDefined | PoolRemoved | TeamQuotaSet 
         case BudgetSet():
             team = state.team(event.team)
             team.budget, team.budget_currency, team.budget_period = event.amount, event.currency, event.period
-            team.budget_exceeded_at = None
+            # BudgetSet (QUOTA) and BudgetExceeded (BILLING) come from two streams, folded in any
+            # interleaving: a new budget voids only what was exceeded before it was set
+            team.budget_set_at = max(event.at, team.budget_set_at or event.at)
+            if team.budget_exceeded_at is not None and team.budget_exceeded_at <= team.budget_set_at:
+                team.budget_exceeded_at = None
 
 
 def _billing(state: GatewayState, event: PriceSet | CostAccrued | BudgetExceeded) -> None:
@@ -600,7 +605,9 @@ def _billing(state: GatewayState, event: PriceSet | CostAccrued | BudgetExceeded
                 team.cost += event.cost
                 team.gpu_seconds += event.gpu_seconds
         case BudgetExceeded():
-            state.team(event.team).budget_exceeded_at = event.at
+            team = state.team(event.team)
+            if team.budget_set_at is None or event.at > team.budget_set_at:  # of the budget in force
+                team.budget_exceeded_at = max(event.at, team.budget_exceeded_at or event.at)
 
 
 # --- derived figures -------------------------------------------------------------------------------

@@ -8,6 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from events import (
+    BudgetExceeded,
+    BudgetSet,
     Event,
     GpuIsolated,
     GpuRestored,
@@ -339,3 +341,16 @@ def test_held_isolations_are_listed_counted_and_cleared_by_a_confirm_or_a_dismis
     evolve(state, IsolationDismissed(cluster=CLUSTER, node="n2", at=T0 + 4, reason="dismissed by operator"))
     assert views.faults(state).held == [] and fleet_values(state)["chamber_isolations_held"] == 0
     assert views.faults(state).timeline[0].kind == "isolation_dismissed"
+
+
+def test_over_budget_is_the_same_whichever_stream_is_folded_first() -> None:
+    """BudgetSet is on QUOTA and BudgetExceeded on BILLING: the flag follows the events' times."""
+    budget = BudgetSet(team="vision", at=1000.0, amount=1.0)
+    over = BudgetExceeded(team="vision", at=1090.0, budget=1.0, spent=1.25)
+    raised = BudgetSet(team="vision", at=1100.0, amount=5.0)
+    for quota, flagged in (((budget,), True), ((budget, raised), False)):
+        for i in range(len(quota) + 1):  # the excess folded before, between or after the quota events
+            state = GatewayState()
+            for event in (*quota[:i], over, *quota[i:]):
+                evolve(state, event)
+            assert (state.teams["vision"].budget_exceeded_at is not None) == flagged, (quota, i)

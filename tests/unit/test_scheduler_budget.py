@@ -47,6 +47,16 @@ def test_raising_the_budget_above_what_was_spent_lifts_the_hold() -> None:
     assert d.state_of("j1") == "running"
 
 
+def test_a_raised_budget_and_an_older_excess_hold_alike_in_either_fold_order() -> None:
+    excess = BudgetExceeded(team="vision", at=NOV, budget=1000.0, spent=1250.5)
+    raised = BudgetSet(team="vision", at=NOV + 3, amount=2000.0, on_budget=BudgetAction.HOLD)
+    first = BudgetSet(team="vision", at=NOV - 100, amount=1000.0, on_budget=BudgetAction.HOLD)
+    for order in ((first, excess, raised), (first, raised, excess)):  # QUOTA and BILLING read side by side
+        d = Driver().given(a_node("n1"), *order, a_job("j1", gpus=4, at=NOV + 4))
+        d.cycle(now=NOV + 5)
+        assert d.state_of("j1") == "running", order
+
+
 def test_demote_runs_new_work_preemptible_at_low_priority_and_leaves_earlier_work_alone() -> None:
     d = Driver().given(
         a_node("n1"),

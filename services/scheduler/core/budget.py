@@ -57,6 +57,10 @@ def fold_budget_exceeded(s: SchedulerState, e: BudgetExceeded) -> None:
     from services.scheduler.core.state import QUEUED  # state imports this module
 
     rule = s.budgets.setdefault(e.team, BudgetRule(e.budget, BudgetAction.NOTIFY, e.currency))
+    if rule.amount > e.spent:
+        # a budget raised past what was spent, folded first (QUOTA and BILLING are read side by side):
+        # this excess was of the old amount, which no longer holds, as if the events came in time order
+        return
     rule.exceeded_month, rule.exceeded_at, rule.spent = month_of(e.at), e.at, e.spent
     # Work submitted after the budget ran out but folded before this event (BILLING and JOBS are read
     # side by side) is demoted too, so the outcome depends on the events' times, not on fold order.
