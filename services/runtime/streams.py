@@ -10,6 +10,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
 from functools import partial
 
+import nats.errors
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig, StreamSource, SubjectTransform
 from nats.js.errors import APIError, NotFoundError
@@ -179,6 +180,14 @@ async def _placed(call: Callable[[], Awaitable[object]], stream: str, replicas: 
         try:
             await call()
             return
+        except nats.errors.TimeoutError:
+            # no answer: a cluster still electing its JetStream meta leader leaves the API silent for
+            # a few seconds. Adding or updating a stream with the same config again is idempotent.
+            if time.monotonic() >= deadline:
+                raise
+            log.info("stream set-up not answered, retrying", stream=stream, replicas=replicas)
+            delay = _PLACEMENT_BACKOFF.next(delay)
+            await asyncio.sleep(delay)
         except APIError as exc:
             if exc.err_code not in _PLACEMENT_ERRORS:
                 raise
