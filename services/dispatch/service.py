@@ -32,6 +32,7 @@ from services.dispatch import actuator as act
 from services.dispatch import core
 from services.dispatch.core import LOST_AFTER_S
 from services.dispatch.dispatcher import STATE_VERSION, DispatcherState, Seen, decide, evolve
+from services.kube.cluster import refuse_once
 from services.runtime.decider import Decider, DeciderHost, Input, pickle_codec
 from services.runtime.host import ServiceContext, serve
 from services.runtime.lease import ENV_NAME, ENV_TTL
@@ -191,25 +192,18 @@ class Actuator:
 
     async def refuse(self, kind: Any, action: act.Refuse, now: float) -> None:
         """Say once, on the origin object, why it is not dispatched (and in the log in any case)."""
-        from kubernetes.client.exceptions import ApiException
-
-        if action.uid in self.refused:
-            return
-        self.refused.add(action.uid)
-        log.warning("dispatch: workload refused", namespace=action.namespace, name=action.name, reason=action.reason)
-        try:
-            await asyncio.to_thread(
-                self.workloads.event,
-                kind,
-                action.namespace,
-                action.name,
-                action.uid,
-                "ChamberRefused",
-                action.reason,
-                now,
-            )
-        except ApiException as exc:
-            log.warning("could not post the Event", name=action.name, status=exc.status)
+        await refuse_once(
+            self.workloads,
+            self.refused,
+            kind,
+            action.namespace,
+            action.name,
+            action.uid,
+            action.reason,
+            now,
+            log,
+            "dispatch: workload refused",
+        )
 
     async def beat(self, now: float, running_gpus: int, queued_gpus: int) -> None:
         assert self.host is not None

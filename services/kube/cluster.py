@@ -7,6 +7,7 @@ and skipped with one log line; the batch Job, Pod, Deployment and StatefulSet ki
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -123,3 +124,32 @@ class KubernetesWorkloads:
         }
         # the client serializes a dict body as it does a CoreV1Event (its annotation names only the model)
         self.core.create_namespaced_event(namespace, body)  # type: ignore[arg-type]
+
+
+async def refuse_once(
+    workloads: KubernetesWorkloads,
+    refused: set[str],
+    kind: WorkloadKind,
+    namespace: str,
+    name: str,
+    uid: str,
+    reason: str,
+    now: float,
+    log: Any,
+    what: str,
+) -> None:
+    """Say once why a workload is refused: in the log (`what`) and as a `ChamberRefused` Event on it.
+
+    The uid is remembered before the Event is posted, so an API server that refuses Events does not
+    turn one refusal into a warning per cycle.
+    """
+    from kubernetes.client.exceptions import ApiException
+
+    if uid in refused:
+        return
+    refused.add(uid)
+    log.warning(what, kind=kind.kind, namespace=namespace, name=name, reason=reason)
+    try:
+        await asyncio.to_thread(workloads.event, kind, namespace, name, uid, "ChamberRefused", reason, now)
+    except ApiException as exc:
+        log.warning("could not post the Event", name=name, status=exc.status)

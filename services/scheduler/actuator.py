@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
+from services.kube.cluster import refuse_once
 from services.runtime.logs import get_logger
 from services.scheduler.kubernetes import Refuse, reconcile
 from services.scheduler.serving import DeletePod, reconcile_serving, split
@@ -113,29 +114,18 @@ class KubernetesActuator:
                 await self._delete_pod(action)
                 continue
             if isinstance(action, Refuse):
-                if action.uid in self.refused:
-                    continue
-                self.refused.add(action.uid)  # said once, in the log at least, even if the Event fails
-                log.warning(
+                await refuse_once(
+                    self.workloads,
+                    self.refused,
+                    kinds[action.kind],
+                    action.namespace,
+                    action.name,
+                    action.uid,
+                    action.reason,
+                    now,
+                    log,
                     "kubernetes workload refused",
-                    kind=action.kind,
-                    namespace=action.namespace,
-                    name=action.name,
-                    reason=action.reason,
                 )
-                try:
-                    await asyncio.to_thread(
-                        self.workloads.event,
-                        kinds[action.kind],
-                        action.namespace,
-                        action.name,
-                        action.uid,
-                        "ChamberRefused",
-                        action.reason,
-                        now,
-                    )
-                except ApiException as exc:
-                    log.warning("could not post the Event", name=action.name, status=exc.status)
                 continue
             try:
                 await asyncio.to_thread(
