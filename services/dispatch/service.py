@@ -192,18 +192,7 @@ class Actuator:
 
     async def refuse(self, kind: Any, action: act.Refuse, now: float) -> None:
         """Say once, on the origin object, why it is not dispatched (and in the log in any case)."""
-        await refuse_once(
-            self.workloads,
-            self.refused,
-            kind,
-            action.namespace,
-            action.name,
-            action.uid,
-            action.reason,
-            now,
-            log,
-            "dispatch: workload refused",
-        )
+        await refuse_once(self.workloads, self.refused, kind, action, now, log, "dispatch: workload refused")
 
     async def beat(self, now: float, running_gpus: int, queued_gpus: int) -> None:
         assert self.host is not None

@@ -11,7 +11,7 @@ import asyncio
 import builtins
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from services.kube.bindings import KUEUE_QUEUE_LABEL, TEAM_LABEL
 from services.kube.kinds import KINDS, BatchJob, Observed, Pod, WorkloadKind
@@ -126,14 +126,24 @@ class KubernetesWorkloads:
         self.core.create_namespaced_event(namespace, body)  # type: ignore[arg-type]
 
 
+class Refusal(Protocol):
+    """A workload Chamber will not run, and why (the scheduler's and dispatch's `Refuse` actions)."""
+
+    @property
+    def namespace(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def uid(self) -> str: ...
+    @property
+    def reason(self) -> str: ...
+
+
 async def refuse_once(
     workloads: KubernetesWorkloads,
     refused: set[str],
     kind: WorkloadKind,
-    namespace: str,
-    name: str,
-    uid: str,
-    reason: str,
+    refusal: Refusal,
     now: float,
     log: Any,
     what: str,
@@ -145,6 +155,7 @@ async def refuse_once(
     """
     from kubernetes.client.exceptions import ApiException
 
+    namespace, name, uid, reason = refusal.namespace, refusal.name, refusal.uid, refusal.reason
     if uid in refused:
         return
     refused.add(uid)

@@ -115,16 +115,7 @@ class KubernetesActuator:
                 continue
             if isinstance(action, Refuse):
                 await refuse_once(
-                    self.workloads,
-                    self.refused,
-                    kinds[action.kind],
-                    action.namespace,
-                    action.name,
-                    action.uid,
-                    action.reason,
-                    now,
-                    log,
-                    "kubernetes workload refused",
+                    self.workloads, self.refused, kinds[action.kind], action, now, log, "kubernetes workload refused"
                 )
                 continue
             try:
