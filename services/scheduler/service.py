@@ -72,7 +72,7 @@ DEFAULT_RETENTION_H = 0.0  # finished jobs leave memory as they finish (core/sta
 
 ROLE = Manifest(
     reads=("FLEET", "QUOTA", "JOBS", "BILLING", "FAULTS"),
-    publishes=("chamber.jobs.>",),
+    publishes=("chamber.jobs.>", "chamber.fleet.*.*.mig"),  # MIG layouts planned and applied (core/mig_live.py)
     buckets=(STEP_LOG_BUCKET,),  # the step logs workloads name, per node (services/scheduler/step_logs.py)
     snapshots=True,
     leases=True,
