@@ -7,6 +7,8 @@ cordoned and says so once on the Node."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,6 +23,8 @@ from services.scheduler.mig_apply import (
     applied_events,
     pending_changes,
 )
+from tests.integration.test_deploy_chart import helm, named, render  # noqa: F401 (helm: the session fixture)
+from tests.integration.test_deploy_chart_dispatch import granted, rbac_need
 from tests.kube_stub import KubeStub, a_k8s_node
 from tests.scheduler_builders import Driver, a_job
 from tests.unit.test_mig_live import managed_fleet, mig, planned
@@ -42,8 +46,8 @@ def a_pod(name: str, node: str, resources: dict[str, str] | None = None, phase: 
     }
 
 
-@pytest.fixture
-def api() -> Iterator[KubeStub]:
+@contextmanager
+def a_cluster() -> Iterator[KubeStub]:
     node = a_k8s_node("n1", gpus=2)
     node["metadata"]["labels"].update({CONFIG_LABEL: "all-disabled", STATE_LABEL: "success"})
     with KubeStub([node]) as stub:
@@ -51,6 +55,12 @@ def api() -> Iterator[KubeStub]:
         stub.add(a_pod("train", "n1", {"nvidia.com/gpu": "1"}))
         stub.add(a_pod("sidecar", "n1"))  # no GPU: not waited for
         stub.add(a_pod("elsewhere", "n2", {"nvidia.com/gpu": "1"}))
+        yield stub
+
+
+@pytest.fixture
+def api() -> Iterator[KubeStub]:
+    with a_cluster() as stub:
         yield stub
 
 
@@ -67,6 +77,12 @@ def node_of(api: KubeStub) -> dict[str, Any]:
 
 
 def test_the_documented_procedure_with_the_real_client_then_the_jobs_run_in_the_new_instances(api: KubeStub) -> None:
+    d = the_procedure(api)
+    d.cycle(now=30)
+    assert d.state_of("s0") == "running" and d.state_of("s1") == "running"
+
+
+def the_procedure(api: KubeStub) -> Driver:
     d = planned_fleet()
     [change] = pending_changes(d.state, "c1")
     applier = MigApplier(api.client().api_client, DEFAULT_CONFIG_MAP)
@@ -103,11 +119,14 @@ def test_the_documented_procedure_with_the_real_client_then_the_jobs_run_in_the_
     # the scheduler folds what the actuator publishes, and the jobs run in the new instances
     d.given(*(e for e, _ in applied_events("c1", change, 25.0)))
     assert pending_changes(d.state, "c1") == []
-    d.cycle(now=30)
-    assert d.state_of("s0") == "running" and d.state_of("s1") == "running"
+    return d
 
 
 def test_a_failure_leaves_the_node_cordoned_and_is_posted_once_on_the_node(api: KubeStub) -> None:
+    the_failure(api)
+
+
+def the_failure(api: KubeStub) -> None:
     d = planned_fleet()
     [change] = pending_changes(d.state, "c1")
     applier = MigApplier(api.client().api_client, DEFAULT_CONFIG_MAP)
@@ -126,3 +145,25 @@ def test_a_failure_leaves_the_node_cordoned_and_is_posted_once_on_the_node(api: 
         "n1",
     )
     assert pending_changes(d.state, "c1") == [change]  # the scheduler keeps work off the node meanwhile
+
+
+def test_the_charts_mig_rbac_is_exactly_what_the_procedure_calls(helm: Path) -> None:  # noqa: F811
+    requests = []
+    for run in (the_procedure, the_failure):
+        with a_cluster() as stub:
+            run(stub)
+        requests += stub.requests
+    needed = {n for r in requests if (n := rbac_need(r.method, f"{r.path}?{r.query}")) is not None}
+    docs = render(helm, [], "mig.apply=true")
+    roles = [r for r in docs if r["kind"] in ("Role", "ClusterRole") and r["metadata"]["name"] == "chamber-scheduler-mig"]
+    assert {(r["kind"], r["metadata"].get("namespace")) for r in roles} == {("ClusterRole", None), ("Role", NS)}
+    assert set().union(*(granted(r) for r in roles)) == needed
+    [role] = [r for r in roles if r["kind"] == "Role"]  # the ConfigMap alone, by name
+    assert [rule["resourceNames"] for rule in role["rules"]] == [[CM]]
+    assert {r.path for r in requests if "/configmaps" in r.path} == {f"/api/v1/namespaces/{NS}/configmaps/{CM}"}
+    env = {e["name"]: e.get("value") for e in named(docs, "Deployment", "chamber-scheduler")["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["CHAMBER_MIG_CONFIG_MAP"] == DEFAULT_CONFIG_MAP
+    assert yaml.safe_load(named(docs, "ConfigMap", CM)["data"][CONFIG_KEY])["mig-configs"]["all-disabled"]
+    # off by default: no role, no ConfigMap, no variable
+    default = render(helm, [])
+    assert not [d for d in default if d["metadata"]["name"] in ("chamber-scheduler-mig", CM)]
