@@ -301,12 +301,16 @@ def test_a_gated_pod_gets_its_node_then_its_gate_lifted_and_is_never_preempted(a
     [admit] = reconcile(d.state, w.list(), "c1", now=3.0)[1]
     api.requests.clear()
     w.patch(KINDS[-1], "ml", "p", list(admit.ops))
+    [placement] = d.state.jobs["k8s-c1-ml-pod-p"].placements  # the pod carries the GPUs chosen for it
+    gpus = ",".join(map(str, placement.gpu_indices))
+    assert len(placement.gpu_indices) == 2
     assert api.requests == [
         Request(
             "PATCH",
             "/api/v1/namespaces/ml/pods/p",
             JSON_PATCH,
             [
+                {"op": "add", "path": "/metadata/annotations", "value": {"chamber.io/gpus": gpus}},
                 {"op": "add", "path": "/spec/affinity", "value": pinned(["n1"], USER_AFFINITY)},
                 {"op": "test", "path": "/spec/schedulingGates/1", "value": {"name": "chamber.io/admission"}},
                 {"op": "remove", "path": "/spec/schedulingGates/1"},
@@ -315,6 +319,7 @@ def test_a_gated_pod_gets_its_node_then_its_gate_lifted_and_is_never_preempted(a
     ]
     obj = api.get("v1", "Pod", "ml", "p")
     assert obj["spec"]["schedulingGates"] == [{"name": "example.com/other"}]  # only Chamber's gate lifted
+    assert obj["metadata"]["annotations"] == {"chamber.io/gpus": gpus}
     assert reconcile(d.state, w.list(), "c1", now=4.0) == ([], [])
     obj["status"] = {"phase": "Succeeded"}
     events, _ = reconcile(d.state, w.list(), "c1", now=5.0)
