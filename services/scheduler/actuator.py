@@ -135,7 +135,12 @@ class KubernetesActuator:
             self.detected = True
         listed = await asyncio.to_thread(self.workloads.list)
         rest, serving = split(listed)
-        events, actions = reconcile(sched.state, rest, self.cluster, now, self.bindings)
+        try:
+            templates = await asyncio.to_thread(self.workloads.claim_templates, rest)
+        except ApiException as exc:  # without them, pods asking through templates wait a round
+            log.warning("could not list ResourceClaimTemplates", status=exc.status)
+            templates = {}
+        events, actions = reconcile(sched.state, rest, self.cluster, now, self.bindings, templates)
         more, scaled = reconcile_serving(sched.state, serving, self.cluster, now, self.bindings)
         events += more
         for event, event_id in events:
