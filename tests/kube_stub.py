@@ -6,9 +6,9 @@ real `kubernetes` client sent, and applies patches the way the API server does f
 by `type`; a stale `resourceVersion` is refused with 409).
 
 Besides Nodes it serves namespaced workloads of any kind (`add(obj)`): list across namespaces with
-a label selector (and a field selector of `path=value` terms), get, PATCH as JSON Patch (RFC 6902, applied by the `jsonpatch` library; a failed
-`test` is refused with 422) or merge patch, create (POST to the collection; 409 if the name is
-taken) and DELETE; `POST .../events` stores Events; `GET /apis` lists only
+a label selector (and a field selector of `path=value` terms), get, PATCH as JSON Patch (RFC 6902,
+applied by the `jsonpatch` library; a failed `test` is refused with 422) or merge patch, create
+(POST to the collection; 409 if the name is taken) and DELETE; `POST .../events` stores Events; `GET /apis` lists only
 the API groups in `api_groups`, so a test decides which CRDs are "installed". A Pod's spec may only
 change its scheduling gates and, while gated, its affinity (as the API server enforces).
 """

@@ -450,7 +450,9 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
     scheduler = Scheduler(args)
     # Bad bindings or no cluster: said at start, before anything connects.
     mig = getattr(args, "mig_config_map", None)
-    actuators = [KubernetesActuator(scheduler, args.cluster, args.bindings, mig_config_map=mig)] if args.kubernetes else []
+    actuators = (
+        [KubernetesActuator(scheduler, args.cluster, args.bindings, mig_config_map=mig)] if args.kubernetes else []
+    )
     for name, kubeconfig in getattr(args, "kubernetes_cluster", []):
         actuators.append(KubernetesActuator(scheduler, name, args.bindings, kubeconfig, mig_config_map=mig))
 

@@ -587,7 +587,10 @@ def test_a_statefulsets_borrowed_replica_reclaimed_by_its_lender_has_its_pod_del
 def test_pods_asking_through_claim_templates_have_their_namespaces_templates_listed_and_read(api: KubeStub) -> None:
     api.api_groups = [*CRDS, ("resource.k8s.io", "v1")]
     selector = "device.attributes['gpu.nvidia.com'].profile == '1g.10gb'"
-    request = {"name": "mig", "exactly": {"deviceClassName": "mig.nvidia.com", "selectors": [{"cel": {"expression": selector}}]}}
+    request = {
+        "name": "mig",
+        "exactly": {"deviceClassName": "mig.nvidia.com", "selectors": [{"cel": {"expression": selector}}]},
+    }
     api.add(
         {
             "apiVersion": "resource.k8s.io/v1",

@@ -90,7 +90,7 @@ def the_procedure(api: KubeStub) -> Driver:
     step = applier.step(change, 20.0)
     configs = yaml.safe_load(api.get("v1", "ConfigMap", NS, CM)["data"][CONFIG_KEY])["mig-configs"]
     assert configs == {change.config: change.entry}
-    assert [e for e in change.entry if e["mig-enabled"]][0]["mig-devices"] == {"1g.10gb": 2}
+    assert next(e for e in change.entry if e["mig-enabled"])["mig-devices"] == {"1g.10gb": 2}
     assert node_of(api)["spec"]["unschedulable"] is True and node_of(api)["metadata"]["annotations"][CORDONED] == "true"
     # 2. a GPU pod still runs there: wait (the pod without GPUs and the other node's do not count)
     step = applier.step(change, 21.0)
@@ -155,13 +155,18 @@ def test_the_charts_mig_rbac_is_exactly_what_the_procedure_calls(helm: Path) -> 
         requests += stub.requests
     needed = {n for r in requests if (n := rbac_need(r.method, f"{r.path}?{r.query}")) is not None}
     docs = render(helm, [], "mig.apply=true")
-    roles = [r for r in docs if r["kind"] in ("Role", "ClusterRole") and r["metadata"]["name"] == "chamber-scheduler-mig"]
+    roles = [
+        r for r in docs if r["kind"] in ("Role", "ClusterRole") and r["metadata"]["name"] == "chamber-scheduler-mig"
+    ]
     assert {(r["kind"], r["metadata"].get("namespace")) for r in roles} == {("ClusterRole", None), ("Role", NS)}
     assert set().union(*(granted(r) for r in roles)) == needed
     [role] = [r for r in roles if r["kind"] == "Role"]  # the ConfigMap alone, by name
     assert [rule["resourceNames"] for rule in role["rules"]] == [[CM]]
     assert {r.path for r in requests if "/configmaps" in r.path} == {f"/api/v1/namespaces/{NS}/configmaps/{CM}"}
-    env = {e["name"]: e.get("value") for e in named(docs, "Deployment", "chamber-scheduler")["spec"]["template"]["spec"]["containers"][0]["env"]}
+    env = {
+        e["name"]: e.get("value")
+        for e in named(docs, "Deployment", "chamber-scheduler")["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
     assert env["CHAMBER_MIG_CONFIG_MAP"] == DEFAULT_CONFIG_MAP
     assert yaml.safe_load(named(docs, "ConfigMap", CM)["data"][CONFIG_KEY])["mig-configs"]["all-disabled"]
     # off by default: no role, no ConfigMap, no variable

@@ -115,7 +115,9 @@ def test_a_node_with_gpu_work_is_never_changed_and_a_gpu_changes_at_most_once_an
 
 def test_waiting_whole_gpu_jobs_turn_an_idle_mig_gpu_back_into_a_whole_one() -> None:
     d = managed_fleet(("n1", 1))
-    d.given(MigLayoutApplied(cluster="c1", node="n1", gpu_index=0, at=1, layout=[MigInstance(profile="7g.80gb", start=0)]))
+    d.given(
+        MigLayoutApplied(cluster="c1", node="n1", gpu_index=0, at=1, layout=[MigInstance(profile="7g.80gb", start=0)])
+    )
     d.given(a_job("whole", gpus=1, at=2))
     d.cycle(now=4000)
     [plan] = planned(d)

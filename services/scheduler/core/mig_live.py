@@ -124,7 +124,7 @@ def plan_layouts(work: Work, admitted: set[str], min_interval_s: float = MIN_INT
         if not classes or quota.block(work, job) is not None:
             continue
         demand, whole = groups.setdefault(classes, (Counter(), [0]))
-        if share is not None:
+        if share is not None and share.mig_profile:
             demand[share.mig_profile] += job.spec.replicas
         else:
             whole[0] += job.spec.total_gpus
@@ -153,7 +153,9 @@ def _reason(change: LayoutChange) -> str:
     return f"queued MIG jobs ({wanted}) found no free instance"
 
 
-def _views(work: Work, classes: set[int], changed: set[GpuKey], min_interval_s: float) -> tuple[list[MigGpu], set[GpuKey]]:
+def _views(
+    work: Work, classes: set[int], changed: set[GpuKey], min_interval_s: float
+) -> tuple[list[MigGpu], set[GpuKey]]:
     """The planner's view of the managed GPUs in these classes, and which of them may not change (their
     node holds GPU work, is out of service or already changing)."""
     s, slots = work.s, work.cap.slots
@@ -172,9 +174,7 @@ def _views(work: Work, classes: set[int], changed: set[GpuKey], min_interval_s: 
             key: GpuKey = (node.cluster, node.name, gpu)
             st = node.mig.get(gpu) or MigState()
             sg = node.shared.get(gpu)
-            busy = frozenset(
-                i for i in st.layout if sg is not None and sg.mig_used & occupancy(table, i[0], i[1])
-            )
+            busy = frozenset(i for i in st.layout if sg is not None and sg.mig_used & occupancy(table, i[0], i[1]))
             if frozen or key in changed or gpu in node.bad_gpus:
                 fixed.add(key)
             views.append(
@@ -190,4 +190,3 @@ def _views(work: Work, classes: set[int], changed: set[GpuKey], min_interval_s: 
                 )
             )
     return views, fixed
-
