@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from events import GpuShare, ShareMode
 from events.fleet import MigInstance, MigLayoutApplied, MigLayoutPlanned
-from services.scheduler.core import Admit, schedule
+from services.scheduler.core import CHAMBER, Admit, schedule
 from services.scheduler.core.decisions import PlanLayout
 from services.scheduler.core.mig_live import MANAGED_LABEL
 from tests.scheduler_builders import Driver, a_job, a_node, a_quota, done
@@ -106,7 +106,7 @@ def test_a_node_with_gpu_work_is_never_changed_and_a_gpu_changes_at_most_once_an
     d.given(a_job("big", gpus=1, share=mig("7g.80gb"), at=41))
     d.cycle(now=50)
     assert len(planned(d)) == len(plans)
-    d.cycle(now=plans[0].at + 3600)
+    d.cycle(now=plans[0].at + 3600, policy=CHAMBER)  # a full cycle (the service runs one every --full-every)
     later = planned(d)[len(plans) :]
     assert [(p.node, p.gpu_index) for p in later] == [(plans[0].node, plans[0].gpu_index)]
     assert [i.profile for i in later[0].after] == ["7g.80gb"]

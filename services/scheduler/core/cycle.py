@@ -65,8 +65,7 @@ def schedule(state: SchedulerState, now: float, since: CycleMark | None = None, 
             work.drains = {p: d for p, d in since.draining if (j := state.jobs.get(d.job_id)) and j.state in QUEUED}
         _turns(ctx, phase1_heads(ctx))
         if state.mig_nodes:  # MIG-managed nodes: change layouts for what no instance could take
-            admitted = {d.job_id for d in ctx.decisions if isinstance(d, Admit)}
-            ctx.decisions += mig_live.plan_layouts(work, admitted)
+            ctx.decisions += mig_live.plan_layouts(work, ctx.waiting, full)
         return ctx.result()
     finally:
         state.capacity.end()

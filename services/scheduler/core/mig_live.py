@@ -23,6 +23,7 @@ simpler model: an instance is placed at any free legal start (its layout assumed
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -104,18 +105,25 @@ def fold_applied(s: SchedulerState, e: MigLayoutApplied) -> None:
 
 
 # -- planning in the cycle --------------------------------------------------------------------------------
-def plan_layouts(work: Work, admitted: set[str], min_interval_s: float = MIN_INTERVAL_S) -> list[PlanLayout]:
-    """Layout changes for the queued work no instance could take this cycle (see the module's text)."""
+def plan_layouts(
+    work: Work, waiting: Mapping[str, str], full: bool, min_interval_s: float = MIN_INTERVAL_S
+) -> list[PlanLayout]:
+    """Layout changes for the queued work the cycle left waiting (`waiting`: job id -> why), see the
+    module's text. A full cycle looked at every queued job: the demand is the whole queue's. An
+    incremental one only at the jobs that joined since: it plans only if one of them is a MIG job, for
+    what those ask (older ones were planned for by the cycles that saw them)."""
     s = work.s
     if not s.mig_nodes:
+        return []
+    if not full and not any(_mig_job(s, jid) for jid in waiting):
         return []
     from services.scheduler.core import quota
     from services.scheduler.core.state import QUEUED
 
     groups: dict[tuple[int, ...], tuple[Counter[str], list[int]]] = {}
-    for jid in s.queued_entries():
-        job = s.jobs[jid]
-        if jid in admitted or job.state not in QUEUED:
+    for jid in waiting:
+        job = s.jobs.get(jid)
+        if job is None or job.state not in QUEUED:
             continue
         share = job.spec.share
         if share is not None and not share.mig_profile:
@@ -144,6 +152,11 @@ def plan_layouts(work: Work, admitted: set[str], min_interval_s: float = MIN_INT
             changed.add(change.gpu.key)
             out.append(PlanLayout(change.event(work.now, _reason(change))))
     return out
+
+
+def _mig_job(s: SchedulerState, jid: str) -> bool:
+    job = s.jobs.get(jid)
+    return job is not None and job.spec.share is not None and bool(job.spec.share.mig_profile)
 
 
 def _reason(change: LayoutChange) -> str:
