@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from events import GpuShare, ShareMode
 from events.fleet import MigInstance, MigLayoutApplied, MigLayoutPlanned
-from services.scheduler.core import CHAMBER, Admit, schedule
+from services.scheduler.core import CHAMBER, Admit, Preempt, schedule
 from services.scheduler.core.decisions import PlanLayout
 from services.scheduler.core.mig_live import MANAGED_LABEL
 from tests.scheduler_builders import Driver, a_job, a_node, a_quota, done
@@ -141,3 +141,49 @@ def test_a_cycle_that_plans_leaves_the_state_as_it_found_it() -> None:
     cycle = schedule(d.state, 10.0)
     assert [type(x) for x in cycle.decisions] == [PlanLayout]
     assert d.state.capacity.digest() == before
+
+
+def test_a_pending_change_counts_as_made_so_the_same_queue_is_not_planned_for_twice() -> None:
+    d = managed_fleet(("a", 1), ("b", 1))
+    d.given(*(a_job(f"s{i}", gpus=1, share=mig("1g.10gb"), at=1 + i) for i in range(2)))
+    d.cycle(now=10)
+    assert len(planned(d)) == 1
+    d.cycle(now=20, policy=CHAMBER)  # a full cycle: the jobs still wait, for the instances being made
+    assert len(planned(d)) == 1
+
+
+def test_a_gpu_given_whole_work_in_the_same_cycle_is_not_planned_for() -> None:
+    d = managed_fleet(("a", 1))
+    d.given(a_job("whole", gpus=1, at=1), a_job("small", gpus=1, share=mig("1g.10gb"), at=2))
+    d.cycle(now=10)
+    assert d.where("whole") == {"a": [0]} and planned(d) == []
+
+
+def test_with_no_node_free_the_cheapest_checkpointed_node_is_drained_for_more_urgent_mig_work() -> None:
+    d = managed_fleet(("a", 1), ("b", 1), ("c", 1))
+    d.given(a_job("ckpt", gpus=1, priority="low", checkpoint=600, at=1))  # loses at most 10 minutes
+    d.given(a_job("long", gpus=1, priority="low", at=2))  # loses everything since it started
+    d.given(a_job("mine", gpus=1, priority="high", preemptible=False, at=3))  # not preemptible
+    d.cycle(now=10)
+    nodes = {j: next(iter(d.where(j))) for j in ("ckpt", "long", "mine")}
+    d.given(a_job("small", gpus=1, share=mig("1g.10gb"), priority="high", at=4000))
+    cycle = d.cycle(now=4000)
+    preempted = [x for x in cycle.decisions if isinstance(x, Preempt)]
+    assert [(p.job_id, p.preemptor) for p in preempted] == [("ckpt", "small")]
+    assert "drained for a MIG layout change" in preempted[0].detail and preempted[0].lost_work_gpu_s < 600
+    [plan] = planned(d)
+    assert plan.node == nodes["ckpt"] and plan.enable_mig
+    assert d.state_of("ckpt") == "suspended" and d.state_of("small") == "pending"
+    # the suspended job does not go back onto the node while it is being changed, nor is another drained
+    d.cycle(now=4010, policy=CHAMBER)
+    assert d.state_of("ckpt") == "suspended" and len(planned(d)) == 1
+    assert d.state_of("long") == "running" and d.state_of("mine") == "running"
+
+
+def test_work_the_mig_job_may_not_preempt_is_never_drained() -> None:
+    d = managed_fleet(("a", 1))
+    d.given(a_job("peer", gpus=1, priority="normal", at=1))
+    d.cycle(now=10)
+    d.given(a_job("small", gpus=1, share=mig("1g.10gb"), priority="normal", at=20))  # same team, same priority
+    cycle = d.cycle(now=4000, policy=CHAMBER)
+    assert not [x for x in cycle.decisions if isinstance(x, Preempt)] and planned(d) == []

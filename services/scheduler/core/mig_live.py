@@ -13,10 +13,15 @@ manager applies layouts there; discovery copies node labels). On such a node:
 
 `plan_layouts` runs at the end of a cycle. When queued MIG jobs (their quota allows them) found no
 instance, it plans target layouts with the planner (`mig_plan.plan`) on the managed nodes that may
-change: in service, no GPU work on the node at all (so no running instance is disturbed and MIG mode
-is never toggled under work), no change pending, and each GPU at most one change per
-`MIN_INTERVAL_S`. Waiting whole-GPU jobs may turn MIG off on idle MIG GPUs the queue does not need.
-Each change is a `PlanLayout` decision, a `MigLayoutPlanned` event. Nodes without the label keep the
+change: in service, no GPU work on the node at all (none placed in this cycle either: so no running
+instance is disturbed and MIG mode is never toggled under work), no change pending, and each GPU at
+most one change per `MIN_INTERVAL_S`. Instances a pending change will make count as made, so the
+same queue is not planned for twice. Waiting whole-GPU jobs may turn MIG off on idle MIG GPUs the
+queue does not need. Where no node may change, one node per cycle may be drained for the most urgent
+waiting MIG job: the node whose every job that job may preempt (the preemption rules) and that loses
+the least work (since each job's last checkpoint), and only when the layout it would then get serves
+the queue. Each change is a `PlanLayout` decision, a `MigLayoutPlanned` event; each job stopped a
+`Preempt`. Nodes without the label keep the
 simpler model: an instance is placed at any free legal start (its layout assumed made per instance).
 """
 
@@ -27,13 +32,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from services.scheduler.core.decisions import PlanLayout
+from services.scheduler.core.decisions import PlanLayout, Preempt
 from services.scheduler.core.mig import Instance, mig_model, occupancy
 from services.scheduler.core.mig_plan import GpuKey, LayoutChange, MigGpu, plan
 
 if TYPE_CHECKING:
     from events.fleet import MigLayoutApplied, MigLayoutPlanned
-    from services.scheduler.core.state import Node, SchedulerState
+    from services.scheduler.core.state import Job, Node, SchedulerState
     from services.scheduler.core.work import Work
 
 MANAGED_LABEL = "nvidia.com/mig.config"
@@ -105,22 +110,53 @@ def fold_applied(s: SchedulerState, e: MigLayoutApplied) -> None:
 
 
 # -- planning in the cycle --------------------------------------------------------------------------------
+Group = tuple["Counter[str]", "list[int]", "list[Job]"]  # MIG demand by profile, whole GPUs wanted, MIG jobs in order
+
+
 def plan_layouts(
     work: Work, waiting: Mapping[str, str], full: bool, min_interval_s: float = MIN_INTERVAL_S
-) -> list[PlanLayout]:
-    """Layout changes for the queued work the cycle left waiting (`waiting`: job id -> why), see the
-    module's text. A full cycle looked at every queued job: the demand is the whole queue's. An
-    incremental one only at the jobs that joined since: it plans only if one of them is a MIG job, for
-    what those ask (older ones were planned for by the cycles that saw them)."""
+) -> list[PlanLayout | Preempt]:
+    """Layout changes for the queued work the cycle left waiting (`waiting`: job id -> why, in queue
+    order), see the module's text. A full cycle looked at every queued job: the demand is the whole
+    queue's. An incremental one only at the jobs that joined since: it plans only if one of them is a MIG
+    job, for what those ask (older ones were planned for by the cycles that saw them). Instances a pending
+    change will make count as made. Where no node may change, at most one node is drained (`_drain`)."""
     s = work.s
     if not s.mig_nodes:
         return []
     if not full and not any(_mig_job(s, jid) for jid in waiting):
         return []
+    out: list[PlanLayout | Preempt] = []
+    changed: set[GpuKey] = set()
+    drained = False
+    for classes, (demand, whole, mig_jobs) in sorted(_groups(work, waiting).items()):
+        if not demand and not whole[0]:
+            continue
+        views, fixed = _views(work, set(classes), changed, min_interval_s, set())
+        changes = _plan(work, views, fixed, changed, demand, whole[0], min_interval_s)
+        if demand and not any(c.serves for c in changes) and not drained and _unserved(views, demand):
+            victims = _drain(work, set(classes), mig_jobs[0], min_interval_s)
+            if victims is not None:  # the layouts the node would get once empty: worth it only if they serve
+                nid, chosen = victims
+                views, fixed = _views(work, set(classes), changed, min_interval_s, {nid})
+                trial = set(changed)
+                after = _plan(work, views, fixed, trial, demand, whole[0], min_interval_s)
+                if any(c.serves for c in after):
+                    drained = True
+                    out += _preempt(work, mig_jobs[0], chosen)
+                    changed |= trial
+                    changes += after
+        out += [PlanLayout(c.event(work.now, _reason(c))) for c in changes]
+    return out
+
+
+def _groups(work: Work, waiting: Mapping[str, str]) -> dict[tuple[int, ...], Group]:
+    """The waiting MIG and whole-GPU jobs their quota allows, by the capacity classes they may use."""
     from services.scheduler.core import quota
     from services.scheduler.core.state import QUEUED
 
-    groups: dict[tuple[int, ...], tuple[Counter[str], list[int]]] = {}
+    s = work.s
+    groups: dict[tuple[int, ...], Group] = {}
     for jid in waiting:
         job = s.jobs.get(jid)
         if job is None or job.state not in QUEUED:
@@ -131,27 +167,41 @@ def plan_layouts(
         classes = tuple(work.classes(job))
         if not classes or quota.block(work, job) is not None:
             continue
-        demand, whole = groups.setdefault(classes, (Counter(), [0]))
+        demand, whole, mig_jobs = groups.setdefault(classes, (Counter(), [0], []))
         if share is not None and share.mig_profile:
             demand[share.mig_profile] += job.spec.replicas
+            mig_jobs.append(job)
         else:
             whole[0] += job.spec.total_gpus
-    out: list[PlanLayout] = []
-    changed: set[GpuKey] = set()
-    for classes, (demand, whole) in sorted(groups.items()):
-        if not demand and not whole[0]:
+    return groups
+
+
+def _plan(
+    work: Work,
+    views: list[MigGpu],
+    fixed: set[GpuKey],
+    changed: set[GpuKey],
+    demand: Counter[str],
+    whole: int,
+    min_interval_s: float,
+) -> list[LayoutChange]:
+    out: list[LayoutChange] = []
+    if not views:
+        return out
+    for change in plan(
+        views, demand, work.now, whole_demand=whole, min_interval_s=min_interval_s, rewrites_whole_gpu=True
+    ):
+        if change.gpu.key in fixed or change.gpu.key in changed:
             continue
-        views, fixed = _views(work, set(classes), changed, min_interval_s)
-        if not views:
-            continue
-        for change in plan(
-            views, demand, work.now, whole_demand=whole[0], min_interval_s=min_interval_s, rewrites_whole_gpu=True
-        ):
-            if change.gpu.key in fixed or change.gpu.key in changed:
-                continue
-            changed.add(change.gpu.key)
-            out.append(PlanLayout(change.event(work.now, _reason(change))))
+        changed.add(change.gpu.key)
+        out.append(change)
     return out
+
+
+def _unserved(views: list[MigGpu], demand: Counter[str]) -> bool:
+    """More is asked than the idle instances (made, or planned) hold."""
+    idle = Counter(i[0] for g in views if g.mig_enabled for i in g.layout if i not in g.busy)
+    return bool(demand - idle)
 
 
 def _mig_job(s: SchedulerState, jid: str) -> bool:
@@ -166,19 +216,33 @@ def _reason(change: LayoutChange) -> str:
     return f"queued MIG jobs ({wanted}) found no free instance"
 
 
+def _jobs_on(work: Work, node: Node) -> set[str]:
+    """The jobs holding GPUs of the node on the cycle's scratch view (less those it preempted)."""
+    held = set(node.owners.values()).union(*(sg.holders for sg in node.shared.values()))
+    return held - work.gone
+
+
+def _fresh_nodes(work: Work) -> set[int]:
+    """Nodes given work in this cycle (whole GPUs admitted are not in `Node.owners` until folded)."""
+    return {nid for spot in work.fresh.values() for nid, _ in spot}
+
+
 def _views(
-    work: Work, classes: set[int], changed: set[GpuKey], min_interval_s: float
+    work: Work, classes: set[int], changed: set[GpuKey], min_interval_s: float, emptied: set[int]
 ) -> tuple[list[MigGpu], set[GpuKey]]:
     """The planner's view of the managed GPUs in these classes, and which of them may not change (their
-    node holds GPU work, is out of service or already changing)."""
+    node holds GPU work, is out of service or already changing). A GPU with a change pending shows its
+    planned layout (its instances serve the queue once made). `emptied`: nodes drained in this cycle."""
     s, slots = work.s, work.cap.slots
     views: list[MigGpu] = []
     fixed: set[GpuKey] = set()
-    for nid in s.mig_nodes:
+    fresh = _fresh_nodes(work)
+    for nid in sorted(s.mig_nodes):
         node = s.node_by_id[nid]
         if not managed(node) or slots[nid].cls not in classes:
             continue
-        busy_node = bool(node.owners) or any(sg.holders for sg in node.shared.values())
+        empty = nid in emptied
+        busy_node = not empty and (nid in fresh or bool(_jobs_on(work, node)))
         frozen = busy_node or not node.in_service or reconfiguring(node) or bool(node.held)
         for gpu, model in sorted(node.gpus.items()):
             table = mig_model(model)
@@ -186,20 +250,105 @@ def _views(
                 continue
             key: GpuKey = (node.cluster, node.name, gpu)
             st = node.mig.get(gpu) or MigState()
-            sg = node.shared.get(gpu)
-            busy = frozenset(i for i in st.layout if sg is not None and sg.mig_used & occupancy(table, i[0], i[1]))
+            sg = None if empty else node.shared.get(gpu)
+            enabled, layout = st.enabled, st.layout
+            if st.pending is not None:
+                enabled, layout = st.pending_enabled, st.pending
+            busy = frozenset(i for i in layout if sg is not None and sg.mig_used & occupancy(table, i[0], i[1]))
             if frozen or key in changed or gpu in node.bad_gpus:
                 fixed.add(key)
+            owner = node.owners.get(gpu)
             views.append(
                 MigGpu(
                     key,
                     model,
-                    st.enabled,
-                    st.layout,
+                    enabled,
+                    layout,
                     busy,
-                    whole_busy=gpu in node.owners or (sg is not None and sg.mode != "mig" and bool(sg.holders)),
+                    whole_busy=not empty
+                    and (
+                        (owner is not None and owner not in work.gone)
+                        or (sg is not None and sg.mode != "mig" and bool(sg.holders))
+                    ),
                     # a GPU that may not change is seen as just changed: the planner leaves it as it is
                     last_change=work.now if key in fixed else st.changed_at,
                 )
             )
     return views, fixed
+
+
+# -- draining a node for a layout --------------------------------------------------------------------------
+def _drain(work: Work, classes: set[int], lead: Job, min_interval_s: float) -> tuple[int, list[Job]] | None:
+    """When no managed node may change, the node whose GPU work is cheapest to stop for the waiting MIG
+    job `lead` (the most urgent of them): every job on it preemptible by `lead` under the preemption
+    rules (preemption.eligible), none placed in this cycle, and the least work lost (time since each
+    job's last checkpoint x its GPUs: checkpointing jobs cost little). None where no node qualifies."""
+    from services.scheduler.core import preemption
+
+    s = work.s
+    if not work.policy.preemption or not preemption.may_preempt(work, lead):
+        return None
+    fresh = _fresh_nodes(work)
+    reclaim, urgent = preemption._reclaims(work, lead), not lead.spec.preemptible
+    best: tuple[float, int, list[Job]] | None = None
+    for nid in sorted(s.mig_nodes):
+        node = s.node_by_id[nid]
+        slot = work.cap.slots[nid]
+        if slot.cls not in classes or nid in fresh or not node.in_service or node.held or reconfiguring(node):
+            continue
+        if not any(mig_model(m) for m in node.gpus.values()):
+            continue
+        if any(st.changed_at is not None and work.now - st.changed_at < min_interval_s for st in node.mig.values()):
+            continue
+        victims = [s.jobs[j] for j in sorted(_jobs_on(work, node)) if j in s.jobs]
+        if not victims or not all(_may_stop(work, lead, v, reclaim, urgent) for v in victims):
+            continue
+        cost = sum(preemption.lost_work_gpu_s(v, work.now) for v in victims)
+        if best is None or (cost, nid) < best[:2]:
+            best = (cost, nid, victims)
+    return None if best is None else (best[1], best[2])
+
+
+def _may_stop(work: Work, lead: Job, victim: Job, reclaim: bool, urgent: bool) -> bool:
+    from services.scheduler.core import preemption
+
+    spec = victim.spec
+    if not spec.preemptible or victim.id in work.fresh:
+        return False
+    return (
+        preemption.eligible(
+            lead.spec.team,
+            lead.spec.priority.rank,
+            spec.team,
+            spec.priority.rank,
+            reclaim=reclaim,
+            victim_borrowing=work.borrowing(victim.pool, spec.team),
+            urgent=urgent,
+        )
+        is not None
+    )
+
+
+def _preempt(work: Work, lead: Job, victims: list[Job]) -> list[Preempt]:
+    from services.scheduler.core import preemption
+
+    out: list[Preempt] = []
+    for v in victims:
+        reason = preemption.eligible(
+            lead.spec.team,
+            lead.spec.priority.rank,
+            v.spec.team,
+            v.spec.priority.rank,
+            reclaim=preemption._reclaims(work, lead),
+            victim_borrowing=work.borrowing(v.pool, v.spec.team),
+            urgent=not lead.spec.preemptible,
+        )
+        assert reason is not None
+        detail = (
+            f"preempted by {lead.id} ({reason.value}): its node is drained for a MIG layout change "
+            f"(the cheapest node to stop: work since the last checkpoint is lost)"
+        )
+        lost = preemption.lost_work_gpu_s(v, work.now)
+        out.append(Preempt(v.id, v.spec.team, reason, lead.id, lost, detail, v.generation))
+        work.release(v)
+    return out
