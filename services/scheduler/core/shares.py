@@ -9,8 +9,10 @@ Placement (`place`) packs: a replica goes on a GPU already shared in its mode th
 with the sharing scorer (sharing.py: the growth of FGD fragmentation for the expected mix of shared
 requests, plus best fit), and takes a free whole GPU (best-fit node) only when none has room. A MIG
 instance goes at a legal free start of a GPU whose model has the profile (mig.py); a GPU becomes a MIG
-GPU when its first instance is placed (the MIG reconfiguration planner, mig_plan.py, and the GPU
-Operator's mig.config make the layout; Chamber decides, the driver enforces).
+GPU when its first instance is placed. On a node whose layouts Chamber manages (mig_live.py: the GPU
+Operator's mig.config label) an instance goes only into a free instance of the GPU's applied layout,
+idle instances of such GPUs are found through `SchedulerState.mig_nodes`, and no instance is made on
+a whole GPU there: the planner changes layouts (Chamber decides, the driver enforces).
 
 Quotas count GPU-equivalents: a fraction by its share, a MIG instance by its profile's share of the
 GPU (the mean of its compute and memory fractions), so four 1g slices never cost four GPUs.
