@@ -44,6 +44,7 @@ OPEN = Bindings(open=True)
 CHECKPOINT_ANNOTATION = "chamber.io/checkpoint-requested"
 # What Chamber chose for a pod (device_annotations): GPU indices on its node, a MIG instance, a fraction.
 GPUS_ANNOTATION = "chamber.io/gpus"
+UUIDS_ANNOTATION = "chamber.io/gpu-uuids"
 MIG_ANNOTATION = "chamber.io/mig-instance"
 MILLI_ANNOTATION = "chamber.io/gpu-milli"
 
@@ -243,21 +244,27 @@ def reconcile(
             nodes = tuple(sorted({p.node for p in known.placements if p.cluster == cluster}))
             ops = kind.admit_ops(obj, nodes)
             if isinstance(kind, Pod):  # one pod: it carries the GPUs chosen for it (set before its gate lifts)
-                ops = [*device_ops(obj, [p for p in known.placements if p.cluster == cluster]), *ops]
+                here = [p for p in known.placements if p.cluster == cluster]
+                node = state.nodes.get((cluster, here[0].node)) if here else None
+                ops = [*device_ops(obj, here, node.gpu_uuids if node is not None else {}), *ops]
             actions.append(Admit(ns, name, nodes, kind.kind, tuple(ops)))
         elif known.state != JobState.RUNNING and not held:
             actions += _suspend(kind, obj, ns, name, known.reason)
     return events, actions
 
 
-def device_annotations(placements: list[Placement]) -> dict[str, str]:
+def device_annotations(placements: list[Placement], uuids: Mapping[int, str] | None = None) -> dict[str, str]:
     """What Chamber chose for one pod, for the device side to read: `chamber.io/gpus` (GPU indices on its
-    node), and for a share `chamber.io/gpu-milli` (its part of the GPU) or `chamber.io/mig-instance`
-    (`PROFILE@START`: the MIG instance's profile and first memory slice). The NVIDIA device plugin and
-    DRA driver allocate the devices themselves and enforce isolation; these say what Chamber counted."""
+    node) and `chamber.io/gpu-uuids` (their UUIDs, where discovery reported them), and for a share
+    `chamber.io/gpu-milli` (its part of the GPU) or `chamber.io/mig-instance` (`PROFILE@START`: the MIG
+    instance's profile and first memory slice). The NVIDIA device plugin and DRA driver allocate the
+    devices themselves and enforce isolation; these say what Chamber counted."""
     if not placements:
         return {}
-    out = {GPUS_ANNOTATION: ",".join(str(i) for p in placements for i in p.gpu_indices)}
+    indices = [i for p in placements for i in p.gpu_indices]
+    out = {GPUS_ANNOTATION: ",".join(map(str, indices))}
+    if uuids and all(i in uuids for i in indices):
+        out[UUIDS_ANNOTATION] = ",".join(uuids[i] for i in indices)
     mig = [f"{p.mig_profile}@{p.mig_start}" for p in placements if p.mig_profile and p.mig_start is not None]
     if mig:
         out[MIG_ANNOTATION] = ",".join(mig)
@@ -266,11 +273,11 @@ def device_annotations(placements: list[Placement]) -> dict[str, str]:
     return out
 
 
-def device_ops(obj: dict[str, Any], placements: list[Placement]) -> list[Op]:
+def device_ops(obj: dict[str, Any], placements: list[Placement], uuids: Mapping[int, str] | None = None) -> list[Op]:
     """The pod's annotations of what Chamber chose (`device_annotations`); stale ones removed."""
-    want = device_annotations(placements)
+    want = device_annotations(placements, uuids)
     ops: list[Op] = []
-    for key in (GPUS_ANNOTATION, MIG_ANNOTATION, MILLI_ANNOTATION):
+    for key in (GPUS_ANNOTATION, UUIDS_ANNOTATION, MIG_ANNOTATION, MILLI_ANNOTATION):
         value = want.get(key)
         current = ((obj.get("metadata") or {}).get("annotations") or {}).get(key)
         if value != current:

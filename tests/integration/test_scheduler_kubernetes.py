@@ -303,6 +303,7 @@ def test_a_gated_pod_gets_its_node_then_its_gate_lifted_and_is_never_preempted(a
     w.patch(KINDS[-1], "ml", "p", list(admit.ops))
     [placement] = d.state.jobs["k8s-c1-ml-pod-p"].placements  # the pod carries the GPUs chosen for it
     gpus = ",".join(map(str, placement.gpu_indices))
+    uuids = ",".join(f"GPU-c1-n1-{i}" for i in placement.gpu_indices)  # as discovery reported them
     assert len(placement.gpu_indices) == 2
     assert api.requests == [
         Request(
@@ -311,6 +312,7 @@ def test_a_gated_pod_gets_its_node_then_its_gate_lifted_and_is_never_preempted(a
             JSON_PATCH,
             [
                 {"op": "add", "path": "/metadata/annotations", "value": {"chamber.io/gpus": gpus}},
+                {"op": "add", "path": "/metadata/annotations/chamber.io~1gpu-uuids", "value": uuids},
                 {"op": "add", "path": "/spec/affinity", "value": pinned(["n1"], USER_AFFINITY)},
                 {"op": "test", "path": "/spec/schedulingGates/1", "value": {"name": "chamber.io/admission"}},
                 {"op": "remove", "path": "/spec/schedulingGates/1"},
@@ -319,7 +321,7 @@ def test_a_gated_pod_gets_its_node_then_its_gate_lifted_and_is_never_preempted(a
     ]
     obj = api.get("v1", "Pod", "ml", "p")
     assert obj["spec"]["schedulingGates"] == [{"name": "example.com/other"}]  # only Chamber's gate lifted
-    assert obj["metadata"]["annotations"] == {"chamber.io/gpus": gpus}
+    assert obj["metadata"]["annotations"] == {"chamber.io/gpus": gpus, "chamber.io/gpu-uuids": uuids}
     assert reconcile(d.state, w.list(), "c1", now=4.0) == ([], [])
     obj["status"] = {"phase": "Succeeded"}
     events, _ = reconcile(d.state, w.list(), "c1", now=5.0)

@@ -67,8 +67,9 @@ def test_a_pod_is_told_the_gpu_and_the_mig_instance_or_fraction_chosen_for_it() 
 
     mig = [Placement(cluster="c1", node="n1", gpu_indices=[3], share_milli=134, mig_profile="1g.10gb", mig_start=5)]
     obj: dict[str, Any] = {"metadata": {"name": "p", "annotations": {"team": "x"}}}
-    assert device_ops(obj, mig) == [
+    assert device_ops(obj, mig, {3: "GPU-3"}) == [
         {"op": "add", "path": "/metadata/annotations/chamber.io~1gpus", "value": "3"},
+        {"op": "add", "path": "/metadata/annotations/chamber.io~1gpu-uuids", "value": "GPU-3"},
         {"op": "add", "path": "/metadata/annotations/chamber.io~1mig-instance", "value": "1g.10gb@5"},
     ]
     fraction = [Placement(cluster="c1", node="n1", gpu_indices=[0], share_milli=250)]

@@ -146,6 +146,7 @@ class Node:
     shared: dict[int, SharedGpu] = field(default_factory=dict)  # gpu index -> the jobs sharing it (shares.py)
     gpu_memory: dict[int, int] = field(default_factory=dict)  # gpu index -> its memory in MiB, where known
     mig: dict[int, MigState] = field(default_factory=dict)  # gpu index -> its managed MIG layout (mig_live.py)
+    gpu_uuids: dict[int, str] = field(default_factory=dict)  # gpu index -> its UUID (pods are told theirs)
     _model: str = ""
     _model_of: object = None
 
@@ -758,6 +759,10 @@ def holds(node: Node, gpu: int, job_id: str) -> bool:
     return node.owners.get(gpu) == job_id or ((sg := node.shared.get(gpu)) is not None and job_id in sg.holders)
 
 
+def _uuids(infos: list[GpuInfo]) -> dict[int, str]:
+    return {g.index: g.uuid for g in infos if g.uuid}
+
+
 def _memory(infos: list[GpuInfo]) -> dict[int, int]:
     return {g.index: int(g.memory_total_mib) for g in infos if g.memory_total_mib}
 
@@ -766,7 +771,7 @@ def _discovered(s: SchedulerState, e: NodeDiscovered) -> None:
     node = s.nodes.get((e.cluster, e.node))
     if node is None:
         node = Node(nid=len(s.node_by_id), cluster=e.cluster, name=e.node, gpus=_gpus(e.gpus), labels=dict(e.labels))
-        node.gpu_memory = _memory(e.gpus)
+        node.gpu_memory, node.gpu_uuids = _memory(e.gpus), _uuids(e.gpus)
         s.nodes[(e.cluster, e.node)] = node
         s.node_by_id.append(node)
         for job_id in s.share_claims.pop((e.cluster, e.node), {}):
@@ -780,7 +785,7 @@ def _discovered(s: SchedulerState, e: NodeDiscovered) -> None:
                 s.displaced.add(job_id)
     else:  # rediscovered after being lost
         node.gpus, node.labels, node.lost, node.status = _gpus(e.gpus), dict(e.labels), False, NodeStatus.HEALTHY
-        node.gpu_memory = _memory(e.gpus)
+        node.gpu_memory, node.gpu_uuids = _memory(e.gpus), _uuids(e.gpus)
         _settle_holders(s, node)
     _note_managed(s, node)
     s.refresh_node(node)
@@ -799,6 +804,7 @@ def _updated(s: SchedulerState, e: NodeUpdated) -> None:
         _discovered(s, NodeDiscovered(cluster=e.cluster, node=e.node, at=e.at, gpus=e.gpus, labels=e.labels))
         node = s.nodes[(e.cluster, e.node)]
     node.gpus, node.status, node.gpu_memory = _gpus(e.gpus), e.status, _memory(e.gpus)
+    node.gpu_uuids = _uuids(e.gpus)
     if e.labels:
         node.labels = dict(e.labels)
         _note_managed(s, node)
