@@ -76,7 +76,7 @@ CHANNELS: tuple[Channel, ...] = (
         FLEET,
         (
             "Nodes and GPUs discovered, updated, lost, isolated (or held, confirmed, dismissed, probation "
-            "extended) and restored; faults health weighed and only recorded; MIG layouts planned and applied."
+            "extended) and restored; faults health weighed and only recorded."
         ),
         (
             fleet.NodeDiscovered,
@@ -90,9 +90,15 @@ CHANNELS: tuple[Channel, ...] = (
             fleet.IsolationDismissed,
             fleet.IsolationExtended,
             fleet.FaultRecorded,
-            fleet.MigLayoutPlanned,
-            fleet.MigLayoutApplied,
         ),
+        _NODE,
+    ),
+    Channel(
+        "fleetMig",
+        "chamber.fleet.{cluster}.{node}.mig",
+        FLEET,
+        "MIG layouts the scheduler planned for a node's GPUs, and applied (by its Kubernetes actuator).",
+        (fleet.MigLayoutPlanned, fleet.MigLayoutApplied),
         _NODE,
     ),
     Channel(

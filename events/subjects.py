@@ -22,6 +22,7 @@ from events.dispatch import (
 )
 from events.fabric import FabricSample, JobSlowdownCleared, JobSlowdownDetected
 from events.faults import GpuFaultDetected
+from events.fleet import MigLayoutApplied, MigLayoutPlanned
 from events.idle import IdlePolicySet, JobIdleDetected
 from events.quota import BudgetSet, FairShareUpdated, PoolDefined, PoolRemoved, TeamQuotaSet
 from events.steps import RankStepTimings
@@ -94,6 +95,12 @@ def fleet(cluster: str, node: str) -> str:
     return f"{ROOT}.fleet.{token(cluster)}.{token(node)}"
 
 
+def fleet_mig(cluster: str, node: str) -> str:
+    """A node's MIG layout changes, planned and applied (by the scheduler and its Kubernetes actuator):
+    in FLEET, on a subject of their own, so the scheduler may publish them and no other fleet event."""
+    return f"{fleet(cluster, node)}.mig"
+
+
 def jobs(job_id: str) -> str:
     return f"{ROOT}.jobs.{token(job_id)}"
 
@@ -149,6 +156,8 @@ def subject_for(event: Event) -> str:
             return idle_policy(event.team)
         case GpuFaultDetected():
             return faults(event.cluster, event.node)
+        case MigLayoutPlanned() | MigLayoutApplied():
+            return fleet_mig(event.cluster, event.node)
         case PoolDefined() | PoolRemoved():
             return quota(None)
         case TeamQuotaSet() | FairShareUpdated() | BudgetSet():

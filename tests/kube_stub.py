@@ -6,9 +6,9 @@ real `kubernetes` client sent, and applies patches the way the API server does f
 by `type`; a stale `resourceVersion` is refused with 409).
 
 Besides Nodes it serves namespaced workloads of any kind (`add(obj)`): list across namespaces with
-a label selector, get, PATCH as JSON Patch (RFC 6902, applied by the `jsonpatch` library; a failed
-`test` is refused with 422) or merge patch, create (POST to the collection; 409 if the name is
-taken) and DELETE; `POST .../events` stores Events; `GET /apis` lists only
+a label selector (and a field selector of `path=value` terms), get, PATCH as JSON Patch (RFC 6902,
+applied by the `jsonpatch` library; a failed `test` is refused with 422) or merge patch, create
+(POST to the collection; 409 if the name is taken) and DELETE; `POST .../events` stores Events; `GET /apis` lists only
 the API groups in `api_groups`, so a test decides which CRDs are "installed". A Pod's spec may only
 change its scheduling gates and, while gated, its affinity (as the API server enforces).
 """
@@ -278,10 +278,11 @@ class KubeStub:
 
     def _list(self, api: str, plural: str, namespace: str | None, query: str) -> dict:  # type: ignore[type-arg]
         selector = (parse_qs(query).get("labelSelector") or [""])[0]
+        fields = (parse_qs(query).get("fieldSelector") or [""])[0]
         items = [
             copy.deepcopy(o)
             for (a, p, ns, _), o in sorted(self.objects.items())
-            if a == api and p == plural and namespace in (None, ns) and _selects(selector, o)
+            if a == api and p == plural and namespace in (None, ns) and _selects(selector, o) and _fields(fields, o)
         ]
         return {"kind": "List", "apiVersion": "v1", "metadata": {"resourceVersion": "1"}, "items": items}
 
@@ -302,6 +303,18 @@ def _selects(selector: str, obj: dict) -> bool:  # type: ignore[type-arg]
     for term in filter(None, selector.split(",")):
         key, eq, value = term.partition("=")
         if key not in labels or (eq and labels[key] != value):
+            return False
+    return True
+
+
+def _fields(selector: str, obj: dict) -> bool:  # type: ignore[type-arg]
+    """A field selector of `path=value` terms (e.g. `spec.nodeName=n1`, as the API server serves for Pods)."""
+    for term in filter(None, selector.split(",")):
+        path, _, value = term.partition("=")
+        found: Any = obj
+        for part in path.split("."):
+            found = found.get(part) if isinstance(found, dict) else None
+        if found != value:
             return False
     return True
 

@@ -15,10 +15,24 @@ from typing import Any, Protocol, cast
 
 from services.kube.bindings import KUEUE_QUEUE_LABEL, TEAM_LABEL
 from services.kube.kinds import KINDS, BatchJob, Observed, Pod, WorkloadKind
+from services.kube.resources import WorkloadError
 from services.kube.serving import SERVING_KINDS, Deployment, StatefulSet
 
 JSON_PATCH = "application/json-patch+json"
 SELECTORS = (TEAM_LABEL, KUEUE_QUEUE_LABEL)  # a selector cannot say "either", so one list each
+
+
+DRA_GROUP = "resource.k8s.io"
+DRA_VERSIONS = ("v1", "v1beta2", "v1beta1")  # newest first: ResourceClaimTemplates are read in the first served
+
+
+def names_templates(observed: Observed) -> bool:
+    """Some pod of the workload asks for devices through a ResourceClaimTemplate."""
+    try:
+        groups = observed.kind.groups(observed.obj)
+    except WorkloadError:  # a malformed workload: the reconcile says what is wrong with it
+        return False
+    return any(ref.get("resourceClaimTemplateName") for g in groups for ref in g.spec.get("resourceClaims") or [])
 
 
 def serves(available: set[tuple[str, str]], kind: WorkloadKind) -> bool:
@@ -36,11 +50,13 @@ class KubernetesWorkloads:
         self.custom = client.CustomObjectsApi(api_client)
         self.apis = client.ApisApi(api_client)
         self.kinds = kinds
+        self.dra_version: str | None = None  # the resource.k8s.io version served (DRA), once detected
 
     def detect(self, log: Callable[[WorkloadKind], None]) -> tuple[WorkloadKind, ...]:
         """Keep the kinds the API server serves; `log(kind)` once for each one skipped."""
         groups = self.apis.get_api_versions().groups or []
         available = {(g.name, v.version) for g in groups for v in g.versions or []}
+        self.dra_version = next((v for v in DRA_VERSIONS if (DRA_GROUP, v) in available), None)
         kept = []
         for kind in self.kinds:
             if serves(available, kind):
@@ -80,6 +96,21 @@ class KubernetesWorkloads:
                         seen.add(uid)
                         found.append(Observed(kind, obj))
         return found
+
+    def claim_templates(self, listed: builtins.list[Observed]) -> dict[str, dict[str, dict[str, Any]]]:
+        """namespace -> name -> ResourceClaimTemplate, for the namespaces whose listed workloads have pods
+        naming a template (DRA: a claim made from a template is read as the template's spec asks)."""
+        if self.dra_version is None:
+            return {}
+        namespaces = sorted({str(o.obj["metadata"].get("namespace") or "") for o in listed if names_templates(o)})
+        out: dict[str, dict[str, dict[str, Any]]] = {}
+        for ns in namespaces:
+            found = cast(
+                "dict[str, Any]",
+                self.custom.list_namespaced_custom_object(DRA_GROUP, self.dra_version, ns, "resourceclaimtemplates"),
+            )
+            out[ns] = {item["metadata"]["name"]: item for item in found.get("items") or []}
+        return out
 
     def patch(self, kind: WorkloadKind, namespace: str, name: str, ops: builtins.list[dict[str, Any]]) -> None:
         if not ops:

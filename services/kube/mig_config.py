@@ -75,4 +75,5 @@ def next_step(node: dict[str, Any], want: str, busy_pods: int) -> Step:
         return Step(patch={"spec": {"unschedulable": True}, "metadata": {"annotations": {CORDONED: "true"}}})
     if busy_pods:
         return Step(wait=f"{busy_pods} pods still use the GPUs the change touches")
-    return Step(patch={"metadata": {"labels": {CONFIG_LABEL: want}}})
+    # the state label goes with the old config: until the MIG manager writes it again, nothing reads as success
+    return Step(patch={"metadata": {"labels": {CONFIG_LABEL: want, STATE_LABEL: None}}})

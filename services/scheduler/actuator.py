@@ -15,6 +15,7 @@ from services.scheduler.kubernetes import Refuse, reconcile
 from services.scheduler.serving import DeletePod, reconcile_serving, split
 
 if TYPE_CHECKING:
+    from services.scheduler.mig_apply import MigApplier
     from services.scheduler.service import Scheduler
 
 log = get_logger("chamber.scheduler")
@@ -24,10 +25,16 @@ class KubernetesActuator:
     """Level-triggered reconciliation of this cluster's workloads with the scheduler's state."""
 
     def __init__(
-        self, scheduler: Scheduler, cluster: str, bindings_file: str | None = None, kubeconfig: str | None = None
+        self,
+        scheduler: Scheduler,
+        cluster: str,
+        bindings_file: str | None = None,
+        kubeconfig: str | None = None,
+        mig_config_map: str | None = None,
     ) -> None:
         """`kubeconfig`: another cluster's credentials (`--kubernetes-cluster NAME=FILE`); else in-cluster
-        or the default kubeconfig."""
+        or the default kubeconfig. `mig_config_map` (NAMESPACE/NAME): apply planned MIG layouts through the
+        GPU Operator (services/scheduler/mig_apply.py)."""
         from kubernetes import client, config
 
         from services.kube.bindings import Bindings, BindingsError
@@ -54,6 +61,11 @@ class KubernetesActuator:
         if self.bindings.open:
             log.warning("no --bindings file: any namespace may charge any team")
         self.workloads = KubernetesWorkloads(api_client or client.ApiClient())
+        self.mig: MigApplier | None = None
+        if mig_config_map:
+            from services.scheduler.mig_apply import MigApplier
+
+            self.mig = MigApplier(self.workloads.api_client, mig_config_map)
         self.detected = False
         self.refused: set[str] = set()  # uids already given their Event
         self.scheduler = scheduler
@@ -88,6 +100,28 @@ class KubernetesActuator:
             return
         log.info("serving replica's pod deleted", namespace=action.namespace, name=action.name, reason=action.reason)
 
+    async def apply_mig(self, now: float) -> None:
+        """One step of the GPU Operator procedure on each node with a planned MIG change; `MigLayoutApplied`
+        once the MIG manager reports success (a refused request waits a round)."""
+        from kubernetes.client.exceptions import ApiException
+
+        from services.scheduler.mig_apply import applied_events, pending_changes
+
+        sched, mig = self.scheduler, self.mig
+        assert sched.host is not None and mig is not None
+        for change in pending_changes(sched.state, self.cluster):
+            try:
+                step = await asyncio.to_thread(mig.step, change, now)
+            except ApiException as exc:
+                log.warning("MIG change: request refused", node=change.node, status=exc.status, reason=str(exc.reason))
+                continue
+            if step.done:
+                for event, event_id in applied_events(self.cluster, change, now):
+                    await sched.host.ctx.publisher.publish(event, id=event_id)
+                log.info("MIG layout applied", node=change.node, config=change.config)
+            elif step.wait:
+                log.info("MIG change waits", node=change.node, config=change.config, why=step.wait)
+
     def _skipped(self, kind: Any) -> None:
         log.info("workload kind skipped: its CRD is not installed", kind=kind.kind, api_version=kind.api_version)
 
@@ -102,12 +136,19 @@ class KubernetesActuator:
             self.detected = True
         listed = await asyncio.to_thread(self.workloads.list)
         rest, serving = split(listed)
-        events, actions = reconcile(sched.state, rest, self.cluster, now, self.bindings)
+        try:
+            templates = await asyncio.to_thread(self.workloads.claim_templates, rest)
+        except ApiException as exc:  # without them, pods asking through templates wait a round
+            log.warning("could not list ResourceClaimTemplates", status=exc.status)
+            templates = {}
+        events, actions = reconcile(sched.state, rest, self.cluster, now, self.bindings, templates)
         more, scaled = reconcile_serving(sched.state, serving, self.cluster, now, self.bindings)
         events += more
         for event, event_id in events:
             await sched.host.ctx.publisher.publish(event, id=event_id)
         await self._hand_out_step_logs(listed)
+        if self.mig is not None:
+            await self.apply_mig(now)
         kinds = {k.kind: k for k in self.workloads.kinds}
         for action in [*actions, *scaled]:
             if isinstance(action, DeletePod):

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from events import Event, GpuShare, JobCompleted, JobFailed, JobSpec, JobSubmitted, ShareMode
+from events import Event, GpuShare, JobCompleted, JobFailed, JobSpec, JobSubmitted, Placement, ShareMode
 from events.codec import stable_id
 from events.commands import SubmitJob
 from events.names import NAME_MAX, InvalidName, check_event, decode_request
@@ -29,7 +29,7 @@ from services.kube.bindings import PREEMPTIBLE_LABEL as PREEMPTIBLE_LABEL
 from services.kube.bindings import PRIORITY_LABEL as PRIORITY_LABEL
 from services.kube.bindings import TEAM_LABEL as TEAM_LABEL
 from services.kube.bindings import Bindings, Claim, claim
-from services.kube.kinds import BatchJob, Demand, Observed, WorkloadKind, owned_by_workload
+from services.kube.kinds import BatchJob, Demand, Observed, Pod, WorkloadKind, owned_by_workload
 from services.kube.patches import Op, annotation_ops
 from services.kube.resources import ShareRequest, WorkloadError
 from services.scheduler.core import FINISHED, JobState, SchedulerState
@@ -42,6 +42,11 @@ OPEN = Bindings(open=True)
 # Set on a workload as it is suspended: the job should checkpoint now; it resumes from that checkpoint
 # wherever it is placed next.
 CHECKPOINT_ANNOTATION = "chamber.io/checkpoint-requested"
+# What Chamber chose for a pod (device_annotations): GPU indices on its node, a MIG instance, a fraction.
+GPUS_ANNOTATION = "chamber.io/gpus"
+UUIDS_ANNOTATION = "chamber.io/gpu-uuids"
+MIG_ANNOTATION = "chamber.io/mig-instance"
+MILLI_ANNOTATION = "chamber.io/gpu-milli"
 
 
 @dataclass(frozen=True)
@@ -237,10 +242,49 @@ def reconcile(
             events.append((event, stable_id("k8s-failed", cluster, uid, jid)))
         elif known.state == JobState.RUNNING and held:
             nodes = tuple(sorted({p.node for p in known.placements if p.cluster == cluster}))
-            actions.append(Admit(ns, name, nodes, kind.kind, tuple(kind.admit_ops(obj, nodes))))
+            ops = kind.admit_ops(obj, nodes)
+            if isinstance(kind, Pod):  # one pod: it carries the GPUs chosen for it (set before its gate lifts)
+                here = [p for p in known.placements if p.cluster == cluster]
+                node = state.nodes.get((cluster, here[0].node)) if here else None
+                ops = [*device_ops(obj, here, node.gpu_uuids if node is not None else {}), *ops]
+            actions.append(Admit(ns, name, nodes, kind.kind, tuple(ops)))
         elif known.state != JobState.RUNNING and not held:
             actions += _suspend(kind, obj, ns, name, known.reason)
     return events, actions
+
+
+def device_annotations(placements: list[Placement], uuids: Mapping[int, str] | None = None) -> dict[str, str]:
+    """What Chamber chose for one pod, for the device side to read: `chamber.io/gpus` (GPU indices on its
+    node) and `chamber.io/gpu-uuids` (their UUIDs, where discovery reported them), and for a share
+    `chamber.io/gpu-milli` (its part of the GPU) or `chamber.io/mig-instance` (`PROFILE@START`: the MIG
+    instance's profile and first memory slice). The NVIDIA device plugin and DRA driver allocate the
+    devices themselves and enforce isolation; these say what Chamber counted."""
+    if not placements:
+        return {}
+    indices = [i for p in placements for i in p.gpu_indices]
+    out = {GPUS_ANNOTATION: ",".join(map(str, indices))}
+    if uuids and all(i in uuids for i in indices):
+        out[UUIDS_ANNOTATION] = ",".join(uuids[i] for i in indices)
+    mig = [f"{p.mig_profile}@{p.mig_start}" for p in placements if p.mig_profile and p.mig_start is not None]
+    if mig:
+        out[MIG_ANNOTATION] = ",".join(mig)
+    elif any(p.share_milli < 1000 for p in placements):
+        out[MILLI_ANNOTATION] = ",".join(str(p.share_milli) for p in placements)
+    return out
+
+
+def device_ops(obj: dict[str, Any], placements: list[Placement], uuids: Mapping[int, str] | None = None) -> list[Op]:
+    """The pod's annotations of what Chamber chose (`device_annotations`); stale ones removed."""
+    want = device_annotations(placements, uuids)
+    ops: list[Op] = []
+    for key in (GPUS_ANNOTATION, UUIDS_ANNOTATION, MIG_ANNOTATION, MILLI_ANNOTATION):
+        value = want.get(key)
+        current = ((obj.get("metadata") or {}).get("annotations") or {}).get(key)
+        if value != current:
+            ops += annotation_ops(obj, key, value)
+            if value is not None and not (obj.get("metadata") or {}).get("annotations"):
+                obj = {**obj, "metadata": {**(obj.get("metadata") or {}), "annotations": {key: value}}}
+    return ops
 
 
 def _suspend(kind: WorkloadKind, obj: dict[str, Any], ns: str, name: str, reason: str = "") -> list[Action]:

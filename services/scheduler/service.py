@@ -72,7 +72,7 @@ DEFAULT_RETENTION_H = 0.0  # finished jobs leave memory as they finish (core/sta
 
 ROLE = Manifest(
     reads=("FLEET", "QUOTA", "JOBS", "BILLING", "FAULTS"),
-    publishes=("chamber.jobs.>",),
+    publishes=("chamber.jobs.>", "chamber.fleet.*.*.mig"),  # MIG layouts planned and applied (core/mig_live.py)
     buckets=(STEP_LOG_BUCKET,),  # the step logs workloads name, per node (services/scheduler/step_logs.py)
     snapshots=True,
     leases=True,
@@ -367,6 +367,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "the copies multi-cluster dispatch creates there; repeatable)",
     )
     parser.add_argument("--kubernetes-interval", type=float, default=2.0, help="seconds between reconciliations")
+    parser.add_argument(
+        "--mig-config-map",
+        default=os.environ.get("CHAMBER_MIG_CONFIG_MAP") or None,
+        metavar="NAMESPACE/NAME",
+        help="apply the MIG layouts the scheduler plans on nodes labeled nvidia.com/mig.config through this "
+        "mig-parted ConfigMap of the GPU Operator's MIG manager (default $CHAMBER_MIG_CONFIG_MAP; none: "
+        "planned layouts are not applied by this scheduler)",
+    )
     parser.add_argument("--interval", type=float, default=0.5, help="seconds between cycles (default 0.5)")
     parser.add_argument(
         "--full-every", type=float, default=30.0, help="seconds between full cycles when nothing changed (default 30)"
@@ -441,9 +449,12 @@ def _link_memory(text: str) -> float:
 async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
     scheduler = Scheduler(args)
     # Bad bindings or no cluster: said at start, before anything connects.
-    actuators = [KubernetesActuator(scheduler, args.cluster, args.bindings)] if args.kubernetes else []
+    mig = getattr(args, "mig_config_map", None)
+    actuators = (
+        [KubernetesActuator(scheduler, args.cluster, args.bindings, mig_config_map=mig)] if args.kubernetes else []
+    )
     for name, kubeconfig in getattr(args, "kubernetes_cluster", []):
-        actuators.append(KubernetesActuator(scheduler, name, args.bindings, kubeconfig))
+        actuators.append(KubernetesActuator(scheduler, name, args.bindings, kubeconfig, mig_config_map=mig))
 
     async def setup(ctx: ServiceContext) -> None:
         scheduler.host = DeciderHost(scheduler.manifest(), ctx)

@@ -214,6 +214,7 @@ def test_manage_rbac_is_exactly_nodes_for_health_and_batch_jobs_for_the_schedule
         ("chamber-scheduler", ("",), ("pods",)): ["get", "list", "watch", "patch", "delete"],
         ("chamber-scheduler", ("apps",), ("deployments", "statefulsets")): ["get", "list", "watch"],
         ("chamber-scheduler", ("leaderworkerset.x-k8s.io",), ("leaderworkersets",)): ["get", "list", "watch"],
+        ("chamber-scheduler", ("resource.k8s.io",), ("resourceclaimtemplates",)): ["list"],
         ("chamber-scheduler", ("",), ("events",)): ["create"],
     }
     for binding in kinds(rendered["default"], "ClusterRoleBinding"):

@@ -301,12 +301,18 @@ def test_a_gated_pod_gets_its_node_then_its_gate_lifted_and_is_never_preempted(a
     [admit] = reconcile(d.state, w.list(), "c1", now=3.0)[1]
     api.requests.clear()
     w.patch(KINDS[-1], "ml", "p", list(admit.ops))
+    [placement] = d.state.jobs["k8s-c1-ml-pod-p"].placements  # the pod carries the GPUs chosen for it
+    gpus = ",".join(map(str, placement.gpu_indices))
+    uuids = ",".join(f"GPU-c1-n1-{i}" for i in placement.gpu_indices)  # as discovery reported them
+    assert len(placement.gpu_indices) == 2
     assert api.requests == [
         Request(
             "PATCH",
             "/api/v1/namespaces/ml/pods/p",
             JSON_PATCH,
             [
+                {"op": "add", "path": "/metadata/annotations", "value": {"chamber.io/gpus": gpus}},
+                {"op": "add", "path": "/metadata/annotations/chamber.io~1gpu-uuids", "value": uuids},
                 {"op": "add", "path": "/spec/affinity", "value": pinned(["n1"], USER_AFFINITY)},
                 {"op": "test", "path": "/spec/schedulingGates/1", "value": {"name": "chamber.io/admission"}},
                 {"op": "remove", "path": "/spec/schedulingGates/1"},
@@ -315,6 +321,7 @@ def test_a_gated_pod_gets_its_node_then_its_gate_lifted_and_is_never_preempted(a
     ]
     obj = api.get("v1", "Pod", "ml", "p")
     assert obj["spec"]["schedulingGates"] == [{"name": "example.com/other"}]  # only Chamber's gate lifted
+    assert obj["metadata"]["annotations"] == {"chamber.io/gpus": gpus, "chamber.io/gpu-uuids": uuids}
     assert reconcile(d.state, w.list(), "c1", now=4.0) == ([], [])
     obj["status"] = {"phase": "Succeeded"}
     events, _ = reconcile(d.state, w.list(), "c1", now=5.0)
@@ -577,3 +584,40 @@ def test_a_statefulsets_borrowed_replica_reclaimed_by_its_lender_has_its_pod_del
         "running",
         "suspended",
     )
+
+
+def test_pods_asking_through_claim_templates_have_their_namespaces_templates_listed_and_read(api: KubeStub) -> None:
+    api.api_groups = [*CRDS, ("resource.k8s.io", "v1")]
+    selector = "device.attributes['gpu.nvidia.com'].profile == '1g.10gb'"
+    request = {
+        "name": "mig",
+        "exactly": {"deviceClassName": "mig.nvidia.com", "selectors": [{"cel": {"expression": selector}}]},
+    }
+    api.add(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "one-mig", "namespace": "ml"},
+            "spec": {"spec": {"devices": {"requests": [request]}}},
+        }
+    )
+    pod = a_pod("p", gpus=0)
+    pod["spec"]["resourceClaims"] = [{"name": "mig", "resourceClaimTemplateName": "one-mig"}]
+    api.add(pod)
+    plain = a_pod("q", gpus=1)
+    plain["metadata"]["namespace"] = "other"
+    api.add(plain)
+    w = workloads(api)
+    listed = w.list()
+    api.requests.clear()
+    templates = w.claim_templates(listed)
+    assert [(r.method, r.path) for r in api.requests] == [
+        ("GET", "/apis/resource.k8s.io/v1/namespaces/ml/resourceclaimtemplates")  # not "other": no pod names one
+    ]
+    assert list(templates) == ["ml"] and list(templates["ml"]) == ["one-mig"]
+    d = Driver().given(a_quota("vision", 8), a_node("n1", cluster="c1"))
+    submitted = {e.job_id: e for e, _ in reconcile(d.state, listed, "c1", now=1.0, templates=templates)[0]}
+    share = submitted["k8s-c1-ml-pod-p"].spec.share
+    assert share is not None and share.mig_profile == "1g.10gb"
+    # without the templates the pod is not known to ask for a GPU at all
+    assert "k8s-c1-ml-pod-p" not in {e.job_id for e, _ in reconcile(d.state, listed, "c1", now=1.0)[0]}

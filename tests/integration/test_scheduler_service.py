@@ -258,3 +258,41 @@ async def test_only_teams_allowed_critical_work_may_submit_it(
     assert explained["id"] == "nlp-urgent" and "starvation_guard" in explained
     await sched.close()
     await quota.close()
+
+
+async def test_the_scheduler_plans_a_mig_layout_under_its_own_permissions_and_places_once_it_is_applied(
+    nats_server: SecuredNatsServer, nc: Client, js: JetStreamContext, watched: JobEvents
+) -> None:
+    from events.fleet import MigLayoutApplied, MigLayoutPlanned
+    from services.scheduler.core.mig_live import MANAGED_LABEL
+
+    fleet: list[Any] = []
+
+    async def on_fleet(msg: Any) -> None:
+        fleet.append(decode(msg.headers, msg.data).event)
+
+    sub = await nc.subscribe("chamber.fleet.>", cb=on_fleet)
+    publisher = Publisher(js, source="test/discovery")
+    await publisher.publish(a_node("n1", gpus=1, model="H100-80GB", **{MANAGED_LABEL: "all-disabled"}))
+    await publisher.publish(a_quota("vision", 4))
+    sched = Running(scheduler_service, nats_server.url_for("scheduler"))
+    try:
+        await eventually(lambda: answers(nc, "scheduler", "queue", {}))
+        await request(nc, "scheduler", "submit", {"team": "vision", "mig_profile": "1g.10gb", "id": "small-1"})
+        await eventually(lambda: any(isinstance(e, MigLayoutPlanned) for e in fleet))
+        [plan] = [e for e in fleet if isinstance(e, MigLayoutPlanned)]
+        assert (plan.node, plan.enable_mig, [i.profile for i in plan.create]) == ("n1", True, ["1g.10gb"])
+        assert not watched.of(JobScheduled, "small-1")  # no instance until the layout is applied
+        applied = MigLayoutApplied(
+            cluster="c1", node="n1", gpu_index=plan.gpu_index, at=plan.at + 1, layout=plan.after, planned_at=plan.at
+        )
+        await publisher.publish(applied)  # what the actuator reports once the GPU Operator has applied it
+        await eventually(lambda: bool(watched.of(JobScheduled, "small-1")))
+        [scheduled] = watched.of(JobScheduled, "small-1")
+        assert (scheduled.placements[0].mig_profile, scheduled.placements[0].mig_start) == (
+            "1g.10gb",
+            plan.create[0].start,
+        )
+    finally:
+        await sub.unsubscribe()
+        await sched.close()

@@ -59,3 +59,26 @@ def test_requests_the_packer_cannot_serve_are_refused() -> None:
         share_request(ShareRequest(mig_profile="9g.90gb", mig_count=1))
     with pytest.raises(WorkloadError, match="memory is unknown"):
         share_request(ShareRequest(gpu_memory_mib=1000))
+
+
+def test_a_pod_is_told_the_gpu_and_the_mig_instance_or_fraction_chosen_for_it() -> None:
+    from events import Placement
+    from services.scheduler.kubernetes import GPUS_ANNOTATION, MIG_ANNOTATION, MILLI_ANNOTATION, device_ops
+
+    mig = [Placement(cluster="c1", node="n1", gpu_indices=[3], share_milli=134, mig_profile="1g.10gb", mig_start=5)]
+    obj: dict[str, Any] = {"metadata": {"name": "p", "annotations": {"team": "x"}}}
+    assert device_ops(obj, mig, {3: "GPU-3"}) == [
+        {"op": "add", "path": "/metadata/annotations/chamber.io~1gpus", "value": "3"},
+        {"op": "add", "path": "/metadata/annotations/chamber.io~1gpu-uuids", "value": "GPU-3"},
+        {"op": "add", "path": "/metadata/annotations/chamber.io~1mig-instance", "value": "1g.10gb@5"},
+    ]
+    fraction = [Placement(cluster="c1", node="n1", gpu_indices=[0], share_milli=250)]
+    fresh: dict[str, Any] = {"metadata": {"name": "p"}}
+    assert device_ops(fresh, fraction) == [
+        {"op": "add", "path": "/metadata/annotations", "value": {GPUS_ANNOTATION: "0"}},
+        {"op": "add", "path": f"/metadata/annotations/{MILLI_ANNOTATION.replace('/', '~1')}", "value": "250"},
+    ]
+    # admitted again elsewhere as whole GPUs: the stale instance goes, the same value is not written twice
+    moved: dict[str, Any] = {"metadata": {"annotations": {GPUS_ANNOTATION: "1", MIG_ANNOTATION: "1g.10gb@5"}}}
+    whole = [Placement(cluster="c1", node="n2", gpu_indices=[1])]
+    assert device_ops(moved, whole) == [{"op": "remove", "path": "/metadata/annotations/chamber.io~1mig-instance"}]

@@ -32,7 +32,9 @@ def test_the_reader_reads_streams_through_its_own_consumers_and_never_the_record
 def test_a_service_writes_only_its_own_buckets_and_owns_its_leases(capsys: pytest.CaptureFixture[str]) -> None:
     out = explained(capsys, "svc-scheduler")
     assert f"$KV.{lease_bucket('scheduler')}.>" in out and "its leader leases" in out
-    assert "$KV.chamber_fleet" not in out and "chamber.fleet" not in out
+    assert "$KV.chamber_fleet" not in out
+    # of FLEET, only the MIG layouts it plans and its actuator reports applied
+    assert "chamber.fleet.*.*.mig" in out and "chamber.fleet" not in out.replace("chamber.fleet.*.*.mig", "")
     assert "chamber.jobs.>" in out and "events scheduler owns" in out
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from operator import attrgetter, itemgetter
 
 from events import JobSpec, PreemptionReason, PriorityClass
-from services.scheduler.core import backfill, idle, placement, preemption, quota, shares
+from services.scheduler.core import backfill, idle, mig_live, placement, preemption, quota, shares
 from services.scheduler.core.budget import held as budget_held
 from services.scheduler.core.decisions import Admit, Cycle, CycleMark, Decision, Preempt, Requeue, Reservation
 from services.scheduler.core.degraded import only_degraded, out_of_service, stay_note
@@ -64,6 +64,8 @@ def schedule(state: SchedulerState, now: float, since: CycleMark | None = None, 
         if since is not None:
             work.drains = {p: d for p, d in since.draining if (j := state.jobs.get(d.job_id)) and j.state in QUEUED}
         _turns(ctx, phase1_heads(ctx))
+        if state.mig_nodes:  # MIG-managed nodes: change layouts for what no instance could take
+            ctx.decisions += mig_live.plan_layouts(work, ctx.waiting, full)
         return ctx.result()
     finally:
         state.capacity.end()

@@ -16,6 +16,7 @@ from events import (
     PreemptionReason,
 )
 from events.codec import stable_id
+from events.fleet import MigLayoutPlanned
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,14 @@ class Requeue:
     fault_ids: tuple[str, ...] = ()
 
 
-Decision = Admit | Preempt | Requeue
+@dataclass(frozen=True)
+class PlanLayout:
+    """A new MIG layout for one GPU (core/mig_live.py): published as its `MigLayoutPlanned`."""
+
+    event: MigLayoutPlanned
+
+
+Decision = Admit | Preempt | Requeue | PlanLayout
 
 
 @dataclass(frozen=True)
@@ -150,6 +158,9 @@ def events_for(decisions: list[Decision], now: float) -> list[tuple[Event, str]]
                     stable_id("suspended", d.job_id, d.generation),
                 )
             )
+        elif isinstance(d, PlanLayout):
+            e = d.event
+            out.append((e, stable_id("mig-planned", e.cluster, e.node, e.gpu_index, e.at)))
         else:
             out.append(
                 (

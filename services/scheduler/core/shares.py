@@ -9,8 +9,10 @@ Placement (`place`) packs: a replica goes on a GPU already shared in its mode th
 with the sharing scorer (sharing.py: the growth of FGD fragmentation for the expected mix of shared
 requests, plus best fit), and takes a free whole GPU (best-fit node) only when none has room. A MIG
 instance goes at a legal free start of a GPU whose model has the profile (mig.py); a GPU becomes a MIG
-GPU when its first instance is placed (the MIG reconfiguration planner, mig_plan.py, and the GPU
-Operator's mig.config make the layout; Chamber decides, the driver enforces).
+GPU when its first instance is placed. On a node whose layouts Chamber manages (mig_live.py: the GPU
+Operator's mig.config label) an instance goes only into a free instance of the GPU's applied layout,
+idle instances of such GPUs are found through `SchedulerState.mig_nodes`, and no instance is made on
+a whole GPU there: the planner changes layouts (Chamber decides, the driver enforces).
 
 Quotas count GPU-equivalents: a fraction by its share, a MIG instance by its profile's share of the
 GPU (the mean of its compute and memory fractions), so four 1g slices never cost four GPUs.
@@ -26,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from events import GpuShare, JobSpec, Placement, ShareMode
 from services.scheduler.core.mig import MIG_MODELS, mig_model, occupancy, starts_in_mask
+from services.scheduler.core.mig_live import layout_starts, managed, mig_held
 
 if TYPE_CHECKING:
     from services.scheduler.core.sharing import Mix, PodRequest, State
@@ -135,7 +138,8 @@ def take(work: Work, nid: int, gpu: int, job_id: str, mode: str, part: tuple[int
     cap = work.cap
     sg = node.shared.get(gpu)
     if sg is None:
-        cap.take_exact(nid, [gpu])
+        if not mig_held(node, gpu):  # a managed MIG GPU is out of the whole-GPU index already
+            cap.take_exact(nid, [gpu])
         sg = node.shared[gpu] = SharedGpu(mode)
         cap.undo(lambda: _forget(node, gpu))
         if nid not in work.s.shared_nodes:  # (a node whose shares all end in the cycle stays listed: harmless)
@@ -164,7 +168,7 @@ def give(work: Work, job: Job) -> None:
             if not sg.holders:
                 del node.shared[i]
                 cap.undo(lambda node=node, i=i, sg=sg: node.shared.__setitem__(i, sg))  # type: ignore[misc]
-                if node.offers(i):
+                if node.offers(i) and not mig_held(node, i):
                     cap.give(node.nid, [i])
 
 
@@ -212,6 +216,8 @@ def _place_one(
     work: Work, job_id: str, share: GpuShare, mode: str, classes: list[int]
 ) -> tuple[int, int, int | None] | None:
     best = _on_shared(work, share, mode, classes)
+    if best is None and share.mig_profile and work.s.mig_nodes:
+        best = _on_layout(work, share, classes)
     if best is None:
         best = _on_whole(work, share, mode, classes)
     if best is None:
@@ -254,6 +260,24 @@ def _on_shared(work: Work, share: GpuShare, mode: str, classes: list[int]) -> Ch
     return best
 
 
+def _on_layout(work: Work, share: GpuShare, classes: list[int]) -> Choice | None:
+    """The best idle instance of a managed MIG GPU that no job uses yet (mig_live.py)."""
+    wanted = set(classes)
+    slots, nodes = work.cap.slots, work.s.node_by_id
+    best: Choice | None = None
+    for nid in sorted(work.s.mig_nodes):
+        node, slot = nodes[nid], slots[nid]
+        if not slot.usable or slot.cls not in wanted:
+            continue
+        for gpu in sorted(node.mig):
+            if gpu in node.shared or not node.offers(gpu) or not node.mig[gpu].enabled:
+                continue
+            for choice in _choices(work, node, gpu, SharedGpu(ShareMode.MIG.value), share):
+                if best is None or choice < best:
+                    best = choice
+    return best
+
+
 def _on_whole(work: Work, share: GpuShare, mode: str, classes: list[int]) -> Choice | None:
     """A free whole GPU on the best-fit node of a class whose model can hold the share."""
     cap = work.cap
@@ -262,6 +286,8 @@ def _on_whole(work: Work, share: GpuShare, mode: str, classes: list[int]) -> Cho
     if nid is None:
         return None
     node = work.s.node_by_id[nid]
+    if share.mig_profile and managed(node):
+        return None  # a managed GPU gets instances only by a planned layout
     gpu = cap.slots[nid].free[0]
     found = _choices(work, node, gpu, SharedGpu(mode), share)
     return min(found) if found else None
@@ -286,7 +312,11 @@ def _choices(work: Work, node: Node, gpu: int, sg: SharedGpu, share: GpuShare) -
         need = table.share_milli(share.mig_profile)
         before: State = (model, 0, 0, False, (left,), ((sg.mig_used, left),))
         out: list[Choice] = []
-        for start in starts_in_mask(table, sg.mig_used, share.mig_profile):
+        starts = starts_in_mask(table, sg.mig_used, share.mig_profile)
+        if work.s.mig_nodes:
+            narrowed = layout_starts(node, gpu, share.mig_profile, starts)
+            starts = starts if narrowed is None else narrowed
+        for start in starts:
             used = sg.mig_used | occupancy(table, share.mig_profile, start)
             new: State = (model, 0, 0, False, (left - need,), ((used, left - need),))
             out.append((_score(mix, before, new), node.nid, gpu, start))

@@ -10,4 +10,6 @@ The classes' fields are in the snapshot's format anyway: adding or removing one 
 # 2: degrading link facts (LinkHealth.degrading), jobs kept on degraded hardware, held isolations per node
 # 3: idle verdicts to act on (idle.py: JobIdleDetected, JobResumeRequested)
 # 4: GPU shares per node (Node.shared, Node.gpu_memory), GPU-equivalents in usage (fractional and MIG jobs)
-STATE_VERSION = 4
+# 5: MIG layouts of managed GPUs (Node.mig, SchedulerState.mig_nodes; MigLayoutPlanned/Applied folded),
+#    GPU UUIDs per node (Node.gpu_uuids)
+STATE_VERSION = 5

@@ -46,7 +46,7 @@ from events import (
 )
 from events.fabric import JobSlowdownCleared, JobSlowdownDetected
 from events.faults import GpuFaultDetected
-from events.fleet import IsolationDismissed, IsolationHeld
+from events.fleet import IsolationDismissed, IsolationHeld, MigLayoutApplied, MigLayoutPlanned
 from events.idle import JobIdleDetected, JobResumeRequested
 from events.jobs import GpuShare
 from events.telemetry import GpuInfo
@@ -55,6 +55,7 @@ from services.scheduler.core.budget import BudgetRule, demoted, fold_budget_exce
 from services.scheduler.core.capacity import Capacity
 from services.scheduler.core.idle import IdleReclaim, fold_idle_detected, fold_resume_requested
 from services.scheduler.core.links import LinkHealth, fold_cleared, fold_fault, fold_kind, fold_slowdown
+from services.scheduler.core.mig_live import MigState, fold_applied, fold_planned, managed, mig_held, reconfiguring
 from services.scheduler.core.shares import SharedGpu, equivalents, holding, mode_of, plus, room
 from services.scheduler.core.sortedlist import SortedList
 
@@ -144,6 +145,8 @@ class Node:
     held: dict[int | None, str] = field(default_factory=dict)
     shared: dict[int, SharedGpu] = field(default_factory=dict)  # gpu index -> the jobs sharing it (shares.py)
     gpu_memory: dict[int, int] = field(default_factory=dict)  # gpu index -> its memory in MiB, where known
+    mig: dict[int, MigState] = field(default_factory=dict)  # gpu index -> its managed MIG layout (mig_live.py)
+    gpu_uuids: dict[int, str] = field(default_factory=dict)  # gpu index -> its UUID (pods are told theirs)
     _model: str = ""
     _model_of: object = None
 
@@ -311,6 +314,8 @@ class SchedulerState:
     displaced: set[str] = field(default_factory=set)  # running on a GPU or node out of service
     # node ids with GPUs that hold shares (Node.shared), so placing a share reads those nodes, not the fleet
     shared_nodes: dict[int, None] = field(default_factory=dict)
+    # node ids of MIG-managed nodes (the GPU Operator's mig.config label, or a layout folded): the planner's
+    mig_nodes: dict[int, None] = field(default_factory=dict)
     # GPUs claimed by jobs on nodes not (yet) discovered: replaying JOBS may run ahead of FLEET
     claims: dict[tuple[str, str], dict[int, str]] = field(default_factory=dict)
     # jobs holding shares on nodes not (yet) discovered, in the order they were placed (folded on discovery)
@@ -407,8 +412,10 @@ class SchedulerState:
         # a held isolation takes the GPU (or node) out of the capacity new work is placed on
         healthy = [i for i in node.gpus if node.offers(i)]
         free = [i for i in healthy if i not in node.owners and i not in node.shared]
+        if node.mig:  # a managed GPU in MIG mode or being changed is not a whole GPU; a changing node takes nothing
+            free = [i for i in free if not mig_held(node, i)]
         domain = node.labels.get(self.topology_key, "")
-        offered = node.in_service and None not in node.held
+        offered = node.in_service and None not in node.held and not (node.mig and reconfiguring(node))
         self.capacity.set_slot(node.nid, self.node_class(node), free, len(healthy), offered, domain)
 
     # -- estimated ends ------------------------------------------------------------------------
@@ -752,6 +759,10 @@ def holds(node: Node, gpu: int, job_id: str) -> bool:
     return node.owners.get(gpu) == job_id or ((sg := node.shared.get(gpu)) is not None and job_id in sg.holders)
 
 
+def _uuids(infos: list[GpuInfo]) -> dict[int, str]:
+    return {g.index: g.uuid for g in infos if g.uuid}
+
+
 def _memory(infos: list[GpuInfo]) -> dict[int, int]:
     return {g.index: int(g.memory_total_mib) for g in infos if g.memory_total_mib}
 
@@ -760,7 +771,7 @@ def _discovered(s: SchedulerState, e: NodeDiscovered) -> None:
     node = s.nodes.get((e.cluster, e.node))
     if node is None:
         node = Node(nid=len(s.node_by_id), cluster=e.cluster, name=e.node, gpus=_gpus(e.gpus), labels=dict(e.labels))
-        node.gpu_memory = _memory(e.gpus)
+        node.gpu_memory, node.gpu_uuids = _memory(e.gpus), _uuids(e.gpus)
         s.nodes[(e.cluster, e.node)] = node
         s.node_by_id.append(node)
         for job_id in s.share_claims.pop((e.cluster, e.node), {}):
@@ -774,10 +785,17 @@ def _discovered(s: SchedulerState, e: NodeDiscovered) -> None:
                 s.displaced.add(job_id)
     else:  # rediscovered after being lost
         node.gpus, node.labels, node.lost, node.status = _gpus(e.gpus), dict(e.labels), False, NodeStatus.HEALTHY
-        node.gpu_memory = _memory(e.gpus)
+        node.gpu_memory, node.gpu_uuids = _memory(e.gpus), _uuids(e.gpus)
         _settle_holders(s, node)
+    _note_managed(s, node)
     s.refresh_node(node)
     s.capacity_epoch += 1
+
+
+def _note_managed(s: SchedulerState, node: Node) -> None:
+    """A node that carries the GPU Operator's mig.config label is the MIG planner's to change."""
+    if managed(node):
+        s.mig_nodes[node.nid] = None
 
 
 def _updated(s: SchedulerState, e: NodeUpdated) -> None:
@@ -786,8 +804,10 @@ def _updated(s: SchedulerState, e: NodeUpdated) -> None:
         _discovered(s, NodeDiscovered(cluster=e.cluster, node=e.node, at=e.at, gpus=e.gpus, labels=e.labels))
         node = s.nodes[(e.cluster, e.node)]
     node.gpus, node.status, node.gpu_memory = _gpus(e.gpus), e.status, _memory(e.gpus)
+    node.gpu_uuids = _uuids(e.gpus)
     if e.labels:
         node.labels = dict(e.labels)
+        _note_managed(s, node)
     node.lost = e.status == NodeStatus.LOST
     gone = [i for i in [*node.owners, *node.shared] if i not in node.gpus]
     if node.lost or gone:
@@ -941,6 +961,8 @@ _HANDLERS: dict[type[Event], Callable[[SchedulerState, Any], None]] = {
     GpuFaultDetected: _fault,
     JobIdleDetected: fold_idle_detected,
     JobResumeRequested: fold_resume_requested,
+    MigLayoutPlanned: fold_planned,
+    MigLayoutApplied: fold_applied,
 }
 
 _JOB_EVENTS = frozenset(
