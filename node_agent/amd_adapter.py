@@ -316,15 +316,19 @@ class SysfsSource:
         self._identities: dict[int, _Identity] = {}
         self._modes: dict[int, tuple[str | None, str | None]] = {}  # the partition modes last seen
         self._memo: dict[int, _Memo] = {}
+        self._rescan = -1  # the card whose RAS blocks the last inventory pass asked again
 
     def count(self) -> int:
         return len(self.cards)
 
     def refresh(self) -> None:
-        """A new inventory pass: the RAS blocks to read, asked again (a block whose file appeared, or
-        whose bit in `ras/features` moved, is read from the next sample on). The KFD topology is read
-        again only when a card's partition mode changed (`info`)."""
-        for i, c in enumerate(self.cards):
+        """A new inventory pass (a minute apart): one card's RAS blocks asked again, in turn (a block
+        whose file appeared, or whose bit in `ras/features` moved, is read from its next sample on; on
+        an 8-GPU node within 8 passes; a listdir of every card each pass would cost more than the rest
+        of the pass). The KFD topology is read again only when a card's partition mode changed (`info`)."""
+        if self.cards:
+            self._rescan = i = (self._rescan + 1) % len(self.cards)
+            c = self.cards[i]
             blocks = fs.ras_blocks(c.device)
             if blocks != c.ras_blocks:
                 log.info("RAS blocks changed", gpu=i, blocks=blocks, before=c.ras_blocks)
