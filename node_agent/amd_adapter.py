@@ -259,9 +259,9 @@ BAD_PAGE_LINE = 28
 # 64 KiB one is a malloc and a realloc: 8 of a card's 10 reads per sample.
 SHORT_READ = 448
 NA16 = 0xFFFF  # a gpu_metrics field the board does not fill
+NA64 = 0xFFFFFFFFFFFFFFFF
 _moving = msgspec.structs.replace  # a card's sample from its template (`_CardPaths.template`)
 _pread = os.pread
-NA64 = 0xFFFFFFFFFFFFFFFF
 
 
 class _Static(NamedTuple):
