@@ -173,9 +173,16 @@ class _CardPaths:
         # of most boards (none); a longer list is read on (`read_rest`) and in one go from then on.
         self.sizes = [65536, SHORT_READ, *(SHORT_READ for _ in self.ras), *((SHORT_READ,) if self.ras else ())]
         self.bad_pages_full = SHORT_READ - BAD_PAGE_LINE  # a bad-page read longer than this may have more
-        self._zeros = (0,) * len(self.fds)
+        self.zeros = (0,) * len(self.fds)
         self.vendor_fd = _open(self.vendor)
         self.last_metrics: bytes | None = None  # gpu_metrics as last read
+        # The card's sample with what moves seldom (identity, static figures, RAS, bad pages, replays)
+        # filled in, built again only when one of those changes: a sample is then one
+        # `msgspec.structs.replace` of the seven figures that move (a GpuSample built from keywords
+        # costs five times that: every field matched by name, a fresh list per list default).
+        self.template: GpuSample | None = None
+        self.template_memo: _Memo | None = None
+        self.template_key: tuple[Any, ...] = ()
         # the decoder of the table header this card sent last (a card does not change revision)
         self.metrics_head = b""
         self.metrics_min = 0
@@ -188,11 +195,11 @@ class _CardPaths:
         except OSError:
             return True
 
-    def read(self) -> list[bytes | None]:
+    def read_each(self) -> list[bytes | None]:
+        """Each file on its own (a file is not open, or the one-map read of them all failed): None for
+        one that is not there or failed (reopened next time)."""
         pread = os.pread
-        try:  # every file open and readable: one pread each, in one map (no Python frame per file)
-            if self.all_open:
-                return list(map(pread, self.fds, self.sizes, self._zeros))
+        try:
             return [pread(fd, size, 0) if fd >= 0 else None for fd, size in zip(self.fds, self.sizes, strict=True)]
         except OSError:
             pass
@@ -253,6 +260,8 @@ BAD_PAGE_LINE = 28
 SHORT_READ = 448
 NA16 = 0xFFFF  # a gpu_metrics field the board does not fill
 NA64 = 0xFFFFFFFFFFFFFFFF
+_moving = msgspec.structs.replace  # a card's sample from its template (`_CardPaths.template`)
+_pread = os.pread
 
 
 class _Static(NamedTuple):
@@ -307,13 +316,27 @@ class SysfsSource:
         self._identities: dict[int, _Identity] = {}
         self._modes: dict[int, tuple[str | None, str | None]] = {}  # the partition modes last seen
         self._memo: dict[int, _Memo] = {}
+        self._rescan = -1  # the card whose RAS blocks the last inventory pass asked again
 
     def count(self) -> int:
         return len(self.cards)
 
     def refresh(self) -> None:
-        """A new inventory pass. The KFD topology is read again only when a card's partition mode
-        changed (`info`), the one thing in it that moves while the driver stays loaded."""
+        """A new inventory pass (a minute apart): one card's RAS blocks asked again, in turn (a block
+        whose file appeared, or whose bit in `ras/features` moved, is read from its next sample on; on
+        an 8-GPU node within 8 passes; a listdir of every card each pass would cost more than the rest
+        of the pass). The KFD topology is read again only when a card's partition mode changed (`info`)."""
+        if self.cards:
+            self._rescan = i = (self._rescan + 1) % len(self.cards)
+            c = self.cards[i]
+            blocks = fs.ras_blocks(c.device)
+            if blocks != c.ras_blocks:
+                log.info("RAS blocks changed", gpu=i, blocks=blocks, before=c.ras_blocks)
+                c.ras_blocks = blocks
+                paths = self._paths.pop(i, None)  # its files opened afresh at the next sample
+                if paths is not None:
+                    paths.close()
+                self._memo.pop(i, None)  # the same bytes from other blocks are other blocks' counts
 
     def partitions(self, i: int) -> int:
         """How many logical GPUs card i shows: its KFD compute nodes (one per compute partition),
@@ -397,7 +420,14 @@ class SysfsSource:
         paths = self._paths.get(i)
         if paths is None:
             paths = self._paths[i] = _CardPaths(self.cards[i])
-        raws = paths.read()
+        raws: list[bytes | None]
+        if paths.all_open:  # the common case: one pread of each file, in one map (no Python frame per file)
+            try:
+                raws = list(map(_pread, paths.fds, paths.sizes, paths.zeros))
+            except OSError:
+                raws = paths.read_each()
+        else:
+            raws = paths.read_each()
         raw = raws[0]
         # A GPU that fell off the bus loses its sysfs directory: its open files answer ENODEV (None
         # here), and a recorded tree whose files were deleted shows them unlinked. A live GPU's
@@ -459,26 +489,33 @@ class SysfsSource:
         memo = self._memo.get(i)
         if memo is None or memo[0] != ras_raw or memo[1] != bad_raw or memo[2] != xgmi or memo[3] != threshold:
             memo = self._memo[i] = self._health(paths, ras_raw, bad_raw, xgmi, threshold)
-        _, _, _, _, health, ce, umc_ue, reserved, pending = memo
-        sample = GpuSample(
-            index=index if index is not None else i,
-            uuid=uuid,
+        health = memo.health
+        key = (index if index is not None else i, uuid, total_mib, limit_w, replays)
+        template = paths.template
+        if template is None or paths.template_memo is not memo or paths.template_key != key:
+            template = paths.template = GpuSample(
+                index=key[0],
+                uuid=uuid,
+                memory_total_mib=total_mib,
+                power_limit_w=limit_w,
+                ecc_sbe_volatile=memo.ce,
+                ecc_dbe_volatile=memo.umc_ue,
+                retired_pages_dbe=memo.reserved,
+                retired_pages_pending=memo.pending,
+                pcie_replay_count=replays,
+                amd=health,
+                nvlink=NO_LINKS,
+            )
+            paths.template_memo, paths.template_key = memo, key
+        sample = _moving(
+            template,
             utilization_pct=util,
             memory_utilization_pct=mem_util,
             memory_used_mib=used_mib,
-            memory_total_mib=total_mib,
             power_w=watts,
-            power_limit_w=limit_w,
             temperature_c=temp,
             sm_clock_mhz=sclk,
             mem_clock_mhz=mclk,
-            ecc_sbe_volatile=ce,
-            ecc_dbe_volatile=umc_ue,
-            retired_pages_dbe=reserved,
-            retired_pages_pending=pending,
-            pcie_replay_count=replays,
-            amd=health,
-            nvlink=NO_LINKS,
         )
         return sample, health
 

@@ -38,7 +38,12 @@ KFD_NODES_DIR = "sys/class/kfd/kfd/topology/nodes"
 AMD_VENDOR = "0x1002"
 # RAS blocks amdgpu names in sysfs (amdgpu_ras.c ras_block_string, the ones with an `_err_count` file).
 RAS_BLOCKS = ("umc", "gfx", "sdma", "mmhub", "pcie_bif", "hdp", "xgmi_wafl", "athub", "df", "smn", "sem", "mp0",
-              "mp1", "fuse", "mca", "vcn", "jpeg", "ih", "mpio")  # fmt: skip
+              "mp1", "fuse", "mca", "vcn", "jpeg", "ih", "mpio", "mmsch")  # fmt: skip
+# Each block's bit in `ras/features` (amdgpu_ras.h enum amdgpu_ras_block, in that order): the driver's
+# con->features, the blocks whose RAS is enabled. amd-smi reads a block's count only when its bit is set.
+RAS_FEATURE_BIT = {name: bit for bit, name in enumerate(
+    ("umc", "sdma", "gfx", "mmhub", "athub", "pcie_bif", "hdp", "xgmi_wafl", "df", "smn", "sem", "mp0", "mp1", "fuse",
+     "mca", "vcn", "jpeg", "ih", "mpio", "mmsch"))}  # fmt: skip
 RAS_INACCESSIBLE = "Query currently inaccessible"  # amdgpu_ras_sysfs_read while a reset runs (-EIO)
 _NA16 = 0xFFFF
 _NA64 = 0xFFFFFFFFFFFFFFFF
@@ -350,12 +355,20 @@ def _card(name: str, device: str) -> AmdCard:
         if sensor is not None:
             card.temp_file = f"{hw}/temp{sensor}_input"
             card.temp_crit_file = f"{hw}/temp{sensor}_crit"
-    try:
-        ras = set(os.listdir(f"{device}/ras"))
-    except OSError:
-        ras = set()
-    card.ras_blocks = [b for b in RAS_BLOCKS if f"{b}_err_count" in ras]
+    card.ras_blocks = ras_blocks(device)
     return card
+
+
+def ras_blocks(device: str) -> list[str]:
+    """The RAS blocks of a device to read: those with an `_err_count` file whose bit `ras/features` sets
+    (all with a file when the mask does not read). The driver makes the files in its late init, and
+    the mask can change at run time (ras_ctrl), so the agent asks again on its inventory pass."""
+    try:
+        names = set(os.listdir(f"{device}/ras"))
+    except OSError:
+        return []
+    mask = parse_features(read_text(f"{device}/ras/features") or "") if "features" in names else None
+    return [b for b in RAS_BLOCKS if f"{b}_err_count" in names and (mask is None or mask >> RAS_FEATURE_BIT[b] & 1)]
 
 
 @dataclass(frozen=True)

@@ -67,9 +67,53 @@ def test_an_mi300x_node_from_sysfs(tmp_path: Path) -> None:
 
 
 def test_without_gpu_metrics_the_plain_files_give_the_same_figures(tmp_path: Path) -> None:
-    write_amd_node(tmp_path, gpus=1, with_metrics=False)
-    x = sysfs_sampler(tmp_path).read("c", 1, 1000.0, 1.0).sample.gpus[0]
+    write_amd_node(tmp_path / "without", gpus=1, with_metrics=False)
+    x = sysfs_sampler(tmp_path / "without").read("c", 1, 1000.0, 1.0).sample.gpus[0]
     assert (x.utilization_pct, x.power_w, x.temperature_c, x.sm_clock_mhz, x.mem_clock_mhz) == (87, 312, 54, 2100, 1300)
+    write_amd_node(tmp_path / "with", gpus=1)
+    # every field, not only those: the table and the plain files say the same in the recorded trees
+    assert x == sysfs_sampler(tmp_path / "with").read("c", 1, 1000.0, 1.0).sample.gpus[0]
+
+
+def test_figures_that_move_seldom_show_in_the_sample_they_change_in(tmp_path: Path) -> None:
+    # A card's seldom-moving figures are kept between samples; each change must still show at once.
+    cards = write_amd_node(tmp_path, gpus=1)
+    s = sysfs_sampler(tmp_path)
+    s.read("c", 1, 1000.0, 1.0)
+    cards[0].set_metrics(gfx=50, replays=5)
+    x = s.read("c", 2, 1001.0, 1.0).sample.gpus[0]
+    assert (x.utilization_pct, x.pcie_replay_count, x.ecc_sbe_volatile) == (50, 5, 0)
+    cards[0].set_ras("gfx", ce=2)
+    x = s.read("c", 3, 1002.0, 1.0).sample.gpus[0]
+    assert (x.utilization_pct, x.pcie_replay_count, x.ecc_sbe_volatile) == (50, 5, 2)
+    assert x.amd is not None and [(b.block, b.ce) for b in x.amd.ras][1] == ("gfx", 2)
+    (cards[0].hwmon / "power1_cap").write_text("650000000\n")
+    [s.inventory_gpus() for _ in range(REREAD_INVENTORY)]
+    x = s.read("c", 4, 1003.0, 1.0).sample.gpus[0]
+    assert (x.power_limit_w, x.pcie_replay_count, x.ecc_sbe_volatile) == (650, 5, 2)
+
+
+def test_ras_blocks_are_those_features_enables_asked_again_each_inventory_pass(tmp_path: Path) -> None:
+    cards = write_amd_node(tmp_path, gpus=1)
+    (cards[0].device / "ras/hdp_err_count").unlink()  # not made yet when the agent starts
+    cards[0].write("ras/features", "feature mask: 0x3fb7f\n")  # xgmi_wafl's bit (7) clear
+    s = sysfs_sampler(tmp_path)
+    state, _ = detect(DetectorState(), s.read("c", 1, 1000.0, 1.0))
+    blocks = ["umc", "gfx", "sdma", "mmhub", "pcie_bif"]
+    assert [b.block for b in state_ras(s, 2)] == blocks
+    cards[0].set_ras("hdp", ue=1)  # the block appears, with an uncorrectable error
+    cards[0].write("ras/features", "feature mask: 0x3fbff\n")
+    assert [b.block for b in state_ras(s, 3)] == blocks  # until the next inventory pass
+    [s.inventory_gpus() for _ in range(REREAD_INVENTORY)]
+    _, faults = detect(state, s.read("c", 4, 1003.0, 1.0))
+    assert [(f.kind, f.ras_block) for f in faults] == [(FaultKind.AMD_RAS_UE, "hdp")]
+    assert [b.block for b in state_ras(s, 5)] == [*blocks, "hdp", "xgmi_wafl"]
+
+
+def state_ras(s: AmdSampler, seq: int) -> list[Any]:
+    x = s.read("c", seq, 1000.0 + seq, 1.0).sample.gpus[0]
+    assert x.amd is not None
+    return x.amd.ras
 
 
 def test_fields_a_board_leaves_unfilled_in_gpu_metrics_come_from_the_plain_files(tmp_path: Path) -> None:
