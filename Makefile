@@ -20,9 +20,12 @@ cli_var = $(if $(filter command line,$(origin $(1))),$(2) $($(1)))
 up: $(STAMP)
 	$(BIN)/chamber up $(call cli_var,PORT,--port) $(call cli_var,NATS_PORT,--nats-port)
 
+# Test files run in parallel, one file per worker (module fixtures stay shared), one worker per core up to
+# 4; `make test TEST_WORKERS=0` runs them in one process.
+TEST_WORKERS ?= auto
 test: $(STAMP)
 	sh scripts/ensure-chromium.sh
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --numprocesses=$(TEST_WORKERS) --maxprocesses=4 --dist=loadfile
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
