@@ -44,7 +44,7 @@ class Gateway:
 
 
 async def start_gateway(
-    nats_url: str, *, token: str | None = TOKEN, warehouse_history: bool = True
+    nats_url: str, *, token: str | None = TOKEN, warehouse_history: bool = True, command_timeout: float = 2.0
 ) -> tuple[asyncio.Event, asyncio.Task[None], str]:
     port = free_port()
     args = argparse.Namespace(
@@ -54,7 +54,7 @@ async def start_gateway(
         token=token,
         history_interval=0.2,
         stream_interval=0.2,
-        command_timeout=2.0,
+        command_timeout=command_timeout,
         no_warehouse_history=not warehouse_history,
         reasons_interval=0.2,
         protect_reads=False,

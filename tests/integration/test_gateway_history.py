@@ -75,7 +75,8 @@ async def test_history_comes_from_the_warehouse_and_falls_back_to_the_live_serie
     warehouse = ChdbWarehouse(tmp_path / "warehouse")
     migrate(warehouse)
     rec_stop, rec_task, _ = await start_recorder(nats_server.url_for("recorder"), warehouse)
-    gw_stop, gw_task, url = await start_gateway(nats_server.url_for("gateway"))
+    # the recorder's first queries on a loaded machine (tests run in parallel) may take seconds
+    gw_stop, gw_task, url = await start_gateway(nats_server.url_for("gateway"), command_timeout=15.0)
     try:
         await publish(nc, five_minutes())
         await eventually(lambda: recorded(nc), within=30)

@@ -130,14 +130,19 @@ async def test_the_recorder_stores_samples_rollups_audit_log_and_answers_sql(
         ]
         assert warehouse.query("SELECT sum(cost) FROM cost_ledger").scalar() == 0.36
 
-        reply = await request(nc, "recorder", "sql", {"sql": "SELECT count() AS n FROM gpu_samples"})
+        SQL_S = 20.0  # the door answers in well under a second; a loaded machine (parallel tests) may not
+        reply = await request(nc, "recorder", "sql", {"sql": "SELECT count() AS n FROM gpu_samples"}, timeout=SQL_S)
         assert reply["columns"] == ["n"] and reply["rows"] == [[120]]
-        big = await request(nc, "recorder", "sql", {"sql": "SELECT repeat('x', 1000) FROM numbers(5000)"})
+        big = await request(
+            nc, "recorder", "sql", {"sql": "SELECT repeat('x', 1000) FROM numbers(5000)"}, timeout=SQL_S
+        )
         assert big["truncated"] and 0 < len(big["rows"]) < 5000  # what fits in one NATS reply
         with pytest.raises(CommandRefused, match="read-only"):
-            await request(nc, "recorder", "sql", {"sql": "DROP TABLE gpu_samples"})
+            await request(nc, "recorder", "sql", {"sql": "DROP TABLE gpu_samples"}, timeout=SQL_S)
         with pytest.raises(CommandRefused, match="one statement"):
-            await request(nc, "recorder", "sql", {"sql": "SELECT 1; INSERT INTO events SELECT * FROM events"})
+            await request(
+                nc, "recorder", "sql", {"sql": "SELECT 1; INSERT INTO events SELECT * FROM events"}, timeout=SQL_S
+            )
     finally:
         stop.set()
         ctx = await asyncio.wait_for(task, 15)
