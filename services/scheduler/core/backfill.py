@@ -135,7 +135,7 @@ def _shared_gpus(work: Work, classes: list[int]) -> Iterator[tuple[Node, int, Sh
 def _whole_again(work: Work, classes: list[int]) -> list[tuple[float, float]]:
     """(estimated end, 1) for each shared GPU of `classes` that is whole again when its last holder
     ends (a GPU in MIG mode stays out of the whole-GPU index), sorted."""
-    out = []
+    out: list[tuple[float, float]] = []
     for node, gpu, sg in _shared_gpus(work, classes):
         if not mig_held(node, gpu):
             last = max((_end_of(work, jid) for jid in sg.holders), default=work.now)
