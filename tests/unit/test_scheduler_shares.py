@@ -314,3 +314,19 @@ def test_backfill_reserves_for_a_share_when_enough_room_frees_on_one_gpu() -> No
     # one of them (and so counts a whole GPU), the next may not
     assert d.state_of("leftover") == "running" and gpus_of(d, "leftover") != gpus_of(d, "fits")
     assert d.state_of("delays") == "pending" and "backfill: would delay head" in d.waiting["delays"]
+
+
+def test_a_gang_of_shares_stays_on_its_node_then_in_its_rack() -> None:
+    d = Driver().given(a_quota("vision", 32), a_node("y", 1, rack="b"), a_node("x", 2, model="A100", rack="a"))
+    d.given(a_node("z", 2, rack="a"), a_node("w", 3, rack="b"))
+    d.given(a_job("other", gpus=1, share=GpuShare(gpu_milli=600), model="A100", at=0))
+    d.cycle(now=0)
+    # the pair's first 400 goes on x's shared GPU; the second stays on x (not on y, which best fit
+    # alone would pick: one free GPU, the lowest node)
+    d.given(a_job("pair", gpus=1, replicas=2, share=GpuShare(gpu_milli=400), at=1))
+    d.cycle(now=10)
+    assert {n for n, _ in gpus_of(d, "pair")} == {"x"}
+    # three 700s of H100: the first on y (best fit), the others in y's rack (w), not on z (rack a)
+    d.given(a_job("wide", gpus=1, replicas=3, share=GpuShare(gpu_milli=700), model="H100", at=2))
+    d.cycle(now=20)
+    assert d.state_of("wide") == "running" and {n for n, _ in gpus_of(d, "wide")} == {"y", "w"}
