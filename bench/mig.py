@@ -278,11 +278,12 @@ def live(jobs: list[Job], hours: float) -> LiveRun:
     return run
 
 
-def most_changes_in_an_hour(gpus: list[Gpu]) -> int:
+def most_changes_in_an_hour(times: list[list[float]]) -> int:
+    """The most changes one GPU had within any hour (`times`: each GPU's change times, in order)."""
     most = 0
-    for g in gpus:
-        for i, t in enumerate(g.changes):
-            most = max(most, sum(1 for u in g.changes[i:] if u < t + HOUR))
+    for ts in times:
+        for i, t in enumerate(ts):
+            most = max(most, sum(1 for u in ts[i:] if u < t + HOUR))
     return most
 
 
@@ -300,12 +301,21 @@ def main() -> int:
     args = parser.parse_args()
     jobs = trace(args.seed, args.hours, args.load)
     base = whole_gpu(jobs, args.hours)
+    more: dict[str, int]
     if args.live:
-        return _print_live(args, jobs, base)
-    run, gpus = with_mig(jobs, args.hours, args.operator)
+        live_run = live(jobs, args.hours)
+        started, disturbed, times = live_run.started, live_run.disturbed, list(live_run.changes.values())
+        applied_as = "live cycle (mig_live.py), 8 GPU Operator nodes x 8 GPUs, applied one tick later"
+        more, mig_gpus = {"jobs_stopped_for_layout_changes": live_run.stopped}, live_run.mig_gpus_at_end
+    else:
+        run, gpus = with_mig(jobs, args.hours, args.operator)
+        started, disturbed, times = run.started, run.disturbed, [g.changes for g in gpus]
+        applied_as = "gpu-operator (whole GPUs rewritten)" if args.operator else "per instance (NVML)"
+        more, mig_gpus = {"mig_mode_toggled_with_work": run.toggled_with_work}, sum(g.mig for g in gpus)
     gpu_hours = GPUS * args.hours
-    mig_rate = run.started["small"] / gpu_hours
+    mig_rate = started["small"] / gpu_hours
     base_rate = base["small"] / gpu_hours
+    changes = sum(len(t) for t in times)
     print(
         json.dumps(
             {
@@ -313,52 +323,18 @@ def main() -> int:
                 "seed": args.seed,
                 "hours": args.hours,
                 "small_load": args.load,
-                "applied_as": "gpu-operator (whole GPUs rewritten)" if args.operator else "per instance (NVML)",
+                "applied_as": applied_as,
                 "small_jobs_arrived": sum(1 for j in jobs if j.small),
                 "training_jobs_arrived": sum(1 for j in jobs if not j.small),
                 "small_jobs_per_gpu_hour": {"mig": round(mig_rate, 3), "whole_gpu": round(base_rate, 3)},
                 "small_jobs_ratio": round(mig_rate / base_rate, 2) if base_rate else None,
-                "training_jobs_started": {"mig": run.started["training"], "whole_gpu": base["training"]},
-                "running_instances_disturbed": run.disturbed,
-                "mig_mode_toggled_with_work": run.toggled_with_work,
-                "reconfigurations": run.changes,
-                "reconfigurations_per_gpu_hour": round(run.changes / gpu_hours, 4),
-                "most_reconfigurations_on_one_gpu_in_an_hour": most_changes_in_an_hour(gpus),
-                "mig_gpus_at_end": sum(g.mig for g in gpus),
-            }
-        )
-    )
-    return 0
-
-
-def _print_live(args: argparse.Namespace, jobs: list[Job], base: Counter[str]) -> int:
-    run = live(jobs, args.hours)
-    gpu_hours = GPUS * args.hours
-    mig_rate = run.started["small"] / gpu_hours
-    base_rate = base["small"] / gpu_hours
-    changes = sum(len(v) for v in run.changes.values())
-    most = max(
-        (sum(1 for u in ts[i:] if u < t + HOUR) for ts in run.changes.values() for i, t in enumerate(ts)), default=0
-    )
-    print(
-        json.dumps(
-            {
-                "trace": "synthetic (seeded): inference, notebook and training arrivals on 64 x H100-80GB",
-                "seed": args.seed,
-                "hours": args.hours,
-                "small_load": args.load,
-                "applied_as": "live cycle (mig_live.py), 8 GPU Operator nodes x 8 GPUs, applied one tick later",
-                "small_jobs_arrived": sum(1 for j in jobs if j.small),
-                "training_jobs_arrived": sum(1 for j in jobs if not j.small),
-                "small_jobs_per_gpu_hour": {"mig": round(mig_rate, 3), "whole_gpu": round(base_rate, 3)},
-                "small_jobs_ratio": round(mig_rate / base_rate, 2) if base_rate else None,
-                "training_jobs_started": {"mig": run.started["training"], "whole_gpu": base["training"]},
-                "running_instances_disturbed": run.disturbed,
-                "jobs_stopped_for_layout_changes": run.stopped,
+                "training_jobs_started": {"mig": started["training"], "whole_gpu": base["training"]},
+                "running_instances_disturbed": disturbed,
+                **more,
                 "reconfigurations": changes,
                 "reconfigurations_per_gpu_hour": round(changes / gpu_hours, 4),
-                "most_reconfigurations_on_one_gpu_in_an_hour": most,
-                "mig_gpus_at_end": run.mig_gpus_at_end,
+                "most_reconfigurations_on_one_gpu_in_an_hour": most_changes_in_an_hour(times),
+                "mig_gpus_at_end": mig_gpus,
             }
         )
     )
