@@ -72,7 +72,7 @@ def _shadow(
         return _share_fits(work, job, ends, horizon)
     if work.s.shared_nodes:  # shared GPUs free whole GPUs only when their last holder ends
         ends = heapq.merge(ends, _whole_again(work, work.classes(job)))
-    return _enough(work, job, takewhile(lambda end: end[0] <= horizon, ends))
+    return _enough(work, job, ends if horizon == math.inf else takewhile(lambda end: end[0] <= horizon, ends))
 
 
 def _enough(work: Work, job: Job, ends: Iterable[tuple[float, float]]) -> tuple[float, float] | None:
