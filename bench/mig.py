@@ -15,7 +15,10 @@ can take, the planner changes layouts (on the same tick) under its rules. Prints
 small jobs started per GPU-hour (both, and the ratio), training jobs started, running instances a
 reconfiguration disturbed, reconfigurations per GPU-hour and the most on one GPU within any hour.
 
-    python bench/mig.py [--seed 0] [--hours 24] [--load 1.0]
+`--live` runs the trace through the scheduler's own cycle instead (`schedule`, which plans layouts
+through `services/scheduler/core/mig_live.py`) on 8 nodes of 8 GPUs labeled for the GPU Operator.
+
+    python bench/mig.py [--seed 0] [--hours 24] [--load 1.0] [--operator | --live]
 """
 
 from __future__ import annotations
