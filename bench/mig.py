@@ -15,7 +15,10 @@ can take, the planner changes layouts (on the same tick) under its rules. Prints
 small jobs started per GPU-hour (both, and the ratio), training jobs started, running instances a
 reconfiguration disturbed, reconfigurations per GPU-hour and the most on one GPU within any hour.
 
-    python bench/mig.py [--seed 0] [--hours 24] [--load 1.0]
+`--live` runs the trace through the scheduler's own cycle instead (`schedule`, which plans layouts
+through `services/scheduler/core/mig_live.py`) on 8 nodes of 8 GPUs labeled for the GPU Operator.
+
+    python bench/mig.py [--seed 0] [--hours 24] [--load 1.0] [--operator | --live]
 """
 
 from __future__ import annotations
@@ -192,11 +195,98 @@ def _idle_instance(gpus: list[Gpu], profile: str) -> tuple[int, Instance] | None
     return None if best is None else (best[1], best[2])
 
 
-def most_changes_in_an_hour(gpus: list[Gpu]) -> int:
+@dataclass
+class LiveRun:
+    started: Counter[str] = field(default_factory=Counter)
+    disturbed: int = 0  # drained instances that held a job running when the change was planned
+    stopped: int = 0  # jobs the cycle preempted (a node drained for a layout change)
+    changes: dict[tuple[str, int], list[float]] = field(default_factory=dict)  # (node, GPU) -> plan times
+    mig_gpus_at_end: int = 0
+
+
+def live(jobs: list[Job], hours: float) -> LiveRun:
+    """The same trace through the scheduler's own cycle (`schedule`, which drives the planner through
+    `mig_live.py`) on 8 nodes of 8 GPUs labeled for the GPU Operator's MIG manager: each planned layout
+    is reported applied on the next tick (the actuator's cordon, wait, label and uncordon taken as one
+    tick); jobs complete at their durations (a stopped job restarts from the beginning)."""
+    from events import GpuInfo, GpuShare, JobCompleted, JobSpec, JobSubmitted, NodeDiscovered, ShareMode, TeamQuotaSet
+    from events.fleet import MigLayoutApplied
+    from services.scheduler.core import Admit, Preempt, SchedulerState, events_for, evolve, schedule
+    from services.scheduler.core.decisions import PlanLayout
+    from services.scheduler.core.mig_live import MANAGED_LABEL
+
+    s = SchedulerState()
+    evolve(s, TeamQuotaSet(team="t", pool="default", at=0.0, guaranteed_gpus=GPUS))
+    for n in range(GPUS // 8):
+        infos = [GpuInfo(index=i, uuid=f"GPU-{n}-{i}", model=MODEL) for i in range(8)]
+        evolve(
+            s,
+            NodeDiscovered(cluster="sim", node=f"node{n}", at=0.0, gpus=infos, labels={MANAGED_LABEL: "all-disabled"}),
+        )
+    by_name = {j.name: j for j in jobs}
+    run = LiveRun()
+    ends: dict[str, float] = {}
+    to_apply: list[MigLayoutApplied] = []
+    pending = list(jobs)
+    mark = None
+    t = 0.0
+    while t < hours * HOUR:
+        for applied in to_apply:
+            evolve(s, applied)
+        to_apply = []
+        for jid, end in sorted(ends.items(), key=lambda x: (x[1], x[0])):
+            if end <= t:
+                evolve(s, JobCompleted(job_id=jid, at=t))
+                del ends[jid]
+        while pending and pending[0].arrive <= t:
+            j = pending.pop(0)
+            share = GpuShare(mode=ShareMode.MIG, mig_profile=j.profile) if j.small else None
+            spec = JobSpec(team="t", gpus_per_replica=1, name=j.name, share=share, expected_duration_s=j.duration)
+            evolve(s, JobSubmitted(job_id=j.name, at=j.arrive, spec=spec))
+        held = {  # (node, GPU, profile, start) of instances running jobs hold now
+            (p.node, i, p.mig_profile, p.mig_start)
+            for jid in ends
+            for p in s.jobs[jid].placements
+            for i in p.gpu_indices
+            if p.mig_profile
+        }
+        cycle = schedule(s, t, mark)
+        mark = cycle.mark
+        for d in cycle.decisions:
+            if isinstance(d, Admit) and d.job_id not in ends:
+                run.started["small" if by_name[d.job_id].small else "training"] += 1
+                ends[d.job_id] = t + by_name[d.job_id].duration
+            elif isinstance(d, Preempt):
+                run.stopped += 1
+                ends.pop(d.job_id, None)
+            elif isinstance(d, PlanLayout):
+                e = d.event
+                run.changes.setdefault((e.node, e.gpu_index), []).append(t)
+                run.disturbed += sum((e.node, e.gpu_index, i.profile, i.start) in held for i in e.drain)
+                to_apply.append(
+                    MigLayoutApplied(
+                        cluster=e.cluster,
+                        node=e.node,
+                        gpu_index=e.gpu_index,
+                        at=t + TICK,
+                        layout=list(e.after),
+                        mig_enabled=not e.disable_mig,
+                        planned_at=e.at,
+                    )
+                )
+        for event, _ in events_for(cycle.decisions, t):
+            evolve(s, event)
+        t += TICK
+    run.mig_gpus_at_end = sum(st.enabled for node in s.nodes.values() for st in node.mig.values())
+    return run
+
+
+def most_changes_in_an_hour(times: list[list[float]]) -> int:
+    """The most changes one GPU had within any hour (`times`: each GPU's change times, in order)."""
     most = 0
-    for g in gpus:
-        for i, t in enumerate(g.changes):
-            most = max(most, sum(1 for u in g.changes[i:] if u < t + HOUR))
+    for ts in times:
+        for i, t in enumerate(ts):
+            most = max(most, sum(1 for u in ts[i:] if u < t + HOUR))
     return most
 
 
@@ -208,13 +298,27 @@ def main() -> int:
     parser.add_argument(
         "--operator", action="store_true", help="apply as the GPU Operator does: only GPUs without running instances"
     )
+    parser.add_argument(
+        "--live", action="store_true", help="run the scheduler's own cycle (mig_live.py) on GPU Operator nodes"
+    )
     args = parser.parse_args()
     jobs = trace(args.seed, args.hours, args.load)
     base = whole_gpu(jobs, args.hours)
-    run, gpus = with_mig(jobs, args.hours, args.operator)
+    more: dict[str, int]
+    if args.live:
+        live_run = live(jobs, args.hours)
+        started, disturbed, times = live_run.started, live_run.disturbed, list(live_run.changes.values())
+        applied_as = "live cycle (mig_live.py), 8 GPU Operator nodes x 8 GPUs, applied one tick later"
+        more, mig_gpus = {"jobs_stopped_for_layout_changes": live_run.stopped}, live_run.mig_gpus_at_end
+    else:
+        run, gpus = with_mig(jobs, args.hours, args.operator)
+        started, disturbed, times = run.started, run.disturbed, [g.changes for g in gpus]
+        applied_as = "gpu-operator (whole GPUs rewritten)" if args.operator else "per instance (NVML)"
+        more, mig_gpus = {"mig_mode_toggled_with_work": run.toggled_with_work}, sum(g.mig for g in gpus)
     gpu_hours = GPUS * args.hours
-    mig_rate = run.started["small"] / gpu_hours
+    mig_rate = started["small"] / gpu_hours
     base_rate = base["small"] / gpu_hours
+    changes = sum(len(t) for t in times)
     print(
         json.dumps(
             {
@@ -222,18 +326,18 @@ def main() -> int:
                 "seed": args.seed,
                 "hours": args.hours,
                 "small_load": args.load,
-                "applied_as": "gpu-operator (whole GPUs rewritten)" if args.operator else "per instance (NVML)",
+                "applied_as": applied_as,
                 "small_jobs_arrived": sum(1 for j in jobs if j.small),
                 "training_jobs_arrived": sum(1 for j in jobs if not j.small),
                 "small_jobs_per_gpu_hour": {"mig": round(mig_rate, 3), "whole_gpu": round(base_rate, 3)},
                 "small_jobs_ratio": round(mig_rate / base_rate, 2) if base_rate else None,
-                "training_jobs_started": {"mig": run.started["training"], "whole_gpu": base["training"]},
-                "running_instances_disturbed": run.disturbed,
-                "mig_mode_toggled_with_work": run.toggled_with_work,
-                "reconfigurations": run.changes,
-                "reconfigurations_per_gpu_hour": round(run.changes / gpu_hours, 4),
-                "most_reconfigurations_on_one_gpu_in_an_hour": most_changes_in_an_hour(gpus),
-                "mig_gpus_at_end": sum(g.mig for g in gpus),
+                "training_jobs_started": {"mig": started["training"], "whole_gpu": base["training"]},
+                "running_instances_disturbed": disturbed,
+                **more,
+                "reconfigurations": changes,
+                "reconfigurations_per_gpu_hour": round(changes / gpu_hours, 4),
+                "most_reconfigurations_on_one_gpu_in_an_hour": most_changes_in_an_hour(times),
+                "mig_gpus_at_end": mig_gpus,
             }
         )
     )

@@ -170,3 +170,72 @@ def test_the_charts_mig_rbac_is_exactly_what_the_procedure_calls(helm: Path) -> 
     assert env["CHAMBER_MIG_CONFIG_MAP"] == DEFAULT_CONFIG_MAP
     assert yaml.safe_load(named(docs, "ConfigMap", CM)["data"][CONFIG_KEY])["mig-configs"]["all-disabled"]
     # off by default: test_deploy_chart's exact table of the default install's rules has none of these
+
+
+async def test_the_scheduler_service_plans_and_its_actuator_applies_through_the_operator(tmp_path: Path) -> None:
+    """End to end through `KubernetesActuator.apply_mig`: `chamber service scheduler --kubernetes-cluster
+    c1=KUBECONFIG --mig-config-map ...` plans a layout for queued MIG jobs, its actuator writes the entry,
+    cordons, labels, and once the MIG manager says success uncordons and publishes MigLayoutApplied,
+    which the scheduler folds and starts the jobs in the new instances."""
+    import argparse
+    import asyncio
+
+    from events import JobScheduled
+    from events.codec import decode_event
+    from services.cli.common import add_nats_option
+    from services.runtime import Publisher, connect
+    from services.scheduler import service as scheduler
+    from tests.integration.test_dispatch_clusters import until
+    from tests.secured_bus import SecuredNatsServer
+
+    bus = SecuredNatsServer(tmp_path)
+    bus.start()
+    try:
+        with a_cluster() as api:
+            api.get("v1", "Pod", "ml", "train")["status"]["phase"] = "Succeeded"  # the node's GPU pod is done
+            nc = await connect(bus.url, name="test-admin")
+            publisher = Publisher(nc.jetstream(), source="test")
+            fleet = managed_fleet(("n1", 2)).log  # the quota, and the node as discovery says
+            for event in (*fleet, *(a_job(f"s{i}", gpus=1, share=mig("1g.10gb")) for i in (0, 1))):
+                await publisher.publish(event)
+            parser = argparse.ArgumentParser()
+            add_nats_option(parser)
+            scheduler.add_arguments(parser)
+            config = api.kubeconfig(tmp_path / "c1.json")
+            argv = ["--nats", bus.url_for("scheduler"), "--cluster", "home", "--kubernetes-cluster", f"c1={config}"]
+            argv += ["--mig-config-map", DEFAULT_CONFIG_MAP, "--interval", "0.2", "--kubernetes-interval", "0.2"]
+            stop = asyncio.Event()
+            scheduling = asyncio.create_task(scheduler.run(parser.parse_args(argv), stop))
+            try:
+                labels = node_of(api)["metadata"]["labels"]
+                await until(lambda: labels.get(CONFIG_LABEL, "all-disabled") != "all-disabled", within=30)
+                assert node_of(api)["spec"]["unschedulable"] is True  # cordoned for the change
+                configs = yaml.safe_load(api.get("v1", "ConfigMap", NS, CM)["data"][CONFIG_KEY])["mig-configs"]
+                entry = configs[labels[CONFIG_LABEL]]
+                assert next(e for e in entry if e["mig-enabled"])["mig-devices"] == {"1g.10gb": 2}
+                labels[STATE_LABEL] = "success"  # what the MIG manager reports
+                await until(lambda: node_of(api)["spec"]["unschedulable"] is False, within=5)
+
+                async def scheduled(job_id: str) -> JobScheduled | None:
+                    try:
+                        msg = await nc.jetstream().get_last_msg("JOBS", f"chamber.jobs.{job_id}")
+                    except Exception:
+                        return None
+                    event = decode_event(msg.headers, msg.data or b"")[0]
+                    return event if isinstance(event, JobScheduled) else None
+
+                for jid in ("s0", "s1"):
+                    for _ in range(50):
+                        if (found := await scheduled(jid)) is not None:
+                            break
+                        await asyncio.sleep(0.1)
+                    assert found is not None, f"{jid} was not started in the applied layout"
+                    [p] = found.placements
+                    assert (p.node, p.mig_profile) == ("n1", "1g.10gb")
+            finally:
+                stop.set()
+                await asyncio.wait_for(scheduling, 10)
+                await nc.close()
+    finally:
+        bus.kill()
+    assert bus.violations() == []

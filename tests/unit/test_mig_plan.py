@@ -73,7 +73,17 @@ def test_a_simulated_fleet_keeps_the_rules() -> None:
     run, gpus = with_mig(trace(seed=3, hours=6, load=2.0), hours=6)
     assert run.started["small"] > 0 and run.changes > 0
     assert run.disturbed == 0 and run.toggled_with_work == 0
-    assert most_changes_in_an_hour(gpus) <= 1
+    assert most_changes_in_an_hour([g.changes for g in gpus]) <= 1
+
+
+def test_the_simulated_fleet_through_the_live_cycle_keeps_the_rules() -> None:
+    """bench/mig.py --live, short: the scheduler's own cycle plans layouts, and they keep the rules."""
+    from bench.mig import live, most_changes_in_an_hour, trace
+
+    run = live(trace(seed=3, hours=2, load=2.0), hours=2)
+    assert run.started["small"] > 0 and run.changes
+    assert run.disturbed == 0 and run.stopped == 0
+    assert most_changes_in_an_hour(list(run.changes.values())) <= 1
 
 
 def test_through_the_gpu_operator_only_gpus_without_running_instances_change() -> None:

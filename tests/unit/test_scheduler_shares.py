@@ -270,3 +270,63 @@ def test_the_sharing_pages_submit_examples_reach_the_scheduler_as_shares() -> No
         (GpuShare(gpu_milli=500, memory_mib=20480, mode=ShareMode.MPS), 4),
         (mig("1g.10gb"), 1),
     ]
+
+
+def test_backfill_counts_a_shared_gpu_free_only_when_its_last_share_ends() -> None:
+    # n1's two GPUs hold two halves each: one half of each ends at t=100, the other at t=300, so n1 is
+    # whole again at 300 (not at 100, when two halves on different GPUs have ended)
+    d = Driver().given(a_quota("vision", 16), a_node("n1", 2), a_node("n2", 2))
+    for i, est in enumerate((100, 300, 100, 300)):
+        d.given(a_job(f"h{i}", gpus=1, share=GpuShare(gpu_milli=500), estimate=est, at=i))
+    d.given(a_job("hold", gpus=1, estimate=1000, at=5))
+    d.cycle(now=0)
+    assert {g for i in range(4) for g in gpus_of(d, f"h{i}")} == {("n1", 0), ("n1", 1)}
+    assert gpus_of(d, "h0") == gpus_of(d, "h1") and gpus_of(d, "h2") == gpus_of(d, "h3")
+    d.given(
+        a_job("head", gpus=2, at=10),
+        a_job("fits", gpus=1, estimate=200, at=11),  # ends at 210, before n1 is whole again
+        a_job("delays", gpus=1, estimate=400, at=12),  # ends at 410
+    )
+    d.cycle(now=10)
+    assert d.state_of("head") == "pending" and "reserved" in d.waiting["head"]
+    assert d.state_of("fits") == "running"
+    assert d.state_of("delays") == "pending" and "backfill: would delay head" in d.waiting["delays"]
+
+
+def test_backfill_reserves_for_a_share_when_enough_room_frees_on_one_gpu() -> None:
+    # two GPUs, each 700 (ending at 500) + 250 (ending at 100): at 100 the quarters' ends add up to
+    # half a GPU, but no one GPU has 500 free until 500
+    d = Driver().given(a_quota("vision", 16), a_node("n1", 2))
+    for i, (milli, est) in enumerate(((700, 500), (700, 500), (250, 100), (250, 100))):
+        d.given(a_job(f"h{i}", gpus=1, share=GpuShare(gpu_milli=milli), estimate=est, at=i))
+    d.cycle(now=0)
+    assert gpus_of(d, "h2") | gpus_of(d, "h3") == {("n1", 0), ("n1", 1)}
+    d.given(
+        a_job("head", gpus=1, share=GpuShare(gpu_milli=500), at=10),
+        a_job("fits", gpus=1, share=GpuShare(gpu_milli=50), estimate=200, at=11),  # ends at 210
+        a_job("leftover", gpus=1, share=GpuShare(gpu_milli=50), estimate=1000, at=12),
+        a_job("delays", gpus=1, share=GpuShare(gpu_milli=50), estimate=1000, at=13),
+    )
+    d.cycle(now=10)
+    assert d.state_of("head") == "pending" and "reserved for it from about" in d.waiting["head"]
+    assert d.state_of("fits") == "running"
+    # at 500 both GPUs are whole again (one is enough for the head): a share running past it may take
+    # one of them (and so counts a whole GPU), the next may not
+    assert d.state_of("leftover") == "running" and gpus_of(d, "leftover") != gpus_of(d, "fits")
+    assert d.state_of("delays") == "pending" and "backfill: would delay head" in d.waiting["delays"]
+
+
+def test_a_gang_of_shares_stays_on_its_node_then_in_its_rack() -> None:
+    d = Driver().given(a_quota("vision", 32), a_node("y", 1, rack="b"), a_node("x", 2, model="A100", rack="a"))
+    d.given(a_node("z", 2, rack="a"), a_node("w", 3, rack="b"))
+    d.given(a_job("other", gpus=1, share=GpuShare(gpu_milli=600), model="A100", at=0))
+    d.cycle(now=0)
+    # the pair's first 400 goes on x's shared GPU; the second stays on x (not on y, which best fit
+    # alone would pick: one free GPU, the lowest node)
+    d.given(a_job("pair", gpus=1, replicas=2, share=GpuShare(gpu_milli=400), at=1))
+    d.cycle(now=10)
+    assert {n for n, _ in gpus_of(d, "pair")} == {"x"}
+    # three 700s of H100: the first on y (best fit), the others in y's rack (w), not on z (rack a)
+    d.given(a_job("wide", gpus=1, replicas=3, share=GpuShare(gpu_milli=700), model="H100", at=2))
+    d.cycle(now=20)
+    assert d.state_of("wide") == "running" and {n for n, _ in gpus_of(d, "wide")} == {"y", "w"}

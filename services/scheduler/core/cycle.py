@@ -471,7 +471,7 @@ def _placed_why(ctx: CycleContext, c: Candidate, spot: Spot) -> str:
             else f"; backfilled ahead of {res.job_id} without delaying it"
         )
         if c.via_extra:
-            left = res.extra_gpus - job.gpus
+            left = res.extra_gpus - backfill.extra_taken(job)
             ctx.reservations[job.pool] = Reservation(res.job_id, res.key, res.gpus, res.shadow_at, left)
     return why
 

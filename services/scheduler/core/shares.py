@@ -201,7 +201,7 @@ def place(work: Work, job: Job) -> Spot | None:
     starts: list[int | None] = []
     mode = mode_of(share)
     for _ in range(job.spec.replicas):
-        found = _place_one(work, job.id, share, mode, classes)
+        found = _place_one(work, job.id, share, mode, classes, near(work, spot))
         if found is None:
             work.cap.rollback(mark)
             return None
@@ -212,14 +212,28 @@ def place(work: Work, job: Job) -> Spot | None:
     return spot
 
 
+def near(work: Work, spot: Spot) -> list[set[int]]:
+    """Where a gang's next share looks first, as whole-GPU gangs do (`placement._spread`): the nodes
+    its earlier replicas are on, then the rest of their topology domains; the sharing scorer chooses
+    within each, and everywhere when neither has room. Nothing for a gang's first replica."""
+    if not spot:
+        return []
+    nodes = {nid for nid, _ in spot}
+    slots = work.cap.slots
+    domains = {slots[nid].domain for nid in nodes} - {""}
+    if not domains:
+        return [nodes]
+    return [nodes, {nid for nid, slot in enumerate(slots) if slot.domain in domains} - nodes]
+
+
 def _place_one(
-    work: Work, job_id: str, share: GpuShare, mode: str, classes: list[int]
+    work: Work, job_id: str, share: GpuShare, mode: str, classes: list[int], tiers: list[set[int]]
 ) -> tuple[int, int, int | None] | None:
-    best = _on_shared(work, share, mode, classes)
-    if best is None and share.mig_profile and work.s.mig_nodes:
-        best = _on_layout(work, share, classes)
-    if best is None:
-        best = _on_whole(work, share, mode, classes)
+    best: Choice | None = None
+    for only in (*tiers, None):
+        best = _best(work, share, mode, classes, only)
+        if best is not None:
+            break
     if best is None:
         return None
     _, nid, gpu, start = best
@@ -228,6 +242,17 @@ def _place_one(
     assert held is not None
     take(work, nid, gpu, job_id, mode, held)
     return nid, gpu, start
+
+
+def _best(work: Work, share: GpuShare, mode: str, classes: list[int], only: set[int] | None) -> Choice | None:
+    """The scorer's best GPU for one share (on the nodes `only`, or anywhere): a GPU shared in its mode,
+    an idle instance of a managed layout, else a free whole GPU."""
+    best = _on_shared(work, share, mode, classes, only)
+    if best is None and share.mig_profile and work.s.mig_nodes:
+        best = _on_layout(work, share, classes, only)
+    if best is None:
+        best = _on_whole(work, share, mode, classes, only)
+    return best
 
 
 def part(share: GpuShare, model: str, start: int | None) -> tuple[int, int, int] | None:
@@ -240,12 +265,14 @@ def part(share: GpuShare, model: str, start: int | None) -> tuple[int, int, int]
     return (share.gpu_milli, share.memory_mib, 0)
 
 
-def _on_shared(work: Work, share: GpuShare, mode: str, classes: list[int]) -> Choice | None:
+def _on_shared(
+    work: Work, share: GpuShare, mode: str, classes: list[int], only: set[int] | None = None
+) -> Choice | None:
     """The best GPU already shared in this mode that has room (None: none has)."""
     wanted = set(classes)
     slots, nodes = work.cap.slots, work.s.node_by_id
     best: Choice | None = None
-    for nid in sorted(work.s.shared_nodes):
+    for nid in sorted(work.s.shared_nodes if only is None else only.intersection(work.s.shared_nodes)):
         node = nodes[nid]
         slot = slots[nid]
         if not slot.usable or slot.cls not in wanted:
@@ -260,12 +287,12 @@ def _on_shared(work: Work, share: GpuShare, mode: str, classes: list[int]) -> Ch
     return best
 
 
-def _on_layout(work: Work, share: GpuShare, classes: list[int]) -> Choice | None:
+def _on_layout(work: Work, share: GpuShare, classes: list[int], only: set[int] | None = None) -> Choice | None:
     """The best idle instance of a managed MIG GPU that no job uses yet (mig_live.py)."""
     wanted = set(classes)
     slots, nodes = work.cap.slots, work.s.node_by_id
     best: Choice | None = None
-    for nid in sorted(work.s.mig_nodes):
+    for nid in sorted(work.s.mig_nodes if only is None else only.intersection(work.s.mig_nodes)):
         node, slot = nodes[nid], slots[nid]
         if not slot.usable or slot.cls not in wanted:
             continue
@@ -278,11 +305,18 @@ def _on_layout(work: Work, share: GpuShare, classes: list[int]) -> Choice | None
     return best
 
 
-def _on_whole(work: Work, share: GpuShare, mode: str, classes: list[int]) -> Choice | None:
-    """A free whole GPU on the best-fit node of a class whose model can hold the share."""
+def _on_whole(
+    work: Work, share: GpuShare, mode: str, classes: list[int], only: set[int] | None = None
+) -> Choice | None:
+    """A free whole GPU on the best-fit node (of `only`, if given) of a class whose model can hold the share."""
     cap = work.cap
     usable = [c for c in classes if _model_holds(cap.class_keys[c][2], share)]
-    nid = cap.best_fit(usable, 1) if usable else None
+    if only is None:
+        nid = cap.best_fit(usable, 1) if usable else None
+    else:
+        wanted, slots = set(usable), cap.slots
+        fit = [(len(slots[n].free), n) for n in only if slots[n].usable and slots[n].free and slots[n].cls in wanted]
+        nid = min(fit)[1] if fit else None
     if nid is None:
         return None
     node = work.s.node_by_id[nid]
