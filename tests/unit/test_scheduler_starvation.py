@@ -371,7 +371,8 @@ def test_every_guarantee_stays_reclaimable_whatever_runs(jobs, guarantees, np_le
             if k < i and d.state_of(f"j{k}") == "running" and (k * 7 + i) % 3 == 0:
                 d.given(done(f"j{k}", at=float(i) + 0.2))
         before = Work(d.state, 0.0, policy)
-        shares = {t: before.fair_share("default", t) for t in "abc"}
+        # the share is per class, and a team's more urgent non-preemptible work does not count in it
+        shares = {(t, r): before.fair_share("default", t, r) for t in "abc" for r in (CRIT, HIGH, NORMAL, LOW)}
         held_before = {t: nonpreemptible(before, "default", t) for t in "abc"}
         cycle = d.cycle(now=float(i) + 0.5, policy=policy)
         work = Work(d.state, 0.0, policy)
@@ -383,11 +384,15 @@ def test_every_guarantee_stays_reclaimable_whatever_runs(jobs, guarantees, np_le
             assert kept <= 24
             continue
         if kept > 24:  # beyond the lending rule: only teams that grew within their fair share
-            started = {x.team for x in cycle.decisions if isinstance(x, Admit)}
-            for t in started:
+            started = {
+                (x.team, d.state.jobs[x.job_id].spec.priority.rank) for x in cycle.decisions if isinstance(x, Admit)
+            }
+            for t, r in started:
                 held = nonpreemptible(work, "default", t)
+                in_class = held - work.np_more_urgent("default", t, r)
                 g = d.state.quotas[("default", t)].guaranteed if ("default", t) in d.state.quotas else 0
-                assert held <= held_before[t] or held <= max(g, shares[t]) + 1e-9, (t, held, shares[t])
+                share = shares[(t, r)]
+                assert held <= held_before[t] or held <= g or in_class <= share + 1e-9, (t, r, held, share)
 
 
 # -- who may use critical --------------------------------------------------------------------------
@@ -595,16 +600,26 @@ def test_a_protected_non_preemptible_job_keeps_room_in_its_teams_share() -> None
 
 
 # -- a node drains for a protected whole-node job ---------------------------------------------------
-def test_a_protected_whole_node_job_holds_the_node_that_drains_first_from_lower_class_work() -> None:
-    policy = replace(CHAMBER, starvation_bound_s=100.0)
-    fixed = {"priority": "low", "preemptible": False}
+LOW_NP = {"priority": "low", "preemptible": False}
+
+
+def two_busy_nodes(policy: Policy, soon: tuple[int, float], late: tuple[int, float]) -> Driver:
+    """Two 8-GPU nodes running one low non-preemptible job each: "ends-soon" and "ends-late",
+    (GPUs, runtime estimate) each."""
     d = Driver().given(
         a_node("n1"),
         a_node("n2"),
-        a_job("ends-soon", gpus=5, at=0, estimate=200, **fixed),  # type: ignore[arg-type]
-        a_job("ends-late", gpus=5, at=0, estimate=1000, **fixed),  # type: ignore[arg-type]
+        a_job("ends-soon", gpus=soon[0], at=0, estimate=soon[1], **LOW_NP),  # type: ignore[arg-type]
+        a_job("ends-late", gpus=late[0], at=0, estimate=late[1], **LOW_NP),  # type: ignore[arg-type]
     )
     schedule_and_fold(d, 0.0, policy)
+    return d
+
+
+def test_a_protected_whole_node_job_holds_the_node_that_drains_first_from_lower_class_work() -> None:
+    policy = replace(CHAMBER, starvation_bound_s=100.0)
+    fixed = LOW_NP
+    d = two_busy_nodes(policy, (5, 200), (5, 1000))
     d.given(a_job("whole", gpus=8, at=1, estimate=50, preemptible=False))
     schedule_and_fold(d, 1.0, policy)
     assert d.state_of("whole") == "pending"  # 3 GPUs free on each node
@@ -624,15 +639,30 @@ def test_a_protected_whole_node_job_holds_the_node_that_drains_first_from_lower_
     d.given(done("quick", at=170), done("ends-soon", at=200))
     schedule_and_fold(d, 200.0, policy)
     assert d.state_of("whole") == "running" and d.state_of("long-b") == "pending"
-    without = Driver().given(
-        a_node("n1"),
-        a_node("n2"),
-        a_job("ends-soon", gpus=5, at=0, estimate=200, **fixed),  # type: ignore[arg-type]
-        a_job("ends-late", gpus=5, at=0, estimate=1000, **fixed),  # type: ignore[arg-type]
-    )
-    schedule_and_fold(without, 0.0, policy)
+    without = two_busy_nodes(policy, (5, 200), (5, 1000))
     without.given(
         a_job("long-a", gpus=3, at=150, estimate=500, **fixed), a_job("long-b", gpus=3, at=150, estimate=500, **fixed)
     )  # type: ignore[arg-type]
     schedule_and_fold(without, 150.0, policy)
     assert without.state_of("long-b") == "running"  # no protected job: both nodes fill
+
+
+def test_a_held_node_keeps_off_the_class_the_guard_lifted_its_job_to() -> None:
+    """Higher classes within their guarantee pass a held node's drain only while the starvation guard
+    queues its job below them: a day of protection lifts a normal job to high's band, and then high
+    work keeps off its node too (else one-GPU high work refilled it for good)."""
+    policy = replace(CHAMBER, starvation_bound_s=100.0, guard_lift_every_s=100.0)
+    d = two_busy_nodes(policy, (6, 1000), (5, 5000))
+    d.given(a_job("whole", gpus=8, at=1, estimate=50, priority="normal", preemptible=False))
+    held = schedule(d.state, 120.0, None, policy=policy)  # "whole" protected from t=101: it holds a node
+    soon = d.state.jobs["ends-soon"].placements[0].node
+    late = d.state.jobs["ends-late"].placements[0].node
+    assert [dr.job_id for _, dr in held.mark.draining] == ["whole"]
+    d.given(a_job("urgent", gpus=2, at=140, estimate=2000, priority="high", preemptible=False))
+
+    def node_of_urgent(now: float) -> str:
+        cycle = schedule(d.state, now, held.mark, policy=policy)
+        return next(a.placements[0].node for a in cycle.decisions if isinstance(a, Admit) and a.job_id == "urgent")
+
+    assert node_of_urgent(150.0) == soon  # protected 49 s: still queued as normal, high goes first (best fit)
+    assert node_of_urgent(250.0) == late  # protected a "day" more: lifted to high, its node is kept
