@@ -359,7 +359,8 @@ def test_every_guarantee_stays_reclaimable_whatever_runs(jobs, guarantees, np_le
     With fair-share borrowing (the default) a team may also run non-preemptible work up to its
     fair share of the pool: every cycle that starts such work beyond the lending rule leaves the
     team within the fair share it had when the cycle began (what it holds of other teams'
-    guarantees then drains back as it ends)."""
+    guarantees then drains back as it ends). The share is per class, as the quota rule keeps it:
+    the team's work of the class started, less its more urgent non-preemptible work."""
     policy = CHAMBER if fair else replace(CHAMBER, np_fair_share=False)
     d = Driver().given(a_node("n1"), a_node("n2"), a_node("n3"))
     for team, g, lend in zip("abc", guarantees, np_lend, strict=True):
@@ -600,26 +601,16 @@ def test_a_protected_non_preemptible_job_keeps_room_in_its_teams_share() -> None
 
 
 # -- a node drains for a protected whole-node job ---------------------------------------------------
-LOW_NP = {"priority": "low", "preemptible": False}
-
-
-def two_busy_nodes(policy: Policy, soon: tuple[int, float], late: tuple[int, float]) -> Driver:
-    """Two 8-GPU nodes running one low non-preemptible job each: "ends-soon" and "ends-late",
-    (GPUs, runtime estimate) each."""
+def test_a_protected_whole_node_job_holds_the_node_that_drains_first_from_lower_class_work() -> None:
+    policy = replace(CHAMBER, starvation_bound_s=100.0)
+    fixed = {"priority": "low", "preemptible": False}
     d = Driver().given(
         a_node("n1"),
         a_node("n2"),
-        a_job("ends-soon", gpus=soon[0], at=0, estimate=soon[1], **LOW_NP),  # type: ignore[arg-type]
-        a_job("ends-late", gpus=late[0], at=0, estimate=late[1], **LOW_NP),  # type: ignore[arg-type]
+        a_job("ends-soon", gpus=5, at=0, estimate=200, **fixed),  # type: ignore[arg-type]
+        a_job("ends-late", gpus=5, at=0, estimate=1000, **fixed),  # type: ignore[arg-type]
     )
     schedule_and_fold(d, 0.0, policy)
-    return d
-
-
-def test_a_protected_whole_node_job_holds_the_node_that_drains_first_from_lower_class_work() -> None:
-    policy = replace(CHAMBER, starvation_bound_s=100.0)
-    fixed = LOW_NP
-    d = two_busy_nodes(policy, (5, 200), (5, 1000))
     d.given(a_job("whole", gpus=8, at=1, estimate=50, preemptible=False))
     schedule_and_fold(d, 1.0, policy)
     assert d.state_of("whole") == "pending"  # 3 GPUs free on each node
@@ -639,30 +630,15 @@ def test_a_protected_whole_node_job_holds_the_node_that_drains_first_from_lower_
     d.given(done("quick", at=170), done("ends-soon", at=200))
     schedule_and_fold(d, 200.0, policy)
     assert d.state_of("whole") == "running" and d.state_of("long-b") == "pending"
-    without = two_busy_nodes(policy, (5, 200), (5, 1000))
+    without = Driver().given(
+        a_node("n1"),
+        a_node("n2"),
+        a_job("ends-soon", gpus=5, at=0, estimate=200, **fixed),  # type: ignore[arg-type]
+        a_job("ends-late", gpus=5, at=0, estimate=1000, **fixed),  # type: ignore[arg-type]
+    )
+    schedule_and_fold(without, 0.0, policy)
     without.given(
         a_job("long-a", gpus=3, at=150, estimate=500, **fixed), a_job("long-b", gpus=3, at=150, estimate=500, **fixed)
     )  # type: ignore[arg-type]
     schedule_and_fold(without, 150.0, policy)
     assert without.state_of("long-b") == "running"  # no protected job: both nodes fill
-
-
-def test_a_held_node_keeps_off_the_class_the_guard_lifted_its_job_to() -> None:
-    """Higher classes within their guarantee pass a held node's drain only while the starvation guard
-    queues its job below them: a day of protection lifts a normal job to high's band, and then high
-    work keeps off its node too (else one-GPU high work refilled it for good)."""
-    policy = replace(CHAMBER, starvation_bound_s=100.0, guard_lift_every_s=100.0)
-    d = two_busy_nodes(policy, (6, 1000), (5, 5000))
-    d.given(a_job("whole", gpus=8, at=1, estimate=50, priority="normal", preemptible=False))
-    held = schedule(d.state, 120.0, None, policy=policy)  # "whole" protected from t=101: it holds a node
-    soon = d.state.jobs["ends-soon"].placements[0].node
-    late = d.state.jobs["ends-late"].placements[0].node
-    assert [dr.job_id for _, dr in held.mark.draining] == ["whole"]
-    d.given(a_job("urgent", gpus=2, at=140, estimate=2000, priority="high", preemptible=False))
-
-    def node_of_urgent(now: float) -> str:
-        cycle = schedule(d.state, now, held.mark, policy=policy)
-        return next(a.placements[0].node for a in cycle.decisions if isinstance(a, Admit) and a.job_id == "urgent")
-
-    assert node_of_urgent(150.0) == soon  # protected 49 s: still queued as normal, high goes first (best fit)
-    assert node_of_urgent(250.0) == late  # protected a "day" more: lifted to high, its node is kept

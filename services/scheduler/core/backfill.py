@@ -126,16 +126,14 @@ def _node_ready(work: Work, nid: int, gpus: int) -> float:
 
 
 def held_from(work: Work, job: Job) -> int | None:
-    """The node `job` may not take GPUs on now: its pool's drain node, when the job is of the class
-    the starvation guard queues the drain job with (`Work.guard_band`: its own, one class more per
-    day protected) or lower, or would run beyond its team's guarantee; unless it is the drain job,
-    critical work, or ends (by estimates) before the node is ready. Classes above that band, within
-    their guarantee, still go first: the hold keeps the drain from lower-class and borrowed work.
-    (By the drain job's own class only, one-GPU high work refilled a normal job's held node.)"""
+    """The node `job` may not take GPUs on now: its pool's drain node, when the job is of the drain
+    job's class or lower, or would run beyond its team's guarantee; unless it is the drain job,
+    critical work, or ends (by estimates) before the node is ready. Higher classes within their
+    guarantee still go first: the hold keeps the drain from lower-class and borrowed work."""
     d = work.drains.get(job.pool)
     if d is None or d.job_id == job.id or job.spec.priority == PriorityClass.CRITICAL:
         return None
-    if job.spec.priority.rank < work.guard_band(work.s.jobs[d.job_id]) and not _beyond_guarantee(work, job):
+    if job.spec.priority.rank < work.s.jobs[d.job_id].spec.priority.rank and not _beyond_guarantee(work, job):
         return None
     est = estimate_s(job)
     if est is not None and work.now + est <= d.ready_at:

@@ -156,14 +156,14 @@ class Work:
         found = self._oldest.get(pool)
         return None if found is None else found[3]
 
-    def guard_band(self, job: Job) -> int:
+    def _guard_band(self, job: Job) -> int:
         """The class a protected job queues with (`policy.guard_band`)."""
         return guard_band(job.spec.priority.rank, self.policy.lift(job.queued_since, self.now))
 
     def _guard_key(self, job: Job) -> tuple[int, float, float, str]:
         """Where a protected job stands in queue order among the protected: its band, then its tier
         (`policy.protected_tier`), then the longest waiting first."""
-        return (self.guard_band(job), protected_tier(job.spec.priority.rank), job.queued_since, job.id)
+        return (self._guard_band(job), protected_tier(job.spec.priority.rank), job.queued_since, job.id)
 
     def protected_np(self, pool: str, team: str) -> Job | None:
         """The team's first protected non-preemptible job of the pool in queue order (most urgent
