@@ -66,7 +66,8 @@ def _analogue(seed: int, _: Path) -> list[TraceJob]:
 
 
 def _openb(seed: int, path: Path) -> list[TraceJob]:
-    return load_openb(path, seed=seed)
+    # the downloaded trace's csv/ folder names its pod list; the folder will do
+    return load_openb(path / OPENB.name if path.is_dir() else path, seed=seed)
 
 
 @dataclass(frozen=True)
@@ -182,7 +183,9 @@ def table(out: dict[str, Any]) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--traces", default=",".join(TRACES), help=f"comma-separated, of {', '.join(TRACES)}")
-    ap.add_argument("--openb", type=Path, default=OPENB, help=f"the openb pod list CSV (default {OPENB})")
+    ap.add_argument(
+        "--openb", type=Path, default=OPENB, help=f"the openb pod list CSV, or the folder holding it (default {OPENB})"
+    )
     ap.add_argument("--seeds", type=int, help="seeds per trace (default 3; openb 2)")
     ap.add_argument("--gpus", help="override every trace's fleet sizes (comma-separated)")
     ap.add_argument("--json-only", action="store_true", help="no table on stderr")

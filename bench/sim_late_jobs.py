@@ -55,22 +55,53 @@ class Recording(CorePolicy):
         super().setup(fleet, quotas)
         self.current: dict[str, tuple[str, float]] = {}
         self.waited: dict[str, Counter[str]] = defaultdict(Counter)
+        self.behind: defaultdict[str, float] = defaultdict(float)  # job -> seconds more urgent work left it no room
+        self.last: tuple[float, list[str]] = (0.0, [])
 
     def decide(self, now: float) -> list[Action]:
         # `schedule` is pure: looking at the cycle first changes nothing the real decide does
-        for jid, why in schedule(self.state, now, self.mark, policy=self.policy).waiting.items():
+        waiting = schedule(self.state, now, self.mark, policy=self.policy).waiting
+        for jid, why in waiting.items():
             k = kind(why)
             old = self.current.get(jid)
             if old is None or old[0] != k:
                 if old is not None:
                     self.waited[jid][old[0]] += now - old[1]
                 self.current[jid] = (k, now)
+        since, blocked = self.last
+        for jid in blocked:
+            self.behind[jid] += now - since
+        self.last = (now, self._behind_more_urgent(waiting))
         actions = super().decide(now)
         for a in actions:
             if isinstance(a, Start) and a.job_id in self.current:
                 k, since = self.current.pop(a.job_id)
                 self.waited[a.job_id][k] += now - since
         return actions
+
+    def _behind_more_urgent(self, waiting: dict[str, str]) -> list[str]:
+        """The waiting jobs that more urgent work alone leaves no room for: with every job of their
+        class or lower gone, the pool would not have their GPUs free, or (a job on one node) no node
+        would. Their wait is priority doing its job, not lower classes standing in front of them."""
+        s = self.state
+        on_node: list[Counter[int]] = []  # per node: GPUs held by rank
+        for node in s.node_by_id:
+            held: Counter[int] = Counter()
+            for jid in node.owners.values():
+                held[s.jobs[jid].spec.priority.rank] += 1
+            on_node.append(held)
+        sizes = [len(node.gpus) for node in s.node_by_id]
+        total = sum(sizes)
+        out = []
+        for jid in waiting:
+            spec = s.jobs[jid].spec
+            rank, gpus = spec.priority.rank, spec.total_gpus
+            urgent = [sum(n for r, n in held.items() if r < rank) for held in on_node]
+            if sum(urgent) + gpus > total or (
+                spec.replicas == 1 and all(size - u < gpus for size, u in zip(sizes, urgent, strict=True))
+            ):
+                out.append(jid)
+        return out
 
 
 def main() -> None:
@@ -109,10 +140,12 @@ def main() -> None:
     # every job's wait by class and reason: what each class waits for, in hours summed over its jobs
     by_class: dict[str, Counter[str]] = defaultdict(Counter)
     waited_by_class: Counter[str] = Counter()
+    behind_by_class: defaultdict[str, float] = defaultdict(float)
     for j in outcome.jobs.values():
         if j.first_start is None:
             continue
         waited_by_class[j.t.priority.value] += (j.first_start - j.t.submit_s) / HOUR
+        behind_by_class[j.t.priority.value] += policy.behind[j.t.id] / HOUR
         for k, seconds in policy.waited[j.t.id].items():
             by_class[j.t.priority.value][k] += seconds / HOUR
     lost: Counter[str] = Counter()
@@ -132,7 +165,12 @@ def main() -> None:
         "late_by_gpus": dict(Counter(str(j.t.gpus) for j in late).most_common()),
         "late_waited_hours_by_reason": {k: round(h) for k, h in reasons.most_common(12)},
         "waited_hours_by_class": {
-            c: {"total": round(waited_by_class[c]), "by_reason": {k: round(h) for k, h in r.most_common(8)}}
+            c: {
+                "total": round(waited_by_class[c]),
+                # hours more urgent work alone left no room for the job (its GPUs in the pool, or a node)
+                "behind_more_urgent_work": round(behind_by_class[c]),
+                "by_reason": {k: round(h) for k, h in r.most_common(8)},
+            }
             for c, r in sorted(by_class.items())
         },
         "preemptions": {k: {"count": count[k], "gpu_hours_lost": round(lost[k])} for k, _ in lost.most_common()},

@@ -359,7 +359,8 @@ def test_every_guarantee_stays_reclaimable_whatever_runs(jobs, guarantees, np_le
     With fair-share borrowing (the default) a team may also run non-preemptible work up to its
     fair share of the pool: every cycle that starts such work beyond the lending rule leaves the
     team within the fair share it had when the cycle began (what it holds of other teams'
-    guarantees then drains back as it ends)."""
+    guarantees then drains back as it ends). The share is per class, as the quota rule keeps it:
+    the team's work of the class started, less its more urgent non-preemptible work."""
     policy = CHAMBER if fair else replace(CHAMBER, np_fair_share=False)
     d = Driver().given(a_node("n1"), a_node("n2"), a_node("n3"))
     for team, g, lend in zip("abc", guarantees, np_lend, strict=True):
@@ -371,7 +372,8 @@ def test_every_guarantee_stays_reclaimable_whatever_runs(jobs, guarantees, np_le
             if k < i and d.state_of(f"j{k}") == "running" and (k * 7 + i) % 3 == 0:
                 d.given(done(f"j{k}", at=float(i) + 0.2))
         before = Work(d.state, 0.0, policy)
-        shares = {t: before.fair_share("default", t) for t in "abc"}
+        # the share is per class, and a team's more urgent non-preemptible work does not count in it
+        shares = {(t, r): before.fair_share("default", t, r) for t in "abc" for r in (CRIT, HIGH, NORMAL, LOW)}
         held_before = {t: nonpreemptible(before, "default", t) for t in "abc"}
         cycle = d.cycle(now=float(i) + 0.5, policy=policy)
         work = Work(d.state, 0.0, policy)
@@ -383,11 +385,15 @@ def test_every_guarantee_stays_reclaimable_whatever_runs(jobs, guarantees, np_le
             assert kept <= 24
             continue
         if kept > 24:  # beyond the lending rule: only teams that grew within their fair share
-            started = {x.team for x in cycle.decisions if isinstance(x, Admit)}
-            for t in started:
+            started = {
+                (x.team, d.state.jobs[x.job_id].spec.priority.rank) for x in cycle.decisions if isinstance(x, Admit)
+            }
+            for t, r in started:
                 held = nonpreemptible(work, "default", t)
+                in_class = held - work.np_more_urgent("default", t, r)
                 g = d.state.quotas[("default", t)].guaranteed if ("default", t) in d.state.quotas else 0
-                assert held <= held_before[t] or held <= max(g, shares[t]) + 1e-9, (t, held, shares[t])
+                share = shares[(t, r)]
+                assert held <= held_before[t] or held <= g or in_class <= share + 1e-9, (t, r, held, share)
 
 
 # -- who may use critical --------------------------------------------------------------------------
