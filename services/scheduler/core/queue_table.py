@@ -6,6 +6,7 @@ rows are in no particular order (a job that leaves frees its row for the next th
 
 from __future__ import annotations
 
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -17,20 +18,21 @@ QueueEntry = tuple[QueueKey, int, float]  # as state.QueueEntry: key, shape numb
 
 class QueueTable:
     def __init__(self, entries: dict[str, QueueEntry]) -> None:
-        size = max(64, 2 * len(entries))
-        self.row: dict[str, int] = {}
+        n = len(entries)
+        size = max(64, 2 * n)
+        self.row: dict[str, int] = dict(zip(entries, range(n), strict=True))
         self.free: list[int] = []
-        self.end = 0  # rows in use or freed: live rows are below it
-        self.keys = np.empty(size, dtype=object)
-        self.ids = np.empty(size, dtype=object)
-        self.rank = np.zeros(size)  # as float64, like the columns sorted_queue builds
-        self.share = np.zeros(size)
-        self.submitted = np.zeros(size)
-        self.since = np.zeros(size)
-        self.shape = np.zeros(size, dtype=np.intp)
-        self.live = np.zeros(size, dtype=bool)
-        for jid, entry in entries.items():
-            self.add(jid, entry)
+        self.end = n  # rows in use or freed: live rows are below it
+        keys = np.fromiter(map(itemgetter(0), entries.values()), dtype=object, count=n)
+        self.keys = _grown(keys, size)
+        self.ids = _grown(np.fromiter(entries, dtype=object, count=n), size)
+        # as float64, like the columns sorted_queue builds
+        self.rank, self.share, self.submitted = (
+            _grown(np.fromiter(map(itemgetter(i), keys), dtype=np.float64, count=n), size) for i in range(3)
+        )
+        self.since = _grown(np.fromiter(map(itemgetter(2), entries.values()), dtype=np.float64, count=n), size)
+        self.shape = _grown(np.fromiter(map(itemgetter(1), entries.values()), dtype=np.intp, count=n), size)
+        self.live = _grown(np.ones(n, dtype=bool), size)
 
     def add(self, jid: str, entry: QueueEntry) -> None:
         """The job joins the queue (or its entry is written again)."""
@@ -53,13 +55,17 @@ class QueueTable:
         if self.end == len(self.live):
             grown = 2 * len(self.live)
             for name in ("keys", "ids", "rank", "share", "submitted", "since", "shape", "live"):
-                old = getattr(self, name)
-                new = np.zeros(grown, dtype=old.dtype) if old.dtype != object else np.empty(grown, dtype=object)
-                new[: len(old)] = old
-                setattr(self, name, new)
+                setattr(self, name, _grown(getattr(self, name), grown))
         self.end += 1
         return self.end - 1
 
     def rows(self) -> Any:
         """The live rows' numbers, in row order."""
         return np.flatnonzero(self.live[: self.end])
+
+
+def _grown(column: Any, size: int) -> Any:
+    """The column with room for `size` rows (the new ones empty: None, 0 or False)."""
+    new = np.empty(size, dtype=object) if column.dtype == object else np.zeros(size, dtype=column.dtype)
+    new[: len(column)] = column
+    return new
