@@ -98,8 +98,9 @@ def test_a_full_cycle_from_the_queues_columns_decides_as_the_sorted_entries(seed
     for step in range(30):
         for _ in range({0: 70, 1: 150}.get(step, rng.randrange(8))):  # step 1: more than the table's first rows
             prio = rng.choice(["critical", "high", "normal", "normal", "low"])
-            size = dict(gpus=rng.choice([1, 2, 4, 8]), replicas=rng.choice([1, 1, 2]))
-            d.given(a_job(f"j{submitted}", team=rng.choice("abc"), priority=prio, at=step + rng.random(), **size))
+            gpus, replicas = rng.choice([1, 2, 4, 8]), rng.choice([1, 1, 2])
+            at, team = step + rng.random(), rng.choice("abc")
+            d.given(a_job(f"j{submitted}", team=team, gpus=gpus, replicas=replicas, priority=prio, at=at))
             submitted += 1
         running = sorted(j.id for j in d.state.jobs.values() if j.state.value == "running")
         for jid in rng.sample(running, min(len(running), rng.randrange(3))):
