@@ -308,14 +308,19 @@ def _group(work: Work, pool: str, team: str, rank: int) -> Walk:
 def _costs(members: dict[str, Job], now: float) -> list[tuple[float, str, Job]]:
     """(victim_cost, id, job) of each job, `victim_cost` inlined (the same float operations in
     the same order): a search reads every member of the groups it reaches."""
-    items = []
+    items: list[tuple[float, str, Job]] = []
+    append = items.append
     for jid, v in members.items():
-        since = v.started_at if v.started_at is not None else v.running_since
-        elapsed = max(0.0, now - since) if since is not None else 0.0
+        since = v.started_at
+        if since is None:
+            since = v.running_since
+        elapsed = 0.0
+        if since is not None and (d := now - since) > 0.0:  # max(0.0, now - since), without the call
+            elapsed = d
         interval = v.spec.checkpoint_interval_s
         if interval:
             elapsed = elapsed % interval
-        items.append((elapsed * v.gpus * (1 + v.preemptions), jid, v))
+        append((elapsed * v.gpus * (1 + v.preemptions), jid, v))
     return items
 
 
