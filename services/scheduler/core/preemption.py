@@ -13,9 +13,8 @@ from itertools import islice, tee
 
 from events import PreemptionReason, PriorityClass
 from services.scheduler.core import placement, quota
-from services.scheduler.core.capacity import Slot
 from services.scheduler.core.policy import RANKS
-from services.scheduler.core.state import Job, Node, derived
+from services.scheduler.core.state import Job, derived
 from services.scheduler.core.work import Usage, Work
 
 CRITICAL_RANK = PriorityClass.CRITICAL.rank
@@ -227,7 +226,9 @@ def _first_to_fill(work: Work, job: Job, classes: set[int], by_class: Groups) ->
                     continue
                 f = free.get(key)
                 if f is None:
-                    f = free[key] = _free_for(nodes.get(key), slots, classes)
+                    node = nodes.get(key)  # _free_for, inlined: read for most of the fleet's nodes
+                    slot = None if node is None else slots[node.nid]
+                    f = free[key] = len(slot.free) if slot is not None and slot.cls in classes and slot.usable else -1
                 if f >= 0 and got + f >= need:
                     if before < _FEW_BEFORE and 2 * need <= cap.max_gpus:
                         return iter(())
@@ -239,11 +240,6 @@ def _first_to_fill(work: Work, job: Job, classes: set[int], by_class: Groups) ->
 
 
 _FEW_BEFORE = 64
-
-
-def _free_for(node: Node | None, slots: list[Slot], classes: set[int]) -> int:
-    slot = None if node is None else slots[node.nid]
-    return len(slot.free) if slot is not None and slot.cls in classes and slot.usable else -1
 
 
 def _victims_on(work: Work, pool: str, by_class: Groups, roomy: set[tuple[str, str]]) -> Iterator[Job]:
