@@ -90,9 +90,7 @@ def may_preempt(work: Work, job: Job) -> bool:
     """A cheap test that some victim could exist, before the real search."""
     pool, team, rank = job.pool, job.spec.team, job.spec.priority.rank
     reclaim, urgent = _reclaims(work, job), not job.spec.preemptible
-    return work.memo(
-        ("may", pool, team, rank, reclaim, urgent), lambda: _any_victim(work, pool, team, rank, reclaim, urgent)
-    )
+    return work.memo(("may", pool, team, rank, reclaim, urgent), _any_victim, work, pool, team, rank, reclaim, urgent)
 
 
 def _any_victim(work: Work, pool: str, team: str, rank: int, reclaim: bool, urgent: bool) -> bool:

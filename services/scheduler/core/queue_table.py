@@ -47,8 +47,7 @@ class QueueTable:
         """The job left the queue."""
         r = self.row.pop(jid, None)
         if r is not None:
-            self.live[r] = False
-            self.keys[r] = self.ids[r] = None
+            self.live[r] = False  # its key and id stay until the row is taken again (never read)
             self.free.append(r)
 
     def _new_row(self) -> int:

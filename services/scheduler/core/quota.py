@@ -101,7 +101,7 @@ def room_block(work: Work, job: Job, usage: Usage | None = None) -> Wait | None:
     u = usage.get((pool, team), 0)
     if usage is work.usage:  # the same for every job of the team until the scratch usage changes
         teams = work.teams(pool)
-        held = work.memo(("held", pool, team), lambda: _held_by_others(s, usage, pool, team, teams))
+        held = work.memo(("held", pool, team), _held_by_others, s, usage, pool, team, teams)
     else:
         teams = {t for (p, t) in s.quotas if p == pool} | {t for (p, t) in usage if p == pool}
         held = _held_by_others(s, usage, pool, team, teams)
@@ -238,11 +238,12 @@ def nonpreemptible_block(work: Work, job: Job) -> Wait | None:
 
 def _lent_out(work: Work, pool: str, team: str) -> float:
     """Non-preemptible GPUs other teams hold beyond their guarantees in the pool."""
+    return work.memo(("lent", pool, team), _lent_by_others, work, pool, team)
+
+
+def _lent_by_others(work: Work, pool: str, team: str) -> float:
     teams = work.teams(pool)
-    return work.memo(
-        ("lent", pool, team),
-        lambda: sum(max(0, nonpreemptible(work, pool, t) - guarantee(work, pool, t)) for t in teams if t != team),
-    )
+    return sum(max(0, nonpreemptible(work, pool, t) - guarantee(work, pool, t)) for t in teams if t != team)
 
 
 def lent_to(work: Work, job: Job) -> float:

@@ -223,12 +223,12 @@ class Work:
             return 0
         return q.np_lendable
 
-    def memo(self, key: tuple[object, ...], compute: Callable[[], T]) -> T:
-        """`compute()`, kept under `key` until the scratch usage changes (`version`)."""
+    def memo(self, key: tuple[object, ...], compute: Callable[..., T], *args: object) -> T:
+        """`compute(*args)`, kept under `key` until the scratch usage changes (`version`)."""
         found = self._memo.get(key)
         if found is not None and found[0] == self.version:
             return cast(T, found[1])
-        value = compute()
+        value = compute(*args)
         self._memo[key] = (self.version, value)
         return value
 
