@@ -24,13 +24,23 @@ import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from operator import attrgetter, itemgetter
+from typing import Any
 
 from events import JobSpec, PreemptionReason, PriorityClass
 from services.scheduler.core import backfill, idle, mig_live, placement, preemption, quota, shares
 from services.scheduler.core.budget import held as budget_held
 from services.scheduler.core.decisions import Admit, Cycle, CycleMark, Decision, Preempt, Requeue, Reservation
 from services.scheduler.core.degraded import only_degraded, out_of_service, stay_note
-from services.scheduler.core.policy import CHAMBER, ORDERINGS, Order, OrderKey, Policy, QueueKey, sorted_queue
+from services.scheduler.core.policy import (
+    CHAMBER,
+    ORDERINGS,
+    Order,
+    OrderKey,
+    Policy,
+    QueueKey,
+    ordered_rows,
+    sorted_queue,
+)
 from services.scheduler.core.pools import DEFAULT_POOL
 from services.scheduler.core.preemption import Victims, lost_work_gpu_s
 from services.scheduler.core.state import QUEUED, REQUEUED, Job, JobState, SchedulerState, derived, estimate_s
@@ -76,9 +86,11 @@ def _turns(ctx: CycleContext, keys: Iterable[QueueKey]) -> None:
     most jobs of a long queue end at it: a job of the same shape already found no room this cycle
     (it passed the pool and budget checks, which depend only on the shape's pool and team)."""
     state = ctx.state
-    jobs, failed, waiting, per_key = state.jobs, ctx.failed, ctx.waiting, ctx.guard_per_key
-    look = bool(state.idle_reclaim) or per_key  # a job's own checks come before its shape's answer
-    entries, shape_id = state.queued_entries(), derived(state).shape_id
+    look = bool(state.idle_reclaim) or ctx.guard_per_key  # a job's own checks come before its shape's answer
+    if not look and isinstance(keys, Ordered):
+        _turns_in_columns(ctx, keys)
+        return
+    jobs, entries, shape_id = state.jobs, state.queued_entries(), derived(state).shape_id
     considered = 0
     for key in keys:
         considered += 1
@@ -87,22 +99,80 @@ def _turns(ctx: CycleContext, keys: Iterable[QueueKey]) -> None:
         sid = entry[1] if (entry := entries.get(jid)) is not None else shape_id(jobs[jid])
         if look and _own_wait(ctx, jobs[jid]):
             continue
-        if (same := failed.get(sid)) is not None:
-            waiting[jid] = same.text
-            continue
-        job = jobs[jid]
-        if (text := _held_back(ctx, job, sid)) is not None:
-            waiting[jid] = text
-            continue
-        found = phase2_nominate(ctx, key, job, sid)
-        if isinstance(found, Wait):
-            waiting[jid] = found.text
-            if found.kind == WaitKind.BACKFILL:
-                ctx.held_back[(sid, estimate_s(job))] = (ctx.reservations[job.pool], found.text)
-        elif not phase3_admit(ctx, found):
-            phase4_requeue(ctx, found)
-            _hold_a_node(ctx, found)
+        _turn(ctx, key, sid)
     ctx.considered = considered
+
+
+def _turn(ctx: CycleContext, key: QueueKey, sid: int) -> None:
+    """One job's turn (after its own checks): its shape's answer so far, else phases 2 to 4."""
+    jid = key[3]
+    if (same := ctx.failed.get(sid)) is not None:
+        ctx.waiting[jid] = same.text
+        return
+    job = ctx.state.jobs[jid]
+    if (text := _held_back(ctx, job, sid)) is not None:
+        ctx.waiting[jid] = text
+        return
+    found = phase2_nominate(ctx, key, job, sid)
+    if isinstance(found, Wait):
+        ctx.waiting[jid] = found.text
+        if found.kind == WaitKind.BACKFILL:
+            ctx.held_back[(sid, estimate_s(job))] = (ctx.reservations[job.pool], found.text)
+    elif not phase3_admit(ctx, found):
+        phase4_requeue(ctx, found)
+        _hold_a_node(ctx, found)
+
+
+class Ordered(list[QueueKey]):
+    """A full cycle's queue in order, read from the queue's columns (`queue_table.py`): the keys, and
+    in the same order each job's shape number (numpy) and id."""
+
+    def __init__(self, keys: list[QueueKey], sids: Any, ids: list[str]) -> None:
+        super().__init__(keys)
+        self.sids, self.ids = sids, ids
+
+
+def _turns_in_columns(ctx: CycleContext, keys: Ordered) -> None:
+    """`_turns` over a full cycle's queue, the same turns: a job whose shape already failed this
+    cycle only gets that answer, so the runs of such jobs between the others get theirs in bulk (found
+    column-wise). A shape's answer stands until a preemption clears them all (`ctx.clears`), so a
+    position found failed stays failed until then; the positions found open each take their turn
+    (`_turn` looks again), and are found again once many of them turned out failed meanwhile."""
+    failed, waiting, n, i = ctx.failed, ctx.waiting, len(keys), 0
+    sids, jids = keys.sids, keys.ids
+    sid_list: list[int] = sids.tolist()
+    while i < n:
+        clears, stale = ctx.clears, 0
+        open_, texts = _open_from(sids, i, failed)
+        for p in open_:
+            if p > i:  # shapes that failed, all: each job gets its shape's answer, in order
+                waiting.update(zip(jids[i:p], texts[sids[i:p]].tolist(), strict=True))
+            stale += sid_list[p] in failed
+            _turn(ctx, keys[p], sid_list[p])
+            i = p + 1
+            if ctx.clears != clears or (stale >= 16 and stale * 256 >= n - i):
+                break  # the answers were cleared, or many open positions failed since: look again
+        else:
+            if i < n:
+                waiting.update(zip(jids[i:], texts[sids[i:]].tolist(), strict=True))
+            i = n
+    ctx.considered = n
+
+
+def _open_from(sids: Any, start: int, failed: dict[int, Wait]) -> tuple[Iterable[int], Any]:
+    """The positions from `start` on whose shape has not failed (yet), and each failed shape's answer
+    by shape number."""
+    import numpy as np
+
+    size = int(sids.max()) + 1 if len(sids) else 0
+    texts = np.empty(size, dtype=object)
+    if not failed:
+        return range(start, len(sids)), texts
+    shut = np.zeros(size, dtype=bool)
+    for sid, wait in failed.items():
+        if sid < size:
+            shut[sid], texts[sid] = True, wait.text
+    return (np.flatnonzero(~shut[sids[start:]]) + start).tolist(), texts
 
 
 def _held_back(ctx: CycleContext, job: Job, sid: int) -> str | None:
@@ -156,6 +226,7 @@ class CycleContext:
     reservations: dict[str, Reservation] = field(default_factory=dict)  # pool -> its EASY reservation
     starving: dict[str, str] = field(default_factory=dict)  # pool -> its first protected job waiting for capacity
     failed: dict[int, Wait] = field(default_factory=dict)  # shapes (by number) that found no room this cycle
+    clears: int = 0  # times `failed` was cleared (a preemption freed capacity)
     # (shape number, runtime estimate) -> the reservation that held such a job back, and what it said
     held_back: dict[tuple[int, float | None], tuple[Reservation, str]] = field(default_factory=dict)
     searched: set[tuple[str, str, int]] = field(default_factory=set)  # (pool, team, priority) heads that searched
@@ -234,6 +305,8 @@ def phase1_heads(ctx: CycleContext) -> Iterable[QueueKey]:
         ctx.guard_per_key = True  # the cycle stops at a blocked head: only the keys it reaches count
         return _first_come_first_served(state, ctx.requeued, ctx.policy, ctx.waiting)
     if ctx.full or since is None:
+        if (ordered := _in_columns(ctx)) is not None:
+            return ordered
         entries = state.queued_entries().values()
         keys = [*map(itemgetter(0), entries), *(state.queue_key(j) for j in ctx.requeued.values())]
         return _in_order(ctx, keys, [*map(itemgetter(2), entries), *(ctx.now for _ in ctx.requeued)])
@@ -255,6 +328,32 @@ def _in_order(ctx: CycleContext, keys: list[QueueKey], since: list[float] | None
     if ctx.bound is not None:
         ctx.guard_at = min(ctx.guard_at, _next_protected(since, ctx.bound, ctx.now))
     return sorted_queue(ctx.policy, keys, since, ctx.now)
+
+
+def _in_columns(ctx: CycleContext) -> Ordered | None:
+    """A full cycle's order read from the queue's columns (kept by the fold), as `_in_order` would
+    sort the queued entries: for the multifactor order over a long queue with nobody requeued in the
+    cycle (else None)."""
+    state, policy = ctx.state, ctx.policy
+    entries = state.queued_entries()
+    if ctx.requeued or policy.order != "priority-fair-share" or len(entries) < _COLUMNS_FROM:
+        return None
+    index = derived(state)
+    if index.table is None:
+        from services.scheduler.core.queue_table import QueueTable  # numpy: only for long queues
+
+        index.table = QueueTable(entries)
+    table = index.table
+    rows = table.rows()
+    since = table.since[rows]
+    if ctx.bound is not None:
+        ctx.guard_at = min(ctx.guard_at, _next_protected(since, ctx.bound, ctx.now))
+    columns = (table.rank[rows], table.share[rows], table.submitted[rows], since)
+    order = rows[ordered_rows(policy, columns, ctx.now, lambda i: table.ids[rows[i]])]
+    return Ordered(table.keys[order].tolist(), table.shape[order], table.ids[order].tolist())
+
+
+_COLUMNS_FROM = 64  # as policy.sorted_queue, which sorts shorter queues without numpy
 
 
 def _next_protected(since: list[float], bound: float, now: float) -> float:
@@ -432,6 +531,7 @@ def phase3_admit(ctx: CycleContext, c: Candidate) -> bool:
         why += f"; {lent} GPUs on idle guarantees lent to non-preemptible work (returned by draining)"
     _admit(ctx, c, spot, why)
     ctx.failed.clear()  # freed capacity may fit shapes that failed before
+    ctx.clears += 1
     return True
 
 

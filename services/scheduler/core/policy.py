@@ -37,7 +37,7 @@ import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from operator import itemgetter
-from typing import Literal
+from typing import Any, Literal
 
 from events import PriorityClass
 from services.scheduler.core.links import DEFAULT_FAULT_MEMORY_S, KEEP_S
@@ -202,7 +202,16 @@ def sorted_queue(policy: Policy, keys: list[QueueKey], since: list[float], now: 
 
     n = len(keys)
     rank, share, submitted = (np.fromiter(map(itemgetter(i), keys), np.float64, n) for i in range(3))
-    queued = np.array(since, dtype=np.float64)
+    order = ordered_rows(policy, (rank, share, submitted, np.array(since, dtype=np.float64)), now, lambda i: keys[i][3])
+    return [keys[i] for i in order.tolist()]
+
+
+def ordered_rows(policy: Policy, columns: tuple[Any, Any, Any, Any], now: float, id_of: Callable[[int], str]) -> Any:
+    """`sorted_queue`'s order as row numbers, from numpy columns (rank, -fair share, submit time,
+    queued since) of the multifactor order's inputs; `id_of(row)` breaks the ties that remain."""
+    import numpy as np
+
+    rank, share, submitted, queued = columns
     protected_before = -math.inf if policy.starvation_bound_s is None else now - policy.starvation_bound_s
     per_rank = policy.class_weight / LOWEST_RANK
     top, floor = policy.class_weight, -policy.class_weight + _BELOW_CRITICAL
@@ -211,7 +220,7 @@ def sorted_queue(policy: Policy, keys: list[QueueKey], since: list[float], now: 
     aged = np.where(age >= cap, age_w, age_w * np.maximum(age, 0.0) / cap)
     protected = queued <= protected_before
     tier = np.where(protected, np.where(rank == LOWEST_RANK, 0.5, 0.0), 1.0)  # protected_tier, column-wise
-    lift = np.full(len(keys), float(policy.guard_lifts_classes))
+    lift = np.full(len(rank), float(policy.guard_lifts_classes))
     if policy.guard_lift_every_s is not None:  # one class more per guard_lift_every_s protected
         lift = lift + np.floor_divide(np.maximum(protected_before - queued, 0.0), policy.guard_lift_every_s)
     band = np.where(rank == CRITICAL_RANK, rank, np.maximum(rank - lift, CRITICAL_RANK + 1))
@@ -222,12 +231,11 @@ def sorted_queue(policy: Policy, keys: list[QueueKey], since: list[float], now: 
     second = np.where(protected, queued, submitted)
     # The job id breaks what ties remain (a numpy string column costs more than the rare ties do).
     order = np.lexsort((second, tier, value))
-    out = [keys[i] for i in order.tolist()]
     value, second, tier = value[order], second[order], tier[order]
     tied = (value[1:] == value[:-1]) & (second[1:] == second[:-1]) & (tier[1:] == tier[:-1])
     for start, end in _runs(np.flatnonzero(tied).tolist()):
-        out[start : end + 1] = sorted(out[start : end + 1], key=itemgetter(3))
-    return out
+        order[start : end + 1] = sorted(order[start : end + 1].tolist(), key=id_of)
+    return order
 
 
 def _runs(tied: list[int]) -> Iterator[tuple[int, int]]:

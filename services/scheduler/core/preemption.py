@@ -13,9 +13,8 @@ from itertools import islice, tee
 
 from events import PreemptionReason, PriorityClass
 from services.scheduler.core import placement, quota
-from services.scheduler.core.capacity import Slot
 from services.scheduler.core.policy import RANKS
-from services.scheduler.core.state import Job, Node, derived
+from services.scheduler.core.state import Job, derived
 from services.scheduler.core.work import Usage, Work
 
 CRITICAL_RANK = PriorityClass.CRITICAL.rank
@@ -91,6 +90,10 @@ def may_preempt(work: Work, job: Job) -> bool:
     """A cheap test that some victim could exist, before the real search."""
     pool, team, rank = job.pool, job.spec.team, job.spec.priority.rank
     reclaim, urgent = _reclaims(work, job), not job.spec.preemptible
+    return work.memo(("may", pool, team, rank, reclaim, urgent), _any_victim, work, pool, team, rank, reclaim, urgent)
+
+
+def _any_victim(work: Work, pool: str, team: str, rank: int, reclaim: bool, urgent: bool) -> bool:
     for (p, t, r), gpus in work.preemptible.items():
         if p != pool or gpus <= 0:
             continue
@@ -221,7 +224,9 @@ def _first_to_fill(work: Work, job: Job, classes: set[int], by_class: Groups) ->
                     continue
                 f = free.get(key)
                 if f is None:
-                    f = free[key] = _free_for(nodes.get(key), slots, classes)
+                    node = nodes.get(key)  # _free_for, inlined: read for most of the fleet's nodes
+                    slot = None if node is None else slots[node.nid]
+                    f = free[key] = len(slot.free) if slot is not None and slot.cls in classes and slot.usable else -1
                 if f >= 0 and got + f >= need:
                     if before < _FEW_BEFORE and 2 * need <= cap.max_gpus:
                         return iter(())
@@ -233,11 +238,6 @@ def _first_to_fill(work: Work, job: Job, classes: set[int], by_class: Groups) ->
 
 
 _FEW_BEFORE = 64
-
-
-def _free_for(node: Node | None, slots: list[Slot], classes: set[int]) -> int:
-    slot = None if node is None else slots[node.nid]
-    return len(slot.free) if slot is not None and slot.cls in classes and slot.usable else -1
 
 
 def _victims_on(work: Work, pool: str, by_class: Groups, roomy: set[tuple[str, str]]) -> Iterator[Job]:
@@ -302,14 +302,19 @@ def _group(work: Work, pool: str, team: str, rank: int) -> Walk:
 def _costs(members: dict[str, Job], now: float) -> list[tuple[float, str, Job]]:
     """(victim_cost, id, job) of each job, `victim_cost` inlined (the same float operations in
     the same order): a search reads every member of the groups it reaches."""
-    items = []
+    items: list[tuple[float, str, Job]] = []
+    append = items.append
     for jid, v in members.items():
-        since = v.started_at if v.started_at is not None else v.running_since
-        elapsed = max(0.0, now - since) if since is not None else 0.0
+        since = v.started_at
+        if since is None:
+            since = v.running_since
+        elapsed = 0.0
+        if since is not None and (d := now - since) > 0.0:  # max(0.0, now - since), without the call
+            elapsed = d
         interval = v.spec.checkpoint_interval_s
         if interval:
             elapsed = elapsed % interval
-        items.append((elapsed * v.gpus * (1 + v.preemptions), jid, v))
+        append((elapsed * v.gpus * (1 + v.preemptions), jid, v))
     return items
 
 

@@ -99,16 +99,12 @@ def room_block(work: Work, job: Job, usage: Usage | None = None) -> Wait | None:
     usage = work.usage if usage is None else usage
     pool, team, n = job.pool, job.spec.team, job.gpus
     u = usage.get((pool, team), 0)
-    held: float = 0  # what other teams hold or keep back (unlendable guarantee) in the pool
-    teams = (
-        work.teams(pool)
-        if usage is work.usage
-        else {t for (p, t) in s.quotas if p == pool} | {t for (p, t) in usage if p == pool}
-    )
-    for other in teams:
-        if other != team:
-            oq = s.quotas.get((pool, other))
-            held += max(usage.get((pool, other), 0), oq.locked if oq else 0)
+    if usage is work.usage:  # the same for every job of the team until the scratch usage changes
+        teams = work.teams(pool)
+        held = work.memo(("held", pool, team), _held_by_others, s, usage, pool, team, teams)
+    else:
+        teams = {t for (p, t) in s.quotas if p == pool} | {t for (p, t) in usage if p == pool}
+        held = _held_by_others(s, usage, pool, team, teams)
     room = work.pool_capacity(pool) - held - u
     if held and n > room:  # with nothing held by others, placement itself says what is missing
         lent = _lent_out(work, pool, team) if u + n <= guarantee(work, pool, team) else 0
@@ -126,6 +122,16 @@ def room_block(work: Work, job: Job, usage: Usage | None = None) -> Wait | None:
             f"(others hold or keep back {held}); needs {n}",
         )
     return None
+
+
+def _held_by_others(s: SchedulerState, usage: Usage, pool: str, team: str, teams: set[str]) -> float:
+    """What teams other than `team` hold or keep back (their unlendable guarantee) in the pool."""
+    held: float = 0
+    for other in teams:
+        if other != team:
+            oq = s.quotas.get((pool, other))
+            held += max(usage.get((pool, other), 0), oq.locked if oq else 0)
+    return held
 
 
 DRAIN = "quota: waits for a drain"  # GPUs lent to others' non-preemptible work, freed as that work ends
@@ -232,6 +238,10 @@ def nonpreemptible_block(work: Work, job: Job) -> Wait | None:
 
 def _lent_out(work: Work, pool: str, team: str) -> float:
     """Non-preemptible GPUs other teams hold beyond their guarantees in the pool."""
+    return work.memo(("lent", pool, team), _lent_by_others, work, pool, team)
+
+
+def _lent_by_others(work: Work, pool: str, team: str) -> float:
     teams = work.teams(pool)
     return sum(max(0, nonpreemptible(work, pool, t) - guarantee(work, pool, t)) for t in teams if t != team)
 

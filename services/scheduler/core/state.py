@@ -207,6 +207,7 @@ class Derived:
         # full cycle sorts (O(1) to keep as jobs join and leave the queue, where a sorted list moves
         # half of itself each time), and what it reads per job without touching the job
         self.queued: dict[str, QueueEntry] | None = None
+        self.table: Any = None  # the same entries as numpy columns (queue_table.py), once a full cycle asks
         self.shapes: dict[Shape, int] = {}  # each shape seen, numbered (a cycle keys its answers by number)
 
     def shape_id(self, job: Job) -> int:
@@ -381,13 +382,15 @@ class SchedulerState:
         """Queue keys changed under the queued jobs (fair share, priority, pools): computed again."""
         self._queue = None
         if (index := _derived_if_built(self)) is not None:
-            index.queued = None
+            index.queued = index.table = None
 
     def _enqueue(self, job: Job) -> None:
         insort(self.fifo_lines.setdefault(job.spec.team, []), (job.submitted_at, job.id))
         self._queue = None
         if (index := _derived_if_built(self)) is not None and index.queued is not None:
-            index.queued[job.id] = self._entry(index, job)
+            entry = index.queued[job.id] = self._entry(index, job)
+            if index.table is not None:
+                index.table.add(job.id, entry)
         if len(self.pending_log.items) >= PENDING_LOG_KEPT:
             # Bounded: no incremental cycle reads from before the trim (the epoch makes the next one full).
             self.pending_log.trim()
@@ -402,6 +405,8 @@ class SchedulerState:
         self._queue = None
         if (index := _derived_if_built(self)) is not None and index.queued is not None:
             index.queued.pop(job.id, None)
+            if index.table is not None:
+                index.table.drop(job.id)
 
     # -- classes -------------------------------------------------------------------------------
     def node_class(self, node: Node) -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from events import Placement
 from services.pools import model_vendor
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
 Spot = list[tuple[int, list[int]]]  # (node id, GPU indices) per node
 Usage = dict[tuple[str, str], float]  # (pool, team) -> GPUs held (GPU-equivalents with shares)
+T = TypeVar("T")
 
 
 class Work:
@@ -56,6 +57,10 @@ class Work:
         self.drains: dict[str, Drain] = {}  # pool -> the node held for its protected whole-node job
         self.share_starts: dict[str, list[int | None]] = {}  # job -> MIG start per replica (shares.place)
         self._share_mix: dict[str, Mix] = {}  # share mode -> the queued shares' request mix
+        # answers computed from the scratch usage (and preemptible) tables, valid while `version`
+        # (bumped by every change to them, `count`) stays the same
+        self.version = 0
+        self._memo: dict[tuple[object, ...], tuple[int, Any]] = {}
 
     # -- lookups -------------------------------------------------------------------------------
     def classes(self, job: Job) -> list[int]:
@@ -218,6 +223,15 @@ class Work:
             return 0
         return q.np_lendable
 
+    def memo(self, key: tuple[object, ...], compute: Callable[..., T], *args: object) -> T:
+        """`compute(*args)`, kept under `key` until the scratch usage changes (`version`)."""
+        found = self._memo.get(key)
+        if found is not None and found[0] == self.version:
+            return cast(T, found[1])
+        value = compute(*args)
+        self._memo[key] = (self.version, value)
+        return value
+
     # -- scratch changes -----------------------------------------------------------------------
     def count(self, job: Job, sign: int, usage: Usage | None = None, gpus: float | None = None) -> None:
         """Add (+1) or remove (-1) the job's GPUs (or `gpus`) to a usage table (the scratch view's by default)."""
@@ -230,6 +244,7 @@ class Work:
         # with shares, GPU-equivalents: sums rounded (shares.plus), whole GPUs stay ints
         usage[key] = round(held, 6) if held.__class__ is float else held
         if usage is self.usage:
+            self.version += 1
             pkey = (job.pool, job.spec.team, job.spec.priority.rank)
             if job.spec.preemptible:
                 self.preemptible[pkey] = plus(self.preemptible.get(pkey, 0), n)
