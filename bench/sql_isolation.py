@@ -10,13 +10,16 @@ the last sample stored:
   path (`chamber.cmd.recorder.sql`), each one running until the query time limit stops it (5 s
   here, `--query-time-limit`, so a round ends soon after its last sample; the next query follows at
   once, so the load does not pause).
-The query's threads run at `--nice` (the engine's `os_thread_priority`) and, with `--sched idle`
-(not the recorder's default), under SCHED_IDLE while it runs; both only where the process may renice
-(CAP_SYS_NICE). Quiet and heavy rounds alternate (`--rounds` pairs, quiet first), so a change in the
-machine's load falls on both of a pair; `ratio` is the median over the pairs of heavy over quiet
-(the target: >= 0.9, wall clock), `pair_ratios` each pair's. `--sched both` compares the two in one
-run: quiet, nice-only and SCHED_IDLE rounds in turn, each heavy round over the mean of the quiet
-rounds either side of it (`ratio_by_sched`).
+The query's threads run at `--nice` (the engine's `os_thread_priority`, only where the process may
+renice: CAP_SYS_NICE) and, with `--sched idle` (not the recorder's default), under SCHED_IDLE while it
+runs; the query also runs at the engine priority below the writer's (`priority`: the engine pauses it
+while an insert runs; `--no-yield` turns that off). Quiet and heavy rounds alternate (`--rounds`
+pairs, quiet first), so a change in the machine's load falls on both of a pair; `ratio` is the median
+over the pairs of heavy over quiet (the target: >= 0.9, wall clock), `pair_ratios` each pair's.
+`--compare yield,nice,idle` compares ways of running the query in one run: a quiet round, then each
+one's heavy round after a quiet round, `--rounds` times, and a last quiet one; each heavy round over
+the mean of the quiet rounds either side of it (`ratio_by_variant`). yield: the recorder's default;
+nice: without the engine priority; idle: nice and SCHED_IDLE, without the engine priority.
 Where the CPU went over each round's timed part, in CPUs (`cpus_used`): ingest (this process's
 threads but the query's), the query's threads, nats-server, and `others`: every other process on
 the machine. A round where `others` is high measured the machine's load, not the query's cost. The
@@ -25,7 +28,7 @@ moved by other processes; `ratio_per_ingest_cpu` is its median pair ratio: below
 ingest's own work slower (shared caches, locks), while the wall-clock ratio also counts the CPU time
 ingest did not get. `ingest_wait_ms_per_1k` is how long ingest's threads were runnable but waited
 for a CPU (the kernel's schedstat), per 1,000 node samples: a query that delays ingest raises it.
-Prints one JSON object. Run: `python bench/sql_isolation.py` (about two minutes).
+Prints one JSON object. Run: `python bench/sql_isolation.py --messages 50000 --rounds 4` (a few minutes).
 """
 
 from __future__ import annotations
@@ -221,20 +224,30 @@ async def one_round(
     }
 
 
-def compare_scheds(rounds: list[dict[str, Any]]) -> dict[str, object]:
-    """`--sched both`: each heavy round over the mean of the quiet rounds either side of it."""
-    by: dict[str, dict[str, list[float]]] = {"nice": {"wall": [], "cpu": []}, "idle": {"wall": [], "cpu": []}}
+# `--compare`: how each heavy variant runs the query (the Limits it changes)
+VARIANTS: dict[str, dict[str, bool]] = {
+    "yield": {"idle": False, "yield_to_ingest": True},
+    "nice": {"idle": False, "yield_to_ingest": False},
+    "idle": {"idle": True, "yield_to_ingest": False},
+}
+
+
+def compare_variants(rounds: list[dict[str, Any]]) -> dict[str, object]:
+    """`--compare`: each heavy round over the mean of the quiet rounds either side of it."""
+    by: dict[str, dict[str, list[float]]] = {}
     for i, r in enumerate(rounds):
-        if r["sched"] in by:
+        if r["variant"] != "quiet":
+            ratios = by.setdefault(r["variant"], {"wall": [], "cpu": []})
             for key, field in (("wall", "gpu_samples_per_s"), ("cpu", "gpu_samples_per_ingest_cpu_s")):
                 quiet = (rounds[i - 1][field] + rounds[i + 1][field]) / 2
-                by[r["sched"]][key].append(round(r[field] / quiet, 3))
+                ratios[key].append(round(r[field] / quiet, 3))
     return {
-        "ratio_by_sched": {k: round(statistics.median(v["wall"]), 3) for k, v in by.items()},
-        "pair_ratios_by_sched": {k: v["wall"] for k, v in by.items()},
-        "ratio_per_ingest_cpu_by_sched": {k: round(statistics.median(v["cpu"]), 3) for k, v in by.items()},
-        "pair_ratios_per_ingest_cpu_by_sched": {k: v["cpu"] for k, v in by.items()},
+        "ratio_by_variant": {k: round(statistics.median(v["wall"]), 3) for k, v in by.items()},
+        "pair_ratios_by_variant": {k: v["wall"] for k, v in by.items()},
+        "ratio_per_ingest_cpu_by_variant": {k: round(statistics.median(v["cpu"]), 3) for k, v in by.items()},
+        "pair_ratios_per_ingest_cpu_by_variant": {k: v["cpu"] for k, v in by.items()},
         "others_cpus": [r["cpus_used"]["others"] for r in rounds],
+        "ingest_wait_ms_per_1k": [r["ingest_wait_ms_per_1k"] for r in rounds],
         "target_ratio": 0.9,
         "cpus": os.cpu_count() or 0,
         "load_average_1m_at_end": round(os.getloadavg()[0], 2),
@@ -250,10 +263,18 @@ def main() -> None:
     parser.add_argument("--nice", type=int, default=Limits().nice, help=f"the query threads' nice ({Limits().nice})")
     parser.add_argument(
         "--sched",
-        choices=["idle", "nice", "both"],
+        choices=["idle", "nice"],
         default="idle" if Limits().idle else "nice",
-        help="idle: the query's threads also run under SCHED_IDLE; nice: only reniced; both: quiet, nice, "
-        "quiet, idle rounds, `--rounds` times, and a last quiet one",
+        help="idle: the query's threads also run under SCHED_IDLE; nice: only reniced",
+    )
+    parser.add_argument(
+        "--no-yield", action="store_true", help="the query does not run at the engine priority below the writer's"
+    )
+    parser.add_argument(
+        "--compare",
+        default="",
+        help=f"heavy variants to compare in one run, comma-separated ({', '.join(VARIANTS)}): quiet, then each "
+        "variant after a quiet round, `--rounds` times, and a last quiet one",
     )
     args = parser.parse_args()
     configure_logging("error")
@@ -262,14 +283,19 @@ def main() -> None:
         max_threads=args.query_threads,
         nice=args.nice,
         idle=args.sched == "idle",
+        yield_to_ingest=not args.no_yield,
     )
+    variants = [v for v in args.compare.split(",") if v]
+    unknown = set(variants) - set(VARIANTS)
+    if unknown:
+        parser.error(f"unknown variants {sorted(unknown)}; pick from {', '.join(VARIANTS)}")
+    kinds = [k for v in variants for k in ("quiet", v)] * args.rounds + ["quiet"] if variants else []
     out: dict[str, object] = {"load_average_1m_at_start": round(os.getloadavg()[0], 2), "rounds": []}
-    kinds = ["quiet", "nice", "quiet", "idle"] * args.rounds + ["quiet"] if args.sched == "both" else []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(len(kinds) or args.rounds * 2):
             heavy = kinds[i] != "quiet" if kinds else i % 2 == 1
-            if kinds:
-                limits = replace(limits, idle=kinds[i] == "idle")
+            if kinds and heavy:
+                limits = replace(limits, **VARIANTS[kinds[i]])
             server = NatsServerProcess(Path(tmp) / f"nats-{i}")
             server.start()
             try:
@@ -282,11 +308,11 @@ def main() -> None:
                     )
             finally:
                 server.stop()
-            result["sched"] = kinds[i] if kinds else args.sched if heavy else "quiet"
+            result["variant"] = kinds[i] if kinds else "heavy" if heavy else "quiet"
             out["rounds"].append(result)  # type: ignore[attr-defined]
     rounds: list[dict[str, object]] = out["rounds"]  # type: ignore[assignment]
     if kinds:
-        print(json.dumps({**out, **compare_scheds(rounds), "messages": args.messages, "heavy_query": HEAVY}))
+        print(json.dumps({**out, **compare_variants(rounds), "messages": args.messages, "heavy_query": HEAVY}))
         return
     rates = [int(r["gpu_samples_per_s"]) for r in rounds]  # type: ignore[call-overload]
     quiet, loaded = statistics.median(rates[0::2]), statistics.median(rates[1::2])
@@ -310,6 +336,7 @@ def main() -> None:
             "query_time_limit_s": limits.max_execution_time_s,
             "query_nice": limits.nice,
             "query_sched": args.sched,
+            "query_yields_to_ingest": limits.yield_to_ingest,
             "cpus": os.cpu_count() or 0,
             "load_average_1m_at_end": round(os.getloadavg()[0], 2),
         }

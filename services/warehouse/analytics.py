@@ -3,7 +3,9 @@
 On chDB it is a second session on the same engine: its settings are its own, so the limits and
 `readonly = 1` are set once when it opens, and the engine then refuses any write, any change of a
 setting (`SET`, a query's SETTINGS) and table functions that read or write outside. The database
-is set again before every query, so no `USE` carries over. Ingest keeps its own session untouched.
+is set again before every query, so no `USE` carries over. Ingest keeps its own session untouched,
+and its queries run at a higher engine priority (`priority`): while an insert runs, the engine holds
+an analytics query at its next block, with or without the privilege to renice threads.
 On a server it is a client of the restricted user (`chamber_sql`: SELECT on `chamber`, limits under
 constraints) without an HTTP session, so nothing one query sets reaches the next.
 
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from services.warehouse.backend import DATABASE, OUTPUT_SETTINGS, QueryResult, WarehouseError
+from services.warehouse.backend import ANALYTICS_PRIORITY, DATABASE, OUTPUT_SETTINGS, QueryResult, WarehouseError
 from services.warehouse.confine import (
     Catalog,
     Node,
@@ -56,8 +58,11 @@ class Limits:
     # In this process (chDB), and where they were reniced: the query's threads also run under
     # SCHED_IDLE, so they get only CPU time nothing else wants (idle_threads.py). Off: on a machine
     # busy with other processes it made every query slower (the SQL door's tests: 10 s -> 17-20 s),
-    # and it did not measurably help ingest there (bench/sql_isolation.py --sched both).
+    # and it did not measurably help ingest there (bench/sql_isolation.py --compare nice,idle).
     idle: bool = False
+    # The engine pauses the query while a query of the writer runs (an insert, a rollup), at its next
+    # block: ClickHouse's `priority`, ANALYTICS_PRIORITY below the writer's INGEST_PRIORITY (backend.py).
+    yield_to_ingest: bool = True
 
     def settings(self, rows: int | None = None) -> dict[str, Any]:
         wanted = self.max_rows if rows is None else max(0, min(rows, self.max_rows))
@@ -70,6 +75,7 @@ class Limits:
             "result_overflow_mode": "break",
             "max_threads": self.max_threads or default_threads(),
             "os_thread_priority": self.nice,
+            "priority": ANALYTICS_PRIORITY if self.yield_to_ingest else 0,
         }
 
     def explain(self, message: str) -> str:

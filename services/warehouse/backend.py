@@ -53,6 +53,15 @@ OUTPUT_SETTINGS: dict[str, Any] = {
 }
 
 
+# ClickHouse's query priority (`priority`: 1 the highest, 0 none): chDB's writer session runs its
+# queries at INGEST_PRIORITY and analytics at ANALYTICS_PRIORITY, so while an insert or a rollup runs
+# the engine holds an analytics query at its next block until the writer's query ends (at most
+# `low_priority_query_wait_time_ms`, 1 s, at a time). On a server only queries of other clients at a
+# priority from 1 to ANALYTICS_PRIORITY - 1 hold it; the server writer sets none.
+INGEST_PRIORITY = 1
+ANALYTICS_PRIORITY = 2
+
+
 def settings_clause(settings: dict[str, Any]) -> str:
     """`SETTINGS a = 1, b = 'x'` for a per-query settings dict (names and values are ours, not a user's)."""
     values = ", ".join(f"{k} = {v!r}" if isinstance(v, str) else f"{k} = {int(v)}" for k, v in settings.items())

@@ -17,6 +17,7 @@ import pyarrow as pa
 
 from services.warehouse.backend import (
     DATABASE,
+    INGEST_PRIORITY,
     OUTPUT_SETTINGS,
     QueryResult,
     Warehouse,
@@ -82,7 +83,7 @@ class ChdbWarehouse(Warehouse):
             raise WarehouseUnavailable(f"cannot open chDB at {self.path}: {text}") from None
         self._session.query(f"CREATE DATABASE IF NOT EXISTS {DATABASE}")
         self._session.query(f"USE {DATABASE}")
-        for name, value in OUTPUT_SETTINGS.items():
+        for name, value in {**OUTPUT_SETTINGS, "priority": INGEST_PRIORITY}.items():
             self._session.query(f"SET {name} = {value}")
 
     def _run(self, sql: str, fmt: str = "CSV") -> bytes:

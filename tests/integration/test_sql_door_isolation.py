@@ -99,6 +99,30 @@ async def test_ingest_goes_on_while_a_query_holds_its_slot(warehouse: ChdbWareho
         writer.close()
 
 
+async def test_a_query_pauses_while_the_writer_runs_one_and_only_when_it_yields(warehouse: ChdbWarehouse) -> None:
+    """The engine holds an analytics query at its next block while a query of the writer's session
+    runs (`priority`); without `yield_to_ingest` the two run side by side."""
+    writer = Writer(warehouse)
+    yielding = open_door(warehouse)
+    plain = open_door(warehouse, limits=Limits(yield_to_ingest=False))
+    reads = "SELECT sum(number) FROM numbers(10000000)"  # many blocks, none of them slow
+    try:
+        for door in (yielding, plain):
+            await door.answer(reads, 1)  # each session reads the engine's catalog on its first check
+        done_first = []
+        for door in (yielding, plain):
+            ingest = asyncio.create_task(writer.call(lambda: warehouse.query("SELECT sleep(1.5)")))
+            await asyncio.sleep(0.3)
+            assert (await door.answer(reads, 1)).rows == [[49999995000000]]
+            done_first.append(ingest.done())
+            await ingest
+        assert done_first == [True, False]  # the yielding query waited for the writer's; the other did not
+    finally:
+        yielding.close()
+        plain.close()
+        writer.close()
+
+
 async def test_a_recorder_that_never_answers_gets_the_limit_named_not_a_fallback(
     nats_server: NatsServerProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
