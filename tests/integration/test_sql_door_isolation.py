@@ -156,6 +156,16 @@ def _sched_idle_threads() -> dict[int, int]:
     return {tid: nice for tid, nice, policy in idle_threads.threads() if policy == idle_threads.SCHED_IDLE}
 
 
+async def _sched_idle_within(within_s: float) -> dict[int, int]:
+    """The SCHED_IDLE threads, once there are any (the door's watcher scans every so often)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        found = _sched_idle_threads()
+        if found or time.monotonic() > deadline:
+            return found
+        await asyncio.sleep(0.05)
+
+
 async def _reniced_threads(within_s: float = 1.5) -> set[int]:
     """The engine threads at nice 19, once a query's are (a loaded machine may take a while to start it)."""
     deadline = time.monotonic() + within_s
@@ -174,8 +184,7 @@ async def test_a_query_runs_its_engine_threads_under_sched_idle_and_gives_them_b
         assert _sched_idle_threads() == {}
         query = asyncio.create_task(door.answer("SELECT sleep(2)", 1))
         assert await _reniced_threads()
-        await asyncio.sleep(0.2)  # the watcher's first scans
-        during = _sched_idle_threads()
+        during = await _sched_idle_within(1.5)  # the watcher's first scans (later on a loaded machine)
         assert during and set(during.values()) == {19}, during  # the threads the engine reniced, only those
         assert not _python_threads() & set(during)  # never a Python thread
         await query
