@@ -226,6 +226,9 @@ class Mix:
     "typical pods"; Chamber keeps every shape, coverage 1.0, which did better on the traces)."""
 
     shapes: list[tuple[PodRequest, float]] = field(default_factory=list)
+    # CPU (milli) the expected GPU requests bring per milli-GPU they ask for (0 when they say nothing
+    # of CPU). Counting pods without GPUs too did better on `cpu250` and worse on `gpuspec25`.
+    cpu_per_milli: float = 0.0
 
     @classmethod
     def of(cls, pods: Iterable[PodRequest], coverage: float = 1.0) -> Mix:
@@ -241,11 +244,21 @@ class Mix:
                 break
             chosen.append((shape, n))
             covered += n
-        return cls([(shape, n / covered) for shape, n in chosen])
+        gpu_milli = sum(n * shape.gpu_milli_total for shape, n in chosen)
+        cpu_per_milli = sum(n * shape.cpu_milli for shape, n in chosen) / gpu_milli if gpu_milli else 0.0
+        return cls([(shape, n / covered) for shape, n in chosen], cpu_per_milli)
 
 
 def _shape_key(p: PodRequest) -> tuple[int, int, int, int, tuple[str, ...]]:
     return (p.num_gpu, p.gpu_milli, p.cpu_milli, p.memory_mib, tuple(sorted(p.models)))
+
+
+def stranded(state: State, mix: Mix) -> float:
+    """Milli-GPU left on a node that its CPU left could not feed at the mix's CPU per milli-GPU (0 when
+    the mix says nothing of CPU): what the node would strand if the expected requests filled it."""
+    if not mix.cpu_per_milli:
+        return 0.0
+    return max(0.0, sum(state[4]) - state[1] / mix.cpu_per_milli)
 
 
 def fragment(state: State, mix: Mix, with_memory: bool = False) -> float:
@@ -354,20 +367,27 @@ def _fgd(packer: Packer, before: State, new: State, spec: NodeSpec, pod: PodRequ
 
 
 # Chamber's weights: BESTFIT_WEIGHT chosen on the openb `default` and `gpushare100` traces (seeds 0, 1),
-# SCARCITY_WEIGHT on `gpuspec25` (seed 0); every other trace is held out (bench/packing.py says which).
+# SCARCITY_WEIGHT on `gpuspec25` (seed 0), STRANDING_WEIGHT on `default` and `gpushare100` (seeds 0, 1),
+# its CPU ratio (`Mix.cpu_per_milli`) on those and `gpuspec25` and `cpu250` (seed 0); every other trace
+# is held out (bench/packing.py says which).
 BESTFIT_WEIGHT = 50.0  # milli-GPU of fragmentation one node's worth of GPU left is worth
 SCARCITY_WEIGHT = 0.5  # milli-GPU of penalty per milli-GPU placed on a model others depend on
+STRANDING_WEIGHT = 3.0  # milli-GPU of penalty per milli-GPU a placement strands for want of CPU
 
 
 def _chamber(packer: Packer, before: State, new: State, spec: NodeSpec, pod: PodRequest) -> float:
     """FGD's gradient (host memory counted too), plus best fit on GPUs (so ties and near-ties go to
     the node the placement leaves fullest), plus GPU-model scarcity: a placement on a model that
-    requests restricted to few models depend on costs in proportion to how tight that model is."""
+    requests restricted to few models depend on costs in proportion to how tight that model is, plus
+    CPU stranding: the growth of the GPU capacity the node's CPU could no longer feed at the expected
+    requests' CPU per milli-GPU (so CPU-heavy pods go where CPU is plentiful, CPU-light ones and pods
+    without GPUs where it is not needed)."""
     grad = packer.frag(new, with_memory=True) - packer.frag(before, with_memory=True)
     gpu_cap = spec.gpus * MILLI
     left = sum(new[4]) / gpu_cap if gpu_cap else 0.0
     scarce = packer.model_demand(spec.model) * pod.gpu_milli_total
-    return grad + BESTFIT_WEIGHT * left + SCARCITY_WEIGHT * scarce
+    strand = stranded(new, packer.mix) - stranded(before, packer.mix)
+    return grad + BESTFIT_WEIGHT * left + SCARCITY_WEIGHT * scarce + STRANDING_WEIGHT * strand
 
 
 POLICIES: dict[str, Score] = {"bestfit": _bestfit, "fgd": _fgd, "chamber": _chamber}
