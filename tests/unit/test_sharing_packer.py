@@ -67,6 +67,25 @@ def test_a_model_allow_list_is_respected_and_scarce_models_are_kept_for_those_th
     assert packer.place(a_pod(models="V100")) is None
 
 
+def test_cpu_heavy_pods_go_where_cpu_is_plentiful_and_cpu_light_ones_where_it_is_not() -> None:
+    # Same GPUs, same fill: only the CPU left per GPU left tells the nodes apart (ties go to "poor").
+    nodes = [a_node("poor", gpus=4, cpu=16_000), a_node("rich", gpus=4, cpu=128_000)]
+    heavy, light = a_pod(milli=500, cpu=8000), a_pod(milli=500, cpu=1000)
+    mix = Mix.of([heavy, light])
+    assert mix.cpu_per_milli == pytest.approx(9.0), "9,000 milli-CPU over 1,000 milli-GPU asked"
+    packer = Packer(nodes, mix=mix)
+    assert packer.place(heavy) == ("rich", [0]), "on the CPU-poor node it would strand GPU capacity"
+    assert packer.place(light) == ("poor", [0]), "the CPU-light pod takes the node whose CPU is short"
+
+
+def test_pods_without_gpus_count_in_the_cpu_ratio_only_when_cpu_is_the_scarcer_resource() -> None:
+    nodes = [a_node("n0", gpus=4, cpu=16_000)]  # 4 milli-CPU per milli-GPU
+    share = a_pod(milli=500, cpu=1000)  # 2 milli-CPU per milli-GPU
+    assert Packer(nodes, mix=Mix.of([share, a_pod(gpus=0, cpu=500)])).cpu_ratio == pytest.approx(2.0)
+    scarce = Mix.of([share, a_pod(gpus=0, cpu=8000)])  # 9,000 milli-CPU over 500 milli-GPU: 18 > 4
+    assert Packer(nodes, mix=scarce).cpu_ratio == pytest.approx(18.0)
+
+
 def test_rejected_pods_change_nothing_and_runs_are_deterministic() -> None:
     rng = random.Random(7)
     nodes = [a_node(f"n{i}", gpus=rng.choice([1, 2, 4, 8]), cpu=rng.choice([8000, 32000])) for i in range(30)]

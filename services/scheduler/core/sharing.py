@@ -226,13 +226,20 @@ class Mix:
     "typical pods"; Chamber keeps every shape, coverage 1.0, which did better on the traces)."""
 
     shapes: list[tuple[PodRequest, float]] = field(default_factory=list)
+    # CPU (milli) the expected GPU requests bring per milli-GPU they ask for (0 when they say nothing
+    # of CPU), and the same with the CPU of pods without GPUs counted too (`Packer.cpu_ratio` chooses).
+    cpu_per_milli: float = 0.0
+    cpu_per_milli_all: float = 0.0
 
     @classmethod
     def of(cls, pods: Iterable[PodRequest], coverage: float = 1.0) -> Mix:
+        pods = list(pods)
         counts = Counter(p for p in pods if p.num_gpu > 0)
         total = sum(counts.values())
         if not total:
             return cls()
+        gpu_milli = sum(p.gpu_milli_total for p in pods)
+        cpu_all = sum(p.cpu_milli for p in pods) / gpu_milli if gpu_milli else 0.0
         chosen: list[tuple[PodRequest, int]] = []
         covered = 0
         # Most frequent first; ties by shape so the mix is the same in every run.
@@ -241,11 +248,21 @@ class Mix:
                 break
             chosen.append((shape, n))
             covered += n
-        return cls([(shape, n / covered) for shape, n in chosen])
+        gpu_milli = sum(n * shape.gpu_milli_total for shape, n in chosen)
+        cpu_per_milli = sum(n * shape.cpu_milli for shape, n in chosen) / gpu_milli if gpu_milli else 0.0
+        return cls([(shape, n / covered) for shape, n in chosen], cpu_per_milli, cpu_all)
 
 
 def _shape_key(p: PodRequest) -> tuple[int, int, int, int, tuple[str, ...]]:
     return (p.num_gpu, p.gpu_milli, p.cpu_milli, p.memory_mib, tuple(sorted(p.models)))
+
+
+def stranded(state: State, cpu_per_milli: float) -> float:
+    """Milli-GPU left on a node that its CPU left could not feed at `cpu_per_milli` (0 when that is 0):
+    what the node would strand if the expected requests filled it."""
+    if not cpu_per_milli:
+        return 0.0
+    return max(0.0, sum(state[4]) - state[1] / cpu_per_milli)
 
 
 def fragment(state: State, mix: Mix, with_memory: bool = False) -> float:
@@ -354,20 +371,27 @@ def _fgd(packer: Packer, before: State, new: State, spec: NodeSpec, pod: PodRequ
 
 
 # Chamber's weights: BESTFIT_WEIGHT chosen on the openb `default` and `gpushare100` traces (seeds 0, 1),
-# SCARCITY_WEIGHT on `gpuspec25` (seed 0); every other trace is held out (bench/packing.py says which).
+# SCARCITY_WEIGHT on `gpuspec25` (seed 0), STRANDING_WEIGHT on `default` and `gpushare100` (seeds 0, 1),
+# its CPU ratio (`Mix.cpu_per_milli`) on those and `gpuspec25` and `cpu250` (seed 0); every other trace
+# is held out (bench/packing.py says which).
 BESTFIT_WEIGHT = 50.0  # milli-GPU of fragmentation one node's worth of GPU left is worth
 SCARCITY_WEIGHT = 0.5  # milli-GPU of penalty per milli-GPU placed on a model others depend on
+STRANDING_WEIGHT = 3.0  # milli-GPU of penalty per milli-GPU a placement strands for want of CPU
 
 
 def _chamber(packer: Packer, before: State, new: State, spec: NodeSpec, pod: PodRequest) -> float:
     """FGD's gradient (host memory counted too), plus best fit on GPUs (so ties and near-ties go to
     the node the placement leaves fullest), plus GPU-model scarcity: a placement on a model that
-    requests restricted to few models depend on costs in proportion to how tight that model is."""
+    requests restricted to few models depend on costs in proportion to how tight that model is, plus
+    CPU stranding: the growth of the GPU capacity the node's CPU could no longer feed at the expected
+    requests' CPU per milli-GPU (so CPU-heavy pods go where CPU is plentiful, CPU-light ones and pods
+    without GPUs where it is not needed)."""
     grad = packer.frag(new, with_memory=True) - packer.frag(before, with_memory=True)
     gpu_cap = spec.gpus * MILLI
     left = sum(new[4]) / gpu_cap if gpu_cap else 0.0
     scarce = packer.model_demand(spec.model) * pod.gpu_milli_total
-    return grad + BESTFIT_WEIGHT * left + SCARCITY_WEIGHT * scarce
+    strand = stranded(new, packer.cpu_ratio) - stranded(before, packer.cpu_ratio)
+    return grad + BESTFIT_WEIGHT * left + SCARCITY_WEIGHT * scarce + STRANDING_WEIGHT * strand
 
 
 POLICIES: dict[str, Score] = {"bestfit": _bestfit, "fgd": _fgd, "chamber": _chamber}
@@ -414,6 +438,13 @@ class Packer:
         self._frag.clear()
         self._columns = _MixArrays(mix, {n.spec.model for n in self.nodes})
         self._model_demand = _model_scarcity(mix, self.nodes)
+        # CPU per milli-GPU the stranding term expects: the GPU requests' own, unless the requests with
+        # pods without GPUs counted ask more CPU per GPU than the fleet has (CPU is the scarcer
+        # resource), when those pods' CPU is counted too, as they then compete for it.
+        cpu = sum(n.spec.cpu_milli for n in self.nodes)
+        gpu = sum(n.spec.gpus for n in self.nodes) * MILLI
+        fleet = cpu / gpu if gpu else 0.0
+        self.cpu_ratio = mix.cpu_per_milli_all if mix.cpu_per_milli_all > fleet else mix.cpu_per_milli
 
     def frag(self, state: State, with_memory: bool = False) -> float:
         key = (state, with_memory)
