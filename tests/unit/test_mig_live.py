@@ -13,13 +13,20 @@ from events import GpuShare, ShareMode
 from events.fleet import MigInstance, MigLayoutApplied, MigLayoutPlanned
 from services.scheduler.core import CHAMBER, Admit, Preempt, schedule
 from services.scheduler.core.decisions import PlanLayout
-from services.scheduler.core.mig import mig_model, occupancy, starts_in_mask
+from services.scheduler.core.mig import MigModel, mig_model, occupancy, starts_in_mask
 from services.scheduler.core.mig_live import MANAGED_LABEL
 from tests.scheduler_builders import Driver, a_job, a_node, a_quota, done
 
 MIG_LABEL = {MANAGED_LABEL: "all-disabled"}
-H100 = mig_model("H100-80GB")
-assert H100 is not None
+
+
+def _h100() -> MigModel:
+    table = mig_model("H100-80GB")
+    assert table is not None
+    return table
+
+
+H100 = _h100()
 
 
 def layout_mask(layout: Iterable[MigInstance]) -> int:

@@ -18,16 +18,16 @@ instance is disturbed and MIG mode is never toggled under work), no change pendi
 most one change per `MIN_INTERVAL_S`. Instances a pending change will make count as made, so the
 same queue is not planned for twice. Since a node keeps its layouts for as long as it holds work,
 it is planned for what it will serve meanwhile, not only for the queue of the moment: MIG mode gets
-the MIG work's part of the GPUs (running and queued work, in GPU-equivalents, against the whole
-GPUs held and queued; whole nodes at a time), and each GPU turned to MIG is filled with instances of
-the profiles in use, in their proportions (`_ahead`, `_filled`). The last whole GPU is never turned
-to MIG ahead of the queue. Waiting whole-GPU jobs may turn MIG off on idle MIG GPUs the
-queue does not need. Where no node may change, one node per cycle may be drained for the most urgent
-waiting MIG job: the node whose every job that job may preempt (the preemption rules) and that loses
-the least work (since each job's last checkpoint), and only when the layout it would then get serves
-the queue. Each change is a `PlanLayout` decision, a `MigLayoutPlanned` event; each job stopped a
-`Preempt`. Nodes without the label keep the
-simpler model: an instance is placed at any free legal start (its layout assumed made per instance).
+the MIG work's part of the GPUs (running and queued work, in GPU-equivalents, against the whole GPUs
+held and queued; at most `GROWTH` times the MIG work's GPU-equivalents; whole nodes at a time), and
+each GPU turned to MIG is filled with instances of the profiles in use, in their proportions
+(`_ahead`, `_filled`). The last whole GPU is never turned to MIG ahead of the queue. Waiting
+whole-GPU jobs may turn MIG off on idle MIG GPUs the queue does not need. Where no node may change,
+one node per cycle may be drained for the most urgent waiting MIG job: the node whose every job that
+job may preempt (the preemption rules) and that loses the least work (since each job's last
+checkpoint), and only when the layout it would then get serves the queue. Each change is a
+`PlanLayout` decision, a `MigLayoutPlanned` event; each job stopped a `Preempt`. Nodes without the
+label keep the simpler model: an instance is placed at any free legal start (its layout assumed made per instance).
 """
 
 from __future__ import annotations
@@ -49,6 +49,12 @@ if TYPE_CHECKING:
 
 MANAGED_LABEL = "nvidia.com/mig.config"
 MIN_INTERVAL_S = 3600.0  # at most one layout change per GPU per hour
+# MIG mode is given at most this many times the GPU-equivalents of the MIG work running and queued now
+# (room for it to grow while the nodes changed for it keep their layouts): without a bound the first
+# MIG job on an idle fleet would turn every node to MIG. Chosen with bench/mig.py --live, seed 0, load
+# 2.0 (the least that starts every small job there: 2 gives 1.60x whole-GPU scheduling, 4 2.39x, 6
+# 2.61x); loads 1.0 and 3.0 and seed 1 held out (docs/sharing.md).
+GROWTH = 6
 
 
 @dataclass
@@ -261,11 +267,12 @@ def _population(work: Work, classes: set[int], demand: Counter[str], whole: int)
 
 def _ahead(views: list[MigGpu], population: Population) -> Counter[str]:
     """MIG requests to plan for beyond the queue. The GPUs in these classes in MIG mode should be the MIG
-    work's part of all the work (its GPU-equivalents against the whole GPUs held and queued), rounded
-    up to whole nodes: a node holding both kinds of work changes only once both have ended, so MIG work
-    and whole-GPU work are kept on nodes of their own. The GPUs missing are given to the profiles in
-    use, in proportion; none are while MIG mode already has its part (whole-GPU work keeps the rest,
-    and the planner turns no GPU that queued whole-GPU work needs to MIG)."""
+    work's part of all the work (its GPU-equivalents against the whole GPUs held and queued), but no
+    more than `GROWTH` times those GPU-equivalents, rounded up to whole nodes: a node holding both
+    kinds of work changes only once both have ended, so MIG work and whole-GPU work are kept on nodes
+    of their own. The GPUs missing are given to the profiles in use, in proportion; none are while MIG
+    mode already has its part (whole-GPU work keeps the rest, and the planner turns no GPU that queued
+    whole-GPU work needs to MIG)."""
     mix, whole_gpus = population
     table = mig_model(views[0].model)
     if table is None or not mix:
@@ -273,7 +280,7 @@ def _ahead(views: list[MigGpu], population: Population) -> Counter[str]:
     mig_eq = sum(n * table.share_milli(p) for p, n in mix.items() if p in table.profiles) / 1000
     if mig_eq <= 0:
         return Counter()
-    target = math.ceil(len(views) * mig_eq / (mig_eq + whole_gpus))
+    target = min(math.ceil(len(views) * mig_eq / (mig_eq + whole_gpus)), math.ceil(GROWTH * mig_eq))
     missing = target - sum(1 for g in views if g.mig_enabled)
     if missing <= 0:
         return Counter()
