@@ -243,8 +243,14 @@ def test_mig_mode_gets_the_mig_works_part_of_the_gpus_whole_nodes_at_a_time() ->
     d.given(*(applied(p, at=20) for p in plans), a_job("t3", gpus=2, at=21))
     d.cycle(now=30)
     assert d.state_of("t3") == "running" and all(d.state_of(f"s{i}") == "running" for i in range(8))
-    # and MIG demand beyond the MIG nodes' instances turns another node, not part of one
-    d.given(*(a_job(f"m{i}", gpus=1, share=mig("1g.10gb"), at=31 + i) for i in range(14)))
-    d.cycle(now=40, policy=CHAMBER)
-    more = planned(d)[len(plans) :]
-    assert [sorted(p.gpu_index for p in more if p.node == n) for n in {p.node for p in more}] in ([], [[0, 1]])
+
+
+def test_the_first_small_job_turns_one_whole_node_to_mig_not_the_idle_fleet() -> None:
+    d = managed_fleet(("a", 2), ("b", 2), ("c", 2))
+    d.given(a_job("s", gpus=1, share=mig("1g.10gb"), at=1))
+    d.cycle(now=10)
+    plans = planned(d)
+    # planned ahead, within bounds: every GPU of one node (filled), the other nodes left whole
+    assert len({p.node for p in plans}) == 1 and sorted(p.gpu_index for p in plans) == [0, 1]
+    assert all(Counter(i.profile for i in p.after) == {"1g.10gb": 7} for p in plans)
+    assert sum(p.reason.startswith("queued MIG jobs (1x1g.10gb)") for p in plans) == 1
