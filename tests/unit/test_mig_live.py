@@ -6,14 +6,34 @@ instances, a GPU changes at most once an hour, and whole-GPU work is never place
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterable
+
 from events import GpuShare, ShareMode
 from events.fleet import MigInstance, MigLayoutApplied, MigLayoutPlanned
 from services.scheduler.core import CHAMBER, Admit, Preempt, schedule
 from services.scheduler.core.decisions import PlanLayout
+from services.scheduler.core.mig import MigModel, mig_model, occupancy, starts_in_mask
 from services.scheduler.core.mig_live import MANAGED_LABEL
 from tests.scheduler_builders import Driver, a_job, a_node, a_quota, done
 
 MIG_LABEL = {MANAGED_LABEL: "all-disabled"}
+
+
+def _h100() -> MigModel:
+    table = mig_model("H100-80GB")
+    assert table is not None
+    return table
+
+
+H100 = _h100()
+
+
+def layout_mask(layout: Iterable[MigInstance]) -> int:
+    mask = 0
+    for i in layout:
+        mask |= occupancy(H100, i.profile, i.start)
+    return mask
 
 
 def mig(profile: str) -> GpuShare:
@@ -49,9 +69,11 @@ def test_a_mig_job_on_a_managed_node_waits_for_a_planned_layout_then_runs_in_it(
     d.given(*(a_job(f"s{i}", gpus=1, share=mig("1g.10gb"), at=1 + i) for i in range(3)))
     cycle = d.cycle(now=10)
     assert not [x for x in cycle.decisions if isinstance(x, Admit)]  # no instance exists yet
-    [plan] = planned(d)
+    [plan] = planned(d)  # one GPU: the node's last whole GPU is not turned to MIG ahead of the queue
     assert (plan.node, plan.enable_mig, plan.disable_mig) == ("n1", True, False)
-    assert sorted(i.profile for i in plan.create) == ["1g.10gb"] * 3
+    made = Counter(i.profile for i in plan.create)
+    assert set(made) == {"1g.10gb"} and made["1g.10gb"] >= 3  # the queue's, and its free slices filled
+    assert not starts_in_mask(H100, layout_mask(plan.after), "1g.10gb")
     assert plan.drain == [] and plan.before == []
     assert plan.mig_config and "3 queued" not in plan.reason and "1g.10gb" in plan.reason
     # while the change is pending the node takes nothing, and nothing more is planned
@@ -110,7 +132,7 @@ def test_a_node_with_gpu_work_is_never_changed_and_a_gpu_changes_at_most_once_an
     later = planned(d)[len(plans) :]
     assert [(p.node, p.gpu_index) for p in later] == [(plans[0].node, plans[0].gpu_index)]
     assert [i.profile for i in later[0].after] == ["7g.80gb"]
-    assert [i.profile for i in later[0].drain] == ["2g.20gb"]  # idle: drained, nothing disturbed
+    assert later[0].drain == plans[0].after  # every instance idle: drained, nothing disturbed
 
 
 def test_waiting_whole_gpu_jobs_turn_an_idle_mig_gpu_back_into_a_whole_one() -> None:
@@ -187,3 +209,48 @@ def test_work_the_mig_job_may_not_preempt_is_never_drained() -> None:
     d.given(a_job("small", gpus=1, share=mig("1g.10gb"), priority="normal", at=20))  # same team, same priority
     cycle = d.cycle(now=4000, policy=CHAMBER)
     assert not [x for x in cycle.decisions if isinstance(x, Preempt)] and planned(d) == []
+
+
+def test_a_gpu_turned_to_mig_is_filled_with_the_queued_profiles_in_proportion_and_serves_the_queue() -> None:
+    d = managed_fleet(("n1", 2))
+    asked = ["1g.10gb", "1g.10gb", "2g.20gb"]
+    d.given(*(a_job(f"s{i}", gpus=1, share=mig(p), at=1 + i) for i, p in enumerate(asked)))
+    d.cycle(now=10)
+    plans = planned(d)
+    made = Counter(i.profile for p in plans for i in p.after)
+    assert set(made) == set(asked) and made - Counter(asked) and not Counter(asked) - made
+    assert made["1g.10gb"] > made["2g.20gb"]  # asked twice as often
+    for plan in plans:  # no free slice left that a profile in use would fit
+        assert not any(starts_in_mask(H100, layout_mask(plan.after), p) for p in asked)
+    d.given(*(applied(p, at=20) for p in plans))
+    d.cycle(now=30)
+    assert all(d.state_of(f"s{i}") == "running" for i in range(3))
+
+
+def test_mig_mode_gets_the_mig_works_part_of_the_gpus_whole_nodes_at_a_time() -> None:
+    d = managed_fleet(("a", 2), ("b", 2), ("c", 2), ("d", 2))
+    d.given(a_job("t1", gpus=2, at=1), a_job("t2", gpus=2, at=2))  # whole-GPU work: half the GPUs
+    d.cycle(now=5)
+    busy = {n for j in ("t1", "t2") for n in d.where(j)}
+    d.given(*(a_job(f"s{i}", gpus=1, share=mig("1g.10gb"), at=6 + i) for i in range(8)))
+    d.cycle(now=10)
+    plans = planned(d)
+    # 8 x 1g.10gb (about one GPU) against 4 whole GPUs: MIG's part is 2 of the 8 GPUs, one node's
+    assert len({p.node for p in plans}) == 1 and {p.node for p in plans}.isdisjoint(busy)
+    assert sorted(p.gpu_index for p in plans) == [0, 1] and all(p.enable_mig for p in plans)
+    assert sum(n for p in plans for n in Counter(i.profile for i in p.create).values()) >= 8
+    # whole-GPU work that comes next still finds a node of whole GPUs
+    d.given(*(applied(p, at=20) for p in plans), a_job("t3", gpus=2, at=21))
+    d.cycle(now=30)
+    assert d.state_of("t3") == "running" and all(d.state_of(f"s{i}") == "running" for i in range(8))
+
+
+def test_the_first_small_job_turns_one_whole_node_to_mig_not_the_idle_fleet() -> None:
+    d = managed_fleet(("a", 2), ("b", 2), ("c", 2))
+    d.given(a_job("s", gpus=1, share=mig("1g.10gb"), at=1))
+    d.cycle(now=10)
+    plans = planned(d)
+    # planned ahead, within bounds: every GPU of one node (filled), the other nodes left whole
+    assert len({p.node for p in plans}) == 1 and sorted(p.gpu_index for p in plans) == [0, 1]
+    assert all(Counter(i.profile for i in p.after) == {"1g.10gb": 7} for p in plans)
+    assert sum(p.reason.startswith("queued MIG jobs (1x1g.10gb)") for p in plans) == 1

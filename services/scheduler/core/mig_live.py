@@ -16,24 +16,30 @@ instance, it plans target layouts with the planner (`mig_plan.plan`) on the mana
 change: in service, no GPU work on the node at all (none placed in this cycle either: so no running
 instance is disturbed and MIG mode is never toggled under work), no change pending, and each GPU at
 most one change per `MIN_INTERVAL_S`. Instances a pending change will make count as made, so the
-same queue is not planned for twice. Waiting whole-GPU jobs may turn MIG off on idle MIG GPUs the
-queue does not need. Where no node may change, one node per cycle may be drained for the most urgent
-waiting MIG job: the node whose every job that job may preempt (the preemption rules) and that loses
-the least work (since each job's last checkpoint), and only when the layout it would then get serves
-the queue. Each change is a `PlanLayout` decision, a `MigLayoutPlanned` event; each job stopped a
-`Preempt`. Nodes without the label keep the
-simpler model: an instance is placed at any free legal start (its layout assumed made per instance).
+same queue is not planned for twice. Since a node keeps its layouts for as long as it holds work,
+it is planned for what it will serve meanwhile, not only for the queue of the moment: MIG mode gets
+the MIG work's part of the GPUs (running and queued work, in GPU-equivalents, against the whole GPUs
+held and queued; at most `GROWTH` times the MIG work's GPU-equivalents; whole nodes at a time), and
+each GPU turned to MIG is filled with instances of the profiles in use, in their proportions
+(`_ahead`, `_filled`). The last whole GPU is never turned to MIG ahead of the queue. Waiting
+whole-GPU jobs may turn MIG off on idle MIG GPUs the queue does not need. Where no node may change,
+one node per cycle may be drained for the most urgent waiting MIG job: the node whose every job that
+job may preempt (the preemption rules) and that loses the least work (since each job's last
+checkpoint), and only when the layout it would then get serves the queue. Each change is a
+`PlanLayout` decision, a `MigLayoutPlanned` event; each job stopped a `Preempt`. Nodes without the
+label keep the simpler model: an instance is placed at any free legal start (its layout assumed made per instance).
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from services.scheduler.core.decisions import PlanLayout, Preempt
-from services.scheduler.core.mig import Instance, mig_model, occupancy
+from services.scheduler.core.mig import Instance, mig_model, occupancy, starts_in_mask
 from services.scheduler.core.mig_plan import GpuKey, LayoutChange, MigGpu, plan
 
 if TYPE_CHECKING:
@@ -43,6 +49,12 @@ if TYPE_CHECKING:
 
 MANAGED_LABEL = "nvidia.com/mig.config"
 MIN_INTERVAL_S = 3600.0  # at most one layout change per GPU per hour
+# MIG mode is given at most this many times the GPU-equivalents of the MIG work running and queued now
+# (room for it to grow while the nodes changed for it keep their layouts): without a bound the first
+# MIG job on an idle fleet would turn every node to MIG. Chosen with bench/mig.py --live, seed 0, load
+# 2.0 (the least that starts every small job there: 2 gives 1.60x whole-GPU scheduling, 4 2.39x, 6
+# 2.61x); loads 1.0 and 3.0 and seed 1 held out (docs/sharing.md).
+GROWTH = 6
 
 
 @dataclass
@@ -133,14 +145,15 @@ def plan_layouts(
         if not demand and not whole[0]:
             continue
         views, fixed = _views(work, set(classes), changed, min_interval_s, set())
-        changes = _plan(work, views, fixed, changed, demand, whole[0], min_interval_s)
+        population = _population(work, set(classes), demand, whole[0])
+        changes = _plan(work, views, fixed, changed, demand, whole[0], min_interval_s, population)
         if demand and not any(c.serves for c in changes) and not drained and _unserved(views, demand):
             victims = _drain(work, set(classes), mig_jobs[0], min_interval_s)
             if victims is not None:  # the layouts the node would get once empty: worth it only if they serve
                 nid, chosen = victims
                 views, fixed = _views(work, set(classes), changed, min_interval_s, {nid})
                 trial = set(changed)
-                after = _plan(work, views, fixed, trial, demand, whole[0], min_interval_s)
+                after = _plan(work, views, fixed, trial, demand, whole[0], min_interval_s, population)
                 if any(c.serves for c in after):
                     drained = True
                     out += _preempt(work, mig_jobs[0], chosen)
@@ -184,24 +197,131 @@ def _plan(
     demand: Counter[str],
     whole: int,
     min_interval_s: float,
+    population: Population,
 ) -> list[LayoutChange]:
+    """The planner's changes for the queued demand and what the MIG work in these classes keeps using
+    (`_ahead`): a managed node changes only while it holds no GPU work, so the layouts it gets are the
+    ones it runs with until its work is gone. Each GPU turned to MIG gets its free slices filled with
+    instances of the profiles in use (`_filled`); `serves` counts the queued requests only."""
     out: list[LayoutChange] = []
     if not views:
         return out
+    mix, _ = population
+    left = demand - _idle(views)  # what the idle instances (made, or planned) leave unserved
+    whole_left = sum(1 for g in views if not g.mig_enabled)  # GPUs not in MIG mode (nor turning to it)
     for change in plan(
-        views, demand, work.now, whole_demand=whole, min_interval_s=min_interval_s, rewrites_whole_gpu=True
+        views,
+        demand | _ahead(views, population),
+        work.now,
+        whole_demand=whole,
+        min_interval_s=min_interval_s,
+        rewrites_whole_gpu=True,
     ):
         if change.gpu.key in fixed or change.gpu.key in changed:
             continue
+        if not change.disable_mig:
+            change = _filled(change, mix, left)
+            if change.enable_mig and not change.serves and whole_left <= 1:
+                continue  # ahead of the queue only: the last whole GPU stays, for whole-GPU work to come
+            whole_left -= change.enable_mig
         changed.add(change.gpu.key)
         out.append(change)
     return out
 
 
+Population = tuple["Counter[str]", int]  # MIG instances by profile, whole GPUs: running and queued
+
+
+def _population(work: Work, classes: set[int], demand: Counter[str], whole: int) -> Population:
+    """The GPU work in these classes of managed nodes: the MIG instances running jobs hold (by profile)
+    plus the queued MIG requests, and the whole GPUs held plus those queued. By Little's law this is
+    what the arrivals keep busy at once (arrival rate x time held), long-running work weighing more."""
+    s = work.s
+    mix, whole_gpus = Counter(demand), whole
+    for nid in s.mig_nodes:
+        node = s.node_by_id[nid]
+        if not managed(node) or work.cap.slots[nid].cls not in classes:
+            continue
+        whole_gpus += sum(1 for j in node.owners.values() if j not in work.gone)
+        for gpu, sg in node.shared.items():
+            table = mig_model(node.gpus.get(gpu, ""))
+            if table is None or sg.mode != "mig":
+                continue
+            for jid, (_, _, mask) in sg.holders.items():
+                job = s.jobs.get(jid)
+                if jid in work.gone or job is None or job.spec.share is None or not job.spec.share.mig_profile:
+                    continue
+                p = job.spec.share.mig_profile
+                mix[p] += max(1, bin(mask).count("1") // table.profiles[p].memory) if p in table.profiles else 0
+    for jid, spot in work.fresh.items():  # admitted in this cycle: not held on the scratch view yet
+        job = s.jobs.get(jid)
+        if job is None or not any(nid in s.mig_nodes for nid, _ in spot):
+            continue
+        n = sum(len(gpus) for _, gpus in spot)
+        if job.spec.share is not None and job.spec.share.mig_profile:
+            mix[job.spec.share.mig_profile] += n
+        elif job.spec.share is None:
+            whole_gpus += n
+    return +mix, whole_gpus
+
+
+def _ahead(views: list[MigGpu], population: Population) -> Counter[str]:
+    """MIG requests to plan for beyond the queue. The GPUs in these classes in MIG mode should be the MIG
+    work's part of all the work (its GPU-equivalents against the whole GPUs held and queued), but no
+    more than `GROWTH` times those GPU-equivalents, rounded up to whole nodes: a node holding both
+    kinds of work changes only once both have ended, so MIG work and whole-GPU work are kept on nodes
+    of their own. The GPUs missing are given to the profiles in use, in proportion; none are while MIG
+    mode already has its part (whole-GPU work keeps the rest, and the planner turns no GPU that queued
+    whole-GPU work needs to MIG)."""
+    mix, whole_gpus = population
+    table = mig_model(views[0].model)
+    if table is None or not mix:
+        return Counter()
+    mig_eq = sum(n * table.share_milli(p) for p, n in mix.items() if p in table.profiles) / 1000
+    if mig_eq <= 0:
+        return Counter()
+    target = min(math.ceil(len(views) * mig_eq / (mig_eq + whole_gpus)), math.ceil(GROWTH * mig_eq))
+    missing = target - sum(1 for g in views if g.mig_enabled)
+    if missing <= 0:
+        return Counter()
+    per_node = max(Counter(g.key[:2] for g in views).values())
+    missing = math.ceil(missing / per_node) * per_node
+    return Counter({p: int(missing * n / mig_eq) for p, n in sorted(mix.items()) if p in table.profiles})
+
+
+def _filled(change: LayoutChange, mix: Counter[str], left: Counter[str]) -> LayoutChange:
+    """The change with its GPU's free slices filled by instances of the profiles in use (`mix`): each
+    time the one furthest below its part of the mix that still fits (ties: the smallest), and `serves`
+    counting only what the queue asks (`left`: still unserved, updated)."""
+    table = mig_model(change.gpu.model)
+    if table is None:
+        return change
+    used = 0
+    for p, start in change.after:
+        used |= occupancy(table, p, start)
+    order = sorted((p for p in mix if p in table.profiles), key=lambda p: (table.profiles[p].memory, p))
+    have = Counter(p for p, _ in change.after)
+    extra: list[Instance] = []
+    while fitting := [p for p in order if starts_in_mask(table, used, p)]:
+        p = min(fitting, key=lambda q: (have[q] / mix[q], order.index(q)))
+        start = starts_in_mask(table, used, p)[0]
+        used |= occupancy(table, p, start)
+        extra.append((p, start))
+        have[p] += 1
+    made = Counter(p for p, _ in (*change.create, *extra))
+    serves = {p: n for p in sorted(made) if (n := min(made[p], left[p])) > 0}
+    left.subtract(serves)
+    after = tuple(sorted((*change.after, *extra), key=lambda i: (i[1], i[0])))
+    return replace(change, after=after, create=(*change.create, *extra), serves=serves)
+
+
 def _unserved(views: list[MigGpu], demand: Counter[str]) -> bool:
     """More is asked than the idle instances (made, or planned) hold."""
-    idle = Counter(i[0] for g in views if g.mig_enabled for i in g.layout if i not in g.busy)
-    return bool(demand - idle)
+    return bool(demand - _idle(views))
+
+
+def _idle(views: list[MigGpu]) -> Counter[str]:
+    return Counter(i[0] for g in views if g.mig_enabled for i in g.layout if i not in g.busy)
 
 
 def _mig_job(s: SchedulerState, jid: str) -> bool:
@@ -212,6 +332,8 @@ def _mig_job(s: SchedulerState, jid: str) -> bool:
 def _reason(change: LayoutChange) -> str:
     if change.disable_mig:
         return "whole-GPU jobs wait and this MIG GPU is idle"
+    if not change.serves:
+        return "instances ahead of the queued MIG jobs (a managed node changes only while it holds no GPU work)"
     wanted = ", ".join(f"{n}x{p}" for p, n in sorted(change.serves.items()))
     return f"queued MIG jobs ({wanted}) found no free instance"
 
