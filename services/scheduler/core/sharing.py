@@ -496,7 +496,7 @@ class Packer:
         nodes = self.nodes
         shape = self._shapes.setdefault(pod, len(self._shapes))  # hashed once, not once per group
         for state, group in self.groups.items():
-            found = group.best.get(shape, _UNSCORED) if cached and group.roomy else _UNSCORED
+            found = group.best.get(shape, _UNSCORED) if cached else _UNSCORED
             if found is _UNSCORED:
                 found = self._best_option(state, group, pod, shape, need)
             if found is None:
