@@ -127,7 +127,7 @@ def test_kept_scores_place_as_scoring_every_group_for_every_pod(policy: str, mon
     # Pods that take nothing but a pod slot: nodes of one state then hold different numbers of pods.
     pods = [a_pod(gpus=0, cpu=0, mem=0) if i % 3 == 0 else p for i, p in enumerate(pods)]
 
-    def run(keep: bool) -> list[object]:
+    def run(keep: bool) -> list[tuple[str, list[int]] | None]:
         packer = Packer(nodes, policy=policy, mix=Mix.of(pods[:50]))
         packer._cached = keep  # False: every group is scored for every pod, as without kept scores
         out = [packer.place(p) for p in pods[:100]]
