@@ -56,9 +56,9 @@ def run(nodes: list[NodeSpec], pods: list[PodRequest], policy: str, seed: int, l
     requested = placed = rejected = 0
     times: list[float] = []
     for pod in offered(pods, capacity, seed):
-        t0 = time.perf_counter()
+        t0 = time.process_time()  # CPU time: other work on the machine does not count
         spot = packer.place(pod)
-        times.append(time.perf_counter() - t0)
+        times.append(time.process_time() - t0)
         placed += spot is not None
         rejected += spot is None
         requested += pod.gpu_milli_total
@@ -69,6 +69,7 @@ def run(nodes: list[NodeSpec], pods: list[PodRequest], policy: str, seed: int, l
         "allocation_pct": round(100 * packer.allocated_milli() / capacity, 2),
         "pods": placed + rejected,
         "rejected": rejected,
+        "place_ms_mean": round(1000 * statistics.mean(times), 3),
         "place_ms_p50": round(1000 * times[len(times) // 2], 3),
         "place_ms_p99": round(1000 * times[int(len(times) * 0.99)], 3),
     }

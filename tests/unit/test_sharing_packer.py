@@ -105,6 +105,40 @@ def test_rejected_pods_change_nothing_and_runs_are_deterministic() -> None:
     assert any(spot is None for spot in first), "the inventory is over-asked, so some pods are refused"
 
 
+@pytest.mark.parametrize("policy", ["chamber", "fgd"])
+def test_kept_scores_place_as_scoring_every_group_for_every_pod(policy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A low pod limit, so groups whose first node is one pod short of it come up (nothing is kept there).
+    monkeypatch.setattr("services.scheduler.core.sharing.MAX_PODS", 6)
+    rng = random.Random(11)
+    nodes = [
+        a_node(f"n{i}", gpus=rng.choice([2, 4, 8]), cpu=rng.choice([8000, 32000]), model=rng.choice(["G1", "G2"]))
+        for i in range(24)
+    ]
+    pods = [
+        a_pod(
+            gpus=rng.choice([0, 1, 1, 1, 2]),
+            milli=rng.choice([100, 250, 500, 1000]),
+            cpu=rng.choice([500, 4000]),
+            models=rng.choice(["", "", "G1", "G2"]),
+        )
+        for _ in range(200)
+    ]
+    pods = [p if p.num_gpu <= 1 else a_pod(gpus=p.num_gpu, cpu=p.cpu_milli) for p in pods]
+    # Pods that take nothing but a pod slot: nodes of one state then hold different numbers of pods.
+    pods = [a_pod(gpus=0, cpu=0, mem=0) if i % 3 == 0 else p for i, p in enumerate(pods)]
+
+    def run(keep: bool) -> list[tuple[str, list[int]] | None]:
+        packer = Packer(nodes, policy=policy, mix=Mix.of(pods[:50]))
+        packer._cached = keep  # False: every group is scored for every pod, as without kept scores
+        out = [packer.place(p) for p in pods[:100]]
+        packer.set_mix(Mix.of(pods[100:]))  # what was kept was scored for the old mix
+        return out + [packer.place(p) for p in pods[100:]]
+
+    kept, every = run(True), run(False)
+    assert kept == every
+    assert sum(spot is None for spot in kept) > 10, "the inventory is over-asked, so some pods are refused"
+
+
 def test_an_unknown_policy_is_refused_with_the_choices() -> None:
     with pytest.raises(PackError, match="bestfit, chamber, fgd"):
         Packer([a_node()], policy="nope")

@@ -26,6 +26,7 @@ from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -397,6 +398,20 @@ def _chamber(packer: Packer, before: State, new: State, spec: NodeSpec, pod: Pod
 POLICIES: dict[str, Score] = {"bestfit": _bestfit, "fgd": _fgd, "chamber": _chamber}
 
 
+@dataclass(slots=True)
+class _Group:
+    """The nodes in one state: their ids, the lowest of them (ties go to it), and per request shape
+    the best option there and its score (None: the shape does not fit), while the mix stays."""
+
+    members: set[int]
+    first: int
+    roomy: bool  # the first node has room for more than one more pod (else nothing is kept)
+    best: dict[int, tuple[float, Option] | None] = field(default_factory=dict)  # by `Packer._shapes`
+
+
+_UNSCORED: Any = object()
+
+
 class PackError(ValueError):
     """An inventory or request the packer cannot use (bad numbers, unknown policy)."""
 
@@ -425,9 +440,13 @@ class Packer:
         self.nodes = [
             _Node(n, n.cpu_milli, n.memory_mib, [MILLI] * n.gpus, mig_used=[0] * n.gpus if n.mig else []) for n in nodes
         ]
-        self.groups: dict[State, set[int]] = {}
+        self.groups: dict[State, _Group] = {}
         for i, node in enumerate(self.nodes):
-            self.groups.setdefault(node.state(), set()).add(i)
+            self._join(node.state(), i)
+        # Scores depend on the node state alone under these policies (best-fit also on the node's CPU
+        # capacity), so each group keeps its best option per request shape until the mix changes.
+        self._cached = policy != "bestfit"
+        self._shapes: dict[PodRequest, int] = {}  # request shapes seen, numbered
         self.mix = mix or Mix()
         self._frag: dict[tuple[State, bool], float] = {}
         self._model_demand: dict[str, float] = {}
@@ -436,6 +455,8 @@ class Packer:
     def set_mix(self, mix: Mix) -> None:
         self.mix = mix
         self._frag.clear()
+        for group in self.groups.values():
+            group.best.clear()
         self._columns = _MixArrays(mix, {n.spec.model for n in self.nodes})
         self._model_demand = _model_scarcity(mix, self.nodes)
         # CPU per milli-GPU the stranding term expects: the GPU requests' own, unless the requests with
@@ -471,28 +492,72 @@ class Packer:
         """`place`, also saying at which slice a MIG instance starts."""
         best: tuple[float, int, State, Option] | None = None
         need = pod.per_gpu
-        for state, members in self.groups.items():
-            if not fits_state(state, pod, need):
+        cached = self._cached
+        nodes = self.nodes
+        shape = self._shapes.setdefault(pod, len(self._shapes))  # hashed once, not once per group
+        for state, group in self.groups.items():
+            found = group.best.get(shape, _UNSCORED) if cached else _UNSCORED
+            if found is _UNSCORED:
+                found = self._best_option(state, group, pod, shape, need)
+            if found is None:
                 continue
-            nid = min(members)
-            node = self.nodes[nid]
-            for option in _options(state, pod):
-                new = after(state, pod, option, node.pods)
-                score = self._score(self, state, new, node.spec, pod)
-                key = (score, nid)
-                if best is None or key < (best[0], best[1]):
+            score, option = found
+            if best is None or score <= best[0]:
+                nid = group.first
+                if best is None or score < best[0] or nid < best[1]:
                     best = (score, nid, state, option)
         if best is None:
             return None
         _, nid, state, option = best
-        return Spot(self.nodes[nid].spec.name, self._take(nid, state, pod, option), option[3])
+        return Spot(nodes[nid].spec.name, self._take(nid, state, pod, option), option[3])
+
+    def _best_option(
+        self, state: State, group: _Group, pod: PodRequest, shape: int, need: int
+    ) -> tuple[float, Option] | None:
+        """The lowest-scoring way the pod can land on the group's first node (the first such on ties),
+        None when it cannot; kept for the group while its first node has room (`_lead`)."""
+        if not fits_state(state, pod, need):
+            found = None
+        else:
+            node = self.nodes[group.first]
+            found = None
+            for option in _options(state, pod):
+                score = self._score(self, state, after(state, pod, option, node.pods), node.spec, pod)
+                if found is None or score < found[0]:
+                    found = (score, option)
+        if self._cached and group.roomy:
+            group.best[shape] = found
+        return found
+
+    def _join(self, state: State, nid: int) -> None:
+        group = self.groups.get(state)
+        if group is None:
+            self.groups[state] = _Group({nid}, nid, self._roomy(nid))
+        else:
+            group.members.add(nid)
+            if nid < group.first:
+                self._lead(group, nid)
+
+    def _roomy(self, nid: int) -> bool:
+        return self.nodes[nid].pods + 1 < MAX_PODS
+
+    def _lead(self, group: _Group, nid: int) -> None:
+        """Make `nid` the group's first node: what is kept holds only while that node has room for more
+        than one more pod (a state says whether its nodes are full, not how many pods they hold)."""
+        group.first = nid
+        roomy = self._roomy(nid)
+        if not roomy:
+            group.best.clear()
+        group.roomy = roomy
 
     def _take(self, nid: int, state: State, pod: PodRequest, option: Option) -> list[int]:
         node = self.nodes[nid]
-        members = self.groups[state]
-        members.discard(nid)
-        if not members:
+        group = self.groups[state]
+        group.members.discard(nid)
+        if not group.members:
             del self.groups[state]
+        elif nid == group.first:
+            self._lead(group, min(group.members))
         if pod.mig_profile:
             chosen = [_mig_index(node, option)]
             table = mig_model(node.spec.model)
@@ -506,7 +571,7 @@ class Packer:
         node.cpu_left -= pod.cpu_milli
         node.mem_left -= pod.memory_mib
         node.pods += 1
-        self.groups.setdefault(node.state(), set()).add(nid)
+        self._join(node.state(), nid)
         return chosen
 
     def allocated_milli(self) -> int:
