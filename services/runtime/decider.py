@@ -47,11 +47,12 @@ from typing import Any, Generic, TypeVar
 
 import nats.errors
 from nats.aio.msg import Msg
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, DiscardPolicy
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, DiscardPolicy, PubAck
 from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
 
-from events import Event
-from events.codec import DEFAULT_MAX_BYTES, DecodeError, UnknownEventType, decode_event
+from events import Event, subject_for
+from events.codec import DEFAULT_MAX_BYTES, H_MSG_ID, DecodeError, UnknownEventType, ce_value, decode_event
+from events.streams import stream_for
 from services.runtime.backoff import Backoff
 from services.runtime.command_path import CommandPath
 from services.runtime.commands import Command, CommandConflict
@@ -659,9 +660,16 @@ class DeciderHost(Generic[S]):
                 ack = await self.ctx.publisher.publish(event, id=id, expected_last_subject_seq=expected_subject_seq)
                 break
             except APIError as exc:
-                if exc.err_code == WRONG_LAST_SEQUENCE:
+                if exc.err_code != WRONG_LAST_SEQUENCE:
+                    raise
+                # The stream checks the expected sequence before it de-duplicates: an earlier try that
+                # landed but whose ack was lost makes this one "wrong last sequence". It is ours if
+                # the subject's last message carries our id.
+                landed = await self._landed(event, id) if attempt > 1 else None
+                if landed is None:
                     raise CommandConflict(str(exc.description)) from None
-                raise
+                ack = landed
+                break
             except (nats.errors.TimeoutError, nats.errors.NoRespondersError, NoStreamResponseError) as exc:
                 # a stream electing a new leader (a server just died): try again; the id de-duplicates
                 # a try that did land but whose ack was lost
@@ -674,6 +682,21 @@ class DeciderHost(Generic[S]):
         if wait:
             await self.wait_folded(ack.stream, ack.seq)
         return ack.seq
+
+    async def _landed(self, event: Event, id: str) -> PubAck | None:
+        """The ack of an earlier try of this append, if it is the last message on its subject."""
+        subject = subject_for(event)
+        spec = stream_for(subject)
+        if spec is None:
+            return None
+        try:
+            last = await self.ctx.js.get_last_msg(spec.name, subject)
+        except NotFoundError:
+            return None
+        if (last.headers or {}).get(H_MSG_ID) != ce_value(id):
+            return None
+        log.info("append landed on an earlier try", stream=spec.name, seq=last.seq, id=id)
+        return PubAck(stream=spec.name, seq=int(last.seq or 0), duplicate=True)
 
     # -- snapshots -------------------------------------------------------------------------------
     async def _maybe_snapshot(self, now: float) -> None:

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
 
+import nats.errors
 import pytest
 from nats.aio.client import Client
 from nats.js import JetStreamContext
@@ -123,6 +124,36 @@ async def test_append_with_expected_sequence_zero_is_refused_by_the_stream_for_a
         seq = await host.append(a_job("fresh", at=3.0), id="fresh", expected_subject_seq=0)
         assert host.positions["JOBS"] >= seq  # folded before append returned: read your own writes
         assert [e.job_id for e in host.state if isinstance(e, JobSubmitted)] == ["taken", "fresh"]
+
+
+async def test_an_append_whose_ack_was_lost_is_retried_and_lands_once_not_as_a_conflict(
+    nats_server: SecuredNatsServer, js: JetStreamContext
+) -> None:
+    """The stream checks the expected subject sequence before it de-duplicates by id, so the retry of
+    a try that landed is refused as "wrong last sequence": the host sees its own id there."""
+    async with probe_host(nats_server.url) as host:
+        publisher = host.ctx.publisher
+        real = publisher.publish
+        tries: list[str] = []
+
+        async def ack_lost_once(event: Any, **kw: Any) -> Any:
+            tries.append(kw["id"])
+            ack = await real(event, **kw)  # the second try: "wrong last sequence" from the stream
+            if len(tries) == 1:
+                raise nats.errors.TimeoutError  # it landed; the ack never came back
+            return ack
+
+        publisher.publish = ack_lost_once  # type: ignore[method-assign]
+        seq = await host.append(a_job("lost-ack", at=1.0), id="lost-ack", expected_subject_seq=0)
+        assert tries == ["lost-ack", "lost-ack"]
+        info = await js.stream_info("JOBS", subjects_filter="chamber.jobs.lost-ack")
+        assert info.state.subjects == {"chamber.jobs.lost-ack": 1}
+        assert host.positions["JOBS"] >= seq
+        # another writer's message in between is still a conflict
+        tries.clear()
+        await Publisher(js, source="test/other-replica").publish(a_job("taken2", at=1.0), id="other")
+        with pytest.raises(CommandConflict):
+            await host.append(a_job("taken2", at=2.0), id="mine", expected_subject_seq=0)
 
 
 async def test_a_restart_starts_from_the_snapshot_and_decides_nothing_twice(
