@@ -196,7 +196,11 @@ def nonpreemptible_block(work: Work, job: Job) -> Wait | None:
     # other teams' preemptible low work borrowed the idle GPUs: docs/fairness.md).
     rank = job.spec.priority.rank
     in_class = mine - work.np_more_urgent(pool, team, rank)
-    if work.policy.np_fair_share and in_class <= fair:
+    # ...but the team's non-preemptible work of all classes together stays within its guarantee or
+    # its aggregate fair share (the pool water-filled over every class's demand): the aggregate
+    # shares fit the pool, so every lender can still reclaim its guarantee by draining. (Per class
+    # alone, serving 9 GPUs + normal 1 against an aggregate share of 9 held a lender's GPU for good.)
+    if work.policy.np_fair_share and in_class <= fair and mine <= max(g, work.fair_share(pool, team)):
         # Within its fair share of the pool (what it holds of others' guarantees drains back), except
         # that the team's protected non-preemptible job of the class keeps room in the share: else the
         # team's own smaller jobs refill it and a large job waits for good (openb's 8-GPU jobs).
@@ -227,7 +231,7 @@ def nonpreemptible_block(work: Work, job: Job) -> Wait | None:
             f"lent to non-preemptible work of {', '.join(lent) or 'other teams'}, "
             "returned as it ends (never preempted)",
         )
-    share = f", fair share {fair:.0f}" if work.policy.np_fair_share else ""
+    share = f", fair share {fair:.0f}, all classes {work.fair_share(pool, team):.0f}" if work.policy.np_fair_share else ""
     return Wait(
         WaitKind.QUOTA,
         f"quota: non-preemptible jobs borrow only unguaranteed GPUs, idle guarantees lent to them, or up to "
