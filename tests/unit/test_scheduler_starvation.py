@@ -391,7 +391,6 @@ def test_every_guarantee_stays_reclaimable_whatever_runs(jobs, guarantees, np_le
                 assert held <= held_before[t] or held <= max(g, shares[t]) + 1e-9, (t, held, shares[t])
 
 
-
 def test_a_teams_classes_together_hold_at_most_its_aggregate_share_of_others_guarantees() -> None:
     """One share per class orders the classes, but the team's non-preemptible work of every class
     together stays within its guarantee or its aggregate fair share: else its high work (within its
@@ -418,6 +417,7 @@ def test_a_teams_classes_together_hold_at_most_its_aggregate_share_of_others_gua
     d.given(done("a-high", at=11))
     d.cycle(now=12.0)
     assert d.state_of("a-normal") == "running" and not [x for x in cycle.decisions if isinstance(x, Preempt)]
+
 
 # -- who may use critical --------------------------------------------------------------------------
 def test_critical_work_needs_the_teams_permission_in_its_pool() -> None:

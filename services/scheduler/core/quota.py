@@ -231,7 +231,8 @@ def nonpreemptible_block(work: Work, job: Job) -> Wait | None:
             f"lent to non-preemptible work of {', '.join(lent) or 'other teams'}, "
             "returned as it ends (never preempted)",
         )
-    share = f", fair share {fair:.0f}, all classes {work.fair_share(pool, team):.0f}" if work.policy.np_fair_share else ""
+    agg = work.fair_share(pool, team)
+    share = f", fair share {fair:.0f}, all classes {agg:.0f}" if work.policy.np_fair_share else ""
     return Wait(
         WaitKind.QUOTA,
         f"quota: non-preemptible jobs borrow only unguaranteed GPUs, idle guarantees lent to them, or up to "
