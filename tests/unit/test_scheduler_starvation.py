@@ -568,8 +568,9 @@ def test_beyond_its_fair_share_non_preemptible_work_waits_and_says_what_its_shar
 
 
 def test_the_fair_share_is_per_class_and_counts_only_demand_as_urgent() -> None:
-    """A team's high work at its share does not keep its normal work out, which may preempt another
-    team's low work within its guarantee; and queued low work does not count against high work's share."""
+    """A team's high work at its share does not keep its normal work out, but all its classes
+    together stay within its aggregate share; and queued low work does not count against high
+    work's share."""
     high, low = PriorityClass.HIGH.rank, PriorityClass.LOW.rank
     for lend in (None, 0):  # the default np_lend_limit (half), and none lent
         d = Driver().given(*(a_node(f"n{i}") for i in range(4)), *(a_quota(t, 8, np_lend=lend) for t in "abcd"))
@@ -581,10 +582,13 @@ def test_the_fair_share_is_per_class_and_counts_only_demand_as_urgent() -> None:
         assert work.fair_share("default", "a", low) == 8.0  # d's low work wants its 8 (and more)
         # d wants no high work: it counts for nothing (or, lending none, for its whole guarantee)
         assert work.fair_share("default", "a", high) == (32 / 3 if lend is None else 8.0)
-    d.given(a_job("a-normal", team="a", gpus=1, priority="normal", preemptible=False, at=11))
-    d.cycle(now=20.0)
-    assert d.state_of("a-normal") == "running"  # a's 8 high GPUs are not normal's share
-    assert d.state_of("d-low0") in ("suspended", "pending")  # preempted: low work was promised nothing
+        d.given(a_job("a-normal", team="a", gpus=1, priority="normal", preemptible=False, at=11))
+        d.cycle(now=20.0)
+        if lend is None:  # d lends half its guarantee to normal work (its queued work is low)
+            assert d.state_of("a-normal") == "running"  # a's 8 high GPUs are not normal's share
+            assert d.state_of("d-low0") in ("suspended", "pending")  # preempted: low work was promised nothing
+        else:  # nobody lends: a 9th non-preemptible GPU would pass a's aggregate share (8) and hold d's guarantee
+            assert d.state_of("a-normal") == "pending" and "all classes 8" in d.waiting["a-normal"]
 
 
 def test_the_fair_share_water_fills_the_pool_over_demand_by_weight() -> None:
