@@ -22,9 +22,13 @@ non-preemptible work of each class may grow up to the team's fair share of the p
 (`Work.fair_share`: the pool water-filled over the teams' demand of that class or more urgent, held
 plus queued, by quota weight; a team never counts for less than the part of its guarantee it does
 not lend). The team's more urgent non-preemptible work does not count against a less urgent class's
-share. Without it, on a trace whose every team always
-has work queued nobody lends, and the idle GPUs of a team's guarantee went to other teams'
-preemptible low work while their high work waited (docs/fairness.md). What such work holds of
+share, but all its classes together stay within its guarantee or its aggregate fair share
+(`Work.fair_share` over every class's demand): the aggregate shares fit the pool, so what it holds
+of other teams' guarantees can always drain back (per class alone, serving 9 GPUs plus normal 1
+against an aggregate share of 9 held a lender's GPU for as long as serving ran). Without fair-share
+borrowing, on a trace whose every team always has work queued nobody lends, and the idle GPUs of a
+team's guarantee went to other teams' preemptible low work while their high work waited
+(docs/fairness.md). What such work holds of
 another team's guarantee comes back by draining: that team's jobs wait for it ("waits for a drain")
 holding the reservation, and nobody borrows more of it while its own demand wants it (its fair share
 rises back to its guarantee).
@@ -196,7 +200,9 @@ def nonpreemptible_block(work: Work, job: Job) -> Wait | None:
     # other teams' preemptible low work borrowed the idle GPUs: docs/fairness.md).
     rank = job.spec.priority.rank
     in_class = mine - work.np_more_urgent(pool, team, rank)
-    if work.policy.np_fair_share and in_class <= fair:
+    # ...but all its classes together stay within its guarantee or its aggregate share (all classes'
+    # demand): those shares fit the pool, so every lender can reclaim its guarantee (module doc).
+    if work.policy.np_fair_share and in_class <= fair and mine <= max(g, work.fair_share(pool, team)):
         # Within its fair share of the pool (what it holds of others' guarantees drains back), except
         # that the team's protected non-preemptible job of the class keeps room in the share: else the
         # team's own smaller jobs refill it and a large job waits for good (openb's 8-GPU jobs).
@@ -227,7 +233,8 @@ def nonpreemptible_block(work: Work, job: Job) -> Wait | None:
             f"lent to non-preemptible work of {', '.join(lent) or 'other teams'}, "
             "returned as it ends (never preempted)",
         )
-    share = f", fair share {fair:.0f}" if work.policy.np_fair_share else ""
+    agg = work.fair_share(pool, team)
+    share = f", fair share {fair:.0f}, all classes {agg:.0f}" if work.policy.np_fair_share else ""
     return Wait(
         WaitKind.QUOTA,
         f"quota: non-preemptible jobs borrow only unguaranteed GPUs, idle guarantees lent to them, or up to "
