@@ -736,7 +736,7 @@ class AmdSmiSource:
                 log.info("amdsmi lacks a function: its field stays empty", call=name)
                 self.lacking.add(name)
             return _unsupported
-        return fn  # type: ignore[no-any-return]
+        return fn
 
     def soft(self, fn: Callable[..., Any], *args: Any) -> tuple[Any, bool]:
         """(the answer, False), or (None, whether the GPU answered NOT_SUPPORTED) when amdsmi raised."""
@@ -749,7 +749,7 @@ class AmdSmiSource:
 
     def _soft(self, fn: Callable[..., T], *args: Any) -> T | None:
         """A field this GPU / driver cannot give is None (amdsmi raises AmdSmiLibraryException)."""
-        return self.soft(fn, *args)[0]  # type: ignore[no-any-return]
+        return self.soft(fn, *args)[0]
 
     def count(self) -> int:
         return len(self.handles)
@@ -1119,10 +1119,15 @@ class AmdSampler:
                 gpus.append(sample)  # the common case: no partitions, the source built it as it goes out
                 first += 1
                 continue
-            for part in range(n):
-                index = first + part
+            # A partition's memory is an equal share of the device's; its load and health are the
+            # device's (the sample already carries `health`): one replace per partition.
+            used, total = sample.memory_used_mib, sample.memory_total_mib
+            if n > 1:
+                used = used / n if used is not None else None
+                total = total / n if total is not None else None
+            for index in range(first, first + n):
                 uuid = inventory[index].uuid if index < len(inventory) else phys.uuid
-                gpus.append(_partition_sample(sample, health, index, uuid, n))
+                gpus.append(_moving(sample, index=index, uuid=uuid, memory_used_mib=used, memory_total_mib=total))
             first += n
         lost = (
             frozenset(i for i in range(len(self._inventory)) if self._physical_of(i) in self.lost)
@@ -1149,20 +1154,6 @@ class AmdSampler:
                 return range(first, first + n)
             first += n
         return range(phys, phys + 1)
-
-
-def _partition_sample(s: GpuSample, health: AmdGpuHealth | None, index: int, uuid: str, n: int) -> GpuSample:
-    import msgspec
-
-    if n == 1:
-        return msgspec.structs.replace(s, index=index, uuid=uuid, amd=health)
-
-    # A partition's memory is an equal share of the device's; its load and health are the device's.
-    def share(v: float | None) -> float | None:
-        return v / n if v is not None else None
-
-    used, total = share(s.memory_used_mib), share(s.memory_total_mib)
-    return msgspec.structs.replace(s, index=index, uuid=uuid, amd=health, memory_used_mib=used, memory_total_mib=total)
 
 
 def _replace(gpu: GpuInfo, **changes: Any) -> GpuInfo:
