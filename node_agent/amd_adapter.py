@@ -629,6 +629,7 @@ class _SmiGpu:
         smi = source.smi
         self.h = h
         self.fns = {name: source.resolve(name) for name in SAMPLE_CALLS}
+        self.order = tuple(self.fns[name] for name in SAMPLE_CALLS)  # as `read` unpacks them
         self.template: GpuSample | None = None
         self.template_key: tuple[Any, ...] = ()
         self.memo: _SmiMemo | None = None
@@ -640,18 +641,19 @@ class _SmiGpu:
     def read(self) -> tuple[Any, ...]:
         """The ten per-sample answers, in one go (no Python frame per call); on any exception the
         caller asks each on its own (`read_each`)."""
-        f, h = self.fns, self.h
+        activity, vram, power, temp, clock, total, pages, links, procs = self.order
+        h, (sensor, metric) = self.h, self.hot
         return (
-            f["amdsmi_get_gpu_activity"](h),
-            f["amdsmi_get_gpu_vram_usage"](h),
-            f["amdsmi_get_power_info"](h),
-            f["amdsmi_get_temp_metric"](h, *self.hot),
-            f["amdsmi_get_clock_info"](h, self.gfx),
-            f["amdsmi_get_clock_info"](h, self.mem),
-            f["amdsmi_get_gpu_total_ecc_count"](h),
-            f["amdsmi_get_gpu_bad_page_info"](h),
-            f["amdsmi_get_gpu_xgmi_link_status"](h),
-            f["amdsmi_get_gpu_process_list"](h),
+            activity(h),
+            vram(h),
+            power(h),
+            temp(h, sensor, metric),
+            clock(h, self.gfx),
+            clock(h, self.mem),
+            total(h),
+            pages(h),
+            links(h),
+            procs(h),
         )
 
     def read_each(self, source: AmdSmiSource) -> tuple[Any, ...]:
@@ -676,6 +678,7 @@ class _SmiGpu:
             if unsupported and name != "amdsmi_get_clock_info":  # GFX and MEM share the function
                 f[name] = _unsupported
             out.append(got)
+        self.order = tuple(f[name] for name in SAMPLE_CALLS)
         return tuple(out)
 
 
@@ -1169,6 +1172,9 @@ def _replace_event(e: AmdEvent, index: int) -> AmdEvent:
 
 
 def _f(value: Any) -> float | None:
+    kind = type(value)
+    if kind is int or kind is float:  # what amdsmi answers (bool, a subclass of int, is not a figure)
+        return float(value)
     if value is None or value == "N/A" or isinstance(value, bool):
         return None
     try:
