@@ -682,6 +682,9 @@ class _SmiGpu:
         return tuple(out)
 
 
+_ASK_BLOCKS = object()  # a memo's total that no answer equals: the blocks are asked at the next sample
+
+
 def _unsupported(*_: Any) -> None:
     return None
 
@@ -782,7 +785,10 @@ class AmdSmiSource:
         blocks = smi.AmdSmiGpuBlock
         self._blocks[i] = [(b.lower(), getattr(blocks, b)) for b in AMDSMI_BLOCKS if hasattr(blocks, b)]
         # the calls resolved afresh (a NOT_SUPPORTED asked again), every block read at the next sample
-        self._gpus[i] = _SmiGpu(self, h)
+        known = self._gpus.get(i)
+        fresh = self._gpus[i] = _SmiGpu(self, h)
+        if known is not None and known.memo is not None:
+            fresh.memo = known.memo._replace(total=_ASK_BLOCKS)  # its health kept while it holds
         serial = asic.get("asic_serial")
         gpu = GpuInfo(
             index=i,
@@ -821,7 +827,10 @@ class AmdSmiSource:
             or memo.threshold != threshold
         ):
             blocks = memo.blocks if memo is not None and total is not None and memo.total == total else None
-            memo = g.memo = self._health(i, g.h, total, blocks, pages, links, threshold)
+            fresh = self._health(i, g.h, total, blocks, pages, links, threshold)
+            if memo is not None and memo.health == fresh.health:
+                fresh = fresh._replace(health=memo.health)  # the same object: the detectors' fast path
+            memo = g.memo = fresh
         if procs is not g.procs_raw and procs != g.procs_raw:
             g.procs_raw, g.procs = procs, self._process_infos(procs)
         activity = activity or {}

@@ -362,11 +362,14 @@ def test_amdsmi_asks_the_block_counts_only_when_the_ecc_total_moves(tmp_path: Pa
     assert smi.calls.count("amdsmi_get_gpu_ecc_count") == 7  # GPU 1's seven blocks, not GPU 0's
     _, faults = detect(state, reading)
     assert [(f.kind, f.gpu_index, f.ras_block) for f in faults] == [(FaultKind.AMD_RAS_UE, 1, "xgmi_wafl")]
+    health = s.read("c", 4, 1003.0, 1.0).sample.gpus[0].amd
     smi.calls.clear()
     for _ in range(REREAD_INVENTORY):
         s.inventory_gpus()
-    s.read("c", 4, 1003.0, 1.0)
+    assert s.read("c", 5, 1004.0, 1.0).sample.gpus[0].amd is health
     assert smi.calls.count("amdsmi_get_gpu_ecc_count") == 14  # after an inventory pass: every block
+    # the blocks read the same: the source keeps handing the same health object (the detectors' fast path)
+    assert s.source.sample(0, "x")[1] is health
     s.close()
 
 
