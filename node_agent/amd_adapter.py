@@ -605,8 +605,113 @@ class SysfsSource:
             paths.close()
 
 
+class _SmiMemo(NamedTuple):
+    """One handle's health inputs as last read (the ECC total, the bad pages, the XGMI status), what
+    was built from them, and the per-block counts read when the total last moved."""
+
+    total: Any  # amdsmi_get_gpu_total_ecc_count's answer
+    blocks: list[tuple[str, fs.RasCount]]
+    pages: Any
+    links: Any
+    threshold: int | None
+    health: AmdGpuHealth
+    ce: int | None
+    umc_ue: int | None
+    reserved: int | None
+    pending: bool | None
+
+
+class _SmiGpu:
+    """One handle's per-sample calls, resolved at the inventory pass: a function the package lacks, or
+    one the GPU answers NOT_SUPPORTED, is `_unsupported` (None) until the next pass asks again."""
+
+    def __init__(self, source: AmdSmiSource, h: Any) -> None:
+        smi = source.smi
+        self.h = h
+        self.fns = {name: source.resolve(name) for name in SAMPLE_CALLS}
+        self.order = tuple(self.fns[name] for name in SAMPLE_CALLS)  # as `read` unpacks them
+        self.template: GpuSample | None = None
+        self.template_key: tuple[Any, ...] = ()
+        self.memo: _SmiMemo | None = None
+        self.procs_raw: Any = None
+        self.procs: list[ProcessInfo] = []
+        self.hot = (smi.AmdSmiTemperatureType.HOTSPOT, smi.AmdSmiTemperatureMetric.CURRENT)
+        self.gfx, self.mem = smi.AmdSmiClkType.GFX, smi.AmdSmiClkType.MEM
+
+    def read(self) -> tuple[Any, ...]:
+        """The ten per-sample answers, in one go (no Python frame per call); on any exception the
+        caller asks each on its own (`read_each`)."""
+        activity, vram, power, temp, clock, total, pages, links, procs = self.order
+        h, (sensor, metric) = self.h, self.hot
+        return (
+            activity(h),
+            vram(h),
+            power(h),
+            temp(h, sensor, metric),
+            clock(h, self.gfx),
+            clock(h, self.mem),
+            total(h),
+            pages(h),
+            links(h),
+            procs(h),
+        )
+
+    def read_each(self, source: AmdSmiSource) -> tuple[Any, ...]:
+        """The same answers one call at a time: a call that fails is None (a NOT_SUPPORTED answer is
+        remembered, so the next samples skip it until the next inventory pass)."""
+        f, h, one = self.fns, self.h, source.soft
+        args: list[tuple[str, tuple[Any, ...]]] = [
+            ("amdsmi_get_gpu_activity", (h,)),
+            ("amdsmi_get_gpu_vram_usage", (h,)),
+            ("amdsmi_get_power_info", (h,)),
+            ("amdsmi_get_temp_metric", (h, *self.hot)),
+            ("amdsmi_get_clock_info", (h, self.gfx)),
+            ("amdsmi_get_clock_info", (h, self.mem)),
+            ("amdsmi_get_gpu_total_ecc_count", (h,)),
+            ("amdsmi_get_gpu_bad_page_info", (h,)),
+            ("amdsmi_get_gpu_xgmi_link_status", (h,)),
+            ("amdsmi_get_gpu_process_list", (h,)),
+        ]
+        out = []
+        for name, a in args:
+            got, unsupported = one(f[name], *a)
+            if unsupported and name != "amdsmi_get_clock_info":  # GFX and MEM share the function
+                f[name] = _unsupported
+            out.append(got)
+        self.order = tuple(f[name] for name in SAMPLE_CALLS)
+        return tuple(out)
+
+
+_ASK_BLOCKS = object()  # a memo's total that no answer equals: the blocks are asked at the next sample
+
+
+def _unsupported(*_: Any) -> None:
+    return None
+
+
+# The per-sample calls (`_SmiGpu.read`); the ECC count per block is asked only when the total moved.
+SAMPLE_CALLS = (
+    "amdsmi_get_gpu_activity",
+    "amdsmi_get_gpu_vram_usage",
+    "amdsmi_get_power_info",
+    "amdsmi_get_temp_metric",
+    "amdsmi_get_clock_info",
+    "amdsmi_get_gpu_total_ecc_count",
+    "amdsmi_get_gpu_bad_page_info",
+    "amdsmi_get_gpu_xgmi_link_status",
+    "amdsmi_get_gpu_process_list",
+)
+AMDSMI_NOT_SUPPORTED = 2  # amdsmi_status_t AMDSMI_STATUS_NOT_SUPPORTED
+
+
 class AmdSmiSource:
-    """AMD GPUs through the amdsmi 7.x Python package (one processor handle per GPU or partition)."""
+    """AMD GPUs through the amdsmi 7.x Python package (one processor handle per GPU or partition).
+
+    A sample asks each handle ten things (activity, VRAM, power, hotspot temperature, GFX and MEM
+    clocks, the ECC total, bad pages, XGMI links, processes) and, for CPER records, one more. The ECC
+    count per RAS block is asked again only when the total moved: amdsmi's total is the sum of the
+    enabled blocks' counts (amdsmi_get_gpu_total_ecc_count), and the counts only grow while the driver
+    is loaded, so an unchanged total is unchanged blocks. Each inventory pass asks every block anyway."""
 
     name = "amdsmi"
 
@@ -614,25 +719,43 @@ class AmdSmiSource:
         self.smi = smi
         self.root = root
         self.handles = list(smi.amdsmi_get_processor_handles())
+        self.lacking: set[str] = set()  # functions this package does not have
         self._static: dict[int, dict[str, Any]] = {}
         self._blocks: dict[int, list[tuple[str, Any]]] = {}
+        self._gpus: dict[int, _SmiGpu] = {}
         self._cursors: dict[int, int] = {}
         self._events: queue.SimpleQueue[AmdEvent] = queue.SimpleQueue()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._cper = self.resolve("amdsmi_get_gpu_cper_entries")
         info = self._soft(smi.amdsmi_get_gpu_driver_info, self.handles[0]) if self.handles else None
         self.driver_version = info.get("driver_version") if isinstance(info, dict) else None
         if watch_resets and self.handles and hasattr(smi, "AmdSmiEventReader"):
             self._thread = threading.Thread(target=self._watch_resets, name="amdsmi-reset-events", daemon=True)
             self._thread.start()
 
-    def _soft(self, fn: Callable[..., T], *args: Any) -> T | None:
-        """A field this GPU / driver cannot give is None (amdsmi raises AmdSmiLibraryException)."""
+    def resolve(self, name: str) -> Callable[..., Any]:
+        """The package's function, or one that answers None when this package does not have it."""
+        fn = getattr(self.smi, name, None)
+        if fn is None:
+            if name not in self.lacking:
+                log.info("amdsmi lacks a function: its field stays empty", call=name)
+                self.lacking.add(name)
+            return _unsupported
+        return fn
+
+    def soft(self, fn: Callable[..., Any], *args: Any) -> tuple[Any, bool]:
+        """(the answer, False), or (None, whether the GPU answered NOT_SUPPORTED) when amdsmi raised."""
         try:
-            return fn(*args)
+            return fn(*args), False
         except self.smi.AmdSmiException as exc:
             log.debug("amdsmi call failed", call=getattr(fn, "__name__", "?"), error=str(exc))
-            return None
+            code = getattr(exc, "get_error_code", None)
+            return None, callable(code) and code() == AMDSMI_NOT_SUPPORTED
+
+    def _soft(self, fn: Callable[..., T], *args: Any) -> T | None:
+        """A field this GPU / driver cannot give is None (amdsmi raises AmdSmiLibraryException)."""
+        return self.soft(fn, *args)[0]
 
     def count(self) -> int:
         return len(self.handles)
@@ -650,7 +773,6 @@ class AmdSmiSource:
         total_mib = _f(vram.get("vram_total")) if isinstance(vram, dict) else None
         power = soft(smi.amdsmi_get_power_info, h) or {}
         name = str(asic.get("market_name") or DEVICE_IDS.get(_int(asic.get("device_id")) or -1, "AMD GPU"))
-        links = soft(smi.amdsmi_get_gpu_xgmi_link_status, h)
         crit = soft(
             smi.amdsmi_get_temp_metric, h, smi.AmdSmiTemperatureType.HOTSPOT, smi.AmdSmiTemperatureMetric.CRITICAL
         )
@@ -662,6 +784,11 @@ class AmdSmiSource:
         }
         blocks = smi.AmdSmiGpuBlock
         self._blocks[i] = [(b.lower(), getattr(blocks, b)) for b in AMDSMI_BLOCKS if hasattr(blocks, b)]
+        # the calls resolved afresh (a NOT_SUPPORTED asked again), every block read at the next sample
+        known = self._gpus.get(i)
+        fresh = self._gpus[i] = _SmiGpu(self, h)
+        if known is not None and known.memo is not None:
+            fresh.memo = known.memo._replace(total=_ASK_BLOCKS)  # its health kept while it holds
         serial = asic.get("asic_serial")
         gpu = GpuInfo(
             index=i,
@@ -677,82 +804,131 @@ class AmdSmiSource:
             compute_partition=_str(soft(smi.amdsmi_get_gpu_compute_partition, h)),
             memory_partition=_str(soft(smi.amdsmi_get_gpu_memory_partition, h)),
         )
-        del links  # link count is reported per sample (xgmi_links)
         return gpu, GpuLimits(slowdown_temp_c=_f(crit) or DEFAULT_SLOWDOWN_TEMP_C)
 
     def sample(self, i: int, uuid: str, index: int | None = None) -> tuple[GpuSample, AmdGpuHealth]:
-        smi, h, soft = self.smi, self.handles[i], self._soft
-        activity = soft(smi.amdsmi_get_gpu_activity, h)
-        vram = soft(smi.amdsmi_get_gpu_vram_usage, h)
+        g = self._gpus.get(i)
+        if g is None:
+            g = self._gpus[i] = _SmiGpu(self, self.handles[i])
+        try:
+            activity, vram, power, temp, gfx, mem, total, pages, links, procs = g.read()
+        except self.smi.AmdSmiException:
+            activity, vram, power, temp, gfx, mem, total, pages, links, procs = g.read_each(self)
         if activity is None and vram is None:
             raise GpuLost()
+        threshold = self._static.get(i, {}).get("threshold")
+        memo = g.memo
+        if (
+            memo is None
+            or memo.total != total
+            or total is None
+            or memo.pages != pages
+            or memo.links != links
+            or memo.threshold != threshold
+        ):
+            blocks = memo.blocks if memo is not None and total is not None and memo.total == total else None
+            fresh = self._health(i, g.h, total, blocks, pages, links, threshold)
+            if memo is not None and memo.health == fresh.health:
+                fresh = fresh._replace(health=memo.health)  # the same object: the detectors' fast path
+            memo = g.memo = fresh
+        if procs is not g.procs_raw and procs != g.procs_raw:
+            g.procs_raw, g.procs = procs, self._process_infos(procs)
         activity = activity or {}
-        power = soft(smi.amdsmi_get_power_info, h) or {}
+        power = power or {}
+        gfx = gfx or {}
+        mem = mem or {}
         watts = _f(power.get("current_socket_power"))
         if watts is None:
             watts = _f(power.get("average_socket_power"))  # MI200: only the average is reported
-        temp = soft(
-            smi.amdsmi_get_temp_metric, h, smi.AmdSmiTemperatureType.HOTSPOT, smi.AmdSmiTemperatureMetric.CURRENT
+        used = total_mib = None
+        if isinstance(vram, dict):
+            used, total_mib = _f(vram.get("vram_used")), _f(vram.get("vram_total"))
+        key = (index if index is not None else i, uuid, total_mib, _f(power.get("power_limit")))
+        template = g.template
+        if template is None or template.amd is not memo.health or g.template_key != key:
+            template = g.template = GpuSample(
+                index=key[0],
+                uuid=uuid,
+                memory_total_mib=total_mib,
+                power_limit_w=key[3],
+                ecc_sbe_volatile=memo.ce,
+                ecc_dbe_volatile=memo.umc_ue,
+                retired_pages_dbe=memo.reserved,
+                retired_pages_pending=memo.pending,
+                amd=memo.health,
+                nvlink=NO_LINKS,
+            )
+            g.template_key = key
+        sample = _moving(
+            template,
+            utilization_pct=_f(activity.get("gfx_activity")),
+            memory_utilization_pct=_f(activity.get("umc_activity")),
+            memory_used_mib=used,
+            power_w=watts,
+            temperature_c=_f(temp),
+            sm_clock_mhz=_f(gfx.get("clk")),
+            mem_clock_mhz=_f(mem.get("clk")),
+            processes=g.procs,
         )
-        gfx = soft(smi.amdsmi_get_clock_info, h, smi.AmdSmiClkType.GFX) or {}
-        mem = soft(smi.amdsmi_get_clock_info, h, smi.AmdSmiClkType.MEM) or {}
-        blocks = []
-        for name, block in self._blocks.get(i, []):
-            ec = soft(smi.amdsmi_get_gpu_ecc_count, h, block)
-            if isinstance(ec, dict):
-                ue, corrected = int(ec["uncorrectable_count"]), int(ec["correctable_count"])
-                blocks.append((name, fs.RasCount(ue, corrected, _int(ec.get("deferred_count")))))
-        total = soft(smi.amdsmi_get_gpu_total_ecc_count, h)
-        pages = soft(smi.amdsmi_get_gpu_bad_page_info, h)
-        if isinstance(pages, str):  # older packages answer "No bad pages found."
-            pages = []
+        return sample, memo.health
+
+    def _health(
+        self,
+        i: int,
+        h: Any,
+        total: Any,
+        blocks: list[tuple[str, fs.RasCount]] | None,
+        pages: Any,
+        links: Any,
+        threshold: int | None,
+    ) -> _SmiMemo:
+        """The handle's health; the ECC count of each block read again unless `blocks` (the total did not
+        move)."""
+        if blocks is None:
+            blocks = []
+            for name, block in self._blocks.get(i, []):
+                ec = self._soft(self.smi.amdsmi_get_gpu_ecc_count, h, block)
+                if isinstance(ec, dict):
+                    ue, corrected = int(ec["uncorrectable_count"]), int(ec["correctable_count"])
+                    blocks.append((name, fs.RasCount(ue, corrected, _int(ec.get("deferred_count")))))
+        listed = [] if isinstance(pages, str) else pages  # older packages answer "No bad pages found."
         reserved = pending = 0
-        for p in pages or []:
+        for p in listed or []:
             status = _status_name(p.get("status"))
             if "PENDING" in status:
                 pending += 1
             elif "RESERVED" in status:
                 reserved += 1
-        links = soft(smi.amdsmi_get_gpu_xgmi_link_status, h)
         status = links.get("status", []) if isinstance(links, dict) else []
         ras, ce_sum, umc_ue = _ras(blocks)
         ce: int | None = ce_sum
         if ce is None and isinstance(total, dict):
             ce = int(total["correctable_count"])
-        static = self._static.get(i, {})
+        known = listed is not None
         health = AmdGpuHealth(
             ras=ras,
-            bad_pages=len(pages) if pages is not None else None,
-            bad_pages_pending=pending if pages is not None else None,
-            bad_page_threshold=static.get("threshold"),
+            bad_pages=len(listed) if known else None,
+            bad_pages_pending=pending if known else None,
+            bad_page_threshold=threshold,
             xgmi_links=int(links["total_links"]) if isinstance(links, dict) else None,
             xgmi_down=[n for n, s in enumerate(status) if s == "D"],
         )
-        sample = GpuSample(
-            index=index if index is not None else i,
-            uuid=uuid,
-            amd=health,
-            nvlink=NO_LINKS,
-            utilization_pct=_f(activity.get("gfx_activity")),
-            memory_utilization_pct=_f(activity.get("umc_activity")),
-            memory_used_mib=_f(vram.get("vram_used")) if isinstance(vram, dict) else None,
-            memory_total_mib=_f(vram.get("vram_total")) if isinstance(vram, dict) else None,
-            power_w=watts,
-            power_limit_w=_f(power.get("power_limit")),
-            temperature_c=_f(temp),
-            sm_clock_mhz=_f(gfx.get("clk")),
-            mem_clock_mhz=_f(mem.get("clk")),
-            ecc_sbe_volatile=ce,
-            ecc_dbe_volatile=umc_ue,
-            retired_pages_dbe=reserved if pages is not None else None,
-            retired_pages_pending=(pending > 0) if pages is not None else None,
-            processes=self._processes(h),
+        return _SmiMemo(
+            total,
+            blocks,
+            pages,
+            links,
+            threshold,
+            health,
+            ce,
+            umc_ue,
+            reserved if known else None,
+            (pending > 0) if known else None,
         )
-        return sample, health
 
-    def _processes(self, h: Any) -> list[ProcessInfo]:
+    def _process_infos(self, procs: Any) -> list[ProcessInfo]:
         out = []
-        for p in self._soft(self.smi.amdsmi_get_gpu_process_list, h) or []:
+        for p in procs or []:
             usage = p.get("memory_usage") or {}
             vram = _f(usage.get("vram_mem"))
             name = p.get("name") or ""
@@ -763,14 +939,18 @@ class AmdSmiSource:
     def events(self, now: float) -> list[AmdEvent]:
         """New CPER records since the last call (AFIDs decoded), and reset notifications."""
         out = []
-        smi = self.smi
+        smi, cper, cursors = self.smi, self._cper, self._cursors
         for i, h in enumerate(self.handles):
-            cursor = self._cursors.get(i, 0)
-            got = self._soft(smi.amdsmi_get_gpu_cper_entries, h, CPER_SEVERITY_MASK, CPER_BUFFER, cursor)
+            cursor = cursors.get(i, 0)
+            try:
+                got = cper(h, CPER_SEVERITY_MASK, CPER_BUFFER, cursor)
+            except smi.AmdSmiException as exc:
+                log.debug("amdsmi call failed", call="amdsmi_get_gpu_cper_entries", error=str(exc))
+                continue
             if got is None:
                 continue
             entries, cursor, records, _status = got
-            self._cursors[i] = cursor
+            cursors[i] = cursor
             for n, entry in entries.items():
                 afids: list[int | None] = []
                 if n < len(records):
@@ -779,6 +959,8 @@ class AmdSmiSource:
                 severity = str(entry.get("error_severity", ""))
                 for afid in afids or [None]:
                     out.append(AmdEvent(gpu_index=i, kind="cper", at=now, afid=afid, severity=severity))
+        if self._events.empty():
+            return out
         while True:
             try:
                 out.append(self._events.get_nowait())
@@ -949,10 +1131,15 @@ class AmdSampler:
                 gpus.append(sample)  # the common case: no partitions, the source built it as it goes out
                 first += 1
                 continue
-            for part in range(n):
-                index = first + part
+            # A partition's memory is an equal share of the device's; its load and health are the
+            # device's (the sample already carries `health`): one replace per partition.
+            used, total = sample.memory_used_mib, sample.memory_total_mib
+            if n > 1:
+                used = used / n if used is not None else None
+                total = total / n if total is not None else None
+            for index in range(first, first + n):
                 uuid = inventory[index].uuid if index < len(inventory) else phys.uuid
-                gpus.append(_partition_sample(sample, health, index, uuid, n))
+                gpus.append(_moving(sample, index=index, uuid=uuid, memory_used_mib=used, memory_total_mib=total))
             first += n
         lost = (
             frozenset(i for i in range(len(self._inventory)) if self._physical_of(i) in self.lost)
@@ -981,20 +1168,6 @@ class AmdSampler:
         return range(phys, phys + 1)
 
 
-def _partition_sample(s: GpuSample, health: AmdGpuHealth | None, index: int, uuid: str, n: int) -> GpuSample:
-    import msgspec
-
-    if n == 1:
-        return msgspec.structs.replace(s, index=index, uuid=uuid, amd=health)
-
-    # A partition's memory is an equal share of the device's; its load and health are the device's.
-    def share(v: float | None) -> float | None:
-        return v / n if v is not None else None
-
-    used, total = share(s.memory_used_mib), share(s.memory_total_mib)
-    return msgspec.structs.replace(s, index=index, uuid=uuid, amd=health, memory_used_mib=used, memory_total_mib=total)
-
-
 def _replace(gpu: GpuInfo, **changes: Any) -> GpuInfo:
     import msgspec
 
@@ -1008,6 +1181,9 @@ def _replace_event(e: AmdEvent, index: int) -> AmdEvent:
 
 
 def _f(value: Any) -> float | None:
+    kind = type(value)
+    if kind is int or kind is float:  # what amdsmi answers (bool, a subclass of int, is not a figure)
+        return float(value)
     if value is None or value == "N/A" or isinstance(value, bool):
         return None
     try:

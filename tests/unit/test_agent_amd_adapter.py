@@ -178,6 +178,10 @@ def test_cpx_partitions_are_the_nodes_gpus(tmp_path: Path) -> None:
     inv = s.inventory_gpus()
     assert len(inv) == 64 and {g.memory_total_mib for g in inv} == {196608 / 8}
     assert inv[9].uuid == "GPU-5a3e7c19d0b24001-p1" and inv[9].compute_partition == "CPX"
+    x = s.read("c", 1, 1000.0, 1.0).sample.gpus
+    assert [(g.index, g.uuid) for g in x[8:10]] == [(8, inv[8].uuid), (9, inv[9].uuid)]
+    assert x[9].memory_total_mib == 196608 / 8 and x[9].memory_used_mib == x[8].memory_used_mib
+    assert x[9].memory_used_mib == 61 * 1024 / 8  # card 1 has 61 GiB in use (tests/amd_sysfs_tree.py)
     # A UE on card 1 faults each of its 8 partitions.
     (tmp_path / "sys/devices/pci0000:00/0000:1c:00.0/ras/umc_err_count").write_text("ue: 1\nce: 0\nde: 0\n")
     state, _ = detect(DetectorState(), _zero(s, tmp_path))
@@ -341,6 +345,79 @@ def test_amdsmi_reset_notifications_start_the_60s_clock(tmp_path: Path) -> None:
     state, _ = detect(state, reading)
     _, faults = detect(state, s.read("c", 3, at + 61, 1.0))
     assert [f.kind for f in faults] == [FaultKind.GPU_RESET_STUCK]
+    s.close()
+
+
+def test_amdsmi_asks_the_block_counts_only_when_the_ecc_total_moves(tmp_path: Path) -> None:
+    # The per-block counts are read when the total moves, in that same sample (no added latency), and
+    # at each inventory pass; while the total holds, the blocks read last stand.
+    smi = fake_amdsmi.make(2)
+    s = AmdSampler.open(tmp_path, amdsmi=smi)
+    state, _ = detect(DetectorState(), s.read("c", 1, 1000.0, 1.0))
+    smi.calls.clear()
+    state, _ = detect(state, s.read("c", 2, 1001.0, 1.0))
+    assert smi.calls.count("amdsmi_get_gpu_ecc_count") == 0 and smi.calls.count("amdsmi_get_gpu_total_ecc_count") == 2
+    smi.gpus[1].ecc["xgmi_wafl"] = (0, 1, 0)
+    reading = s.read("c", 3, 1002.0, 1.0)
+    assert smi.calls.count("amdsmi_get_gpu_ecc_count") == 7  # GPU 1's seven blocks, not GPU 0's
+    _, faults = detect(state, reading)
+    assert [(f.kind, f.gpu_index, f.ras_block) for f in faults] == [(FaultKind.AMD_RAS_UE, 1, "xgmi_wafl")]
+    health = s.read("c", 4, 1003.0, 1.0).sample.gpus[0].amd
+    smi.calls.clear()
+    for _ in range(REREAD_INVENTORY):
+        s.inventory_gpus()
+    assert s.read("c", 5, 1004.0, 1.0).sample.gpus[0].amd is health
+    assert smi.calls.count("amdsmi_get_gpu_ecc_count") == 14  # after an inventory pass: every block
+    # the blocks read the same: the source keeps handing the same health object (the detectors' fast path)
+    assert s.source.sample(0, "x")[1] is health
+    s.close()
+
+
+def test_amdsmi_skips_what_the_gpu_does_not_support_until_the_next_pass(tmp_path: Path) -> None:
+    smi = fake_amdsmi.make(1)
+    smi.unsupported.add("amdsmi_get_gpu_xgmi_link_status")
+    s = AmdSampler.open(tmp_path, amdsmi=smi)
+    first = s.read("c", 1, 1000.0, 1.0).sample.gpus[0]
+    smi.calls.clear()
+    again = s.read("c", 2, 1001.0, 1.0).sample.gpus[0]
+    assert "amdsmi_get_gpu_xgmi_link_status" not in smi.calls  # NOT_SUPPORTED: not asked every sample
+    assert first.amd is not None and again.amd is not None and again.amd.xgmi_links is None
+    assert (again.utilization_pct, again.power_w) == (87, 612)
+    smi.unsupported.clear()  # a firmware update: the next inventory pass asks again
+    for _ in range(REREAD_INVENTORY):
+        s.inventory_gpus()
+    x = s.read("c", 3, 1002.0, 1.0).sample.gpus[0]
+    assert x.amd is not None and x.amd.xgmi_links == 7
+    s.close()
+
+
+def test_amdsmi_a_failure_that_is_not_unsupported_is_asked_again(tmp_path: Path) -> None:
+    # A GPU that answers nothing (NO_DATA) is lost for that sample; its calls are not dropped, so it
+    # reads again as soon as it answers.
+    smi = fake_amdsmi.make(2)
+    s = AmdSampler.open(tmp_path, amdsmi=smi)
+    s.read("c", 1, 1000.0, 1.0)
+    smi.lost.add(1)
+    assert s.read("c", 2, 1001.0, 1.0).lost_gpus == frozenset({1})
+    smi.lost.clear()
+    smi.gpus[1].ecc["umc"] = (0, 1, 0)
+    reading = s.read("c", 3, 1002.0, 1.0)
+    x = reading.sample.gpus[1]
+    assert reading.lost_gpus == frozenset() and (x.utilization_pct, x.ecc_dbe_volatile) == (87, 1)
+    s.close()
+
+
+def test_amdsmi_a_package_without_a_function_leaves_its_field_empty(tmp_path: Path) -> None:
+    smi = fake_amdsmi.make(1)
+    s = AmdSampler.open(tmp_path, amdsmi=smi)
+    assert s.source.lacking == set()  # type: ignore[union-attr]  # the fake has every function called
+    s.close()
+    older = fake_amdsmi.make(1)
+    del older.amdsmi_get_gpu_cper_entries, older.amdsmi_get_gpu_process_list
+    s = AmdSampler.open(tmp_path, amdsmi=older)
+    reading = s.read("c", 1, 1000.0, 1.0)
+    assert reading.sample.gpus[0].processes == [] and reading.amd_events == ()
+    assert s.source.lacking == {"amdsmi_get_gpu_cper_entries", "amdsmi_get_gpu_process_list"}  # type: ignore[union-attr]
     s.close()
 
 
