@@ -210,3 +210,15 @@ def test_suspect_and_lost_are_dated_at_their_thresholds_whatever_the_ticks(gaps:
     rec = state.nodes[("c1", "n1")]
     assert rec.status == desired_status(state, rec, now - tick)[0]
     assert isinstance(events[-1], NodeLost)  # 30 s of silence at the end
+
+
+def test_the_agents_cpu_and_memory_reach_the_fleet_and_kubernetes_allocatable_wins() -> None:
+    state = new_state()
+    [found] = step(state, an_inventory("n1", cpu_milli=224_000, memory_mib=2_000_000), now=T0)
+    assert isinstance(found, NodeDiscovered) and (found.cpu_milli, found.memory_mib) == (224_000, 2_000_000)
+    [update] = step(state, an_inventory("n1", cpu_milli=112_000, memory_mib=2_000_000, at=T0 + 5), now=T0 + 5)
+    assert isinstance(update, NodeUpdated) and update.changes == ["capacity"] and update.cpu_milli == 112_000
+    kube = KubeNode(name="n1", allocatable_cpu_milli=100_000, allocatable_memory_mib=1_500_000)
+    updates = step(state, KubeNodesListed("c1", T0 + 6, (kube,)), now=T0 + 6)
+    last = [e for e in updates if isinstance(e, NodeUpdated)][-1]
+    assert (last.cpu_milli, last.memory_mib) == (100_000, 1_500_000) and "capacity" in last.changes

@@ -91,6 +91,8 @@ def submitted(state: SchedulerState, req: SubmitJob, job_id: str, at: float) -> 
         sim_duration_s=req.sim_duration_s,
         topology_key=req.topology_key,
         share=share,
+        cpu_milli=req.cpu_milli,
+        memory_mib=req.memory_mib,
     )
     event = JobSubmitted(job_id=job_id, at=at, spec=spec)
     check_event(event)

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from events import GpuShare, JobSpec, Placement, ShareMode
+from services.scheduler.core import hostres
 from services.scheduler.core.mig import MIG_MODELS, mig_model, occupancy, starts_in_mask
 from services.scheduler.core.mig_live import layout_starts, managed, mig_held
 
@@ -241,6 +242,8 @@ def _place_one(
     held = part(share, node.gpus[gpu], start)
     assert held is not None
     take(work, nid, gpu, job_id, mode, held)
+    if work.host is not None and work.host.asking is not None:
+        work.host.change(work, work.host.asking, [(nid, [gpu])], -1)  # its CPU and memory (hostres.py)
     return nid, gpu, start
 
 
@@ -336,6 +339,8 @@ def _model_holds(model: str, share: GpuShare) -> bool:
 
 def _choices(work: Work, node: Node, gpu: int, sg: SharedGpu, share: GpuShare) -> list[Choice]:
     """Every way the share could go on this GPU, scored by the sharing scorer (lower is better)."""
+    if not hostres.room(work, node.nid):
+        return []
     model = node.gpus[gpu]
     mix = work.share_mix(mode_of(share))
     left = MILLI - sg.milli
