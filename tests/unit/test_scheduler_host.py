@@ -68,3 +68,31 @@ def _per_node(d: Driver, job_id: str) -> dict[str, list[int]]:
     for p in d.state.jobs[job_id].placements:
         out.setdefault(p.node, []).extend(p.gpu_indices)
     return out
+
+
+def test_the_live_share_scorer_keeps_cpu_rich_gpus_for_cpu_heavy_shares() -> None:
+    """n1 and n2 each have a GPU half shared; n2's CPU is nearly spent. A CPU-light share goes to n2, so
+    the CPU-heavy one queued with it finds n1 (ignoring CPU, the tie would go to n1, the lower id)."""
+    d = Driver().given(
+        a_quota("vision", 8),
+        a_node("n1", 1, model="H100", host_cpu=64_000),
+        a_node("n2", 1, model="A100", host_cpu=1_000),
+        a_job("x1", gpus=1, share=GpuShare(gpu_milli=500), model="H100"),
+        a_job("x2", gpus=1, share=GpuShare(gpu_milli=500), model="A100"),
+    )
+    d.cycle()
+    assert list(d.where("x1")) == ["n1"] and list(d.where("x2")) == ["n2"]
+    d.given(a_job("light", gpus=1, share=TS, at=2.0), a_job("heavy", gpus=1, share=TS, cpu=4_000, at=3.0))
+    d.cycle(20.0)
+    assert list(d.where("light")) == ["n2"] and list(d.where("heavy")) == ["n1"]
+
+
+def test_the_live_scorer_counts_cpu_stranding_where_fragmentation_ties() -> None:
+    from services.scheduler.core.shares import _score
+    from services.scheduler.core.sharing import STRANDING_WEIGHT, Mix, PodRequest
+
+    mix = Mix.of([PodRequest(cpu_milli=1_000, num_gpu=1, gpu_milli=250)])  # 4 milli-CPU per milli-GPU
+    scarce = _score(mix, ("H100", 2_000, 0, False, (1000,), ()), ("H100", 2_000, 0, False, (750,), ()))
+    rich = _score(mix, ("H100", 64_000, 0, False, (1000,), ()), ("H100", 64_000, 0, False, (750,), ()))
+    # the scarce node strands 500 milli-GPU before and 250 after; the rich one none
+    assert rich - scarce == STRANDING_WEIGHT * 250

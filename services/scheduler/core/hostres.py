@@ -140,3 +140,15 @@ def room(work: Work, nid: int) -> bool:
     """Whether the share job being placed (`HostLeft.asking`) has CPU and memory for one more replica."""
     host = work.host
     return host is None or host.asking is None or host.fit(nid, host.asking) >= 1
+
+
+def cpu_left(work: Work, nid: int, cpu_per_milli: float) -> tuple[int, int]:
+    """The node's CPU left before and after the share being placed, for the sharing scorer's states;
+    unlimited where unknown, and when no queued share asks for CPU (the mix's `cpu_per_milli` is 0)."""
+    if not cpu_per_milli:
+        return UNLIMITED, UNLIMITED
+    host = of(work)
+    left = host.left.get(nid)
+    cpu = UNLIMITED if left is None or left[0] is None else left[0]
+    need = (host.asking.cpu_milli or 0) if host.asking is not None else 0
+    return cpu, cpu - need

@@ -319,7 +319,7 @@ class Work:
 
             jobs = self.s.jobs
             asked = [
-                share_request(share)
+                share_request(share, jobs[jid].spec.cpu_milli or 0)
                 for line in self.s.fifo_lines.values()
                 for _, jid in line
                 if (share := jobs[jid].spec.share) is not None and mode_of(share) == mode
