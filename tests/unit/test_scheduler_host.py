@@ -96,3 +96,14 @@ def test_the_live_scorer_counts_cpu_stranding_where_fragmentation_ties() -> None
     rich = _score(mix, ("H100", 64_000, 0, False, (1000,), ()), ("H100", 64_000, 0, False, (750,), ()))
     # the scarce node strands 500 milli-GPU before and 250 after; the rich one none
     assert rich - scarce == STRANDING_WEIGHT * 250
+
+
+def test_the_door_says_when_no_node_could_ever_hold_a_replica() -> None:
+    from services.scheduler.core.door import cannot_run
+
+    d = Driver().given(a_quota("vision", 16), a_node("n1", 8, host_cpu=64_000, host_memory=500_000))
+    assert cannot_run(d.state, a_job("a", gpus=1, cpu=64_000).spec) == []
+    [why] = cannot_run(d.state, a_job("b", gpus=1, cpu=96_000, memory=100).spec)
+    assert "asks for 96 CPUs" in why and "has 64" in why
+    d.given(a_node("n2", 8))  # capacity unknown: it may hold it
+    assert cannot_run(d.state, a_job("b", gpus=1, cpu=96_000).spec) == []
