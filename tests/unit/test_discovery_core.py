@@ -222,3 +222,27 @@ def test_the_agents_cpu_and_memory_reach_the_fleet_and_kubernetes_allocatable_wi
     updates = step(state, KubeNodesListed("c1", T0 + 6, (kube,)), now=T0 + 6)
     last = [e for e in updates if isinstance(e, NodeUpdated)][-1]
     assert (last.cpu_milli, last.memory_mib) == (100_000, 1_500_000) and "capacity" in last.changes
+
+
+def test_the_kubernetes_listing_reads_allocatable_cpu_and_memory() -> None:
+    from kubernetes.client import V1Node, V1NodeList, V1NodeStatus, V1ObjectMeta
+
+    from services.discovery.service import list_kube_nodes
+
+    class Api:  # the client's list_node answer, built from its own models
+        def list_node(self) -> V1NodeList:
+            status = V1NodeStatus(
+                capacity={"nvidia.com/gpu": "8"},
+                allocatable={"nvidia.com/gpu": "8", "cpu": "223500m", "memory": "2113470212Ki"},
+            )
+            bare = V1NodeStatus(allocatable={"cpu": "lots"})
+            return V1NodeList(
+                items=[
+                    V1Node(metadata=V1ObjectMeta(name="k1"), status=status),
+                    V1Node(metadata=V1ObjectMeta(name="k2"), status=bare),
+                ]
+            )
+
+    k1, k2 = list_kube_nodes(Api(), "c1", T0).nodes
+    assert (k1.allocatable_cpu_milli, k1.allocatable_memory_mib) == (223_500, 2113470212 // 1024)
+    assert (k2.allocatable_cpu_milli, k2.allocatable_memory_mib) == (None, None)  # unreadable: unknown
