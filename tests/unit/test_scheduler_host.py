@@ -107,3 +107,15 @@ def test_the_door_says_when_no_node_could_ever_hold_a_replica() -> None:
     assert "asks for 96 CPUs" in why and "has 64" in why
     d.given(a_node("n2", 8))  # capacity unknown: it may hold it
     assert cannot_run(d.state, a_job("b", gpus=1, cpu=96_000).spec) == []
+
+
+def test_preempting_a_victim_frees_its_cpu_for_the_job_that_waits_for_cpu() -> None:
+    from services.scheduler.core import Preempt
+
+    d = Driver().given(a_quota("vision", 8), a_node("n1", 8, host_cpu=16_000))
+    d.given(a_job("low", gpus=4, cpu=12_000, priority="low", at=1))
+    d.cycle()
+    d.given(a_job("high", gpus=4, cpu=8_000, priority="high", at=2))  # 4 GPUs free, 4 CPUs left
+    cycle = d.cycle(now=20)
+    assert [x.job_id for x in cycle.decisions if isinstance(x, Preempt)] == ["low"]
+    assert d.state_of("high") == "running"

@@ -125,8 +125,8 @@ def taken(work: Work, job: Job, spot: Spot) -> None:
 
 def given(work: Work, job: Job) -> None:
     """A running job's replicas give their CPU and memory back (preemption, a move)."""
-    if work.host is not None and asks(job.spec):
-        work.host.change(work, job.spec, list(_spot(work.s, job)), +1)
+    if asks(job.spec):
+        of(work).change(work, job.spec, list(_spot(work.s, job)), +1)
 
 
 def _spot(state: SchedulerState, job: Job) -> Iterator[tuple[int, list[int]]]:
