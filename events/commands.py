@@ -14,7 +14,7 @@ from typing import Annotated
 import msgspec
 
 from events.idle import IdleModeName, Minutes, Percent
-from events.jobs import MemoryMib, PriorityClass, ShareMilliAsked, ShareMode
+from events.jobs import CpuMilli, HostMemoryMib, MemoryMib, PriorityClass, ShareMilliAsked, ShareMode
 from events.names import (
     TEAM_MAX,
     GpuCount,
@@ -74,6 +74,9 @@ class SubmitJob(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     gpu_memory_mib: MemoryMib | None = None
     share_mode: ShareMode | None = None
     mig_profile: Name | None = None
+    # Each replica's need of its node's CPUs (milli-CPUs) and host memory (MiB); None: not asked
+    cpu_milli: CpuMilli | None = None
+    memory_mib: HostMemoryMib | None = None
     # The client's id for this request: a retry with the same one (after a timeout, a 503) is
     # applied once and answers with the same job. Without `id`, the job id is derived from it.
     request_id: Name | None = None

@@ -24,6 +24,8 @@ class NodeDiscovered(Event, frozen=True, tag=event_type("fleet", "node_discovere
     gpus: list[GpuInfo]
     source: str = "agent"  # agent | kubernetes
     labels: dict[str, str] = {}
+    cpu_milli: int | None = None  # the CPU work may use on the node, milli-CPUs (None: unknown)
+    memory_mib: int | None = None  # the host memory work may use on the node, MiB (None: unknown)
 
 
 class NodeUpdated(Event, frozen=True, tag=event_type("fleet", "node_updated")):
@@ -34,6 +36,8 @@ class NodeUpdated(Event, frozen=True, tag=event_type("fleet", "node_updated")):
     gpus: list[GpuInfo]
     changes: list[str] = []
     labels: dict[str, str] = {}
+    cpu_milli: int | None = None  # as in NodeDiscovered
+    memory_mib: int | None = None
 
 
 class NodeLost(Event, frozen=True, tag=event_type("fleet", "node_lost")):

@@ -60,6 +60,8 @@ class ShareMode(StrEnum):
 
 ShareMilliAsked = Annotated[int, msgspec.Meta(ge=0, le=1000)]
 MemoryMib = Annotated[int, msgspec.Meta(ge=0, le=1 << 24)]
+CpuMilli = Annotated[int, msgspec.Meta(ge=0, le=1 << 24)]  # milli-CPUs of a host (up to ~16,000 CPUs)
+HostMemoryMib = Annotated[int, msgspec.Meta(ge=0, le=1 << 28)]  # MiB of a host's memory (up to 256 TiB)
 
 
 class GpuShare(msgspec.Struct, frozen=True, kw_only=True):
@@ -94,6 +96,8 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True):
     serving: ServingReplica | None = None  # a replica of a serving workload (class serving)
 
     share: GpuShare | None = None  # part of one GPU per replica (a fraction or a MIG instance)
+    cpu_milli: CpuMilli | None = None  # CPU each replica needs of its node, milli-CPUs (None: not asked)
+    memory_mib: HostMemoryMib | None = None  # host memory each replica needs, MiB (None: not asked)
 
     @property
     def total_gpus(self) -> int:

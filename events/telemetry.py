@@ -200,6 +200,8 @@ class NodeInventory(Event, frozen=True, tag=event_type("telemetry", "node_invent
     simulated: bool = False
     labels: dict[str, str] = {}
     host: HostInfo | None = None  # the machine as its firmware names it (None: not read, e.g. simulated)
+    cpu_milli: int | None = None  # the node's CPU capacity in milli-CPUs (None: unknown)
+    memory_mib: int | None = None  # the node's host memory in MiB (None: unknown)
 
 
 class NodeSample(Event, frozen=True, omit_defaults=True, tag=event_type("telemetry", "node_sample")):

@@ -12,7 +12,7 @@ import contextlib
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ import msgspec
 from nats.aio.client import Client
 
 from events import Event, subjects
+from node_agent.host_capacity import read_capacity, simulated_capacity
 from node_agent.outbox import Outbox
 from node_agent.runner import NodeFacts, NodeRunner, SeqStore
 from node_agent.sim import executor as ex
@@ -129,7 +130,7 @@ class Agent:
                     opts.cluster,
                     name,
                     node,
-                    NodeFacts(**{**facts.__dict__, "labels": self.fleet.fabric.labels[name]}),
+                    _sim_facts(facts, self.fleet.fabric.labels[name], len(node.gpus)),
                     seq=self.seqs.get(name),
                     source="chamber/agent/sim",
                     fabric=node.fabric_reader() if opts.sysfs_root is not None else None,
@@ -144,11 +145,14 @@ class Agent:
                 from node_agent.dmi_adapter import read_host
 
                 host = read_host(opts.sysfs_root)
+            cpu_milli, memory_mib = read_capacity()
             facts = NodeFacts(
                 driver_version=sampler.driver_version,
                 cuda_version=sampler.cuda_version,
                 labels=dict(opts.labels),
                 host=host,
+                cpu_milli=cpu_milli,
+                memory_mib=memory_mib,
             )
             fabric = None
             if opts.sysfs_root is not None:
@@ -438,3 +442,9 @@ class Agent:
 
 def _safe(name: str) -> str:
     return subjects.token(name)
+
+
+def _sim_facts(facts: NodeFacts, labels: dict[str, str], gpus: int) -> NodeFacts:
+    """A simulated node's facts: its fabric labels and a plausible CPU and memory capacity."""
+    cpu_milli, memory_mib = simulated_capacity(gpus)
+    return replace(facts, labels=labels, cpu_milli=cpu_milli, memory_mib=memory_mib)

@@ -66,6 +66,8 @@ class NodeFacts:
     simulated: bool = False
     labels: dict[str, str] = field(default_factory=dict)
     host: HostInfo | None = None  # the firmware's identity (dmi_adapter), read once at start
+    cpu_milli: int | None = None  # the host's CPU and memory capacity (host_capacity), None: unknown
+    memory_mib: int | None = None
 
 
 class NodeRunner:
@@ -178,6 +180,8 @@ class NodeRunner:
             simulated=self.facts.simulated,
             labels=self.facts.labels,
             host=self.facts.host,
+            cpu_milli=self.facts.cpu_milli,
+            memory_mib=self.facts.memory_mib,
         )
 
 

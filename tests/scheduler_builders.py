@@ -27,6 +27,8 @@ def a_node(
     model: str = "H100",
     at: float = 0.0,
     memory_mib: float | None = None,
+    host_cpu: int | None = None,
+    host_memory: int | None = None,
     **labels: str,
 ) -> NodeDiscovered:
     return NodeDiscovered(
@@ -38,6 +40,8 @@ def a_node(
             for i in range(gpus)
         ],
         labels=labels,
+        cpu_milli=host_cpu,
+        memory_mib=host_memory,
     )
 
 
@@ -56,6 +60,8 @@ def a_job(
     pool: str | None = None,
     cluster: str | None = None,
     share: GpuShare | None = None,
+    cpu: int | None = None,
+    memory: int | None = None,
 ) -> JobSubmitted:
     return JobSubmitted(
         job_id=job_id,
@@ -73,6 +79,8 @@ def a_job(
             cluster=cluster,
             name=job_id,
             share=share,
+            cpu_milli=cpu,
+            memory_mib=memory,
         ),
     )
 

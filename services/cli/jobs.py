@@ -51,6 +51,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="PROFILE",
         help="one MIG instance per replica (e.g. 1g.10gb); quotas count its share of the GPU",
     )
+    p.add_argument(
+        "--cpu", type=finite_float, metavar="CPUS", help="CPUs each replica needs of its node (e.g. 8 or 0.5)"
+    )
+    p.add_argument("--memory", type=int, metavar="MIB", help="host memory each replica needs of its node, in MiB")
     p.add_argument("--replicas", type=int, default=1, help="replicas, placed all or nothing (default 1)")
     p.add_argument("--priority", default="normal", choices=PRIORITIES)
     p.add_argument(
@@ -144,6 +148,8 @@ def submit_payload(args: argparse.Namespace) -> dict[str, Any]:
         raise UsageError(f"--replicas must be 1 or more, got {args.replicas}")
     _positive(args.checkpoint_interval, "--checkpoint-interval")
     _positive(args.expected_duration, "--expected-duration")
+    _positive(args.cpu, "--cpu")
+    _positive(args.memory, "--memory")
     if args.sim_duration is not None and args.sim_duration < 0:
         raise UsageError(f"--sim-duration must be 0 or more, got {args.sim_duration:g}")
     payload: dict[str, Any] = {
@@ -168,6 +174,8 @@ def submit_payload(args: argparse.Namespace) -> dict[str, Any]:
         "gpu_memory_mib": args.gpu_memory,
         "share_mode": args.share_mode,
         "mig_profile": args.mig_profile,
+        "cpu_milli": None if args.cpu is None else round(args.cpu * 1000),
+        "memory_mib": args.memory,
     }
     payload.update({k: v for k, v in optional.items() if v is not None})
     payload["request_id"] = args.request_id or secrets.token_hex(8)

@@ -49,6 +49,8 @@ class KubeNode:
     allocatable_gpus: int | None = None
     unschedulable: bool = False
     provider_id: str = ""  # spec.providerID, e.g. aws:///us-east-1a/i-0abc (empty on-premises)
+    allocatable_cpu_milli: int | None = None  # status.allocatable cpu / memory: what pods may use
+    allocatable_memory_mib: int | None = None
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,7 @@ class NodeRecord:
     gpus: list[GpuInfo] = field(default_factory=list)
     agent_labels: dict[str, str] = field(default_factory=dict)
     host: HostInfo | None = None  # the machine's firmware identity, from the agent's inventory
+    agent_capacity: tuple[int | None, int | None] = (None, None)  # (milli-CPUs, MiB) the agent read
     agent: bool = False
     kube: KubeNode | None = None
     kube_seen_at: float = 0.0
@@ -81,6 +84,7 @@ class NodeRecord:
     status: NodeStatus = NodeStatus.HEALTHY
     announced_gpus: list[GpuInfo] = field(default_factory=list)
     announced_labels: dict[str, str] = field(default_factory=dict)
+    announced_capacity: tuple[int | None, int | None] = (None, None)
     # from health decisions (for the view)
     isolated: str | None = None
     gpu_isolated: dict[int, str] = field(default_factory=dict)
@@ -99,6 +103,14 @@ class NodeRecord:
             if self.kube.allocatable_gpus is not None:
                 out[K8S_ALLOCATABLE_LABEL] = str(self.kube.allocatable_gpus)
         return dict(sorted(out.items()))
+
+    def capacity(self) -> tuple[int | None, int | None]:
+        """(milli-CPUs, MiB) work may use: Kubernetes' allocatable where it says, else the agent's reading."""
+        cpu, memory = self.agent_capacity
+        if self.kube is not None:
+            cpu = self.kube.allocatable_cpu_milli if self.kube.allocatable_cpu_milli is not None else cpu
+            memory = self.kube.allocatable_memory_mib if self.kube.allocatable_memory_mib is not None else memory
+        return cpu, memory
 
 
 @dataclass
@@ -142,8 +154,11 @@ def evolve(state: DiscoveryState, item: object) -> DiscoveryState:
         case NodeInventory():
             rec = _record(state, item.cluster, item.node, item.observed_at)
             rec.agent = True
-            if item.gpus != rec.gpus or item.labels != rec.agent_labels or item.host != rec.host:
+            capacity = (item.cpu_milli, item.memory_mib)
+            seen = (rec.gpus, rec.agent_labels, rec.host, rec.agent_capacity)
+            if (item.gpus, item.labels, item.host, capacity) != seen:
                 rec.changed_at = item.observed_at
+            rec.agent_capacity = capacity
             rec.gpus = list(item.gpus)
             rec.agent_labels = dict(item.labels)
             rec.host = item.host
@@ -158,6 +173,7 @@ def evolve(state: DiscoveryState, item: object) -> DiscoveryState:
             rec.status = item.status if isinstance(item, NodeUpdated) else NodeStatus.HEALTHY
             rec.announced_gpus = list(item.gpus)
             rec.announced_labels = dict(item.labels)
+            rec.announced_capacity = (item.cpu_milli, item.memory_mib)
             rec.version += 1
         case NodeLost():
             rec = _record(state, item.cluster, item.node, item.at)
@@ -193,6 +209,10 @@ def evolve(state: DiscoveryState, item: object) -> DiscoveryState:
     return state
 
 
+def _allocatable(kube: KubeNode) -> tuple[int | None, int | None, int | None]:
+    return kube.allocatable_gpus, kube.allocatable_cpu_milli, kube.allocatable_memory_mib
+
+
 def _on_kube_listing(state: DiscoveryState, listing: KubeNodesListed) -> None:
     present = {n.name: n for n in listing.nodes}
     for name, kube in present.items():
@@ -200,7 +220,7 @@ def _on_kube_listing(state: DiscoveryState, listing: KubeNodesListed) -> None:
         if rec.kube != kube:
             if rec.kube is None or rec.kube.labels != kube.labels or rec.kube.capacity_gpus != kube.capacity_gpus:
                 rec.changed_at = listing.at
-            if rec.kube is not None and rec.kube.allocatable_gpus != kube.allocatable_gpus:
+            if rec.kube is not None and _allocatable(rec.kube) != _allocatable(kube):
                 rec.changed_at = listing.at
             rec.kube = kube
             rec.version += 1
@@ -279,8 +299,18 @@ def _decide_node(state: DiscoveryState, rec: NodeRecord, now: float) -> list[Eve
         if status == NodeStatus.LOST and rec.kube is None:
             return []  # appeared and vanished before it was ever announced
         source = "agent" if rec.agent else "kubernetes"
+        cpu, memory = rec.capacity()
         found: list[Event] = [
-            NodeDiscovered(cluster=c, node=n, at=rec.first_seen_at, gpus=gpus, source=source, labels=labels)
+            NodeDiscovered(
+                cluster=c,
+                node=n,
+                at=rec.first_seen_at,
+                gpus=gpus,
+                source=source,
+                labels=labels,
+                cpu_milli=cpu,
+                memory_mib=memory,
+            )
         ]
         if status != NodeStatus.HEALTHY:
             found.append(_status_event(rec, status, max(since, rec.first_seen_at), why, gpus, labels, ["status"]))
@@ -298,6 +328,8 @@ def _decide_node(state: DiscoveryState, rec: NodeRecord, now: float) -> list[Eve
         changes.append("gpus")
     if labels != rec.announced_labels:
         changes.append("labels")
+    if rec.capacity() != rec.announced_capacity:
+        changes.append("capacity")
     if not changes:
         return []
     at = since if changes == ["status"] else max(since, rec.changed_at)
@@ -315,8 +347,17 @@ def _status_event(
 ) -> Event:
     if status == NodeStatus.LOST:
         return NodeLost(cluster=rec.cluster, node=rec.node, at=at, last_seen_at=rec.last_seen_at or at, reason=why)
+    cpu, memory = rec.capacity()
     return NodeUpdated(
-        cluster=rec.cluster, node=rec.node, at=at, status=status, gpus=gpus, changes=changes, labels=labels
+        cluster=rec.cluster,
+        node=rec.node,
+        at=at,
+        status=status,
+        gpus=gpus,
+        changes=changes,
+        labels=labels,
+        cpu_milli=cpu,
+        memory_mib=memory,
     )
 
 

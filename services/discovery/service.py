@@ -125,11 +125,27 @@ def list_kube_nodes(api: Any, cluster: str, now: float) -> KubeNodesListed:
                 labels=dict(n.metadata.labels or {}),
                 capacity_gpus=_gpus(capacity),
                 allocatable_gpus=_gpus(allocatable),
+                allocatable_cpu_milli=_host(allocatable, "cpu"),
+                allocatable_memory_mib=_host(allocatable, "memory"),
                 unschedulable=bool(n.spec.unschedulable) if n.spec else False,
                 provider_id=(n.spec.provider_id or "") if n.spec else "",
             )
         )
     return KubeNodesListed(cluster=cluster, at=now, nodes=tuple(sorted(nodes, key=lambda k: k.name)))
+
+
+def _host(resources: dict[str, Any], resource: str) -> int | None:
+    """A node's allocatable cpu (milli-CPUs) or memory (MiB); None where absent or unreadable."""
+    from services.kube.resources import WorkloadError, cpu_quantity_milli, memory_quantity_mib
+
+    value = resources.get(resource)
+    if value is None:
+        return None
+    parse = cpu_quantity_milli if resource == "cpu" else memory_quantity_mib
+    try:
+        return parse(value, f"status.allocatable.{resource}")
+    except WorkloadError:
+        return None
 
 
 def _gpus(resources: dict[str, Any]) -> int | None:

@@ -25,14 +25,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from services.kube.resources import ShareRequest, WorkloadError
+from services.kube.resources import ShareRequest, WorkloadError, memory_quantity_mib
 
 GPU_CLASS = "gpu.nvidia.com"
 MIG_CLASS = "mig.nvidia.com"
 DRIVER = "gpu.nvidia.com"
 _PROFILE = re.compile(r"""device\.attributes\[['"]gpu\.nvidia\.com['"]\]\.profile\s*==\s*['"]([^'"]+)['"]""")
-_UNITS = {"": 1, "k": 1000, "M": 1000**2, "G": 1000**3, "T": 1000**4, "Ki": 1024, "Mi": 1024**2, "Gi": 1024**3}
-_UNITS["Ti"] = 1024**4
 
 
 @dataclass(frozen=True)
@@ -50,10 +48,7 @@ def _request(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def _memory_mib(value: Any, where: str) -> int:
-    match = re.fullmatch(r"\s*(\d+)\s*(Ki|Mi|Gi|Ti|k|M|G|T|)\s*", str(value))
-    if match is None:
-        raise WorkloadError(f"{where}: {value!r} is not a memory quantity (e.g. 10Gi)")
-    return max(1, int(match.group(1)) * _UNITS[match.group(2)] // 1024**2)
+    return memory_quantity_mib(value, where)
 
 
 def _sharing(spec: dict[str, Any], name: str, where: str) -> dict[str, Any]:

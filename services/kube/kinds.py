@@ -38,7 +38,16 @@ from services.kube.patches import (
     saved_affinities,
     set_value,
 )
-from services.kube.resources import MAX_PODS, ShareRequest, WorkloadError, count, pod_gpus, pod_share, pod_vendor
+from services.kube.resources import (
+    MAX_PODS,
+    ShareRequest,
+    WorkloadError,
+    count,
+    pod_gpus,
+    pod_host,
+    pod_share,
+    pod_vendor,
+)
 
 SCHEDULING_GATE = "chamber.io/admission"
 PLACEMENT_ANNOTATION = "chamber.io/placement-override"  # TrainJob: index of the override Chamber added
@@ -131,6 +140,22 @@ class WorkloadKind:
         if pods > MAX_PODS:
             raise WorkloadError(f"{self.kind} has {pods} GPU pods, more than {MAX_PODS}; check the replica counts")
         return share, pods
+
+    def host(self, obj: dict[str, Any]) -> tuple[int | None, int | None]:
+        """(milli-CPUs, MiB) each GPU pod requests of its node: the largest over the pod templates that ask
+        for a whole GPU or a share of one; None where none of them requests that resource."""
+        cpu: int | None = None
+        memory: int | None = None
+        for group in self.groups(obj):
+            where = group.pointer or "spec"
+            if not group.pods or not (
+                pod_gpus(group.spec, where) or pod_share(group.spec, _annotations(obj, group.pointer), where)
+            ):
+                continue
+            c, m = pod_host(group.spec, where)
+            cpu = c if cpu is None else max(cpu, c or 0)
+            memory = m if memory is None else max(memory, m or 0)
+        return cpu, memory
 
     def dra(
         self, obj: dict[str, Any], templates: Mapping[str, dict[str, Any]]

@@ -8,6 +8,7 @@ whole numbers; anything else, or more than a node could hold, is refused with th
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -192,3 +193,55 @@ def _memory_mib(text: str) -> int:
     if value <= 0:
         raise WorkloadError(f"{where}: {value} MiB is not a request; give a positive number")
     return value
+
+
+# -- host CPU and memory a pod asks for -----------------------------------------------------------------
+
+_UNITS = {"": 1, "k": 1000, "M": 1000**2, "G": 1000**3, "T": 1000**4}
+_UNITS.update({"Ki": 1024, "Mi": 1024**2, "Gi": 1024**3, "Ti": 1024**4})
+
+
+def memory_quantity_mib(value: Any, where: str) -> int:
+    """A Kubernetes memory quantity (`10Gi`, `512Mi`, `1G`, bytes) in MiB, at least 1."""
+    match = re.fullmatch(r"\s*(\d+)\s*(Ki|Mi|Gi|Ti|k|M|G|T|)\s*", str(value))
+    if match is None:
+        raise WorkloadError(f"{where}: {value!r} is not a memory quantity (e.g. 10Gi)")
+    return max(1, int(match.group(1)) * _UNITS[match.group(2)] // 1024**2)
+
+
+def cpu_quantity_milli(value: Any, where: str) -> int:
+    """A Kubernetes CPU quantity (`500m`, `2`, `0.5`) in milli-CPUs."""
+    text = str(value).strip()
+    try:
+        return int(text[:-1]) if text.endswith("m") else round(float(text) * 1000)
+    except ValueError:
+        raise WorkloadError(f"{where}: {value!r} is not a CPU quantity (e.g. 500m or 2)") from None
+
+
+def pod_host(pod_spec: dict[str, Any], where: str = "spec") -> tuple[int | None, int | None]:
+    """(milli-CPUs, MiB) the pod requests, sized as the kubelet sizes it (see the module docstring);
+    None for a resource no container requests."""
+    return _pod_request(pod_spec, "cpu", where), _pod_request(pod_spec, "memory", where)
+
+
+def _pod_request(pod_spec: dict[str, Any], resource: str, where: str) -> int | None:
+    parse = cpu_quantity_milli if resource == "cpu" else memory_quantity_mib
+    asked = False
+
+    def need(c: dict[str, Any], key: str, i: int) -> int:
+        nonlocal asked
+        value = ((c.get("resources") or {}).get("requests") or {}).get(resource)
+        if value is None:
+            return 0
+        asked = True
+        return parse(value, f"{where}.{key}[{c.get('name', i)}].resources.requests.{resource}")
+
+    running = sum(need(c, "containers", i) for i, c in enumerate(pod_spec.get("containers") or []))
+    sidecars = init_peak = 0
+    for i, c in enumerate(pod_spec.get("initContainers") or []):
+        n = need(c, "initContainers", i)
+        if c.get("restartPolicy") == "Always":
+            sidecars += n
+            n = 0
+        init_peak = max(init_peak, sidecars + n)
+    return max(running + sidecars, init_peak) if asked else None

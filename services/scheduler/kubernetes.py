@@ -170,6 +170,7 @@ def spec_of(
         shared = kind.share(obj)
         if demand is None and shared is None and templates is not None:
             demand, shared = kind.dra(obj, templates.get(str(meta.get("namespace") or ""), {}))
+        cpu_milli, memory_mib = kind.host(obj)
     except WorkloadError as exc:
         return str(exc)
     if demand is not None and shared is not None:
@@ -194,6 +195,8 @@ def spec_of(
         cluster=cluster,
         preemptible=claimed.preemptible and kind.preemptible,
         gpu_vendor="amd" if demand.vendor == "amd" else "nvidia" if demand.vendor == "nvidia" else None,
+        cpu_milli=cpu_milli,
+        memory_mib=memory_mib,
     )
 
 

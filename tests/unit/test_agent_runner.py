@@ -69,3 +69,30 @@ def test_the_sequence_survives_a_restart(tmp_path: Path) -> None:
     again = SeqStore(tmp_path / "seq.json")
     assert (again.get("a"), again.get("b"), again.get("c")) == (5, 5, 0)
     assert msgspec.json.decode((tmp_path / "seq.json").read_bytes()) == {"a": 5, "b": 5}
+
+
+def test_the_inventory_carries_the_hosts_cpu_and_memory(tmp_path: Path) -> None:
+    from node_agent.host_capacity import meminfo_mib, read_capacity, simulated_capacity
+
+    (tmp_path / "meminfo").write_text("MemTotal:       2113470212 kB\nMemFree:        1000 kB\n")
+    cpu, memory = read_capacity(tmp_path)
+    assert memory == 2113470212 // 1024 and cpu is not None and cpu % 1000 == 0 and cpu >= 1000
+    assert meminfo_mib(tmp_path / "absent") is None
+    assert simulated_capacity(8) == (224_000, 2 * 1024 * 1024) and simulated_capacity(2)[0] == 56_000
+    facts = NodeFacts(simulated=True, cpu_milli=56_000, memory_mib=524_288)
+    runner = NodeRunner("c1", "sim-000", SimNode(1, "sim-000", 2, gpu_model("A100-80GB")), facts)
+    record = runner.tick(1000.0, 1.0)[0]
+    inventory = decode(record.headers, record.body).event
+    assert isinstance(inventory, NodeInventory) and (inventory.cpu_milli, inventory.memory_mib) == (56_000, 524_288)
+
+
+def test_a_simulated_agent_and_a_real_one_announce_a_capacity(tmp_path: Path) -> None:
+    from node_agent.agent import Agent, AgentOptions
+
+    sim = Agent(AgentOptions(nats="-", simulate=True, nodes=2, gpus_per_node=4, spool_dir=tmp_path, sysfs_root=None))
+    assert {(r.facts.cpu_milli, r.facts.memory_mib) for r in sim.runners} == {(112_000, 1024 * 1024)}
+    real = Agent(
+        AgentOptions(nats="-", node="g1", spool_dir=tmp_path, sysfs_root=None, vendor="nvidia"), nvml=FakeNvml(gpus=2)
+    )
+    [runner] = real.runners
+    assert runner.facts.cpu_milli is not None and runner.facts.memory_mib is not None and runner.facts.memory_mib > 0

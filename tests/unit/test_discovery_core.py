@@ -210,3 +210,39 @@ def test_suspect_and_lost_are_dated_at_their_thresholds_whatever_the_ticks(gaps:
     rec = state.nodes[("c1", "n1")]
     assert rec.status == desired_status(state, rec, now - tick)[0]
     assert isinstance(events[-1], NodeLost)  # 30 s of silence at the end
+
+
+def test_the_agents_cpu_and_memory_reach_the_fleet_and_kubernetes_allocatable_wins() -> None:
+    state = new_state()
+    [found] = step(state, an_inventory("n1", cpu_milli=224_000, memory_mib=2_000_000), now=T0)
+    assert isinstance(found, NodeDiscovered) and (found.cpu_milli, found.memory_mib) == (224_000, 2_000_000)
+    [update] = step(state, an_inventory("n1", cpu_milli=112_000, memory_mib=2_000_000, at=T0 + 5), now=T0 + 5)
+    assert isinstance(update, NodeUpdated) and update.changes == ["capacity"] and update.cpu_milli == 112_000
+    kube = KubeNode(name="n1", allocatable_cpu_milli=100_000, allocatable_memory_mib=1_500_000)
+    updates = step(state, KubeNodesListed("c1", T0 + 6, (kube,)), now=T0 + 6)
+    last = [e for e in updates if isinstance(e, NodeUpdated)][-1]
+    assert (last.cpu_milli, last.memory_mib) == (100_000, 1_500_000) and "capacity" in last.changes
+
+
+def test_the_kubernetes_listing_reads_allocatable_cpu_and_memory() -> None:
+    from kubernetes.client import V1Node, V1NodeList, V1NodeStatus, V1ObjectMeta
+
+    from services.discovery.service import list_kube_nodes
+
+    class Api:  # the client's list_node answer, built from its own models
+        def list_node(self) -> V1NodeList:
+            status = V1NodeStatus(
+                capacity={"nvidia.com/gpu": "8"},
+                allocatable={"nvidia.com/gpu": "8", "cpu": "223500m", "memory": "2113470212Ki"},
+            )
+            bare = V1NodeStatus(allocatable={"cpu": "lots"})
+            return V1NodeList(
+                items=[
+                    V1Node(metadata=V1ObjectMeta(name="k1"), status=status),
+                    V1Node(metadata=V1ObjectMeta(name="k2"), status=bare),
+                ]
+            )
+
+    k1, k2 = list_kube_nodes(Api(), "c1", T0).nodes
+    assert (k1.allocatable_cpu_milli, k1.allocatable_memory_mib) == (223_500, 2113470212 // 1024)
+    assert (k2.allocatable_cpu_milli, k2.allocatable_memory_mib) == (None, None)  # unreadable: unknown

@@ -330,3 +330,32 @@ def test_a_gang_of_shares_stays_on_its_node_then_in_its_rack() -> None:
     d.given(a_job("wide", gpus=1, replicas=3, share=GpuShare(gpu_milli=700), model="H100", at=2))
     d.cycle(now=20)
     assert d.state_of("wide") == "running" and {n for n, _ in gpus_of(d, "wide")} == {"y", "w"}
+
+
+def test_pod_cpu_and_memory_requests_and_submit_options_become_the_replicas_host_request() -> None:
+    from services.cli import build_parser
+    from services.cli.jobs import submit_payload
+    from services.kube.resources import pod_host
+
+    containers = [
+        {
+            "name": "main",
+            "resources": {"requests": {"cpu": "3500m", "memory": "8Gi"}, "limits": {"nvidia.com/gpu": "1"}},
+        },
+        {"name": "log", "resources": {"requests": {"cpu": "0.5"}}},
+    ]
+    sidecar = {"name": "proxy", "restartPolicy": "Always", "resources": {"requests": {"memory": "512Mi"}}}
+    init = {"name": "fetch", "resources": {"requests": {"cpu": "16"}}}
+    spec = {"containers": containers, "initContainers": [sidecar, init]}
+    assert pod_host(spec) == (16_000, 8192 + 512)  # the init container's 16 CPUs, run alone, is the peak
+    assert pod_host({"containers": [{"name": "c"}]}) == (None, None)
+    obj = {
+        "metadata": {"name": "j", "namespace": "ml", "labels": {"chamber.io/team": "vision"}},
+        "spec": {"parallelism": 2, "template": {"spec": {"containers": containers}}},
+    }
+    job = spec_of(BatchJob(), obj, "c1")
+    assert isinstance(job, JobSpec) and (job.cpu_milli, job.memory_mib) == (4_000, 8192)
+    d = Driver().given(a_quota("vision", 8))
+    args = build_parser().parse_args(["submit", "--team", "vision", "--gpus", "1", "--cpu", "2.5", "--memory", "4096"])
+    event = submitted(d.state, SubmitJob(**submit_payload(args)), "j", 1)
+    assert (event.spec.cpu_milli, event.spec.memory_mib) == (2_500, 4096)

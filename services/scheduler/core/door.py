@@ -20,7 +20,7 @@ from services.pools import DEFAULT_POOL, job_pool, node_pool
 from services.scheduler.core.mig import MIG_MODELS, mig_model
 from services.scheduler.core.quota import critical_block
 from services.scheduler.core.shares import equivalents, mig_models_with
-from services.scheduler.core.state import SchedulerState
+from services.scheduler.core.state import Node, SchedulerState
 
 
 def admit(state: SchedulerState, req: SubmitJob, job_id: str, at: float) -> tuple[JobSubmitted, list[str]]:
@@ -91,6 +91,8 @@ def submitted(state: SchedulerState, req: SubmitJob, job_id: str, at: float) -> 
         sim_duration_s=req.sim_duration_s,
         topology_key=req.topology_key,
         share=share,
+        cpu_milli=req.cpu_milli,
+        memory_mib=req.memory_mib,
     )
     event = JobSubmitted(job_id=job_id, at=at, spec=spec)
     check_event(event)
@@ -187,4 +189,22 @@ def cannot_run(state: SchedulerState, spec: JobSpec) -> list[str]:
             f"team {spec.team} may hold at most {q.guaranteed + q.borrow_limit} GPUs in pool {pool} (guarantee "
             f"{q.guaranteed} + borrow limit {q.borrow_limit}) and the job asks for {asked:g}"
         )
+    return out + _host_too_small(spec, in_pool, where)
+
+
+def _host_too_small(spec: JobSpec, nodes: list[Node], where: str) -> list[str]:
+    """A replica asking more CPU or memory than every node has, where every node's capacity is known
+    (a node of unknown capacity may hold it)."""
+    out = []
+    asks = [
+        (spec.cpu_milli, "CPUs", 1000, [n.cpu_milli for n in nodes]),
+        (spec.memory_mib, "MiB of memory", 1, [n.memory_mib for n in nodes]),
+    ]
+    for asked, unit, scale, have in asks:
+        known = [h for h in have if h is not None]
+        if asked and known and len(known) == len(have) and asked > max(known):
+            out.append(
+                f"each replica asks for {asked / scale:g} {unit} and the largest node of {where} has "
+                f"{max(known) / scale:g}"
+            )
     return out

@@ -8,7 +8,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable, Iterator
 
-from services.scheduler.core import backfill, quota, shares
+from services.scheduler.core import backfill, hostres, quota, shares
 from services.scheduler.core.state import Job
 from services.scheduler.core.topology import fewest_domains
 from services.scheduler.core.work import Spot, Usage, Work
@@ -31,6 +31,28 @@ def could_fit(work: Work, job: Job) -> bool:
 def place(work: Work, job: Job) -> Spot | None:
     """`_place`, keeping off the node its pool holds for a protected whole-node job (`Drain`),
     unless the job may start there (backfill.held_from)."""
+    if hostres.asks(job.spec) and hostres.of(work).left:
+        return _host_bounded(work, job)
+    return _place_held(work, job)
+
+
+def _host_bounded(work: Work, job: Job) -> Spot | None:
+    """`place` on the nodes whose CPU and memory left can hold the job's replicas (hostres.py)."""
+    hidden = hostres.hide_full(work, job, work.classes(job))
+    host = hostres.of(work)
+    host.asking = job.spec if job.spec.share is not None else None  # shares.place takes per replica
+    try:
+        spot = _place_held(work, job)
+    finally:
+        host.asking = None
+    for nid, gpus in reversed(hidden):
+        work.cap.give(nid, gpus)
+    if spot is not None and job.spec.share is None:
+        hostres.taken(work, job, spot)
+    return spot
+
+
+def _place_held(work: Work, job: Job) -> Spot | None:
     found = shares.place if job.spec.share is not None else _place
     held = backfill.held_from(work, job) if work.drains else None
     if held is None or not work.cap.slots[held].free:

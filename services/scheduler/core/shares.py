@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from events import GpuShare, JobSpec, Placement, ShareMode
+from services.scheduler.core import hostres
 from services.scheduler.core.mig import MIG_MODELS, mig_model, occupancy, starts_in_mask
 from services.scheduler.core.mig_live import layout_starts, managed, mig_held
 
@@ -241,6 +242,8 @@ def _place_one(
     held = part(share, node.gpus[gpu], start)
     assert held is not None
     take(work, nid, gpu, job_id, mode, held)
+    if work.host is not None and work.host.asking is not None:
+        work.host.change(work, work.host.asking, [(nid, [gpu])], -1)  # its CPU and memory (hostres.py)
     return nid, gpu, start
 
 
@@ -336,15 +339,18 @@ def _model_holds(model: str, share: GpuShare) -> bool:
 
 def _choices(work: Work, node: Node, gpu: int, sg: SharedGpu, share: GpuShare) -> list[Choice]:
     """Every way the share could go on this GPU, scored by the sharing scorer (lower is better)."""
+    if not hostres.room(work, node.nid):
+        return []
     model = node.gpus[gpu]
     mix = work.share_mix(mode_of(share))
     left = MILLI - sg.milli
+    cpu, cpu_after = hostres.cpu_left(work, node.nid, mix.cpu_per_milli)
     if share.mig_profile:
         table = mig_model(model)
         if table is None or share.mig_profile not in table.profiles:
             return []
         need = table.share_milli(share.mig_profile)
-        before: State = (model, 0, 0, False, (left,), ((sg.mig_used, left),))
+        before: State = (model, cpu, 0, False, (left,), ((sg.mig_used, left),))
         out: list[Choice] = []
         starts = starts_in_mask(table, sg.mig_used, share.mig_profile)
         if work.s.mig_nodes:
@@ -352,30 +358,36 @@ def _choices(work: Work, node: Node, gpu: int, sg: SharedGpu, share: GpuShare) -
             starts = starts if narrowed is None else narrowed
         for start in starts:
             used = sg.mig_used | occupancy(table, share.mig_profile, start)
-            new: State = (model, 0, 0, False, (left - need,), ((used, left - need),))
+            new: State = (model, cpu_after, 0, False, (left - need,), ((used, left - need),))
             out.append((_score(mix, before, new), node.nid, gpu, start))
         return out
     if not room(sg, sg.mode, share.gpu_milli, share.memory_mib, 0, node.gpu_memory.get(gpu)):
         return []
-    plain: State = (model, 0, 0, False, (left,), ())
-    after: State = (model, 0, 0, False, (left - share.gpu_milli,), ())
+    plain: State = (model, cpu, 0, False, (left,), ())
+    after: State = (model, cpu_after, 0, False, (left - share.gpu_milli,), ())
     return [(_score(mix, plain, after), node.nid, gpu, None)]
 
 
 def _score(mix: Mix, before: State, new: State) -> float:
     """The sharing scorer (sharing.py's chamber policy) on one GPU: the growth of FGD fragmentation for the
-    expected mix, plus best fit, so near-ties go to the GPU the share leaves fullest."""
+    expected mix, plus best fit, so near-ties go to the GPU the share leaves fullest, plus CPU stranding:
+    the growth of this GPU's capacity its node's CPU left could not feed at the mix's CPU per milli-GPU
+    (0 when no queued share asks for CPU; the states carry the node's CPU left, `hostres.cpu_left`)."""
     from services.scheduler.core import sharing  # numpy: only a cycle that places a share loads it
 
     grad = sharing.fragment(new, mix) - sharing.fragment(before, mix)
-    return grad + sharing.BESTFIT_WEIGHT * new[4][0] / MILLI
+    ratio = mix.cpu_per_milli
+    strand = sharing.stranded(new, ratio) - sharing.stranded(before, ratio) if ratio else 0.0
+    return grad + sharing.BESTFIT_WEIGHT * new[4][0] / MILLI + sharing.STRANDING_WEIGHT * strand
 
 
-def request(share: GpuShare) -> PodRequest:
-    """The sharing scorer's request for a share (its shape in the expected mix)."""
+def request(share: GpuShare, cpu_milli: int = 0) -> PodRequest:
+    """The sharing scorer's request for a share (its shape in the expected mix), with the CPU each
+    replica asks of its node."""
     from services.scheduler.core.sharing import PodRequest
 
     if share.mig_profile:
         having = frozenset(mig_models_with(share.mig_profile))
-        return PodRequest(num_gpu=1, gpu_milli=share_milli(share), models=having, mig_profile=share.mig_profile)
-    return PodRequest(num_gpu=1, gpu_milli=share.gpu_milli)
+        milli = share_milli(share)
+        return PodRequest(cpu_milli, num_gpu=1, gpu_milli=milli, models=having, mig_profile=share.mig_profile)
+    return PodRequest(cpu_milli, num_gpu=1, gpu_milli=share.gpu_milli)

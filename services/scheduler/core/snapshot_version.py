@@ -12,4 +12,5 @@ The classes' fields are in the snapshot's format anyway: adding or removing one 
 # 4: GPU shares per node (Node.shared, Node.gpu_memory), GPU-equivalents in usage (fractional and MIG jobs)
 # 5: MIG layouts of managed GPUs (Node.mig, SchedulerState.mig_nodes; MigLayoutPlanned/Applied folded),
 #    GPU UUIDs per node (Node.gpu_uuids)
-STATE_VERSION = 5
+# 6: nodes' CPU and memory capacity (Node.cpu_milli, Node.memory_mib, from NodeDiscovered/NodeUpdated)
+STATE_VERSION = 6

@@ -147,6 +147,8 @@ class Node:
     gpu_memory: dict[int, int] = field(default_factory=dict)  # gpu index -> its memory in MiB, where known
     mig: dict[int, MigState] = field(default_factory=dict)  # gpu index -> its managed MIG layout (mig_live.py)
     gpu_uuids: dict[int, str] = field(default_factory=dict)  # gpu index -> its UUID (pods are told theirs)
+    cpu_milli: int | None = None  # the host's CPU and memory work may use (None: unknown, no limit)
+    memory_mib: int | None = None
     _model: str = ""
     _model_of: object = None
 
@@ -777,6 +779,7 @@ def _discovered(s: SchedulerState, e: NodeDiscovered) -> None:
     if node is None:
         node = Node(nid=len(s.node_by_id), cluster=e.cluster, name=e.node, gpus=_gpus(e.gpus), labels=dict(e.labels))
         node.gpu_memory, node.gpu_uuids = _memory(e.gpus), _uuids(e.gpus)
+        node.cpu_milli, node.memory_mib = e.cpu_milli, e.memory_mib
         s.nodes[(e.cluster, e.node)] = node
         s.node_by_id.append(node)
         for job_id in s.share_claims.pop((e.cluster, e.node), {}):
@@ -791,6 +794,7 @@ def _discovered(s: SchedulerState, e: NodeDiscovered) -> None:
     else:  # rediscovered after being lost
         node.gpus, node.labels, node.lost, node.status = _gpus(e.gpus), dict(e.labels), False, NodeStatus.HEALTHY
         node.gpu_memory, node.gpu_uuids = _memory(e.gpus), _uuids(e.gpus)
+        node.cpu_milli, node.memory_mib = e.cpu_milli, e.memory_mib
         _settle_holders(s, node)
     _note_managed(s, node)
     s.refresh_node(node)
@@ -810,6 +814,7 @@ def _updated(s: SchedulerState, e: NodeUpdated) -> None:
         node = s.nodes[(e.cluster, e.node)]
     node.gpus, node.status, node.gpu_memory = _gpus(e.gpus), e.status, _memory(e.gpus)
     node.gpu_uuids = _uuids(e.gpus)
+    node.cpu_milli, node.memory_mib = e.cpu_milli, e.memory_mib
     if e.labels:
         node.labels = dict(e.labels)
         _note_managed(s, node)

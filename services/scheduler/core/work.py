@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 from events import Placement
 from services.pools import model_vendor
 from services.scheduler.core.decisions import Drain
+from services.scheduler.core.hostres import HostLeft, given
 from services.scheduler.core.links import degraded
 from services.scheduler.core.policy import CHAMBER, LOWEST_RANK, RANKS, Policy, guard_band, protected_tier
 from services.scheduler.core.shares import give as give_shares
@@ -57,6 +58,7 @@ class Work:
         self.drains: dict[str, Drain] = {}  # pool -> the node held for its protected whole-node job
         self.share_starts: dict[str, list[int | None]] = {}  # job -> MIG start per replica (shares.place)
         self._share_mix: dict[str, Mix] = {}  # share mode -> the queued shares' request mix
+        self.host: HostLeft | None = None  # nodes' CPU and memory left (hostres.py), built on first use
         # answers computed from the scratch usage (and preemptible) tables, valid while `version`
         # (bumped by every change to them, `count`) stays the same
         self.version = 0
@@ -267,6 +269,7 @@ class Work:
             give_shares(self, job)
         for nid, gpus in self.held(job):
             self.cap.give(nid, gpus)
+        given(self, job)
 
     def release(self, job: Job) -> None:
         self.give_back(job)
@@ -316,7 +319,7 @@ class Work:
 
             jobs = self.s.jobs
             asked = [
-                share_request(share)
+                share_request(share, jobs[jid].spec.cpu_milli or 0)
                 for line in self.s.fifo_lines.values()
                 for _, jid in line
                 if (share := jobs[jid].spec.share) is not None and mode_of(share) == mode
