@@ -493,19 +493,7 @@ class SysfsSource:
         key = (index if index is not None else i, uuid, total_mib, limit_w, replays)
         template = paths.template
         if template is None or paths.template_memo is not memo or paths.template_key != key:
-            template = paths.template = GpuSample(
-                index=key[0],
-                uuid=uuid,
-                memory_total_mib=total_mib,
-                power_limit_w=limit_w,
-                ecc_sbe_volatile=memo.ce,
-                ecc_dbe_volatile=memo.umc_ue,
-                retired_pages_dbe=memo.reserved,
-                retired_pages_pending=memo.pending,
-                pcie_replay_count=replays,
-                amd=health,
-                nvlink=NO_LINKS,
-            )
+            template = paths.template = _template(key[0], uuid, total_mib, limit_w, memo, replays)
             paths.template_memo, paths.template_key = memo, key
         sample = _moving(
             template,
@@ -619,6 +607,32 @@ class _SmiMemo(NamedTuple):
     umc_ue: int | None
     reserved: int | None
     pending: bool | None
+
+
+def _template(
+    index: int,
+    uuid: str,
+    total_mib: float | None,
+    limit_w: float | None,
+    memo: _Memo | _SmiMemo,
+    replays: int | None = None,
+) -> GpuSample:
+    """A card's sample of its slow-moving figures (identity, capacity, ECC and pages, health), into
+    which `_moving` puts the figures that change every tick; the sysfs and amdsmi readers keep one per
+    card."""
+    return GpuSample(
+        index=index,
+        uuid=uuid,
+        memory_total_mib=total_mib,
+        power_limit_w=limit_w,
+        ecc_sbe_volatile=memo.ce,
+        ecc_dbe_volatile=memo.umc_ue,
+        retired_pages_dbe=memo.reserved,
+        retired_pages_pending=memo.pending,
+        pcie_replay_count=replays,
+        amd=memo.health,
+        nvlink=NO_LINKS,
+    )
 
 
 class _SmiGpu:
@@ -846,18 +860,7 @@ class AmdSmiSource:
         key = (index if index is not None else i, uuid, total_mib, _f(power.get("power_limit")))
         template = g.template
         if template is None or template.amd is not memo.health or g.template_key != key:
-            template = g.template = GpuSample(
-                index=key[0],
-                uuid=uuid,
-                memory_total_mib=total_mib,
-                power_limit_w=key[3],
-                ecc_sbe_volatile=memo.ce,
-                ecc_dbe_volatile=memo.umc_ue,
-                retired_pages_dbe=memo.reserved,
-                retired_pages_pending=memo.pending,
-                amd=memo.health,
-                nvlink=NO_LINKS,
-            )
+            template = g.template = _template(key[0], uuid, total_mib, key[3], memo)
             g.template_key = key
         sample = _moving(
             template,
