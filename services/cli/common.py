@@ -7,6 +7,7 @@ import asyncio
 import math
 import os
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 from services.cli.errors import UsageError
@@ -28,12 +29,28 @@ def finite_float(text: str) -> float:
     return value
 
 
+UP_URL_FILE = "nats-url"  # in the data directory: the NATS URL of the `chamber up` that made it
+
+
+def default_nats_url() -> str:
+    """$CHAMBER_NATS_URL; else the URL `chamber up` wrote into the data directory (so `make up
+    NATS_PORT=4223` needs nothing more in the next terminal); else the default port."""
+    if os.environ.get("CHAMBER_NATS_URL"):
+        return os.environ["CHAMBER_NATS_URL"]
+    try:
+        written = (Path(os.environ.get("CHAMBER_DATA_DIR", ".chamber")) / UP_URL_FILE).read_text().strip()
+    except OSError:
+        written = ""
+    return written or DEFAULT_NATS_URL
+
+
 def add_nats_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--nats",
         metavar="URL",
-        default=os.environ.get("CHAMBER_NATS_URL", DEFAULT_NATS_URL),
-        help=f"NATS server, or several separated by commas (default: $CHAMBER_NATS_URL or {DEFAULT_NATS_URL})",
+        default=default_nats_url(),
+        help="NATS server, or several separated by commas (default: $CHAMBER_NATS_URL, else the URL of the "
+        f"`chamber up` whose data directory is $CHAMBER_DATA_DIR or .chamber, else {DEFAULT_NATS_URL})",
     )
 
 

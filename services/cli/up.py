@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from services.cli.common import (
+    UP_URL_FILE,
     add_partitions_option,
     add_replicas_option,
     apply_partitions_option,
@@ -319,6 +320,8 @@ async def _serve(args: argparse.Namespace, data_dir: Path, partitions: int = 1) 
         # supervised like every component: a killed nats-server is restarted on the same store and port
         supervisor.add(Component("nats", server.argv(), stop_last=True, unset=SECRETS, heartbeat=False))
         url = server.url
+        # the operator's CLI in this directory finds this stack's port (the URL holds no password)
+        (data_dir / UP_URL_FILE).write_text(url + "\n")
     api_token(data_dir)  # created now, before the gateway reads it
 
     async def until_stopped(stop: asyncio.Event) -> None:

@@ -88,6 +88,11 @@ def test_a_restarted_stack_restores_every_decider_from_its_snapshot(tmp_path: Pa
         _wait(lambda: all(_events(up.log(s), "caught up") for s in DECIDERS), 120, "every decider caught up")
         # the demo workload submits jobs: the scheduler's log moves past its first positions
         _wait(lambda: _events(up.log("scheduler"), "cycle"), 120, "a scheduling cycle")
+        # the operator's next terminal: no URL given, a non-default port; the CLI finds this stack
+        env = {k: v for k, v in os.environ.items() if k != "CHAMBER_NATS_URL"}
+        env["CHAMBER_DATA_DIR"] = str(up.data)
+        listed = subprocess.run([CHAMBER, "quota", "list"], env=env, capture_output=True, text=True, timeout=60)
+        assert listed.returncode == 0, listed.stderr
     finally:
         up.stop()
     saved = {}
