@@ -119,3 +119,22 @@ def test_preempting_a_victim_frees_its_cpu_for_the_job_that_waits_for_cpu() -> N
     cycle = d.cycle(now=20)
     assert [x.job_id for x in cycle.decisions if isinstance(x, Preempt)] == ["low"]
     assert d.state_of("high") == "running"
+
+
+def test_a_job_asking_less_cpu_is_tried_after_one_of_the_same_gpu_shape_did_not_fit() -> None:
+    # the cycle answers jobs of an already failed shape in bulk: the CPU asked is part of that shape
+    d = Driver().given(a_quota("vision", 16), a_node("n1", 8, host_cpu=16_000))
+    d.given(a_job("big", gpus=2, cpu=32_000), a_job("small", gpus=2, cpu=4_000, at=2.0))
+    d.cycle(20.0)
+    assert d.state_of("big") == "pending" and d.state_of("small") == "running"
+
+
+def test_a_job_waiting_for_cpu_says_so() -> None:
+    d = Driver().given(a_quota("vision", 16), a_node("n1", 8, host_cpu=16_000, host_memory=64 * 1024))
+    d.given(a_job("a", gpus=2, cpu=12_000))
+    d.cycle()
+    d.given(a_job("b", gpus=2, cpu=8_000, memory=2048, at=2.0))
+    cycle = d.cycle(20.0)
+    why = cycle.waiting["b"]
+    assert "1 node with the GPUs free lacks" in why and "(CPU 8 cores, memory 2 GiB)" in why, why
+    assert "at most 4 cores" in why, why

@@ -27,7 +27,7 @@ from operator import attrgetter, itemgetter
 from typing import Any
 
 from events import JobSpec, PreemptionReason, PriorityClass
-from services.scheduler.core import backfill, idle, mig_live, placement, preemption, quota, shares
+from services.scheduler.core import backfill, hostres, idle, mig_live, placement, preemption, quota, shares
 from services.scheduler.core.budget import held as budget_held
 from services.scheduler.core.decisions import Admit, Cycle, CycleMark, Decision, Preempt, Requeue, Reservation
 from services.scheduler.core.degraded import only_degraded, out_of_service, stay_note
@@ -677,6 +677,8 @@ def _capacity_wait(ctx: CycleContext, c: Candidate, guard: str) -> Wait | None:
     )
     if spec.gpus_per_replica > work.cap.max_gpus:
         why += f"; no node has {spec.gpus_per_replica} GPUs (the largest has {work.cap.max_gpus})"
+    elif c.block is None:
+        why += hostres.short_text(work, job, classes)
     fits_ever = spec.gpus_per_replica <= work.cap.max_gpus and job.gpus <= sum(work.cap.class_total[k] for k in classes)
     policy = ctx.policy
     if guard and c.block is None and fits_ever and policy.guard_holds_free_gpus and not policy.head_of_line:

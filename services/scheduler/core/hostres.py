@@ -152,3 +152,40 @@ def cpu_left(work: Work, nid: int, cpu_per_milli: float) -> tuple[int, int]:
     cpu = UNLIMITED if left is None or left[0] is None else left[0]
     need = (host.asking.cpu_milli or 0) if host.asking is not None else 0
     return cpu, cpu - need
+
+
+def short_text(work: Work, job: Job, classes: list[int]) -> str:
+    """For a waiting job that asks for CPU or memory: how many nodes have the GPUs for one of its
+    replicas free but not the CPU or memory, and the most either has left there ("" when none)."""
+    if not asks(job.spec) or not of(work).left:
+        return ""
+    host, cap, wanted = of(work), work.cap, set(classes)
+    per = 1 if job.spec.share is not None else job.spec.gpus_per_replica
+    short, cpu_most, mem_most = 0, 0, 0
+    for nid, left in host.left.items():
+        slot = cap.slots[nid]
+        if not slot.usable or slot.cls not in wanted or len(slot.free) < per or host.fit(nid, job.spec) >= 1:
+            continue
+        short += 1
+        cpu_most = max(cpu_most, left[0] or 0)
+        mem_most = max(mem_most, left[1] or 0)
+    if not short:
+        return ""
+    asked = ", ".join(
+        f"{label} {value}"
+        for label, value in (
+            ("CPU", f"{job.spec.cpu_milli / 1000:g} cores" if job.spec.cpu_milli else ""),
+            ("memory", f"{job.spec.memory_mib / 1024:g} GiB" if job.spec.memory_mib else ""),
+        )
+        if value
+    )
+    most = " and ".join(
+        text
+        for text, asked_for in (
+            (f"{cpu_most / 1000:g} cores", job.spec.cpu_milli),
+            (f"{mem_most / 1024:g} GiB", job.spec.memory_mib),
+        )
+        if asked_for
+    )
+    nodes = f"{short} nodes with the GPUs free lack" if short != 1 else "1 node with the GPUs free lacks"
+    return f"; {nodes} the host resources it asks per replica ({asked}): at most {most} left there"

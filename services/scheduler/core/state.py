@@ -173,7 +173,7 @@ class Node:
 QueueKey = tuple[int, float, float, str]  # priority rank, -fair share, submit time, job id
 # What decides a waiting job's answer when it does not fit (same shape, same answer in a cycle):
 # pool, team, priority rank, GPU model, cluster, GPUs per replica, replicas, preemptible
-Shape = tuple[str, str, int, str | None, str | None, int, int, bool, GpuShare | None]
+Shape = tuple[str, str, int, str | None, str | None, int, int, bool, GpuShare | None, int | None, int | None]
 QueueEntry = tuple[QueueKey, int, float]  # a queued job's key, its shape's number, when it joined the queue
 
 
@@ -189,6 +189,8 @@ def shape_of(job: Job) -> Shape:
         spec.replicas,
         spec.preemptible,
         spec.share,
+        spec.cpu_milli,  # a job asking less of a node's CPU or memory may fit where one asking more did not
+        spec.memory_mib,
     )
 
 
