@@ -97,8 +97,9 @@ CHANNELS: tuple[Channel, ...] = (
         "fleetMig",
         "chamber.fleet.{cluster}.{node}.mig",
         FLEET,
-        "MIG layouts the scheduler planned for a node's GPUs, and applied (by its Kubernetes actuator).",
-        (fleet.MigLayoutPlanned, fleet.MigLayoutApplied),
+        "MIG layouts the scheduler planned for a node's GPUs, applied (by its Kubernetes actuator), "
+        "or abandoned by an operator.",
+        (fleet.MigLayoutPlanned, fleet.MigLayoutApplied, fleet.MigChangeAbandoned),
         _NODE,
     ),
     Channel(
@@ -252,6 +253,11 @@ COMMANDS: tuple[CommandChannel, ...] = (
     CommandChannel("perf", "idle_policy", "Set a team's idle-reclaim policy (recorded as IdlePolicySet)."),
     CommandChannel("perf", "idle", "Idle-reclaim policies per team and the jobs flagged idle."),
     CommandChannel("scheduler", "resume", "Queue again a job suspended as idle (recorded as JobResumeRequested)."),
+    CommandChannel(
+        "scheduler",
+        "mig_abandon",
+        "Give up a node's planned MIG change that did not apply (recorded as MigChangeAbandoned).",
+    ),
     CommandChannel("sim", "inject", "Inject a fault into a simulated node (`chamber agent --simulate`)."),
 )
 

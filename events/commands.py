@@ -214,6 +214,16 @@ class ResumeJob(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     expected_seq: ExpectedSeq | None = None
 
 
+class AbandonMigChange(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """`chamber.cmd.scheduler.mig_abandon`: give up the MIG change planned for a node that did not apply
+    (the MIG manager failed): its GPUs keep the layout last applied and Chamber lifts its cordon."""
+
+    node: Name
+    cluster: Name = "local"
+    by: Text = "operator"
+    reason: Text = ""
+
+
 # service -> verb -> request type, for the API documents and the gateway's checks.
 REQUESTS: dict[str, dict[str, type[msgspec.Struct]]] = {
     "scheduler": {
@@ -222,6 +232,7 @@ REQUESTS: dict[str, dict[str, type[msgspec.Struct]]] = {
         "queue": ListQueue,
         "explain": ExplainJob,
         "resume": ResumeJob,
+        "mig_abandon": AbandonMigChange,
     },
     "quota": {"set": SetTeamQuota, "patch": PatchTeamQuota},
     "health": {"restore": RestoreNode, "confirm": RestoreNode, "dismiss": RestoreNode},

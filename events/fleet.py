@@ -182,3 +182,16 @@ class MigLayoutApplied(Event, frozen=True, tag=event_type("fleet", "mig_layout_a
     layout: list[MigInstance] = []
     mig_enabled: bool = True
     planned_at: float | None = None
+
+
+class MigChangeAbandoned(Event, frozen=True, tag=event_type("fleet", "mig_change_abandoned")):
+    """An operator gave up a planned MIG change that did not apply (`chamber mig abandon NODE`): the
+    GPUs in `gpus` keep the layout last applied, Chamber lifts the cordon it set for the change, and the
+    planner leaves those GPUs alone for its usual interval (one change per GPU per hour)."""
+
+    cluster: Name
+    node: Name
+    at: float
+    gpus: list[int] = []
+    by: str = ""
+    reason: str = ""

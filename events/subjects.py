@@ -22,7 +22,7 @@ from events.dispatch import (
 )
 from events.fabric import FabricSample, JobSlowdownCleared, JobSlowdownDetected
 from events.faults import GpuFaultDetected
-from events.fleet import MigLayoutApplied, MigLayoutPlanned
+from events.fleet import MigChangeAbandoned, MigLayoutApplied, MigLayoutPlanned
 from events.idle import IdlePolicySet, JobIdleDetected
 from events.quota import BudgetSet, FairShareUpdated, PoolDefined, PoolRemoved, TeamQuotaSet
 from events.steps import RankStepTimings
@@ -156,7 +156,7 @@ def subject_for(event: Event) -> str:
             return idle_policy(event.team)
         case GpuFaultDetected():
             return faults(event.cluster, event.node)
-        case MigLayoutPlanned() | MigLayoutApplied():
+        case MigLayoutPlanned() | MigLayoutApplied() | MigChangeAbandoned():
             return fleet_mig(event.cluster, event.node)
         case PoolDefined() | PoolRemoved():
             return quota(None)

@@ -57,6 +57,14 @@ class Step:
     done: bool = False
 
 
+def release_patch(node: dict[str, Any]) -> dict[str, Any] | None:
+    """After an operator abandoned the change: lift the cordon Chamber set for it (None: none to lift)."""
+    annotations = (node.get("metadata") or {}).get("annotations") or {}
+    if annotations.get(CORDONED) != "true":
+        return None
+    return {"spec": {"unschedulable": False}, "metadata": {"annotations": {CORDONED: None}}}
+
+
 def next_step(node: dict[str, Any], want: str, busy_pods: int) -> Step:
     """Where the documented procedure stands for `node` (as read) and the config `want`."""
     meta, spec = node.get("metadata") or {}, node.get("spec") or {}

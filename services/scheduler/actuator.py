@@ -62,6 +62,7 @@ class KubernetesActuator:
             log.warning("no --bindings file: any namespace may charge any team")
         self.workloads = KubernetesWorkloads(api_client or client.ApiClient())
         self.mig: MigApplier | None = None
+        self.released: set[tuple[str, float]] = set()  # (node, abandoned at): Chamber's cordon lifted
         if mig_config_map:
             from services.scheduler.mig_apply import MigApplier
 
@@ -105,7 +106,7 @@ class KubernetesActuator:
         once the MIG manager reports success (a refused request waits a round)."""
         from kubernetes.client.exceptions import ApiException
 
-        from services.scheduler.mig_apply import applied_events, pending_changes
+        from services.scheduler.mig_apply import abandoned_nodes, applied_events, pending_changes
 
         sched, mig = self.scheduler, self.mig
         assert sched.host is not None and mig is not None
@@ -121,6 +122,17 @@ class KubernetesActuator:
                 log.info("MIG layout applied", node=change.node, config=change.config)
             elif step.wait:
                 log.info("MIG change waits", node=change.node, config=change.config, why=step.wait)
+        for name, when in abandoned_nodes(sched.state, self.cluster):
+            if (name, when) in self.released:
+                continue
+            try:
+                lifted = await asyncio.to_thread(mig.release, name)
+            except ApiException as exc:
+                log.warning("MIG change abandoned: uncordon refused", node=name, status=exc.status)
+                continue
+            self.released.add((name, when))
+            if lifted:
+                log.info("MIG change abandoned: cordon lifted", node=name)
 
     def _skipped(self, kind: Any) -> None:
         log.info("workload kind skipped: its CRD is not installed", kind=kind.kind, api_version=kind.api_version)

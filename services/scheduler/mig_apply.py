@@ -28,8 +28,8 @@ import yaml
 
 from events.codec import stable_id
 from events.fleet import MigInstance, MigLayoutApplied
-from services.kube.mig_config import Step, config_entry, config_name, next_step
-from services.scheduler.core.mig_live import reconfiguring
+from services.kube.mig_config import Step, config_entry, config_name, next_step, release_patch
+from services.scheduler.core.mig_live import abandoned, reconfiguring
 
 if TYPE_CHECKING:
     from services.scheduler.core.mig import Instance
@@ -72,6 +72,17 @@ def pending_changes(state: SchedulerState, cluster: str) -> list[NodeChange]:
                 layouts[gpu] = list(st.layout) if st.enabled else None
         entry = config_entry(layouts)
         out.append(NodeChange(node.name, config_name(entry), entry, tuple(changing)))
+    return out
+
+
+def abandoned_nodes(state: SchedulerState, cluster: str) -> list[tuple[str, float]]:
+    """(node, when) for the nodes of `cluster` whose last change an operator abandoned."""
+    out = []
+    for nid in sorted(state.mig_nodes):
+        node = state.node_by_id[nid]
+        when = abandoned(node) if node.cluster == cluster else None
+        if when is not None:
+            out.append((node.name, when))
     return out
 
 
@@ -147,6 +158,14 @@ class MigApplier:
             self.told.add((change.node, change.config))
             self._warn(node, step.wait, now)
         return step
+
+    def release(self, name: str) -> bool:
+        """Lift Chamber's cordon of a node whose change an operator abandoned; whether it lifted one."""
+        node = self.api_client.sanitize_for_serialization(self.core.read_node(name))
+        patch = release_patch(node)
+        if patch is not None:
+            self.core.patch_node(name, patch)
+        return patch is not None
 
     def _warn(self, node: dict[str, Any], message: str, now: float) -> None:
         stamp = datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

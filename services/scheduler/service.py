@@ -32,7 +32,8 @@ from typing import Any
 from events import Event, JobCancelled, subjects
 from events.channels import STEP_LOG_BUCKET
 from events.codec import stable_id
-from events.commands import CancelJob, ExplainJob, ListQueue, ResumeJob, SubmitJob
+from events.commands import AbandonMigChange, CancelJob, ExplainJob, ListQueue, ResumeJob, SubmitJob
+from events.fleet import MigChangeAbandoned
 from events.idle import JobResumeRequested
 from services.runtime.commands import Accepted, Append, Command, CommandRefused, FromLog, page_of_rows
 from services.runtime.decider import Decider, DeciderHost, Input, SnapshotCodec, pickle_codec
@@ -203,6 +204,7 @@ class Scheduler:
                 from_log=cancel_from_log,
             ),
             Command("resume", ResumeJob, validate=validate_resume, entity=_resume_subject, conflict_field="job"),
+            Command("mig_abandon", AbandonMigChange, validate=validate_mig_abandon),
             Command("queue", QueueRequest, answer=self.answer_queue),
             Command("explain", ExplainRequest, answer=self.answer_explain, from_log=explain_from_log),
         )
@@ -327,6 +329,21 @@ def validate_resume(state: SchedulerState, req: ResumeJob, now: float) -> Accept
     event = JobResumeRequested(job_id=job.id, at=now, by=req.by)
     append = Append(event, stable_id("resume-requested", job.id, job.generation), req.expected_seq)
     return Accepted((append,), {"id": job.id, "state": "queued"})
+
+
+def validate_mig_abandon(state: SchedulerState, req: AbandonMigChange, now: float) -> Accepted:
+    """Only a node with a planned change not yet applied; the event's id is per planned change, so a
+    repeated command is applied once."""
+    node = state.nodes.get((req.cluster, req.node))
+    if node is None:
+        raise CommandRefused(f"no node {req.cluster}/{req.node}; `chamber fleet` lists the nodes", field="node")
+    gpus = sorted(g for g, st in node.mig.items() if st.pending is not None)
+    if not gpus:
+        raise CommandRefused(f"node {req.cluster}/{req.node} has no MIG change pending", field="node")
+    planned = max(node.mig[g].changed_at or 0.0 for g in gpus)
+    event = MigChangeAbandoned(cluster=req.cluster, node=req.node, at=now, gpus=gpus, by=req.by, reason=req.reason)
+    append = Append(event, stable_id("mig-abandoned", req.cluster, req.node, planned))
+    return Accepted((append,), {"node": req.node, "cluster": req.cluster, "gpus": gpus, "state": "abandoned"})
 
 
 def cancel_from_log(req: CancelRequest, submitted_event: Event, ended: Event) -> dict[str, Any]:

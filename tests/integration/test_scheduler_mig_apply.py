@@ -20,6 +20,7 @@ from services.scheduler.mig_apply import (
     DEFAULT_CONFIG_MAP,
     FAILED_REASON,
     MigApplier,
+    abandoned_nodes,
     applied_events,
     pending_changes,
 )
@@ -127,7 +128,7 @@ def test_a_failure_leaves_the_node_cordoned_and_is_posted_once_on_the_node(api: 
     the_failure(api)
 
 
-def the_failure(api: KubeStub) -> None:
+def the_failure(api: KubeStub) -> tuple[Driver, MigApplier]:
     d = planned_fleet()
     [change] = pending_changes(d.state, "c1")
     applier = MigApplier(api.client().api_client, DEFAULT_CONFIG_MAP)
@@ -146,6 +147,29 @@ def the_failure(api: KubeStub) -> None:
         "n1",
     )
     assert pending_changes(d.state, "c1") == [change]  # the scheduler keeps work off the node meanwhile
+    return d, applier
+
+
+def test_an_operator_abandons_a_failed_change_the_cordon_is_lifted_and_whole_gpu_work_runs(api: KubeStub) -> None:
+    from events.commands import AbandonMigChange
+    from services.runtime.commands import CommandRefused
+    from services.scheduler.service import validate_mig_abandon
+
+    d, applier = the_failure(api)
+    accepted = validate_mig_abandon(d.state, AbandonMigChange(node="n1", cluster="c1", reason="mig-manager"), 30.0)
+    [append] = accepted.appends
+    d.given(append.event)
+    assert pending_changes(d.state, "c1") == [] and abandoned_nodes(d.state, "c1") == [("n1", 30.0)]
+    with pytest.raises(CommandRefused, match="no MIG change pending"):
+        validate_mig_abandon(d.state, AbandonMigChange(node="n1", cluster="c1"), 31.0)
+    assert applier.release("n1") is True  # Chamber's cordon, lifted; the label is the operator's
+    node = node_of(api)
+    assert node["spec"]["unschedulable"] is False and CORDONED not in node["metadata"]["annotations"]
+    assert applier.release("n1") is False
+    # the GPUs keep the layout last applied (whole GPUs here): whole-GPU work runs, no new plan this hour
+    d.given(a_job("w", gpus=2, at=32.0))
+    d.cycle(now=40)
+    assert d.state_of("w") == "running" and pending_changes(d.state, "c1") == []
 
 
 def test_the_charts_mig_rbac_is_exactly_what_the_procedure_calls(helm: Path) -> None:  # noqa: F811

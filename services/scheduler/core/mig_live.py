@@ -43,7 +43,7 @@ from services.scheduler.core.mig import Instance, mig_model, occupancy, starts_i
 from services.scheduler.core.mig_plan import GpuKey, LayoutChange, MigGpu, plan
 
 if TYPE_CHECKING:
-    from events.fleet import MigLayoutApplied, MigLayoutPlanned
+    from events.fleet import MigChangeAbandoned, MigLayoutApplied, MigLayoutPlanned
     from services.scheduler.core.state import Job, Node, SchedulerState
     from services.scheduler.core.work import Work
 
@@ -66,6 +66,7 @@ class MigState:
     pending: tuple[Instance, ...] | None = None  # the planned layout, until applied (() with MIG off)
     pending_enabled: bool = True
     changed_at: float | None = None  # when its last change was planned (the rate limit)
+    abandoned_at: float | None = None  # an operator gave its pending change up (the actuator uncordons)
 
 
 def managed(node: Node) -> bool:
@@ -102,6 +103,7 @@ def fold_planned(s: SchedulerState, e: MigLayoutPlanned) -> None:
     st.pending = tuple((i.profile, i.start) for i in e.after) if not e.disable_mig else ()
     st.pending_enabled = not e.disable_mig
     st.changed_at = e.at
+    st.abandoned_at = None
     s.mig_nodes[node.nid] = None
     s.refresh_node(node)
 
@@ -116,9 +118,31 @@ def fold_applied(s: SchedulerState, e: MigLayoutApplied) -> None:
     if not e.mig_enabled:
         st.layout = ()
     st.pending = None
+    st.abandoned_at = None
     s.mig_nodes[node.nid] = None
     s.refresh_node(node)
     s.capacity_epoch += 1  # capacity changed shape: the next cycle looks at every queued job
+
+
+def fold_abandoned(s: SchedulerState, e: MigChangeAbandoned) -> None:
+    """The GPUs keep their applied layout; the change's time stays their last (the hourly limit holds)."""
+    node = s.nodes.get((e.cluster, e.node))
+    if node is None:
+        return
+    for gpu in e.gpus:
+        st = node.mig.get(gpu)
+        if st is not None and st.pending is not None:
+            st.pending, st.abandoned_at = None, e.at
+    s.mig_nodes[node.nid] = None
+    s.refresh_node(node)
+    s.capacity_epoch += 1
+
+
+def abandoned(node: Node) -> float | None:
+    """When an operator last gave up a change on the node, while no newer one is planned or applied."""
+    if reconfiguring(node):
+        return None
+    return max((st.abandoned_at for st in node.mig.values() if st.abandoned_at is not None), default=None)
 
 
 # -- planning in the cycle --------------------------------------------------------------------------------

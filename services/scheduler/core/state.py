@@ -46,7 +46,7 @@ from events import (
 )
 from events.fabric import JobSlowdownCleared, JobSlowdownDetected
 from events.faults import GpuFaultDetected
-from events.fleet import IsolationDismissed, IsolationHeld, MigLayoutApplied, MigLayoutPlanned
+from events.fleet import IsolationDismissed, IsolationHeld, MigChangeAbandoned, MigLayoutApplied, MigLayoutPlanned
 from events.idle import JobIdleDetected, JobResumeRequested
 from events.jobs import GpuShare
 from events.telemetry import GpuInfo
@@ -55,7 +55,15 @@ from services.scheduler.core.budget import BudgetRule, demoted, fold_budget_exce
 from services.scheduler.core.capacity import Capacity
 from services.scheduler.core.idle import IdleReclaim, fold_idle_detected, fold_resume_requested
 from services.scheduler.core.links import LinkHealth, fold_cleared, fold_fault, fold_kind, fold_slowdown
-from services.scheduler.core.mig_live import MigState, fold_applied, fold_planned, managed, mig_held, reconfiguring
+from services.scheduler.core.mig_live import (
+    MigState,
+    fold_abandoned,
+    fold_applied,
+    fold_planned,
+    managed,
+    mig_held,
+    reconfiguring,
+)
 from services.scheduler.core.shares import SharedGpu, equivalents, holding, mode_of, plus, room
 from services.scheduler.core.sortedlist import SortedList
 
@@ -975,6 +983,7 @@ _HANDLERS: dict[type[Event], Callable[[SchedulerState, Any], None]] = {
     JobResumeRequested: fold_resume_requested,
     MigLayoutPlanned: fold_planned,
     MigLayoutApplied: fold_applied,
+    MigChangeAbandoned: fold_abandoned,
 }
 
 _JOB_EVENTS = frozenset(
