@@ -22,7 +22,7 @@ so runs are deterministic.
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -326,7 +326,12 @@ def mig_fragment(state: State, mix: Mix, with_memory: bool = False) -> float:
 
 class _MixArrays:
     """The mix as columns, so `fragment` of one state is a handful of vector operations (the same
-    arithmetic as `fragment`, which stays the readable definition the tests compare this with)."""
+    arithmetic as `fragment`, which stays the readable definition the tests compare this with).
+
+    A state's fragmentation depends on its CPU and memory only through which shapes they can hold, so
+    it is kept by the rank of the CPU (and memory) left among the shapes' distinct asks: nodes whose
+    CPU left differs by a pod that asks for no threshold in between share one entry. The parts that
+    depend on the GPUs alone, and on the model and host alone, are kept too."""
 
     def __init__(self, mix: Mix, models: Iterable[str]) -> None:
         shapes = [s for s, _ in mix.shapes]
@@ -336,6 +341,11 @@ class _MixArrays:
         self.need = np.array([s.per_gpu for s in shapes], dtype=np.int64)
         self.num = np.array([s.num_gpu if not s.mig_profile else 0 for s in shapes], dtype=np.int64)
         self.allowed = {m: np.array([s.allows(m) for s in shapes], dtype=bool) for m in models}
+        self.cpus = sorted({s.cpu_milli for s in shapes})
+        self.mems = sorted({s.memory_mib for s in shapes})
+        self._kept: dict[tuple[str, int, int, tuple[int, ...]], float] = {}
+        self._host: dict[tuple[str, int, int], np.ndarray] = {}  # shapes the model, CPU, memory allow
+        self._gpus: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = {}  # shapes that fit, what stays
 
     def fragment(self, state: State, with_memory: bool) -> float:
         model, cpu, mem, full, gpus, _ = state
@@ -344,14 +354,27 @@ class _MixArrays:
             return 0.0
         if full:
             return float(self.p.sum() * left)
-        ordered = np.asarray(gpus, dtype=np.int64)  # already sorted ascending
-        below = np.searchsorted(ordered, self.need, side="left")  # GPUs with less than the need
-        prefix = np.concatenate(([0], np.cumsum(ordered)))
-        runs = self.allowed[model] & (self.cpu <= cpu) & (self.num > 0) & (len(gpus) - below >= self.num)
-        if with_memory:
-            runs &= self.mem <= mem
-        per_shape = np.where(runs, prefix[below], left)
-        return float(self.p @ per_shape)
+        ci = bisect_right(self.cpus, cpu)
+        mi = bisect_right(self.mems, mem) if with_memory else -1
+        key = (model, ci, mi, gpus)
+        value = self._kept.get(key)
+        if value is not None:
+            return value
+        host = self._host.get(key[:3])
+        if host is None:
+            host = self.allowed[model] & (self.cpu <= cpu)
+            if with_memory:
+                host &= self.mem <= mem
+            self._host[(model, ci, mi)] = host
+        parts = self._gpus.get(gpus)
+        if parts is None:
+            ordered = np.asarray(gpus, dtype=np.int64)  # already sorted ascending
+            below = np.searchsorted(ordered, self.need, side="left")  # GPUs with less than the need
+            prefix = np.concatenate(([0], np.cumsum(ordered)))
+            parts = self._gpus[gpus] = ((self.num > 0) & (len(gpus) - below >= self.num), prefix[below])
+        fits, unusable = parts
+        value = self._kept[key] = float(self.p @ np.where(host & fits, unusable, left))
+        return value
 
 
 # --- policies: score(packer, state, option_state, node spec) -> lower is better -------------------------
