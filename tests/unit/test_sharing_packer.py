@@ -182,3 +182,28 @@ def test_the_vectorised_fragmentation_is_fgds_definition(state: tuple, with_memo
     )
     columns = _MixArrays(mix, ["T4", "G2"])
     assert columns.fragment(state, with_memory) == pytest.approx(fragment(state, mix, with_memory))
+
+
+near_asks = st.tuples(
+    st.sampled_from(["T4", "G2"]),
+    st.sampled_from([0, 999, 1000, 3999, 4000, 4001, 11_999, 12_000, 63_999, 64_000, 96_000]),
+    st.sampled_from([0, 1023, 1024, 65_535, 65_536, 199_999, 200_000, 300_000]),
+    st.just(False),
+    st.lists(st.sampled_from([0, 270, 460, 1000]), min_size=1, max_size=8).map(lambda g: tuple(sorted(g))),
+    st.just(()),
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(seq=st.lists(st.one_of(states, near_asks), min_size=2, max_size=40), with_memory=st.booleans())
+def test_fragmentation_kept_by_rank_of_cpu_and_memory_is_the_definition_for_every_state_in_turn(
+    seq: list[tuple],
+    with_memory: bool,  # type: ignore[type-arg]
+) -> None:
+    # One set of columns for the whole sequence, so what was kept for one state answers for the next
+    # states with CPU and memory on the same side of every shape's ask (values at and beside the asks).
+    mix = Mix.of([a_pod(milli=460, cpu=4000, mem=1024), a_pod(cpu=12000, mem=65536), a_pod(gpus=2, cpu=64000)])
+    mix = Mix.of([*(s for s, _ in mix.shapes), a_pod(milli=270, cpu=1000, mem=200_000, models="T4")])
+    columns = _MixArrays(mix, ["T4", "G2"])
+    for state in seq:
+        assert columns.fragment(state, with_memory) == pytest.approx(fragment(state, mix, with_memory))
