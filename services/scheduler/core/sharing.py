@@ -22,6 +22,7 @@ so runs are deterministic.
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left, bisect_right
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -390,8 +391,13 @@ def _bestfit(packer: Packer, before: State, new: State, spec: NodeSpec, pod: Pod
 
 
 def _fgd(packer: Packer, before: State, new: State, spec: NodeSpec, pod: PodRequest) -> float:
-    """FGD: the smallest growth of the node's fragmentation for the expected mix."""
-    return packer.frag(new) - packer.frag(before)
+    """FGD: the smallest growth of the node's fragmentation for the expected mix, scored as the authors'
+    simulator scores it (hkust-adsl/kubernetes-scheduler-simulator, `fgd_score.go`): a Kubernetes
+    node score, the integer part of 100 x sigmoid(fragmentation decrease / 1000), so growths within a
+    few tens of milli-GPU tie (here the lowest node index wins them; Kubernetes picks among them at
+    random). The exact growth, unrounded, allocates 0.8 to 2.9 points less on the openb lists."""
+    decrease = packer.frag(before) - packer.frag(new)
+    return -float(int(100 / (1 + math.exp(-decrease / 1000))))
 
 
 # Chamber's weights: BESTFIT_WEIGHT chosen on the openb `default` and `gpushare100` traces (seeds 0, 1),
