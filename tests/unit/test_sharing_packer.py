@@ -67,6 +67,23 @@ def test_a_model_allow_list_is_respected_and_scarce_models_are_kept_for_those_th
     assert packer.place(a_pod(models="V100")) is None
 
 
+def test_model_tightness_follows_the_free_capacity_and_steers_pods_with_a_choice() -> None:
+    nodes = [a_node("t4", gpus=4, model="T4"), a_node("g2", gpus=4, model="G2")]
+    # A third of the expected GPU demand can only run on T4s, which hold half the fleet.
+    packer = Packer(nodes, mix=Mix.of([a_pod(models="T4"), a_pod(), a_pod()]))
+    assert packer.tightness("T4") == pytest.approx(1 / 3 * 8 / 4)
+    assert packer.tightness("G2") == 0.0, "no request is tied to G2"
+    assert packer.place(a_pod(models="T4")) == ("t4", [0])
+    assert packer.place(a_pod(models="T4")) == ("t4", [1])
+    assert packer.tightness("T4") == pytest.approx(1 / 3 * 6 / 2), "half the T4s are gone, 6 of 8 GPUs free"
+    # As many requests tied to T4 as to V100, but three times the V100s: a pod that may use either goes
+    # to a V100 (the fragmentation and best fit alone cannot tell the two apart: the T4, first, wins).
+    fleet = [a_node("t4", gpus=2, model="T4")] + [a_node(f"v100-{i}", gpus=2, model="V100") for i in range(3)]
+    mix = Mix.of([a_pod(models="T4"), a_pod(models="V100"), a_pod()])
+    assert Packer(fleet, mix=mix).place(a_pod(models="T4|V100")) == ("v100-0", [0])
+    assert Packer(fleet, mix=mix, policy="fgd").place(a_pod(models="T4|V100")) == ("t4", [0])
+
+
 def test_cpu_heavy_pods_go_where_cpu_is_plentiful_and_cpu_light_ones_where_it_is_not() -> None:
     # Same GPUs, same fill: only the CPU left per GPU left tells the nodes apart (ties go to "poor").
     nodes = [a_node("poor", gpus=4, cpu=16_000), a_node("rich", gpus=4, cpu=128_000)]
@@ -165,3 +182,28 @@ def test_the_vectorised_fragmentation_is_fgds_definition(state: tuple, with_memo
     )
     columns = _MixArrays(mix, ["T4", "G2"])
     assert columns.fragment(state, with_memory) == pytest.approx(fragment(state, mix, with_memory))
+
+
+near_asks = st.tuples(
+    st.sampled_from(["T4", "G2"]),
+    st.sampled_from([0, 999, 1000, 3999, 4000, 4001, 11_999, 12_000, 63_999, 64_000, 96_000]),
+    st.sampled_from([0, 1023, 1024, 65_535, 65_536, 199_999, 200_000, 300_000]),
+    st.just(False),
+    st.lists(st.sampled_from([0, 270, 460, 1000]), min_size=1, max_size=8).map(lambda g: tuple(sorted(g))),
+    st.just(()),
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(seq=st.lists(st.one_of(states, near_asks), min_size=2, max_size=40), with_memory=st.booleans())
+def test_fragmentation_kept_by_rank_of_cpu_and_memory_is_the_definition_for_every_state_in_turn(
+    seq: list[tuple],
+    with_memory: bool,  # type: ignore[type-arg]
+) -> None:
+    # One set of columns for the whole sequence, so what was kept for one state answers for the next
+    # states with CPU and memory on the same side of every shape's ask (values at and beside the asks).
+    mix = Mix.of([a_pod(milli=460, cpu=4000, mem=1024), a_pod(cpu=12000, mem=65536), a_pod(gpus=2, cpu=64000)])
+    mix = Mix.of([*(s for s, _ in mix.shapes), a_pod(milli=270, cpu=1000, mem=200_000, models="T4")])
+    columns = _MixArrays(mix, ["T4", "G2"])
+    for state in seq:
+        assert columns.fragment(state, with_memory) == pytest.approx(fragment(state, mix, with_memory))
