@@ -3,6 +3,7 @@ saved: a state loaded from a snapshot builds them again and decides the same."""
 
 from __future__ import annotations
 
+import pickle
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
@@ -85,6 +86,40 @@ def test_the_victims_by_node_follow_the_fold() -> None:
     assert _node_index(built)[0]  # preemptible work runs on some node
 
 
+def _node_columns(index: Derived) -> dict[Any, tuple[list[int], list[int]]]:
+    """Each group's columns by node id (GPUs listed, jobs placed), without the rows of zeros."""
+    out = {}
+    for g, (gpus, jobs) in index.on_nodes.items():
+        rows = [nid for nid in range(max(len(gpus), len(jobs))) if gpus[nid] or jobs[nid]]
+        if rows:
+            out[g] = ([gpus[nid] for nid in rows], [jobs[nid] for nid in rows])
+    return out
+
+
+def test_the_victims_by_node_id_follow_the_fold_and_the_capacity_columns_follow_the_index() -> None:
+    d = a_busy_fleet()
+    d.given(a_job("urgent", gpus=2, priority="high", at=20), a_job("gang", gpus=4, replicas=2, priority="high", at=21))
+    d.cycle(now=30)
+    d.given(
+        done("nlp1", at=40),
+        JobCancelled(job_id="low2", at=41),
+        GpuIsolated(cluster="c1", node="n1", gpu_index=3, at=42, reason="xid"),
+    )
+    d.cycle(now=50)
+    kept = derived(d.state)
+    built = Derived()
+    built.nodes = d.state.nodes
+    built.victim_groups(d.state.jobs)
+    assert _node_columns(kept) == _node_columns(built)
+    assert _node_columns(built) and not kept.partial  # preemptible work runs on some (known) node
+    cap = d.state.capacity
+    for nid, slot in enumerate(cap.slots):
+        assert (cap.free_col[nid], cap.cls_col[nid]) == (len(slot.free) if slot.usable else -1, slot.cls)
+    loaded = pickle.loads(pickle.dumps(cap))
+    assert (loaded.free_col, loaded.cls_col) == (cap.free_col, cap.cls_col)
+    assert "free_col" not in cap.__getstate__()  # rebuilt on load, not in a snapshot
+
+
 SHARE = GpuShare(gpu_milli=500)
 
 
@@ -164,18 +199,21 @@ def test_the_indexed_victim_search_picks_what_walking_every_victim_picks(
     for probe in probes:
         job = state.jobs[probe.job_id]
         found = []
-        # walking every victim; the index where it saves time; the index wherever it can be read
-        for indexed, few in ((False, preemption._FEW_BEFORE), (True, preemption._FEW_BEFORE), (True, 0)):
+        # walking every victim; the index where it saves time; the index wherever it can be read; each
+        # of those reading the nodes by columns (as on a large fleet) instead of one by one
+        few, cols = preemption._FEW_BEFORE, preemption._FEW_NODES
+        ways = ((False, few, cols), (True, few, cols), (True, 0, cols), (True, few, 0), (True, 0, 0))
+        for indexed, before, nodes in ways:
             work = Work(state, now)
             state.capacity.begin()
-            preemption._FEW_BEFORE, kept = few, preemption._FEW_BEFORE
+            preemption._FEW_BEFORE, preemption._FEW_NODES = before, nodes
             try:
                 picked = preemption.select(work, job, indexed=indexed)
             finally:
-                preemption._FEW_BEFORE = kept
+                preemption._FEW_BEFORE, preemption._FEW_NODES = few, cols
                 state.capacity.end()
             found.append(None if picked is None else [(v.id, r) for v, r in picked])
-        assert found[1] == found[0] and found[2] == found[0], probe.job_id
+        assert all(f == found[0] for f in found[1:]), probe.job_id
 
 
 def _both_ways(state: SchedulerState, job_id: str, now: float) -> list[list[tuple[str, str]] | None]:

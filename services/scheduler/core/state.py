@@ -9,6 +9,7 @@ the whole fleet or history.
 from __future__ import annotations
 
 import heapq
+from array import array
 from bisect import bisect_left, insort
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -205,6 +206,15 @@ class Derived:
         # nodes its eligible groups could empty enough (preemption.py)
         self.node_gpus: dict[tuple[str, str, int], dict[tuple[str, str], int]] = {}
         self.node_jobs: dict[tuple[str, str, int], dict[tuple[str, str], dict[str, Job]]] = {}
+        # running preemptible job -> (node id, GPUs listed) per placement: a search walks thousands
+        # of victims' placements (kept with `victims`, or once a search first reads the job: `nids_of`)
+        self.nids: dict[str, tuple[tuple[int, int], ...]] = {}
+        # The groups by node again, as columns by node id: GPUs listed there, and jobs placed there.
+        # A search for room on one node adds up a few columns (preemption.py) instead of reading every
+        # node's entry. A group with work on a node not discovered then is not kept so (`partial`).
+        self.nodes: dict[tuple[str, str], Node] | None = None  # the state's nodes (`derived` sets them)
+        self.on_nodes: dict[tuple[str, str, int], tuple[array[int], array[int]]] = {}
+        self.partial: set[tuple[str, str, int]] = set()
         # job id -> (queue key, shape number, queued since) of every queued job, in no order: what a
         # full cycle sorts (O(1) to keep as jobs join and leave the queue, where a sorted list moves
         # half of itself each time), and what it reads per job without touching the job
@@ -239,10 +249,54 @@ class Derived:
                 key = (p.cluster, p.node)
                 gpus[key] = gpus.get(key, 0) + len(p.gpu_indices)
                 jobs.setdefault(key, {})[job.id] = job
+            self._columns_add(group, job)
+
+    def _columns_add(self, group: tuple[str, str, int], job: Job) -> None:
+        nodes, spots = self.nodes, []
+        for p in job.placements:
+            node = None if nodes is None else nodes.get((p.cluster, p.node))
+            if node is None:
+                self.partial.add(group)
+                return
+            spots.append((node.nid, len(p.gpu_indices)))
+        self.nids[job.id] = found = tuple(spots)
+        self._count(group, found, 1)
+
+    def _count(self, group: tuple[str, str, int], spots: tuple[tuple[int, int], ...], sign: int) -> None:
+        """Add (+1) or take away (-1) a job's placements in the group's columns (`array`s: cheap to
+        change one row of, read column-wise as numpy without a copy)."""
+        cols = self.on_nodes.get(group)
+        if cols is None:
+            cols = self.on_nodes[group] = (array("q"), array("q"))
+        gpus, jobs = cols
+        size = max(nid for nid, _ in spots) + 1 if spots else 0
+        if len(gpus) < size:
+            more = max(size, len(self.nodes or ())) - len(gpus)
+            gpus.frombytes(bytes(8 * more))
+            jobs.frombytes(bytes(8 * more))
+        for nid, n in spots:
+            gpus[nid] += sign * n
+        if len(spots) == 1:
+            jobs[spots[0][0]] += sign
+            return
+        for nid in {nid for nid, _ in spots}:
+            jobs[nid] += sign
+
+    def nids_of(self, job: Job, nodes: dict[tuple[str, str], Node]) -> tuple[tuple[int, int], ...]:
+        """(node id, GPUs listed there) per placement of a running job (nodes keep their ids)."""
+        found = self.nids.get(job.id)
+        if found is None:
+            found = self.nids[job.id] = tuple(
+                (nodes[(p.cluster, p.node)].nid, len(p.gpu_indices)) for p in job.placements
+            )
+        return found
 
     def drop_running(self, job: Job) -> None:
+        spots = self.nids.pop(job.id, None)
         if self.victims is not None and job.spec.preemptible:
             group = (job.pool, job.spec.team, job.spec.priority.rank)
+            if spots is not None and group not in self.partial and job.id in self.victims.get(group, ()):
+                self._count(group, spots, -1)
             self.victims.get(group, {}).pop(job.id, None)
             gpus, jobs = self.node_gpus.get(group, {}), self.node_jobs.get(group, {})
             for key, n in _per_node(job).items():
@@ -267,6 +321,7 @@ def derived(state: SchedulerState) -> Derived:
     found = state.__dict__.get("_derived")
     if found is None:
         found = state.__dict__["_derived"] = Derived()
+        found.nodes = state.nodes
     return found
 
 
@@ -508,7 +563,9 @@ def _hold(
     job.pool = pool  # the pool the decision was made in, whatever the quota state is at this point of the fold
     job.pool_fixed = True
     job.state = JobState.RUNNING
-    job.placements = list(placements)
+    # the event's own list (no copy: one object less per placement for the collector to walk, and no
+    # one changes a placements list in place: a job's is replaced when it moves, emptied by assignment)
+    job.placements = placements if placements.__class__ is list else list(placements)
     job.running_since = at
     job.started_at = None
     job.borrowed_gpus = borrowed
