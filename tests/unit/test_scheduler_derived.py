@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from events import Event, GpuIsolated, GpuShare, JobCancelled, JobSubmitted
+from events import Event, GpuIsolated, GpuShare, JobCancelled, JobStarted, JobSubmitted
 from services.scheduler.core import JobState, SchedulerState, preemption, schedule
 from services.scheduler.core.state import Derived, derived
 from services.scheduler.core.work import Work
@@ -112,6 +112,13 @@ def test_the_victims_by_node_id_follow_the_fold_and_the_capacity_columns_follow_
     built.victim_groups(d.state.jobs)
     assert _node_columns(kept) == _node_columns(built)
     assert _node_columns(built) and not kept.partial  # preemptible work runs on some (known) node
+    # the victim costs from the fold's columns are those computed job by job, at any time
+    running = sorted(jid for g in built.victims or {} for jid in (built.victims or {})[g])
+    d.given(*(JobStarted(job_id=jid, at=52.5 + i) for i, jid in enumerate(running[::2])))
+    for group, members in (kept.victims or {}).items():
+        for now in (60.0, 977.25, 4000.0):
+            assert sorted(kept.costs[group].costs(now)) == sorted(preemption._costs(members, now)), group
+        assert len(kept.costs[group]) == len(members)
     cap = d.state.capacity
     for nid, slot in enumerate(cap.slots):
         assert (cap.free_col[nid], cap.cls_col[nid]) == (len(slot.free) if slot.usable else -1, slot.cls)
@@ -201,16 +208,19 @@ def test_the_indexed_victim_search_picks_what_walking_every_victim_picks(
         found = []
         # walking every victim; the index where it saves time; the index wherever it can be read; each
         # of those reading the nodes by columns (as on a large fleet) instead of one by one
-        few, cols = preemption._FEW_BEFORE, preemption._FEW_NODES
-        ways = ((False, few, cols), (True, few, cols), (True, 0, cols), (True, few, 0), (True, 0, 0))
-        for indexed, before, nodes in ways:
+        # (and computing victim costs from the fold's columns)
+        kept = preemption._FEW_BEFORE, preemption._FEW_NODES, preemption._FEW_FOR_COLUMNS
+        few, cols, costs = kept
+        ways = ((False, few, cols, costs), (True, few, cols, costs), (True, 0, cols, costs))
+        ways += ((True, few, 0, 0), (True, 0, 0, 0))
+        for indexed, *limits in ways:
             work = Work(state, now)
             state.capacity.begin()
-            preemption._FEW_BEFORE, preemption._FEW_NODES = before, nodes
+            preemption._FEW_BEFORE, preemption._FEW_NODES, preemption._FEW_FOR_COLUMNS = limits
             try:
                 picked = preemption.select(work, job, indexed=indexed)
             finally:
-                preemption._FEW_BEFORE, preemption._FEW_NODES = few, cols
+                preemption._FEW_BEFORE, preemption._FEW_NODES, preemption._FEW_FOR_COLUMNS = kept
                 state.capacity.end()
             found.append(None if picked is None else [(v.id, r) for v, r in picked])
         assert all(f == found[0] for f in found[1:]), probe.job_id

@@ -350,9 +350,18 @@ def _group(work: Work, pool: str, team: str, rank: int) -> Walk:
     them grouped; a group's costs are computed when a walk first reaches it in a cycle)."""
     walk = work.walks.get((pool, team, rank))
     if walk is None:
-        members = derived(work.s).victim_groups(work.s.jobs).get((pool, team, rank), {})
-        walk = work.walks[(pool, team, rank)] = Walk(_costs(members, work.now))
+        index = derived(work.s)
+        members = index.victim_groups(work.s.jobs).get((pool, team, rank), {})
+        columns = index.costs.get((pool, team, rank))
+        if columns is not None and len(members) >= _FEW_FOR_COLUMNS:
+            items = columns.costs(work.now)  # the same jobs (kept together by the fold), the same costs
+        else:
+            items = _costs(members, work.now)
+        walk = work.walks[(pool, team, rank)] = Walk(items)
     return walk
+
+
+_FEW_FOR_COLUMNS = 64  # below this many jobs in a group, its costs are computed job by job
 
 
 def _costs(members: dict[str, Job], now: float) -> list[tuple[float, str, Job]]:

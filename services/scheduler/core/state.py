@@ -59,6 +59,7 @@ from services.scheduler.core.links import LinkHealth, fold_cleared, fold_fault, 
 from services.scheduler.core.mig_live import MigState, fold_applied, fold_planned, managed, mig_held, reconfiguring
 from services.scheduler.core.shares import SharedGpu, equivalents, holding, mode_of, plus, room
 from services.scheduler.core.sortedlist import SortedList
+from services.scheduler.core.victim_costs import CostColumns
 
 DEFAULT_TOPOLOGY_KEY = "rack"
 KUBERNETES_KEEP_S = 6 * 3600.0  # a finished Kubernetes workload's job stays known this long at least
@@ -206,15 +207,17 @@ class Derived:
         # nodes its eligible groups could empty enough (preemption.py)
         self.node_gpus: dict[tuple[str, str, int], dict[tuple[str, str], int]] = {}
         self.node_jobs: dict[tuple[str, str, int], dict[tuple[str, str], dict[str, Job]]] = {}
-        # running preemptible job -> (node id, GPUs listed) per placement: a search walks thousands
-        # of victims' placements (kept with `victims`, or once a search first reads the job: `nids_of`)
+        # running preemptible job -> (node id, GPUs listed) per placement, kept once a search first
+        # reads the job (`nids_of`): a search walks thousands of victims' placements
         self.nids: dict[str, tuple[tuple[int, int], ...]] = {}
-        # The groups by node again, as columns by node id: GPUs listed there, and jobs placed there.
+        # The groups by node again, as columns by node id: GPUs listed there, and placements there.
         # A search for room on one node adds up a few columns (preemption.py) instead of reading every
         # node's entry. A group with work on a node not discovered then is not kept so (`partial`).
         self.nodes: dict[tuple[str, str], Node] | None = None  # the state's nodes (`derived` sets them)
         self.on_nodes: dict[tuple[str, str, int], tuple[array[int], array[int]]] = {}
         self.partial: set[tuple[str, str, int]] = set()
+        # what each group's victim costs are computed from, as columns (victim_costs.py)
+        self.costs: dict[tuple[str, str, int], CostColumns] = {}
         # job id -> (queue key, shape number, queued since) of every queued job, in no order: what a
         # full cycle sorts (O(1) to keep as jobs join and leave the queue, where a sorted list moves
         # half of itself each time), and what it reads per job without touching the job
@@ -244,6 +247,7 @@ class Derived:
         if self.victims is not None and job.spec.preemptible:
             group = (job.pool, job.spec.team, job.spec.priority.rank)
             self.victims.setdefault(group, {})[job.id] = job
+            self.costs.setdefault(group, CostColumns()).add(job)
             gpus, jobs = self.node_gpus.setdefault(group, {}), self.node_jobs.setdefault(group, {})
             for p in job.placements:
                 key = (p.cluster, p.node)
@@ -251,36 +255,28 @@ class Derived:
                 jobs.setdefault(key, {})[job.id] = job
             self._columns_add(group, job)
 
-    def _columns_add(self, group: tuple[str, str, int], job: Job) -> None:
-        nodes, spots = self.nodes, []
+    def _columns_add(self, group: tuple[str, str, int], job: Job, sign: int = 1) -> None:
+        """Add (+1) or take away (-1) a job's placements in the group's columns by node id (`array`s:
+        cheap to change one row of, read column-wise as numpy without a copy). A group with work on a
+        node not discovered then is marked `partial` (its columns are not read again); nodes are never
+        forgotten and keep their ids, so what is taken away is what was added."""
+        nodes = self.nodes
+        cols = self.on_nodes.get(group)
+        if cols is None:
+            cols = self.on_nodes[group] = (array("q"), array("q"))
+        gpus, placed = cols
         for p in job.placements:
             node = None if nodes is None else nodes.get((p.cluster, p.node))
             if node is None:
                 self.partial.add(group)
                 return
-            spots.append((node.nid, len(p.gpu_indices)))
-        self.nids[job.id] = found = tuple(spots)
-        self._count(group, found, 1)
-
-    def _count(self, group: tuple[str, str, int], spots: tuple[tuple[int, int], ...], sign: int) -> None:
-        """Add (+1) or take away (-1) a job's placements in the group's columns (`array`s: cheap to
-        change one row of, read column-wise as numpy without a copy)."""
-        cols = self.on_nodes.get(group)
-        if cols is None:
-            cols = self.on_nodes[group] = (array("q"), array("q"))
-        gpus, jobs = cols
-        size = max(nid for nid, _ in spots) + 1 if spots else 0
-        if len(gpus) < size:
-            more = max(size, len(self.nodes or ())) - len(gpus)
-            gpus.frombytes(bytes(8 * more))
-            jobs.frombytes(bytes(8 * more))
-        for nid, n in spots:
-            gpus[nid] += sign * n
-        if len(spots) == 1:
-            jobs[spots[0][0]] += sign
-            return
-        for nid in {nid for nid, _ in spots}:
-            jobs[nid] += sign
+            nid = node.nid
+            if nid >= len(gpus):
+                more = max(nid + 1, len(nodes or ())) - len(gpus)
+                gpus.frombytes(bytes(8 * more))
+                placed.frombytes(bytes(8 * more))
+            gpus[nid] += sign * len(p.gpu_indices)
+            placed[nid] += sign
 
     def nids_of(self, job: Job, nodes: dict[tuple[str, str], Node]) -> tuple[tuple[int, int], ...]:
         """(node id, GPUs listed there) per placement of a running job (nodes keep their ids)."""
@@ -292,12 +288,14 @@ class Derived:
         return found
 
     def drop_running(self, job: Job) -> None:
-        spots = self.nids.pop(job.id, None)
+        self.nids.pop(job.id, None)
         if self.victims is not None and job.spec.preemptible:
             group = (job.pool, job.spec.team, job.spec.priority.rank)
-            if spots is not None and group not in self.partial and job.id in self.victims.get(group, ()):
-                self._count(group, spots, -1)
+            if group not in self.partial and job.id in self.victims.get(group, ()):
+                self._columns_add(group, job, -1)
             self.victims.get(group, {}).pop(job.id, None)
+            if (costs := self.costs.get(group)) is not None:
+                costs.drop(job.id)
             gpus, jobs = self.node_gpus.get(group, {}), self.node_jobs.get(group, {})
             for key, n in _per_node(job).items():
                 if job.id in jobs.get(key, ()):
@@ -705,6 +703,9 @@ def _started(s: SchedulerState, e: JobStarted) -> None:
     job = s.jobs.get(e.job_id)
     if job is not None and job.state == JobState.RUNNING:
         job.started_at = e.at
+        index = _derived_if_built(s)
+        if index is not None and (costs := index.costs.get((job.pool, job.spec.team, job.spec.priority.rank))):
+            costs.started(job)
 
 
 def _suspend(s: SchedulerState, job: Job, reason: str, at: float) -> None:
