@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from events import Event, GpuIsolated, GpuShare, JobCancelled, JobStarted, JobSubmitted
+from events import Event, GpuIsolated, GpuShare, JobCancelled, JobStarted, JobSubmitted, PriorityClass
 from services.scheduler.core import JobState, SchedulerState, preemption, schedule
 from services.scheduler.core.state import Derived, derived
 from services.scheduler.core.work import Work
@@ -112,19 +112,35 @@ def test_the_victims_by_node_id_follow_the_fold_and_the_capacity_columns_follow_
     built.victim_groups(d.state.jobs)
     assert _node_columns(kept) == _node_columns(built)
     assert _node_columns(built) and not kept.partial  # preemptible work runs on some (known) node
-    # the victim costs from the fold's columns are those computed job by job, at any time
-    running = sorted(jid for g in built.victims or {} for jid in (built.victims or {})[g])
-    d.given(*(JobStarted(job_id=jid, at=52.5 + i) for i, jid in enumerate(running[::2])))
-    for group, members in (kept.victims or {}).items():
-        for now in (60.0, 977.25, 4000.0):
-            assert sorted(kept.costs[group].costs(now)) == sorted(preemption._costs(members, now)), group
-        assert len(kept.costs[group]) == len(members)
     cap = d.state.capacity
     for nid, slot in enumerate(cap.slots):
         assert (cap.free_col[nid], cap.cls_col[nid]) == (len(slot.free) if slot.usable else -1, slot.cls)
     loaded = pickle.loads(pickle.dumps(cap))
     assert (loaded.free_col, loaded.cls_col) == (cap.free_col, cap.cls_col)
     assert "free_col" not in cap.__getstate__()  # rebuilt on load, not in a snapshot
+
+
+def test_victim_costs_from_the_folds_columns_are_those_computed_job_by_job() -> None:
+    d = Driver().given(
+        a_node("n1"),
+        a_node("n2"),
+        a_job("low0", gpus=8, priority="low", at=0, checkpoint=30),
+        *[a_job(f"low{i}", gpus=2, priority="low", at=i, checkpoint=[None, 45.0][i % 2]) for i in range(1, 5)],
+    )
+    d.cycle(now=10)
+    d.given(a_job("urgent", gpus=8, priority="high", at=20))
+    d.cycle(now=30)  # preempts low1 to low4 (what frees a node losing least)
+    d.given(done("urgent", at=40), done("low3", at=41))
+    d.cycle(now=50)  # they resume: preempted once before, each costs twice its lost work; low3's row is free
+    d.given(*(JobStarted(job_id=jid, at=51.5 + i) for i, jid in enumerate(["low0", "low2", "low4"])))
+    d.given(a_job("low5", gpus=2, priority="low", at=52, checkpoint=45.0))
+    d.cycle(now=60)  # low5 takes low3's row
+    index = derived(d.state)
+    members = (index.victims or {})[("default", "vision", PriorityClass.LOW.rank)]
+    assert members["low1"].preemptions == 1 and "low5" in members and "low3" not in members
+    for now in (60.0, 977.25, 4000.0):
+        from_columns = index.costs[("default", "vision", PriorityClass.LOW.rank)].costs(now)
+        assert sorted(from_columns) == sorted(preemption._costs(members, now))
 
 
 SHARE = GpuShare(gpu_milli=500)
