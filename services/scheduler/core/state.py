@@ -246,13 +246,20 @@ class Derived:
     def add_running(self, job: Job) -> None:
         if self.victims is not None and job.spec.preemptible:
             group = (job.pool, job.spec.team, job.spec.priority.rank)
-            self.victims.setdefault(group, {})[job.id] = job
-            self.costs.setdefault(group, CostColumns()).add(job)
-            gpus, jobs = self.node_gpus.setdefault(group, {}), self.node_jobs.setdefault(group, {})
+            if group not in self.victims:  # (no `setdefault`: it would build the empty tables every time)
+                self.victims[group], self.costs[group] = {}, CostColumns()
+                self.node_gpus.setdefault(group, {})
+                self.node_jobs.setdefault(group, {})
+            self.victims[group][job.id] = job
+            self.costs[group].add(job)
+            gpus, jobs = self.node_gpus[group], self.node_jobs[group]
             for p in job.placements:
                 key = (p.cluster, p.node)
                 gpus[key] = gpus.get(key, 0) + len(p.gpu_indices)
-                jobs.setdefault(key, {})[job.id] = job
+                on = jobs.get(key)
+                if on is None:
+                    on = jobs[key] = {}
+                on[job.id] = job
             self._columns_add(group, job)
 
     def _columns_add(self, group: tuple[str, str, int], job: Job, sign: int = 1) -> None:

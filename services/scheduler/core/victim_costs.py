@@ -36,12 +36,22 @@ class CostColumns:
     def add(self, job: Job) -> None:
         """The job runs in the group (or its row is written again)."""
         r = self.row.get(job.id)
+        since = job.started_at if job.started_at is not None else job.running_since
+        every = job.spec.checkpoint_interval_s or 0.0
+        if r is None and not self.free:  # a new row at the end
+            self.row[job.id] = len(self.ids)
+            self.ids.append(job.id)
+            self.jobs.append(job)
+            self.since.append(_NAN if since is None else since)
+            self.every.append(every)
+            self.gpus.append(job.gpus)
+            self.times.append(1 + job.preemptions)
+            return
         if r is None:
-            r = self.row[job.id] = self.free.pop() if self.free else self._new_row()
+            r = self.row[job.id] = self.free.pop()
         self.ids[r], self.jobs[r] = job.id, job
-        self.since[r] = _since(job)
-        self.every[r] = job.spec.checkpoint_interval_s or 0.0
-        self.gpus[r], self.times[r] = job.gpus, 1 + job.preemptions
+        self.since[r] = _NAN if since is None else since
+        self.every[r], self.gpus[r], self.times[r] = every, job.gpus, 1 + job.preemptions
 
     def started(self, job: Job) -> None:
         """The job's executor started it: its checkpoint clock runs from then."""
@@ -54,13 +64,6 @@ class CostColumns:
         if r is not None:
             self.ids[r] = self.jobs[r] = None
             self.free.append(r)
-
-    def _new_row(self) -> int:
-        self.ids.append(None)
-        self.jobs.append(None)
-        for column in (self.since, self.every, self.gpus, self.times):
-            column.append(0)
-        return len(self.ids) - 1
 
     def costs(self, now: float) -> list[tuple[float, str, Job]]:
         """(victim cost, id, job) of each job of the group: `preemption._costs`' float operations
@@ -77,6 +80,9 @@ class CostColumns:
         items = zip(cost.tolist(), self.ids, self.jobs, strict=True)
         kept = [item for item in items if item[1] is not None] if self.free else list(items)
         return cast("list[tuple[float, str, Job]]", kept)
+
+
+_NAN = float("nan")
 
 
 def _since(job: Job) -> float:
