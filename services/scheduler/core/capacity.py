@@ -15,7 +15,7 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_left, insort
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from services.scheduler.core.sortedlist import SortedList
 
@@ -32,7 +32,10 @@ class Slot:
 
     cls: int
     domain: str = ""  # topology domain (e.g. the rack), "" if the node has none
-    free: list[int] = field(default_factory=list)  # sorted indices of healthy, unallocated GPUs
+    # Sorted indices of healthy, unallocated GPUs: a tuple, replaced on every change (a tuple of ints is
+    # soon untracked by the collector: a full cycle replaces one per placement, and lists would be
+    # walked by every full collection until the cycle ends).
+    free: tuple[int, ...] = ()
     total: int = 0  # healthy GPUs (free or allocated) while the node is in service
     usable: bool = True
 
@@ -73,6 +76,7 @@ class Capacity:
             order.sort()
         self.free_col, self.cls_col = _column(len(self.slots)), _column(len(self.slots))
         for nid, slot in enumerate(self.slots):
+            slot.free = tuple(slot.free)  # snapshots from before the free GPUs were tuples hold lists
             self.cls_col[nid] = slot.cls
             self.free_col[nid] = len(slot.free) if slot.usable else -1
 
@@ -106,7 +110,7 @@ class Capacity:
         self._unbucket(nid)
         if old.usable:
             self.class_total[old.cls] -= old.total
-        slot = Slot(cls=cls, domain=domain, free=sorted(free), total=total, usable=usable)
+        slot = Slot(cls=cls, domain=domain, free=tuple(sorted(free)), total=total, usable=usable)
         if domain and (cls, domain) not in self.dom_buckets:
             self.dom_buckets[(cls, domain)] = [[] for _ in range(self.max_gpus + 1)]
             self.dom_free[(cls, domain)] = 0
@@ -157,7 +161,8 @@ class Capacity:
         """Allocate the `n` lowest free GPU indices of a node."""
         slot = self.slots[nid]
         self._unbucket(nid)
-        taken, slot.free = slot.free[:n], slot.free[n:]
+        free = slot.free
+        taken, slot.free = list(free[:n]), free[n:]
         self._bucket(nid)
         if self._journal is not None:
             self._journal.append((nid, tuple(taken), True))
@@ -167,7 +172,7 @@ class Capacity:
         slot = self.slots[nid]
         self._unbucket(nid)
         gone = set(indices)
-        slot.free = [i for i in slot.free if i not in gone]
+        slot.free = tuple([i for i in slot.free if i not in gone])
         self._bucket(nid)
         if self._journal is not None:
             self._journal.append((nid, tuple(indices), True))
@@ -178,7 +183,7 @@ class Capacity:
             return
         slot = self.slots[nid]
         self._unbucket(nid)
-        slot.free = sorted(set(slot.free).union(indices))
+        slot.free = tuple(sorted(set(slot.free).union(indices)))
         self._bucket(nid)
         if self._journal is not None:
             self._journal.append((nid, tuple(indices), False))
@@ -210,10 +215,10 @@ class Capacity:
             slot = self.slots[nid]
             self._unbucket(nid)
             if taken:
-                slot.free = sorted([*slot.free, *indices])
+                slot.free = tuple(sorted([*slot.free, *indices]))
             else:
                 gone = set(indices)
-                slot.free = [i for i in slot.free if i not in gone]
+                slot.free = tuple([i for i in slot.free if i not in gone])
             self._bucket(nid)
 
     def end(self) -> None:

@@ -28,6 +28,9 @@ if TYPE_CHECKING:
     from services.scheduler.core.sharing import Mix
 
 Spot = list[tuple[int, list[int]]]  # (node id, GPU indices) per node
+# A spot as kept for the rest of the cycle (`Work.fresh`): of atoms only, so the collector soon stops
+# tracking it (a full cycle keeps one per admission; lists would be walked by every full collection).
+Taken = tuple[tuple[int, tuple[int, ...]], ...]
 Usage = dict[tuple[str, str], float]  # (pool, team) -> GPUs held (GPU-equivalents with shares)
 T = TypeVar("T")
 
@@ -41,7 +44,7 @@ class Work:
         self.usage: Usage = dict(state.usage)
         self.preemptible = dict(state.preemptible)
         self.gone: set[str] = set()  # running jobs preempted or requeued in this cycle
-        self.fresh: dict[str, Spot] = {}  # admitted in this cycle: never victims in the same cycle
+        self.fresh: dict[str, Taken] = {}  # admitted in this cycle: never victims in the same cycle
         self._classes: dict[tuple[str, str | None, str | None, str | None], list[int]] = {}
         self._pool_classes: dict[str, list[int]] = {}
         self._teams: dict[str, set[str]] = {}
@@ -277,7 +280,7 @@ class Work:
         self.gone.add(job.id)
 
     def admit(self, job: Job, spot: Spot) -> tuple[Placement, ...]:
-        self.fresh[job.id] = spot
+        self.fresh[job.id] = tuple([(nid, tuple(gpus)) for nid, gpus in spot])
         if job.spec.share is not None:
             placements = self._shared_placements(job, spot)
             # counted as the fold will count it: the placed shares (a MIG share is the placed model's)
