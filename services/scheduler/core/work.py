@@ -46,7 +46,7 @@ class Work:
         self.gone: set[str] = set()  # running jobs preempted or requeued in this cycle
         self.fresh: dict[str, Taken] = {}  # admitted in this cycle: never victims in the same cycle
         self._classes: dict[tuple[str, str | None, str | None, str | None], list[int]] = {}
-        self._pool_classes: dict[str, list[int]] = {}
+        self._pool_capacity: dict[str, int] = {}
         self._teams: dict[str, set[str]] = {}
         # per-cycle caches of the preemption phase (see preemption.py)
         self.walks: dict[tuple[str, str, int], Walk] = {}  # per (pool, team, priority), see preemption.py
@@ -93,10 +93,13 @@ class Work:
         return self._avoid
 
     def pool_capacity(self, pool: str) -> int:
-        cls = self._pool_classes.get(pool)
-        if cls is None:
-            cls = self._pool_classes[pool] = [c for c, k in enumerate(self.cap.class_keys) if k[0] == pool]
-        return sum(self.cap.class_total[c] for c in cls)
+        """The pool's GPUs in service: fixed while a cycle runs (only the fold redefines a node), so
+        kept per cycle (quota asks on every job's turn)."""
+        found = self._pool_capacity.get(pool)
+        if found is None:
+            classes = [c for c, k in enumerate(self.cap.class_keys) if k[0] == pool]
+            found = self._pool_capacity[pool] = sum(self.cap.class_total[c] for c in classes)
+        return found
 
     def teams(self, pool: str) -> set[str]:
         """The teams with a quota or GPUs held in the pool (by the scratch view), kept per cycle."""
