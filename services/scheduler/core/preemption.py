@@ -213,6 +213,7 @@ def _first_to_fill(work: Work, job: Job, classes: set[int], by_class: Groups) ->
     if (
         index.nodes is not s.nodes
         or any(k in index.partial for k in keys)
+        or (2 * job.gpus <= cap.max_gpus and _FEW_NODES > 0)  # node by node, it may stop at the first with room
         or sum(len(index.node_gpus.get(k, ())) for k in keys) < _FEW_NODES
     ):
         return _first_to_fill_each(work, job, classes, by_class)
@@ -282,7 +283,9 @@ def _first_to_fill_each(work: Work, job: Job, classes: set[int], by_class: Group
 
 
 _FEW_BEFORE = 64
-_FEW_NODES = 512  # below this many node entries in the groups, reading them one by one is cheaper
+# Below this many node entries in the groups, reading them one by one is cheaper; so it is for a job of
+# at most half a node, which usually stops at the first node with room (0, for tests: always columns).
+_FEW_NODES = 512
 
 
 def _ints(column: array[int], n: int) -> np.ndarray:
