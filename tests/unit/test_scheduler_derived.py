@@ -118,6 +118,8 @@ def test_the_victims_by_node_id_follow_the_fold_and_the_capacity_columns_follow_
     loaded = pickle.loads(pickle.dumps(cap))
     assert (loaded.free_col, loaded.cls_col) == (cap.free_col, cap.cls_col)
     assert "free_col" not in cap.__getstate__()  # rebuilt on load, not in a snapshot
+    # a node's free GPUs are a tuple in memory, a list in a snapshot (as the release before wrote them)
+    assert all(type(s.free) is tuple and type(s.__getstate__()["free"]) is list for s in loaded.slots)
 
 
 def test_victim_costs_from_the_folds_columns_are_those_computed_job_by_job() -> None:

@@ -39,6 +39,14 @@ class Slot:
     total: int = 0  # healthy GPUs (free or allocated) while the node is in service
     usable: bool = True
 
+    def __getstate__(self) -> dict[str, object]:
+        # pickled as a list, as before the tuple: a snapshot reads the same to this release and the last
+        return {**self.__dict__, "free": list(self.free)}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self.free = tuple(self.free)
+
 
 class Capacity:
     def __init__(self) -> None:
@@ -76,7 +84,6 @@ class Capacity:
             order.sort()
         self.free_col, self.cls_col = _column(len(self.slots)), _column(len(self.slots))
         for nid, slot in enumerate(self.slots):
-            slot.free = tuple(slot.free)  # snapshots from before the free GPUs were tuples hold lists
             self.cls_col[nid] = slot.cls
             self.free_col[nid] = len(slot.free) if slot.usable else -1
 
