@@ -66,6 +66,11 @@ class Work:
         # (bumped by every change to them, `count`) stays the same
         self.version = 0
         self._memo: dict[tuple[object, ...], tuple[int, Any]] = {}
+        # changes to the scratch usage per pool and per (pool, team): what other teams hold in a pool
+        # is unchanged while their difference is (`others_memo`)
+        self._pool_changes: dict[str, int] = {}
+        self._team_changes: dict[tuple[str, str], int] = {}
+        self._others_memo: dict[tuple[str, str], tuple[int, object, Any]] = {}
 
     # -- lookups -------------------------------------------------------------------------------
     def classes(self, job: Job) -> list[int]:
@@ -240,6 +245,19 @@ class Work:
         self._memo[key] = (self.version, value)
         return value
 
+    def others_memo(self, pool: str, team: str, teams: set[str], compute: Callable[..., T], *args: object) -> T:
+        """`compute(*args)`, a value of what teams other than `team` hold in `pool` (of the scratch
+        usage) over `teams`: kept until another team's usage in the pool changes, or `teams` does. In
+        a full cycle a team's jobs come one after another (its fair-share factor orders the queue
+        within a class), so this answers most of them without reading every team again."""
+        others = self._pool_changes.get(pool, 0) - self._team_changes.get((pool, team), 0)
+        found = self._others_memo.get((pool, team))
+        if found is not None and found[0] == others and found[1] is teams:
+            return cast(T, found[2])
+        value = compute(*args)
+        self._others_memo[(pool, team)] = (others, teams, value)
+        return value
+
     # -- scratch changes -----------------------------------------------------------------------
     def count(self, job: Job, sign: int, usage: Usage | None = None, gpus: float | None = None) -> None:
         """Add (+1) or remove (-1) the job's GPUs (or `gpus`) to a usage table (the scratch view's by default)."""
@@ -253,6 +271,8 @@ class Work:
         usage[key] = round(held, 6) if held.__class__ is float else held
         if usage is self.usage:
             self.version += 1
+            self._pool_changes[job.pool] = self._pool_changes.get(job.pool, 0) + 1
+            self._team_changes[key] = self._team_changes.get(key, 0) + 1
             pkey = (job.pool, job.spec.team, job.spec.priority.rank)
             if job.spec.preemptible:
                 self.preemptible[pkey] = plus(self.preemptible.get(pkey, 0), n)
