@@ -3,12 +3,13 @@ saved: a state loaded from a snapshot builds them again and decides the same."""
 
 from __future__ import annotations
 
+import pickle
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from events import Event, GpuIsolated, GpuShare, JobCancelled, JobSubmitted
+from events import Event, GpuIsolated, GpuShare, JobCancelled, JobStarted, JobSubmitted, PriorityClass
 from services.scheduler.core import JobState, SchedulerState, preemption, schedule
 from services.scheduler.core.state import Derived, derived
 from services.scheduler.core.work import Work
@@ -83,6 +84,65 @@ def test_the_victims_by_node_follow_the_fold() -> None:
     built.victim_groups(d.state.jobs)
     assert _node_index(kept) == _node_index(built)
     assert _node_index(built)[0]  # preemptible work runs on some node
+
+
+def _node_columns(index: Derived) -> dict[Any, tuple[list[int], list[int]]]:
+    """Each group's columns by node id (GPUs listed, jobs placed), without the rows of zeros."""
+    out = {}
+    for g, (gpus, jobs) in index.on_nodes.items():
+        rows = [nid for nid in range(max(len(gpus), len(jobs))) if gpus[nid] or jobs[nid]]
+        if rows:
+            out[g] = ([gpus[nid] for nid in rows], [jobs[nid] for nid in rows])
+    return out
+
+
+def test_the_victims_by_node_id_follow_the_fold_and_the_capacity_columns_follow_the_index() -> None:
+    d = a_busy_fleet()
+    d.given(a_job("urgent", gpus=2, priority="high", at=20), a_job("gang", gpus=4, replicas=2, priority="high", at=21))
+    d.cycle(now=30)
+    d.given(
+        done("nlp1", at=40),
+        JobCancelled(job_id="low2", at=41),
+        GpuIsolated(cluster="c1", node="n1", gpu_index=3, at=42, reason="xid"),
+    )
+    d.cycle(now=50)
+    kept = derived(d.state)
+    built = Derived()
+    built.nodes = d.state.nodes
+    built.victim_groups(d.state.jobs)
+    assert _node_columns(kept) == _node_columns(built)
+    assert _node_columns(built) and not kept.partial  # preemptible work runs on some (known) node
+    cap = d.state.capacity
+    for nid, slot in enumerate(cap.slots):
+        assert (cap.free_col[nid], cap.cls_col[nid]) == (len(slot.free) if slot.usable else -1, slot.cls)
+    loaded = pickle.loads(pickle.dumps(cap))
+    assert (loaded.free_col, loaded.cls_col) == (cap.free_col, cap.cls_col)
+    assert "free_col" not in cap.__getstate__()  # rebuilt on load, not in a snapshot
+    # a node's free GPUs are a tuple in memory, a list in a snapshot (as the release before wrote them)
+    assert all(type(s.free) is tuple and type(s.__getstate__()["free"]) is list for s in loaded.slots)
+
+
+def test_victim_costs_from_the_folds_columns_are_those_computed_job_by_job() -> None:
+    d = Driver().given(
+        a_node("n1"),
+        a_node("n2"),
+        a_job("low0", gpus=8, priority="low", at=0, checkpoint=30),
+        *[a_job(f"low{i}", gpus=2, priority="low", at=i, checkpoint=[None, 45.0][i % 2]) for i in range(1, 5)],
+    )
+    d.cycle(now=10)
+    d.given(a_job("urgent", gpus=8, priority="high", at=20))
+    d.cycle(now=30)  # preempts low1 to low4 (what frees a node losing least)
+    d.given(done("urgent", at=40), done("low3", at=41))
+    d.cycle(now=50)  # they resume: preempted once before, each costs twice its lost work; low3's row is free
+    d.given(*(JobStarted(job_id=jid, at=51.5 + i) for i, jid in enumerate(["low0", "low2", "low4"])))
+    d.given(a_job("low5", gpus=2, priority="low", at=52, checkpoint=45.0))
+    d.cycle(now=60)  # low5 takes low3's row
+    index = derived(d.state)
+    members = (index.victims or {})[("default", "vision", PriorityClass.LOW.rank)]
+    assert members["low1"].preemptions == 1 and "low5" in members and "low3" not in members
+    for now in (60.0, 977.25, 4000.0):
+        from_columns = index.costs[("default", "vision", PriorityClass.LOW.rank)].costs(now)
+        assert sorted(from_columns) == sorted(preemption._costs(members, now))
 
 
 SHARE = GpuShare(gpu_milli=500)
@@ -164,18 +224,24 @@ def test_the_indexed_victim_search_picks_what_walking_every_victim_picks(
     for probe in probes:
         job = state.jobs[probe.job_id]
         found = []
-        # walking every victim; the index where it saves time; the index wherever it can be read
-        for indexed, few in ((False, preemption._FEW_BEFORE), (True, preemption._FEW_BEFORE), (True, 0)):
+        # walking every victim; the index where it saves time; the index wherever it can be read; each
+        # of those reading the nodes by columns (as on a large fleet) instead of one by one
+        # (and computing victim costs from the fold's columns)
+        kept = preemption._FEW_BEFORE, preemption._FEW_NODES, preemption._FEW_FOR_COLUMNS
+        few, cols, costs = kept
+        ways = ((False, few, cols, costs), (True, few, cols, costs), (True, 0, cols, costs))
+        ways += ((True, few, 0, 0), (True, 0, 0, 0))
+        for indexed, *limits in ways:
             work = Work(state, now)
             state.capacity.begin()
-            preemption._FEW_BEFORE, kept = few, preemption._FEW_BEFORE
+            preemption._FEW_BEFORE, preemption._FEW_NODES, preemption._FEW_FOR_COLUMNS = limits
             try:
                 picked = preemption.select(work, job, indexed=indexed)
             finally:
-                preemption._FEW_BEFORE = kept
+                preemption._FEW_BEFORE, preemption._FEW_NODES, preemption._FEW_FOR_COLUMNS = kept
                 state.capacity.end()
             found.append(None if picked is None else [(v.id, r) for v, r in picked])
-        assert found[1] == found[0] and found[2] == found[0], probe.job_id
+        assert all(f == found[0] for f in found[1:]), probe.job_id
 
 
 def _both_ways(state: SchedulerState, job_id: str, now: float) -> list[list[tuple[str, str]] | None]:

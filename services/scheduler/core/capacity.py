@@ -12,15 +12,18 @@ works on the live index and rolls everything back at its end (KAI's Statement, a
 
 from __future__ import annotations
 
+from array import array
 from bisect import bisect_left, insort
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from services.scheduler.core.sortedlist import SortedList
 
 ClassKey = tuple[str, str, str]  # pool, cluster, gpu model
 # A journal entry: (node id, GPU indices, taken), or an undo of a change outside the index (GPU shares).
-Entry = tuple[int, list[int], bool] | Callable[[], None]
+# The indices are a tuple of their own: of atoms only, so the collector stops tracking the entry (a
+# full cycle journals one per placement, and they would otherwise be walked by every full collection).
+Entry = tuple[int, tuple[int, ...], bool] | Callable[[], None]
 
 
 @dataclass
@@ -29,9 +32,20 @@ class Slot:
 
     cls: int
     domain: str = ""  # topology domain (e.g. the rack), "" if the node has none
-    free: list[int] = field(default_factory=list)  # sorted indices of healthy, unallocated GPUs
+    # Sorted indices of healthy, unallocated GPUs: a tuple, replaced on every change (a tuple of ints is
+    # soon untracked by the collector: a full cycle replaces one per placement, and lists would be
+    # walked by every full collection until the cycle ends).
+    free: tuple[int, ...] = ()
     total: int = 0  # healthy GPUs (free or allocated) while the node is in service
     usable: bool = True
+
+    def __getstate__(self) -> dict[str, object]:
+        # pickled as a list, as before the tuple: a snapshot reads the same to this release and the last
+        return {**self.__dict__, "free": list(self.free)}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self.free = tuple(self.free)
 
 
 class Capacity:
@@ -50,9 +64,13 @@ class Capacity:
         # Derived, per class: (free GPUs, domain) of the domains with any free, sorted, so a gang
         # finds the emptiest-but-sufficient domains without a scan of them all. Not pickled: rebuilt.
         self.dom_order: list[list[tuple[int, str]]] = []
+        # Derived, per node id: its free GPUs while in service (else -1) and its class, as columns, so
+        # a victim search finds the nodes that could get room without reading them one by one.
+        # Rebuilt on load, not pickled.
+        self.free_col, self.cls_col = _column(0), _column(0)
 
     def __getstate__(self) -> dict[str, object]:
-        return {k: v for k, v in self.__dict__.items() if k != "dom_order"}
+        return {k: v for k, v in self.__dict__.items() if k not in _DERIVED}
 
     def __setstate__(self, state: dict[str, object]) -> None:
         self.__dict__.update(state)
@@ -64,6 +82,10 @@ class Capacity:
                 self.dom_order[cls].append((free, domain))
         for order in self.dom_order:
             order.sort()
+        self.free_col, self.cls_col = _column(len(self.slots)), _column(len(self.slots))
+        for nid, slot in enumerate(self.slots):
+            self.cls_col[nid] = slot.cls
+            self.free_col[nid] = len(slot.free) if slot.usable else -1
 
     # -- classes and slots -------------------------------------------------------------------
     def class_id(self, key: ClassKey) -> int:
@@ -95,12 +117,17 @@ class Capacity:
         self._unbucket(nid)
         if old.usable:
             self.class_total[old.cls] -= old.total
-        slot = Slot(cls=cls, domain=domain, free=sorted(free), total=total, usable=usable)
+        slot = Slot(cls=cls, domain=domain, free=tuple(sorted(free)), total=total, usable=usable)
         if domain and (cls, domain) not in self.dom_buckets:
             self.dom_buckets[(cls, domain)] = [[] for _ in range(self.max_gpus + 1)]
             self.dom_free[(cls, domain)] = 0
             self.class_domains[cls].add(domain)
         self.slots[nid] = slot
+        if len(self.free_col) < len(self.slots):
+            more = len(self.slots) - len(self.free_col)
+            self.free_col.extend(_column(more))
+            self.cls_col.extend(_column(more))
+        self.cls_col[nid] = cls
         if usable:
             self.class_total[cls] += total
         self._bucket(nid)
@@ -119,6 +146,7 @@ class Capacity:
     def _bucket(self, nid: int) -> None:
         slot = self.slots[nid]
         k = len(slot.free)
+        self.free_col[nid] = k if slot.usable else -1
         if slot.usable and k:
             self.buckets[slot.cls][k].add(nid)
             self.class_free[slot.cls] += k
@@ -140,20 +168,21 @@ class Capacity:
         """Allocate the `n` lowest free GPU indices of a node."""
         slot = self.slots[nid]
         self._unbucket(nid)
-        taken, slot.free = slot.free[:n], slot.free[n:]
+        free = slot.free
+        taken, slot.free = list(free[:n]), free[n:]
         self._bucket(nid)
         if self._journal is not None:
-            self._journal.append((nid, taken, True))
+            self._journal.append((nid, tuple(taken), True))
         return taken
 
     def take_exact(self, nid: int, indices: list[int]) -> None:
         slot = self.slots[nid]
         self._unbucket(nid)
         gone = set(indices)
-        slot.free = [i for i in slot.free if i not in gone]
+        slot.free = tuple([i for i in slot.free if i not in gone])
         self._bucket(nid)
         if self._journal is not None:
-            self._journal.append((nid, list(indices), True))
+            self._journal.append((nid, tuple(indices), True))
 
     def give(self, nid: int, indices: list[int]) -> None:
         """Free GPUs of a node (the caller passes only healthy ones)."""
@@ -161,10 +190,10 @@ class Capacity:
             return
         slot = self.slots[nid]
         self._unbucket(nid)
-        slot.free = sorted(set(slot.free).union(indices))
+        slot.free = tuple(sorted(set(slot.free).union(indices)))
         self._bucket(nid)
         if self._journal is not None:
-            self._journal.append((nid, list(indices), False))
+            self._journal.append((nid, tuple(indices), False))
 
     def undo(self, action: Callable[[], None]) -> None:
         """Journal the undo of a change made beside the index (a GPU share taken or given, shares.py),
@@ -193,10 +222,10 @@ class Capacity:
             slot = self.slots[nid]
             self._unbucket(nid)
             if taken:
-                slot.free = sorted(slot.free + indices)
+                slot.free = tuple(sorted([*slot.free, *indices]))
             else:
                 gone = set(indices)
-                slot.free = [i for i in slot.free if i not in gone]
+                slot.free = tuple([i for i in slot.free if i not in gone])
             self._bucket(nid)
 
     def end(self) -> None:
@@ -292,3 +321,12 @@ class Capacity:
             tuple(self.class_total),
             tuple(sorted((k, tuple(tuple(b) for b in v)) for k, v in self.dom_buckets.items())),
         )
+
+
+_DERIVED = ("dom_order", "free_col", "cls_col")  # rebuilt on load, not pickled
+
+
+def _column(size: int) -> array[int]:
+    """A per-node column of `size` rows, all -1 (no node, or one out of service): an `array`, cheap to
+    set one row of on every change, read column-wise as numpy (`numpy.frombuffer`, no copy)."""
+    return array("q", [-1]) * size

@@ -8,7 +8,7 @@ journaled on the scratch index (`cap.undo`), so a placement rolled back gives it
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from events import JobSpec
@@ -90,7 +90,7 @@ def of(work: Work) -> HostLeft:
     return work.host
 
 
-def replicas_in(spec: JobSpec, spot: Spot) -> Iterator[tuple[int, int]]:
+def replicas_in(spec: JobSpec, spot: Sequence[tuple[int, Sequence[int]]]) -> Iterator[tuple[int, int]]:
     """(node id, replicas) of a spot: a share takes one GPU per replica, a whole-GPU replica `per` GPUs."""
     per = 1 if spec.share is not None else spec.gpus_per_replica
     for nid, gpus in spot:

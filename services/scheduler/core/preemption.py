@@ -8,8 +8,11 @@ its answer into `Preempt` decisions.
 from __future__ import annotations
 
 import heapq
+from array import array
 from collections.abc import Iterable, Iterator
 from itertools import islice, tee
+
+import numpy as np
 
 from events import PreemptionReason, PriorityClass
 from services.scheduler.core import placement, quota
@@ -206,6 +209,48 @@ def _first_to_fill(work: Work, job: Job, classes: set[int], by_class: Groups) ->
         return None  # nothing to preempt (and no index to build for it)
     index = derived(s)
     groups = index.victim_groups(s.jobs)
+    keys = [(pool, t, r) for v in by_class.values() for t, r in v]
+    if (
+        index.nodes is not s.nodes
+        or any(k in index.partial for k in keys)
+        or (2 * job.gpus <= cap.max_gpus and _FEW_NODES > 0)  # node by node, it may stop at the first with room
+        or sum(len(index.node_gpus.get(k, ())) for k in keys) < _FEW_NODES
+    ):
+        return _first_to_fill_each(work, job, classes, by_class)
+    # Column-wise over node ids: what each node has free (-1: the job may not use it), what the groups
+    # so far list there, and whether they list anything there (the nodes `_first_to_fill_each` reads).
+    n = len(cap.slots)
+    free, cls_of = _ints(cap.free_col, n), _ints(cap.cls_col, n)
+    may = cls_of == next(iter(classes)) if len(classes) == 1 else np.isin(cls_of, list(classes))
+    free = np.where(may, free, -1)
+    held, listed = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=bool)
+    before = 0  # jobs of the groups before the one read
+    upto: Groups = {}
+    for cls in sorted(by_class):
+        upto[cls] = by_class[cls]
+        for t, r in by_class[cls]:
+            cols = index.on_nodes.get((pool, t, r))
+            if cols is not None:
+                m = min(n, len(cols[0]))
+                held[:m] += _ints(cols[0], m)
+                listed[:m] |= _ints(cols[1], m) > 0
+        roomy = np.flatnonzero(listed & (free >= 0) & (held + free >= job.gpus))
+        if len(roomy):
+            if before < _FEW_BEFORE and 2 * job.gpus <= cap.max_gpus:
+                return iter(())
+            at = s.node_by_id
+            return _victims_on(work, pool, upto, {(at[i].cluster, at[i].name) for i in roomy.tolist()})
+        before += sum(len(groups.get((pool, t, r), ())) for t, r in by_class[cls])
+    return None
+
+
+def _first_to_fill_each(work: Work, job: Job, classes: set[int], by_class: Groups) -> Iterator[Job] | None:
+    """`_first_to_fill` node by node, from the groups' per-node entries (for groups not kept as columns)."""
+    s, pool, cap = work.s, job.pool, work.cap
+    if not by_class:
+        return None  # nothing to preempt (and no index to build for it)
+    index = derived(s)
+    groups = index.victim_groups(s.jobs)
     before = 0  # jobs of the groups before the one read
     # the most GPUs free on a node of the job's classes (the index buckets nodes by free GPUs):
     # a node's own free GPUs are looked up only where they could make the difference
@@ -238,6 +283,14 @@ def _first_to_fill(work: Work, job: Job, classes: set[int], by_class: Groups) ->
 
 
 _FEW_BEFORE = 64
+# Below this many node entries in the groups, reading them one by one is cheaper; so it is for a job of
+# at most half a node, which usually stops at the first node with room (0, for tests: always columns).
+_FEW_NODES = 512
+
+
+def _ints(column: array[int], n: int) -> np.ndarray:
+    """The first `n` rows of an int64 `array` column, as numpy (no copy; a short column reads as is)."""
+    return np.frombuffer(column, dtype=np.int64, count=min(n, len(column)))
 
 
 def _victims_on(work: Work, pool: str, by_class: Groups, roomy: set[tuple[str, str]]) -> Iterator[Job]:
@@ -247,7 +300,13 @@ def _victims_on(work: Work, pool: str, by_class: Groups, roomy: set[tuple[str, s
     for cls in sorted(by_class):
         members: dict[str, Job] = {}
         for t, r in by_class[cls]:
-            for key, jobs in jobs_on.get((pool, t, r), {}).items():
+            on = jobs_on.get((pool, t, r), {})
+            if len(roomy) < len(on):  # the order of `members` does not matter: the walk sorts them
+                for key in roomy:
+                    if (jobs := on.get(key)) is not None:
+                        members.update(jobs)
+                continue
+            for key, jobs in on.items():
                 if key in roomy:
                     members.update(jobs)
         for _, jid, v in Walk(_costs(members, work.now)):
@@ -294,9 +353,18 @@ def _group(work: Work, pool: str, team: str, rank: int) -> Walk:
     them grouped; a group's costs are computed when a walk first reaches it in a cycle)."""
     walk = work.walks.get((pool, team, rank))
     if walk is None:
-        members = derived(work.s).victim_groups(work.s.jobs).get((pool, team, rank), {})
-        walk = work.walks[(pool, team, rank)] = Walk(_costs(members, work.now))
+        index = derived(work.s)
+        members = index.victim_groups(work.s.jobs).get((pool, team, rank), {})
+        columns = index.costs.get((pool, team, rank))
+        if columns is not None and len(members) >= _FEW_FOR_COLUMNS:
+            items = columns.costs(work.now)  # the same jobs (kept together by the fold), the same costs
+        else:
+            items = _costs(members, work.now)
+        walk = work.walks[(pool, team, rank)] = Walk(items)
     return walk
+
+
+_FEW_FOR_COLUMNS = 64  # below this many jobs in a group, its costs are computed job by job
 
 
 def _costs(members: dict[str, Job], now: float) -> list[tuple[float, str, Job]]:
@@ -328,12 +396,17 @@ class _Reasons:
         self.known: dict[tuple[str, int, bool], PreemptionReason | None] = {}
         self.guarantees: dict[str, int] = {}  # team -> its guarantee in the job's pool
 
+    def guarantee(self, team: str) -> int:
+        """The team's guarantee in the job's pool."""
+        g = self.guarantees.get(team)
+        if g is None:
+            g = self.guarantees[team] = self.work.guarantee(self.job.pool, team)
+        return g
+
     def __call__(self, victim: Job, held: float) -> PreemptionReason | None:
         job, spec = self.job, victim.spec
         vt = spec.team
-        g = self.guarantees.get(vt)
-        if g is None:
-            g = self.guarantees[vt] = self.work.guarantee(job.pool, vt)
+        g = self.guarantee(vt)
         key = (vt, spec.priority.rank, held > g)
         if key in self.known:
             return self.known[key]
@@ -354,15 +427,14 @@ def _free_one_node(
 ) -> Victims | None:
     """Walk victims in order, counting what each node would free; the first node with room
     (and quota) wins: its victims are the cheapest that make the job fit on one node."""
-    slots, nodes, need = work.cap.slots, work.s.nodes, job.gpus
+    slots, nodes, need, nids_of = work.cap.slots, work.s.nodes, job.gpus, derived(work.s).nids_of
     reasons = _Reasons(work, job, reclaim)
     freed: dict[int, int] = {}
     chosen: dict[int, Victims] = {}
     delta: dict[int, Usage] = {}
     for v in candidates:
         vkey = (v.pool, v.spec.team)
-        for p in v.placements:
-            nid = nodes[(p.cluster, p.node)].nid
+        for nid, n in nids_of(v, nodes):
             slot = slots[nid]
             if slot.cls not in classes or not slot.usable:
                 continue
@@ -375,7 +447,7 @@ def _free_one_node(
             local[vkey] = local.get(vkey, 0) - v.gpus
             mine = chosen[nid]
             mine.append((v, reason))
-            got = freed[nid] = freed[nid] + len(p.gpu_indices)
+            got = freed[nid] = freed[nid] + n
             if got >= need and _fits_without(work, job, mine, usage):
                 return mine
     return None
@@ -410,37 +482,57 @@ def _reasoned_short(work: Work, job: Job, by_class: Groups, usage: Usage, reclai
     """What `_reasoned` yields from `_in_order`, without reading on through a team once none of its
     jobs can be a victim: it no longer borrows (what it holds only shrinks as the search counts
     its jobs) and none of its groups may be preempted from a team that does not borrow. Its later
-    groups are then never ordered (a reclaim usually takes a few jobs of a borrower, not all)."""
+    groups are then never ordered (a reclaim usually takes a few jobs of a borrower, not all).
+    A group's jobs share its team and priority (a running job's class never changes), so each is
+    judged from those and its team's count, and counted (`Work.count`, inlined) by its GPUs only."""
     may, local, pool = _Reasons(work, job, reclaim), dict(usage), job.pool
+    quiet = _quiet(job, by_class, reclaim)
+    done: set[str] = set()
+    gone, fresh, known = work.gone, work.fresh, may.known
+    for key in sorted(by_class):
+        rank = -key[1]
+        walks = {t: _group(work, pool, t, r) for t, r in sorted(by_class[key]) if t not in done}
+        for jid, v, t in _merged(walks, done):
+            if jid in gone or jid in fresh:
+                continue
+            vkey = (pool, t)
+            held = local.get(vkey, 0)
+            g = may.guarantee(t)
+            k = (t, rank, held > g)
+            reason = known[k] if k in known else may(v, held)
+            if reason is None:
+                if t in quiet and held <= g:
+                    done.add(t)  # every later job of the team would be refused the same
+                continue
+            left = held - v.gpus
+            local[vkey] = round(left, 6) if left.__class__ is float else left
+            yield v, reason
+
+
+def _quiet(job: Job, by_class: Groups, reclaim: bool) -> set[str]:
+    """The teams none of whose groups may be preempted once the team does not borrow."""
     team, rank, urgent = job.spec.team, job.spec.priority.rank, not job.spec.preemptible
     quiet = {t for pairs in by_class.values() for t, _ in pairs}
     for pairs in by_class.values():
         for t, r in pairs:
             if eligible(team, rank, t, r, reclaim=reclaim, victim_borrowing=False, urgent=urgent):
                 quiet.discard(t)
-    done: set[str] = set()
-    gone, fresh = work.gone, work.fresh
-    for key in sorted(by_class):
-        walks = {t: _group(work, pool, t, r) for t, r in sorted(by_class[key]) if t not in done}
-        for _, jid, v in _merged(walks, done):
-            t = v.spec.team
-            if jid in gone or jid in fresh:
-                continue
-            held = local.get((pool, t), 0)
-            reason = may(v, held)
-            if reason is None:
-                if t in quiet and held <= may.guarantees[t]:
-                    done.add(t)  # every later job of the team would be refused the same
-                continue
-            work.count(v, -1, local)
-            yield v, reason
+    return quiet
 
 
 Reasoned = tuple[Job, PreemptionReason]
 
 
-def _merged(walks: dict[str, Walk], done: set[str]) -> Iterator[tuple[float, str, Job]]:
-    """The walks' jobs in order (as `heapq.merge`), a team's no further once it is in `done`."""
+def _merged(walks: dict[str, Walk], done: set[str]) -> Iterator[tuple[str, Job, str]]:
+    """The walks' jobs in order (as `heapq.merge`), a team's no further once it is in `done`: each
+    as (id, job, team)."""
+    if len(walks) == 1:
+        ((t, walk),) = walks.items()
+        for _, jid, v in walk:
+            if t in done:
+                return
+            yield jid, v, t
+        return
     heap = []
     for i, (t, walk) in enumerate(walks.items()):
         it = iter(walk)
@@ -453,7 +545,7 @@ def _merged(walks: dict[str, Walk], done: set[str]) -> Iterator[tuple[float, str
         if t in done:
             heapq.heappop(heap)
             continue
-        yield item
+        yield item[1], item[2], t
         following = next(it, None)
         if following is None:
             heapq.heappop(heap)
@@ -467,7 +559,7 @@ def _free_nodes_for_gang(
     """Walk victims in order, counting the replicas each node could then hold; once the gang
     has room, keep only the victims on nodes that gained a replica."""
     per, replicas = job.spec.gpus_per_replica, job.spec.replicas
-    slots, nodes = work.cap.slots, work.s.nodes
+    slots, nodes, nids_of = work.cap.slots, work.s.nodes, derived(work.s).nids_of
     need = replicas - work.cap.replicas_fit(list(classes), per)
     start: dict[int, int] = {}
     freed: dict[int, int] = {}
@@ -476,15 +568,17 @@ def _free_nodes_for_gang(
     got = 0
     for v, reason in candidates:
         reasons[v.id] = reason
-        for p in v.placements:
-            nid = nodes[(p.cluster, p.node)].nid
-            slot = slots[nid]
-            if slot.cls not in classes or not slot.usable:
-                continue
-            before = freed.setdefault(nid, start.setdefault(nid, len(slot.free)))
-            freed[nid] = before + len(p.gpu_indices)
-            on_node.setdefault(nid, []).append(v)
-            got += freed[nid] // per - before // per
+        for nid, n in nids_of(v, nodes):
+            before = freed.get(nid)
+            if before is None:  # a node first seen: whether the job may use it, and what is free there
+                slot = slots[nid]
+                if slot.cls not in classes or not slot.usable:
+                    continue
+                before = start[nid] = len(slot.free)
+                on_node[nid] = []
+            after = freed[nid] = before + n
+            on_node[nid].append(v)
+            got += after // per - before // per
         if got >= need:
             chosen: dict[str, Job] = {}
             for nid, vs in on_node.items():

@@ -9,6 +9,7 @@ the whole fleet or history.
 from __future__ import annotations
 
 import heapq
+from array import array
 from bisect import bisect_left, insort
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -66,6 +67,7 @@ from services.scheduler.core.mig_live import (
 )
 from services.scheduler.core.shares import SharedGpu, equivalents, holding, mode_of, plus, room
 from services.scheduler.core.sortedlist import SortedList
+from services.scheduler.core.victim_costs import CostColumns
 
 DEFAULT_TOPOLOGY_KEY = "rack"
 KUBERNETES_KEEP_S = 6 * 3600.0  # a finished Kubernetes workload's job stays known this long at least
@@ -215,6 +217,17 @@ class Derived:
         # nodes its eligible groups could empty enough (preemption.py)
         self.node_gpus: dict[tuple[str, str, int], dict[tuple[str, str], int]] = {}
         self.node_jobs: dict[tuple[str, str, int], dict[tuple[str, str], dict[str, Job]]] = {}
+        # running preemptible job -> (node id, GPUs listed) per placement, kept once a search first
+        # reads the job (`nids_of`): a search walks thousands of victims' placements
+        self.nids: dict[str, tuple[tuple[int, int], ...]] = {}
+        # The groups by node again, as columns by node id: GPUs listed there, and placements there.
+        # A search for room on one node adds up a few columns (preemption.py) instead of reading every
+        # node's entry. A group with work on a node not discovered then is not kept so (`partial`).
+        self.nodes: dict[tuple[str, str], Node] | None = None  # the state's nodes (`derived` sets them)
+        self.on_nodes: dict[tuple[str, str, int], tuple[array[int], array[int]]] = {}
+        self.partial: set[tuple[str, str, int]] = set()
+        # what each group's victim costs are computed from, as columns (victim_costs.py)
+        self.costs: dict[tuple[str, str, int], CostColumns] = {}
         # job id -> (queue key, shape number, queued since) of every queued job, in no order: what a
         # full cycle sorts (O(1) to keep as jobs join and leave the queue, where a sorted list moves
         # half of itself each time), and what it reads per job without touching the job
@@ -243,17 +256,63 @@ class Derived:
     def add_running(self, job: Job) -> None:
         if self.victims is not None and job.spec.preemptible:
             group = (job.pool, job.spec.team, job.spec.priority.rank)
-            self.victims.setdefault(group, {})[job.id] = job
-            gpus, jobs = self.node_gpus.setdefault(group, {}), self.node_jobs.setdefault(group, {})
+            if group not in self.victims:  # (no `setdefault`: it would build the empty tables every time)
+                self.victims[group], self.costs[group] = {}, CostColumns()
+                self.node_gpus.setdefault(group, {})
+                self.node_jobs.setdefault(group, {})
+            self.victims[group][job.id] = job
+            self.costs[group].add(job)
+            gpus, jobs = self.node_gpus[group], self.node_jobs[group]
             for p in job.placements:
                 key = (p.cluster, p.node)
                 gpus[key] = gpus.get(key, 0) + len(p.gpu_indices)
-                jobs.setdefault(key, {})[job.id] = job
+                on = jobs.get(key)
+                if on is None:
+                    on = jobs[key] = {}
+                on[job.id] = job
+            self._columns_add(group, job)
+
+    def _columns_add(self, group: tuple[str, str, int], job: Job, sign: int = 1) -> None:
+        """Add (+1) or take away (-1) a job's placements in the group's columns by node id (`array`s:
+        cheap to change one row of, read column-wise as numpy without a copy). A group with work on a
+        node not discovered then is marked `partial` (its columns are not read again); nodes are never
+        forgotten and keep their ids, so what is taken away is what was added."""
+        nodes = self.nodes
+        cols = self.on_nodes.get(group)
+        if cols is None:
+            cols = self.on_nodes[group] = (array("q"), array("q"))
+        gpus, placed = cols
+        for p in job.placements:
+            node = None if nodes is None else nodes.get((p.cluster, p.node))
+            if node is None:
+                self.partial.add(group)
+                return
+            nid = node.nid
+            if nid >= len(gpus):
+                more = max(nid + 1, len(nodes or ())) - len(gpus)
+                gpus.frombytes(bytes(8 * more))
+                placed.frombytes(bytes(8 * more))
+            gpus[nid] += sign * len(p.gpu_indices)
+            placed[nid] += sign
+
+    def nids_of(self, job: Job, nodes: dict[tuple[str, str], Node]) -> tuple[tuple[int, int], ...]:
+        """(node id, GPUs listed there) per placement of a running job (nodes keep their ids)."""
+        found = self.nids.get(job.id)
+        if found is None:
+            found = self.nids[job.id] = tuple(
+                (nodes[(p.cluster, p.node)].nid, len(p.gpu_indices)) for p in job.placements
+            )
+        return found
 
     def drop_running(self, job: Job) -> None:
+        self.nids.pop(job.id, None)
         if self.victims is not None and job.spec.preemptible:
             group = (job.pool, job.spec.team, job.spec.priority.rank)
+            if group not in self.partial and job.id in self.victims.get(group, ()):
+                self._columns_add(group, job, -1)
             self.victims.get(group, {}).pop(job.id, None)
+            if (costs := self.costs.get(group)) is not None:
+                costs.drop(job.id)
             gpus, jobs = self.node_gpus.get(group, {}), self.node_jobs.get(group, {})
             for key, n in _per_node(job).items():
                 if job.id in jobs.get(key, ()):
@@ -277,6 +336,7 @@ def derived(state: SchedulerState) -> Derived:
     found = state.__dict__.get("_derived")
     if found is None:
         found = state.__dict__["_derived"] = Derived()
+        found.nodes = state.nodes
     return found
 
 
@@ -518,7 +578,9 @@ def _hold(
     job.pool = pool  # the pool the decision was made in, whatever the quota state is at this point of the fold
     job.pool_fixed = True
     job.state = JobState.RUNNING
-    job.placements = list(placements)
+    # the event's own list (no copy: one object less per placement for the collector to walk, and no
+    # one changes a placements list in place: a job's is replaced when it moves, emptied by assignment)
+    job.placements = placements if placements.__class__ is list else list(placements)
     job.running_since = at
     job.started_at = None
     job.borrowed_gpus = borrowed
@@ -658,6 +720,9 @@ def _started(s: SchedulerState, e: JobStarted) -> None:
     job = s.jobs.get(e.job_id)
     if job is not None and job.state == JobState.RUNNING:
         job.started_at = e.at
+        index = _derived_if_built(s)
+        if index is not None and (costs := index.costs.get((job.pool, job.spec.team, job.spec.priority.rank))):
+            costs.started(job)
 
 
 def _suspend(s: SchedulerState, job: Job, reason: str, at: float) -> None:

@@ -28,6 +28,9 @@ if TYPE_CHECKING:
     from services.scheduler.core.sharing import Mix
 
 Spot = list[tuple[int, list[int]]]  # (node id, GPU indices) per node
+# A spot as kept for the rest of the cycle (`Work.fresh`): of atoms only, so the collector soon stops
+# tracking it (a full cycle keeps one per admission; lists would be walked by every full collection).
+Taken = tuple[tuple[int, tuple[int, ...]], ...]
 Usage = dict[tuple[str, str], float]  # (pool, team) -> GPUs held (GPU-equivalents with shares)
 T = TypeVar("T")
 
@@ -41,9 +44,9 @@ class Work:
         self.usage: Usage = dict(state.usage)
         self.preemptible = dict(state.preemptible)
         self.gone: set[str] = set()  # running jobs preempted or requeued in this cycle
-        self.fresh: dict[str, Spot] = {}  # admitted in this cycle: never victims in the same cycle
+        self.fresh: dict[str, Taken] = {}  # admitted in this cycle: never victims in the same cycle
         self._classes: dict[tuple[str, str | None, str | None, str | None], list[int]] = {}
-        self._pool_classes: dict[str, list[int]] = {}
+        self._pool_capacity: dict[str, int] = {}
         self._teams: dict[str, set[str]] = {}
         # per-cycle caches of the preemption phase (see preemption.py)
         self.walks: dict[tuple[str, str, int], Walk] = {}  # per (pool, team, priority), see preemption.py
@@ -63,6 +66,11 @@ class Work:
         # (bumped by every change to them, `count`) stays the same
         self.version = 0
         self._memo: dict[tuple[object, ...], tuple[int, Any]] = {}
+        # changes to the scratch usage per pool and per (pool, team): what other teams hold in a pool
+        # is unchanged while their difference is (`others_memo`)
+        self._pool_changes: dict[str, int] = {}
+        self._team_changes: dict[tuple[str, str], int] = {}
+        self._others_memo: dict[tuple[str, str], tuple[int, object, Any]] = {}
 
     # -- lookups -------------------------------------------------------------------------------
     def classes(self, job: Job) -> list[int]:
@@ -90,10 +98,13 @@ class Work:
         return self._avoid
 
     def pool_capacity(self, pool: str) -> int:
-        cls = self._pool_classes.get(pool)
-        if cls is None:
-            cls = self._pool_classes[pool] = [c for c, k in enumerate(self.cap.class_keys) if k[0] == pool]
-        return sum(self.cap.class_total[c] for c in cls)
+        """The pool's GPUs in service: fixed while a cycle runs (only the fold redefines a node), so
+        kept per cycle (quota asks on every job's turn)."""
+        found = self._pool_capacity.get(pool)
+        if found is None:
+            classes = [c for c, k in enumerate(self.cap.class_keys) if k[0] == pool]
+            found = self._pool_capacity[pool] = sum(self.cap.class_total[c] for c in classes)
+        return found
 
     def teams(self, pool: str) -> set[str]:
         """The teams with a quota or GPUs held in the pool (by the scratch view), kept per cycle."""
@@ -234,6 +245,19 @@ class Work:
         self._memo[key] = (self.version, value)
         return value
 
+    def others_memo(self, pool: str, team: str, teams: set[str], compute: Callable[..., T], *args: object) -> T:
+        """`compute(*args)`, a value of what teams other than `team` hold in `pool` (of the scratch
+        usage) over `teams`: kept until another team's usage in the pool changes, or `teams` does. In
+        a full cycle a team's jobs come one after another (its fair-share factor orders the queue
+        within a class), so this answers most of them without reading every team again."""
+        others = self._pool_changes.get(pool, 0) - self._team_changes.get((pool, team), 0)
+        found = self._others_memo.get((pool, team))
+        if found is not None and found[0] == others and found[1] is teams:
+            return cast(T, found[2])
+        value = compute(*args)
+        self._others_memo[(pool, team)] = (others, teams, value)
+        return value
+
     # -- scratch changes -----------------------------------------------------------------------
     def count(self, job: Job, sign: int, usage: Usage | None = None, gpus: float | None = None) -> None:
         """Add (+1) or remove (-1) the job's GPUs (or `gpus`) to a usage table (the scratch view's by default)."""
@@ -247,6 +271,8 @@ class Work:
         usage[key] = round(held, 6) if held.__class__ is float else held
         if usage is self.usage:
             self.version += 1
+            self._pool_changes[job.pool] = self._pool_changes.get(job.pool, 0) + 1
+            self._team_changes[key] = self._team_changes.get(key, 0) + 1
             pkey = (job.pool, job.spec.team, job.spec.priority.rank)
             if job.spec.preemptible:
                 self.preemptible[pkey] = plus(self.preemptible.get(pkey, 0), n)
@@ -277,7 +303,7 @@ class Work:
         self.gone.add(job.id)
 
     def admit(self, job: Job, spot: Spot) -> tuple[Placement, ...]:
-        self.fresh[job.id] = spot
+        self.fresh[job.id] = tuple([(nid, tuple(gpus)) for nid, gpus in spot])
         if job.spec.share is not None:
             placements = self._shared_placements(job, spot)
             # counted as the fold will count it: the placed shares (a MIG share is the placed model's)
