@@ -627,32 +627,6 @@ def test_a_protected_non_preemptible_job_keeps_room_in_its_teams_share() -> None
     assert d.state_of("a-big") == "running"  # the guard's oldest job: not held to the share
 
 
-def test_a_protected_job_the_guard_lifted_keeps_room_in_its_teams_share_for_all_classes() -> None:
-    """(Measured, not adopted: `keep_room_all_classes`, docs/fairness.md.) Once the guard lifts a
-    team's protected normal job into high's class, the team's newer high work starts only if it
-    leaves the job room in the team's share for all its classes."""
-    policy = replace(CHAMBER, starvation_bound_s=100.0, guard_lift_every_s=100.0, keep_room_all_classes=True)
-
-    def team_a_high_job_at(now: float, policy: Policy) -> str:
-        d = Driver().given(a_node("n1"), a_node("n2"), a_quota("a", 4), a_quota("b", 12))
-        fixed = {"priority": "high", "preemptible": False}
-        d.given(
-            a_job("a-run", team="a", gpus=4, at=0, **fixed),  # type: ignore[arg-type]
-            a_job("b-run", team="b", gpus=4, at=0, **fixed),  # type: ignore[arg-type]
-        )
-        d.cycle(now=1.0, policy=policy)
-        d.given(a_job("b-wait", team="b", gpus=8, at=1.5, **fixed))  # type: ignore[arg-type]  # b lends nothing
-        d.given(a_job("a-big", team="a", gpus=8, priority="normal", preemptible=False, at=2))  # no node has 8
-        d.given(a_job("a-small", team="a", gpus=1, at=now - 1, **fixed))  # type: ignore[arg-type]
-        d.cycle(now=now, policy=policy)
-        return d.waiting.get("a-small", "")
-
-    assert "keeps room" not in team_a_high_job_at(150.0, policy)  # a-big protected, not yet lifted
-    why = team_a_high_job_at(250.0, policy)  # lifted into high's class
-    assert "for all its classes keeps room for a-big (8 GPUs), protected by the starvation guard" in why
-    assert "keeps room" not in team_a_high_job_at(250.0, replace(policy, keep_room_all_classes=False))
-
-
 # -- a node drains for a protected whole-node job ---------------------------------------------------
 def test_a_protected_whole_node_job_holds_the_node_that_drains_first_from_lower_class_work() -> None:
     policy = replace(CHAMBER, starvation_bound_s=100.0)

@@ -18,7 +18,7 @@ from events import GpuShare, PriorityClass
 from services.scheduler.core.decisions import Drain, Reservation
 from services.scheduler.core.mig import mig_model, occupancy, starts_in_mask
 from services.scheduler.core.mig_live import layout_starts, mig_held
-from services.scheduler.core.policy import Policy, QueueKey
+from services.scheduler.core.policy import QueueKey
 from services.scheduler.core.shares import MILLI, SharedGpu, mode_of
 from services.scheduler.core.state import Job, Node, estimate_s
 from services.scheduler.core.work import Work
@@ -223,28 +223,20 @@ def _fits(share: GpuShare, model: str, sg: SharedGpu, node: Node | None, gpu: in
     return max(n, 0)
 
 
-def drain(
-    work: Work, job: Job, keep: int | None = None, others: set[int] | frozenset[int] = frozenset()
-) -> Drain | None:
+def drain(work: Work, job: Job, keep: int | None = None) -> Drain | None:
     """The node to hold for `job` (one replica, larger than any node's free GPUs): `keep` while it
     still could take the job, else the node of its classes that frees enough for it soonest by
-    runtime estimates (work without an estimate never ends), not one of `others` (held for other
-    jobs). None if no node ever could."""
+    runtime estimates (work without an estimate never ends). None if no node ever could."""
     classes, slots = set(work.classes(job)), work.cap.slots
     best: tuple[float, int] | None = None
     for nid in [keep] if keep is not None else range(len(slots)):
         slot = slots[nid]
-        if slot.cls in classes and slot.usable and slot.total >= job.gpus and nid not in others:
+        if slot.cls in classes and slot.usable and slot.total >= job.gpus:
             at = (_node_ready(work, nid, job.spec.total_gpus), nid)
             best = at if best is None or at < best else best
     if best is None or best[0] == math.inf:  # a node whose work never ends is not worth holding
-        return None if keep is None else drain(work, job, None, others)
+        return None if keep is None else drain(work, job)
     return Drain(job.id, best[1], best[0])
-
-
-def drain_key(policy: Policy, job: Job) -> int:
-    """Which of its pool's drains a job would hold: one per class (its class rank), or one per pool."""
-    return job.spec.priority.rank if policy.drain_per_class else 0
 
 
 def _node_ready(work: Work, nid: int, gpus: int) -> float:
@@ -279,28 +271,20 @@ def _node_ready(work: Work, nid: int, gpus: int) -> float:
     return now if free >= gpus else math.inf
 
 
-def held_from(work: Work, job: Job) -> list[int]:
-    """The nodes `job` may not take GPUs on now: its pool's drain nodes held for jobs of its class or
-    a more urgent one, and any of them if it would run beyond its team's guarantee; not one it holds
-    itself, none for critical work, and not one that is ready (by estimates) only after the job ends.
-    Higher classes within their guarantee still go first: the hold keeps the drain from lower-class
-    and borrowed work."""
-    by = work.drains.get(job.pool)
-    if not by or job.spec.priority == PriorityClass.CRITICAL:
-        return []
+def held_from(work: Work, job: Job) -> int | None:
+    """The node `job` may not take GPUs on now: its pool's drain node, when the job is of the drain
+    job's class or lower, or would run beyond its team's guarantee; unless it is the drain job,
+    critical work, or ends (by estimates) before the node is ready. Higher classes within their
+    guarantee still go first: the hold keeps the drain from lower-class and borrowed work."""
+    d = work.drains.get(job.pool)
+    if d is None or d.job_id == job.id or job.spec.priority == PriorityClass.CRITICAL:
+        return None
+    if job.spec.priority.rank < work.s.jobs[d.job_id].spec.priority.rank and not _beyond_guarantee(work, job):
+        return None
     est = estimate_s(job)
-    end = math.inf if est is None else work.now + est
-    rank, beyond, out = job.spec.priority.rank, None, []
-    for d in by.values():
-        if d.job_id == job.id or end <= d.ready_at:
-            continue
-        if rank < work.s.jobs[d.job_id].spec.priority.rank:
-            if beyond is None:
-                beyond = _beyond_guarantee(work, job)
-            if not beyond:
-                continue
-        out.append(d.node)
-    return out
+    if est is not None and work.now + est <= d.ready_at:
+        return None
+    return d.node
 
 
 def _beyond_guarantee(work: Work, job: Job) -> bool:

@@ -29,7 +29,7 @@ from typing import Any
 from events import JobSpec, PreemptionReason, PriorityClass
 from services.scheduler.core import backfill, idle, mig_live, placement, preemption, quota, shares
 from services.scheduler.core.budget import held as budget_held
-from services.scheduler.core.decisions import Admit, Cycle, CycleMark, Decision, Drain, Preempt, Requeue, Reservation
+from services.scheduler.core.decisions import Admit, Cycle, CycleMark, Decision, Preempt, Requeue, Reservation
 from services.scheduler.core.degraded import only_degraded, out_of_service, stay_note
 from services.scheduler.core.policy import (
     CHAMBER,
@@ -72,9 +72,7 @@ def schedule(state: SchedulerState, now: float, since: CycleMark | None = None, 
     try:
         ctx = CycleContext(state, work, now, policy, full, since)
         if since is not None:
-            for p, d in since.draining:
-                if (j := state.jobs.get(d.job_id)) is not None and j.state in QUEUED:
-                    work.drains.setdefault(p, {})[backfill.drain_key(policy, j)] = d
+            work.drains = {p: d for p, d in since.draining if (j := state.jobs.get(d.job_id)) and j.state in QUEUED}
         _turns(ctx, phase1_heads(ctx))
         if state.mig_nodes:  # MIG-managed nodes: change layouts for what no instance could take
             ctx.decisions += mig_live.plan_layouts(work, ctx.waiting, full)
@@ -271,7 +269,7 @@ class CycleContext:
             self.guard_at,
             tuple(sorted(self.starving.items())),
             tuple(sorted((jid, faults) for jid, (_, faults) in self.staying.items())),
-            tuple(sorted(((p, d) for p, by in self.work.drains.items() for d in by.values()), key=_drain_order)),
+            tuple(sorted(self.work.drains.items())),
         )
         staying = {jid: why for jid, (why, _) in self.staying.items()}
         return Cycle(self.decisions, self.waiting, mark, self.full, self.considered, self.reservations, staying)
@@ -539,10 +537,8 @@ def phase3_admit(ctx: CycleContext, c: Candidate) -> bool:
 
 def _admit(ctx: CycleContext, c: Candidate, spot: Spot, why: str) -> None:
     job, work = c.job, ctx.work
-    if (by := work.drains.get(job.pool)) is not None:
-        k = backfill.drain_key(work.policy, job)
-        if (d := by.get(k)) is not None and d.job_id == job.id:
-            del by[k]
+    if (d := work.drains.get(job.pool)) is not None and d.job_id == job.id:
+        del work.drains[job.pool]
     borrowed = quota.borrowed(work, job)  # before the admission counts the job
     placements = work.admit(job, spot)
     generation = job.generation + (1 if job.id in ctx.requeued else 0)
@@ -633,40 +629,28 @@ def phase4_requeue(ctx: CycleContext, c: Candidate) -> None:
 
 
 def _hold_a_node(ctx: CycleContext, c: Candidate) -> None:
-    """A non-preemptible job on one node that its quota allows but no node has room for, once it
-    has waited `policy.drain_after_s` (by default: once the starvation guard protects it), holds
-    the node that frees for it soonest (`backfill.drain`), one job per pool (or per pool and class:
-    `policy.drain_per_class`): else other work takes each GPU that frees there and the job waits
-    for a whole node for good (openb's 8-GPU jobs). The hold ends when it starts, or once its quota
-    no longer allows it (the node would idle for nothing)."""
-    work, job, policy = ctx.work, c.job, ctx.policy
-    by = work.drains.get(job.pool, {})
-    k = backfill.drain_key(policy, job)
-    held = by.get(k)
+    """A protected non-preemptible job on one node that its quota allows but no node has room for
+    holds the node that frees for it soonest (`backfill.drain`), one job per pool: else other work
+    takes each GPU that frees there and the job waits for a whole node for good (openb's 8-GPU
+    jobs). The hold ends when it starts, or once its quota no longer allows it (the node would
+    idle for nothing)."""
+    work, job = ctx.work, c.job
+    held = work.drains.get(job.pool)
     if held is not None and held.job_id != job.id:
         return
-    after = policy.drain_after_s
-    if after is None:
-        due = c.protected_at is not None and c.protected_at <= ctx.now
-    else:
-        due = ctx.now - ctx.queued_since(job.id) >= after
-    if not due or c.block is not None or c.starved_by is not None or job.spec.preemptible:
-        by.pop(k, None) if held is not None else None
+    protected = c.protected_at is not None and c.protected_at <= ctx.now
+    if not protected or c.block is not None or c.starved_by is not None or job.spec.preemptible:
+        work.drains.pop(job.pool, None) if held is not None else None
         return
     if job.spec.replicas != 1 or job.gpus > work.cap.max_gpus:
         return
     if held is None and job.gpus <= work.cap.max_free(work.classes(job)):
         return  # it fits on a node now: it waits for something else
-    others = {d.node for kk, d in by.items() if kk != k}
-    found = backfill.drain(work, job, None if held is None else held.node, others)
+    found = backfill.drain(work, job, None if held is None else held.node)
     if found is None:
-        by.pop(k, None)
+        work.drains.pop(job.pool, None)
     else:
-        work.drains.setdefault(job.pool, by)[k] = found
-
-
-def _drain_order(item: tuple[str, Drain]) -> tuple[str, int, str]:
-    return item[0], item[1].node, item[1].job_id
+        work.drains[job.pool] = found
 
 
 def _guard_text(ctx: CycleContext, c: Candidate) -> str:

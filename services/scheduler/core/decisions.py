@@ -96,7 +96,7 @@ class CycleMark:
     # running jobs left on degraded hardware (no healthy place then), with the faults behind it: the
     # next cycle need not be full for them unless capacity frees or their hardware's state changes
     staying: tuple[tuple[str, tuple[str, ...]], ...] = ()
-    draining: tuple[tuple[str, Drain], ...] = ()  # (pool, a node held there for a whole-node job), one per drain
+    draining: tuple[tuple[str, Drain], ...] = ()  # pool -> the node held for its protected whole-node job
 
 
 @dataclass

@@ -54,12 +54,12 @@ def _host_bounded(work: Work, job: Job) -> Spot | None:
 
 def _place_held(work: Work, job: Job) -> Spot | None:
     found = shares.place if job.spec.share is not None else _place
-    held = backfill.held_from(work, job) if work.drains else ()
-    slots = work.cap.slots
-    hidden = [(nid, work.cap.take(nid, len(slots[nid].free))) for nid in held if slots[nid].free]  # journaled
+    held = backfill.held_from(work, job) if work.drains else None
+    if held is None or not work.cap.slots[held].free:
+        return found(work, job)
+    hidden = work.cap.take(held, len(work.cap.slots[held].free))  # journaled: given back below
     spot = found(work, job)
-    for nid, gpus in reversed(hidden):
-        work.cap.give(nid, gpus)
+    work.cap.give(held, hidden)
     return spot
 
 

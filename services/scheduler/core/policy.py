@@ -96,18 +96,6 @@ class Policy:
     # What it then holds of another team's guarantee returns by draining (the lender's jobs wait
     # for it holding the reservation). Off: the lending rule alone (quota.py).
     np_fair_share: bool = True
-    # Measured for issue 29 and not adopted (docs/fairness.md has the figures); all off by default.
-    # A node drains for a whole-node job no node has room for (backfill.drain): one per pool and class
-    # (`drain_per_class`; off: one per pool), held once the job has waited `drain_after_s` (None: once
-    # the starvation guard protects it).
-    drain_per_class: bool = False
-    drain_after_s: float | None = None
-    # A protected job the guard lifted into a class keeps room in its team's share for all classes
-    # against the team's newer work of that class (quota._room_for_protected).
-    keep_room_all_classes: bool = False
-    # Other teams' preemptible work of a less urgent class does not count against a non-preemptible
-    # job's room in the pool ("all" such jobs, or "protected" ones): it may preempt that work.
-    room_past_preemptible: Literal["", "all", "protected"] = ""
     # A job whose GPU or node health took out of service for a degrading fault (a straggler verdict,
     # a flapping or slow NIC: it still runs, slower) moves only where it can land now, else stays
     # (core/degraded.py). Off: every out-of-service holder is requeued, whatever it can get.

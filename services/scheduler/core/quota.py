@@ -103,16 +103,12 @@ def room_block(work: Work, job: Job, usage: Usage | None = None) -> Wait | None:
     usage = work.usage if usage is None else usage
     pool, team, n = job.pool, job.spec.team, job.gpus
     u = usage.get((pool, team), 0)
-    below = job.spec.priority.rank if _room_past_preemptible(work, job) else None
     if usage is work.usage:  # the same for every job of the team until the scratch usage changes
         teams = work.teams(pool)
-        if below is None:
-            held = work.memo(("held", pool, team), _held_by_others, s, usage, pool, team, teams)
-        else:
-            held = work.memo(("held", pool, team, below), _held_by_others, s, usage, pool, team, teams, work, below)
+        held = work.memo(("held", pool, team), _held_by_others, s, usage, pool, team, teams)
     else:
         teams = {t for (p, t) in s.quotas if p == pool} | {t for (p, t) in usage if p == pool}
-        held = _held_by_others(s, usage, pool, team, teams)  # a preemption's what-if: its victims are out
+        held = _held_by_others(s, usage, pool, team, teams)
     room = work.pool_capacity(pool) - held - u
     if held and n > room:  # with nothing held by others, placement itself says what is missing
         lent = _lent_out(work, pool, team) if u + n <= guarantee(work, pool, team) else 0
@@ -132,36 +128,13 @@ def room_block(work: Work, job: Job, usage: Usage | None = None) -> Wait | None:
     return None
 
 
-def _room_past_preemptible(work: Work, job: Job) -> bool:
-    """`Policy.room_past_preemptible` (measured, not adopted: docs/fairness.md): a non-preemptible
-    job (protected, with "protected") may preempt other teams' preemptible work of a less urgent
-    class (the `urgent` rule), so that work does not count against its room in the pool."""
-    past = work.policy.room_past_preemptible
-    if not past or job.spec.preemptible:
-        return False
-    at = work.policy.protected_since(job.queued_since)
-    return past == "all" or (at is not None and at <= work.now)
-
-
-def _held_by_others(
-    s: SchedulerState,
-    usage: Usage,
-    pool: str,
-    team: str,
-    teams: set[str],
-    work: Work | None = None,
-    below: int | None = None,
-) -> float:
-    """What teams other than `team` hold or keep back (their unlendable guarantee) in the pool; with
-    `below`, not counting their preemptible work of classes less urgent than it."""
+def _held_by_others(s: SchedulerState, usage: Usage, pool: str, team: str, teams: set[str]) -> float:
+    """What teams other than `team` hold or keep back (their unlendable guarantee) in the pool."""
     held: float = 0
     for other in teams:
         if other != team:
             oq = s.quotas.get((pool, other))
-            u = usage.get((pool, other), 0)
-            if work is not None and below is not None:
-                u -= sum(work.preemptible.get((pool, other, r), 0) for r in RANKS if r > below)
-            held += max(u, oq.locked if oq else 0)
+            held += max(usage.get((pool, other), 0), oq.locked if oq else 0)
     return held
 
 
@@ -229,12 +202,24 @@ def nonpreemptible_block(work: Work, job: Job) -> Wait | None:
     in_class = mine - work.np_more_urgent(pool, team, rank)
     # ...but all its classes together stay within its guarantee or its aggregate share (all classes'
     # demand): those shares fit the pool, so every lender can reclaim its guarantee (module doc).
-    agg = work.fair_share(pool, team)
-    if work.policy.np_fair_share and in_class <= fair and mine <= max(g, agg):
+    if work.policy.np_fair_share and in_class <= fair and mine <= max(g, work.fair_share(pool, team)):
         # Within its fair share of the pool (what it holds of others' guarantees drains back), except
         # that the team's protected non-preemptible job of the class keeps room in the share: else the
         # team's own smaller jobs refill it and a large job waits for good (openb's 8-GPU jobs).
-        return _room_for_protected(work, job, in_class, fair, max(g, agg) - mine)
+        held_for = work.protected_np(pool, team)
+        if (
+            held_for is None
+            or held_for.id == job.id
+            or held_for.spec.priority.rank != rank
+            or in_class + held_for.gpus <= fair
+        ):
+            return None
+        return Wait(
+            WaitKind.QUOTA,
+            f"quota: team {team}'s fair share of pool {pool} ({fair:.0f} GPUs) keeps room for {held_for.id} "
+            f"({held_for.gpus} GPUs), protected by the starvation guard; "
+            f"with this job {max(fair - in_class, 0):.0f} left",
+        )
     if work.policy.np_fair_share and work.longest_protected(pool) == job.id:
         # The starvation guard's oldest job in the pool is not held to the share: with every team
         # wanting more than its share, jobs larger than any share (64 GPUs of 80 with four teams)
@@ -248,43 +233,13 @@ def nonpreemptible_block(work: Work, job: Job) -> Wait | None:
             f"lent to non-preemptible work of {', '.join(lent) or 'other teams'}, "
             "returned as it ends (never preempted)",
         )
+    agg = work.fair_share(pool, team)
     share = f", fair share {fair:.0f}, all classes {agg:.0f}" if work.policy.np_fair_share else ""
     return Wait(
         WaitKind.QUOTA,
         f"quota: non-preemptible jobs borrow only unguaranteed GPUs, idle guarantees lent to them, or up to "
         f"their fair share (team {team} would run {mine} non-preemptible GPUs in pool {pool}, guarantee {g}{share}; "
         f"room for {max(spare - mine + n, 0)} now: teams with work waiting for their guarantee lend none)",
-    )
-
-
-def _room_for_protected(work: Work, job: Job, in_class: float, fair: float, left: float) -> Wait | None:
-    """The team's protected non-preemptible job of the class keeps room in the class's share (`in_class`
-    of `fair` taken with this job): else the team's own smaller jobs refill it and a large job waits
-    for good (openb's 8-GPU jobs). With `keep_room_all_classes` (measured, not adopted:
-    docs/fairness.md) a protected job the guard lifted into this job's class also keeps room in the
-    team's share for all its classes (`left` of it with this job)."""
-    pool, team, rank = job.pool, job.spec.team, job.spec.priority.rank
-    held_for = work.protected_np(pool, team)
-    if held_for is None or held_for.id == job.id:
-        return None
-    same = held_for.spec.priority.rank == rank
-    if work.policy.keep_room_all_classes and work.guard_band(held_for) <= rank:
-        if (not same or in_class + held_for.gpus <= fair) and held_for.gpus <= left:
-            return None
-        if not same:
-            return Wait(
-                WaitKind.QUOTA,
-                f"quota: team {team}'s share of pool {pool} for all its classes keeps room for {held_for.id} "
-                f"({held_for.gpus} GPUs), protected by the starvation guard and ahead of this job; "
-                f"with this job {max(left, 0):.0f} left",
-            )
-    elif not same or in_class + held_for.gpus <= fair:
-        return None
-    return Wait(
-        WaitKind.QUOTA,
-        f"quota: team {team}'s fair share of pool {pool} ({fair:.0f} GPUs) keeps room for {held_for.id} "
-        f"({held_for.gpus} GPUs), protected by the starvation guard; "
-        f"with this job {max(fair - in_class, 0):.0f} left",
     )
 
 

@@ -55,8 +55,7 @@ class Work:
         self._oldest: dict[str, tuple[int, float, float, str]] | None = None
         self._protected_np: dict[tuple[str, str], Job] | None = None
         self._np_ranks: dict[tuple[str, str, int], float] | None = None
-        # pool -> (class rank, or 0 with one drain per pool) -> the node held for a whole-node job
-        self.drains: dict[str, dict[int, Drain]] = {}
+        self.drains: dict[str, Drain] = {}  # pool -> the node held for its protected whole-node job
         self.share_starts: dict[str, list[int | None]] = {}  # job -> MIG start per replica (shares.place)
         self._share_mix: dict[str, Mix] = {}  # share mode -> the queued shares' request mix
         self.host: HostLeft | None = None  # nodes' CPU and memory left (hostres.py), built on first use
@@ -164,14 +163,14 @@ class Work:
         found = self._oldest.get(pool)
         return None if found is None else found[3]
 
-    def guard_band(self, job: Job) -> int:
+    def _guard_band(self, job: Job) -> int:
         """The class a protected job queues with (`policy.guard_band`)."""
         return guard_band(job.spec.priority.rank, self.policy.lift(job.queued_since, self.now))
 
     def _guard_key(self, job: Job) -> tuple[int, float, float, str]:
         """Where a protected job stands in queue order among the protected: its band, then its tier
         (`policy.protected_tier`), then the longest waiting first."""
-        return (self.guard_band(job), protected_tier(job.spec.priority.rank), job.queued_since, job.id)
+        return (self._guard_band(job), protected_tier(job.spec.priority.rank), job.queued_since, job.id)
 
     def protected_np(self, pool: str, team: str) -> Job | None:
         """The team's first protected non-preemptible job of the pool in queue order (most urgent
