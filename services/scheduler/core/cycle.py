@@ -639,15 +639,7 @@ def _hold_a_node(ctx: CycleContext, c: Candidate) -> None:
     if held is not None and held.job_id != job.id:
         return
     protected = c.protected_at is not None and c.protected_at <= ctx.now
-    through = ctx.policy.drain_through_room
-    blocked = c.block is not None and not (
-        c.block.kind == WaitKind.ROOM
-        and (
-            (through == "first" and work.longest_protected(job.pool) == job.id)
-            or (through == "preemptible" and quota.room_past_preemptible(work, job))
-        )
-    )
-    if not protected or blocked or c.starved_by is not None or job.spec.preemptible:
+    if not protected or c.block is not None or c.starved_by is not None or job.spec.preemptible:
         work.drains.pop(job.pool, None) if held is not None else None
         return
     if job.spec.replicas != 1 or job.gpus > work.cap.max_gpus:

@@ -96,10 +96,6 @@ class Policy:
     # What it then holds of another team's guarantee returns by draining (the lender's jobs wait
     # for it holding the reservation). Off: the lending rule alone (quota.py).
     np_fair_share: bool = True
-    # Measured, not adopted (docs/fairness.md): a protected whole-node job keeps its held node through a
-    # wait for room in the pool: as the pool's first protected job ("first"), or while preempting other
-    # teams' less urgent preemptible work would give it the room ("preemptible"). "": never.
-    drain_through_room: Literal["", "first", "preemptible"] = ""
     # A job whose GPU or node health took out of service for a degrading fault (a straggler verdict,
     # a flapping or slow NIC: it still runs, slower) moves only where it can land now, else stays
     # (core/degraded.py). Off: every out-of-service holder is requeued, whatever it can get.

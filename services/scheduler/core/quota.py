@@ -128,20 +128,6 @@ def room_block(work: Work, job: Job, usage: Usage | None = None) -> Wait | None:
     return None
 
 
-def room_past_preemptible(work: Work, job: Job) -> bool:
-    """Whether the pool would have room for the job if other teams' preemptible work of less urgent
-    classes left it (the `urgent` rule may preempt that work)."""
-    pool, team = job.pool, job.spec.team
-    held = 0.0
-    for other in work.teams(pool):
-        if other != team:
-            oq = work.s.quotas.get((pool, other))
-            u = work.usage.get((pool, other), 0)
-            u -= sum(work.preemptible.get((pool, other, r), 0) for r in RANKS if r > job.spec.priority.rank)
-            held += max(u, oq.locked if oq else 0)
-    return job.gpus <= work.pool_capacity(pool) - held - work.usage.get((pool, team), 0)
-
-
 def _held_by_others(s: SchedulerState, usage: Usage, pool: str, team: str, teams: set[str]) -> float:
     """What teams other than `team` hold or keep back (their unlendable guarantee) in the pool."""
     held: float = 0
