@@ -3,7 +3,7 @@ run through the simulator's own `compare` (what `chamber sim --compare fifo,cham
 several public traces, each at two fleet sizes that leave it under pressure, with equal-share quotas.
 
     .venv/bin/python bench/fairness.py [--traces itp-analogue,itp-cluster02,itp-cluster03,openb]
-        [--openb PATH] [--seeds N] [--json-only]
+        [--openb PATH] [--seeds N] [--json-only] [--tuning JSON]
 
 Traces (docs/fairness.md has the class mappings and why these fleet sizes):
   tuning   itp-analogue   issue 19's 6,200-job 4-team slice of the bundled ITP trace; random classes
@@ -41,7 +41,7 @@ from services.tracesim.classes import DEFAULT_MIX, assign, parse_mix  # noqa: E4
 from services.tracesim.engine import FleetSpec  # noqa: E402
 from services.tracesim.openb import load_openb  # noqa: E402
 from services.tracesim.quotas import equal_shares  # noqa: E402
-from services.tracesim.run import compare  # noqa: E402
+from services.tracesim.run import compare, make_policy  # noqa: E402
 from services.tracesim.trace import TraceError, TraceJob, load  # noqa: E402
 
 ITP = ROOT / "data" / "traces" / "itp" / "jobs.csv"
@@ -120,12 +120,12 @@ def met(t: dict[str, Any]) -> bool:
     return ok and t.get("unfinished_le_fifo", True)
 
 
-def run_one(jobs: list[TraceJob], gpus: int) -> dict[str, Any]:
+def run_one(jobs: list[TraceJob], gpus: int, tuning: dict[str, Any] | None = None) -> dict[str, Any]:
     teams = sorted({j.team for j in jobs})
     fleet = FleetSpec(gpus=gpus, gpus_per_node=8)
     fitting = [j for j in jobs if j.gpus <= gpus]
     t0 = time.perf_counter()
-    result, _ = compare(fitting, fleet, equal_shares(teams, gpus), ["fifo", "chamber"])
+    result, _ = compare(fitting, fleet, equal_shares(teams, gpus), ["fifo", "chamber"], tuning)
     fifo, chamber = result["policies"]["fifo"], result["policies"]["chamber"]
     per_class: dict[str, Any] = {}
     for c in ORDER:
@@ -189,6 +189,13 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, help="seeds per trace (default 3; openb 2)")
     ap.add_argument("--gpus", help="override every trace's fleet sizes (comma-separated)")
     ap.add_argument("--json-only", action="store_true", help="no table on stderr")
+    ap.add_argument(
+        "--tuning",
+        type=json.loads,
+        default={},
+        help="chamber policy fields as JSON, the same on every trace: to measure a candidate against the "
+        "default (e.g. '{\"guard_lift_every_s\": 43200}'); the default policy runs without it",
+    )
     args = ap.parse_args()
     names = [n.strip() for n in args.traces.split(",") if n.strip()]
     unknown = [n for n in names if n not in TRACES]
@@ -200,8 +207,13 @@ def main() -> int:
             file=sys.stderr,
         )
         return 2
+    try:
+        make_policy("chamber", args.tuning)
+    except (TypeError, ValueError) as exc:
+        print(f"fairness.py: --tuning: {exc}", file=sys.stderr)
+        return 2
     out: dict[str, Any] = {
-        "policy": "chamber (default, no tuning flags) vs fifo",
+        "policy": f"chamber with {json.dumps(args.tuning)} vs fifo" if args.tuning else "chamber (default) vs fifo",
         "quotas": "equal shares",
         "traces": {},
         "runs": {},
@@ -219,7 +231,7 @@ def main() -> int:
                 print(f"fairness.py: {name}: {exc}", file=sys.stderr)
                 return 2
             for g in gpus:
-                out["runs"][name][f"seed{seed}/{g}gpus"] = run_one(jobs, g)
+                out["runs"][name][f"seed{seed}/{g}gpus"] = run_one(jobs, g, args.tuning or None)
                 print(f"{name} seed {seed} {g} GPUs done", file=sys.stderr)
     out["all_targets_met"] = all(r["all_targets_met"] for runs in out["runs"].values() for r in runs.values())
     if not args.json_only:
