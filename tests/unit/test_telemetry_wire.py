@@ -11,7 +11,7 @@ from node_agent.runner import MAX_SAMPLE_BYTES, NodeFacts, NodeRunner
 from node_agent.sim.fleet import SimFaultKind, SimFleet, SimNode
 from node_agent.sim.models import gpu_model
 from node_agent.spool import Kind
-from node_agent.wire import FULL_EVERY_S, WireForm, old_form_body
+from node_agent.wire import FULL_EVERY_S, WireForm, old_form_body, omit_slow
 from services.recorder.bulk_samples import sample_table
 from services.recorder.rows import LeanNodeSample, Recorded, sample_columns
 
@@ -207,3 +207,15 @@ def test_faults_are_detected_on_the_full_local_reading_whatever_the_wire_leaves_
     samples = [msgspec.json.decode(r.body, type=NodeSample) for r in records if r.kind == Kind.SAMPLE]
     assert all(s.nvlink_omitted and s.gpus[3].nvlink == [] for s in samples)  # no per-link detail sent
     assert any(getattr(f, "gpu_index", None) == 3 for f in faults)  # yet the NVLink fault was found
+
+
+def test_omitting_the_slow_fields_resets_exactly_the_slow_fields() -> None:
+    """`omit_slow` writes its keywords out (cheaper than a dict): it must be SLOW_FIELDS, no more, no less."""
+    sample = msgspec.structs.replace(
+        GpuSample(index=3, uuid="u", utilization_pct=50.0, throttle_reasons=["sw_power_cap"]),
+        **{f: 1 for f in SLOW_FIELDS},
+    )
+    omitted = omit_slow(sample)
+    fields = GpuSample.__struct_fields__
+    assert {f for f in fields if getattr(omitted, f) != getattr(sample, f)} == set(SLOW_FIELDS)
+    assert all(getattr(omitted, f) is None for f in SLOW_FIELDS)  # each slow field's default
