@@ -219,3 +219,35 @@ def test_omitting_the_slow_fields_resets_exactly_the_slow_fields() -> None:
     fields = GpuSample.__struct_fields__
     assert {f for f in fields if getattr(omitted, f) != getattr(sample, f)} == set(SLOW_FIELDS)
     assert all(getattr(omitted, f) is None for f in SLOW_FIELDS)  # each slow field's default
+
+
+def test_an_amd_gpus_health_goes_out_as_the_same_bytes_from_its_cached_json() -> None:
+    """WireForm sends an AMD GPU's health as JSON made once per health object (msgspec.Raw): the
+    bodies, full and with the slow fields left out, and after the health changed, are byte for byte
+    what encoding the samples themselves gives."""
+    from events.codec import encode_body
+    from events.telemetry import AmdGpuHealth, RasBlockCount
+
+    def amd_sample(seq: int, health: AmdGpuHealth) -> NodeSample:
+        gpus = [
+            GpuSample(index=i, uuid=f"GPU-{i}", utilization_pct=80.0 + seq, memory_total_mib=196608.0,
+                      ecc_sbe_volatile=2, pcie_replay_count=0, amd=health)
+            for i in range(2)
+        ]  # fmt: skip
+        return NodeSample(cluster="c1", node="mi", seq=seq, observed_at=T0 + seq, interval_s=1.0, gpus=gpus)
+
+    quiet = AmdGpuHealth(ras=[RasBlockCount(block="umc", de=0), RasBlockCount(block="gfx")], bad_pages=0)
+    hurt = AmdGpuHealth(ras=[RasBlockCount(block="umc", ue=1, de=0), RasBlockCount(block="gfx")], bad_pages=2)
+    form = WireForm()
+    for seq, health in enumerate([quiet, quiet, quiet, hurt, hurt]):
+        local = amd_sample(seq, health)
+        sent = form(local)
+        assert any(isinstance(g.amd, msgspec.Raw) for g in sent.gpus)
+        reference = msgspec.structs.replace(
+            local,
+            gpus=[g if seq == 0 else msgspec.structs.replace(g, **dict.fromkeys(SLOW_FIELDS)) for g in local.gpus],
+            slow_omitted=seq != 0,  # the slow fields do not move: only the first sample carries them
+            nvlink_omitted=seq != 0,
+        )
+        assert encode_body(sent) == encode_body(reference)
+        assert (b'"ue":1' in encode_body(sent)) == (health is hurt)
