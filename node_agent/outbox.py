@@ -31,15 +31,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import re
 from collections.abc import Awaitable, Callable
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
-from nats.errors import BadSubjectError, ConnectionClosedError, ConnectionDrainingError, MaxPayloadError
+from nats.errors import MaxPayloadError
 from nats.js import JetStreamContext
-from nats.protocol.command import hpub_cmd
 
 from events import subjects
 from node_agent.spool import Record, Spool
@@ -97,7 +95,6 @@ class Outbox:
         self._probing = False  # after a refusal for now: small batches until one goes through whole
         self.on_reconnect = on_reconnect
         self.nc: Client | None = None
-        self._fast = False  # the client is nats-py's, with the internals `_send` uses
         self.js: JetStreamContext | None = None
         self.published = 0
         self.refused = 0  # records the server refused for good (too large): dropped, not retried
@@ -118,7 +115,6 @@ class Outbox:
         """Publish through this connection (set once it first connects)."""
         self.nc = nc
         self.js = nc.jetstream()
-        self._fast = all(hasattr(nc, a) for a in _INTERNALS)
         self._wake.set()
 
     def submit(self, records: list[Record]) -> None:
@@ -217,10 +213,21 @@ class Outbox:
         batch = _Batch(self._batch, len(records))
         self._acks = batch
         prefix = f"{self._ack_prefix}.{batch.number}."
-        if self._fast:
-            sent = await self._send(nc, records, prefix, batch)
-        else:
-            sent = await self._send_each(nc, records, prefix, batch)
+        sent = 0
+        for i, r in enumerate(records):
+            if not self.connected:
+                break
+            try:
+                if _wire_bytes(r) > nc.max_payload:  # the server would close the connection on it
+                    raise MaxPayloadError
+                await nc.publish(subjects.ingest(r.subject), r.body, reply=f"{prefix}{i}", headers=r.headers)
+            except MaxPayloadError:
+                batch.refused[i] = f"{_wire_bytes(r)} bytes with headers: over max_payload ({nc.max_payload})"
+                batch.settle(i)
+            except Exception as exc:  # disconnected mid-batch, buffer full: the rest goes to the spool
+                log.warning("publish failed", error=repr(exc))
+                break
+            sent += 1
         if not sent:
             return 0
         batch.expected = sent
@@ -262,86 +269,6 @@ class Outbox:
             log.info("publishing again", was=self.problem)
             self.problem = None
         return ok
-
-    async def _send_each(self, nc: Client, records: list[Record], prefix: str, batch: _Batch, start: int = 0) -> int:
-        """Publish one record at a time through nats-py's `publish` (what `_send` does in one go); the
-        first is the batch's record `start`."""
-        sent = 0
-        for i, r in enumerate(records, start):
-            if not self.connected:
-                break
-            try:
-                if _wire_bytes(r) > nc.max_payload:  # the server would close the connection on it
-                    raise MaxPayloadError
-                await nc.publish(subjects.ingest(r.subject), r.body, reply=f"{prefix}{i}", headers=r.headers)
-            except MaxPayloadError:
-                batch.refused[i] = f"{_wire_bytes(r)} bytes with headers: over max_payload ({nc.max_payload})"
-                batch.settle(i)
-            except Exception as exc:  # disconnected mid-batch, buffer full: the rest goes to the spool
-                log.warning("publish failed", error=repr(exc))
-                break
-            sent += 1
-        return sent
-
-    async def _send(self, nc: Client, records: list[Record], prefix: str, batch: _Batch) -> int:
-        """The batch's HPUB commands, byte for byte what nats-py's `publish` writes for each record
-        (`hpub_cmd`, the header block `NATS/1.0\\r\\n`, `key: value\\r\\n` each, a blank line), handed to
-        the client's pending buffer in one piece with one flush: `publish` checks and encodes every
-        header on its own, which cost more than a node's sample. A record whose headers nats-py would
-        rewrite (whitespace to strip, a line break) is not sent this way: nats-py's `publish` takes it."""
-        if not self.connected:
-            return 0
-        cmds: list[bytes] = []
-        out_bytes = 0
-        limit = nc.max_payload
-        hpub = hpub_cmd
-        sent = 0
-        for i, r in enumerate(records):
-            hdr = _header_block(r.headers)
-            if hdr is None:
-                if cmds:  # what came before goes out first (order)
-                    if not await self._hand_over(nc, cmds, out_bytes):
-                        return 0
-                    cmds, out_bytes = [], 0
-                if await self._send_each(nc, [r], prefix, batch, i) == 0:
-                    break
-                sent += 1
-                continue
-            size = len(hdr) + len(r.body)
-            if size > limit:  # the server would close the connection on it
-                batch.refused[i] = f"{size} bytes with headers: over max_payload ({limit})"
-                batch.settle(i)
-                sent += 1
-                continue
-            subject = subjects.ingest(r.subject)
-            if _SUBJECT_INVALID.search(subject) or not subject:
-                log.warning("publish failed", error=repr(BadSubjectError()))
-                break
-            cmds.append(hpub(subject, f"{prefix}{i}", hdr, r.body))
-            out_bytes += len(r.body)
-            sent += 1
-        if cmds and not await self._hand_over(nc, cmds, out_bytes):
-            return 0
-        return sent
-
-    @staticmethod
-    async def _hand_over(nc: Client, cmds: list[bytes], out_bytes: int) -> bool:
-        """Commands into the client's pending buffer as `publish` leaves them, and its flusher kicked once."""
-        try:
-            if nc.is_closed:
-                raise ConnectionClosedError
-            if nc.is_draining_pubs:
-                raise ConnectionDrainingError
-            stats = nc.stats
-            stats["out_msgs"] += len(cmds)
-            stats["out_bytes"] += out_bytes
-            await nc._send_command(cmds[0] if len(cmds) == 1 else b"".join(cmds))
-            if nc._flush_queue is not None and nc._flush_queue.empty():
-                await nc._flush_pending()
-        except Exception as exc:  # disconnected, buffer full: the batch goes to the spool
-            log.warning("publish failed", error=repr(exc))
-            return False
-        return True
 
     async def _diagnose(self, subject: str) -> None:
         now = asyncio.get_running_loop().time()
@@ -392,35 +319,6 @@ class Outbox:
                     dropped_faults=s.dropped_faults,
                     max_bytes=self.spool.max_bytes,
                 )
-
-
-_HEADER_KEY = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # nats-py's header key check (client.py)
-_SUBJECT_INVALID = re.compile(r"[ \t\r\n]")  # nats-py's publish refuses a subject with these
-_good_keys: set[str] = set()  # header names seen that nats-py sends as they are
-# nats-py 2.16's client internals `_send` uses (pyproject pins nats-py to 2.16.x); without them, `publish`.
-_INTERNALS = ("_send_command", "_flush_pending", "_flush_queue")
-
-
-def _header_block(headers: dict[str, str]) -> bytes | None:
-    """The header block nats-py's `publish` builds for these headers (`NATS/1.0`, a `key: value` line
-    each, a blank line), or None where it would change them (it strips keys and values and turns line
-    breaks in values into spaces) or a value is not printable ASCII: those go through `publish`."""
-    if not headers:
-        return b"NATS/1.0\r\n\r\n"
-    if not _good_keys.issuperset(headers):
-        for k in headers:
-            if k not in _good_keys:
-                if k.strip() != k or not _HEADER_KEY.fullmatch(k):
-                    return None
-                _good_keys.add(k)
-    values = "".join(headers.values())
-    if not (values.isascii() and values.isprintable()):  # no line break, tab or other control character
-        return None
-    text = "\r\n".join(map(": ".join, headers.items()))
-    # the only whitespace left is a space: none may start or end a value
-    if ":  " in text or " \r\n" in text or text.endswith(" ") or text.endswith(": "):
-        return None
-    return b"NATS/1.0\r\n" + text.encode() + b"\r\n\r\n"
 
 
 def _wire_bytes(r: Record) -> int:

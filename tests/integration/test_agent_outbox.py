@@ -103,33 +103,6 @@ async def test_a_record_the_server_refuses_for_good_is_dropped_and_counted_and_t
         await nc.close()
 
 
-async def test_a_record_whose_headers_nats_py_rewrites_goes_through_its_publish_in_order(
-    nats_server: SecuredNatsServer, js: JetStreamContext, tmp_path: Path
-) -> None:
-    """The outbox writes a batch's commands itself (`_send`); a record with a header value nats-py
-    would strip is handed to nats-py's `publish` between them: all arrive once, in order."""
-    spool = Spool(tmp_path)
-    outbox = Outbox(spool)
-    odd = sample_record(1)
-    odd = Record(odd.kind, odd.subject, {**odd.headers, "x-note": " padded "}, odd.body)
-    nc = await connect(nats_server.url_for("agent"), name="agent")
-    outbox.attach(nc)
-    stop = asyncio.Event()
-    pump = asyncio.create_task(outbox.run(stop, retry_s=0.05))
-    try:
-        outbox.submit([sample_record(0), odd, sample_record(2), sample_record(3)])
-        assert await outbox.drained(10)
-        assert (outbox.refused, outbox.published) == (0, 4)
-        sub = await js.pull_subscribe("chamber.telemetry.sample.c1.n1", durable=None)
-        msgs = await sub.fetch(10, timeout=2)
-        assert [m.headers["Nats-Msg-Id"] for m in msgs] == [f"c1/n1/{s}" for s in range(4)]  # type: ignore[index]
-        assert msgs[1].headers["x-note"] == "padded"  # type: ignore[index]
-    finally:
-        stop.set()
-        await pump
-        await nc.close()
-
-
 async def test_a_backlog_over_the_gates_rate_is_refused_then_sent_again_in_order_losing_nothing(
     nats_server: SecuredNatsServer, js: JetStreamContext, tmp_path: Path
 ) -> None:
