@@ -206,15 +206,23 @@ def detect(
             )
         )
     gpus: dict[int, GpuState] = {}
-    changed = len(sample.gpus) != len(state.gpus)
+    known, lost, amd_events = state.gpus, reading.lost_gpus, reading.amd_events
+    changed = len(sample.gpus) != len(known)
     for g in sample.gpus:
-        prev = state.gpus.get(g.index) or _NEW_GPU
-        lim = limits.get(g.index, _DEFAULT_LIMITS) if limits else _DEFAULT_LIMITS
-        nxt = _detect_gpu(prev, g, g.index in reading.lost_gpus, lim, now, window_s, found)
-        if g.amd is not None or nxt.amd_seen is not None or reading.amd_events:
-            events = [e for e in reading.amd_events if e.gpu_index == g.index] if reading.amd_events else _NO_EVENTS
+        i = g.index
+        prev = known.get(i) or _NEW_GPU
+        lim = limits.get(i, _DEFAULT_LIMITS) if limits else _DEFAULT_LIMITS
+        nxt = _detect_gpu(prev, g, i in lost, lim, now, window_s, found)
+        amd = g.amd
+        # `_detect_amd` for an AMD GPU (or one that was), except where its quiet path would return the
+        # state as it is (the same health as last time, no driver events, no reset, nothing raised)
+        if amd_events or (
+            (amd is not None or nxt.amd_seen is not None)
+            and (amd is not nxt.amd_seen or nxt.reset_since is not None or nxt.raised)
+        ):
+            events = [e for e in amd_events if e.gpu_index == i] if amd_events else _NO_EVENTS
             nxt = _detect_amd(nxt, g, events, now, found)
-        gpus[g.index] = nxt
+        gpus[i] = nxt
         changed = changed or nxt is not prev
     if not found:
         return (DetectorState(gpus) if changed else state), []
@@ -314,29 +322,40 @@ def _detect_gpu(
     return _raise(nxt, conditions, g.index, found)
 
 
-def _settled(w: CounterWindow, value: int | None) -> bool:
-    """The counter holds one point (nothing moved within the window) and still reads the same."""
-    pts = w.points
-    return value is None or (len(pts) == 1 and pts[0][1] == value)
-
-
 def _quiet(prev: GpuState, g: GpuSample, lim: GpuLimits) -> bool:
     """A healthy GPU whose counters did not move: nothing to detect and nothing to update (the fast
-    path that keeps a 1,000-node simulated fleet cheap). Anything unusual takes the full path."""
+    path that keeps a 1,000-node simulated fleet cheap). Anything unusual takes the full path. (One
+    test after another, without calls: it runs for every GPU of every sample.)"""
+    if prev.raised or g.nvlink is not prev.nvlink_seen:
+        return False
+    dbe = g.ecc_dbe_volatile
+    if (dbe is not None and dbe != prev.dbe) or g.retired_pages_pending:
+        return False
     remap = g.row_remap
-    return (
-        not prev.raised
-        and g.nvlink is prev.nvlink_seen
-        and (g.ecc_dbe_volatile is None or g.ecc_dbe_volatile == prev.dbe)
-        and not g.retired_pages_pending
-        and (remap is None or not (remap.pending or remap.failure))
-        and (g.temperature_c is None or g.temperature_c < lim.slowdown_temp_c)
-        and _ALARM_REASONS.isdisjoint(g.throttle_reasons)
-        and _settled(prev.sbe, g.ecc_sbe_volatile)
-        and _settled(prev.pcie, g.pcie_replay_count)
-        and (not g.nvlink or (len(prev.nvlink_crc.points) <= 1 and len(prev.nvlink_replay.points) <= 1
-                              and len(prev.nvlink_recovery.points) <= 1))
-    )  # fmt: skip
+    if remap is not None and (remap.pending or remap.failure):
+        return False
+    temp = g.temperature_c
+    if temp is not None and not temp < lim.slowdown_temp_c:
+        return False
+    reasons = g.throttle_reasons
+    if reasons and not _ALARM_REASONS.isdisjoint(reasons):
+        return False
+    # each counter holds one point (nothing moved within the window) and still reads the same
+    sbe = g.ecc_sbe_volatile
+    if sbe is not None:
+        pts = prev.sbe.points
+        if len(pts) != 1 or pts[0][1] != sbe:
+            return False
+    replays = g.pcie_replay_count
+    if replays is not None:
+        pts = prev.pcie.points
+        if len(pts) != 1 or pts[0][1] != replays:
+            return False
+    return not g.nvlink or (
+        len(prev.nvlink_crc.points) <= 1
+        and len(prev.nvlink_replay.points) <= 1
+        and len(prev.nvlink_recovery.points) <= 1
+    )
 
 
 def _nvlink_condition(

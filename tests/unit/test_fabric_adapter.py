@@ -206,3 +206,15 @@ def test_an_old_nccl_ras_that_answers_in_text_is_skipped() -> None:
         t.start()
         assert read_nccl_ras(port=port, timeout_s=2.0) is None
         t.join()
+
+
+def test_nics_that_appear_after_a_sample_found_none_are_read_from_the_next_sample(tmp_path: Path) -> None:
+    """A missing NIC directory is not listed again until it exists (no failing listing every sample),
+    and once it does, the same adapter reads its ports at the next sample."""
+    fabric = adapter(tmp_path)
+    assert fabric.read("c", "n", 0, 0.0, 1.0) is None
+    assert fabric.read("c", "n", 1, 1.0, 1.0) is None
+    an_ib_port(tmp_path, "mlx5_0")
+    an_eth(tmp_path, "eth0")
+    sample = fabric.read("c", "n", 2, 2.0, 1.0)
+    assert sample is not None and [n.name for n in sample.nics] == ["mlx5_0/1", "eth0"]

@@ -11,7 +11,7 @@ from node_agent.runner import MAX_SAMPLE_BYTES, NodeFacts, NodeRunner
 from node_agent.sim.fleet import SimFaultKind, SimFleet, SimNode
 from node_agent.sim.models import gpu_model
 from node_agent.spool import Kind
-from node_agent.wire import FULL_EVERY_S, WireForm, old_form_body
+from node_agent.wire import FULL_EVERY_S, WireForm, old_form_body, omit_slow
 from services.recorder.bulk_samples import sample_table
 from services.recorder.rows import LeanNodeSample, Recorded, sample_columns
 
@@ -207,3 +207,47 @@ def test_faults_are_detected_on_the_full_local_reading_whatever_the_wire_leaves_
     samples = [msgspec.json.decode(r.body, type=NodeSample) for r in records if r.kind == Kind.SAMPLE]
     assert all(s.nvlink_omitted and s.gpus[3].nvlink == [] for s in samples)  # no per-link detail sent
     assert any(getattr(f, "gpu_index", None) == 3 for f in faults)  # yet the NVLink fault was found
+
+
+def test_omitting_the_slow_fields_resets_exactly_the_slow_fields() -> None:
+    """`omit_slow` writes its keywords out (cheaper than a dict): it must be SLOW_FIELDS, no more, no less."""
+    sample = msgspec.structs.replace(
+        GpuSample(index=3, uuid="u", utilization_pct=50.0, throttle_reasons=["sw_power_cap"]),
+        **{f: 1 for f in SLOW_FIELDS},
+    )
+    omitted = omit_slow(sample)
+    fields = GpuSample.__struct_fields__
+    assert {f for f in fields if getattr(omitted, f) != getattr(sample, f)} == set(SLOW_FIELDS)
+    assert all(getattr(omitted, f) is None for f in SLOW_FIELDS)  # each slow field's default
+
+
+def test_an_amd_gpus_health_goes_out_as_the_same_bytes_from_its_cached_json() -> None:
+    """WireForm sends an AMD GPU's health as JSON made once per health object (msgspec.Raw): the
+    bodies, full and with the slow fields left out, and after the health changed, are byte for byte
+    what encoding the samples themselves gives."""
+    from events.codec import encode_body
+    from events.telemetry import AmdGpuHealth, RasBlockCount
+
+    def amd_sample(seq: int, health: AmdGpuHealth) -> NodeSample:
+        gpus = [
+            GpuSample(index=i, uuid=f"GPU-{i}", utilization_pct=80.0 + seq, memory_total_mib=196608.0,
+                      ecc_sbe_volatile=2, pcie_replay_count=0, amd=health)
+            for i in range(2)
+        ]  # fmt: skip
+        return NodeSample(cluster="c1", node="mi", seq=seq, observed_at=T0 + seq, interval_s=1.0, gpus=gpus)
+
+    quiet = AmdGpuHealth(ras=[RasBlockCount(block="umc", de=0), RasBlockCount(block="gfx")], bad_pages=0)
+    hurt = AmdGpuHealth(ras=[RasBlockCount(block="umc", ue=1, de=0), RasBlockCount(block="gfx")], bad_pages=2)
+    form = WireForm()
+    for seq, health in enumerate([quiet, quiet, quiet, hurt, hurt]):
+        local = amd_sample(seq, health)
+        sent = form(local)
+        assert any(isinstance(g.amd, msgspec.Raw) for g in sent.gpus)
+        reference = msgspec.structs.replace(
+            local,
+            gpus=[g if seq == 0 else msgspec.structs.replace(g, **dict.fromkeys(SLOW_FIELDS)) for g in local.gpus],
+            slow_omitted=seq != 0,  # the slow fields do not move: only the first sample carries them
+            nvlink_omitted=seq != 0,
+        )
+        assert encode_body(sent) == encode_body(reference)
+        assert (b'"ue":1' in encode_body(sent)) == (health is hurt)
