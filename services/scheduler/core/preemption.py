@@ -11,14 +11,16 @@ import heapq
 from array import array
 from collections.abc import Iterable, Iterator
 from itertools import islice, tee
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from events import PreemptionReason, PriorityClass
 from services.scheduler.core import placement, quota
 from services.scheduler.core.policy import RANKS
 from services.scheduler.core.state import Job, derived
 from services.scheduler.core.work import Usage, Work
+
+if TYPE_CHECKING:
+    import numpy as np
 
 CRITICAL_RANK = PriorityClass.CRITICAL.rank
 
@@ -219,6 +221,8 @@ def _first_to_fill(work: Work, job: Job, classes: set[int], by_class: Groups) ->
         return _first_to_fill_each(work, job, classes, by_class)
     # Column-wise over node ids: what each node has free (-1: the job may not use it), what the groups
     # so far list there, and whether they list anything there (the nodes `_first_to_fill_each` reads).
+    import numpy as np  # here, not at import: `chamber up` and the CLI read this module without numpy
+
     n = len(cap.slots)
     free, cls_of = _ints(cap.free_col, n), _ints(cap.cls_col, n)
     may = cls_of == next(iter(classes)) if len(classes) == 1 else np.isin(cls_of, list(classes))
@@ -290,6 +294,8 @@ _FEW_NODES = 512
 
 def _ints(column: array[int], n: int) -> np.ndarray:
     """The first `n` rows of an int64 `array` column, as numpy (no copy; a short column reads as is)."""
+    import numpy as np
+
     return np.frombuffer(column, dtype=np.int64, count=min(n, len(column)))
 
 

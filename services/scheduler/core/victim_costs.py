@@ -13,8 +13,6 @@ from __future__ import annotations
 from array import array
 from typing import TYPE_CHECKING, cast
 
-import numpy as np
-
 if TYPE_CHECKING:
     from services.scheduler.core.state import Job
 
@@ -69,6 +67,8 @@ class CostColumns:
         """(victim cost, id, job) of each job of the group: `preemption._costs`' float operations
         in the same order (max(0, now - since), modulo the interval, times GPUs, times `times`)."""
         n = len(self.ids)
+        import numpy as np  # here, not at import: `chamber up` and the CLI read this module without numpy
+
         since = np.frombuffer(self.since, dtype=np.float64, count=n)
         every = np.frombuffer(self.every, dtype=np.float64, count=n)
         d = now - since
