@@ -165,6 +165,7 @@ SLOW_FIELDS = (
     "retired_pages_pending",
     "row_remap",
     "pcie_replay_count",
+    "amd",  # an AMD GPU's health (RAS counts, bad pages, XGMI): a change travels at once, like the others
 )
 
 

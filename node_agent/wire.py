@@ -33,13 +33,13 @@ _slow = attrgetter("index", "uuid", *SLOW_FIELDS)
 _OMITTED = dict.fromkeys(SLOW_FIELDS)  # None is each slow field's default: left out of the JSON
 
 
-def omit_slow(g: GpuSample, amd: Any = None) -> GpuSample:
-    """The GPU's sample with every slow field at its default (`replace(g, **_OMITTED)`; and `amd`
-    when given): keywords written out are half the cost of a dict unpacked into them, eight GPUs a
-    sample. A test holds it to SLOW_FIELDS."""
+def omit_slow(g: GpuSample) -> GpuSample:
+    """The GPU's sample with every slow field at its default (`replace(g, **_OMITTED)`): keywords
+    written out are half the cost of a dict unpacked into them, eight GPUs a sample (64 partitions on
+    a node in CPX mode). A test holds it to SLOW_FIELDS."""
     return msgspec.structs.replace(
         g,
-        amd=g.amd if amd is None else amd,
+        amd=None,
         memory_total_mib=None,
         power_limit_w=None,
         mem_clock_mhz=None,
@@ -99,6 +99,8 @@ class WireForm:
             amd = g.amd
             if amd is None:
                 return g if full else omit_slow(g)
+            if not full:
+                return omit_slow(g)  # its health is a slow field: unchanged since the last full sample
             # An AMD GPU's health (RAS blocks, bad pages, XGMI) is the same object while nothing in it
             # changes (the sampler keeps it): its JSON is made once, and goes out as those bytes
             # (msgspec.Raw, encoded verbatim: the body is byte for byte the same). The published copy
@@ -106,7 +108,7 @@ class WireForm:
             known = self._amd.get(g.index)
             if known is None or known[0] is not amd:
                 known = self._amd[g.index] = (amd, msgspec.Raw(_encode(amd)))  # type: ignore[arg-type]
-            return msgspec.structs.replace(g, amd=known[1]) if full else omit_slow(g, known[1])
+            return msgspec.structs.replace(g, amd=known[1])
         changes: dict[str, Any] = {} if full else dict(_OMITTED)
         if links:
             seen = self._links.get(g.index)

@@ -53,8 +53,10 @@ def test_a_scripted_run_publishes_what_the_tree_says_and_each_fault_once(tmp_pat
             assert event.seq == t and len(event.gpus) == 8 * n
             for g in event.gpus:
                 card = g.index // n
-                if not event.slow_omitted:
-                    slow[g.index] = {"ecc": g.ecc_sbe_volatile, "replays": g.pcie_replay_count}
+                if not event.slow_omitted:  # the health is a slow field: as in the last sample carrying it
+                    slow[g.index] = {"ecc": g.ecc_sbe_volatile, "replays": g.pcie_replay_count, "amd": g.amd}
+                else:
+                    assert g.amd is None
                 if card == 7 and t >= 22:
                     assert g.utilization_pct is None  # lost: nothing read
                     continue
@@ -63,12 +65,13 @@ def test_a_scripted_run_publishes_what_the_tree_says_and_each_fault_once(tmp_pat
                     (12.0, 500.0, 101.0) if hot else (87.0, 312.0, 54.0)
                 )
                 assert g.memory_used_mib == (60 + card) * 1024 / n
-                assert g.amd is not None
-                ue = {b.block: b.ue for b in g.amd.ras}
+                amd = slow[g.index]["amd"]
+                assert amd is not None
+                ue = {b.block: b.ue for b in amd.ras}
                 assert ue["umc"] == (1 if card == 1 and t >= 5 else 0)
                 assert ue["gfx"] == (2 if card == 2 and t >= 9 else 0)
                 assert ue["sdma"] == (1 if card == 3 and t >= 12 else 0)
-                assert g.amd.bad_pages == (2000 if card == 5 and t >= 18 else 0)
+                assert amd.bad_pages == (2000 if card == 5 and t >= 18 else 0)
                 assert slow[g.index]["ecc"] == (3 if card == 1 and t >= 5 else 5 if card == 3 and t >= 12 else 0)
                 assert slow[g.index]["replays"] == (90 if hot else 0)
     expected = []
