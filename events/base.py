@@ -32,7 +32,10 @@ def parse_event_type(value: str) -> tuple[str, str, int] | None:
     return match["domain"], match["name"], int(match["major"])
 
 
-class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
+# gc=False (inherited by every event): an event is frozen data (strings, numbers, and lists, dicts
+# and structs of those), so it can never be part of a reference cycle; untracked, the events a cycle
+# makes or a fold decodes are not walked by the cyclic garbage collector (services/runtime/collector.py).
+class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", gc=False):
     """Every event on the wire. Subclasses set `tag=event_type(...)`.
 
     Fields may only be added with defaults; a breaking change is a new major type.

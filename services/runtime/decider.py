@@ -54,6 +54,7 @@ from events import Event, subject_for
 from events.codec import DEFAULT_MAX_BYTES, H_MSG_ID, DecodeError, UnknownEventType, ce_value, decode_event
 from events.streams import stream_for
 from services.runtime.backoff import Backoff
+from services.runtime.collector import paused_collector
 from services.runtime.command_path import CommandPath
 from services.runtime.commands import Command, CommandConflict
 from services.runtime.consumer import FETCH_BACKOFF, ephemeral_name
@@ -443,38 +444,39 @@ class DeciderHost(Generic[S]):
         positions, awaiting = self.positions, self.awaiting
         on_event = self.decider.on_event if self.ready else None
         taken = folded = 0
-        while buffer and taken < budget:
-            item = buffer.popleft()
-            pos, msg = item
-            if limit is not None and (pos.timestamp_ns, index) >= limit:
-                buffer.appendleft(item)  # the next input's head comes first
-                break
-            taken += 1
-            source.pending = pos.pending  # what the server still had after this one
-            positions[stream] = pos.stream_seq
-            try:
-                event, event_id = decode_event(msg.headers, msg.data, max_bytes=DEFAULT_MAX_BYTES)
-            except UnknownEventType:
-                self.stats.skipped += 1
-                continue
-            except DecodeError as exc:
-                self._dead_letter(source, msg, exc.reason, exc.detail)
-                continue
-            try:
-                if with_id:
-                    evolve(state, event, event_id)  # type: ignore[call-arg]
-                else:
-                    evolve(state, event)
-            except Exception as exc:
-                # A core bug on a well-formed event: it would fail again at every replay, so the
-                # service would crash-loop on it. Every replica and every replay skips it alike.
-                self._dead_letter(source, msg, "evolve_failed", f"{type(exc).__name__}: {exc}")
-                continue
-            folded += 1
-            if awaiting:
-                awaiting.discard(event_id)
-            if on_event is not None:
-                self._on_event(event)
+        with paused_collector():  # one synchronous run: services/runtime/collector.py
+            while buffer and taken < budget:
+                item = buffer.popleft()
+                pos, msg = item
+                if limit is not None and (pos.timestamp_ns, index) >= limit:
+                    buffer.appendleft(item)  # the next input's head comes first
+                    break
+                taken += 1
+                source.pending = pos.pending  # what the server still had after this one
+                positions[stream] = pos.stream_seq
+                try:
+                    event, event_id = decode_event(msg.headers, msg.data, max_bytes=DEFAULT_MAX_BYTES)
+                except UnknownEventType:
+                    self.stats.skipped += 1
+                    continue
+                except DecodeError as exc:
+                    self._dead_letter(source, msg, exc.reason, exc.detail)
+                    continue
+                try:
+                    if with_id:
+                        evolve(state, event, event_id)  # type: ignore[call-arg]
+                    else:
+                        evolve(state, event)
+                except Exception as exc:
+                    # A core bug on a well-formed event: it would fail again at every replay, so the
+                    # service would crash-loop on it. Every replica and every replay skips it alike.
+                    self._dead_letter(source, msg, "evolve_failed", f"{type(exc).__name__}: {exc}")
+                    continue
+                folded += 1
+                if awaiting:
+                    awaiting.discard(event_id)
+                if on_event is not None:
+                    self._on_event(event)
         self.stats.taken += taken
         if folded:
             self.stats.folded += folded
@@ -622,7 +624,8 @@ class DeciderHost(Generic[S]):
             log.warning("own decisions did not come back; deciding again", missing=len(self.awaiting))
             self.awaiting.clear()
         positions = dict(self.positions)
-        out = decide(self.state, now)
+        with paused_collector():  # synchronous: services/runtime/collector.py
+            out = decide(self.state, now)
         self.stats.cycles += 1
         if not out or not self.leading:  # the lease may have lapsed while deciding
             return

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import msgspec
+
 from events import (
     Event,
     JobPreempted,
@@ -19,8 +21,11 @@ from events.codec import stable_id
 from events.fleet import MigLayoutPlanned
 
 
-@dataclass(frozen=True)
-class Admit:
+# A msgspec Struct, not a dataclass: a full cycle makes one per admission (82,000 at 50,000 nodes),
+# and a frozen dataclass's __init__ (object.__setattr__ per field) cost ~1 us each, this ~0.06 us.
+# The same fields, repr, equality and hash. gc=False: it holds strings, numbers and a tuple of
+# placements (untracked themselves), so it can never be part of a reference cycle.
+class Admit(msgspec.Struct, frozen=True, gc=False):
     job_id: str
     team: str
     placements: tuple[Placement, ...]

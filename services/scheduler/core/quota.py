@@ -105,7 +105,11 @@ def room_block(work: Work, job: Job, usage: Usage | None = None) -> Wait | None:
     u = usage.get((pool, team), 0)
     if usage is work.usage:  # the same for every job of the team until the scratch usage changes
         teams = work.teams(pool)
-        held = work.others_memo(pool, team, teams, _held_by_others, s, usage, pool, team, teams)
+        found = work.held_by_others(pool, team, teams)  # kept as a sum while whole GPUs
+        if found is None:
+            held = work.others_memo(pool, team, teams, _held_by_others, s, usage, pool, team, teams)
+        else:
+            held = found
     else:
         teams = {t for (p, t) in s.quotas if p == pool} | {t for (p, t) in usage if p == pool}
         held = _held_by_others(s, usage, pool, team, teams)

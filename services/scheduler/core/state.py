@@ -510,7 +510,10 @@ class SchedulerState:
 
     def _add_end(self, job: Job) -> None:
         if self._ends is not None and (entry := _end_entry(job)) is not None:
-            self._ends.setdefault(job.pool, SortedList()).add(entry)
+            ends = self._ends.get(job.pool)
+            if ends is None:  # (no `setdefault`: it would build an empty list for every job folded)
+                ends = self._ends[job.pool] = SortedList()
+            ends.add(entry)
 
     def _drop_end(self, job: Job) -> None:
         if self._ends is not None and (entry := _end_entry(job)) is not None and job.pool in self._ends:

@@ -71,6 +71,9 @@ class Work:
         self._pool_changes: dict[str, int] = {}
         self._team_changes: dict[tuple[str, str], int] = {}
         self._others_memo: dict[tuple[str, str], tuple[int, object, Any]] = {}
+        # pool -> (its teams, the sum over them of max(usage, locked)), or None there while a term is
+        # not a whole number (shares): kept by `count` (`held_by_others`)
+        self._held_sums: dict[str, tuple[set[str], int | None]] = {}
 
     # -- lookups -------------------------------------------------------------------------------
     def classes(self, job: Job) -> list[int]:
@@ -258,6 +261,32 @@ class Work:
         self._others_memo[(pool, team)] = (others, teams, value)
         return value
 
+    def held_by_others(self, pool: str, team: str, teams: set[str]) -> float | None:
+        """What teams other than `team` hold or keep back (their unlendable guarantee) in `pool` of
+        the scratch usage, over `teams`: the pool's sum less the team's own term. The sum is kept
+        (`count` updates it by the one term that changed) while every term is a whole number, so it
+        is exactly `quota._held_by_others`' in any order; None while one is not (GPU shares: float
+        sums depend on their order), for the caller to sum them as before."""
+        quotas, usage = self.s.quotas, self.usage
+        found = self._held_sums.get(pool)
+        if found is not None and found[0] is teams:
+            total = found[1]
+        else:
+            total = 0
+            for t in teams:
+                q = quotas.get((pool, t))
+                term = max(usage.get((pool, t), 0), q.locked if q else 0)
+                if term.__class__ is not int:
+                    total = None
+                    break
+                total += term
+            self._held_sums[pool] = (teams, total)
+        if total is None or team not in teams:
+            return total
+        q = quotas.get((pool, team))
+        own = max(usage.get((pool, team), 0), q.locked if q else 0)
+        return total - own
+
     # -- scratch changes -----------------------------------------------------------------------
     def count(self, job: Job, sign: int, usage: Usage | None = None, gpus: float | None = None) -> None:
         """Add (+1) or remove (-1) the job's GPUs (or `gpus`) to a usage table (the scratch view's by default)."""
@@ -266,10 +295,19 @@ class Work:
         if usage is self.usage and key not in usage:
             self._teams.pop(job.pool, None)  # a team new to the pool
         n = sign * (job.gpus if gpus is None else gpus)
-        held = usage.get(key, 0) + n
+        before = usage.get(key, 0)
+        held = before + n
         # with shares, GPU-equivalents: sums rounded (shares.plus), whole GPUs stay ints
-        usage[key] = round(held, 6) if held.__class__ is float else held
+        usage[key] = held = round(held, 6) if held.__class__ is float else held
         if usage is self.usage:
+            if (sums := self._held_sums.get(job.pool)) is not None:  # the pool's sum, by this one term
+                teams, total = sums
+                if total is not None and held.__class__ is int and before.__class__ is int and key[1] in teams:
+                    q = self.s.quotas.get(key)
+                    locked = q.locked if q else 0
+                    self._held_sums[job.pool] = (teams, total + max(held, locked) - max(before, locked))
+                else:
+                    del self._held_sums[job.pool]
             self.version += 1
             self._pool_changes[job.pool] = self._pool_changes.get(job.pool, 0) + 1
             self._team_changes[key] = self._team_changes.get(key, 0) + 1
