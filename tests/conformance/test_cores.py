@@ -41,6 +41,7 @@ from tests.conformance.harness import (
     decide_only_reads,
     fold,
     interleavings_fold_to_one_state,
+    no_reference_cycles,
     restart_mid_cycle,
     snapshot_restore_continue,
 )
@@ -222,6 +223,13 @@ def test_snapshot_restore_continue_equals_folding_from_the_start(
     core: CoreSpec[Any], log: tuple[list[Event], float], cut: int
 ) -> None:
     snapshot_restore_continue(core, log[0], cut)
+
+
+@pytest.mark.parametrize("core", CORES, ids=lambda c: c.name)
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(fleet_logs(links=True))
+def test_folding_and_deciding_leave_no_reference_cycles(core: CoreSpec[Any], log: tuple[list[Event], float]) -> None:
+    no_reference_cycles(core, log[0], log[1])
 
 
 @pytest.mark.parametrize("core", DECIDERS, ids=lambda c: c.name)

@@ -32,6 +32,7 @@ from tests.conformance.harness import (
     decide_only_reads,
     fold,
     interleavings_fold_to_one_state,
+    no_reference_cycles,
     restart_mid_cycle,
     snapshot_restore_continue,
     stream_of,
@@ -58,6 +59,12 @@ def scenario_log(kind: str, seed: int) -> tuple[tuple[Event, ...], float]:
 def test_the_logs_hold_verdicts_and_straggler_reports() -> None:
     kinds = {type(e).__name__ for kind in KINDS for e in scenario_log(kind, 1)[0]}
     assert {"JobScheduled", "NodeSample", "FabricSample", "JobSlowdownDetected", "GpuFaultDetected"} <= kinds
+
+
+@pytest.mark.parametrize("kind", FAULTY)
+def test_folding_and_deciding_leave_no_reference_cycles(kind: str) -> None:
+    log, now = scenario_log(kind, 1)
+    no_reference_cycles(PERF, log, now)
 
 
 REPLAYED = {"JOBS", "FLEET", "FAULTS"}  # perf's "all" inputs (services/perf/service.py)
