@@ -157,10 +157,11 @@ def cpu_left(work: Work, nid: int, cpu_per_milli: float) -> tuple[int, int]:
 def short_text(work: Work, job: Job, classes: list[int]) -> str:
     """For a waiting job that asks for CPU or memory: how many nodes have the GPUs for one of its
     replicas free but not the CPU or memory, and the most either has left there ("" when none)."""
-    if not asks(job.spec) or not of(work).left:
+    per = 1 if job.spec.share is not None else job.spec.gpus_per_replica
+    # no node has a replica's GPUs free: GPUs are what it waits for (and the walk over nodes is skipped)
+    if not asks(job.spec) or work.cap.max_free(classes) < per or not of(work).left:
         return ""
     host, cap, wanted = of(work), work.cap, set(classes)
-    per = 1 if job.spec.share is not None else job.spec.gpus_per_replica
     short, cpu_most, mem_most = 0, 0, 0
     for nid, left in host.left.items():
         slot = cap.slots[nid]
