@@ -78,6 +78,9 @@ class NatsServerProcess:
         self.port = port or free_port()
         self.monitor = monitor
         self.monitor_port = (monitor_port or free_port()) if monitor else 0
+        # ports picked here may be taken by another process between the pick and the server's bind
+        # (parallel test workers): those are picked again; a port the caller chose is its to fix
+        self._picked = port is None and (monitor_port is None or not monitor)
         self.log_file = log_file
         self.extra_args = extra_args or []
         self.proc: subprocess.Popen[bytes] | None = None
@@ -90,9 +93,17 @@ class NatsServerProcess:
         if self.proc is not None and self.proc.poll() is None:
             return
         self.store_dir.mkdir(parents=True, exist_ok=True)
-        out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL  # noqa: SIM115
-        self.proc = subprocess.Popen(self.argv(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        self._wait_ready(timeout_s)
+        for attempt in range(3 if self._picked else 1):
+            out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL  # noqa: SIM115
+            self.proc = subprocess.Popen(self.argv(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            try:
+                self._wait_ready(timeout_s)
+                return
+            except NatsServerError:
+                if not self._picked or attempt == 2 or self.proc.poll() is None:
+                    raise
+                self.port = free_port()
+                self.monitor_port = free_port() if self.monitor else 0
 
     def argv(self) -> list[str]:
         """The command line (`chamber up` hands it to its supervisor, which restarts it like any process).

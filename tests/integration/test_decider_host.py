@@ -165,6 +165,12 @@ async def test_a_restart_starts_from_the_snapshot_and_decides_nothing_twice(
     await request(nc, "scheduler", "submit", {"team": "vision", "gpus": 2, "id": "runs"})
     await request(nc, "scheduler", "submit", {"team": "vision", "gpus": 2, "id": "waits"})
     await eventually(lambda: bool(watched.of(JobScheduled, "runs")))
+
+    async def folded_its_decision() -> bool:  # the echo of its own JobScheduled, not only the publish
+        answer = await request(nc, "scheduler", "explain", {"job": "runs"}, timeout=2.0)
+        return bool(answer.get("placement"))
+
+    await eventually(folded_its_decision)
     await sched.close()  # saves a snapshot on the way out
     snap = await SnapshotStore(js).load("scheduler")
     assert snap is not None and snap.positions["JOBS"] >= 3 and snap.positions["FLEET"] == 1
