@@ -35,8 +35,20 @@ from tests.secured_bus import SecuredNatsServer
 pytestmark = pytest.mark.integration
 
 
-async def read_stream(js: JetStreamContext, subject: str) -> list[object]:
-    """Every event on `subject` now in its stream, in stream order (an ephemeral ordered read)."""
+async def read_stream(js: JetStreamContext, subject: str, *, expect: int | None = None) -> list[object]:
+    """Every event on `subject` now in its stream, in stream order (an ephemeral ordered read).
+    With `expect`, read again (for up to 5 s) until that many are there: streams that copy a gate
+    (`sources`) receive what the gate accepted asynchronously; the caller then asserts on the contents."""
+    events = await _read_once(js, subject)
+    for _ in range(50):
+        if expect is None or len(events) >= expect:
+            break
+        await asyncio.sleep(0.1)
+        events = await _read_once(js, subject)
+    return events
+
+
+async def _read_once(js: JetStreamContext, subject: str) -> list[object]:
     sub = await js.pull_subscribe(subject, durable=None)
     events: list[object] = []
     try:
@@ -91,8 +103,12 @@ async def test_the_simulated_fleet_announces_inventory_and_samples_every_node(
     fleet: Agent, js: JetStreamContext
 ) -> None:
     await eventually(lambda: fleet.outbox.published >= 3 * 10)
-    samples = [e for e in await read_stream(js, "chamber.telemetry.sample.c1.*") if isinstance(e, NodeSample)]
-    inventories = [e for e in await read_stream(js, "chamber.telemetry.inventory.c1.*") if isinstance(e, NodeInventory)]
+    samples = [
+        e for e in await read_stream(js, "chamber.telemetry.sample.c1.*", expect=24) if isinstance(e, NodeSample)
+    ]
+    inventories = [
+        e for e in await read_stream(js, "chamber.telemetry.inventory.c1.*", expect=3) if isinstance(e, NodeInventory)
+    ]
     assert {s.node for s in samples} == {"sim-000", "sim-001", "sim-002"}
     assert sorted({i.node for i in inventories}) == ["sim-000", "sim-001", "sim-002"]
     assert all(i.simulated and len(i.gpus) == 4 and i.gpus[0].model == "H100-80GB" for i in inventories)

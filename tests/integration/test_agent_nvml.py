@@ -40,9 +40,15 @@ async def test_a_gpu_node_publishes_inventory_samples_and_xid_faults(
         stop.set()
         await asyncio.wait_for(task, 15)
     inventory = [
-        e for e in await read_stream(js, "chamber.telemetry.inventory.c1.gpu-node-1") if isinstance(e, NodeInventory)
+        e
+        for e in await read_stream(js, "chamber.telemetry.inventory.c1.gpu-node-1", expect=1)
+        if isinstance(e, NodeInventory)
     ]
-    samples = [e for e in await read_stream(js, "chamber.telemetry.sample.c1.gpu-node-1") if isinstance(e, NodeSample)]
+    samples = [
+        e
+        for e in await read_stream(js, "chamber.telemetry.sample.c1.gpu-node-1", expect=1)
+        if isinstance(e, NodeSample)
+    ]
     faults = [e for e in await read_stream(js, "chamber.faults.c1.gpu-node-1") if isinstance(e, GpuFaultDetected)]
     assert len(inventory) == 1 and inventory[0].driver_version == "550.90.07" and not inventory[0].simulated
     assert [s.seq for s in samples] == list(range(len(samples))) and samples[0].gpus[0].power_w == 612.5

@@ -56,8 +56,8 @@ async def test_an_outage_that_overflows_the_spool_loses_old_samples_never_faults
     nc = await connect(nats_server.url_for("agent"), name="agent")
     outbox.attach(nc)
     assert await outbox.drained(15)
-    faults = await read_stream(js, "chamber.faults.c1.n1")
-    samples = await read_stream(js, "chamber.telemetry.sample.c1.n1")
+    faults = await read_stream(js, "chamber.faults.c1.n1", expect=12)
+    samples = await read_stream(js, "chamber.telemetry.sample.c1.n1", expect=120 - spool.stats.dropped_samples)
     assert [f.observed_at for f in faults] == [1.0 + s for s in range(0, 120, 10)]  # type: ignore[attr-defined]
     seqs = [s.seq for s in samples]  # type: ignore[attr-defined]
     assert seqs == list(range(120 - len(seqs), 120))  # the newest samples, in order
@@ -94,8 +94,8 @@ async def test_a_record_the_server_refuses_for_good_is_dropped_and_counted_and_t
         outbox.submit([sample_record(0), too_big_for_faults, fault_record(2), over_payload, sample_record(3)])
         assert await outbox.drained(10)
         assert (outbox.refused, outbox.published) == (2, 3)
-        assert [s.seq for s in await read_stream(js, "chamber.telemetry.sample.c1.n1")] == [0, 3]  # type: ignore[attr-defined]
-        assert [f.observed_at for f in await read_stream(js, "chamber.faults.c1.n1")] == [3.0]  # type: ignore[attr-defined]
+        assert [s.seq for s in await read_stream(js, "chamber.telemetry.sample.c1.n1", expect=2)] == [0, 3]  # type: ignore[attr-defined]
+        assert [f.observed_at for f in await read_stream(js, "chamber.faults.c1.n1", expect=1)] == [3.0]  # type: ignore[attr-defined]
         assert nc.is_connected and spool.empty()
     finally:
         stop.set()
@@ -128,13 +128,8 @@ async def test_a_backlog_over_the_gates_rate_is_refused_then_sent_again_in_order
         outbox.attach(nc)
         assert await outbox.drained(9)
         assert outbox.throttled > 0 and outbox.refused == 0 and outbox.published == 130
-        seqs: list[int] = []
-        for _ in range(50):  # TELEMETRY copies from the gate asynchronously
-            seqs = [s.seq for s in await read_stream(js, "chamber.telemetry.sample.c1.n1")]  # type: ignore[attr-defined]
-            if len(seqs) == 130:
-                break
-            await asyncio.sleep(0.1)
-        assert seqs == list(range(130))
+        samples = await read_stream(js, "chamber.telemetry.sample.c1.n1", expect=130)
+        assert [s.seq for s in samples] == list(range(130))  # type: ignore[attr-defined]
     finally:
         stop.set()
         await pump
