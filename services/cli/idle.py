@@ -76,8 +76,9 @@ def run_idle(args: argparse.Namespace) -> int:
         print(f"team {team}: {_policy_line(policy)}")
     flagged = status["flagged"]
     print(f"{len(flagged)} running job(s) flagged idle" + (":" if flagged else ""))
+    width = max([24, *(len(j["job"]) for j in flagged)])
     for j in flagged:
-        print(f"  {j['job']:<24} team {j['team']:<12} {j['gpus']} GPU(s), idle since {iso(j['idle_since'])}")
+        print(f"  {j['job']:<{width}} team {j['team']:<12} {j['gpus']} GPU(s), idle since {iso(j['idle_since'])}")
     hours = reclaimed["gpu_hours_by_team"]
     print("GPU-hours reclaimed: " + (", ".join(f"{t} {h:g}" for t, h in hours.items()) or "none yet"))
     return 0

@@ -60,6 +60,7 @@ def run_perf(args: argparse.Namespace) -> int:
     if not jobs:
         print("no running multi-node jobs tracked yet")
         return 0
+    width = max([24, *(len(j["job"]) for j in jobs)])  # a column, however long the job ids
     for j in jobs:
         where = "/".join(str(x) for x in (j.get("node"), j.get("leaf")) if x)
         gpus = j.get("gpus") or []
@@ -69,7 +70,7 @@ def run_perf(args: argparse.Namespace) -> int:
         culprit = f"  culprit {j['culprit']} {where}{part}" if j.get("culprit") else ""
         culprit += f" ({j['pattern']})" if j.get("pattern") else ""
         score = "" if j.get("score") is None else f" score {j['score']:.2f}  ranks {j['ranks']}"
-        print(f"{j['job']:<24} {j['verdict'].upper():<8}{score}{culprit}")
+        print(f"{j['job']:<{width}} {j['verdict'].upper():<8}{score}{culprit}")
         for line in (j.get("evidence"), j.get("moved")):
             if line:
                 print(f"   {line}")

@@ -43,6 +43,7 @@ from services.warehouse import (
 )
 from services.warehouse.analytics import Limits
 from services.warehouse.door import QUEUE_WAIT_S, SqlDoor, open_door
+from services.warehouse.memory_budget import cgroup_memory_limit, query_memory_bytes, size_text
 
 MAX_REPLY_ROWS = 10_000
 MAX_REPLY_BYTES = 768 * 1024
@@ -249,6 +250,21 @@ def fetch_max_bytes(args: argparse.Namespace) -> int:
     return value
 
 
+def analytics_limits(args: argparse.Namespace, embedded: bool) -> Limits:
+    """The door's limits: `--sql-threads`, and a memory budget per query (`--sql-memory-mib`, else,
+    where the queries run in this process (chDB), memory_budget.py's share of its container's limit;
+    a ClickHouse server's own limits cap its queries)."""
+    container = cgroup_memory_limit() if embedded else None
+    per_query = args.sql_memory_mib * 2**20 or query_memory_bytes(container, args.sql_slots)
+    log.info(
+        "analytics limits",
+        query_memory=size_text(per_query),
+        container_memory_limit=size_text(container) if container else "none",
+        slots=args.sql_slots,
+    )
+    return Limits(max_threads=max(0, args.sql_threads), max_memory_bytes=per_query)
+
+
 async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
     max_bytes = fetch_max_bytes(args)  # a mistake in the options is reported before anything starts
     for name in ("raw_ttl_days", "rollup_ttl_days"):
@@ -262,9 +278,11 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
     if stop.is_set():  # stopped while the warehouse opened (seconds on a loaded machine): start nothing
         warehouse.close()
         return
-    for name in ("sql_slots", "sql_queue"):
-        if getattr(args, name) < (1 if name == "sql_slots" else 0):
-            raise UsageError(f"--{name.replace('_', '-')} must be at least {1 if name == 'sql_slots' else 0}")
+    for name in ("sql_slots", "sql_queue", "sql_memory_mib"):
+        least = 1 if name == "sql_slots" else 0
+        if getattr(args, name) < least:
+            raise UsageError(f"--{name.replace('_', '-')} must be at least {least}")
+    limits = analytics_limits(args, embedded=not args.clickhouse_url)
     writer = Writer(warehouse, after_insert=_crash_hook(), deferred_rollups=True)
     sql_url = args.clickhouse_sql_url if args.clickhouse_url else None
     door = await asyncio.to_thread(
@@ -274,7 +292,7 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
         slots=args.sql_slots,
         queue_limit=args.sql_queue,
         queue_wait_s=QUEUE_WAIT_S,
-        limits=Limits(max_threads=max(0, args.sql_threads)),
+        limits=limits,
     )
     try:
 

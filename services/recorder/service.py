@@ -86,6 +86,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="threads one analytics query may use (0: a quarter of the CPUs, at least 1)",
     )
     parser.add_argument(
+        "--sql-memory-mib",
+        type=int,
+        default=0,
+        help="memory one analytics query may use, in MiB (0: a quarter of the container's memory limit over "
+        "the query slots, at most 2 GiB; 2 GiB where no limit is set)",
+    )
+    parser.add_argument(
         "--partition-lease-ttl",
         type=float,
         default=15.0,

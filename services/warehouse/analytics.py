@@ -37,6 +37,7 @@ from services.warehouse.confine import (
     sql_literal,
 )
 from services.warehouse.idle_threads import WATCH
+from services.warehouse.memory_budget import MAX_QUERY_BYTES, size_text
 
 
 def default_threads() -> int:
@@ -49,7 +50,7 @@ class Limits:
     """What every analytics query may spend. `max_rows` more rows than asked are not even read."""
 
     max_execution_time_s: int = 30
-    max_memory_bytes: int = 2 * 1024**3
+    max_memory_bytes: int = MAX_QUERY_BYTES  # the recorder sets it from its container (memory_budget.py)
     max_rows: int = 100_000
     max_threads: int = 0  # 0: default_threads()
     # The nice value of the query's threads: where the engine may renice (CAP_SYS_NICE, root in a
@@ -87,7 +88,7 @@ class Limits:
             )
         if "MEMORY_LIMIT_EXCEEDED" in message or "Memory limit" in message:
             return (
-                f"the query needed more than its memory limit of {self.max_memory_bytes / 2**30:g} GiB "
+                f"the query needed more than its memory limit of {size_text(self.max_memory_bytes)} "
                 "(max_memory_usage); aggregate over fewer keys or a shorter time range"
             )
         return f"the warehouse refused the query: {message}"
