@@ -1,11 +1,12 @@
 """How much memory one analytics query may use in this process.
 
-Analytics SQL runs inside the recorder (chDB), next to ingest. A fixed 2 GiB per query is more than
-the recorder's whole container is given in the Helm chart (1 GiB), so one heavy `chamber sql` by a
-read-only user was enough for the kernel to kill the recorder and stop ingest. The budget is
-therefore taken from the memory limit of the process's own cgroup (what Kubernetes, Docker or
-systemd set), a quarter of it shared by the query slots, and never more than 2 GiB; where no limit
-is set it is 2 GiB, as before.
+With the embedded warehouse (chDB) analytics SQL runs inside the recorder, next to ingest. A fixed
+2 GiB per query is more than a recorder container is often given (the chart gives its recorder
+1 GiB), so one heavy `chamber sql` by a read-only user was enough for the kernel to kill the
+recorder and stop ingest. The budget is therefore taken from the memory limit of the process's own
+cgroup (what Docker, Kubernetes or systemd set), a quarter of it shared by the query slots, and
+never more than 2 GiB; where no limit is set it is 2 GiB, as before. (On a ClickHouse server the
+server's analytics profile limits the query; the recorder does not apply this there.)
 """
 
 from __future__ import annotations
