@@ -97,3 +97,24 @@ async def test_a_lost_node_is_forgotten_by_the_command_and_leaves_every_view(
 
 async def _listed(url: str, node: str) -> bool:
     return node in {n["node"] for n in (await fleet_json(url))["nodes"]}
+
+
+async def test_a_restarted_discovery_deletes_the_view_of_nodes_forgotten_while_it_was_away(
+    nats_server: SecuredNatsServer, nc: Client, js: JetStreamContext
+) -> None:
+    url = nats_server.url
+    agent = Publisher(js, source="chamber/agent-sim")
+    with KubeStub([]) as stub:
+        async with running(nats_server, nc, stub), simulated_agents(agent, ["alive"], every=0.3):
+            await agent.publish(an_inventory("alive", cluster=CLUSTER, at=time.time()))
+            await eventually(lambda: _listed(url, "alive"), within=20)
+        # a view no node of the log stands for (forgotten while no discovery ran)
+        kv = await js.key_value("chamber_fleet")
+        await kv.put(f"{CLUSTER}.ghost", b'{"cluster": "local", "node": "ghost", "status": "lost", "gpus": []}')
+        assert await _listed(url, "ghost")
+        async with running(nats_server, nc, stub), simulated_agents(agent, ["alive"], every=0.3):
+
+            async def ghost_gone() -> bool:
+                return not await _listed(url, "ghost") and await _listed(url, "alive")
+
+            await eventually(ghost_gone, within=20)
