@@ -263,3 +263,16 @@ def test_billing_drops_a_forgotten_nodes_gpus_once_their_time_is_accrued() -> No
         billing_evolve(state, e, i)
     assert not any(g[:2] == ("c1", "n2") for g in state.gpu_model) and ("c1", "n2") not in state.node_labels
     assert state.forgotten == set() and ("c1", "n1", 0) in state.gpu_model
+
+
+def test_perf_drops_a_forgotten_nodes_samples_and_labels() -> None:
+    from services.perf.core import PerfState
+    from services.perf.core import evolve as perf_evolve
+    from tests.scheduler_builders import a_node
+
+    state = PerfState()
+    for e in (a_node("n1", rack="r1"), a_node("n2", rack="r2"), a_sample("n2", at=T0), _lost("n2")):
+        perf_evolve(state, e)
+    assert ("c1", "n2") in state.nodes
+    perf_evolve(state, _forgotten("n2"))
+    assert set(state.nodes) == {("c1", "n1")} and state.nodes[("c1", "n1")].labels == {"rack": "r1"}
