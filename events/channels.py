@@ -75,13 +75,14 @@ CHANNELS: tuple[Channel, ...] = (
         "chamber.fleet.{cluster}.{node}",
         FLEET,
         (
-            "Nodes and GPUs discovered, updated, lost, isolated (or held, confirmed, dismissed, probation "
+            "Nodes and GPUs discovered, updated, lost, forgotten, isolated (or held, confirmed, dismissed, probation "
             "extended) and restored; faults health weighed and only recorded."
         ),
         (
             fleet.NodeDiscovered,
             fleet.NodeUpdated,
             fleet.NodeLost,
+            fleet.NodeForgotten,
             fleet.NodeIsolated,
             fleet.NodeRestored,
             fleet.GpuIsolated,
@@ -257,6 +258,9 @@ COMMANDS: tuple[CommandChannel, ...] = (
         "scheduler",
         "mig_abandon",
         "Give up a node's planned MIG change that did not apply (recorded as MigChangeAbandoned).",
+    ),
+    CommandChannel(
+        "discovery", "forget", "Forget a lost node that left the fleet for good (recorded as NodeForgotten)."
     ),
     CommandChannel("sim", "inject", "Inject a fault into a simulated node (`chamber agent --simulate`)."),
 )

@@ -224,6 +224,16 @@ class AbandonMigChange(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     reason: Text = ""
 
 
+class ForgetNode(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """`chamber.cmd.discovery.forget`: forget a lost node that left the fleet for good (NodeForgotten)."""
+
+    node: Name
+    cluster: Name = "local"
+    by: Text = "operator"
+    reason: Text = ""
+    expected_seq: ExpectedSeq | None = None
+
+
 # service -> verb -> request type, for the API documents and the gateway's checks.
 REQUESTS: dict[str, dict[str, type[msgspec.Struct]]] = {
     "scheduler": {
@@ -235,6 +245,7 @@ REQUESTS: dict[str, dict[str, type[msgspec.Struct]]] = {
         "mig_abandon": AbandonMigChange,
     },
     "quota": {"set": SetTeamQuota, "patch": PatchTeamQuota},
+    "discovery": {"forget": ForgetNode},
     "health": {"restore": RestoreNode, "confirm": RestoreNode, "dismiss": RestoreNode},
     "perf": {
         "status": NoArguments,

@@ -48,6 +48,19 @@ class NodeLost(Event, frozen=True, tag=event_type("fleet", "node_lost")):
     reason: str = ""
 
 
+class NodeForgotten(Event, frozen=True, tag=event_type("fleet", "node_forgotten")):
+    """A lost node left the fleet for good: every service drops it (its history stays in the log).
+    Discovery forgets a node Kubernetes deleted once it has been lost a while (`by` is "discovery"),
+    or a lost node an operator names (`chamber fleet forget NODE`: `by` is who asked). If its agent
+    reports again later, it is discovered anew."""
+
+    cluster: Name
+    node: Name
+    at: float
+    reason: str = ""
+    by: str = "discovery"  # discovery (automatic) | the operator who asked
+
+
 class NodeIsolated(Event, frozen=True, tag=event_type("fleet", "node_isolated")):
     """The whole node is out of service (cordoned); its jobs are requeued by the scheduler."""
 

@@ -36,6 +36,7 @@ from events import (
     JobScheduled,
     JobSubmitted,
     NodeDiscovered,
+    NodeForgotten,
     NodeInventory,
     NodeIsolated,
     NodeLost,
@@ -88,7 +89,8 @@ class InService:
 # event does); the first start after it folds the log from the start. Comments, logs, speed: no bump.
 # 2: GPU-hours reclaimed from idle jobs (billing/idle.py)
 # 3: cost and tokens per serving workload (billing/serving.py)
-STATE_VERSION = 3
+# 4: forgotten nodes leave the state once the time on their GPUs is accrued (NodeForgotten, BillingState.forgotten)
+STATE_VERSION = 4
 
 
 @dataclass
@@ -111,6 +113,9 @@ class BillingState:
     service: list[InService] = field(default_factory=list)
     isolated_nodes: set[tuple[str, str]] = field(default_factory=set)
     isolated_gpus: set[GpuKey] = field(default_factory=set)
+    # Nodes forgotten (NodeForgotten) whose GPUs' models and labels are kept until the intervals on
+    # them are accrued (they price those), then dropped with them
+    forgotten: set[tuple[str, str]] = field(default_factory=set)
     accrued_until: float | None = None
     accrued_any: bool = False  # a CostAccrued was folded: accrual continues from it, never earlier
     budgets: dict[str, float] = field(default_factory=dict)
@@ -196,6 +201,7 @@ def evolve(state: BillingState, event: Event, event_id: str = "") -> BillingStat
             state.budgets[event.team] = event.amount
         case NodeDiscovered() | NodeUpdated() | NodeInventory():
             when = event.observed_at if isinstance(event, NodeInventory) else event.at
+            state.forgotten.discard((event.cluster, event.node))  # back: a node again
             state.node_labels[(event.cluster, event.node)] = dict(event.labels)
             for g in event.gpus:
                 key = (event.cluster, event.node, g.index)
@@ -207,6 +213,11 @@ def evolve(state: BillingState, event: Event, event_id: str = "") -> BillingStat
             if isinstance(event, NodeIsolated):
                 state.isolated_nodes.add(node)
             _close_service(state, event.at, lambda g: g[:2] == node)
+        case NodeForgotten():
+            node = (event.cluster, event.node)
+            _close_service(state, event.at, lambda g: g[:2] == node)  # lost first: closed already
+            state.forgotten.add(node)
+            _drop_forgotten(state)
         case NodeRestored():
             state.isolated_nodes.discard((event.cluster, event.node))
             for key in _node_gpus(state, event.cluster, event.node):
@@ -309,6 +320,21 @@ def _prune(state: BillingState) -> None:
         state.serving.replica_of.pop(job, None)
     horizon = cutoff - max(DEDUP_WINDOW_S, state.period_s)
     state.seen = {i: t for i, t in state.seen.items() if t >= horizon}
+    _drop_forgotten(state)
+
+
+def _drop_forgotten(state: BillingState) -> None:
+    """Forgotten nodes no interval still to accrue runs on leave the state: models, labels, isolations."""
+    if not state.forgotten:
+        return
+    busy = {s.gpu[:2] for s in state.service} | {h.gpu[:2] for h in held_intervals(state)}
+    for node in sorted(state.forgotten - busy):
+        state.forgotten.discard(node)
+        state.node_labels.pop(node, None)
+        state.isolated_nodes.discard(node)
+        for gpu in [g for g in state.gpu_model if g[:2] == node]:
+            del state.gpu_model[gpu]
+        state.isolated_gpus = {g for g in state.isolated_gpus if g[:2] != node}
 
 
 def held_intervals(state: BillingState) -> list[Held]:

@@ -125,6 +125,32 @@ def with_nats(args: argparse.Namespace, body: Callable[[Any], Awaitable[T]], *, 
     return asyncio.run(main())
 
 
+def add_node_verb(
+    verbs: argparse._SubParsersAction[argparse.ArgumentParser],
+    verb: str,
+    func: Callable[[argparse.Namespace], int],
+    *,
+    help: str,
+    description: str,
+) -> argparse.ArgumentParser:
+    """A verb acting on one node (`chamber mig abandon NODE`, `chamber fleet forget NODE`): NODE, a
+    reason recorded with the event, --cluster and --nats."""
+    parser = verbs.add_parser(verb, help=help, description=description)
+    parser.add_argument("node", metavar="NODE")
+    parser.add_argument("--reason", default="", help="recorded with the event")
+    add_cluster_option(parser)
+    add_nats_option(parser)
+    parser.set_defaults(func=func)
+    return parser
+
+
+def node_payload(args: argparse.Namespace) -> dict[str, Any]:
+    """A node verb's request: the node, its cluster, who asks (the user running the CLI) and why."""
+    import getpass
+
+    return {"node": args.node, "cluster": args.cluster, "by": getpass.getuser(), "reason": args.reason}
+
+
 def send_command(args: argparse.Namespace, service: str, verb: str, payload: Any, *, timeout: float = 5.0) -> Any:
     """Send one command; a refusal or a missing service becomes a UsageError (no traceback)."""
     from services.runtime.commands import CommandRefused, CommandUnavailable, request

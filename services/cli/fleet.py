@@ -1,5 +1,5 @@
 """`chamber fleet`: nodes and GPUs with model, utilization, health and isolation reason (from the
-discovery service's KV view)."""
+discovery service's KV view); `chamber fleet forget NODE`: forget a lost node that left for good."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import argparse
 import json
 from typing import Any
 
-from services.cli.common import add_nats_option, with_nats
+from services.cli.common import add_nats_option, add_node_verb, node_payload, send_command, with_nats
 from services.cli.errors import UsageError
 from services.cli.tables import table
 
@@ -20,6 +20,23 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--cluster", help="only this cluster")
     p.add_argument("--json", action="store_true", help='print {"nodes": [...]} for scripts')
     p.set_defaults(func=run)
+    verbs = p.add_subparsers(dest="verb", metavar="VERB")
+    add_node_verb(
+        verbs,
+        "forget",
+        run_forget,
+        help="forget a lost node that left the fleet for good",
+        description="Forget NODE, a lost node that left the fleet for good: every service drops it and "
+        "`chamber fleet` no longer lists it (its history stays in the log). Only a lost node can be forgotten; "
+        "a node Kubernetes deleted is forgotten by itself once it has been lost for the discovery's "
+        "--lost-after again. If its agent reports later, it is discovered anew, as a new node.",
+    )
+
+
+def run_forget(args: argparse.Namespace) -> int:
+    send_command(args, "discovery", "forget", node_payload(args))
+    print(f"forgot {args.cluster}/{args.node}: no service keeps it any more")
+    return 0
 
 
 async def read_fleet(nc: Any, cluster: str | None = None) -> list[dict[str, Any]]:

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import argparse
-import getpass
 
-from services.cli.common import add_cluster_option, add_nats_option, send_command
+from services.cli.common import add_node_verb, node_payload, send_command
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("mig", help="MIG layouts the scheduler plans: abandon a change that failed")
     verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
-    abandon = verbs.add_parser(
+    add_node_verb(
+        verbs,
         "abandon",
+        run_abandon,
         help="give up the MIG change planned for NODE (its GPUs keep the layout last applied)",
         description="Give up the MIG change planned for NODE, typically one the MIG manager failed to apply "
         "(the node carries nvidia.com/mig.config.state=failed and stays cordoned). The scheduler places into "
@@ -20,16 +21,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "lifts the cordon it set. Set the node's nvidia.com/mig.config label back to a configuration that "
         "matches its GPUs yourself: Chamber does not touch it.",
     )
-    abandon.add_argument("node", metavar="NODE")
-    abandon.add_argument("--reason", default="", help="recorded with the event")
-    add_cluster_option(abandon)
-    add_nats_option(abandon)
-    abandon.set_defaults(func=run_abandon)
 
 
 def run_abandon(args: argparse.Namespace) -> int:
-    payload = {"node": args.node, "cluster": args.cluster, "by": getpass.getuser(), "reason": args.reason}
-    result = send_command(args, "scheduler", "mig_abandon", payload)
+    result = send_command(args, "scheduler", "mig_abandon", node_payload(args))
     gpus = ", ".join(str(g) for g in result["gpus"])
     print(f"abandoned the MIG change planned for {args.cluster}/{args.node} (GPUs {gpus})")
     return 0

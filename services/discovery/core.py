@@ -5,7 +5,10 @@ What FLEET has been told (`announced`, `status`) is kept apart from what was obs
 emits the difference, and folding those events back moves `announced` on, so each change is told
 once. A node whose heartbeats stop is `suspect` after `suspect_after_intervals` missed intervals and
 `lost` after `lost_after_s`; those events are dated when the threshold was crossed (not when a tick
-noticed), so replays give the same events with the same ids. No clock, no I/O.
+noticed), so replays give the same events with the same ids. A lost node Kubernetes deleted is
+forgotten (`NodeForgotten`) `lost_after_s` later, and an operator may forget any lost node
+(`forget`); a forgotten node's record is dropped, and if it reports again it is discovered anew.
+No clock, no I/O.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from events.fleet import (
     IsolationDismissed,
     IsolationHeld,
     NodeDiscovered,
+    NodeForgotten,
     NodeIsolated,
     NodeLost,
     NodeRestored,
@@ -75,6 +79,7 @@ class NodeRecord:
     agent: bool = False
     kube: KubeNode | None = None
     kube_seen_at: float = 0.0
+    kube_deleted_at: float | None = None  # when a listing first missed it (Kubernetes deleted the Node)
     last_seen_at: float | None = None
     interval_s: float = 1.0
     changed_at: float = 0.0  # when the observed GPUs or labels last changed
@@ -180,6 +185,8 @@ def evolve(state: DiscoveryState, item: object) -> DiscoveryState:
             rec.announced = True
             rec.status = NodeStatus.LOST
             rec.version += 1
+        case NodeForgotten():
+            _on_forgotten(state, item)
         case NodeIsolated():
             rec = _record(state, item.cluster, item.node, item.at)
             rec.isolated = item.reason
@@ -225,11 +232,37 @@ def _on_kube_listing(state: DiscoveryState, listing: KubeNodesListed) -> None:
             rec.kube = kube
             rec.version += 1
         rec.kube_seen_at = listing.at
+        rec.kube_deleted_at = None  # listed again (a Node deleted and made again under its name)
     for (cluster, name), rec in state.nodes.items():
         if cluster == listing.cluster and rec.kube is not None and name not in present:
             rec.kube = None  # deleted from Kubernetes
-            rec.kube_seen_at = listing.at
+            rec.kube_seen_at = rec.kube_deleted_at = listing.at
             rec.version += 1
+
+
+def _on_forgotten(state: DiscoveryState, event: NodeForgotten) -> None:
+    """Drop the node's record. What was observed of it after it was forgotten (its agent reported
+    again, or a Kubernetes listing had it again, between the decision and its fold) starts a new
+    record, never announced: it is discovered anew, as a new node."""
+    rec = state.nodes.pop((event.cluster, event.node), None)
+    if rec is None:
+        return
+    heard = rec.agent and rec.last_seen_at is not None and rec.last_seen_at > event.at
+    listed = rec.kube is not None and rec.kube_seen_at > event.at
+    if not (heard or listed):
+        return
+    since = max(rec.last_seen_at or 0.0, rec.kube_seen_at if listed else 0.0)
+    fresh = _record(state, event.cluster, event.node, since)
+    if heard:
+        fresh.agent, fresh.gpus, fresh.agent_labels, fresh.host = True, list(rec.gpus), dict(rec.agent_labels), rec.host
+        fresh.agent_capacity, fresh.last_seen_at, fresh.interval_s = (
+            rec.agent_capacity,
+            rec.last_seen_at,
+            rec.interval_s,
+        )
+        fresh.util = dict(rec.util)
+    if listed:
+        fresh.kube, fresh.kube_seen_at = rec.kube, rec.kube_seen_at
 
 
 # ---------------------------------------------------------------------------------------------- decide
@@ -282,6 +315,53 @@ def desired_status(state: DiscoveryState, rec: NodeRecord, now: float) -> tuple[
     return NodeStatus.HEALTHY, rec.last_seen_at, "reporting"
 
 
+def forget_at(state: DiscoveryState, rec: NodeRecord, now: float) -> float | None:
+    """When a lost node is forgotten by itself, if ever: only a node Kubernetes deleted (autoscalers
+    delete a scaled-down node's Node object: it is gone for good), once it has been both lost and
+    deleted for another `lost_after_s`. The same patience that made it lost: a node deleted and made
+    again under its name, or whose agent was only cut off, comes back within it and keeps its
+    history, and every service has folded the NodeLost (its jobs requeued) before the node leaves
+    their state. A node Kubernetes never listed (plain agents, `chamber up`) is only forgotten when
+    an operator asks (`forget`). Dated, like NodeLost, when the grace ran out: replays agree."""
+    if rec.kube is not None or rec.kube_deleted_at is None or rec.status != NodeStatus.LOST:
+        return None
+    status, since, _ = desired_status(state, rec, now)
+    if status != NodeStatus.LOST:
+        return None
+    return max(since, rec.kube_deleted_at) + state.lost_after_s
+
+
+class ForgetRefused(Exception):
+    """An operator's forget that cannot be done; `kind` as services.runtime.commands.REFUSAL_KINDS."""
+
+    def __init__(self, message: str, kind: str = "invalid") -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+def forget(state: DiscoveryState, cluster: str, node: str, now: float, by: str, reason: str = "") -> NodeForgotten:
+    """An operator's `chamber fleet forget NODE`: only a node lost (and announced so), and no longer a
+    Kubernetes Node (one still listed would be discovered again at the next listing)."""
+    rec = state.nodes.get((cluster, node))
+    if rec is None:
+        raise ForgetRefused(f"no node {node} in cluster {cluster}: `chamber fleet` lists the nodes", "unknown")
+    status, _, _ = desired_status(state, rec, now)
+    if status != NodeStatus.LOST:
+        shown = "ISOLATED" if rec.isolated is not None else str(status).upper()
+        raise ForgetRefused(
+            f"node {node} is {shown}: only a lost node can be forgotten; "
+            f"stop its agent and wait until `chamber fleet` shows it LOST"
+        )
+    if rec.status != NodeStatus.LOST:
+        raise ForgetRefused(f"node {node} is being announced as lost; try again in a few seconds", "catching_up")
+    if rec.kube is not None:
+        raise ForgetRefused(
+            f"node {node} is still a Kubernetes Node: delete it (`kubectl delete node {node}`) and "
+            f"discovery forgets it by itself after {state.lost_after_s:g}s"
+        )
+    return NodeForgotten(cluster=cluster, node=node, at=now, reason=reason or f"forgotten by {by}", by=by)
+
+
 def decide(state: DiscoveryState, now: float) -> list[Event]:
     """Events for every difference between what was observed and what FLEET has been told."""
     out: list[Event] = []
@@ -319,7 +399,11 @@ def _decide_node(state: DiscoveryState, rec: NodeRecord, now: float) -> list[Eve
         # Told once; a lost node's GPUs and labels are told when it comes back (a NodeLost again for
         # a change of labels would be a new message every dedup window: found by the conformance suite).
         if rec.status == NodeStatus.LOST:
-            return []
+            at = forget_at(state, rec, now)
+            if at is None or now < at:
+                return []
+            reason = f"deleted from Kubernetes and lost for {state.lost_after_s:g}s"
+            return [NodeForgotten(cluster=c, node=n, at=at, reason=reason, by="discovery")]
         return [NodeLost(cluster=c, node=n, at=since, last_seen_at=rec.last_seen_at or since, reason=why)]
     changes = []
     if status != rec.status:

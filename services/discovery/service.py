@@ -3,9 +3,10 @@
 A manifest for the decider host. Inputs: the latest inventory and sample of every node (TELEMETRY,
 last per subject, then live), FLEET from the start (what was announced, and health's isolations for
 the view), and Kubernetes Nodes when an API is configured (polled, folded as they come). Outputs:
-NodeDiscovered / NodeUpdated / NodeLost on FLEET (folded when they come back from the log, so every
-replica sees the same announcements), and the current view of every node in the JetStream KV bucket
-`chamber_fleet` (key `<cluster>.<node>`).
+NodeDiscovered / NodeUpdated / NodeLost / NodeForgotten on FLEET (folded when they come back from the
+log, so every replica sees the same announcements), and the current view of every node in the
+JetStream KV bucket `chamber_fleet` (key `<cluster>.<node>`; a forgotten node's key is deleted).
+Command: forget (`chamber fleet forget NODE`).
 """
 
 from __future__ import annotations
@@ -17,10 +18,13 @@ from typing import Any
 import msgspec
 from nats.js.kv import KeyValue
 
-from events import Event
+from events import Event, subjects
+from events.codec import stable_id
+from events.commands import ForgetNode
 from services.discovery import core
-from services.discovery.core import DiscoveryState, KubeNode, KubeNodesListed
+from services.discovery.core import DiscoveryState, ForgetRefused, KubeNode, KubeNodesListed
 from services.runtime.buckets import open_kv
+from services.runtime.commands import Accepted, Append, Command, CommandRefused
 from services.runtime.decider import Decider, DeciderHost, Input
 from services.runtime.host import ServiceContext, serve
 from services.runtime.logs import get_logger
@@ -63,6 +67,7 @@ class DiscoveryShell:
         self.kv = kv
         self.view_every_s = view_every_s
         self.written: dict[tuple[str, str], tuple[int, Any, float]] = {}  # version, signature, time
+        self.pruned = False  # the bucket's keys of nodes forgotten before this start were deleted
 
     @property
     def state(self) -> DiscoveryState:
@@ -86,6 +91,25 @@ class DiscoveryShell:
                 continue  # only utilization moved, and recently written
             await self.kv.put(core.kv_key(*key), _json.encode(shown))
             self.written[key] = (rec.version, signature, now)
+        await self.drop_forgotten()
+
+    async def drop_forgotten(self) -> None:
+        """Delete the view of every node no longer in the state (forgotten): those written since this
+        start, and, once after a start, any key of the bucket (forgotten while no replica ran)."""
+        known = {core.kv_key(*key) for key in self.state.nodes}
+        for key in [k for k in self.written if k not in self.state.nodes]:
+            await self.kv.delete(core.kv_key(*key))
+            del self.written[key]
+        if not self.pruned:
+            from nats.js.errors import NoKeysError
+
+            try:
+                keys = await self.kv.keys()
+            except NoKeysError:
+                keys = []
+            for stale in sorted(set(keys) - known):
+                await self.kv.delete(stale)
+            self.pruned = True
 
 
 def decide(state: DiscoveryState, now: float) -> list[tuple[Event, str]]:
@@ -93,6 +117,39 @@ def decide(state: DiscoveryState, now: float) -> list[tuple[Event, str]]:
     for e in events:
         log.info("fleet", kind=type(e).__name__, node=e.node, status=getattr(e, "status", None))  # type: ignore[attr-defined]
     return [(e, core.event_id(e)) for e in events]
+
+
+def validate_forget(state: DiscoveryState, req: ForgetNode, now: float) -> Accepted:
+    """`chamber fleet forget NODE`: only a lost node. Checked against the node's FLEET subject as folded
+    (the host passes its last sequence): of a forget and another fleet event on the node at once, only
+    one wins. The id is per record, so the same forget sent twice is one event."""
+    try:
+        event = core.forget(state, req.cluster, req.node, now, req.by, req.reason)
+    except ForgetRefused as exc:
+        raise CommandRefused(str(exc), field="node", kind=exc.kind) from None
+    first_seen = state.nodes[(req.cluster, req.node)].first_seen_at
+    append = Append(event, stable_id("discovery-forget", req.cluster, req.node, first_seen), req.expected_seq)
+    return Accepted((append,), {"cluster": req.cluster, "node": req.node, "state": "forgotten"})
+
+
+def _node_subject(_: DiscoveryState, req: ForgetNode) -> tuple[str, str]:
+    return "FLEET", subjects.fleet(req.cluster, req.node)
+
+
+def _node_changed(req: ForgetNode) -> str:
+    return f"{req.node} changed while this command was on its way; `chamber fleet` shows it now"
+
+
+COMMANDS: tuple[Command[DiscoveryState, Any], ...] = (
+    Command(
+        "forget",
+        ForgetNode,
+        validate=validate_forget,
+        entity=_node_subject,
+        conflict=_node_changed,
+        conflict_field="node",
+    ),
+)
 
 
 def manifest(args: argparse.Namespace, telemetry: list[tuple[str, str]] | None = None) -> Decider[DiscoveryState]:
@@ -110,6 +167,7 @@ def manifest(args: argparse.Namespace, telemetry: list[tuple[str, str]] | None =
         evolve=core.evolve,
         decide=decide,
         tick_s=args.tick,
+        commands=COMMANDS,
     )
 
 

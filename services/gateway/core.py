@@ -40,6 +40,7 @@ from events import (
     JobSubmitted,
     JobSuspended,
     NodeDiscovered,
+    NodeForgotten,
     NodeInventory,
     NodeIsolated,
     NodeLost,
@@ -207,7 +208,7 @@ class Team:
 class TimelineEntry:
     at: float
     # fault | node_isolated | gpu_isolated | node_restored | gpu_restored | node_lost | isolation_held |
-    # isolation_dismissed
+    # isolation_dismissed | node_forgotten
     kind: str
     cluster: str
     node: str
@@ -294,6 +295,8 @@ def evolve(state: GatewayState, event: Event) -> GatewayState:
             fold_verdict(state.fabric, event)
         case NodeDiscovered() | NodeUpdated() | NodeLost() | NodeIsolated() | NodeRestored():
             _fleet(state, event)
+        case NodeForgotten():
+            _forgotten(state, event)
         case GpuIsolated() | GpuRestored():
             _gpu_isolation(state, event)
         case IsolationHeld() | IsolationDismissed():
@@ -356,6 +359,23 @@ def _telemetry(state: GatewayState, event: NodeSample | NodeInventory) -> None:
         gpu.power_w = sample.power_w
         if gpu.memory_total_mib is None:
             gpu.memory_total_mib = sample.memory_total_mib
+
+
+def _forgotten(state: GatewayState, event: NodeForgotten) -> None:
+    """The node left the fleet for good: out of the read model (its GPUs, held isolations, NICs); the
+    timeline says so. A GPU a job still held there (not requeued yet) is no longer shown as held."""
+    key = (event.cluster, event.node)
+    if state.nodes.pop(key, None) is None:
+        return
+    for gone in [k for k in state.allocations if k[:2] == key]:
+        del state.allocations[gone]
+    for gone_held in [k for k in state.held if k[:2] == key]:
+        del state.held[gone_held]
+    state.fabric.latest.pop(key, None)
+    for nic in [k for k in state.fabric.totals if k[:2] == key]:
+        del state.fabric.totals[nic]
+    why = event.reason or "node forgotten"
+    _add_to_timeline(state, TimelineEntry(event.at, "node_forgotten", event.cluster, event.node, why, None, "info"))
 
 
 def _fleet(state: GatewayState, event: NodeDiscovered | NodeUpdated | NodeLost | NodeIsolated | NodeRestored) -> None:

@@ -36,6 +36,7 @@ from events.fleet import (
     IsolationExtended,
     IsolationHeld,
     NodeDiscovered,
+    NodeForgotten,
     NodeIsolated,
     NodeLost,
     NodeRestored,
@@ -133,6 +134,19 @@ def new_state(policy: Policy) -> HealthState:
     return HealthState(policy=policy)
 
 
+def _forget(state: HealthState, key: NodeKey) -> None:
+    """The node left the fleet for good: its isolations, held ones, faults waiting for a decision,
+    repeats and flap memory go with it (the budget window keeps its isolations: it counts time)."""
+    state.nodes.pop(key, None)
+    for target in [t for t in state.held if t[:2] == key]:
+        del state.held[target]
+    for rkey in [r for r in state.repeats if r[0][:2] == key]:
+        del state.repeats[rkey]
+    for target in [t for t in state.restores if t[:2] == key]:
+        del state.restores[target]
+    state.pending = [p for p in state.pending if (p.fault.cluster, p.fault.node) != key]
+
+
 # ---------------------------------------------------------------------------------------------- evolve
 
 
@@ -152,6 +166,8 @@ def evolve(state: HealthState, item: object) -> HealthState:
             node.gpus.update({g.index: g.uuid for g in item.gpus if g.uuid})
         case NodeLost():
             _node(state, item.cluster, item.node).status = NodeStatus.LOST
+        case NodeForgotten():
+            _forget(state, (item.cluster, item.node))
         case NodeIsolated():
             _on_isolated(state, (item.cluster, item.node, None), item.at, item.reason, item.fault_ids, item.until)
         case GpuIsolated():

@@ -35,7 +35,7 @@ from events.fabric import (
     NicSample,
 )
 from events.faults import FaultKind, GpuFaultDetected, Severity
-from events.fleet import NodeDiscovered, NodeUpdated
+from events.fleet import NodeDiscovered, NodeForgotten, NodeUpdated
 from events.jobs import (
     JobCancelled,
     JobCompleted,
@@ -229,6 +229,11 @@ def evolve(state: PerfState, event: Event) -> PerfState:
         case NodeDiscovered() | NodeUpdated():
             if event.labels:
                 _node(state, event.cluster, event.node).labels.update(event.labels)
+        case NodeForgotten():  # left the fleet for good: its samples, NICs and addresses go with it
+            key = (event.cluster, event.node)
+            state.nodes.pop(key, None)
+            for addr in [a for a, k in state.addresses.items() if k == key]:
+                del state.addresses[addr]
         case JobScheduled() | JobResumed():
             placements = {(p.cluster, p.node): tuple(sorted(p.gpu_indices)) for p in event.placements}
             _untrack(state, event.job_id)

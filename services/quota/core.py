@@ -30,6 +30,7 @@ from events import (
     JobSubmitted,
     JobSuspended,
     NodeDiscovered,
+    NodeForgotten,
     NodeIsolated,
     NodeLost,
     NodeRestored,
@@ -195,6 +196,8 @@ def evolve(state: QuotaState, event: Event) -> QuotaState:
             if (n := state.nodes.get((event.cluster, event.node))) is not None:
                 n.in_service = False
                 n.lost = True
+        case NodeForgotten():
+            state.nodes.pop((event.cluster, event.node), None)  # lost, so already out of every pool's count
         case NodeIsolated():
             if (n := state.nodes.get((event.cluster, event.node))) is not None:
                 n.in_service = False

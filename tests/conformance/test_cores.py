@@ -20,7 +20,9 @@ from events import (
     GpuRestored,
     GpuShare,
     JobCancelled,
+    NodeForgotten,
     NodeIsolated,
+    NodeLost,
     NodeRestored,
     PoolDefined,
     Severity,
@@ -104,7 +106,7 @@ def fleet_logs(draw: st.DrawFn, links: bool = False) -> tuple[list[Event], float
     # A seeded walk rather than a drawn list: long logs with many decisions, still reproducible.
     rng = random.Random(draw(st.integers(0, 2**32)))
     kinds = ["submit"] * 6 + ["cycle"] * 5 + ["quota", "pool", "complete", "complete", "cancel"]
-    kinds += ["isolate", "restore", "bad_gpu", "good_gpu", "share"]
+    kinds += ["isolate", "restore", "bad_gpu", "good_gpu", "share", "leave", "join"]
     if links:
         kinds += ["nic_fault", "slow", "recovered"]  # link health (scheduler/core/links.py)
     actions: list[tuple[Any, ...]] = []
@@ -123,6 +125,7 @@ def fleet_logs(draw: st.DrawFn, links: bool = False) -> tuple[list[Event], float
         else:
             actions.append((kind, rng.randint(0, 30)))
     names = [n.node for n in nodes]
+    joined = len(names)
     for action in [*actions, ("cycle",)]:
         now += 60.0
         kind = action[0]
@@ -143,6 +146,14 @@ def fleet_logs(draw: st.DrawFn, links: bool = False) -> tuple[list[Event], float
         elif kind in ("complete", "cancel") and submitted:
             job = f"j{action[1] % submitted}"
             happen(done(job, at=now) if kind == "complete" else JobCancelled(job_id=job, at=now))
+        elif kind == "leave" and len(names) > 1:  # lost, then forgotten (autoscaled away)
+            node = names.pop(action[1] % len(names))
+            happen(NodeLost(cluster="c1", node=node, at=now, last_seen_at=now - 30.0, reason="silent"))
+            happen(NodeForgotten(cluster="c1", node=node, at=now + 30.0, reason="scaled down"))
+        elif kind == "join":  # a new node (it may take a forgotten node's id in the scheduler)
+            happen(a_node(f"n{joined}", gpus=(2, 4, 8)[action[1] % 3], at=now))
+            names.append(f"n{joined}")
+            joined += 1
         elif kind in ("isolate", "restore"):
             node = names[action[1] % len(names)]
             cls: Any = NodeIsolated if kind == "isolate" else NodeRestored

@@ -74,10 +74,17 @@ XIDS = [13, 31, 43, 48, 63, 64, 74, 79, 92, 94, 95]
 KINDS = [FaultKind.ECC_DBE, FaultKind.ROW_REMAP_PENDING, FaultKind.THERMAL, FaultKind.NVLINK, FaultKind.PCIE]
 
 
-def a_fleet_log(seed: int, steps: int, nodes: int) -> tuple[list[Event], float]:
+def a_fleet_log(seed: int, steps: int, nodes: int, forgets: bool = False) -> tuple[list[Event], float]:
     """A log as a fleet writes it, in the order things happened: agents' inventories and samples,
     detectors' faults, operators' commands, and discovery's and health's decisions made on what they
-    had folded so far. A seeded walk: long logs with many decisions, still reproducible."""
+    had folded so far. A seeded walk: long logs with many decisions, still reproducible.
+
+    `forgets`: operators also forget lost nodes (`chamber fleet forget`). Those logs are not folded in
+    random interleavings: a NodeForgotten is folded in log order. The host merges its inputs by the
+    time the server stored each message, and a node is forgotten only once lost, after at least
+    `lost_after_s` without a word from its agent (no sample, inventory or fault), so everything it
+    said before comes first; what it says after is a node anew, stored later. A random interleaving
+    models clock differences between stream leaders, of milliseconds, not of `lost_after_s`."""
     rng = random.Random(seed)
     names = [f"n{i}" for i in range(nodes)]
     log: list[Event] = []
@@ -101,7 +108,7 @@ def a_fleet_log(seed: int, steps: int, nodes: int) -> tuple[list[Event], float]:
                 if n not in silent:
                     dirty = {rng.randrange(4): 1} if rng.random() < 0.15 else {}
                     happen(a_sample(n, at=now, n_gpus=4, dbe=dirty, interval_s=10.0))
-        elif kind == "fault":
+        elif kind == "fault" and not (forgets and node in silent):  # a silent agent reports no faults
             if rng.random() < 0.5:
                 fault = a_fault(node, xid=rng.choice(XIDS), gpu=rng.randrange(4), at=now, fault_id=f"f{step}")
             else:
@@ -112,6 +119,11 @@ def a_fleet_log(seed: int, steps: int, nodes: int) -> tuple[list[Event], float]:
         elif kind == "cycle":
             happen(*(e for e, _ in discovery_decide(disc, now)))
             happen(*(e for e, _ in _health_decide(hs, now)))
+        elif kind == "operator" and forgets and node in silent and rng.random() < 0.5:
+            try:  # a lost node that left for good (its agent reports again later: discovered anew)
+                happen(discovery.forget(disc, "c1", node, now, "alice"))
+            except discovery.ForgetRefused:
+                continue
         elif kind == "operator":
             command = rng.choice([health.confirm, health.dismiss, health.restore])
             gpu = rng.choice([None, 0, 1, 2, 3])
@@ -123,7 +135,7 @@ def a_fleet_log(seed: int, steps: int, nodes: int) -> tuple[list[Event], float]:
             happen(decision.event)
         elif kind == "silence":
             silent.symmetric_difference_update({node})
-        elif kind == "inventory":
+        elif kind == "inventory" and not (forgets and node in silent):
             happen(an_inventory(node, n_gpus=rng.choice([4, 4, 2]), at=now, labels={"rack": rng.choice("ab")}))
     now += 60.0
     happen(*(e for e, _ in discovery_decide(disc, now)))
@@ -132,6 +144,11 @@ def a_fleet_log(seed: int, steps: int, nodes: int) -> tuple[list[Event], float]:
 
 
 fleet_logs = st.builds(a_fleet_log, st.integers(0, 2**32), st.integers(5, 80), st.integers(1, 5))
+# the same, with operators forgetting lost nodes: every property but random interleavings (a_fleet_log)
+fleet_logs_forgetting = st.builds(
+    a_fleet_log, st.integers(0, 2**32), st.integers(5, 80), st.integers(1, 5), st.just(True)
+)
+any_fleet_logs = st.one_of(fleet_logs, fleet_logs_forgetting)
 
 
 def _with_severity(fault: Any, severity: Severity) -> Any:
@@ -153,7 +170,7 @@ def test_random_interleavings_of_the_input_streams_fold_to_one_state(
 
 @pytest.mark.parametrize("core", CORES, ids=lambda c: c.name)
 @EXAMPLES
-@given(fleet_logs, st.integers(0, 300))
+@given(any_fleet_logs, st.integers(0, 300))
 def test_snapshot_restore_continue_equals_folding_from_the_start(
     core: CoreSpec[Any], log: tuple[list[Event], float], cut: int
 ) -> None:
@@ -162,21 +179,21 @@ def test_snapshot_restore_continue_equals_folding_from_the_start(
 
 @pytest.mark.parametrize("core", CORES, ids=lambda c: c.name)
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(fleet_logs)
+@given(any_fleet_logs)
 def test_folding_and_deciding_leave_no_reference_cycles(core: CoreSpec[Any], log: tuple[list[Event], float]) -> None:
     no_reference_cycles(core, log[0], log[1])
 
 
 @pytest.mark.parametrize("core", CORES, ids=lambda c: c.name)
 @EXAMPLES
-@given(fleet_logs)
+@given(any_fleet_logs)
 def test_decide_does_not_change_the_state(core: CoreSpec[Any], log: tuple[list[Event], float]) -> None:
     decide_only_reads(core, log[0], log[1] + 30.0)
 
 
 @pytest.mark.parametrize("core", CORES, ids=lambda c: c.name)
 @EXAMPLES
-@given(fleet_logs)
+@given(any_fleet_logs)
 def test_a_restart_in_the_middle_of_a_cycle_decides_nothing_twice(
     core: CoreSpec[Any], log: tuple[list[Event], float]
 ) -> None:
@@ -185,7 +202,8 @@ def test_a_restart_in_the_middle_of_a_cycle_decides_nothing_twice(
 
 def test_the_generated_logs_exercise_every_decision_of_both_cores() -> None:
     """The suite above is only as good as its logs: together they hold every kind of decision."""
-    kinds = {type(e).__name__ for seed in range(30) for e in a_fleet_log(seed, 80, 4)[0]}
-    wanted = {"NodeDiscovered", "NodeUpdated", "NodeLost", "NodeIsolated", "GpuIsolated", "NodeRestored"}
+    kinds = {type(e).__name__ for seed in range(30) for f in (False, True) for e in a_fleet_log(seed, 80, 4, f)[0]}
+    wanted = {"NodeDiscovered", "NodeUpdated", "NodeLost", "NodeForgotten", "NodeIsolated", "GpuIsolated"}
+    wanted |= {"NodeRestored"}
     wanted |= {"GpuRestored", "IsolationHeld", "IsolationDismissed", "FaultRecorded", "IsolationExtended"}
     assert wanted <= kinds, wanted - kinds

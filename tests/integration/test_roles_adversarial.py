@@ -159,7 +159,9 @@ ACTIONS = [
     _a("submit a job (command)", "pub", "chamber.cmd.scheduler.submit", SVC["gateway"], "workload"),
     _a("set a quota (command)", "pub", "chamber.cmd.quota.set", SVC["gateway"], "workload"),
     _a("run SQL on the recorder (command)", "pub", "chamber.cmd.recorder.sql", SVC["gateway"]),
+    _a("forget a node (command)", "pub", "chamber.cmd.discovery.forget", SVC["gateway"]),
     _a("listen to the scheduler's commands", "sub", "chamber.cmd.scheduler.>", SVC["scheduler"]),
+    _a("listen to discovery's commands", "sub", "chamber.cmd.discovery.>", SVC["discovery"]),
     _a("listen to every command", "sub", "chamber.cmd.>"),
     # the server itself
     _a("purge the JetStream account", "pub", "$JS.API.ACCOUNT.PURGE.$G"),

@@ -263,7 +263,7 @@ function renderFaults(f) {
   $("isolations").innerHTML = f.isolations.map((i) =>
     `<span class="chip" title="${esc(i.reason)}">${esc(i.node)}${i.gpu_index == null ? "" : ` GPU ${i.gpu_index}`}: ${esc(i.reason)}</span>`).join("");
   drawStrip($("timeline-strip"), f.timeline);
-  const kinds = { fault: "fault", node_isolated: "isolated", gpu_isolated: "GPU isolated", node_restored: "restored", gpu_restored: "GPU restored", node_lost: "lost", isolation_held: "isolation held", isolation_dismissed: "hold dismissed" };
+  const kinds = { fault: "fault", node_isolated: "isolated", gpu_isolated: "GPU isolated", node_restored: "restored", gpu_restored: "GPU restored", node_lost: "lost", isolation_held: "isolation held", isolation_dismissed: "hold dismissed", node_forgotten: "forgotten" };
   $("timeline").innerHTML = f.timeline.slice(0, 60).map((e) => `<li>
     <span class="t">${esc(clock(e.at))}</span><span class="sev ${esc(e.severity)}"></span>
     <span class="where">${esc(e.node)}${e.gpu_index == null ? "" : ` · GPU ${e.gpu_index}`}</span>

@@ -13,4 +13,5 @@ The classes' fields are in the snapshot's format anyway: adding or removing one 
 # 5: MIG layouts of managed GPUs (Node.mig, SchedulerState.mig_nodes; MigLayoutPlanned/Applied folded),
 #    GPU UUIDs per node (Node.gpu_uuids)
 # 6: nodes' CPU and memory capacity (Node.cpu_milli, Node.memory_mib, from NodeDiscovered/NodeUpdated)
-STATE_VERSION = 6
+# 7: forgotten nodes leave the state, their ids reused (NodeForgotten, SchedulerState.free_nids)
+STATE_VERSION = 7

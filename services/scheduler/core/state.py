@@ -35,6 +35,7 @@ from events import (
     JobSubmitted,
     JobSuspended,
     NodeDiscovered,
+    NodeForgotten,
     NodeIsolated,
     NodeLost,
     NodeRestored,
@@ -389,6 +390,10 @@ class SchedulerState:
     shared_nodes: dict[int, None] = field(default_factory=dict)
     # node ids of MIG-managed nodes (the GPU Operator's mig.config label, or a layout folded): the planner's
     mig_nodes: dict[int, None] = field(default_factory=dict)
+    # node ids of forgotten nodes (NodeForgotten), given to the next nodes discovered: `node_by_id` keeps
+    # a bare lost node at each (a slot that offers nothing) until then, so ids never move and the
+    # lists indexed by them stay as long as the largest fleet, however many nodes come and go
+    free_nids: list[int] = field(default_factory=list)
     # GPUs claimed by jobs on nodes not (yet) discovered: replaying JOBS may run ahead of FLEET
     claims: dict[tuple[str, str], dict[int, str]] = field(default_factory=dict)
     # jobs holding shares on nodes not (yet) discovered, in the order they were placed (folded on discovery)
@@ -665,6 +670,22 @@ def _hold_share(s: SchedulerState, node: Node, job: Job, p: Placement) -> bool:
     return conflict
 
 
+def _drop_claims(s: SchedulerState, job_id: str, p: Placement) -> None:
+    """A job gives back what it claimed on a node not discovered (or forgotten); a node with no claim
+    left has no entry, so a forgotten node's name is not kept."""
+    where = (p.cluster, p.node)
+    shares = s.share_claims.get(where, {})
+    shares.pop(job_id, None)
+    claims = s.claims.get(where, {})
+    for i in p.gpu_indices:
+        if claims.get(i) == job_id:
+            del claims[i]
+    if not shares:
+        s.share_claims.pop(where, None)
+    if not claims:
+        s.claims.pop(where, None)
+
+
 def _release(s: SchedulerState, job: Job) -> None:
     """Give back what a running job holds."""
     if job.state != JobState.RUNNING:
@@ -672,11 +693,7 @@ def _release(s: SchedulerState, job: Job) -> None:
     for p in job.placements:
         node = s.nodes.get((p.cluster, p.node))
         if node is None:
-            s.share_claims.get((p.cluster, p.node), {}).pop(job.id, None)
-            claims = s.claims.get((p.cluster, p.node), {})
-            for i in p.gpu_indices:
-                if claims.get(i) == job.id:
-                    del claims[i]
+            _drop_claims(s, job.id, p)
             continue
         for i in p.gpu_indices:
             if node.owners.get(i) == job.id:
@@ -855,11 +872,15 @@ def _memory(infos: list[GpuInfo]) -> dict[int, int]:
 def _discovered(s: SchedulerState, e: NodeDiscovered) -> None:
     node = s.nodes.get((e.cluster, e.node))
     if node is None:
-        node = Node(nid=len(s.node_by_id), cluster=e.cluster, name=e.node, gpus=_gpus(e.gpus), labels=dict(e.labels))
+        nid = s.free_nids.pop() if s.free_nids else len(s.node_by_id)
+        node = Node(nid=nid, cluster=e.cluster, name=e.node, gpus=_gpus(e.gpus), labels=dict(e.labels))
         node.gpu_memory, node.gpu_uuids = _memory(e.gpus), _uuids(e.gpus)
         node.cpu_milli, node.memory_mib = e.cpu_milli, e.memory_mib
         s.nodes[(e.cluster, e.node)] = node
-        s.node_by_id.append(node)
+        if nid < len(s.node_by_id):
+            s.node_by_id[nid] = node
+        else:
+            s.node_by_id.append(node)
         for job_id in s.share_claims.pop((e.cluster, e.node), {}):
             if (job := s.jobs.get(job_id)) is not None and job.state == JobState.RUNNING:
                 here = [p for p in job.placements if (p.cluster, p.node) == (e.cluster, e.node)]
@@ -913,6 +934,32 @@ def _lost(s: SchedulerState, e: NodeLost) -> None:
         node.out_reason, node.out_faults = e.reason or "node lost", ()
         _displace_holders(s, node)
         s.refresh_node(node)
+
+
+def _forgotten(s: SchedulerState, e: NodeForgotten) -> None:
+    """The node left the fleet for good: it leaves the state. It was lost first, so its holders were
+    displaced then; one the scheduler has not requeued yet keeps its GPUs as a claim on a node not
+    discovered (as when JOBS runs ahead of FLEET), stays displaced, and gives them back when it
+    leaves. Its id goes to the next node discovered; until then a bare lost node holds it."""
+    key = (e.cluster, e.node)
+    node = s.nodes.pop(key, None)
+    if node is None:
+        return
+    node.lost = True
+    _displace_holders(s, node)
+    for i, job_id in node.owners.items():
+        s.claims.setdefault(key, {})[i] = job_id
+    for sg in node.shared.values():
+        for job_id in sg.holders:
+            s.share_claims.setdefault(key, {})[job_id] = None
+    s.shared_nodes.pop(node.nid, None)
+    s.mig_nodes.pop(node.nid, None)
+    s.refresh_node(node)  # out of service: its slot offers nothing, under the class it had
+    node.gpus, node.labels, node.owners, node.shared, node.mig = {}, {}, {}, {}, {}
+    node.bad_gpus, node.gpu_out, node.held, node.gpu_memory, node.gpu_uuids = set(), {}, {}, {}, {}
+    s.free_nids.append(node.nid)
+    s.__dict__.pop("_derived", None)  # indexes by node id and by node: built again on first use
+    s.capacity_epoch += 1
 
 
 def _node_isolated(s: SchedulerState, e: NodeIsolated) -> None:
@@ -1032,6 +1079,7 @@ _HANDLERS: dict[type[Event], Callable[[SchedulerState, Any], None]] = {
     NodeDiscovered: _discovered,
     NodeUpdated: _updated,
     NodeLost: _lost,
+    NodeForgotten: _forgotten,
     NodeIsolated: _node_isolated,
     NodeRestored: _node_restored,
     GpuIsolated: _gpu_isolated,
