@@ -32,6 +32,50 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--lost-after again. If its agent reports later, it is discovered anew, as a new node.",
     )
 
+    lost = verbs.add_parser(
+        "forget-lost",
+        help="forget every lost node (of --cluster) that left the fleet for good",
+        description="Forget every node `chamber fleet` lists as lost (of --cluster if given), one forget "
+        "each: after a smaller `chamber up --nodes N`, or nodes decommissioned for good. A node the "
+        "discovery will not forget (Kubernetes still lists it) is named with the reason; the exit status "
+        "is then 1.",
+    )
+    lost.add_argument("--cluster", help="only this cluster")
+    lost.add_argument("--reason", default="", help="recorded with each event")
+    add_nats_option(lost)
+    lost.set_defaults(func=run_forget_lost)
+
+
+def run_forget_lost(args: argparse.Namespace) -> int:
+    import getpass
+
+    from services.runtime.commands import CommandRefused, CommandUnavailable, request
+
+    async def body(nc: Any) -> list[tuple[str, str | None]]:
+        done: list[tuple[str, str | None]] = []
+        for n in await read_fleet(nc, args.cluster):
+            if n["status"] != "lost":
+                continue
+            payload = {"node": n["node"], "cluster": n["cluster"], "by": getpass.getuser(), "reason": args.reason}
+            try:
+                await request(nc, "discovery", "forget", payload, timeout=5.0)
+                done.append((f"{n['cluster']}/{n['node']}", None))
+            except CommandRefused as exc:
+                done.append((f"{n['cluster']}/{n['node']}", str(exc)))
+            except CommandUnavailable as exc:
+                raise UsageError(f"{exc}; start it with `chamber up` or `chamber service discovery`") from None
+        return done
+
+    done = with_nats(args, body)
+    if not done:
+        print("no lost nodes")
+        return 0
+    for name, refused in done:
+        print(f"forgot {name}" if refused is None else f"kept {name}: {refused}")
+    kept = sum(1 for _, refused in done if refused is not None)
+    print(f"{len(done) - kept} forgotten, {kept} kept")
+    return 1 if kept else 0
+
 
 def run_forget(args: argparse.Namespace) -> int:
     send_command(args, "discovery", "forget", node_payload(args))
@@ -116,4 +160,6 @@ def fleet_text(nodes: list[dict[str, Any]]) -> str:
         if lost
         else f"{len(nodes)} nodes, {gpus} GPUs, {in_service} in service"
     )
+    if lost:
+        lines.append("(a lost node that left for good: `chamber fleet forget NODE`, or `chamber fleet forget-lost`)")
     return "\n".join(lines)

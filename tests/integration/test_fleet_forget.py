@@ -91,6 +91,15 @@ async def test_a_lost_node_is_forgotten_by_the_command_and_leaves_every_view(
             await agent.publish(a_sample("gone", cluster=CLUSTER, at=time.time(), interval_s=0.2))
             await eventually(lambda: _listed(url, "gone"), within=20)
             assert len(fleet.of(NodeForgotten)) == 1
+
+            # silent again: lost again, and `forget-lost` forgets every lost node (here that one)
+            await eventually(lambda: shown("gone", "lost"), within=20)
+            code, out = await run_cli("fleet", "forget-lost", "--nats", url)
+            assert code == 0 and out.splitlines() == [f"forgot {CLUSTER}/gone", "1 forgotten, 0 kept"], out
+            await eventually(lambda: len(fleet.of(NodeForgotten)) == 2)
+            await eventually(gone_everywhere, within=20)
+            code, out = await run_cli("fleet", "forget-lost", "--nats", url)
+            assert (code, out.strip()) == (0, "no lost nodes")
     stop.set()
     await asyncio.wait_for(task, 15)
 

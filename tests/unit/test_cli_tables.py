@@ -94,6 +94,10 @@ def test_fleet_counts_a_lost_node_as_lost_not_in_service() -> None:
     text = fleet_text(nodes)
     assert "sim/sim-001  LOST  0/8 GPUs in service  no heartbeat for 60s" in text
     assert "sim/sim-000  HEALTHY  8/8 GPUs in service" in text
-    lost_gpu = text.splitlines()[-2]
+    lost_gpu = text.splitlines()[-3]
     assert lost_gpu.split() == ["gpu", "7", "H100-80GB", "util", "-", "node", "lost"]
-    assert text.endswith("2 nodes (1 lost), 16 GPUs, 8 in service")
+    assert text.splitlines()[-2:] == [
+        "2 nodes (1 lost), 16 GPUs, 8 in service",
+        "(a lost node that left for good: `chamber fleet forget NODE`, or `chamber fleet forget-lost`)",
+    ]
+    assert fleet_text(nodes[:1]).endswith("1 nodes, 8 GPUs, 8 in service")  # no hint without lost nodes
