@@ -302,7 +302,10 @@ def desired_status(state: DiscoveryState, rec: NodeRecord, now: float) -> tuple[
     """What the node's status is at `now`, since when, and why."""
     if not rec.agent or rec.last_seen_at is None:
         if rec.kube is None:
-            return NodeStatus.LOST, rec.kube_seen_at, "deleted from Kubernetes; no agent ever reported"
+            if rec.kube_seen_at or rec.kube_deleted_at is not None:
+                return NodeStatus.LOST, rec.kube_seen_at, "deleted from Kubernetes; no agent ever reported"
+            # known from FLEET only (announced before this discovery started; nothing reported since)
+            return NodeStatus.LOST, rec.kube_seen_at, "no heartbeat since the discovery started"
         return NodeStatus.NO_AGENT, rec.kube_seen_at or rec.first_seen_at, "seen by Kubernetes, no Chamber agent"
     silent = now - rec.last_seen_at
     if silent >= state.lost_after_s:

@@ -119,6 +119,20 @@ def test_allocatable_changes_and_deletion_from_kubernetes() -> None:
     assert isinstance(lost, NodeLost) and lost.node == "k2" and "deleted from Kubernetes" in lost.reason
 
 
+def test_a_lost_agent_node_known_only_from_the_log_is_not_said_to_be_deleted_from_kubernetes() -> None:
+    """After a restart the discovery knows a lost node from FLEET alone until its agent reports: the
+    view says so, not "deleted from Kubernetes" (it never was a Kubernetes Node)."""
+    state = new_state(lost_after_s=30)
+    log = step(state, an_inventory("n1"), a_sample("n1", at=T0), now=T0) + step(state, now=T0 + 31)
+    assert [type(e).__name__ for e in log] == ["NodeDiscovered", "NodeLost"]
+    rebuilt = new_state(lost_after_s=30)
+    for e in log:
+        evolve(rebuilt, e)
+    assert step(rebuilt, now=T0 + 100) == []
+    shown = view(rebuilt, rebuilt.nodes[("c1", "n1")], T0 + 100)
+    assert (shown["status"], shown["reason"]) == ("lost", "no heartbeat since the discovery started")
+
+
 def test_the_view_shows_isolation_and_utilization() -> None:
     state = new_state()
     step(state, an_inventory("n1"), a_sample("n1", at=T0, util=93.0), now=T0)
