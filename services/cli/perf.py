@@ -13,7 +13,8 @@ from services.cli.common import add_nats_option, send_command
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
-        "perf", help="running multi-node jobs: healthy or slow, the culprit and the evidence; jobs moved while slow"
+        "perf",
+        help="running jobs (one rank or many): healthy or slow, the culprit and the evidence; jobs moved while slow",
     )
     add_nats_option(p)
     p.add_argument(
@@ -58,7 +59,7 @@ def run_perf(args: argparse.Namespace) -> int:
         print(json.dumps({"jobs": jobs}, indent=2))
         return 0
     if not jobs:
-        print("no running multi-node jobs tracked yet")
+        print("no running jobs tracked yet")
         return 0
     width = max([24, *(len(j["job"]) for j in jobs)])  # a column, however long the job ids
     for j in jobs:
