@@ -234,10 +234,23 @@ def _on_kube_listing(state: DiscoveryState, listing: KubeNodesListed) -> None:
         rec.kube_seen_at = listing.at
         rec.kube_deleted_at = None  # listed again (a Node deleted and made again under its name)
     for (cluster, name), rec in state.nodes.items():
-        if cluster == listing.cluster and rec.kube is not None and name not in present:
+        if cluster != listing.cluster or name in present:
+            continue
+        if rec.kube is not None:
             rec.kube = None  # deleted from Kubernetes
             rec.kube_seen_at = rec.kube_deleted_at = listing.at
             rec.version += 1
+        elif rec.kube_deleted_at is None and not rec.kube_seen_at and _announced_from_kubernetes(rec):
+            # Known from FLEET only (this discovery started after it was announced) as a Kubernetes
+            # Node, and not listed now: deleted while the discovery was down. Without this a node an
+            # autoscaler removed during a restart would stay lost for good.
+            rec.kube_deleted_at = listing.at
+            rec.version += 1
+
+
+def _announced_from_kubernetes(rec: NodeRecord) -> bool:
+    """FLEET was told Kubernetes' GPU counts for it: it was a Kubernetes Node."""
+    return K8S_CAPACITY_LABEL in rec.announced_labels or K8S_ALLOCATABLE_LABEL in rec.announced_labels
 
 
 def _on_forgotten(state: DiscoveryState, event: NodeForgotten) -> None:
@@ -302,8 +315,10 @@ def desired_status(state: DiscoveryState, rec: NodeRecord, now: float) -> tuple[
     """What the node's status is at `now`, since when, and why."""
     if not rec.agent or rec.last_seen_at is None:
         if rec.kube is None:
-            if rec.kube_seen_at or rec.kube_deleted_at is not None:
+            if rec.kube_seen_at:
                 return NodeStatus.LOST, rec.kube_seen_at, "deleted from Kubernetes; no agent ever reported"
+            if rec.kube_deleted_at is not None:
+                return NodeStatus.LOST, rec.kube_seen_at, "deleted from Kubernetes while the discovery was down"
             # known from FLEET only (announced before this discovery started; nothing reported since)
             return NodeStatus.LOST, rec.kube_seen_at, "no heartbeat since the discovery started"
         return NodeStatus.NO_AGENT, rec.kube_seen_at or rec.first_seen_at, "seen by Kubernetes, no Chamber agent"

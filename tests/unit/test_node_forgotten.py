@@ -70,6 +70,27 @@ def test_the_forget_is_the_same_event_with_the_same_id_whenever_the_tick_notices
     assert len(ids) == 1
 
 
+def test_a_node_kubernetes_deleted_while_the_discovery_was_down_is_still_forgotten() -> None:
+    """After a restart the discovery knows the lost node from FLEET only; FLEET was told Kubernetes'
+    GPU counts for it, so the first listing without it counts as its deletion. An agent-only node
+    (no such labels) is not forgotten that way."""
+    before = new_state(lost_after_s=LOST_AFTER)
+    log = step(
+        before, KubeNodesListed("c1", T0, (a_kube_node("k1"),)), an_inventory("k1"), a_sample("k1", at=T0), now=T0
+    )
+    log += step(before, an_inventory("n1"), a_sample("n1", at=T0), now=T0)
+    log += step(before, now=T0 + LOST_AFTER + 1)  # both silent: lost (k1 still a Node then)
+    assert sorted(e.node for e in log if isinstance(e, NodeLost)) == ["k1", "n1"]
+    after = new_state(lost_after_s=LOST_AFTER)  # restarted while Kubernetes deleted k1
+    for e in log:
+        evolve(after, e)
+    assert step(after, KubeNodesListed("c1", T0 + 100, ()), now=T0 + 100) == []
+    assert forgotten(step(after, now=T0 + 100 + LOST_AFTER - 1)) == []
+    [gone] = step(after, now=T0 + 100 + LOST_AFTER)
+    assert isinstance(gone, NodeForgotten) and gone.node == "k1" and gone.at == T0 + 100 + LOST_AFTER
+    assert step(after, now=T0 + 1000) == [] and ("c1", "n1") in after.nodes
+
+
 def test_a_node_deleted_without_an_agent_is_forgotten_lost_after_after_the_deletion() -> None:
     state = new_state(lost_after_s=LOST_AFTER)
     step(state, KubeNodesListed("c1", T0, (a_kube_node("k1"),)), now=T0)
