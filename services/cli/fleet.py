@@ -84,7 +84,7 @@ def run_forget(args: argparse.Namespace) -> int:
 
 
 async def read_fleet(nc: Any, cluster: str | None = None) -> list[dict[str, Any]]:
-    from nats.js.errors import BucketNotFoundError, NoKeysError
+    from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NoKeysError
 
     js = nc.jetstream()
     try:
@@ -99,7 +99,10 @@ async def read_fleet(nc: Any, cluster: str | None = None) -> list[dict[str, Any]
         return []
     nodes = []
     for key in sorted(keys):
-        entry = await kv.get(key)
+        try:
+            entry = await kv.get(key)
+        except KeyNotFoundError:  # deleted since it was listed: a node forgotten meanwhile
+            continue
         if entry.value:
             node = json.loads(entry.value)
             if cluster is None or node.get("cluster") == cluster:

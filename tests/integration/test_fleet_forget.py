@@ -127,3 +127,32 @@ async def test_a_restarted_discovery_deletes_the_view_of_nodes_forgotten_while_i
                 return not await _listed(url, "ghost") and await _listed(url, "alive")
 
             await eventually(ghost_gone, within=20)
+
+
+async def test_chamber_fleet_skips_a_node_forgotten_between_listing_and_reading(
+    nats_server: SecuredNatsServer, js: JetStreamContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CLI lists the fleet view's keys, then reads each: a node forgotten in between (its entry
+    deleted) is left out, not a traceback (a forget while someone runs `chamber fleet`)."""
+    import json
+
+    from nats.js.kv import KeyValue
+
+    from services.discovery.service import BUCKET
+    from services.runtime.buckets import open_kv
+
+    kv = await open_kv(js, BUCKET, history=1, description="current fleet view (discovery)")
+    for node in ("race-a", "race-b"):
+        view = {"cluster": "race", "node": node, "status": "lost", "reason": "", "gpus": []}
+        await kv.put(f"race.{node}", json.dumps(view).encode())
+    listed = KeyValue.keys
+
+    async def keys_then_forget(self: KeyValue, *args: object, **kwargs: object) -> list[str]:
+        keys = await listed(self, *args, **kwargs)  # type: ignore[arg-type]
+        await kv.delete("race.race-b")  # forgotten right after the listing
+        return keys
+
+    monkeypatch.setattr(KeyValue, "keys", keys_then_forget)
+    code, out = await run_cli("fleet", "--cluster", "race", "--json", "--nats", nats_server.url)
+    assert code == 0 and [n["node"] for n in json.loads(out)["nodes"]] == ["race-a"]
+    await kv.delete("race.race-a")
