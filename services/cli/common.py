@@ -144,11 +144,22 @@ def add_node_verb(
     return parser
 
 
-def node_payload(args: argparse.Namespace) -> dict[str, Any]:
-    """A node verb's request: the node, its cluster, who asks (the user running the CLI) and why."""
+def node_payload(args: argparse.Namespace, node: str | None = None, cluster: str | None = None) -> dict[str, Any]:
+    """A node verb's request: the node, its cluster (`args`' unless given), who asks (the user running
+    the CLI) and why."""
     import getpass
 
-    return {"node": args.node, "cluster": args.cluster, "by": getpass.getuser(), "reason": args.reason}
+    return {
+        "node": args.node if node is None else node,
+        "cluster": args.cluster if cluster is None else cluster,
+        "by": getpass.getuser(),
+        "reason": args.reason,
+    }
+
+
+def not_running(exc: Exception, service: str) -> UsageError:
+    """A command's service is not answering: say how to start it."""
+    return UsageError(f"{exc}; start it with `chamber up` or `chamber service {service}`")
 
 
 def send_command(args: argparse.Namespace, service: str, verb: str, payload: Any, *, timeout: float = 5.0) -> Any:
@@ -162,6 +173,6 @@ def send_command(args: argparse.Namespace, service: str, verb: str, payload: Any
             hint = f" (field: {exc.field})" if exc.field else ""
             raise UsageError(f"{exc}{hint}") from None
         except CommandUnavailable as exc:
-            raise UsageError(f"{exc}; start it with `chamber up` or `chamber service {service}`") from None
+            raise not_running(exc, service) from None
 
     return with_nats(args, body)

@@ -7,7 +7,7 @@ import argparse
 import json
 from typing import Any
 
-from services.cli.common import add_nats_option, add_node_verb, node_payload, send_command, with_nats
+from services.cli.common import add_nats_option, add_node_verb, node_payload, not_running, send_command, with_nats
 from services.cli.errors import UsageError
 from services.cli.tables import table
 
@@ -47,8 +47,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run_forget_lost(args: argparse.Namespace) -> int:
-    import getpass
-
     from services.runtime.commands import CommandRefused, CommandUnavailable, request
 
     async def body(nc: Any) -> list[tuple[str, str | None]]:
@@ -56,14 +54,14 @@ def run_forget_lost(args: argparse.Namespace) -> int:
         for n in await read_fleet(nc, args.cluster):
             if n["status"] != "lost":
                 continue
-            payload = {"node": n["node"], "cluster": n["cluster"], "by": getpass.getuser(), "reason": args.reason}
+            payload = node_payload(args, node=n["node"], cluster=n["cluster"])
             try:
                 await request(nc, "discovery", "forget", payload, timeout=5.0)
                 done.append((f"{n['cluster']}/{n['node']}", None))
             except CommandRefused as exc:
                 done.append((f"{n['cluster']}/{n['node']}", str(exc)))
             except CommandUnavailable as exc:
-                raise UsageError(f"{exc}; start it with `chamber up` or `chamber service discovery`") from None
+                raise not_running(exc, "discovery") from None
         return done
 
     done = with_nats(args, body)
