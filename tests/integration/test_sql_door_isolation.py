@@ -111,7 +111,16 @@ async def test_a_query_pauses_while_the_writer_runs_one_and_only_when_it_yields(
             await door.answer(reads, 1)  # each session reads the engine's catalog on its first check
         done_first = []
         for door in (yielding, plain):
-            ingest = asyncio.create_task(writer.call(lambda: warehouse.query("SELECT sleep(1.5)")))
+            started = threading.Event()
+
+            def slow_insert(started: threading.Event) -> object:
+                started.set()
+                return warehouse.query("SELECT sleep(1.5)")
+
+            ingest = asyncio.create_task(writer.call(slow_insert, started))
+            # the writer's query runs before the read starts (on a loaded machine the writer's thread
+            # could start after the read: then there is nothing to yield to)
+            assert await asyncio.to_thread(started.wait, 10)
             await asyncio.sleep(0.3)
             assert (await door.answer(reads, 1)).rows == [[49999995000000]]
             done_first.append(ingest.done())
