@@ -2,7 +2,8 @@
 issue 19's class mix by default, or one of bench/fairness.py's traces with --bench-trace), and
 where the jobs waited (time-weighted waiting reasons, recorded every scheduling cycle): per class
 over all jobs, and for the jobs that waited longer than --late-hours; plus the work each kind of
-preemption threw away.
+preemption threw away, and for the jobs that need a whole node how long, when each arrived, no node
+could have been free of non-preemptible work (`whole_node_jobs`: a floor no queue order beats).
 
     .venv/bin/python bench/sim_late_jobs.py [--gpus 1280] [--late-hours 27.7] [--preemption-worth R]
     .venv/bin/python bench/sim_late_jobs.py --bench-trace openb --seed 0 --gpus 40 --late-hours 24
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 from collections import Counter, defaultdict
@@ -26,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from events import JobPreempted  # noqa: E402
 from services.scheduler.core import schedule  # noqa: E402
+from services.scheduler.core.state import estimate_s  # noqa: E402
 from services.scheduler.policy_options import add_preemption_worth_argument, chamber_tuning  # noqa: E402
 from services.tracesim.chamber_policy import CorePolicy  # noqa: E402
 from services.tracesim.classes import DEFAULT_MIX, assign, parse_mix  # noqa: E402
@@ -57,11 +60,16 @@ class Recording(CorePolicy):
         self.waited: dict[str, Counter[str]] = defaultdict(Counter)
         self.behind: defaultdict[str, float] = defaultdict(float)  # job -> seconds more urgent work left it no room
         self.last: tuple[float, list[str]] = (0.0, [])
+        # job needing a whole node -> hours, when first seen waiting, until some node that could hold
+        # it would be free of non-preemptible work (by runtime estimates; inf: work without one)
+        self.no_whole_node: dict[str, float] = {}
 
     def decide(self, now: float) -> list[Action]:
         # `schedule` is pure: looking at the cycle first changes nothing the real decide does
         waiting = schedule(self.state, now, self.mark, policy=self.policy).waiting
         for jid, why in waiting.items():
+            if jid not in self.no_whole_node and self._whole_node(jid):
+                self.no_whole_node[jid] = self._until_a_node_is_whole(jid, now) / HOUR
             k = kind(why)
             old = self.current.get(jid)
             if old is None or old[0] != k:
@@ -78,6 +86,31 @@ class Recording(CorePolicy):
                 k, since = self.current.pop(a.job_id)
                 self.waited[a.job_id][k] += now - since
         return actions
+
+    def _whole_node(self, jid: str) -> bool:
+        """The job runs on one node and needs every GPU of the largest node."""
+        spec = self.state.jobs[jid].spec
+        return spec.replicas == 1 and spec.total_gpus >= max(len(n.gpus) for n in self.state.node_by_id)
+
+    def _until_a_node_is_whole(self, jid: str, now: float) -> float:
+        """Seconds until the first node big enough for the job holds no non-preemptible work (by the
+        estimated ends of the work on it now; preemptible work could be preempted): however the
+        queue is ordered, the job cannot start before that."""
+        s = self.state
+        gpus = s.jobs[jid].spec.total_gpus
+        soonest = math.inf
+        for node in s.node_by_id:
+            if len(node.gpus) < gpus:
+                continue
+            end = now
+            for holder in set(node.owners.values()):
+                j = s.jobs[holder]
+                if j.spec.preemptible:
+                    continue
+                est = estimate_s(j)
+                end = max(end, math.inf if est is None or j.running_since is None else j.running_since + est)
+            soonest = min(soonest, end - now)
+        return soonest
 
     def _behind_more_urgent(self, waiting: dict[str, str]) -> list[str]:
         """The waiting jobs that more urgent work alone leaves no room for: with every job of their
@@ -174,8 +207,45 @@ def main() -> None:
             for c, r in sorted(by_class.items())
         },
         "preemptions": {k: {"count": count[k], "gpu_hours_lost": round(lost[k])} for k, _ in lost.most_common()},
+        "whole_node_jobs": _whole_node_jobs(outcome, policy.no_whole_node, policy.waited),
     }
     print(json.dumps(out, indent=1))
+
+
+def _whole_node_jobs(outcome: Any, no_whole_node: dict[str, float], waited: dict[str, Counter[str]]) -> dict[str, Any]:
+    """Per class, the jobs that needed a whole node and waited: their mean wait and runtime, and the
+    mean hours that, when each was first seen waiting, no node could have been free of
+    non-preemptible work; plus the ten that waited longest, each with the reason it waited under
+    longest."""
+    rows = []
+    for jid, blocked_h in no_whole_node.items():
+        j = outcome.jobs[jid]
+        if j.first_start is None:
+            continue
+        mostly = waited[jid].most_common(1)
+        rows.append(
+            {
+                "job": jid,
+                "class": j.t.priority.value,
+                "team": j.t.team,
+                "gpus": j.t.gpus,
+                "wait_h": round((j.first_start - j.t.submit_s) / HOUR, 1),
+                "runtime_h": round(j.t.duration_s / HOUR, 1),
+                "no_whole_node_h": round(blocked_h, 1) if blocked_h != math.inf else None,
+                "mostly": f"{mostly[0][0]} ({mostly[0][1] / HOUR:.0f} h)" if mostly else "",
+            }
+        )
+    by_class: dict[str, Any] = {}
+    for c in sorted({r["class"] for r in rows}):
+        mine = [r for r in rows if r["class"] == c]
+        known = [r["no_whole_node_h"] for r in mine if r["no_whole_node_h"] is not None]
+        by_class[c] = {
+            "jobs": len(mine),
+            "mean_wait_h": round(sum(r["wait_h"] for r in mine) / len(mine), 1),
+            "mean_runtime_h": round(sum(r["runtime_h"] for r in mine) / len(mine), 1),
+            "mean_no_whole_node_h": round(sum(known) / len(known), 1) if known else None,
+        }
+    return {"by_class": by_class, "longest_waits": sorted(rows, key=lambda r: -r["wait_h"])[:10]}
 
 
 if __name__ == "__main__":
