@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from events import PreemptionReason, PriorityClass
-from services.scheduler.core import CHAMBER, Admit, Preempt, events_for, explain, schedule
+from services.scheduler.core import CHAMBER, Admit, Preempt, events_for, explain, quota, schedule
 from services.scheduler.core.policy import STRICT_CLASSES, Policy, by_multifactor_priority
 from services.scheduler.core.preemption import eligible
 from services.scheduler.core.quota import nonpreemptible
@@ -359,7 +359,9 @@ def test_every_guarantee_stays_reclaimable_whatever_runs(jobs, guarantees, np_le
     With fair-share borrowing (the default) a team may also run non-preemptible work up to its
     fair share of the pool: every cycle that starts such work beyond the lending rule leaves the
     team within the fair share it had when the cycle began (what it holds of other teams'
-    guarantees then drains back as it ends). The share that bounds it is the aggregate one (every
+    guarantees then drains back as it ends). (The share does not hold critical work or the
+    starvation guard's first protected jobs; they drain back too. None runs here: no team may use
+    critical, and no job waits long enough to be protected.) The share that bounds it is the aggregate one (every
     class's demand), whatever the per-class shares that order the classes allow: the aggregate
     shares fit the pool, so every lender can still reclaim its guarantee."""
     policy = CHAMBER if fair else replace(CHAMBER, np_fair_share=False)
@@ -391,25 +393,33 @@ def test_every_guarantee_stays_reclaimable_whatever_runs(jobs, guarantees, np_le
                 assert held <= held_before[t] or held <= max(g, shares[t]) + 1e-9, (t, held, shares[t])
 
 
-def test_a_teams_classes_together_hold_at_most_its_aggregate_share_of_others_guarantees() -> None:
-    """One share per class orders the classes, but the team's non-preemptible work of every class
-    together stays within its guarantee or its aggregate fair share: else its high work (within its
-    guarantee) plus a normal job (within normal's share, high not counted) held a lender's GPU."""
+def _a_full_at_its_share_b_and_c_wanting_more(a_may_use_critical: bool = False) -> Driver:
+    """Three 8-GPU nodes, three teams guaranteed 8 (lending nothing to non-preemptible work): a runs
+    8 GPUs of high work, b and c run low work and want more than their shares; one GPU is free."""
     d = Driver().given(
         a_node("n1"),
         a_node("n2"),
         a_node("n3"),
-        *(a_quota(t, 8, np_lend=0) for t in ("a", "b", "c")),
+        a_quota("a", 8, np_lend=0, critical=a_may_use_critical),
+        *(a_quota(t, 8, np_lend=0) for t in ("b", "c")),
         a_job("a-high", team="a", gpus=8, priority="high", preemptible=False, at=1),
         a_job("b-low", team="b", gpus=7, priority="low", at=2),
         a_job("c-low", team="c", gpus=8, priority="low", at=3),
     )
     d.cycle(now=5.0)
     d.given(
-        a_job("b-more", team="b", gpus=8, priority="low", at=6),  # b and c want more than their shares
+        a_job("b-more", team="b", gpus=8, priority="low", at=6),
         a_job("c-more", team="c", gpus=8, priority="low", at=7),
-        a_job("a-normal", team="a", gpus=1, priority="normal", preemptible=False, at=8),
     )
+    return d
+
+
+def test_a_teams_classes_together_hold_at_most_its_aggregate_share_of_others_guarantees() -> None:
+    """One share per class orders the classes, but the team's non-preemptible work of every class
+    together stays within its guarantee or its aggregate fair share: else its high work (within its
+    guarantee) plus a normal job (within normal's share, high not counted) held a lender's GPU."""
+    d = _a_full_at_its_share_b_and_c_wanting_more()
+    d.given(a_job("a-normal", team="a", gpus=1, priority="normal", preemptible=False, at=8))
     cycle = d.cycle(now=10.0)
     assert Work(d.state, 10.0, CHAMBER).fair_share("default", "a") == 8.0
     assert d.state_of("a-normal") == "pending"  # the one free GPU is b's guarantee
@@ -669,3 +679,65 @@ def test_a_protected_whole_node_job_holds_the_node_that_drains_first_from_lower_
     )  # type: ignore[arg-type]
     schedule_and_fold(without, 150.0, policy)
     assert without.state_of("long-b") == "running"  # no protected job: both nodes fill
+
+
+# -- what the fair share does not hold ---------------------------------------------------------------
+def test_critical_work_is_not_held_to_its_teams_fair_share() -> None:
+    """Critical work may preempt across teams; held to the share it waited behind its own team's
+    less urgent work for as long as that ran (a critical 8-GPU job 22 h on an ITP cluster)."""
+    d = _a_full_at_its_share_b_and_c_wanting_more(a_may_use_critical=True)
+    d.given(
+        a_job("a-normal", team="a", gpus=1, priority="normal", preemptible=False, at=8),
+        a_job("a-critical", team="a", gpus=1, priority="critical", preemptible=False, at=8),
+    )
+    d.cycle(now=10.0)
+    assert d.state_of("a-normal") == "pending" and "all classes 8" in d.waiting["a-normal"]
+    assert d.state_of("a-critical") == "running"  # the one free GPU, beyond a's share of 8
+
+
+def test_each_teams_first_protected_job_on_one_node_is_not_held_to_the_share() -> None:
+    """Where a team's share is about a node (8 GPUs of 32, four teams), its 8-GPU job fits the share
+    only while the team runs nothing else non-preemptible. The pool's oldest protected job passes
+    the share; so does each team's first protected job that fits on one node (a node per team at
+    most), not the team's next one."""
+    policy = replace(CHAMBER, starvation_bound_s=100.0)
+    d = Driver().given(
+        *(a_node(f"n{i}") for i in range(1, 5)),
+        *(a_quota(t, 8, np_lend=0) for t in "abcd"),
+        a_job("a-run", team="a", gpus=1, priority="high", preemptible=False, at=0),
+        a_job("b-run", team="b", gpus=1, priority="high", preemptible=False, at=0),
+    )
+    d.cycle(now=0.5, policy=policy)
+    d.given(
+        a_job("a-big", team="a", gpus=8, priority="normal", preemptible=False, at=1),
+        a_job("b-big", team="b", gpus=8, priority="normal", preemptible=False, at=1.5),
+        a_job("a-next", team="a", gpus=8, priority="normal", preemptible=False, at=2),
+    )
+    work = Work(d.state, 200.0, policy)  # all three protected since 101 to 102
+    block = {j: quota.nonpreemptible_block(work, d.state.jobs[j]) for j in ("a-big", "b-big", "a-next")}
+    assert work.fair_share("default", "b") == 8.0
+    assert block["a-big"] is None  # the pool's oldest protected job
+    assert block["b-big"] is None  # b's first protected job, one node
+    assert block["a-next"] is not None and "fair share" in block["a-next"].text
+
+
+def test_a_protected_whole_node_job_keeps_its_node_held_while_it_waits_for_a_drain() -> None:
+    """A wait for lent GPUs to drain back (or for room in the pool) ends as work ends, like a wait
+    for capacity: the node that frees first stays held for the job through it."""
+    policy = replace(CHAMBER, starvation_bound_s=100.0)
+    d = Driver().given(
+        a_node("n1"),
+        a_node("n2"),
+        a_quota("a", 8),  # lends half its idle guarantee to others' non-preemptible work
+        a_quota("b", 8, np_lend=0),
+        a_job("b-own", team="b", gpus=8, priority="high", preemptible=False, at=0, estimate=1000),
+        a_job("b-lent", team="b", gpus=4, priority="high", preemptible=False, at=0, estimate=300),
+    )
+    schedule_and_fold(d, 0.0, policy)
+    assert d.state_of("b-lent") == "running"  # on 4 GPUs of a's idle guarantee
+    d.given(a_job("a-whole", team="a", gpus=8, priority="normal", preemptible=False, at=1, estimate=50))
+    schedule_and_fold(d, 2.0, policy)
+    assert d.waiting["a-whole"].startswith("quota: waits for a drain")
+    cycle = schedule(d.state, 150.0, None, policy=policy)  # protected since 101, still waiting for the drain
+    assert d.state_of("a-whole") == "pending"
+    assert [(p, dr.job_id, dr.ready_at) for p, dr in cycle.mark.draining] == [("default", "a-whole", 300.0)]

@@ -629,17 +629,21 @@ def phase4_requeue(ctx: CycleContext, c: Candidate) -> None:
 
 
 def _hold_a_node(ctx: CycleContext, c: Candidate) -> None:
-    """A protected non-preemptible job on one node that its quota allows but no node has room for
-    holds the node that frees for it soonest (`backfill.drain`), one job per pool: else other work
-    takes each GPU that frees there and the job waits for a whole node for good (openb's 8-GPU
-    jobs). The hold ends when it starts, or once its quota no longer allows it (the node would
-    idle for nothing)."""
+    """A protected non-preemptible job on one node that its quota allows (or that waits only for
+    room in the pool or a drain) but no node has room for holds the node that frees for it soonest
+    (`backfill.drain`), one job per pool: else other work takes each GPU that frees there and the
+    job waits for a whole node for good (openb's 8-GPU jobs). The hold ends when it starts, or once
+    its quota holds it back otherwise (the node would idle for nothing)."""
     work, job = ctx.work, c.job
     held = work.drains.get(job.pool)
     if held is not None and held.job_id != job.id:
         return
     protected = c.protected_at is not None and c.protected_at <= ctx.now
-    if not protected or c.block is not None or c.starved_by is not None or job.spec.preemptible:
+    # Waits for room in the pool (others hold it) or for lent GPUs to drain back end as work ends,
+    # like a wait for capacity: the node stays held through them (else on openb at 32 GPUs the
+    # hold came and went, and whatever freed on the node went to other work).
+    blocked = c.block is not None and c.block.kind not in (WaitKind.ROOM, WaitKind.DRAIN)
+    if not protected or blocked or c.starved_by is not None or job.spec.preemptible:
         work.drains.pop(job.pool, None) if held is not None else None
         return
     if job.spec.replicas != 1 or job.gpus > work.cap.max_gpus:
