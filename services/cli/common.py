@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import math
 import os
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -162,13 +163,34 @@ def not_running(exc: Exception, service: str) -> UsageError:
     return UsageError(f"{exc}; start it with `chamber up` or `chamber service {service}`")
 
 
-def send_command(args: argparse.Namespace, service: str, verb: str, payload: Any, *, timeout: float = 5.0) -> Any:
-    """Send one command; a refusal or a missing service becomes a UsageError (no traceback)."""
-    from services.runtime.commands import CommandRefused, CommandUnavailable, request
+async def request_patiently(
+    nc: Any, service: str, verb: str, payload: Any, *, timeout: float = 5.0, patience_s: float = 0.0
+) -> Any:
+    """`request`, asked again every half second for up to `patience_s` while the service answers that
+    it is catching up (a refusal of kind catching_up: what the user just saw is not folded there
+    yet, e.g. a node `chamber fleet` shows LOST that the discovery is still announcing so)."""
+    from services.runtime.commands import CommandRefused, request
+
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            return await request(nc, service, verb, payload, timeout=timeout)
+        except CommandRefused as exc:
+            if exc.kind != "catching_up" or time.monotonic() >= deadline:
+                raise
+        await asyncio.sleep(0.5)
+
+
+def send_command(
+    args: argparse.Namespace, service: str, verb: str, payload: Any, *, timeout: float = 5.0, patience_s: float = 0.0
+) -> Any:
+    """Send one command (asked again while the service is catching up, for up to `patience_s`); a
+    refusal or a missing service becomes a UsageError (no traceback)."""
+    from services.runtime.commands import CommandRefused, CommandUnavailable
 
     async def body(nc: Any) -> Any:
         try:
-            return await request(nc, service, verb, payload, timeout=timeout)
+            return await request_patiently(nc, service, verb, payload, timeout=timeout, patience_s=patience_s)
         except CommandRefused as exc:
             hint = f" (field: {exc.field})" if exc.field else ""
             raise UsageError(f"{exc}{hint}") from None

@@ -7,7 +7,15 @@ import argparse
 import json
 from typing import Any
 
-from services.cli.common import add_nats_option, add_node_verb, node_payload, not_running, send_command, with_nats
+from services.cli.common import (
+    add_nats_option,
+    add_node_verb,
+    node_payload,
+    not_running,
+    request_patiently,
+    send_command,
+    with_nats,
+)
 from services.cli.errors import UsageError
 from services.cli.tables import table
 
@@ -46,8 +54,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     lost.set_defaults(func=run_forget_lost)
 
 
+# A node `chamber fleet` shows LOST may still be being announced so: the discovery refuses to forget
+# it until it has folded its own NodeLost (catching_up); ask again for up to this long.
+FORGET_PATIENCE_S = 5.0
+
+
 def run_forget_lost(args: argparse.Namespace) -> int:
-    from services.runtime.commands import CommandRefused, CommandUnavailable, request
+    from services.runtime.commands import CommandRefused, CommandUnavailable
 
     async def body(nc: Any) -> list[tuple[str, str | None]]:
         done: list[tuple[str, str | None]] = []
@@ -56,7 +69,7 @@ def run_forget_lost(args: argparse.Namespace) -> int:
                 continue
             payload = node_payload(args, node=n["node"], cluster=n["cluster"])
             try:
-                await request(nc, "discovery", "forget", payload, timeout=5.0)
+                await request_patiently(nc, "discovery", "forget", payload, patience_s=FORGET_PATIENCE_S)
                 done.append((f"{n['cluster']}/{n['node']}", None))
             except CommandRefused as exc:
                 done.append((f"{n['cluster']}/{n['node']}", str(exc)))
@@ -76,13 +89,13 @@ def run_forget_lost(args: argparse.Namespace) -> int:
 
 
 def run_forget(args: argparse.Namespace) -> int:
-    send_command(args, "discovery", "forget", node_payload(args))
+    send_command(args, "discovery", "forget", node_payload(args), patience_s=FORGET_PATIENCE_S)
     print(f"forgot {args.cluster}/{args.node}: no service keeps it any more")
     return 0
 
 
 async def read_fleet(nc: Any, cluster: str | None = None) -> list[dict[str, Any]]:
-    from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NoKeysError
+    from nats.js.errors import BucketNotFoundError, KeyNotFoundError
 
     js = nc.jetstream()
     try:
@@ -91,10 +104,13 @@ async def read_fleet(nc: Any, cluster: str | None = None) -> list[dict[str, Any]
         raise UsageError(
             "no fleet view yet: start the discovery service (`chamber service discovery` or `chamber up`)"
         ) from None
-    try:
-        keys = await kv.keys()
-    except NoKeysError:
-        return []
+    # The keys from the stream's subjects, not `kv.keys()`: its watcher ends at the first entry the
+    # server reports with nothing pending, which under load missed a key written again after a
+    # delete (a node forgotten and discovered anew) while other keys kept changing. A deleted key
+    # still has a subject (its delete marker); reading it below skips it.
+    prefix = f"$KV.{BUCKET}."
+    info = await js.stream_info(f"KV_{BUCKET}", subjects_filter=f"{prefix}>")
+    keys = [subject[len(prefix) :] for subject in info.state.subjects or {}]
     nodes = []
     for key in sorted(keys):
         try:

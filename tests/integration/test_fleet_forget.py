@@ -132,11 +132,12 @@ async def test_a_restarted_discovery_deletes_the_view_of_nodes_forgotten_while_i
 async def test_chamber_fleet_skips_a_node_forgotten_between_listing_and_reading(
     nats_server: SecuredNatsServer, js: JetStreamContext, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The CLI lists the fleet view's keys, then reads each: a node forgotten in between (its entry
-    deleted) is left out, not a traceback (a forget while someone runs `chamber fleet`)."""
+    """The CLI lists the fleet view's keys (its stream's subjects), then reads each: a node forgotten
+    in between (its entry deleted) is left out, not a traceback (a forget while someone runs
+    `chamber fleet`)."""
     import json
 
-    from nats.js.kv import KeyValue
+    from nats.js.manager import JetStreamManager
 
     from services.discovery.service import BUCKET
     from services.runtime.buckets import open_kv
@@ -145,14 +146,15 @@ async def test_chamber_fleet_skips_a_node_forgotten_between_listing_and_reading(
     for node in ("race-a", "race-b"):
         view = {"cluster": "race", "node": node, "status": "lost", "reason": "", "gpus": []}
         await kv.put(f"race.{node}", json.dumps(view).encode())
-    listed = KeyValue.keys
+    listed = JetStreamManager.stream_info
 
-    async def keys_then_forget(self: KeyValue, *args: object, **kwargs: object) -> list[str]:
-        keys = await listed(self, *args, **kwargs)  # type: ignore[arg-type]
-        await kv.delete("race.race-b")  # forgotten right after the listing
-        return keys
+    async def list_then_forget(self: JetStreamManager, name: str, subjects_filter: str | None = None) -> object:
+        info = await listed(self, name, subjects_filter)
+        if subjects_filter:  # the listing of the keys
+            await kv.delete("race.race-b")  # forgotten right after it
+        return info
 
-    monkeypatch.setattr(KeyValue, "keys", keys_then_forget)
+    monkeypatch.setattr(JetStreamManager, "stream_info", list_then_forget)
     code, out = await run_cli("fleet", "--cluster", "race", "--json", "--nats", nats_server.url)
     assert code == 0 and [n["node"] for n in json.loads(out)["nodes"]] == ["race-a"]
     await kv.delete("race.race-a")
