@@ -31,7 +31,9 @@ team's guarantee went to other teams' preemptible low work while their high work
 (docs/fairness.md). What such work holds of
 another team's guarantee comes back by draining: that team's jobs wait for it ("waits for a drain")
 holding the reservation, and nobody borrows more of it while its own demand wants it (its fair share
-rises back to its guarantee).
+rises back to its guarantee). The share does not hold critical work, the pool's first protected job,
+or each team's first protected job that fits on one node (`_not_held_to_the_share`); what they hold
+of others' guarantees drains back the same way.
 """
 
 from __future__ import annotations
