@@ -4,6 +4,7 @@ several public traces, each at two fleet sizes that leave it under pressure, wit
 
     .venv/bin/python bench/fairness.py [--traces itp-analogue,itp-cluster02,itp-cluster03,openb]
         [--openb PATH] [--seeds N] [--json-only] [--tuning JSON]
+    .venv/bin/python bench/fairness.py --csv YOURS.csv --gpus 64,48   # a trace of your own
 
 Traces (docs/fairness.md has the class mappings and why these fleet sizes):
   tuning   itp-analogue   issue 19's 6,200-job 4-team slice of the bundled ITP trace; random classes
@@ -12,6 +13,8 @@ Traces (docs/fairness.md has the class mappings and why these fleet sizes):
   held out openb          Alibaba's 2023 GPU pod trace (6,203 GPU pods): its real QoS classes, 4 random
                           teams; not in the repository (licence), read from --openb
 "Random" draws are seeded: seeds 0..N-1 (`--seeds`, default 3; openb 2, its 32-GPU run is slow).
+  yours    --csv PATH     any trace in `chamber sim`'s CSV columns, with its own `priority` and
+                          `preemptible` columns and teams; run once per fleet size of --gpus
 
 Per run it prints, per class, mean / p50 / p99 wait (hours) for fifo and chamber and their ratios
 (chamber / fifo), chamber's mean wait per job size (`chamber_by_gpus`), both utilizations, and the
@@ -106,14 +109,15 @@ TRACES: dict[str, Spec] = {
 
 
 def inverted(summary: dict[str, Any]) -> list[tuple[str, str]]:
-    """Pairs of classes (more urgent, less urgent) whose mean waits are in the wrong order."""
+    """Pairs of classes (more urgent, less urgent) whose mean waits are in the wrong order. Serving
+    ranks with high: neither is the other's lower class."""
     ours = summary["by_priority"]
     classes = [c for c in ORDER if c in ours]
     return [
         (hi, lo)
         for i, hi in enumerate(classes)
         for lo in classes[i + 1 :]
-        if ours[hi]["wait_mean_s"] > ours[lo]["wait_mean_s"]
+        if PriorityClass(hi).rank < PriorityClass(lo).rank and ours[hi]["wait_mean_s"] > ours[lo]["wait_mean_s"]
     ]
 
 
@@ -256,9 +260,54 @@ def table(out: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _your_trace(path: Path) -> Spec:
+    """A trace the operator brings: its teams and classes as the file gives them (no random draw)."""
+
+    def build(_seed: int, _openb: Path) -> list[TraceJob]:
+        trace = load(path)
+        jobs = trace.jobs
+        if trace.bad_rows:  # the simulator's rule: bad rows are left out, and said so
+            first = trace.bad_rows[0]
+            print(
+                f"fairness.py: {path}: left out {len(trace.bad_rows)} bad row(s), the first at line {first.line}: "
+                f"{first.problem}",
+                file=sys.stderr,
+            )
+        if len({j.priority for j in jobs}) < 2:
+            print(f"fairness.py: {path} has one priority class: give it a `priority` column", file=sys.stderr)
+        return jobs
+
+    return Spec("yours", build, (), "the file's priority and preemptible columns", seeds=1)
+
+
+def _refused(args: argparse.Namespace) -> str | None:
+    """What is wrong with the command line, in one line, or None."""
+    unknown = [n.strip() for n in (args.traces or "").split(",") if n.strip() and n.strip() not in TRACES]
+    if unknown:
+        return f"unknown trace {', '.join(unknown)}; use {', '.join(TRACES)}, or --csv PATH for your own"
+    if args.seeds is not None and args.seeds < 1:
+        return "--seeds must be at least 1"
+    sizes = (args.gpus or "").split(",")
+    if args.gpus is not None and not all(g.strip().isdigit() and int(g) > 0 for g in sizes):
+        return f"--gpus {args.gpus!r}: give fleet sizes as positive whole numbers, comma-separated (e.g. 64,48)"
+    if args.csv and args.gpus is None:
+        return "--csv needs --gpus: fleet sizes that leave your trace under pressure (fifo waits hours), e.g. 64,48"
+    return None
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--traces", default=",".join(TRACES), help=f"comma-separated, of {', '.join(TRACES)}")
+    ap.add_argument(
+        "--traces", help=f"comma-separated, of {', '.join(TRACES)} (default: all of them, or none with --csv)"
+    )
+    ap.add_argument(
+        "--csv",
+        type=Path,
+        action="append",
+        default=[],
+        help="a trace of your own in `chamber sim`'s CSV columns, its classes from the `priority` and "
+        "`preemptible` columns (repeatable; needs --gpus)",
+    )
     ap.add_argument(
         "--openb", type=Path, default=OPENB, help=f"the openb pod list CSV, or the folder holding it (default {OPENB})"
     )
@@ -273,16 +322,11 @@ def main() -> int:
         "default (e.g. '{\"guard_lift_every_s\": 43200}'); the default policy runs without it",
     )
     args = ap.parse_args()
-    names = [n.strip() for n in args.traces.split(",") if n.strip()]
-    unknown = [n for n in names if n not in TRACES]
-    if unknown or (args.seeds is not None and args.seeds < 1):
-        print(
-            f"fairness.py: unknown trace {', '.join(unknown)}; use {', '.join(TRACES)}"
-            if unknown
-            else "fairness.py: --seeds must be at least 1",
-            file=sys.stderr,
-        )
+    if (refused := _refused(args)) is not None:
+        print(f"fairness.py: {refused}", file=sys.stderr)
         return 2
+    names = [n.strip() for n in (args.traces or ("" if args.csv else ",".join(TRACES))).split(",") if n.strip()]
+    specs = {n: TRACES[n] for n in names} | {f"csv:{p.name}": _your_trace(p) for p in args.csv}
     try:
         make_policy("chamber", args.tuning)
     except (TypeError, ValueError) as exc:
@@ -294,10 +338,9 @@ def main() -> int:
         "traces": {},
         "runs": {},
     }
-    for name in names:
-        spec = TRACES[name]
+    for name, spec in specs.items():
         gpus = tuple(int(g) for g in args.gpus.split(",")) if args.gpus else spec.gpus
-        seeds = args.seeds or spec.seeds or 3
+        seeds = spec.seeds if spec.split == "yours" else args.seeds or spec.seeds or 3  # yours: no random draw
         out["traces"][name] = {"split": spec.split, "classes": spec.classes, "gpus": list(gpus), "seeds": seeds}
         out["runs"][name] = {}
         for seed in range(seeds):

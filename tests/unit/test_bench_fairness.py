@@ -1,0 +1,117 @@
+"""bench/fairness.py: `inversion_p` (is a class-mean inversion more than its classes' sizes explain?),
+per-size waits, and a trace of the operator's own."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from events import PriorityClass
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from bench.fairness import by_size, inversion_p, inverted, main
+
+HIGH, NORMAL = PriorityClass.HIGH, PriorityClass.NORMAL
+
+
+def _outcome(*jobs: tuple[PriorityClass, int, float | None]) -> Any:
+    """An outcome of (class, GPUs, wait in hours or None for never started) jobs: what inversion_p reads."""
+    return SimpleNamespace(
+        jobs={
+            f"j{i}": SimpleNamespace(
+                t=SimpleNamespace(priority=c, gpus=g, submit_s=100.0),
+                first_start=None if w is None else 100.0 + w * 3600,
+            )
+            for i, (c, g, w) in enumerate(jobs)
+        }
+    )
+
+
+def test_an_urgent_class_that_waits_longer_at_every_size_is_not_noise() -> None:
+    jobs = [(HIGH, g, 10.0 + i % 3) for i in range(20) for g in (1, 8)]
+    jobs += [(NORMAL, g, 1.0 + i % 3) for i in range(20) for g in (1, 8)]
+    assert inversion_p(_outcome(*jobs), "high", "normal") < 0.01
+
+
+def test_a_gap_made_by_the_classes_mix_of_sizes_is_named_so() -> None:
+    # normal waits longer only because its jobs are big; at one GPU it waits less than low does
+    jobs = [(NORMAL, 8, 50.0)] * 5 + [(NORMAL, 1, 0.5)] * 5 + [(PriorityClass.LOW, 1, 2.0 + i % 2) for i in range(50)]
+    assert inversion_p(_outcome(*jobs), "normal", "low") == 1.0
+
+
+def test_a_small_class_drawn_from_the_same_waits_is_within_noise() -> None:
+    waits = [float(w) for w in range(40)]
+    jobs = [(HIGH, 1, w) for w in waits] + [(NORMAL, 1, w) for w in (1.0, 30.0, 5.0)] + [(HIGH, 1, None)]
+    p = inversion_p(_outcome(*jobs), "high", "normal")
+    assert 0.05 < p < 0.5  # high's mean 19.5 h against normal's 12 h: three jobs tell little
+    assert inversion_p(_outcome(*jobs), "high", "normal") == p  # seeded
+
+
+def test_mean_waits_per_job_size() -> None:
+    out = by_size(_outcome((HIGH, 1, 1.0), (HIGH, 1, 3.0), (HIGH, 8, 40.0), (NORMAL, 8, None)))
+    assert out == {"high": {"1": {"jobs": 2, "mean_h": 2.0}, "8": {"jobs": 1, "mean_h": 40.0}}}
+
+
+def _run(monkeypatch: pytest.MonkeyPatch, *argv: str) -> int:
+    monkeypatch.setattr(sys, "argv", ["fairness.py", *argv])
+    return main()
+
+
+def test_a_trace_of_your_own_runs_with_its_own_classes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = ["job_id,submit_time_s,duration_s,num_gpus,team,priority,preemptible"]
+    for i in range(60):  # three teams, a burst that leaves 8 GPUs under pressure
+        c = ("high", "normal", "low")[i % 3]
+        rows.append(f"j{i},{i * 60},{3600 + 600 * (i % 5)},{1 + 3 * (i % 2)},{'abc'[i % 3]},{c},{c == 'low'}")
+    trace = tmp_path / "ours.csv"
+    trace.write_text("\n".join(rows) + "\n")
+    assert _run(monkeypatch, "--csv", str(trace), "--gpus", "8", "--json-only") == 0
+    out = json.loads(capsys.readouterr().out)
+    assert list(out["runs"]) == ["csv:ours.csv"] and out["traces"]["csv:ours.csv"]["split"] == "yours"
+    [run] = out["runs"]["csv:ours.csv"].values()
+    assert set(run["per_class"]) == {"high", "normal", "low"}
+    assert run["per_class"]["high"]["mean"]["fifo_h"] > 0  # under pressure: fifo waits
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--csv", "x.csv"], "--csv needs --gpus"),
+        (["--csv", "x.csv", "--gpus", "8,eight"], "positive whole numbers"),
+        (["--csv", "missing.csv", "--gpus", "8"], "does not exist"),
+        (["--traces", "philly"], "unknown trace philly"),
+    ],
+)
+def test_a_bad_command_line_gets_one_line(
+    argv: list[str], says: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _run(monkeypatch, *argv) == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err
+
+
+def test_serving_and_high_rank_alike_so_neither_inverts_the_other() -> None:
+    def row(hours: float) -> dict[str, float]:
+        return {"wait_mean_s": hours * 3600}
+
+    summary = {"by_priority": {"serving": row(2), "high": row(1), "normal": row(1.5), "low": row(3)}}
+    assert inverted(summary) == [("serving", "normal")]
+
+
+def test_bad_rows_of_your_trace_are_left_out_and_said(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "ours.csv"
+    rows = ["job_id,submit_time_s,duration_s,num_gpus,team,priority,preemptible"]
+    rows += [f"j{i},{i * 60},3600,2,{'ab'[i % 2]},{('high', 'low')[i % 2]},{i % 2 == 1}" for i in range(20)]
+    rows.append("bad,0,3600,2,a,urgent,false")
+    trace.write_text("\n".join(rows) + "\n")
+    assert _run(monkeypatch, "--csv", str(trace), "--gpus", "4", "--json-only") == 0
+    err = capsys.readouterr().err
+    assert "left out 1 bad row(s), the first at line 22: priority is 'urgent'" in err
