@@ -36,7 +36,7 @@ import json
 import random
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -136,13 +136,19 @@ def targets(fifo: dict[str, Any], chamber: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _waits(outcome: Outcome) -> Iterator[tuple[str, int, float]]:
+    """(class, GPUs, wait in seconds) of every job that started: what `metrics.summarize` counts."""
+    for j in outcome.jobs.values():
+        if j.first_start is not None:
+            yield j.t.priority.value, j.t.gpus, j.first_start - j.t.submit_s
+
+
 def by_size(outcome: Outcome) -> dict[str, dict[str, dict[str, float]]]:
     """Per class and job size (GPUs), the started jobs and their mean wait in hours: where a class's
     mean comes from (one eight-GPU job that waits for a whole node weighs like many small ones)."""
     waits: dict[str, dict[int, list[float]]] = {}
-    for j in outcome.jobs.values():
-        if j.first_start is not None:
-            waits.setdefault(j.t.priority.value, {}).setdefault(j.t.gpus, []).append(j.first_start - j.t.submit_s)
+    for c, gpus, w in _waits(outcome):
+        waits.setdefault(c, {}).setdefault(gpus, []).append(w)
     return {
         c: {str(g): {"jobs": len(w), "mean_h": round(sum(w) / len(w) / HOUR, 2)} for g, w in sorted(sizes.items())}
         for c, sizes in waits.items()
@@ -159,16 +165,14 @@ def inversion_p(outcome: Outcome, urgent: str, lower: str, rounds: int = 2000) -
     strata: dict[int, tuple[list[float], int]] = {}
     n = {urgent: 0, lower: 0}
     waited = {urgent: 0.0, lower: 0.0}
-    for j in outcome.jobs.values():
-        c = j.t.priority.value
-        if c not in n or j.first_start is None:
+    for c, gpus, w in _waits(outcome):
+        if c not in n:
             continue
-        w = j.first_start - j.t.submit_s
         n[c] += 1
         waited[c] += w
-        waits, k = strata.get(j.t.gpus, ([], 0))
+        waits, k = strata.get(gpus, ([], 0))
         waits.append(w)
-        strata[j.t.gpus] = (waits, k + (c == urgent))
+        strata[gpus] = (waits, k + (c == urgent))
     if not n[urgent] or not n[lower]:
         return 1.0
     gap = waited[urgent] / n[urgent] - waited[lower] / n[lower]
@@ -280,6 +284,12 @@ def _your_trace(path: Path) -> Spec:
     return Spec("yours", build, (), "the file's priority and preemptible columns", seeds=1)
 
 
+def _fleet_sizes(text: str) -> tuple[int, ...] | None:
+    """`--gpus`: comma-separated positive whole numbers, or None if it is not that."""
+    sizes = [g.strip() for g in text.split(",")]
+    return tuple(int(g) for g in sizes) if all(g.isdigit() and int(g) > 0 for g in sizes) else None
+
+
 def _refused(args: argparse.Namespace) -> str | None:
     """What is wrong with the command line, in one line, or None."""
     unknown = [n.strip() for n in (args.traces or "").split(",") if n.strip() and n.strip() not in TRACES]
@@ -287,8 +297,7 @@ def _refused(args: argparse.Namespace) -> str | None:
         return f"unknown trace {', '.join(unknown)}; use {', '.join(TRACES)}, or --csv PATH for your own"
     if args.seeds is not None and args.seeds < 1:
         return "--seeds must be at least 1"
-    sizes = (args.gpus or "").split(",")
-    if args.gpus is not None and not all(g.strip().isdigit() and int(g) > 0 for g in sizes):
+    if args.gpus is not None and _fleet_sizes(args.gpus) is None:
         return f"--gpus {args.gpus!r}: give fleet sizes as positive whole numbers, comma-separated (e.g. 64,48)"
     if args.csv and args.gpus is None:
         return "--csv needs --gpus: fleet sizes that leave your trace under pressure (fifo waits hours), e.g. 64,48"
@@ -338,8 +347,9 @@ def main() -> int:
         "traces": {},
         "runs": {},
     }
+    sizes = _fleet_sizes(args.gpus) if args.gpus else None  # checked by _refused
     for name, spec in specs.items():
-        gpus = tuple(int(g) for g in args.gpus.split(",")) if args.gpus else spec.gpus
+        gpus = sizes or spec.gpus
         seeds = spec.seeds if spec.split == "yours" else args.seeds or spec.seeds or 3  # yours: no random draw
         out["traces"][name] = {"split": spec.split, "classes": spec.classes, "gpus": list(gpus), "seeds": seeds}
         out["runs"][name] = {}
