@@ -26,18 +26,25 @@ Each mean inversion also gets `inversion_p`: the share of random relabelings of 
 jobs (each label kept among jobs of the same GPU count) whose gap is at least the one observed. It
 explains a miss, it does not excuse one: near 0, the more urgent class waits longer than treating the
 classes alike would give; 0.1 and up, within the noise of the classes' sizes; 1.0, within every job
-size the more urgent class waits less, and the gap is the classes' mix of sizes.
+size the more urgent class waits less, and the gap is the classes' mix of sizes. And `matched`: the
+less urgent class's jobs set against the more urgent class's jobs of the same GPU count submitted
+within 6 hours of each (`jobs` of the less urgent class found such company; their mean wait and the
+company's): a class of a few jobs that arrived in calm hours can have a lower mean than a busy class
+that the policy still serves first, at the same size and time.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import sys
 import time
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -186,6 +193,45 @@ def inversion_p(outcome: Outcome, urgent: str, lower: str, rounds: int = 2000) -
     return round(float(np.mean(gaps >= gap - 1e-9)), 3)
 
 
+MATCH_WINDOW_S = 6 * HOUR
+
+
+def matched_waits(outcome: Outcome, urgent: str, lower: str, window_s: float = MATCH_WINDOW_S) -> dict[str, Any]:
+    """`lower`'s started jobs against `urgent`'s of the same GPU count submitted within `window_s`
+    of each: how many `lower` jobs had such company, their mean wait, and the mean of their
+    company's mean waits (hours). Where the class means are inverted but the company waited less,
+    the gap is when and how big the two classes' jobs came, not the order the policy served them."""
+    company: dict[int, list[tuple[float, float]]] = {}
+    mine: list[tuple[int, float, float]] = []
+    for j in outcome.jobs.values():
+        if j.first_start is None:
+            continue
+        c, at, w = j.t.priority.value, j.t.submit_s, j.first_start - j.t.submit_s
+        if c == urgent:
+            company.setdefault(j.t.gpus, []).append((at, w))
+        elif c == lower:
+            mine.append((j.t.gpus, at, w))
+    for line in company.values():
+        line.sort()
+    prefix = {g: list(accumulate((w for _, w in line), initial=0.0)) for g, line in company.items()}
+    own: list[float] = []
+    theirs: list[float] = []
+    for gpus, at, w in mine:
+        line = company.get(gpus, [])
+        a = bisect_left(line, (at - window_s, -math.inf))
+        b = bisect_right(line, (at + window_s, math.inf))
+        if b > a:
+            own.append(w)
+            theirs.append((prefix[gpus][b] - prefix[gpus][a]) / (b - a))
+    if not own:
+        return {"jobs": 0, lower + "_h": None, urgent + "_h": None}
+    return {
+        "jobs": len(own),
+        lower + "_h": round(sum(own) / len(own) / HOUR, 2),
+        urgent + "_h": round(sum(theirs) / len(theirs) / HOUR, 2),
+    }
+
+
 def met(t: dict[str, Any]) -> bool:
     ok = all(t["p99_le_fifo"].values()) and not t["mean_inversions"] and t["utilization_ge_fifo_minus_1pt"]
     return ok and t.get("unfinished_le_fifo", True)
@@ -219,6 +265,7 @@ def run_one(jobs: list[TraceJob], gpus: int, tuning: dict[str, Any] | None = Non
     t["unfinished_le_fifo"] = chamber["jobs_unfinished"] <= fifo["jobs_unfinished"]
     # each inversion's chance under equal treatment of its two classes (not a target: an explanation)
     t["inversion_p"] = {f"{hi} > {lo}": inversion_p(outcomes["chamber"], hi, lo) for hi, lo in inverted(chamber)}
+    t["matched"] = {f"{hi} > {lo}": matched_waits(outcomes["chamber"], hi, lo) for hi, lo in inverted(chamber)}
     return {
         "gpus": gpus,
         "jobs": len(fitting),
@@ -254,14 +301,29 @@ def table(out: dict[str, Any]) -> str:
                     f"| {'-' if ratio is None else f'{ratio:.2f}'} | {util} | {ok} |"
                 )
     notes = [
-        f"{name} {key}: {inv} (chance under equal treatment {p:.3f})"
+        f"{name} {key}: {inv} (chance under equal treatment {p:.3f}; {_company(pair, m)})"
         for name, runs in out["runs"].items()
         for key, r in runs.items()
-        for inv, p in zip(r["targets"]["mean_inversions"], r["targets"]["inversion_p"].values(), strict=True)
+        for inv, (pair, p), m in zip(
+            r["targets"]["mean_inversions"],
+            r["targets"]["inversion_p"].items(),
+            r["targets"].get("matched", {}).values(),
+            strict=True,
+        )
     ]
     if notes:
         lines += ["", "Mean inversions:", *notes]
     return "\n".join(lines)
+
+
+def _company(pair: str, m: dict[str, Any]) -> str:
+    urgent, lower = pair.split(" > ")
+    if not m["jobs"]:
+        return f"no {urgent} job of the same size within 6 h of a {lower} job"
+    return (
+        f"same size, submitted within 6 h: {urgent} {m[urgent + '_h']:.2f} h, "
+        f"{lower} {m[lower + '_h']:.2f} h over {m['jobs']} {lower} jobs"
+    )
 
 
 def _your_trace(path: Path) -> Spec:

@@ -14,7 +14,7 @@ import pytest
 from events import PriorityClass
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from bench.fairness import by_size, inversion_p, inverted, main
+from bench.fairness import by_size, inversion_p, inverted, main, matched_waits
 
 HIGH, NORMAL = PriorityClass.HIGH, PriorityClass.NORMAL
 
@@ -50,6 +50,36 @@ def test_a_small_class_drawn_from_the_same_waits_is_within_noise() -> None:
     p = inversion_p(_outcome(*jobs), "high", "normal")
     assert 0.05 < p < 0.5  # high's mean 19.5 h against normal's 12 h: three jobs tell little
     assert inversion_p(_outcome(*jobs), "high", "normal") == p  # seeded
+
+
+def _timed(*jobs: tuple[PriorityClass, int, float, float | None]) -> Any:
+    """An outcome of (class, GPUs, submitted at hour, wait in hours or None) jobs."""
+    return SimpleNamespace(
+        jobs={
+            f"j{i}": SimpleNamespace(
+                t=SimpleNamespace(priority=c, gpus=g, submit_s=at * 3600),
+                first_start=None if w is None else (at + w) * 3600,
+            )
+            for i, (c, g, at, w) in enumerate(jobs)
+        }
+    )
+
+
+def test_a_gap_made_by_when_the_jobs_came_sets_each_job_against_its_company() -> None:
+    # high's busy day (hour 0: 20 h waits) has no normal job; in the calm week after, high waits
+    # 1 h and normal 2 h at the same sizes: normal's mean is lower, yet high was served first
+    busy = [(HIGH, 8, 0.0, 20.0)] * 30
+    calm = [(HIGH, g, 100.0 + h, 1.0) for h in range(0, 48, 4) for g in (1, 8)]
+    normal = [(NORMAL, g, 101.0 + h, 2.0) for h in range(0, 48, 12) for g in (1, 8)]
+    outcome = _timed(*busy, *calm, *normal, (NORMAL, 4, 102.0, 9.0), (NORMAL, 8, 103.0, None))
+    assert inverted({"by_priority": {"high": {"wait_mean_s": 1}, "normal": {"wait_mean_s": 0}}}) == [("high", "normal")]
+    # the 4-GPU normal job has no high company of its size; the unstarted one counts for neither
+    assert matched_waits(outcome, "high", "normal") == {"jobs": 8, "normal_h": 2.0, "high_h": 1.0}
+    # the window is the submit time +- 6 h: a job 7 h from any of its size has no company
+    lonely = _timed((HIGH, 1, 0.0, 5.0), (NORMAL, 1, 7.0, 1.0))
+    assert matched_waits(lonely, "high", "normal") == {"jobs": 0, "normal_h": None, "high_h": None}
+    near = _timed((HIGH, 1, 0.0, 5.0), (HIGH, 1, 12.0, 3.0), (NORMAL, 1, 6.0, 1.0))
+    assert matched_waits(near, "high", "normal") == {"jobs": 1, "normal_h": 1.0, "high_h": 4.0}
 
 
 def test_mean_waits_per_job_size() -> None:
