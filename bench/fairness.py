@@ -143,18 +143,19 @@ def targets(fifo: dict[str, Any], chamber: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _waits(outcome: Outcome) -> Iterator[tuple[str, int, float]]:
-    """(class, GPUs, wait in seconds) of every job that started: what `metrics.summarize` counts."""
+def _waits(outcome: Outcome) -> Iterator[tuple[str, int, float, float]]:
+    """(class, GPUs, wait in seconds, submitted at) of every job that started: what
+    `metrics.summarize` counts."""
     for j in outcome.jobs.values():
         if j.first_start is not None:
-            yield j.t.priority.value, j.t.gpus, j.first_start - j.t.submit_s
+            yield j.t.priority.value, j.t.gpus, j.first_start - j.t.submit_s, j.t.submit_s
 
 
 def by_size(outcome: Outcome) -> dict[str, dict[str, dict[str, float]]]:
     """Per class and job size (GPUs), the started jobs and their mean wait in hours: where a class's
     mean comes from (one eight-GPU job that waits for a whole node weighs like many small ones)."""
     waits: dict[str, dict[int, list[float]]] = {}
-    for c, gpus, w in _waits(outcome):
+    for c, gpus, w, _ in _waits(outcome):
         waits.setdefault(c, {}).setdefault(gpus, []).append(w)
     return {
         c: {str(g): {"jobs": len(w), "mean_h": round(sum(w) / len(w) / HOUR, 2)} for g, w in sorted(sizes.items())}
@@ -172,7 +173,7 @@ def inversion_p(outcome: Outcome, urgent: str, lower: str, rounds: int = 2000) -
     strata: dict[int, tuple[list[float], int]] = {}
     n = {urgent: 0, lower: 0}
     waited = {urgent: 0.0, lower: 0.0}
-    for c, gpus, w in _waits(outcome):
+    for c, gpus, w, _ in _waits(outcome):
         if c not in n:
             continue
         n[c] += 1
@@ -203,14 +204,11 @@ def matched_waits(outcome: Outcome, urgent: str, lower: str, window_s: float = M
     the gap is when and how big the two classes' jobs came, not the order the policy served them."""
     company: dict[int, list[tuple[float, float]]] = {}
     mine: list[tuple[int, float, float]] = []
-    for j in outcome.jobs.values():
-        if j.first_start is None:
-            continue
-        c, at, w = j.t.priority.value, j.t.submit_s, j.first_start - j.t.submit_s
+    for c, gpus, w, at in _waits(outcome):
         if c == urgent:
-            company.setdefault(j.t.gpus, []).append((at, w))
+            company.setdefault(gpus, []).append((at, w))
         elif c == lower:
-            mine.append((j.t.gpus, at, w))
+            mine.append((gpus, at, w))
     for line in company.values():
         line.sort()
     prefix = {g: list(accumulate((w for _, w in line), initial=0.0)) for g, line in company.items()}
@@ -307,7 +305,7 @@ def table(out: dict[str, Any]) -> str:
         for inv, (pair, p), m in zip(
             r["targets"]["mean_inversions"],
             r["targets"]["inversion_p"].items(),
-            r["targets"].get("matched", {}).values(),
+            r["targets"]["matched"].values(),
             strict=True,
         )
     ]
@@ -318,10 +316,11 @@ def table(out: dict[str, Any]) -> str:
 
 def _company(pair: str, m: dict[str, Any]) -> str:
     urgent, lower = pair.split(" > ")
+    within = f"within {MATCH_WINDOW_S / HOUR:g} h"
     if not m["jobs"]:
-        return f"no {urgent} job of the same size within 6 h of a {lower} job"
+        return f"no {urgent} job of the same size {within} of a {lower} job"
     return (
-        f"same size, submitted within 6 h: {urgent} {m[urgent + '_h']:.2f} h, "
+        f"same size, submitted {within}: {urgent} {m[urgent + '_h']:.2f} h, "
         f"{lower} {m[lower + '_h']:.2f} h over {m['jobs']} {lower} jobs"
     )
 
