@@ -18,6 +18,7 @@ from services.cli.common import (
 )
 from services.cli.errors import UsageError
 from services.cli.tables import table
+from services.runtime.buckets import bucket_keys
 
 BUCKET = "chamber_fleet"
 
@@ -104,15 +105,9 @@ async def read_fleet(nc: Any, cluster: str | None = None) -> list[dict[str, Any]
         raise UsageError(
             "no fleet view yet: start the discovery service (`chamber service discovery` or `chamber up`)"
         ) from None
-    # The keys from the stream's subjects, not `kv.keys()`: its watcher ends at the first entry the
-    # server reports with nothing pending, which under load missed a key written again after a
-    # delete (a node forgotten and discovered anew) while other keys kept changing. A deleted key
-    # still has a subject (its delete marker); reading it below skips it.
-    prefix = f"$KV.{BUCKET}."
-    info = await js.stream_info(f"KV_{BUCKET}", subjects_filter=f"{prefix}>")
-    keys = [subject[len(prefix) :] for subject in info.state.subjects or {}]
+    keys = await bucket_keys(js, BUCKET)  # a deleted key is listed too; reading it below skips it
     nodes = []
-    for key in sorted(keys):
+    for key in keys:
         try:
             entry = await kv.get(key)
         except KeyNotFoundError:  # deleted since it was listed: a node forgotten meanwhile

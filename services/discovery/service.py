@@ -16,6 +16,7 @@ import asyncio
 from typing import Any
 
 import msgspec
+from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
 from events import Event, subjects
@@ -23,7 +24,7 @@ from events.codec import stable_id
 from events.commands import ForgetNode
 from services.discovery import core
 from services.discovery.core import DiscoveryState, ForgetRefused, KubeNode, KubeNodesListed
-from services.runtime.buckets import open_kv
+from services.runtime.buckets import live_keys, open_kv
 from services.runtime.commands import Accepted, Append, Command, CommandRefused
 from services.runtime.decider import Decider, DeciderHost, Input
 from services.runtime.host import ServiceContext, serve
@@ -62,8 +63,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 class DiscoveryShell:
-    def __init__(self, host: DeciderHost[DiscoveryState], kv: KeyValue, view_every_s: float) -> None:
+    def __init__(
+        self, host: DeciderHost[DiscoveryState], js: JetStreamContext, kv: KeyValue, view_every_s: float
+    ) -> None:
         self.host = host
+        self.js = js
         self.kv = kv
         self.view_every_s = view_every_s
         self.written: dict[tuple[str, str], tuple[int, Any, float]] = {}  # version, signature, time
@@ -101,13 +105,7 @@ class DiscoveryShell:
             await self.kv.delete(core.kv_key(*key))
             del self.written[key]
         if not self.pruned:
-            from nats.js.errors import NoKeysError
-
-            try:
-                keys = await self.kv.keys()
-            except NoKeysError:
-                keys = []
-            for stale in sorted(set(keys) - known):
+            for stale in [k for k in await live_keys(self.js, self.kv, BUCKET) if k not in known]:
                 await self.kv.delete(stale)
             self.pruned = True
 
@@ -227,7 +225,7 @@ async def setup(ctx: ServiceContext, args: argparse.Namespace, kube_api: Any = N
     host = DeciderHost(manifest(args, await telemetry_inputs(ctx.js)), ctx)
     host.install()
     kv = await open_kv(ctx.js, BUCKET, history=1, description="current fleet view (discovery)")
-    shell = DiscoveryShell(host, kv, args.view_every)
+    shell = DiscoveryShell(host, ctx.js, kv, args.view_every)
     ctx.every(args.tick, shell.write_views)
     if kube_api is None:
         from services.runtime.kube import client_from

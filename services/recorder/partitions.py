@@ -24,11 +24,12 @@ from collections.abc import Awaitable, Callable
 
 import nats.errors
 from nats.js import JetStreamContext
-from nats.js.errors import BucketNotFoundError, NoKeysError
+from nats.js.errors import BucketNotFoundError
 from nats.js.kv import KeyValue
 
 from events.partitions import partition_stream
 from events.subjects import token
+from services.runtime.buckets import live_keys
 from services.runtime.consumer import Consumer
 from services.runtime.host import ServiceContext
 from services.runtime.lease import LeaderLease
@@ -88,10 +89,8 @@ class PartitionOwnership:
                     bucket=MEMBERS_BUCKET, history=1, ttl=self.ttl_s, replicas=replicas_for(self.js)
                 )
         await self._kv.put(token(self.holder), b"")
-        try:
-            return max(1, len(await self._kv.keys()))
-        except NoKeysError:
-            return 1
+        # from the stream's subjects: `KeyValue.keys()` missed keys while others changed
+        return max(1, len(await live_keys(self.js, self._kv, MEMBERS_BUCKET)))
 
     async def round(self) -> None:
         """One pass: renew what we hold, give back the surplus, take free partitions up to our share."""

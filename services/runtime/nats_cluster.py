@@ -20,26 +20,22 @@ class NatsCluster:
     def __init__(self, root: Path, *, size: int = 3, name: str = "chamber", extra_args: list[str] | None = None):
         self.root = Path(root)
         self.name = name
-        route_ports = [free_port() for _ in range(size)]
+        self.extra_args = extra_args or []
+        self.servers = [NatsServerProcess(self.root / f"n{i}", log_file=self.root / f"n{i}.log") for i in range(size)]
+        self._pick_routes()
+        self._started = False
+
+    def _pick_routes(self) -> None:
+        route_ports = [free_port() for _ in self.servers]
         routes = ",".join(f"nats-route://127.0.0.1:{p}" for p in route_ports)
-        self.servers = [
-            NatsServerProcess(
-                self.root / f"n{i}",
-                log_file=self.root / f"n{i}.log",
-                extra_args=[
-                    "-n",
-                    f"n{i}",
-                    "--cluster_name",
-                    name,
-                    "--cluster",
-                    f"nats://127.0.0.1:{port}",
-                    "--routes",
-                    routes,
-                    *(extra_args or []),
-                ],
-            )
-            for i, port in enumerate(route_ports)
-        ]
+        for i, (server, port) in enumerate(zip(self.servers, route_ports, strict=True)):
+            server.extra_args = [
+                "-n", f"n{i}",
+                "--cluster_name", self.name,
+                "--cluster", f"nats://127.0.0.1:{port}",
+                "--routes", routes,
+                *self.extra_args,
+            ]  # fmt: skip
 
     @property
     def url(self) -> str:
@@ -59,13 +55,23 @@ class NatsCluster:
             except BaseException as exc:  # reported below, from the caller's thread
                 errors.append(exc)
 
-        threads = [threading.Thread(target=start_one, args=(s,)) for s in self.servers]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
-            raise errors[0]
+        # A route port picked here may be taken by another process before its server binds it (each
+        # server re-picks its own client ports, not the routes every server names): the first start
+        # picks all routes again; a restart keeps them, as a machine coming back would.
+        for attempt in range(1 if self._started else 3):
+            errors.clear()
+            threads = [threading.Thread(target=start_one, args=(s,)) for s in self.servers]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            if not errors:
+                break
+            if self._started or attempt == 2:
+                raise errors[0]
+            self.stop()
+            self._pick_routes()
+        self._started = True
         self.wait_meta_leader(timeout_s)
 
     def jsz(self, server: NatsServerProcess) -> dict[str, Any]:

@@ -85,7 +85,9 @@ class KubernetesActuator:
         try:
             if self._step_log_kv is None:
                 self._step_log_kv = await sched.host.ctx.js.key_value(STEP_LOG_BUCKET)
-            self.step_logs = await sync_step_logs(self._step_log_kv, self.cluster, desired, self.step_logs)
+            self.step_logs = await sync_step_logs(
+                sched.host.ctx.js, self._step_log_kv, self.cluster, desired, self.step_logs
+            )
         except Exception as exc:  # the bucket is made by `chamber setup`; jobs run without step logs meanwhile
             log.warning("could not hand out step logs", bucket=STEP_LOG_BUCKET, error=repr(exc))
 

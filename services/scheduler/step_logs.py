@@ -62,18 +62,16 @@ def desired_step_logs(state: SchedulerState, observed: Iterable[Observed], clust
 
 
 async def sync_step_logs(
-    kv: Any, cluster: str, desired: Mapping[str, bytes], written: dict[str, bytes] | None
+    js: Any, kv: Any, cluster: str, desired: Mapping[str, bytes], written: dict[str, bytes] | None
 ) -> dict[str, bytes]:
     """Make the bucket hold `desired` for this cluster: put what changed, delete what went. `written`
-    is what the last call left (None at start: read the bucket's keys of this cluster first)."""
-    from nats.js.errors import NoKeysError
+    is what the last call left (None at start: read the bucket's keys of this cluster first, so the
+    keys of jobs that ended while no scheduler ran go too)."""
+    from events.channels import STEP_LOG_BUCKET
+    from services.runtime.buckets import live_keys
 
     if written is None:
-        try:
-            keys = await kv.keys(filters=[step_log_keys_of(cluster, None)])
-        except NoKeysError:
-            keys = []
-        written = {k: b"" for k in keys}
+        written = {k: b"" for k in await live_keys(js, kv, STEP_LOG_BUCKET, step_log_keys_of(cluster, None))}
     for key, value in desired.items():
         if written.get(key) != value:
             await kv.put(key, value)

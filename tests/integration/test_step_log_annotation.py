@@ -20,6 +20,7 @@ from events.channels import STEP_LOG_BUCKET
 from events.steps import RankStepTimings, StepLogEntry
 from node_agent.agent import Agent, AgentOptions
 from services.kube.cluster import KubernetesWorkloads
+from services.runtime.buckets import live_keys
 from services.scheduler.step_logs import STEP_LOG_ANNOTATION, desired_step_logs, step_log_path, sync_step_logs
 from tests.integration.test_agent_fleet import read_stream
 from tests.integration.test_runtime import eventually
@@ -68,7 +69,7 @@ async def test_the_annotated_step_log_is_tailed_by_the_agent_of_the_jobs_node(
 
     scheduler = await connect_as(nats_server, "scheduler")
     kv = await scheduler.jetstream().key_value(STEP_LOG_BUCKET)
-    written = await sync_step_logs(kv, "c1", desired, None)
+    written = await sync_step_logs(scheduler.jetstream(), kv, "c1", desired, None)
 
     scratch = tmp_path / "host" / "scratch"
     scratch.mkdir(parents=True)
@@ -100,7 +101,7 @@ async def test_the_annotated_step_log_is_tailed_by_the_agent_of_the_jobs_node(
 
         # the job completes: its key goes, the agent stops tailing
         d.given(JobCompleted(job_id=JOB, at=3.0))
-        await sync_step_logs(kv, "c1", desired_step_logs(d.state, listed, "c1"), written)
+        await sync_step_logs(scheduler.jetstream(), kv, "c1", desired_step_logs(d.state, listed, "c1"), written)
         await eventually(lambda: not agent.step_log_sources.tails(), within=15)
     finally:
         stop.set()
@@ -111,3 +112,23 @@ async def test_the_annotated_step_log_is_tailed_by_the_agent_of_the_jobs_node(
 
 async def _has(pending: object, want: list[tuple[int, int]]) -> bool:
     return await pending == want  # type: ignore[misc]
+
+
+async def test_a_restarted_scheduler_deletes_the_keys_of_jobs_that_ended_while_it_was_away(
+    nats_server: SecuredNatsServer, js: JetStreamContext
+) -> None:
+    """At start (nothing written yet) the scheduler reads its cluster's keys from the bucket: the key
+    of a job that ended meanwhile goes; another cluster's keys are that cluster's scheduler's."""
+    admin = await js.key_value(STEP_LOG_BUCKET)
+    entry = msgspec.json.encode(StepLogEntry(job="j", path="/scratch/steps-{rank}.jsonl", gpu_indices=[0]))
+    for key in ("c1.n1.running", "c1.n2.ended", "c2.n1.elsewhere"):
+        await admin.put(key, entry)
+    scheduler = await connect_as(nats_server, "scheduler")
+    try:
+        sjs = scheduler.jetstream()
+        kv = await sjs.key_value(STEP_LOG_BUCKET)
+        written = await sync_step_logs(sjs, kv, "c1", {"c1.n1.running": entry}, None)
+    finally:
+        await scheduler.close()
+    assert written == {"c1.n1.running": entry}
+    assert sorted(await live_keys(js, admin, STEP_LOG_BUCKET)) == ["c1.n1.running", "c2.n1.elsewhere"]
