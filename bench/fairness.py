@@ -36,6 +36,7 @@ that the policy still serves first, at the same size and time.
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import math
 import random
@@ -340,9 +341,28 @@ def _your_trace(path: Path) -> Spec:
             )
         if len({j.priority for j in jobs}) < 2:
             print(f"fairness.py: {path} has one priority class: give it a `priority` column", file=sys.stderr)
+        if not has_preemptible:
+            print(f"fairness.py: {path}: {ALL_PREEMPTIBLE}", file=sys.stderr)
         return jobs
 
-    return Spec("yours", build, (), "the file's priority and preemptible columns", seeds=1)
+    has_preemptible = "preemptible" in _header(path)
+    classes = "the file's priority and preemptible columns"
+    return Spec("yours", build, (), classes if has_preemptible else f"{classes}; {ALL_PREEMPTIBLE}", seeds=1)
+
+
+ALL_PREEMPTIBLE = (
+    "no preemptible column: every job is preemptible, the column's default, so more urgent work may "
+    "preempt any of it; mark work that must not be preempted false (e.g. true for low only)"
+)
+
+
+def _header(path: Path) -> list[str]:
+    """The CSV's column names (none if it cannot be read: loading it says why)."""
+    try:
+        with path.open(newline="") as fh:
+            return next(csv.reader(fh), [])
+    except (OSError, UnicodeDecodeError):
+        return []
 
 
 def _fleet_sizes(text: str) -> tuple[int, ...] | None:

@@ -145,3 +145,18 @@ def test_bad_rows_of_your_trace_are_left_out_and_said(
     assert _run(monkeypatch, "--csv", str(trace), "--gpus", "4", "--json-only") == 0
     err = capsys.readouterr().err
     assert "left out 1 bad row(s), the first at line 22: priority is 'urgent'" in err
+
+
+def test_a_trace_without_a_preemptible_column_is_said_to_be_all_preemptible(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The column's default is true (as for a workload without the label): a trace that only gives
+    classes would otherwise be judged with its high work preemptible without anyone noticing."""
+    trace = tmp_path / "classes-only.csv"
+    rows = ["job_id,submit_time_s,duration_s,num_gpus,team,priority"]
+    rows += [f"j{i},{i * 60},3600,2,{'ab'[i % 2]},{('high', 'low')[i % 2]}" for i in range(20)]
+    trace.write_text("\n".join(rows) + "\n")
+    assert _run(monkeypatch, "--csv", str(trace), "--gpus", "4", "--json-only") == 0
+    captured = capsys.readouterr()
+    assert "no preemptible column: every job is preemptible" in captured.err
+    assert "every job is preemptible" in json.loads(captured.out)["traces"]["csv:classes-only.csv"]["classes"]
