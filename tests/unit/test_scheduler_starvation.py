@@ -637,6 +637,37 @@ def test_a_protected_non_preemptible_job_keeps_room_in_its_teams_share() -> None
     assert d.state_of("a-big") == "running"  # the guard's oldest job: not held to the share
 
 
+def test_a_protected_job_keeps_room_against_its_teams_less_urgent_work_too() -> None:
+    """A team's normal work does not start into the room its protected high job waits for (it did:
+    seven such starts on itp-cluster02 at 64 GPUs); other teams' work, and the team's work once
+    the job's room is kept, do."""
+    policy = replace(CHAMBER, starvation_bound_s=100.0)
+    for keep in (True, False):
+        on = replace(policy, room_against_less_urgent=keep)
+        d = Driver().given(a_node("n1", gpus=16), a_quota("a", 4), a_quota("b", 4), a_quota("c", 8, np_lend=0))
+        d.given(
+            a_job("a-run", team="a", gpus=4, priority="high", preemptible=False, at=0),
+            a_job("b-run", team="b", gpus=4, priority="high", preemptible=False, at=0),
+            a_job("c-run", team="c", gpus=5, priority="high", preemptible=False, at=0),
+        )
+        d.cycle(now=1.0, policy=on)
+        d.given(a_job("a-big", team="a", gpus=6, priority="high", preemptible=False, at=2))
+        d.cycle(now=3.0, policy=on)
+        assert d.state_of("a-big") == "pending"  # 3 GPUs free
+        d.given(
+            a_job("a-normal", team="a", gpus=1, priority="normal", preemptible=False, at=150),
+            a_job("b-normal", team="b", gpus=1, priority="normal", preemptible=False, at=150),
+        )
+        d.cycle(now=200.0, policy=on)  # a-big is protected, and waits for room in the pool
+        assert d.state_of("a-big") == "pending"
+        assert d.state_of("b-normal") == "running"  # another team's work is not held for it
+        if keep:
+            assert d.state_of("a-normal") == "pending"
+            assert "keeps room for a-big (6 GPUs, high), protected by the starvation guard" in d.waiting["a-normal"]
+        else:
+            assert d.state_of("a-normal") == "running"  # its class's share is normal's own
+
+
 # -- a node drains for a protected whole-node job ---------------------------------------------------
 def test_a_protected_whole_node_job_holds_the_node_that_drains_first_from_lower_class_work() -> None:
     policy = replace(CHAMBER, starvation_bound_s=100.0)

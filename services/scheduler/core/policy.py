@@ -96,6 +96,11 @@ class Policy:
     # What it then holds of another team's guarantee returns by draining (the lender's jobs wait
     # for it holding the reservation). Off: the lending rule alone (quota.py).
     np_fair_share: bool = True
+    # A team's protected non-preemptible job keeps room in the team's share against the team's less
+    # urgent non-preemptible work too, not only against its own class: else a team's normal jobs
+    # started into the room its protected high job waited for (7 such starts on itp-cluster02 at
+    # 64 GPUs, and high's mean above normal's). Off: the room is kept against the job's class only.
+    room_against_less_urgent: bool = True
     # A job whose GPU or node health took out of service for a degrading fault (a straggler verdict,
     # a flapping or slow NIC: it still runs, slower) moves only where it can land now, else stays
     # (core/degraded.py). Off: every out-of-service holder is requeued, whatever it can get.

@@ -237,16 +237,29 @@ def nonpreemptible_block(work: Work, job: Job) -> Wait | None:
 
 def _keeps_room(work: Work, job: Job, in_class: float, fair: float) -> Wait | None:
     """Within its fair share (what it holds of others' guarantees drains back) a job starts, except
-    that the team's protected non-preemptible job of the class keeps room in the share: else the
-    team's own smaller jobs refill it and a large job waits for good (openb's 8-GPU jobs)."""
+    that the team's protected non-preemptible job keeps room: else the team's own smaller jobs refill
+    the share and a large job waits for good (openb's 8-GPU jobs). Against a job of its class, room
+    in the class's share; against a less urgent job (`room_against_less_urgent`), room in what all
+    the team's classes may hold together (its guarantee or its aggregate share): the less urgent job
+    does not take what the more urgent one waits for."""
     pool, team = job.pool, job.spec.team
     held_for = work.protected_np(pool, team)
-    if (
-        held_for is None
-        or held_for.id == job.id
-        or held_for.spec.priority.rank != job.spec.priority.rank
-        or in_class + held_for.gpus <= fair
-    ):
+    if held_for is None or held_for.id == job.id:
+        return None
+    urgent, rank = held_for.spec.priority.rank, job.spec.priority.rank
+    if urgent < rank and work.policy.room_against_less_urgent:
+        left = (
+            max(guarantee(work, pool, team), work.fair_share(pool, team)) - nonpreemptible(work, pool, team) - job.gpus
+        )
+        if left >= held_for.gpus:
+            return None
+        return Wait(
+            WaitKind.QUOTA,
+            f"quota: team {team}'s share of pool {pool} keeps room for {held_for.id} "
+            f"({held_for.gpus} GPUs, {held_for.spec.priority.value}), protected by the starvation guard; "
+            f"with this job {max(left, 0):.0f} left",
+        )
+    if urgent != rank or in_class + held_for.gpus <= fair:
         return None
     return Wait(
         WaitKind.QUOTA,
