@@ -19,7 +19,7 @@ from services.warehouse import migrate
 from services.warehouse.chdb_backend import ChdbWarehouse
 from tests.integration.test_decider_host import probe_host
 from tests.integration.test_recorder_pipeline import start_recorder
-from tests.integration.test_runtime import dead_letters, eventually
+from tests.integration.test_runtime import dead_letters, eventually, settled
 from tests.warehouse_builders import T0, a_sample, submitted
 
 pytestmark = pytest.mark.integration
@@ -72,8 +72,7 @@ async def test_one_message_that_crashes_a_batch_handler_is_dead_lettered_alone(j
     assert dead[DEAD_REASON] == "handler_failed" and "ValueError: j7 breaks the store" in dead["chamber-dead-detail"]
     assert sorted(stored) == sorted(f"j{i}" for i in range(10) if i != 7)
     assert consumer.stats.split >= 1
-    info = await js.consumer_info("JOBS", "t-split")
-    assert info.num_pending == 0 and info.num_ack_pending == 0  # nothing left to redeliver
+    await settled(js, "JOBS", "t-split")  # nothing left to redeliver
 
 
 async def test_a_copy_that_cannot_be_stored_does_not_stop_the_consumer(js: JetStreamContext) -> None:
@@ -92,8 +91,7 @@ async def test_a_copy_that_cannot_be_stored_does_not_stop_the_consumer(js: JetSt
     stop.set()
     await task
     assert consumer.stats.dead == 1
-    info = await js.consumer_info("JOBS", "t-nodead")
-    assert info.num_ack_pending == 0  # terminated: never redelivered
+    await settled(js, "JOBS", "t-nodead")  # terminated: never redelivered
     assert (await js.stream_info("JOBS")).state.messages == 2  # the poison stays in its own stream
 
 

@@ -45,6 +45,17 @@ async def eventually(check: Callable[[], bool | Awaitable[bool]], within: float 
         await asyncio.sleep(0.05)
 
 
+async def settled(js: JetStreamContext, stream: str, durable: str, within: float = 10.0) -> None:
+    """The consumer has nothing pending and nothing awaiting an ack. Acks are fire and forget: the
+    server applies them on its own time, so a consumer_info right after may still count some."""
+
+    async def check() -> bool:
+        info = await js.consumer_info(stream, durable)
+        return info.num_pending == 0 and info.num_ack_pending == 0
+
+    await eventually(check, within)
+
+
 class Collector:
     def __init__(self) -> None:
         self.seen: list[Delivery] = []
@@ -131,8 +142,7 @@ async def test_poison_messages_go_to_the_dead_letter_subject_and_the_consumer_go
         assert headers["chamber-dead-subject"] == "chamber.jobs.poison"
         assert headers["chamber-dead-detail"]
         assert body == poison[headers[DEAD_REASON]][1]  # original bytes kept: nothing lost
-    info = await js.consumer_info("JOBS", "t-dead")
-    assert info.num_ack_pending == 0 and info.num_pending == 0
+    await settled(js, "JOBS", "t-dead")
 
 
 async def test_unknown_event_types_are_skipped_not_dead_lettered(js: JetStreamContext) -> None:
