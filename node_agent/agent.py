@@ -20,6 +20,7 @@ import msgspec
 from nats.aio.client import Client
 
 from events import Event, subjects
+from events.streams import GATES
 from node_agent.host_capacity import read_capacity, simulated_capacity
 from node_agent.outbox import Outbox
 from node_agent.runner import NodeFacts, NodeRunner, SeqStore
@@ -35,6 +36,7 @@ from services.runtime.health import HealthServer, HealthState
 from services.runtime.host import ServiceContext
 from services.runtime.logs import get_logger
 from services.runtime.publisher import Publisher
+from services.runtime.replicas import replicas_for
 from services.runtime.streams import ensure_streams
 from services.runtime.tracing import configure_tracing
 
@@ -369,8 +371,12 @@ class Agent:
         await self._start_simulation_io(stop)
 
     async def _setup_streams(self) -> None:
+        """The streams the agent publishes to (its gates), and no other: its NATS role may read no
+        other stream's info (which lists subjects: job ids, teams). The replica count comes from
+        configuration and the server (`replicas_for`), not from other streams' info."""
         assert self.nc is not None
-        await ensure_streams(self.nc.jetstream(), update=False)
+        js = self.nc.jetstream()
+        await ensure_streams(js, GATES, replicas=replicas_for(js), update=False)
 
     async def _start_simulation_io(self, stop: asyncio.Event) -> None:
         """Commands and the JOBS consumer of the simulated fleet (both need NATS)."""

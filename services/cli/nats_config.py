@@ -152,6 +152,14 @@ def _api_basics() -> list[Grant]:
     return [Grant("$JS.API.INFO", why), Grant("$JS.API.STREAM.NAMES", why), Grant("$JS.API.STREAM.INFO.*", why)]
 
 
+def _agent_api() -> list[Grant]:
+    """A node agent's JetStream basics: account info and the info of the streams it publishes to
+    (its gates: it checks they exist). No other stream's: a stream's info lists its subjects on
+    request (job ids, teams, every KV key), and the agent runs on every node."""
+    why = "JetStream account info, and the info of the streams it publishes to (read-only)"
+    return [Grant("$JS.API.INFO", why), *(Grant(f"$JS.API.STREAM.INFO.{g.name}", why) for g in GATES)]
+
+
 def _consumer_reads(stream: str, durables: Iterable[str], why: str) -> list[Grant]:
     """Read `stream` through consumers of its own: create ephemerals (random names, so the name is
     a wildcard, fenced by `_others_durables`), its durables by name, pull, ack, delete. Never the
@@ -366,7 +374,7 @@ def agent_user(cluster: str, node: str) -> User:
         user,
         "agent",
         Permissions.of(
-            [*_node_subjects(cluster, node), *_step_log_reads(cluster, node), *_api_basics()], [_inbox(user)]
+            [*_node_subjects(cluster, node), *_step_log_reads(cluster, node), *_agent_api()], [_inbox(user)]
         ),
         f"the node agent of {node}: its own node's samples, inventory, fabric and faults",
         AGENT_LIMITS,
@@ -378,7 +386,7 @@ def shared_agent_user(cluster: str, name: str = "agent", why: str = "") -> User:
         name,
         "agent",
         Permissions.of(
-            [*_node_subjects(cluster, None), *_step_log_reads(cluster, None), *_api_basics()], [_inbox(name)]
+            [*_node_subjects(cluster, None), *_step_log_reads(cluster, None), *_agent_api()], [_inbox(name)]
         ),
         why or f"one user for every node agent of cluster {cluster}",
         (*AGENT_LIMITS, "one user for every node: it may name any node, so the per-node bounds do not hold it"),

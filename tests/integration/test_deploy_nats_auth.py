@@ -13,6 +13,7 @@ from nats.aio.client import Client
 from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
 
 from events import subjects
+from events.streams import GATES
 from events.subjects import ingest
 from services.cli import main
 from services.runtime import Publisher, ensure_streams
@@ -112,10 +113,16 @@ async def test_an_agent_publishes_its_own_node_and_is_refused_on_another_nodes_s
     await eventually(lambda: agent.refused(subjects.fleet(CLUSTER, "n1")))
     await eventually(lambda: agent.refused("chamber.cmd.scheduler.submit"))
 
-    # it may check the streams (the agent runs ensure_streams) but not change them
-    assert await ensure_streams(agent.nc.jetstream(), update=False) == []
+    # it may check its gates (the agent runs ensure_streams on them) but not change them, nor read
+    # another stream's info: that lists the stream's subjects (job ids, teams) on request
+    js = agent.nc.jetstream(timeout=0.5)
+    assert await ensure_streams(js, GATES, replicas=1, update=False) == []
     with pytest.raises(nats.errors.TimeoutError):
-        await agent.nc.jetstream(timeout=0.5).delete_stream("TELEMETRY")
+        await js.delete_stream("TELEMETRY")
+    for stream in ("JOBS", "KV_chamber_fleet"):
+        with pytest.raises(nats.errors.TimeoutError):
+            await js.stream_info(stream, subjects_filter=">")
+        await eventually(lambda s=stream: agent.refused(f"$JS.API.STREAM.INFO.{s}"))  # type: ignore[misc]
 
     async def copied() -> bool:  # TELEMETRY copies its gate asynchronously
         return await stream_subjects(admin, "TELEMETRY") == [subjects.sample(CLUSTER, "n1")]
