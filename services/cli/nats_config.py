@@ -152,12 +152,16 @@ def _api_basics() -> list[Grant]:
     return [Grant("$JS.API.INFO", why), Grant("$JS.API.STREAM.NAMES", why), Grant("$JS.API.STREAM.INFO.*", why)]
 
 
+def _api_of(streams: Iterable[str], what: str) -> list[Grant]:
+    """JetStream basics of a process outside the control plane (a node agent, a member cluster's
+    actuator): account info and the info of `streams` only (it checks they exist). No other
+    stream's: a stream's info lists its subjects on request (job ids, teams, every KV key)."""
+    why = f"JetStream account info, and the info of {what} (read-only)"
+    return [Grant("$JS.API.INFO", why), *(Grant(f"$JS.API.STREAM.INFO.{s}", why) for s in streams)]
+
+
 def _agent_api() -> list[Grant]:
-    """A node agent's JetStream basics: account info and the info of the streams it publishes to
-    (its gates: it checks they exist). No other stream's: a stream's info lists its subjects on
-    request (job ids, teams, every KV key), and the agent runs on every node."""
-    why = "JetStream account info, and the info of the streams it publishes to (read-only)"
-    return [Grant("$JS.API.INFO", why), *(Grant(f"$JS.API.STREAM.INFO.{g.name}", why) for g in GATES)]
+    return _api_of((g.name for g in GATES), "the streams it publishes to")
 
 
 def _consumer_reads(stream: str, durables: Iterable[str], why: str) -> list[Grant]:
@@ -425,7 +429,7 @@ def actuator_user(cluster: str, manifests: Mapping[str, Manifest] | None = None)
         Grant(f"chamber.dispatch.offer.{c}.*", f"offers the workloads created in cluster {cluster}"),
         Grant(f"chamber.dispatch.copy.{c}.*", f"reports the copies cluster {cluster} holds"),
         Grant(f"chamber.dispatch.heartbeat.{c}", f"says cluster {cluster} is answering"),
-        *_api_basics(),
+        *_api_of(["DISPATCH"], "DISPATCH, the one stream it reads"),
         *_consumer_reads("DISPATCH", [], "reads DISPATCH (offers, decisions, copy phases)"),
         Grant(subjects.dead("DISPATCH"), "dead-letters poison messages of DISPATCH"),
     ]

@@ -277,4 +277,4 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
         ctx.every(args.interval, shell.tick)
         ctx.every(args.interval, shell.guard)
 
-    await serve(actuator_name(args.cluster), args.nats, setup_actuator, stop)
+    await serve(actuator_name(args.cluster), args.nats, setup_actuator, stop, streams=("DISPATCH",))

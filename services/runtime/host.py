@@ -82,6 +82,17 @@ class ServiceContext:
         self._tasks.append(run)
 
 
+async def _check_streams(js: JetStreamContext, names: tuple[str, ...] | None) -> None:
+    if names is None:
+        await ensure_streams(js, update=False)
+        return
+    from events.streams import STREAMS
+    from services.runtime.replicas import replicas_for
+
+    # the replica count from configuration and the server, not from other streams' info
+    await ensure_streams(js, [s for s in STREAMS if s.name in names], replicas=replicas_for(js), update=False)
+
+
 async def serve(
     name: str,
     url: str,
@@ -89,8 +100,11 @@ async def serve(
     stop: asyncio.Event,
     *,
     health_port: int | None = None,
+    streams: tuple[str, ...] | None = None,
 ) -> ServiceContext:
-    """`health_port` (default $CHAMBER_HEALTH_PORT, 0 = any free port) serves /livez and /readyz."""
+    """`health_port` (default $CHAMBER_HEALTH_PORT, 0 = any free port) serves /livez and /readyz.
+    `streams`: the only streams the process checks at start (its role may read no other's info);
+    None: every stream of the design."""
     configure_tracing(name)
     health_state = HealthState(service=name)
     port = health_port if health_port is not None else port_from_env()
@@ -109,7 +123,7 @@ async def serve(
     health_state.nc, health_state.consumers = nc, ctx.consumers
     try:
         # the set-up's job (services/runtime/setup.py); a missing stream is made only on a bus without roles
-        await _with_retries(name, lambda: ensure_streams(js, update=False))
+        await _with_retries(name, lambda: _check_streams(js, streams))
         await setup(ctx)
         if ctx._commands is not None:
             await ctx._commands.start()

@@ -555,7 +555,7 @@ async def test_the_charts_nats_admits_each_pod_with_the_url_the_chart_gives_it(
     cluster's install, its actuator and node agents, with the keys of the control plane's Secret)."""
     import nats as nats_py
 
-    from events.streams import GATES
+    from events.streams import GATES, STREAMS
     from services.runtime import ensure_streams
     from services.runtime.credentials import inbox_prefix
     from services.runtime.nats_server import NatsServerProcess
@@ -607,6 +607,9 @@ async def test_the_charts_nats_admits_each_pod_with_the_url_the_chart_gives_it(
                     await set_up(nc.jetstream())
                 elif "DaemonSet/chamber-agent" in name:  # the agent checks its gates, and may read no other stream
                     assert await ensure_streams(nc.jetstream(), GATES, replicas=1, update=False) == []
+                elif "chamber-dispatch-actuator" in name:  # a member cluster's actuator: DISPATCH only
+                    dispatch = [s for s in STREAMS if s.name == "DISPATCH"]
+                    assert await ensure_streams(nc.jetstream(), dispatch, replicas=1, update=False) == []
                 else:
                     assert await ensure_streams(nc.jetstream(), update=False) == []  # all there
                 await nc.close()

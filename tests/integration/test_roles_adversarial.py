@@ -185,6 +185,18 @@ def role_users() -> list[User]:
 
 
 ROLES = [u.name for u in role_users() if u.permissions is not None]
+# A stream's info lists its subjects on request (job ids, teams, every bucket key): the processes
+# outside the control plane (node agents, member clusters' actuators) may not read it
+OUTSIDE = ("agent", "actuator-")
+ACTIONS.append(
+    _a(
+        "list JOBS's subjects (stream info)",
+        "pub",
+        "$JS.API.STREAM.INFO.JOBS",
+        *(r for r in ROLES if not r.startswith(OUTSIDE)),
+        body=b'{"subjects_filter": ">"}',
+    )
+)
 
 
 @pytest.fixture(scope="module")
