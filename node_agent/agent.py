@@ -36,8 +36,7 @@ from services.runtime.health import HealthServer, HealthState
 from services.runtime.host import ServiceContext
 from services.runtime.logs import get_logger
 from services.runtime.publisher import Publisher
-from services.runtime.replicas import replicas_for
-from services.runtime.streams import ensure_streams
+from services.runtime.streams import check_own_streams, ensure_streams
 from services.runtime.tracing import configure_tracing
 
 log = get_logger("chamber.agent")
@@ -371,12 +370,9 @@ class Agent:
         await self._start_simulation_io(stop)
 
     async def _setup_streams(self) -> None:
-        """The streams the agent publishes to (its gates), and no other: its NATS role may read no
-        other stream's info (which lists subjects: job ids, teams). The replica count comes from
-        configuration and the server (`replicas_for`), not from other streams' info."""
+        """The streams the agent publishes to (its gates), and no other (`check_own_streams`)."""
         assert self.nc is not None
-        js = self.nc.jetstream()
-        await ensure_streams(js, GATES, replicas=replicas_for(js), update=False)
+        await check_own_streams(self.nc.jetstream(), GATES)
 
     async def _start_simulation_io(self, stop: asyncio.Event) -> None:
         """Commands and the JOBS consumer of the simulated fleet (both need NATS)."""

@@ -54,7 +54,7 @@ from events import subjects
 from events.channels import STEP_LOG_BUCKET
 from events.partitions import partition_stream
 from events.steps import step_log_consumer, step_log_keys_of
-from events.streams import GATE_PER_WINDOW, GATE_WINDOW_S, GATES, STREAMS, StreamSpec
+from events.streams import DISPATCH, GATE_PER_WINDOW, GATE_WINDOW_S, GATES, STREAMS, StreamSpec
 from services.cli.common import add_cluster_option
 from services.cli.errors import UsageError
 from services.runtime.credentials import inbox_prefix
@@ -429,7 +429,7 @@ def actuator_user(cluster: str, manifests: Mapping[str, Manifest] | None = None)
         Grant(f"chamber.dispatch.offer.{c}.*", f"offers the workloads created in cluster {cluster}"),
         Grant(f"chamber.dispatch.copy.{c}.*", f"reports the copies cluster {cluster} holds"),
         Grant(f"chamber.dispatch.heartbeat.{c}", f"says cluster {cluster} is answering"),
-        *_api_of(["DISPATCH"], "DISPATCH, the one stream it reads"),
+        *_api_of([DISPATCH.name], "DISPATCH, the one stream it reads"),
         *_consumer_reads("DISPATCH", [], "reads DISPATCH (offers, decisions, copy phases)"),
         Grant(subjects.dead("DISPATCH"), "dead-letters poison messages of DISPATCH"),
     ]

@@ -28,6 +28,7 @@ from typing import Any
 
 from events import subjects
 from events.dispatch import ClusterHeartbeat, CopyPhase, CopyReported
+from events.streams import DISPATCH
 from services.dispatch import actuator as act
 from services.dispatch import core
 from services.dispatch.core import LOST_AFTER_S
@@ -277,4 +278,4 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
         ctx.every(args.interval, shell.tick)
         ctx.every(args.interval, shell.guard)
 
-    await serve(actuator_name(args.cluster), args.nats, setup_actuator, stop, streams=("DISPATCH",))
+    await serve(actuator_name(args.cluster), args.nats, setup_actuator, stop, streams=(DISPATCH,))

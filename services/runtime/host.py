@@ -15,6 +15,7 @@ import nats.errors
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
+from events.streams import StreamSpec
 from services.runtime.backoff import Backoff
 from services.runtime.commands import CommandServer
 from services.runtime.connection import Throttled, connect
@@ -22,7 +23,7 @@ from services.runtime.consumer import BatchHandler, Consumer, ConsumerOptions, H
 from services.runtime.health import HealthServer, HealthState, port_from_env
 from services.runtime.logs import get_logger
 from services.runtime.publisher import Publisher
-from services.runtime.streams import ensure_streams
+from services.runtime.streams import check_own_streams, ensure_streams
 from services.runtime.tracing import configure_tracing
 
 log = get_logger("chamber.runtime.host")
@@ -82,15 +83,8 @@ class ServiceContext:
         self._tasks.append(run)
 
 
-async def _check_streams(js: JetStreamContext, names: tuple[str, ...] | None) -> None:
-    if names is None:
-        await ensure_streams(js, update=False)
-        return
-    from events.streams import STREAMS
-    from services.runtime.replicas import replicas_for
-
-    # the replica count from configuration and the server, not from other streams' info
-    await ensure_streams(js, [s for s in STREAMS if s.name in names], replicas=replicas_for(js), update=False)
+async def _check_streams(js: JetStreamContext, specs: tuple[StreamSpec, ...] | None) -> None:
+    await (ensure_streams(js, update=False) if specs is None else check_own_streams(js, specs))
 
 
 async def serve(
@@ -100,7 +94,7 @@ async def serve(
     stop: asyncio.Event,
     *,
     health_port: int | None = None,
-    streams: tuple[str, ...] | None = None,
+    streams: tuple[StreamSpec, ...] | None = None,
 ) -> ServiceContext:
     """`health_port` (default $CHAMBER_HEALTH_PORT, 0 = any free port) serves /livez and /readyz.
     `streams`: the only streams the process checks at start (its role may read no other's info);

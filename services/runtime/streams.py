@@ -149,6 +149,13 @@ async def _design_streams(js: JetStreamContext) -> tuple[StreamSpec, ...]:
     return stream_specs(configured, existing=len(existing))
 
 
+async def check_own_streams(js: JetStreamContext, specs: Iterable[StreamSpec]) -> list[str]:
+    """`ensure_streams(update=False)` for the streams a process outside the control plane uses, and
+    no other: its role may read no other stream's info (a node agent, a member cluster's actuator).
+    The replica count comes from configuration and the server, not from other streams' info."""
+    return await ensure_streams(js, specs, replicas=replicas_for(js), update=False)
+
+
 async def _known_peers(js: JetStreamContext) -> int:
     """Servers the cluster evidently has: the replicas of the design's existing streams."""
     known = 0
