@@ -150,6 +150,9 @@ class Simulation:
             assert self.free[node] >= 0, f"node {node} over-allocated by {job.t.id}"
         job.placement = dict(action.placement)
         job.run_start = now
+        if job.queued_since is not None:
+            job.queued_s += now - job.queued_since
+            job.queued_since = None
         if job.first_start is None:
             job.first_start = now
         self._unwait(job)
@@ -192,6 +195,7 @@ class Simulation:
             job.preemptions += 1
         else:
             job.requeues += 1
+        job.queued_since = now
         self._wait(job)
 
     def _release(self, job: SimJob) -> None:
@@ -259,6 +263,7 @@ class Simulation:
                 _, kind, _, key, token = heapq.heappop(self.heap)
                 if kind == ARRIVE:
                     job = self.jobs[key]
+                    job.queued_since = now
                     self._wait(job)
                     policy.submitted(job, now)
                 elif kind == FINISH:
@@ -303,6 +308,10 @@ class Simulation:
                 samples.append(Sample(now, self.allocated, self.queued))
                 next_sample = now + self.sample_every_s
         unfinished = sum(1 for j in self.jobs.values() if j.end is None)
+        for j in self.jobs.values():  # still queued at the end: that stretch counts up to the end
+            if j.queued_since is not None:
+                j.queued_s += max(last_t - j.queued_since, 0.0)
+                j.queued_since = None
         return Outcome(
             policy=policy.name,
             fleet=self.fleet,

@@ -3,7 +3,8 @@
 - utilization: allocated GPU-time / healthy capacity GPU-time, over first submit .. last completion;
   utilization_while_submitting: the same over first .. last submit (the tail of the last long jobs
   draining an empty fleet does not dilute it)
-- jct: completion - submit; wait (queueing delay): first start - submit
+- jct: completion - submit; wait (queueing delay): first start - submit; queued: every stretch in
+  the queue, the first wait plus each wait after a preemption or a fault until the job ran again
 - by_team.share_received: useful GPU-time the team ran within the contended window (first to last
   submit) over its entitlement there, min(guarantee x window, GPU-time it submitted in the window);
   jain_fairness is Jain's index over min(share_received, 1) — 1.0 when every team got what it was
@@ -54,6 +55,12 @@ def _useful_in_window(job: SimJob, start: float, end: float) -> float:
     return overlap * job.t.gpus
 
 
+def queued(job: SimJob) -> float:
+    """Seconds the job spent in the queue in all: before its first start and after every
+    preemption or fault until it ran again (and, if it never ran again, until the run ended)."""
+    return job.queued_s
+
+
 def summarize(outcome: Outcome) -> dict[str, Any]:
     jobs = list(outcome.jobs.values())
     done = [j for j in jobs if j.end is not None]
@@ -63,11 +70,14 @@ def summarize(outcome: Outcome) -> dict[str, Any]:
     by_priority: dict[str, dict[str, float]] = {}
     for prio in sorted({j.t.priority.value for j in jobs}):
         w = [j.first_start - j.t.submit_s for j in started if j.t.priority.value == prio]  # type: ignore[operator]
+        q = [queued(j) for j in started if j.t.priority.value == prio]
         by_priority[prio] = {
             "jobs": sum(1 for j in jobs if j.t.priority.value == prio),
             "wait_mean_s": mean(w),
             "wait_p50_s": percentile(w, 50),
             "wait_p99_s": percentile(w, 99),
+            "queued_mean_s": mean(q),
+            "queued_p99_s": percentile(q, 99),
         }
     window_start, window_end = outcome.first_submit, outcome.last_submit
     window = max(window_end - window_start, 1.0)

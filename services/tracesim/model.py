@@ -26,6 +26,10 @@ class SimJob:
     # work since the checkpoint at the failure, plus the hang): the paired comparison (faults.py)
     waiting_cost_gpu_s: float = 0.0
     token: int = 0  # bumps on every stop, so a stale finish event is ignored
+    # Every stretch in the queue, not only the first: after a preemption or a fault the job waits
+    # again, and a wait counted to the first start alone makes preemption look free.
+    queued_s: float = 0.0
+    queued_since: float | None = None
 
     @property
     def running(self) -> bool:

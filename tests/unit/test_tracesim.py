@@ -75,6 +75,10 @@ def test_reclaim_preempts_the_borrower_and_its_work_since_the_checkpoint_is_lost
     assert big.preemptions == 1
     assert big.lost_gpu_s == pytest.approx(10 * 8)  # ran 100 s, kept 90 s (3 checkpoints)
     assert big.end is not None
+    # queued 0 s before its first start, then from the preemption at 100 s until b-1 ends at 150 s
+    assert big.first_start == 0 and big.queued_s == pytest.approx(50)
+    low = summarize(out)["by_priority"][big.t.priority.value]
+    assert low["wait_p99_s"] == 0 and low["queued_p99_s"] == pytest.approx(50)
 
 
 # -- properties ----------------------------------------------------------------------------------
@@ -111,6 +115,11 @@ def test_work_is_conserved_every_job_runs_its_duration_plus_what_was_lost(rows, 
         assert 0.0 <= job.lost_to_faults_gpu_s <= job.lost_gpu_s + 1e-6
         if fault_rate == 0.0:
             assert job.lost_to_faults_gpu_s == 0.0  # without faults, only preemption loses work
+        # in the queue before the first start, and again after every stop until the job ran again:
+        # the end minus the submit is the time queued plus the time run (what was lost included)
+        assert job.first_start is not None and job.queued_s >= job.first_start - job.t.submit_s - 1e-6
+        ran = (job.run_gpu_s - job.hang_gpu_s) / job.t.gpus
+        assert job.end - job.t.submit_s == pytest.approx(job.queued_s + ran)
     if policy != "static-quota":  # a job larger than its team's partition never runs there
         assert out.unfinished == 0
 
