@@ -19,8 +19,10 @@ Traces (docs/fairness.md has the class mappings and why these fleet sizes):
 Per run it prints, per class, mean / p50 / p99 wait (hours) for fifo and chamber and their ratios
 (chamber / fifo), chamber's mean wait per job size (`chamber_by_gpus`), both utilizations, and the
 targets: every class's p99 <= fifo's; each class's mean wait <= the mean of every lower class;
-utilization >= fifo's - 1 point; and no more jobs left unstarted than under fifo (a job that never
-starts has no wait to count). A table on stderr, one JSON object on stdout.
+both again on the time queued in all (`queued_*`: the first wait plus every wait after a preemption,
+which the first wait alone does not see); utilization >= fifo's - 1 point; and no more jobs left
+unstarted than under fifo (a job that never starts has no wait to count). A table on stderr, one
+JSON object on stdout.
 
 Each mean inversion also gets `inversion_p`: the share of random relabelings of its two classes'
 jobs (each label kept among jobs of the same GPU count) whose gap is at least the one observed. It

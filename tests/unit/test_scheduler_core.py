@@ -427,6 +427,38 @@ def test_preemption_when_the_wait_costs_more_than_the_work_lost_or_has_no_estima
     assert always.state_of("borrow") == "suspended"
 
 
+def test_a_victim_that_starved_before_it_started_counts_the_wait_it_would_face_again() -> None:
+    """A borrower that queued 25 h before it started, 5 minutes in: its lost work is small, but
+    thrown back it queues again (8 GPUs x 25 h = 200 GPU-hours), more than twice the 55 minutes the
+    urgent job waits for it to end by its estimate. Counted by its lost work alone, it is preempted."""
+    start = 25 * 3600
+
+    def starved_borrower(policy: Policy) -> Driver:
+        d = Driver().given(
+            a_node("n1"),
+            a_node("n2"),
+            a_quota("vision", 8),
+            a_quota("nlp", 8),
+            a_job("own", team="nlp", gpus=8, at=0),
+            a_job("blocker", team="vision", gpus=8, at=0, estimate=start),
+            a_job("borrow", team="nlp", gpus=8, priority="low", at=0, estimate=3600),
+        )
+        d.cycle(now=0, policy=policy)
+        assert d.state_of("borrow") == "pending"
+        d.given(done("blocker", at=start))
+        d.cycle(now=start, policy=policy)
+        assert d.state_of("borrow") == "running"  # on vision's idle guarantee, after 25 h queued
+        d.given(a_job("urgent", team="vision", gpus=8, priority="high", at=start + 300))
+        d.cycle(now=start + 300, policy=policy)
+        return d
+
+    d = starved_borrower(Policy())
+    assert d.state_of("borrow") == "running" and d.state_of("urgent") == "pending"
+    assert "not preempting borrow: they would lose 200.7 GPU-hours (200.0 of them queued again" in d.waiting["urgent"]
+    lost_work_only = starved_borrower(Policy(worth_counts_wait_again=False))
+    assert lost_work_only.state_of("borrow") == "suspended" and lost_work_only.state_of("urgent") == "running"
+
+
 def test_preemption_worth_must_be_a_positive_number() -> None:
     for bad in (0.0, -1.0, float("inf"), float("nan")):
         with pytest.raises(ValueError, match="preemption_worth"):

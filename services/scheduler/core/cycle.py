@@ -706,18 +706,33 @@ def _asked(spec: JobSpec) -> str:
 
 def _not_worth(work: Work, job: Job, victims: list[tuple[Job, PreemptionReason]], worth: float) -> str | None:
     """Why preempting `victims` for `job` is not worth it (they would lose more than `worth` x the
-    GPU-time of its wait, by runtime estimates), or None if it is (or the wait has no estimate)."""
+    GPU-time of its wait, by runtime estimates), or None if it is (or the wait has no estimate).
+    What they lose: their work since the last checkpoint, and with `worth_counts_wait_again` the
+    wait again of each less urgent victim that had starved before it started
+    (`preemption.wait_again_gpu_s`)."""
     lost = sum(lost_work_gpu_s(v, work.now) for v, _ in victims)
-    if lost <= 0:
+    bound = work.policy.starvation_bound_s if work.policy.worth_counts_wait_again else None
+    # Only against more urgent work: among jobs of one class (a team taking back its guarantee) it
+    # would only move the wait from one starved job to the other (on the ITP trace, low's p99 rose).
+    rank = job.spec.priority.rank
+    again = sum(preemption.wait_again_gpu_s(v, bound) for v, _ in victims if v.spec.priority.rank > rank)
+    cost = lost + again
+    if cost <= 0:
         return None
-    # Worth it unless enough GPUs free (by estimates) within the wait that would cost lost / worth.
-    at = backfill.free_by(work, job, work.now + lost / (worth * job.gpus))
+    # Worth it unless enough GPUs free (by estimates) within the wait that would cost cost / worth.
+    at = backfill.free_by(work, job, work.now + cost / (worth * job.gpus))
     saved = 0.0 if at is None else job.gpus * (at - work.now)
-    if at is None or lost <= worth * saved:
+    if at is None or cost <= worth * saved:
         return None
-    lost_h, saved_h = distinct(lost / 3600, saved / 3600)  # never "0.0, more than ... 0.0"
+    cost_h, saved_h = distinct(cost / 3600, saved / 3600)  # never "0.0, more than ... 0.0"
+    what = (
+        f"{cost_h} GPU-hours ({again / 3600:.1f} of them queued again: they waited past the starvation "
+        "bound before they started)"
+        if again
+        else f"{cost_h} GPU-hours"
+    )
     return (
-        f"not preempting {', '.join(v.id for v, _ in victims)}: they would lose {lost_h} GPU-hours, "
+        f"not preempting {', '.join(v.id for v, _ in victims)}: they would lose {what}, "
         f"more than waiting for GPUs that free from about {when(at, work.now)} costs ({saved_h} GPU-hours)"
     )
 

@@ -90,6 +90,12 @@ class Policy:
     # was 42.6 h against fifo's 27.7; with this rule 1,350 and 24.2 (README, issue 19). Critical work,
     # and jobs whose wait has no estimate, preempt as before. None: always preempt when allowed.
     preemption_worth: float | None = 2.0
+    # ... and a victim of a less urgent class that waited at least `starvation_bound_s` before it
+    # started costs, besides its lost work, its GPUs x that wait: thrown back, it queues again,
+    # likely as long. Without it, low gangs on itp-cluster03 that had starved were preempted two and
+    # three times and queued 300 to 450 h in all, past fifo's p99 (228 to 382 h); their wait to the
+    # first start alone hid it (docs/fairness.md). Off: the lost work alone.
+    worth_counts_wait_again: bool = True
     # Non-preemptible work may hold up to its team's fair share of the pool (the capacity water-filled
     # over the teams' demand, by quota weight), beyond what the lending rule allows, taking idle GPUs
     # or preempting lower-class preemptible borrowers of any team (preemption.eligible: `urgent`).

@@ -77,6 +77,17 @@ def lost_work_gpu_s(job: Job, now: float) -> float:
     return elapsed * job.gpus
 
 
+def wait_again_gpu_s(job: Job, bound_s: float | None) -> float:
+    """What throwing a running job back into the queue costs besides its lost work, if it waited at
+    least `bound_s` (the starvation bound) before this run: its GPUs x that wait, the wait it is
+    likely to face again (a job that started at once is cheap to requeue; one that starved is not).
+    0 without a bound, or for a job that started sooner."""
+    if bound_s is None or job.running_since is None:
+        return 0.0
+    waited = job.running_since - job.queued_since  # queued_since: when it last joined the queue
+    return waited * job.gpus if waited >= bound_s else 0.0
+
+
 def victim_cost(job: Job, now: float) -> float:
     """The victim order's cost: work lost if preempted now, times one more than the times the job
     was preempted before. A job without checkpoints re-runs from the start after each preemption, so
