@@ -384,13 +384,14 @@ def test_replaying_jobs_ahead_of_the_fleet_gives_the_same_state() -> None:
     assert jobs_first.state.nodes[("c1", "n1")].owners == {0: "j", 1: "j", 2: "j"}
 
 
+def two_teams_of_a_node_each(*jobs: object) -> Driver:
+    """Two 8-GPU nodes, vision and nlp guaranteed one each, and `jobs`."""
+    return Driver().given(a_node("n1"), a_node("n2"), a_quota("vision", 8), a_quota("nlp", 8), *jobs)
+
+
 def a_borrower_running_since(t: float, *, estimate: float | None) -> Driver:
     """nlp borrows vision's idle node with a low job that has run since `t`; vision wants it back."""
-    d = Driver().given(
-        a_node("n1"),
-        a_node("n2"),
-        a_quota("vision", 8),
-        a_quota("nlp", 8),
+    d = two_teams_of_a_node_each(
         a_job("own", team="nlp", gpus=8, at=0),
         a_job("borrow", team="nlp", gpus=8, priority="low", at=0, estimate=estimate),
     )
@@ -434,11 +435,7 @@ def test_a_victim_that_starved_before_it_started_counts_the_wait_it_would_face_a
     start = 25 * 3600
 
     def starved_borrower(policy: Policy) -> Driver:
-        d = Driver().given(
-            a_node("n1"),
-            a_node("n2"),
-            a_quota("vision", 8),
-            a_quota("nlp", 8),
+        d = two_teams_of_a_node_each(
             a_job("own", team="nlp", gpus=8, at=0),
             a_job("blocker", team="vision", gpus=8, at=0, estimate=start),
             a_job("borrow", team="nlp", gpus=8, priority="low", at=0, estimate=3600),
