@@ -61,3 +61,15 @@ def test_the_strict_rule_fails_the_same_run(jobs) -> None:  # type: ignore[no-un
     assert not met(targets(fifo, chamber))
     result, _ = compare(jobs, FleetSpec(gpus=40), quotas, ["chamber"])
     assert result["policies"]["chamber"]["jobs_unfinished"] == 0
+
+
+def test_a_tail_in_all_past_fifo_misses_though_the_first_waits_meet() -> None:
+    def summary(first_p99: float, queued_p99: float) -> dict[str, object]:
+        row = {"wait_mean_s": 1.0, "wait_p99_s": first_p99, "queued_mean_s": 2.0, "queued_p99_s": queued_p99}
+        return {"utilization": 0.6, "by_priority": {"high": dict(row), "low": dict(row, wait_mean_s=2.0)}}
+
+    fifo = summary(100.0, 100.0)
+    t = targets(fifo, summary(90.0, 130.0))  # a low job preempted and queued again past fifo's tail
+    assert all(t["p99_le_fifo"].values()) and not t["queued_p99_le_fifo"]["low"]
+    assert not met(t)
+    assert met(targets(fifo, summary(90.0, 95.0)))
