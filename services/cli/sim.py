@@ -258,6 +258,8 @@ def table(result: dict[str, Any]) -> str:
             rows = [policies[n]["by_priority"].get(prio) for n in names]
             lines.append(f"{prio + ': jobs':<{width}}  " + "  ".join(f"{r['jobs'] if r else '-':>14}" for r in rows))
             lines.append(f"{'  wait mean / p50 / p99':<{width}}  " + "  ".join(f"{_waits(r):>14}" for r in rows))
+            # a preempted job waits again until it runs again: the first wait alone does not show it
+            lines.append(f"{'  queued in all mean / p99':<{width}}  " + "  ".join(f"{_queued(r):>14}" for r in rows))
             if "fifo" in names:
                 lines.append(
                     f"{'  ratio to fifo (mean / p99)':<{width}}  " + "  ".join(f"{_ratios(r):>14}" for r in rows)
@@ -290,6 +292,12 @@ def _waits(row: dict[str, Any] | None) -> str:
     if not row:
         return "-"
     return "/".join(f"{row[k] / 3600:.1f}" for k in ("wait_mean_s", "wait_p50_s", "wait_p99_s"))
+
+
+def _queued(row: dict[str, Any] | None) -> str:
+    if not row or "queued_mean_s" not in row:
+        return "-"
+    return "/".join(f"{row[k] / 3600:.1f}" for k in ("queued_mean_s", "queued_p99_s"))
 
 
 def _ratios(row: dict[str, Any] | None) -> str:

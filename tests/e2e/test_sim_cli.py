@@ -68,6 +68,7 @@ def test_classes_given_on_the_command_line_are_reported_per_class_against_fifo()
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "high: jobs" in out and "low: jobs" in out and "ratio to fifo (mean / p99)" in out
+    assert "queued in all mean / p99" in out
     assert "normal: jobs" not in out
     bad = sim("--gpus", "8", "--classes", "urgent=1")
     assert bad.returncode == 2 and "'urgent' is not a priority class" in bad.stderr and "Traceback" not in bad.stderr
