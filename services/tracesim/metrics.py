@@ -55,12 +55,6 @@ def _useful_in_window(job: SimJob, start: float, end: float) -> float:
     return overlap * job.t.gpus
 
 
-def queued(job: SimJob) -> float:
-    """Seconds the job spent in the queue in all: before its first start and after every
-    preemption or fault until it ran again (and, if it never ran again, until the run ended)."""
-    return job.queued_s
-
-
 def summarize(outcome: Outcome) -> dict[str, Any]:
     jobs = list(outcome.jobs.values())
     done = [j for j in jobs if j.end is not None]
@@ -70,7 +64,7 @@ def summarize(outcome: Outcome) -> dict[str, Any]:
     by_priority: dict[str, dict[str, float]] = {}
     for prio in sorted({j.t.priority.value for j in jobs}):
         w = [j.first_start - j.t.submit_s for j in started if j.t.priority.value == prio]  # type: ignore[operator]
-        q = [queued(j) for j in started if j.t.priority.value == prio]
+        q = [j.queued_s for j in started if j.t.priority.value == prio]
         by_priority[prio] = {
             "jobs": sum(1 for j in jobs if j.t.priority.value == prio),
             "wait_mean_s": mean(w),
