@@ -7,8 +7,9 @@ it runs again too), high's mean wait <= low's, utilization >= fifo's - 1 point.
     .venv/bin/python bench/class_analogue.py [--seeds 0,1,2] [--gpus 40,32] [--jobs 6200] [--preemption-worth R]
 
 Prints one JSON object: per seed and fleet size, per class wait mean / p99 (hours) for fifo and
-chamber, utilizations, and which targets hold. `--write OUT.csv` also writes the seed's trace (the
-classes included) for `chamber sim --trace OUT.csv`.
+chamber, utilizations, and which targets hold; `mean_inversions` lists every pair of classes whose
+means are out of order (bench/fairness.py's stricter target, shown here, not counted).
+`--write OUT.csv` also writes the seed's trace (the classes included) for `chamber sim --trace OUT.csv`.
 """
 
 from __future__ import annotations

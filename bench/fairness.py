@@ -56,8 +56,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from events import PriorityClass  # noqa: E402
-from services.tracesim.analogue import analogue, p99_le_fifo  # noqa: E402
+from services.tracesim.analogue import CLASSES, analogue, inverted, p99_le_fifo  # noqa: E402
 from services.tracesim.classes import DEFAULT_MIX, assign, parse_mix  # noqa: E402
 from services.tracesim.engine import FleetSpec, Outcome  # noqa: E402
 from services.tracesim.openb import load_openb  # noqa: E402
@@ -68,7 +67,6 @@ from services.tracesim.trace import TraceError, TraceJob, load  # noqa: E402
 ITP = ROOT / "data" / "traces" / "itp" / "jobs.csv"
 OPENB = ROOT / "data" / "traces" / "alibaba-openb" / "openb_pod_list_default.csv"
 HOUR = 3600.0
-ORDER = [p.value for p in sorted(PriorityClass, key=lambda p: p.rank)]  # most urgent first
 
 
 def _itp_cluster(cluster: str) -> Callable[[int, Path], list[TraceJob]]:
@@ -116,21 +114,6 @@ TRACES: dict[str, Spec] = {
         seeds=2,
     ),
 }
-
-
-def inverted(summary: dict[str, Any], measure: str = "wait") -> list[tuple[str, str]]:
-    """Pairs of classes (more urgent, less urgent) whose mean waits (`measure`: "wait" to the first
-    start, "queued" in all) are in the wrong order. Serving ranks with high: neither is the other's
-    lower class."""
-    ours = summary["by_priority"]
-    classes = [c for c in ORDER if c in ours]
-    key = f"{measure}_mean_s"
-    return [
-        (hi, lo)
-        for i, hi in enumerate(classes)
-        for lo in classes[i + 1 :]
-        if PriorityClass(hi).rank < PriorityClass(lo).rank and ours[hi][key] > ours[lo][key]
-    ]
 
 
 def targets(fifo: dict[str, Any], chamber: dict[str, Any]) -> dict[str, Any]:
@@ -250,7 +233,7 @@ def run_one(jobs: list[TraceJob], gpus: int, tuning: dict[str, Any] | None = Non
     result, outcomes = compare(fitting, fleet, equal_shares(teams, gpus), ["fifo", "chamber"], tuning)
     fifo, chamber = result["policies"]["fifo"], result["policies"]["chamber"]
     per_class: dict[str, Any] = {}
-    for c in ORDER:
+    for c in CLASSES:
         if c not in chamber["by_priority"]:
             continue
         row: dict[str, Any] = {"jobs": chamber["by_priority"][c]["jobs"]}

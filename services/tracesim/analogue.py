@@ -17,7 +17,10 @@ import random
 from dataclasses import replace
 from typing import Any
 
+from events import PriorityClass
 from services.tracesim.trace import TraceJob
+
+CLASSES = [p.value for p in sorted(PriorityClass, key=lambda p: p.rank)]  # most urgent first
 
 # ITP cluster -> team: skewed like a real fleet (GPU-hours about 48 / 30 / 13 / 9 %).
 TEAMS = {
@@ -60,16 +63,33 @@ def p99_le_fifo(fifo: dict[str, Any], chamber: dict[str, Any], measure: str) -> 
     return {c: row[key] <= theirs[c][key] for c, row in chamber["by_priority"].items() if c in theirs}
 
 
+def inverted(summary: dict[str, Any], measure: str = "wait") -> list[tuple[str, str]]:
+    """Pairs of classes (more urgent, less urgent) whose mean waits (`measure`: "wait" to the first
+    start, "queued" in all) are in the wrong order. Serving ranks with high: neither is the other's
+    lower class."""
+    ours = summary["by_priority"]
+    classes = [c for c in CLASSES if c in ours]
+    key = f"{measure}_mean_s"
+    return [
+        (hi, lo)
+        for i, hi in enumerate(classes)
+        for lo in classes[i + 1 :]
+        if PriorityClass(hi).rank < PriorityClass(lo).rank and ours[hi][key] > ours[lo][key]
+    ]
+
+
 def targets(fifo: dict[str, Any], chamber: dict[str, Any]) -> dict[str, Any]:
     """Issue 19's targets for one run, from fifo's and chamber's summaries (`metrics.summarize`):
     every class's p99 wait <= fifo's, to the first start and in all, high's mean wait <= low's,
-    utilization >= fifo's - 1 point."""
+    utilization >= fifo's - 1 point. Besides, not a target here: `mean_inversions`, every pair of
+    classes whose mean waits are in the wrong order (bench/fairness.py's stricter target)."""
     high, low = chamber["by_priority"].get("high"), chamber["by_priority"].get("low")
     return {
         "p99_le_fifo": p99_le_fifo(fifo, chamber, "wait"),
         "queued_p99_le_fifo": p99_le_fifo(fifo, chamber, "queued"),
         "high_mean_le_low_mean": high is None or low is None or high["wait_mean_s"] <= low["wait_mean_s"],
         "utilization_ge_fifo_minus_1pt": chamber["utilization"] >= fifo["utilization"] - 0.01,
+        "mean_inversions": [f"{hi} > {lo}" for hi, lo in inverted(chamber)],
     }
 
 

@@ -73,3 +73,16 @@ def test_a_tail_in_all_past_fifo_misses_though_the_first_waits_meet() -> None:
     assert all(t["p99_le_fifo"].values()) and not t["queued_p99_le_fifo"]["low"]
     assert not met(t)
     assert met(targets(fifo, summary(90.0, 95.0)))
+
+
+def test_every_pair_of_classes_out_of_order_is_shown_but_only_high_against_low_is_a_target() -> None:
+    row = {"wait_p99_s": 1.0, "queued_mean_s": 1.0, "queued_p99_s": 1.0}
+    waits = {"high": 2.0, "normal": 1.0, "low": 3.0}
+    chamber = {"utilization": 0.6, "by_priority": {c: dict(row, wait_mean_s=m) for c, m in waits.items()}}
+    t = targets(chamber, chamber)
+    assert t["mean_inversions"] == ["high > normal"]
+    assert met(t)
+    chamber["by_priority"]["low"]["wait_mean_s"] = 1.5
+    t = targets(chamber, chamber)
+    assert t["mean_inversions"] == ["high > normal", "high > low"]
+    assert not met(t)
