@@ -3,7 +3,7 @@ run through the simulator's own `compare` (what `chamber sim --compare fifo,cham
 several public traces, each at two fleet sizes that leave it under pressure, with equal-share quotas.
 
     .venv/bin/python bench/fairness.py [--traces itp-analogue,itp-cluster02,itp-cluster03,openb]
-        [--openb PATH] [--seeds N] [--json-only] [--tuning JSON]
+        [--openb PATH] [--seeds N] [--teams N] [--json-only] [--tuning JSON]
     .venv/bin/python bench/fairness.py --csv YOURS.csv --gpus 64,48   # a trace of your own
 
 Traces (docs/fairness.md has the class mappings and why these fleet sizes):
@@ -13,6 +13,7 @@ Traces (docs/fairness.md has the class mappings and why these fleet sizes):
   held out openb          Alibaba's 2023 GPU pod trace (6,203 GPU pods): its real QoS classes, 4 random
                           teams; not in the repository (licence), read from --openb
 "Random" draws are seeded: seeds 0..N-1 (`--seeds`, default 3; openb 2, its 32-GPU run is slow).
+`--teams N` draws the random teams as N instead of 4 (each an equal share of the fleet).
   yours    --csv PATH     any trace in `chamber sim`'s CSV columns, with its own `priority` and
                           `preemptible` columns and teams; run once per fleet size of --gpus
 
@@ -67,32 +68,34 @@ from services.tracesim.trace import TraceError, TraceJob, load  # noqa: E402
 ITP = ROOT / "data" / "traces" / "itp" / "jobs.csv"
 OPENB = ROOT / "data" / "traces" / "alibaba-openb" / "openb_pod_list_default.csv"
 HOUR = 3600.0
+RANDOM_TEAMS = 4  # teams a trace without teams is drawn into (--teams)
 
 
 def _itp_cluster(cluster: str) -> Callable[[int, Path], list[TraceJob]]:
-    def build(seed: int, _: Path) -> list[TraceJob]:
+    def build(seed: int, _: Path, teams: int = RANDOM_TEAMS) -> list[TraceJob]:
         jobs = [j for j in load(ITP).jobs if j.team == cluster]
         rng = random.Random(f"teams:{seed}")
         start = jobs[0].submit_s
-        teams = [replace(j, team=f"team-{rng.randrange(4)}", submit_s=j.submit_s - start) for j in jobs]
-        return assign(teams, parse_mix(DEFAULT_MIX, seed=seed))
+        drawn = [replace(j, team=f"team-{rng.randrange(teams)}", submit_s=j.submit_s - start) for j in jobs]
+        return assign(drawn, parse_mix(DEFAULT_MIX, seed=seed))
 
     return build
 
 
-def _analogue(seed: int, _: Path) -> list[TraceJob]:
+def _analogue(seed: int, _: Path, _teams: int = RANDOM_TEAMS) -> list[TraceJob]:
+    # its four skewed teams are part of what it stands in for: no random draw to change
     return assign(analogue(load(ITP).jobs, seed=seed), parse_mix(DEFAULT_MIX, seed=seed))
 
 
-def _openb(seed: int, path: Path) -> list[TraceJob]:
+def _openb(seed: int, path: Path, teams: int = RANDOM_TEAMS) -> list[TraceJob]:
     # the downloaded trace's csv/ folder names its pod list; the folder will do
-    return load_openb(path / OPENB.name if path.is_dir() else path, seed=seed)
+    return load_openb(path / OPENB.name if path.is_dir() else path, seed=seed, teams=teams)
 
 
 @dataclass(frozen=True)
 class Spec:
     split: str  # "tuning" (the policy's constants were chosen looking at it) or "held out"
-    build: Callable[[int, Path], list[TraceJob]]
+    build: Callable[[int, Path, int], list[TraceJob]]  # (seed, the openb trace, teams for a random draw)
     gpus: tuple[int, ...]
     classes: str  # how jobs got their classes
     seeds: int | None = None  # default number of seeds, if not --seeds
@@ -343,7 +346,7 @@ def _company(pair: str, m: dict[str, Any]) -> str:
 def _your_trace(path: Path) -> Spec:
     """A trace the operator brings: its teams and classes as the file gives them (no random draw)."""
 
-    def build(_seed: int, _openb: Path) -> list[TraceJob]:
+    def build(_seed: int, _openb: Path, _teams: int) -> list[TraceJob]:
         trace = load(path)
         jobs = trace.jobs
         if trace.bad_rows:  # the simulator's rule: bad rows are left out, and said so
@@ -392,6 +395,8 @@ def _refused(args: argparse.Namespace) -> str | None:
         return f"unknown trace {', '.join(unknown)}; use {', '.join(TRACES)}, or --csv PATH for your own"
     if args.seeds is not None and args.seeds < 1:
         return "--seeds must be at least 1"
+    if args.teams < 1:
+        return "--teams must be at least 1"
     if args.gpus is not None and _fleet_sizes(args.gpus) is None:
         return f"--gpus {args.gpus!r}: give fleet sizes as positive whole numbers, comma-separated (e.g. 64,48)"
     if args.csv and args.gpus is None:
@@ -416,6 +421,13 @@ def main() -> int:
         "--openb", type=Path, default=OPENB, help=f"the openb pod list CSV, or the folder holding it (default {OPENB})"
     )
     ap.add_argument("--seeds", type=int, help="seeds per trace (default 3; openb 2)")
+    ap.add_argument(
+        "--teams",
+        type=int,
+        default=RANDOM_TEAMS,
+        help=f"teams the jobs of itp-cluster02, itp-cluster03 and openb are drawn into (default {RANDOM_TEAMS}); "
+        "the analogue keeps its four skewed teams, a --csv trace its own",
+    )
     ap.add_argument("--gpus", help="override every trace's fleet sizes (comma-separated)")
     ap.add_argument("--json-only", action="store_true", help="no table on stderr")
     ap.add_argument(
@@ -439,6 +451,7 @@ def main() -> int:
     out: dict[str, Any] = {
         "policy": f"chamber with {json.dumps(args.tuning)} vs fifo" if args.tuning else "chamber (default) vs fifo",
         "quotas": "equal shares",
+        "random_teams": args.teams,
         "traces": {},
         "runs": {},
     }
@@ -450,7 +463,7 @@ def main() -> int:
         out["runs"][name] = {}
         for seed in range(seeds):
             try:
-                jobs = spec.build(seed, args.openb)
+                jobs = spec.build(seed, args.openb, args.teams)
             except TraceError as exc:
                 print(f"fairness.py: {name}: {exc}", file=sys.stderr)
                 return 2

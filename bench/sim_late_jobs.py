@@ -149,11 +149,12 @@ def main() -> None:
     add_preemption_worth_argument(ap, default=None)
     args = ap.parse_args()
     if args.bench_trace:
-        from bench.fairness import OPENB, TRACES
+        from bench.fairness import OPENB, RANDOM_TEAMS, TRACES
 
         if args.bench_trace not in TRACES:
             ap.error(f"--bench-trace: use one of {', '.join(TRACES)}")
-        jobs = [j for j in TRACES[args.bench_trace].build(args.seed, args.openb or OPENB) if j.gpus <= args.gpus]
+        built = TRACES[args.bench_trace].build(args.seed, args.openb or OPENB, RANDOM_TEAMS)
+        jobs = [j for j in built if j.gpus <= args.gpus]
     else:
         jobs = assign(load(args.trace).jobs, parse_mix(args.classes))
     by_id = {j.id: j for j in jobs}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -14,7 +15,7 @@ import pytest
 from events import PriorityClass
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from bench.fairness import by_size, inversion_p, inverted, main, matched_waits
+from bench.fairness import OPENB, TRACES, by_size, inversion_p, inverted, main, matched_waits
 
 HIGH, NORMAL = PriorityClass.HIGH, PriorityClass.NORMAL
 
@@ -116,6 +117,7 @@ def test_a_trace_of_your_own_runs_with_its_own_classes(
         (["--csv", "x.csv", "--gpus", "8,eight"], "positive whole numbers"),
         (["--csv", "missing.csv", "--gpus", "8"], "does not exist"),
         (["--traces", "philly"], "unknown trace philly"),
+        (["--traces", "itp-cluster03", "--teams", "0"], "--teams must be at least 1"),
     ],
 )
 def test_a_bad_command_line_gets_one_line(
@@ -124,6 +126,13 @@ def test_a_bad_command_line_gets_one_line(
     assert _run(monkeypatch, *argv) == 2
     err = capsys.readouterr().err
     assert says in err and "Traceback" not in err
+
+
+def test_teams_draws_the_random_teams_anew_and_nothing_else() -> None:
+    four = TRACES["itp-cluster03"].build(0, OPENB, 4)
+    two = TRACES["itp-cluster03"].build(0, OPENB, 2)
+    assert len({j.team for j in four}) == 4 and {j.team for j in two} == {"team-0", "team-1"}
+    assert [replace(j, team="") for j in two] == [replace(j, team="") for j in four]  # same jobs, classes
 
 
 def test_serving_and_high_rank_alike_so_neither_inverts_the_other() -> None:
