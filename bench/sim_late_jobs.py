@@ -3,7 +3,8 @@ issue 19's class mix by default, or one of bench/fairness.py's traces with --ben
 where the jobs waited (time-weighted waiting reasons, recorded every scheduling cycle): per class
 over all jobs, and for the jobs that waited longer than --late-hours; plus the work each kind of
 preemption threw away, and for the jobs that need a whole node how long, when each arrived, no node
-could have been free of non-preemptible work (`whole_node_jobs`: a floor no queue order beats).
+could have been free of non-preemptible work (`whole_node_jobs`: a floor no queue order beats);
+per class, the longest waits and the class's mean without them (`longest_waits_by_class`).
 
     .venv/bin/python bench/sim_late_jobs.py [--gpus 1280] [--late-hours 27.7] [--preemption-worth R]
     .venv/bin/python bench/sim_late_jobs.py --bench-trace openb --seed 0 --gpus 40 --late-hours 24
@@ -209,8 +210,48 @@ def main() -> None:
         },
         "preemptions": {k: {"count": count[k], "gpu_hours_lost": round(lost[k])} for k, _ in lost.most_common()},
         "whole_node_jobs": _whole_node_jobs(outcome, policy.no_whole_node, policy.waited),
+        "longest_waits_by_class": _longest_by_class(outcome, policy.waited),
     }
     print(json.dumps(out, indent=1))
+
+
+def _longest_by_class(outcome: Any, waited: dict[str, Counter[str]], top: int = 5) -> dict[str, Any]:
+    """Per class, its mean wait to the first start, the mean with its 1..`top` longest waits left
+    out (a class's mean can rest on a few jobs: a class of 61 jobs whose mean is one job's wait),
+    and those jobs, each with the reason it waited under longest."""
+    by_class: dict[str, list[Any]] = defaultdict(list)
+    for j in outcome.jobs.values():
+        if j.first_start is not None:
+            by_class[j.t.priority.value].append(j)
+    out: dict[str, Any] = {}
+    for c, jobs in sorted(by_class.items()):
+        jobs.sort(key=lambda j: j.t.submit_s - j.first_start)  # longest wait first
+        waits = [(j.first_start - j.t.submit_s) / HOUR for j in jobs]
+        total, n = sum(waits), len(waits)
+        rows = []
+        for j, w in zip(jobs[:top], waits, strict=False):
+            mostly = waited[j.t.id].most_common(1)
+            rows.append(
+                {
+                    "job": j.t.id,
+                    "team": j.t.team,
+                    "gpus": j.t.gpus,
+                    "preemptible": j.t.preemptible,
+                    "submit_h": round(j.t.submit_s / HOUR, 1),
+                    "wait_h": round(w, 1),
+                    "runtime_h": round(j.t.duration_s / HOUR, 1),
+                    "mostly": f"{mostly[0][0]} ({mostly[0][1] / HOUR:.0f} h)" if mostly else "",
+                }
+            )
+        out[c] = {
+            "jobs": n,
+            "mean_h": round(total / n, 2),
+            "mean_without_longest_h": [
+                round((total - sum(waits[:k])) / (n - k), 2) for k in range(1, min(top, n - 1) + 1)
+            ],
+            "longest": rows,
+        }
+    return out
 
 
 def _whole_node_jobs(outcome: Any, no_whole_node: dict[str, float], waited: dict[str, Counter[str]]) -> dict[str, Any]:
