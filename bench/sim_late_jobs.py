@@ -147,6 +147,7 @@ def main() -> None:
     ap.add_argument("--bench-trace", help="one of bench/fairness.py's traces instead of --trace")
     ap.add_argument("--seed", type=int, default=0, help="with --bench-trace: its seed (classes, teams)")
     ap.add_argument("--openb", type=Path, help="with --bench-trace openb: the pod list CSV")
+    ap.add_argument("--teams", type=int, help="with --bench-trace: teams of its random draw (default 4)")
     add_preemption_worth_argument(ap, default=None)
     args = ap.parse_args()
     if args.bench_trace:
@@ -154,7 +155,9 @@ def main() -> None:
 
         if args.bench_trace not in TRACES:
             ap.error(f"--bench-trace: use one of {', '.join(TRACES)}")
-        built = TRACES[args.bench_trace].build(args.seed, args.openb or OPENB, RANDOM_TEAMS)
+        if args.teams is not None and args.teams < 1:
+            ap.error("--teams must be at least 1")
+        built = TRACES[args.bench_trace].build(args.seed, args.openb or OPENB, args.teams or RANDOM_TEAMS)
         jobs = [j for j in built if j.gpus <= args.gpus]
     else:
         jobs = assign(load(args.trace).jobs, parse_mix(args.classes))
