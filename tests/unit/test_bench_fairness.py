@@ -15,7 +15,7 @@ import pytest
 from events import PriorityClass
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from bench.fairness import OPENB, TRACES, by_size, inversion_p, inverted, main, matched_waits
+from bench.fairness import OPENB, TRACES, by_size, inversion_p, inverted, main, matched_waits, rests_on
 
 HIGH, NORMAL = PriorityClass.HIGH, PriorityClass.NORMAL
 
@@ -81,6 +81,16 @@ def test_a_gap_made_by_when_the_jobs_came_sets_each_job_against_its_company() ->
     assert matched_waits(lonely, "high", "normal") == {"jobs": 0, "normal_h": None, "high_h": None}
     near = _timed((HIGH, 1, 0.0, 5.0), (HIGH, 1, 12.0, 3.0), (NORMAL, 1, 6.0, 1.0))
     assert matched_waits(near, "high", "normal") == {"jobs": 1, "normal_h": 1.0, "high_h": 4.0}
+
+
+def test_an_inversion_that_rests_on_one_big_job_names_it() -> None:
+    # 60 normal jobs wait 4 h, one 64-GPU job 450 h: normal's mean 11.3 h against low's 10 h
+    jobs = [(NORMAL, 1, 4.0)] * 60 + [(NORMAL, 64, 450.0), (NORMAL, 8, None)] + [(PriorityClass.LOW, 1, 10.0)] * 100
+    assert rests_on(_outcome(*jobs), "normal", "low") == {"jobs": 1, "gpus": [64], "waits_h": [450.0]}
+    # a class that waits longer throughout rests on no few jobs
+    even = [(HIGH, 1, 12.0)] * 50 + [(NORMAL, 1, 10.0)] * 50
+    assert rests_on(_outcome(*even), "high", "normal") == {"jobs": None}
+    assert rests_on(_outcome(*even), "high", "low") == {"jobs": None}  # no low job at all
 
 
 def test_mean_waits_per_job_size() -> None:
