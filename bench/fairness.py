@@ -72,8 +72,8 @@ HOUR = 3600.0
 RANDOM_TEAMS = 4  # teams a trace without teams is drawn into (--teams)
 
 
-def _itp_cluster(cluster: str) -> Callable[[int, Path], list[TraceJob]]:
-    def build(seed: int, _: Path, teams: int = RANDOM_TEAMS) -> list[TraceJob]:
+def _itp_cluster(cluster: str) -> Callable[[int, Path, int], list[TraceJob]]:
+    def build(seed: int, _: Path, teams: int) -> list[TraceJob]:
         jobs = [j for j in load(ITP).jobs if j.team == cluster]
         rng = random.Random(f"teams:{seed}")
         start = jobs[0].submit_s
@@ -83,12 +83,12 @@ def _itp_cluster(cluster: str) -> Callable[[int, Path], list[TraceJob]]:
     return build
 
 
-def _analogue(seed: int, _: Path, _teams: int = RANDOM_TEAMS) -> list[TraceJob]:
+def _analogue(seed: int, _: Path, _teams: int) -> list[TraceJob]:
     # its four skewed teams are part of what it stands in for: no random draw to change
     return assign(analogue(load(ITP).jobs, seed=seed), parse_mix(DEFAULT_MIX, seed=seed))
 
 
-def _openb(seed: int, path: Path, teams: int = RANDOM_TEAMS) -> list[TraceJob]:
+def _openb(seed: int, path: Path, teams: int) -> list[TraceJob]:
     # the downloaded trace's csv/ folder names its pod list; the folder will do
     return load_openb(path / OPENB.name if path.is_dir() else path, seed=seed, teams=teams)
 

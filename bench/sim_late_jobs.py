@@ -232,7 +232,7 @@ def _longest_by_class(outcome: Any, waited: dict[str, Counter[str]], top: int = 
         waits = [(j.first_start - j.t.submit_s) / HOUR for j in jobs]
         total, n = sum(waits), len(waits)
         rows = []
-        for j, w in zip(jobs[:top], waits, strict=False):
+        for j, w in zip(jobs[:top], waits[:top], strict=True):
             mostly = waited[j.t.id].most_common(1)
             rows.append(
                 {
