@@ -52,6 +52,7 @@ import time
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from functools import cache
 from itertools import accumulate
 from pathlib import Path
 from typing import Any
@@ -75,9 +76,15 @@ HOUR = 3600.0
 RANDOM_TEAMS = 4  # teams a trace without teams is drawn into (--teams)
 
 
+@cache
+def _itp_jobs() -> tuple[TraceJob, ...]:
+    """The bundled ITP trace, read once per process (every ITP build and seed starts from it)."""
+    return tuple(load(ITP).jobs)
+
+
 def _itp_cluster(cluster: str) -> Callable[[int, Path, int], list[TraceJob]]:
     def build(seed: int, _: Path, teams: int) -> list[TraceJob]:
-        jobs = [j for j in load(ITP).jobs if j.team == cluster]
+        jobs = [j for j in _itp_jobs() if j.team == cluster]
         rng = random.Random(f"teams:{seed}")
         start = jobs[0].submit_s
         drawn = [replace(j, team=f"team-{rng.randrange(teams)}", submit_s=j.submit_s - start) for j in jobs]
@@ -88,7 +95,7 @@ def _itp_cluster(cluster: str) -> Callable[[int, Path, int], list[TraceJob]]:
 
 def _analogue(seed: int, _: Path, _teams: int) -> list[TraceJob]:
     # its four skewed teams are part of what it stands in for: no random draw to change
-    return assign(analogue(load(ITP).jobs, seed=seed), parse_mix(DEFAULT_MIX, seed=seed))
+    return assign(analogue(list(_itp_jobs()), seed=seed), parse_mix(DEFAULT_MIX, seed=seed))
 
 
 def _openb(seed: int, path: Path, teams: int) -> list[TraceJob]:

@@ -145,6 +145,17 @@ def test_teams_draws_the_random_teams_anew_and_nothing_else() -> None:
     assert [replace(j, team="") for j in two] == [replace(j, team="") for j in four]  # same jobs, classes
 
 
+def test_each_itp_cluster_is_its_own_jobs_rebased_and_the_fresh_ones_are_new_data() -> None:
+    clusters = {n: TRACES[n].build(0, OPENB, 4) for n in TRACES if n.startswith("itp-cluster")}
+    ids = {n: {j.id for j in jobs} for n, jobs in clusters.items()}
+    for name, jobs in clusters.items():
+        assert jobs and min(j.submit_s for j in jobs) == 0
+        assert all(ids[name].isdisjoint(other) for n, other in ids.items() if n != name)
+    fresh = {n for n, spec in TRACES.items() if spec.split == "fresh"}
+    assert fresh == {"itp-cluster01", "itp-cluster06", "itp-cluster08"}
+    assert {spec.split for spec in TRACES.values()} == {"tuning", "held out", "fresh"}
+
+
 def test_serving_and_high_rank_alike_so_neither_inverts_the_other() -> None:
     def row(hours: float) -> dict[str, float]:
         return {"wait_mean_s": hours * 3600}
