@@ -25,8 +25,8 @@ Per run it prints, per class, mean / p50 / p99 wait (hours) for fifo and chamber
 targets: every class's p99 <= fifo's; each class's mean wait <= the mean of every lower class;
 both again on the time queued in all (`queued_*`: the first wait plus every wait after a preemption,
 which the first wait alone does not see); utilization >= fifo's - 1 point; and no more jobs left
-unstarted than under fifo (a job that never starts has no wait to count). A table on stderr, one
-JSON object on stdout.
+unstarted than under fifo (a job that never starts has no wait to count); per split, the runs that
+met every target (`met_by_split`). A table on stderr, one JSON object on stdout.
 
 Each mean inversion also gets `inversion_p`: the share of random relabelings of its two classes'
 jobs (each label kept among jobs of the same GPU count) whose gap is at least the one observed. It
@@ -325,6 +325,17 @@ def run_one(jobs: list[TraceJob], gpus: int, tuning: dict[str, Any] | None = Non
     }
 
 
+def met_by_split(out: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """Per split (tuning, held out, fresh, yours): how many runs there were and how many met every
+    target; the held-out and fresh counts are the ones that say how the policy generalizes."""
+    counts: dict[str, dict[str, int]] = {}
+    for name, runs in out["runs"].items():
+        row = counts.setdefault(out["traces"][name]["split"], {"runs": 0, "met": 0})
+        row["runs"] += len(runs)
+        row["met"] += sum(bool(r["all_targets_met"]) for r in runs.values())
+    return counts
+
+
 def table(out: dict[str, Any]) -> str:
     lines = [
         "| trace (split) | GPUs | seed | class | jobs | fifo mean / p50 / p99 (h) | chamber mean / p50 / p99 (h) "
@@ -358,6 +369,8 @@ def table(out: dict[str, Any]) -> str:
             strict=True,
         )
     ]
+    split_counts = ", ".join(f"{split} {c['met']} of {c['runs']}" for split, c in out["met_by_split"].items())
+    lines += ["", f"Runs meeting every target: {split_counts}"]
     if notes:
         lines += ["", "Mean inversions:", *notes]
     # Time queued in all (a preempted job waits again): fifo preempts nothing, so its tail is its wait's
@@ -528,6 +541,7 @@ def main() -> int:
                 out["runs"][name][f"seed{seed}/{g}gpus"] = run_one(jobs, g, args.tuning or None)
                 print(f"{name} seed {seed} {g} GPUs done", file=sys.stderr)
     out["all_targets_met"] = all(r["all_targets_met"] for runs in out["runs"].values() for r in runs.values())
+    out["met_by_split"] = met_by_split(out)
     if not args.json_only:
         print(table(out), file=sys.stderr)
     print(json.dumps(out, indent=1))

@@ -15,7 +15,7 @@ import pytest
 from events import PriorityClass
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from bench.fairness import OPENB, TRACES, by_size, inversion_p, inverted, main, matched_waits, rests_on
+from bench.fairness import OPENB, TRACES, by_size, inversion_p, inverted, main, matched_waits, met_by_split, rests_on
 
 HIGH, NORMAL = PriorityClass.HIGH, PriorityClass.NORMAL
 
@@ -118,6 +118,19 @@ def test_a_trace_of_your_own_runs_with_its_own_classes(
     [run] = out["runs"]["csv:ours.csv"].values()
     assert set(run["per_class"]) == {"high", "normal", "low"}
     assert run["per_class"]["high"]["mean"]["fifo_h"] > 0  # under pressure: fifo waits
+    assert out["met_by_split"] == {"yours": {"runs": 1, "met": int(run["all_targets_met"])}}
+
+
+def test_runs_meeting_every_target_are_counted_per_split() -> None:
+    out = {
+        "traces": {"a": {"split": "tuning"}, "b": {"split": "fresh"}, "c": {"split": "fresh"}},
+        "runs": {
+            "a": {"seed0/8gpus": {"all_targets_met": True}},
+            "b": {"seed0/8gpus": {"all_targets_met": False}, "seed1/8gpus": {"all_targets_met": True}},
+            "c": {"seed0/8gpus": {"all_targets_met": False}},
+        },
+    }
+    assert met_by_split(out) == {"tuning": {"runs": 1, "met": 1}, "fresh": {"runs": 3, "met": 1}}
 
 
 @pytest.mark.parametrize(
