@@ -315,6 +315,13 @@ def run_one(jobs: list[TraceJob], gpus: int, tuning: dict[str, Any] | None = Non
         "gpus": gpus,
         "jobs": len(fitting),
         "utilization": {"fifo": fifo["utilization"], "chamber": chamber["utilization"]},
+        # Not a target, an explanation: the whole-run figure counts the drain after the last submit,
+        # where one long job that starts late can leave the fleet nearly idle for days.
+        "utilization_while_submitting": {
+            "fifo": fifo["utilization_while_submitting"],
+            "chamber": chamber["utilization_while_submitting"],
+        },
+        "makespan_h": {"fifo": round(fifo["makespan_s"] / HOUR, 1), "chamber": round(chamber["makespan_s"] / HOUR, 1)},
         "per_class": per_class,
         "preemptions": chamber["preemptions"],
         "lost_gpu_hours": chamber["lost_gpu_hours"],

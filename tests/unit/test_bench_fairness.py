@@ -119,6 +119,7 @@ def test_a_trace_of_your_own_runs_with_its_own_classes(
     assert set(run["per_class"]) == {"high", "normal", "low"}
     assert run["per_class"]["high"]["mean"]["fifo_h"] > 0  # under pressure: fifo waits
     assert out["met_by_split"] == {"yours": {"runs": 1, "met": int(run["all_targets_met"])}}
+    assert set(run["utilization_while_submitting"]) == {"fifo", "chamber"} and run["makespan_h"]["fifo"] > 0
 
 
 def test_runs_meeting_every_target_are_counted_per_split() -> None:
