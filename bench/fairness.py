@@ -114,24 +114,22 @@ class Spec:
     seeds: int | None = None  # default number of seeds, if not --seeds
 
 
+RANDOM_MIX = f"random, seeded: {DEFAULT_MIX}; low preemptible"  # how the ITP traces get their classes
+
+
+def _itp(split: str, cluster: str, gpus: tuple[int, ...]) -> Spec:
+    """One ITP cluster alone: the random class mix, teams drawn at random."""
+    return Spec(split, _itp_cluster(cluster), gpus, RANDOM_MIX)
+
+
 TRACES: dict[str, Spec] = {
-    "itp-analogue": Spec("tuning", _analogue, (40, 32), f"random, seeded: {DEFAULT_MIX}; low preemptible"),
-    "itp-cluster02": Spec(
-        "held out", _itp_cluster("cluster02"), (80, 64), f"random, seeded: {DEFAULT_MIX}; low preemptible"
-    ),
-    "itp-cluster03": Spec(
-        "held out", _itp_cluster("cluster03"), (96, 80), f"random, seeded: {DEFAULT_MIX}; low preemptible"
-    ),
+    "itp-analogue": Spec("tuning", _analogue, (40, 32), RANDOM_MIX),
+    "itp-cluster02": _itp("held out", "cluster02", (80, 64)),
+    "itp-cluster03": _itp("held out", "cluster03", (96, 80)),
     # Fleet sizes chosen on fifo's waits alone (hours to hundreds of hours), before any chamber run.
-    "itp-cluster01": Spec(
-        "fresh", _itp_cluster("cluster01"), (32, 24), f"random, seeded: {DEFAULT_MIX}; low preemptible"
-    ),
-    "itp-cluster06": Spec(
-        "fresh", _itp_cluster("cluster06"), (96, 80), f"random, seeded: {DEFAULT_MIX}; low preemptible"
-    ),
-    "itp-cluster08": Spec(
-        "fresh", _itp_cluster("cluster08"), (72, 64), f"random, seeded: {DEFAULT_MIX}; low preemptible"
-    ),
+    "itp-cluster01": _itp("fresh", "cluster01", (32, 24)),
+    "itp-cluster06": _itp("fresh", "cluster06", (96, 80)),
+    "itp-cluster08": _itp("fresh", "cluster08", (72, 64)),
     "openb": Spec(
         "held out",
         _openb,
@@ -502,7 +500,7 @@ def main() -> int:
         "--teams",
         type=int,
         default=RANDOM_TEAMS,
-        help=f"teams the jobs of itp-cluster02, itp-cluster03 and openb are drawn into (default {RANDOM_TEAMS}); "
+        help=f"teams the jobs of the ITP clusters and openb are drawn into (default {RANDOM_TEAMS}); "
         "the analogue keeps its four skewed teams, a --csv trace its own",
     )
     ap.add_argument("--gpus", help="override every trace's fleet sizes (comma-separated)")
