@@ -130,6 +130,12 @@ TRACES: dict[str, Spec] = {
     "itp-cluster01": _itp("fresh", "cluster01", (32, 24)),
     "itp-cluster06": _itp("fresh", "cluster06", (96, 80)),
     "itp-cluster08": _itp("fresh", "cluster08", (72, 64)),
+    # The ITP trace's four other clusters with work to queue (cluster10 has 62 jobs), added once the
+    # three above had been run, their sizes again chosen on fifo's waits alone before any chamber run.
+    "itp-cluster04": _itp("fresh", "cluster04", (560, 520)),
+    "itp-cluster05": _itp("fresh", "cluster05", (24, 20)),
+    "itp-cluster07": _itp("fresh", "cluster07", (280, 260)),
+    "itp-cluster09": _itp("fresh", "cluster09", (30, 28)),
     "openb": Spec(
         "held out",
         _openb,
