@@ -182,6 +182,49 @@ def by_size(outcome: Outcome) -> dict[str, dict[str, dict[str, float]]]:
     }
 
 
+def against_fifo(fifo: Outcome, chamber: Outcome) -> dict[str, dict[str, float]]:
+    """Per class, job by job against fifo (jobs that started under both): the share that waited
+    longer under chamber, to the first start and in all; of the jobs at or past fifo's p99 wait for
+    the class (the jobs that make fifo's p99), the share that waited longer and their mean waits;
+    and of the jobs at or past chamber's p99 (to the first start), their mean waits under both.
+    Not a target, an explanation: where fifo's head-of-line blocking idles GPUs, few jobs wait
+    longer than under it and the tail has room to spare; where it idles none (one-GPU jobs), every
+    job under fifo waits only for the work submitted before it, and serving high first makes most
+    low jobs wait longer, so chamber's low tail can be jobs that fifo served sooner."""
+    slack = 60.0  # a minute: the same start, give or take a scheduling cycle
+    rows: dict[str, list[tuple[float, float, float]]] = {}
+    for jid, f in fifo.jobs.items():
+        o = chamber.jobs.get(jid)
+        if f.first_start is None or o is None or o.first_start is None:
+            continue
+        rows.setdefault(f.t.priority.value, []).append(
+            (f.first_start - f.t.submit_s, o.first_start - o.t.submit_s, o.queued_s)
+        )
+    out: dict[str, dict[str, float]] = {}
+    for c, r in rows.items():
+        a = np.array(r)
+        tail = a[a[:, 0] >= np.percentile(a[:, 0], 99)]
+        ours = a[a[:, 1] >= np.percentile(a[:, 1], 99)]
+        out[c] = {
+            "jobs": len(a),
+            "waited_longer": round(float((a[:, 1] > a[:, 0] + slack).mean()), 3),
+            "queued_longer_in_all": round(float((a[:, 2] > a[:, 0] + slack).mean()), 3),
+            "fifo_tail_jobs": len(tail),
+            "fifo_tail_waited_longer": round(float((tail[:, 1] > tail[:, 0] + slack).mean()), 3),
+            "fifo_tail_mean_h": {
+                "fifo": round(float(tail[:, 0].mean()) / HOUR, 1),
+                "chamber": round(float(tail[:, 1].mean()) / HOUR, 1),
+                "chamber_in_all": round(float(tail[:, 2].mean()) / HOUR, 1),
+            },
+            "chamber_tail_jobs": len(ours),
+            "chamber_tail_mean_h": {
+                "fifo": round(float(ours[:, 0].mean()) / HOUR, 1),
+                "chamber": round(float(ours[:, 1].mean()) / HOUR, 1),
+            },
+        }
+    return out
+
+
 def inversion_p(outcome: Outcome, urgent: str, lower: str, rounds: int = 2000) -> float:
     """How often treating the two classes alike gives a gap this large: the share of random
     relabelings of the two classes' started jobs, each label kept among jobs of the same GPU count,
@@ -308,6 +351,9 @@ def run_one(jobs: list[TraceJob], gpus: int, tuning: dict[str, Any] | None = Non
     for c, sizes in by_size(outcomes["chamber"]).items():
         if c in per_class:
             per_class[c]["chamber_by_gpus"] = sizes
+    for c, row in against_fifo(outcomes["fifo"], outcomes["chamber"]).items():
+        if c in per_class:
+            per_class[c]["against_fifo"] = row
     t = targets(fifo, chamber)
     # a job that never starts has no wait: it must not hide a starving class
     t["unfinished_le_fifo"] = chamber["jobs_unfinished"] <= fifo["jobs_unfinished"]

@@ -15,7 +15,18 @@ import pytest
 from events import PriorityClass
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from bench.fairness import OPENB, TRACES, by_size, inversion_p, inverted, main, matched_waits, met_by_split, rests_on
+from bench.fairness import (
+    OPENB,
+    TRACES,
+    against_fifo,
+    by_size,
+    inversion_p,
+    inverted,
+    main,
+    matched_waits,
+    met_by_split,
+    rests_on,
+)
 
 HIGH, NORMAL = PriorityClass.HIGH, PriorityClass.NORMAL
 
@@ -204,3 +215,39 @@ def test_a_trace_without_a_preemptible_column_is_said_to_be_all_preemptible(
     captured = capsys.readouterr()
     assert "no preemptible column: every job is preemptible" in captured.err
     assert "every job is preemptible" in json.loads(captured.out)["traces"]["csv:classes-only.csv"]["classes"]
+
+
+def _runs(waits: list[tuple[float, float | None, float]]) -> tuple[Any, Any]:
+    """fifo's and chamber's outcomes of low one-GPU jobs: (fifo wait, chamber wait, chamber queued
+    in all), in hours, None for a job chamber never started."""
+
+    def job(w: float | None, queued: float) -> Any:
+        first = None if w is None else 100.0 + w * 3600
+        return SimpleNamespace(
+            t=SimpleNamespace(priority=PriorityClass.LOW, gpus=1, submit_s=100.0),
+            first_start=first,
+            queued_s=queued * 3600,
+        )
+
+    fifo = SimpleNamespace(jobs={f"j{i}": job(f, f) for i, (f, _, _) in enumerate(waits)})
+    chamber = SimpleNamespace(jobs={f"j{i}": job(c, q) for i, (_, c, q) in enumerate(waits)})
+    return fifo, chamber
+
+
+def test_against_fifo_says_which_jobs_waited_longer_and_whose_waits_make_each_tail() -> None:
+    # 98 jobs fifo served within 10 h, chamber 5 h later; one that fifo served in 5 h chamber kept
+    # 60 h; the one fifo kept longest (100 h) chamber started in 20 h but threw back, 150 h in all;
+    # one more chamber never started (left out).
+    waits: list[tuple[float, float | None, float]] = [(i / 10, i / 10 + 5, i / 10 + 5) for i in range(98)]
+    waits += [(5.0, 60.0, 60.0), (100.0, 20.0, 150.0), (1.0, None, 0.0)]
+    row = against_fifo(*_runs(waits))["low"]
+    assert row["jobs"] == 100
+    assert row["waited_longer"] == 0.99 and row["queued_longer_in_all"] == 1.0
+    assert row["fifo_tail_jobs"] == 1 and row["fifo_tail_waited_longer"] == 0.0
+    assert row["fifo_tail_mean_h"] == {"fifo": 100.0, "chamber": 20.0, "chamber_in_all": 150.0}
+    assert row["chamber_tail_jobs"] == 1 and row["chamber_tail_mean_h"] == {"fifo": 5.0, "chamber": 60.0}
+
+
+def test_a_job_that_starts_within_a_minute_of_fifo_did_not_wait_longer() -> None:
+    row = against_fifo(*_runs([(2.0, 2.0 + 59 / 3600, 2.0), (2.0, 2.0 + 61 / 3600, 2.0)]))["low"]
+    assert row["waited_longer"] == 0.5 and row["queued_longer_in_all"] == 0.0
