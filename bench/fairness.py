@@ -38,6 +38,8 @@ within 6 hours of each (`jobs` of the less urgent class found such company; thei
 company's): a class of a few jobs that arrived in calm hours can have a lower mean than a busy class
 that the policy still serves first, at the same size and time. And `rests_on`: the fewest (at most
 5) of the more urgent class's longest waits without which the means are in order, with their sizes.
+Each class also gets `against_fifo`: job by job, who waited longer than under fifo, and whose waits
+make each policy's p99 (an explanation too).
 """
 
 from __future__ import annotations
@@ -182,7 +184,7 @@ def by_size(outcome: Outcome) -> dict[str, dict[str, dict[str, float]]]:
     }
 
 
-def against_fifo(fifo: Outcome, chamber: Outcome) -> dict[str, dict[str, float]]:
+def against_fifo(fifo: Outcome, chamber: Outcome) -> dict[str, dict[str, Any]]:
     """Per class, job by job against fifo (jobs that started under both): the share that waited
     longer under chamber, to the first start and in all; of the jobs at or past fifo's p99 wait for
     the class (the jobs that make fifo's p99), the share that waited longer and their mean waits;
@@ -200,7 +202,7 @@ def against_fifo(fifo: Outcome, chamber: Outcome) -> dict[str, dict[str, float]]
         rows.setdefault(f.t.priority.value, []).append(
             (f.first_start - f.t.submit_s, o.first_start - o.t.submit_s, o.queued_s)
         )
-    out: dict[str, dict[str, float]] = {}
+    out: dict[str, dict[str, Any]] = {}
     for c, r in rows.items():
         a = np.array(r)
         tail = a[a[:, 0] >= np.percentile(a[:, 0], 99)]
