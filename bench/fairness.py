@@ -40,6 +40,11 @@ that the policy still serves first, at the same size and time. And `rests_on`: t
 5) of the more urgent class's longest waits without which the means are in order, with their sizes.
 Each class also gets `against_fifo`: job by job, who waited longer than under fifo, and whose waits
 make each policy's p99 (an explanation too).
+
+How far a run is from the p99 target: `worst_p99_ratio`, the largest chamber / fifo p99 over its
+classes and both measures (1.0 or less: met). `met_within` counts, per split, the runs that meet
+every other target as they stand and have every class's p99 within each of `P99_TOLERANCES` of
+fifo's (1.05: at most 5 % above). Not a target: it says how near a miss is.
 """
 
 from __future__ import annotations
@@ -318,6 +323,44 @@ def matched_waits(outcome: Outcome, urgent: str, lower: str, window_s: float = M
     }
 
 
+P99_TOLERANCES = (1.0, 1.02, 1.05, 1.1, 1.25, 1.5, 2.0)  # `met_within`'s: chamber's p99 at most this x fifo's
+
+
+def worst_p99_ratio(fifo: dict[str, Any], chamber: dict[str, Any]) -> float | None:
+    """The largest chamber / fifo p99 over the classes, to the first start and in all, from the two
+    policies' summaries (None if a class waited under chamber where fifo's p99 was 0: no ratio says
+    how far that is). Rounded up, so a run over fifo's p99 by a hair never reads as 1.0."""
+    worst = 0.0
+    for c, ours in chamber["by_priority"].items():
+        theirs = fifo["by_priority"].get(c)
+        for key in ("wait_p99_s", "queued_p99_s"):
+            f, o = (theirs or {}).get(key, 0.0), ours[key]
+            if f > 0:
+                worst = max(worst, o / f)
+            elif o > 0:
+                return None
+    return math.ceil(worst * 1000) / 1000
+
+
+def met_but_p99(t: dict[str, Any]) -> bool:
+    """Every target but the p99s met: class means in order (both measures), utilization, unstarted."""
+    ordered = not t["mean_inversions"] and not t["queued_mean_inversions"]
+    return ordered and t["utilization_ge_fifo_minus_1pt"] and t.get("unfinished_le_fifo", True)
+
+
+def met_within(out: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """Per split, for each of `P99_TOLERANCES`: the runs meeting every other target whose worst p99
+    ratio to fifo is within it (the 1.0 column is `met_by_split`'s count)."""
+    counts: dict[str, dict[str, int]] = {}
+    for name, runs in out["runs"].items():
+        row = counts.setdefault(out["traces"][name]["split"], {f"{t:g}": 0 for t in P99_TOLERANCES})
+        for r in runs.values():
+            worst = r["worst_p99_ratio"]
+            for t in P99_TOLERANCES:
+                row[f"{t:g}"] += worst is not None and worst <= t and met_but_p99(r["targets"])
+    return counts
+
+
 def met(t: dict[str, Any]) -> bool:
     ok = all(t["p99_le_fifo"].values()) and not t["mean_inversions"] and t["utilization_ge_fifo_minus_1pt"]
     ok = ok and all(t["queued_p99_le_fifo"].values()) and not t["queued_mean_inversions"]
@@ -380,6 +423,7 @@ def run_one(jobs: list[TraceJob], gpus: int, tuning: dict[str, Any] | None = Non
         "unfinished": {"fifo": fifo["jobs_unfinished"], "chamber": chamber["jobs_unfinished"]},
         "targets": t,
         "all_targets_met": met(t),
+        "worst_p99_ratio": worst_p99_ratio(fifo, chamber),
         "wall_s": round(time.perf_counter() - t0, 1),
     }
 
@@ -430,6 +474,12 @@ def table(out: dict[str, Any]) -> str:
     ]
     split_counts = ", ".join(f"{split} {c['met']} of {c['runs']}" for split, c in out["met_by_split"].items())
     lines += ["", f"Runs meeting every target: {split_counts}"]
+    within = "; ".join(
+        f"{split} " + ", ".join(f"{n} within {t}" for t, n in row.items() if t != "1")
+        for split, row in out.get("met_within", {}).items()
+    )
+    if within:
+        lines.append(f"Runs meeting every other target, each class's p99 within a ratio of fifo's: {within}")
     if notes:
         lines += ["", "Mean inversions:", *notes]
     # Time queued in all (a preempted job waits again): fifo preempts nothing, so its tail is its wait's
@@ -601,6 +651,7 @@ def main() -> int:
                 print(f"{name} seed {seed} {g} GPUs done", file=sys.stderr)
     out["all_targets_met"] = all(r["all_targets_met"] for runs in out["runs"].values() for r in runs.values())
     out["met_by_split"] = met_by_split(out)
+    out["met_within"] = met_within(out)
     if not args.json_only:
         print(table(out), file=sys.stderr)
     print(json.dumps(out, indent=1))

@@ -25,7 +25,9 @@ from bench.fairness import (
     main,
     matched_waits,
     met_by_split,
+    met_within,
     rests_on,
+    worst_p99_ratio,
 )
 
 HIGH, NORMAL = PriorityClass.HIGH, PriorityClass.NORMAL
@@ -130,6 +132,8 @@ def test_a_trace_of_your_own_runs_with_its_own_classes(
     assert set(run["per_class"]) == {"high", "normal", "low"}
     assert run["per_class"]["high"]["mean"]["fifo_h"] > 0  # under pressure: fifo waits
     assert out["met_by_split"] == {"yours": {"runs": 1, "met": int(run["all_targets_met"])}}
+    assert out["met_within"]["yours"]["1"] == int(run["all_targets_met"])  # the strict column is the count met
+    assert run["worst_p99_ratio"] is None or run["worst_p99_ratio"] > 0
     assert set(run["utilization_while_submitting"]) == {"fifo", "chamber"} and run["makespan_h"]["fifo"] > 0
 
 
@@ -143,6 +147,37 @@ def test_runs_meeting_every_target_are_counted_per_split() -> None:
         },
     }
     assert met_by_split(out) == {"tuning": {"runs": 1, "met": 1}, "fresh": {"runs": 3, "met": 1}}
+
+
+def _summary(**p99s: tuple[float, float]) -> dict[str, Any]:
+    return {"by_priority": {c: {"wait_p99_s": w, "queued_p99_s": q} for c, (w, q) in p99s.items()}}
+
+
+def test_the_worst_p99_ratio_is_the_farthest_class_on_either_measure_rounded_up() -> None:
+    fifo = _summary(high=(100.0, 100.0), low=(200.0, 200.0))
+    assert worst_p99_ratio(fifo, _summary(high=(50.0, 50.0), low=(200.0, 260.0))) == 1.3  # low in all
+    assert worst_p99_ratio(fifo, _summary(high=(100.0, 100.0), low=(100.0, 100.0))) == 1.0
+    assert worst_p99_ratio(fifo, _summary(high=(100.01, 100.0), low=(0.0, 0.0))) == 1.001  # over is never 1.0
+    # a class that waits where fifo's p99 was 0 has no ratio
+    assert worst_p99_ratio(_summary(high=(0.0, 0.0)), _summary(high=(5.0, 5.0))) is None
+
+
+def test_met_within_counts_runs_near_the_p99_target_only_if_every_other_target_holds() -> None:
+    ok = {"mean_inversions": [], "queued_mean_inversions": [], "utilization_ge_fifo_minus_1pt": True}
+    inverted_means = ok | {"mean_inversions": ["high 2.00 h > low 1.00 h"]}
+    out = {
+        "traces": {"a": {"split": "fresh"}},
+        "runs": {
+            "a": {
+                "seed0/8gpus": {"worst_p99_ratio": 0.9, "targets": ok},
+                "seed1/8gpus": {"worst_p99_ratio": 1.04, "targets": ok},
+                "seed2/8gpus": {"worst_p99_ratio": 1.04, "targets": inverted_means},
+                "seed3/8gpus": {"worst_p99_ratio": 1.3, "targets": ok | {"unfinished_le_fifo": False}},
+                "seed4/8gpus": {"worst_p99_ratio": None, "targets": ok},
+            }
+        },
+    }
+    assert met_within(out) == {"fresh": {"1": 1, "1.02": 1, "1.05": 2, "1.1": 2, "1.25": 2, "1.5": 2, "2": 2}}
 
 
 @pytest.mark.parametrize(
