@@ -3,7 +3,7 @@ run through the simulator's own `compare` (what `chamber sim --compare fifo,cham
 several public traces, each at two fleet sizes that leave it under pressure, with equal-share quotas.
 
     .venv/bin/python bench/fairness.py [--traces itp-analogue,itp-cluster02,...,openb]
-        [--openb PATH] [--seeds N] [--teams N] [--json-only] [--tuning JSON]
+        [--openb PATH] [--seeds N] [--teams N] [--json-only] [--tuning JSON] [--fair-share]
     .venv/bin/python bench/fairness.py --csv YOURS.csv --gpus 64,48   # a trace of your own
 
 Traces (docs/fairness.md has the class mappings and why these fleet sizes):
@@ -17,6 +17,7 @@ Traces (docs/fairness.md has the class mappings and why these fleet sizes):
                           teams; not in the repository (licence), read from --openb
 "Random" draws are seeded: seeds 0..N-1 (`--seeds`, default 3; openb 2, its 32-GPU run is slow).
 `--teams N` draws the random teams as N instead of 4 (each an equal share of the fleet).
+`--fair-share` plays the quota service's fair-share factor too (`chamber sim --fair-share`).
   yours    --csv PATH     any trace in `chamber sim`'s CSV columns, with its own `priority` and
                           `preemptible` columns and teams; run once per fleet size of --gpus
 
@@ -366,12 +367,16 @@ def met(t: dict[str, Any]) -> bool:
     return all(t["p99_le_fifo"].values()) and all(t["queued_p99_le_fifo"].values()) and met_but_p99(t)
 
 
-def run_one(jobs: list[TraceJob], gpus: int, tuning: dict[str, Any] | None = None) -> dict[str, Any]:
+def run_one(
+    jobs: list[TraceJob], gpus: int, tuning: dict[str, Any] | None = None, *, fair_share: bool = False
+) -> dict[str, Any]:
     teams = sorted({j.team for j in jobs})
     fleet = FleetSpec(gpus=gpus, gpus_per_node=8)
     fitting = [j for j in jobs if j.gpus <= gpus]
     t0 = time.perf_counter()
-    result, outcomes = compare(fitting, fleet, equal_shares(teams, gpus), ["fifo", "chamber"], tuning)
+    result, outcomes = compare(
+        fitting, fleet, equal_shares(teams, gpus), ["fifo", "chamber"], tuning, fair_share=fair_share
+    )
     fifo, chamber = result["policies"]["fifo"], result["policies"]["chamber"]
     per_class: dict[str, Any] = {}
     for c in CLASSES:
@@ -615,6 +620,12 @@ def main() -> int:
         help="chamber policy fields as JSON, the same on every trace: to measure a candidate against the "
         "default (e.g. '{\"guard_lift_every_s\": 43200}'); the default policy runs without it",
     )
+    ap.add_argument(
+        "--fair-share",
+        action="store_true",
+        help="play the quota service's fair-share factor too, as the live scheduler gets it (`chamber sim "
+        "--fair-share`); without it every team's factor is 1",
+    )
     args = ap.parse_args()
     if (refused := _refused(args)) is not None:
         print(f"fairness.py: {refused}", file=sys.stderr)
@@ -629,6 +640,7 @@ def main() -> int:
     out: dict[str, Any] = {
         "policy": f"chamber with {json.dumps(args.tuning)} vs fifo" if args.tuning else "chamber (default) vs fifo",
         "quotas": "equal shares",
+        "fair_share_factor": args.fair_share,
         "random_teams": args.teams,
         "traces": {},
         "runs": {},
@@ -646,7 +658,9 @@ def main() -> int:
                 print(f"fairness.py: {name}: {exc}", file=sys.stderr)
                 return 2
             for g in gpus:
-                out["runs"][name][f"seed{seed}/{g}gpus"] = run_one(jobs, g, args.tuning or None)
+                out["runs"][name][f"seed{seed}/{g}gpus"] = run_one(
+                    jobs, g, args.tuning or None, fair_share=args.fair_share
+                )
                 print(f"{name} seed {seed} {g} GPUs done", file=sys.stderr)
     out["all_targets_met"] = all(r["all_targets_met"] for runs in out["runs"].values() for r in runs.values())
     out["met_by_split"] = met_by_split(out)

@@ -89,6 +89,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from services.scheduler.policy_options import add_preemption_worth_argument
 
     add_preemption_worth_argument(p, default=None)  # for the chamber policy; unset: the service's default
+    p.add_argument(
+        "--fair-share",
+        action="store_true",
+        help="play the quota service's fair-share factor too, as the live scheduler gets it: within a class, "
+        "teams that used least of their share (usage decayed with a 7-day half-life) go first; "
+        "without it every team's factor is 1",
+    )
     p.add_argument("--strict", action="store_true", help="refuse the trace at its first bad row")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--plot", type=Path, metavar="OUT.png", help="draw utilization and queue length over time")
@@ -156,7 +163,12 @@ def run(args: argparse.Namespace) -> int:
     if len(trace.bad_rows) > 20:
         print(f"chamber sim: warning: ... and {len(trace.bad_rows) - 20} more bad rows skipped", file=sys.stderr)
     fleet = FleetSpec(gpus=args.gpus, gpus_per_node=args.gpus_per_node)
-    options = {"fault_rate_per_node_day": args.fault_rate, "seed": args.seed, "until": args.until}
+    options = {
+        "fault_rate_per_node_day": args.fault_rate,
+        "seed": args.seed,
+        "until": args.until,
+        "fair_share": args.fair_share,
+    }
     from services.scheduler.policy_options import chamber_tuning
 
     tuning = chamber_tuning(args)
@@ -173,6 +185,7 @@ def run(args: argparse.Namespace) -> int:
     result["fleet"] = {"gpus": fleet.gpus, "gpus_per_node": fleet.gpus_per_node, "nodes": fleet.nodes}
     if tuning:
         result["chamber_tuning"] = tuning
+    result["fair_share_factor"] = args.fair_share
     if args.plot:
         from services.tracesim.plot import plot
 

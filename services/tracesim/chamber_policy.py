@@ -26,6 +26,9 @@ from events import (
     TeamQuotaSet,
 )
 from events.telemetry import GpuInfo
+from services.quota.core import QuotaState
+from services.quota.core import decide as quota_decide
+from services.quota.core import evolve as quota_evolve
 from services.scheduler.core import CHAMBER, CycleMark, Policy, SchedulerState, events_for, evolve, schedule
 from services.tracesim.engine import FleetSpec
 from services.tracesim.model import Action, SimJob, Start, Stop
@@ -63,8 +66,13 @@ def job_spec(job: SimJob, gpus_per_node: int) -> JobSpec:
 class CorePolicy:
     """A scheduling policy of the core as the simulator's policy."""
 
-    def __init__(self, policy: Policy = CHAMBER) -> None:
+    def __init__(self, policy: Policy = CHAMBER, *, fair_share: bool = False) -> None:
+        """`fair_share`: also play the quota service's fair-share factor (each team's usage, decayed
+        with the service's default half-life, against its share), as the live scheduler gets it.
+        Off, every team's factor stays 1, so within a class the queue goes by age and submit time.
+        Only a policy whose queue order uses the factor gets it."""
         self.policy = policy
+        self.quota = QuotaState() if fair_share and policy.order == "priority-fair-share" else None
         self.name = policy.name
         self.decision_log: list[tuple[float, str, str]] = []  # (now, event type, job id) of each action
         self.folded: list[Event] = []  # every event folded, in order: the log a live scheduler would read
@@ -116,6 +124,8 @@ class CorePolicy:
     def _fold(self, event: Event) -> None:
         self.folded.append(event)
         evolve(self.state, event)
+        if self.quota is not None:
+            quota_evolve(self.quota, event)
 
     def submitted(self, job: SimJob, now: float) -> None:
         self._fold(JobSubmitted(job_id=job.t.id, at=now, spec=job_spec(job, self.fleet.gpus_per_node)))
@@ -130,6 +140,9 @@ class CorePolicy:
         self._fold(NodeRestored(cluster=CLUSTER, node=node_name(node), at=now, reason="repaired", by="operator"))
 
     def decide(self, now: float) -> list[Action]:
+        if self.quota is not None:  # the factors that moved, published before the cycle reads them
+            for update, _ in quota_decide(self.quota, now):
+                self._fold(update)
         self.cycles.append((len(self.folded), now))
         cycle = schedule(self.state, now, self.mark, policy=self.policy)
         self.mark = cycle.mark

@@ -15,16 +15,17 @@ from services.tracesim.trace import TraceJob
 POLICIES = ("fifo", "static-quota", "chamber")
 
 
-def make_policy(name: str, tuning: Mapping[str, Any] | None = None) -> Policy:
+def make_policy(name: str, tuning: Mapping[str, Any] | None = None, *, fair_share: bool = False) -> Policy:
     """Every policy runs through the scheduler's own core (`services.scheduler.core.POLICIES`);
-    `tuning` sets fields of the chamber policy (e.g. `preemption_worth`), never of the baselines."""
+    `tuning` sets fields of the chamber policy (e.g. `preemption_worth`), never of the baselines;
+    `fair_share` plays the quota service's fair-share factor for a policy whose order uses it."""
     from services.scheduler.core import POLICIES as CORE_POLICIES
     from services.tracesim.chamber_policy import CorePolicy
 
     if name not in POLICIES:
         raise ValueError(f"unknown policy {name!r}; use one of {', '.join(POLICIES)}")
     core = CORE_POLICIES[name]
-    return CorePolicy(replace(core, **tuning) if tuning and name == "chamber" else core)
+    return CorePolicy(replace(core, **tuning) if tuning and name == "chamber" else core, fair_share=fair_share)
 
 
 def simulate(
@@ -33,9 +34,11 @@ def simulate(
     quotas: dict[str, TeamQuota],
     policy: str,
     tuning: Mapping[str, Any] | None = None,
+    *,
+    fair_share: bool = False,
     **options: Any,
 ) -> Outcome:
-    return Simulation(jobs, fleet, quotas, make_policy(policy, tuning), **options).run()
+    return Simulation(jobs, fleet, quotas, make_policy(policy, tuning, fair_share=fair_share), **options).run()
 
 
 def compare(
@@ -44,9 +47,13 @@ def compare(
     quotas: dict[str, TeamQuota],
     policies: list[str],
     tuning: Mapping[str, Any] | None = None,
+    *,
+    fair_share: bool = False,
     **options: Any,
 ) -> tuple[dict[str, Any], dict[str, Outcome]]:
-    outcomes = {name: simulate(jobs, fleet, quotas, name, tuning, **options) for name in policies}
+    outcomes = {
+        name: simulate(jobs, fleet, quotas, name, tuning, fair_share=fair_share, **options) for name in policies
+    }
     summaries = {name: summarize(o) for name, o in outcomes.items()}
     if "fifo" in summaries:  # per class, how each policy's waits compare with a plain FIFO cluster's
         for name, summary in summaries.items():

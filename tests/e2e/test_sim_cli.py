@@ -95,3 +95,33 @@ def test_preemption_worth_tunes_the_chamber_policy(tmp_path: Path) -> None:
     assert all(r["policies"]["fifo"]["preemptions"] == 0 for r in runs.values())  # baselines untouched
     bad = sim("--trace", str(trace), "--gpus", "8", "--preemption-worth", "-1")
     assert bad.returncode == 2 and "--preemption-worth" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_fair_share_plays_the_quota_services_factor(tmp_path: Path) -> None:
+    """Team a holds the one GPU for 10 h; then a's job and b's job queue, a's first. No guarantees."""
+    trace = tmp_path / "t.csv"
+    trace.write_text("job_id,submit_time_s,duration_s,num_gpus,team\na0,0,36000,1,a\na1,10,100,1,a\nb1,20,100,1,b\n")
+    quotas = tmp_path / "q.toml"
+    quotas.write_text("[pools.default]\ngpus = 1\n[teams.a]\nguaranteed = 0\n[teams.b]\nguaranteed = 0\n")
+    base = (
+        "--trace",
+        str(trace),
+        "--policy",
+        "chamber",
+        "--gpus",
+        "1",
+        "--gpus-per-node",
+        "1",
+        "--quotas",
+        str(quotas),
+    )
+    runs = {}
+    for extra in ((), ("--fair-share",)):
+        result = sim(*base, "--json", *extra)
+        assert result.returncode == 0, result.stderr
+        runs[extra] = json.loads(result.stdout)
+    assert runs[()]["fair_share_factor"] is False and runs[("--fair-share",)]["fair_share_factor"] is True
+    # without the factor a's earlier job goes first and b waits behind it; with it b, which used
+    # nothing, goes first when a0 ends at 36,000 s
+    assert runs[()]["policies"]["chamber"]["by_team"]["b"]["wait_mean_s"] == 36_100 - 20
+    assert runs[("--fair-share",)]["policies"]["chamber"]["by_team"]["b"]["wait_mean_s"] == 36_000 - 20

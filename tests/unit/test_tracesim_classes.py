@@ -82,13 +82,13 @@ rows = st.lists(
 
 
 @settings(max_examples=15, deadline=None)
-@given(rows, st.sampled_from(["fifo", "static-quota", "chamber"]))
-def test_a_replay_of_any_policys_log_decides_the_same(data, name) -> None:  # type: ignore[no-untyped-def]
+@given(rows, st.sampled_from(["fifo", "static-quota", "chamber"]), st.booleans())
+def test_a_replay_of_any_policys_log_decides_the_same(data, name, fair_share) -> None:  # type: ignore[no-untyped-def]
     jobs = [
         TraceJob(id=f"j{i}", submit_s=s, duration_s=d, gpus=g, team=t, priority=p, preemptible=pre)
         for i, (s, d, g, t, p, pre) in enumerate(data)
     ]
-    sim_policy = CorePolicy(POLICIES[name])
+    sim_policy = CorePolicy(POLICIES[name], fair_share=fair_share)  # the factors it publishes are in its log
     quotas = {"a": TeamQuota("a", "default", 12), "b": TeamQuota("b", "default", 12)}
     Simulation(jobs, FleetSpec(gpus=24), quotas, sim_policy).run()  # type: ignore[arg-type]
     state, mark, done = SchedulerState(), None, 0
