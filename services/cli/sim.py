@@ -163,12 +163,7 @@ def run(args: argparse.Namespace) -> int:
     if len(trace.bad_rows) > 20:
         print(f"chamber sim: warning: ... and {len(trace.bad_rows) - 20} more bad rows skipped", file=sys.stderr)
     fleet = FleetSpec(gpus=args.gpus, gpus_per_node=args.gpus_per_node)
-    options = {
-        "fault_rate_per_node_day": args.fault_rate,
-        "seed": args.seed,
-        "until": args.until,
-        "fair_share": args.fair_share,
-    }
+    options = sim_options(args)
     from services.scheduler.policy_options import chamber_tuning
 
     tuning = chamber_tuning(args)
@@ -193,6 +188,16 @@ def run(args: argparse.Namespace) -> int:
         plot(outcomes, args.plot, title)
     show(args, result)
     return 0
+
+
+def sim_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The simulation options of the command line, the same for a trace replay and a what-if."""
+    return {
+        "fault_rate_per_node_day": args.fault_rate,
+        "seed": args.seed,
+        "until": args.until,
+        "fair_share": args.fair_share,
+    }
 
 
 def _fault_model(args: argparse.Namespace) -> Any:

@@ -61,12 +61,9 @@ def run_whatif(args: argparse.Namespace) -> int:
     except TraceError as exc:
         raise UsageError(str(exc)) from None
     fleet = FleetSpec(gpus=gpus, gpus_per_node=per_node, gpu_model=model)
-    options = {
-        "fault_rate_per_node_day": args.fault_rate,
-        "seed": args.seed,
-        "until": args.until,
-        "fair_share": args.fair_share,
-    }
+    from services.cli.sim import sim_options
+
+    options = sim_options(args)
     now_result, now_outcomes = compare(jobs, fleet, current, ["chamber"], **options)
     new_result, new_outcomes = compare(jobs, fleet, proposed, ["chamber"], **options)
     result: dict[str, Any] = {
