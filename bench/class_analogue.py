@@ -29,16 +29,18 @@ from services.tracesim.analogue import analogue, met, targets  # noqa: E402
 from services.tracesim.classes import DEFAULT_MIX, assign, parse_mix  # noqa: E402
 from services.tracesim.engine import FleetSpec  # noqa: E402
 from services.tracesim.quotas import equal_shares  # noqa: E402
-from services.tracesim.run import compare  # noqa: E402
+from services.tracesim.run import add_fair_share_argument, compare  # noqa: E402
 from services.tracesim.trace import TraceJob, load  # noqa: E402
 
 ITP = ROOT / "data" / "traces" / "itp" / "jobs.csv"
 
 
-def run(jobs: list[TraceJob], gpus: int, tuning: dict[str, Any] | None = None) -> dict[str, Any]:
+def run(
+    jobs: list[TraceJob], gpus: int, tuning: dict[str, Any] | None = None, *, fair_share: bool = True
+) -> dict[str, Any]:
     teams = sorted({j.team for j in jobs})
     fleet = FleetSpec(gpus=gpus, gpus_per_node=8)
-    result, _ = compare(jobs, fleet, equal_shares(teams, gpus), ["fifo", "chamber"], tuning)
+    result, _ = compare(jobs, fleet, equal_shares(teams, gpus), ["fifo", "chamber"], tuning, fair_share=fair_share)
     fifo, chamber = result["policies"]["fifo"], result["policies"]["chamber"]
     h = 3600.0
     per_class = {
@@ -74,10 +76,17 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=6200)
     ap.add_argument("--write", type=Path, help="write the (first seed's) trace as CSV")
     add_preemption_worth_argument(ap, default=None)
+    add_fair_share_argument(ap)
     args = ap.parse_args()
     tuning = chamber_tuning(args)
     itp = load(ITP).jobs
-    out: dict[str, Any] = {"jobs": args.jobs, "classes": DEFAULT_MIX, "quotas": "equal shares (default)", "runs": {}}
+    out: dict[str, Any] = {
+        "jobs": args.jobs,
+        "classes": DEFAULT_MIX,
+        "quotas": "equal shares (default)",
+        "fair_share_factor": args.fair_share,
+        "runs": {},
+    }
     if tuning:
         out["chamber_tuning"] = tuning
     for seed in (int(s) for s in args.seeds.split(",")):
@@ -89,7 +98,7 @@ def main() -> None:
                 for j in jobs:
                     w.writerow([j.id, j.submit_s, j.duration_s, j.gpus, j.team, j.priority.value, j.preemptible])
         for gpus in (int(g) for g in args.gpus.split(",")):
-            out["runs"][f"seed{seed}/{gpus}gpus"] = run(jobs, gpus, tuning)
+            out["runs"][f"seed{seed}/{gpus}gpus"] = run(jobs, gpus, tuning, fair_share=args.fair_share)
     out["all_targets_met"] = all(r["all_targets_met"] for r in out["runs"].values())
     print(json.dumps(out, indent=1))
 

@@ -3,7 +3,7 @@ run through the simulator's own `compare` (what `chamber sim --compare fifo,cham
 several public traces, each at two fleet sizes that leave it under pressure, with equal-share quotas.
 
     .venv/bin/python bench/fairness.py [--traces itp-analogue,itp-cluster02,...,openb]
-        [--openb PATH] [--seeds N] [--teams N] [--json-only] [--tuning JSON] [--fair-share]
+        [--openb PATH] [--seeds N] [--teams N] [--json-only] [--tuning JSON] [--no-fair-share]
     .venv/bin/python bench/fairness.py --csv YOURS.csv --gpus 64,48   # a trace of your own
 
 Traces (docs/fairness.md has the class mappings and why these fleet sizes):
@@ -17,7 +17,8 @@ Traces (docs/fairness.md has the class mappings and why these fleet sizes):
                           teams; not in the repository (licence), read from --openb
 "Random" draws are seeded: seeds 0..N-1 (`--seeds`, default 3; openb 2, its 32-GPU run is slow).
 `--teams N` draws the random teams as N instead of 4 (each an equal share of the fleet).
-`--fair-share` plays the quota service's fair-share factor too (`chamber sim --fair-share`).
+The chamber policy plays the quota service's fair-share factor, as deployed; `--no-fair-share`
+holds every team's factor at 1 (`chamber sim --no-fair-share`).
   yours    --csv PATH     any trace in `chamber sim`'s CSV columns, with its own `priority` and
                           `preemptible` columns and teams; run once per fleet size of --gpus
 
@@ -75,7 +76,7 @@ from services.tracesim.classes import DEFAULT_MIX, assign, parse_mix  # noqa: E4
 from services.tracesim.engine import FleetSpec, Outcome  # noqa: E402
 from services.tracesim.openb import load_openb  # noqa: E402
 from services.tracesim.quotas import equal_shares  # noqa: E402
-from services.tracesim.run import compare, make_policy  # noqa: E402
+from services.tracesim.run import add_fair_share_argument, compare, make_policy  # noqa: E402
 from services.tracesim.trace import TraceError, TraceJob, load  # noqa: E402
 
 ITP = ROOT / "data" / "traces" / "itp" / "jobs.csv"
@@ -368,7 +369,7 @@ def met(t: dict[str, Any]) -> bool:
 
 
 def run_one(
-    jobs: list[TraceJob], gpus: int, tuning: dict[str, Any] | None = None, *, fair_share: bool = False
+    jobs: list[TraceJob], gpus: int, tuning: dict[str, Any] | None = None, *, fair_share: bool = True
 ) -> dict[str, Any]:
     teams = sorted({j.team for j in jobs})
     fleet = FleetSpec(gpus=gpus, gpus_per_node=8)
@@ -620,12 +621,7 @@ def main() -> int:
         help="chamber policy fields as JSON, the same on every trace: to measure a candidate against the "
         "default (e.g. '{\"guard_lift_every_s\": 43200}'); the default policy runs without it",
     )
-    ap.add_argument(
-        "--fair-share",
-        action="store_true",
-        help="play the quota service's fair-share factor too, as the live scheduler gets it (`chamber sim "
-        "--fair-share`); without it every team's factor is 1",
-    )
+    add_fair_share_argument(ap)
     args = ap.parse_args()
     if (refused := _refused(args)) is not None:
         print(f"fairness.py: {refused}", file=sys.stderr)

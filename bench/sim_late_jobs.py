@@ -36,7 +36,7 @@ from services.tracesim.classes import DEFAULT_MIX, assign, parse_mix  # noqa: E4
 from services.tracesim.engine import FleetSpec, Simulation  # noqa: E402
 from services.tracesim.model import Action, Start  # noqa: E402
 from services.tracesim.quotas import equal_shares  # noqa: E402
-from services.tracesim.run import make_policy  # noqa: E402
+from services.tracesim.run import add_fair_share_argument, make_policy  # noqa: E402
 from services.tracesim.trace import load  # noqa: E402
 
 HOUR = 3600.0
@@ -67,6 +67,7 @@ class Recording(CorePolicy):
 
     def decide(self, now: float) -> list[Action]:
         # `schedule` is pure: looking at the cycle first changes nothing the real decide does
+        self.publish_fair_share(now)  # the factors this cycle reads
         waiting = schedule(self.state, now, self.mark, policy=self.policy).waiting
         for jid, why in waiting.items():
             if jid not in self.no_whole_node and self._whole_node(jid):
@@ -149,6 +150,7 @@ def main() -> None:
     ap.add_argument("--openb", type=Path, help="with --bench-trace openb: the pod list CSV")
     ap.add_argument("--teams", type=int, help="with --bench-trace: teams of its random draw (default 4)")
     add_preemption_worth_argument(ap, default=None)
+    add_fair_share_argument(ap)
     args = ap.parse_args()
     if args.bench_trace:
         from bench.fairness import OPENB, RANDOM_TEAMS, TRACES
@@ -163,7 +165,7 @@ def main() -> None:
         jobs = assign(load(args.trace).jobs, parse_mix(args.classes))
     by_id = {j.id: j for j in jobs}
     tuning = chamber_tuning(args)
-    policy = Recording(make_policy("chamber", tuning).policy)
+    policy = Recording(make_policy("chamber", tuning).policy, fair_share=args.fair_share)
     quotas = equal_shares(sorted({j.team for j in jobs}), args.gpus)
     outcome = Simulation(jobs, FleetSpec(gpus=args.gpus), quotas, policy).run()
     late = [
@@ -197,6 +199,7 @@ def main() -> None:
     out = {
         "gpus": args.gpus,
         "chamber_tuning": tuning,
+        "fair_share_factor": args.fair_share,
         "late_hours": args.late_hours,
         "late_jobs": len(late),
         "late_by_class": dict(Counter(j.t.priority.value for j in late).most_common()),

@@ -89,13 +89,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from services.scheduler.policy_options import add_preemption_worth_argument
 
     add_preemption_worth_argument(p, default=None)  # for the chamber policy; unset: the service's default
-    p.add_argument(
-        "--fair-share",
-        action="store_true",
-        help="play the quota service's fair-share factor too, as the live scheduler gets it: within a class, "
-        "teams that used least of their share (usage decayed with a 7-day half-life) go first; "
-        "without it every team's factor is 1",
-    )
+    from services.tracesim.run import add_fair_share_argument
+
+    add_fair_share_argument(p)
     p.add_argument("--strict", action="store_true", help="refuse the trace at its first bad row")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--plot", type=Path, metavar="OUT.png", help="draw utilization and queue length over time")

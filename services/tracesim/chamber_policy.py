@@ -66,10 +66,10 @@ def job_spec(job: SimJob, gpus_per_node: int) -> JobSpec:
 class CorePolicy:
     """A scheduling policy of the core as the simulator's policy."""
 
-    def __init__(self, policy: Policy = CHAMBER, *, fair_share: bool = False) -> None:
-        """`fair_share`: also play the quota service's fair-share factor (each team's usage, decayed
-        with the service's default half-life, against its share), as the live scheduler gets it.
-        Off, every team's factor stays 1, so within a class the queue goes by age and submit time.
+    def __init__(self, policy: Policy = CHAMBER, *, fair_share: bool = True) -> None:
+        """`fair_share`: play the quota service's fair-share factor (each team's usage, decayed with
+        the service's default half-life, against its share), as the live scheduler gets it. Off,
+        every team's factor stays 1, so within a class the queue goes by age and submit time.
         Only a policy whose queue order uses the factor gets it."""
         self.policy = policy
         self.quota = QuotaState() if fair_share and policy.order == "priority-fair-share" else None
@@ -139,10 +139,15 @@ class CorePolicy:
     def node_up(self, node: int, now: float) -> None:
         self._fold(NodeRestored(cluster=CLUSTER, node=node_name(node), at=now, reason="repaired", by="operator"))
 
-    def decide(self, now: float) -> list[Action]:
-        if self.quota is not None:  # the factors that moved, published before the cycle reads them
+    def publish_fair_share(self, now: float) -> None:
+        """Fold the factors that moved by `now`, as the quota service publishes them before a cycle
+        reads them. A second call at the same `now` publishes nothing more."""
+        if self.quota is not None:
             for update, _ in quota_decide(self.quota, now):
                 self._fold(update)
+
+    def decide(self, now: float) -> list[Action]:
+        self.publish_fair_share(now)
         self.cycles.append((len(self.folded), now))
         cycle = schedule(self.state, now, self.mark, policy=self.policy)
         self.mark = cycle.mark

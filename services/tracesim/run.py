@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -15,7 +16,19 @@ from services.tracesim.trace import TraceJob
 POLICIES = ("fifo", "static-quota", "chamber")
 
 
-def make_policy(name: str, tuning: Mapping[str, Any] | None = None, *, fair_share: bool = False) -> Policy:
+def add_fair_share_argument(parser: argparse.ArgumentParser) -> None:
+    """`--fair-share` / `--no-fair-share` (on by default, as deployed), for `chamber sim` and the benches."""
+    parser.add_argument(
+        "--fair-share",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="play the quota service's fair-share factor, as the live scheduler gets it: within a class, "
+        "teams that used least of their share (usage decayed with a 7-day half-life) go first "
+        "(default on); with --no-fair-share every team's factor stays 1",
+    )
+
+
+def make_policy(name: str, tuning: Mapping[str, Any] | None = None, *, fair_share: bool = True) -> Policy:
     """Every policy runs through the scheduler's own core (`services.scheduler.core.POLICIES`);
     `tuning` sets fields of the chamber policy (e.g. `preemption_worth`), never of the baselines;
     `fair_share` plays the quota service's fair-share factor for a policy whose order uses it."""
@@ -35,7 +48,7 @@ def simulate(
     policy: str,
     tuning: Mapping[str, Any] | None = None,
     *,
-    fair_share: bool = False,
+    fair_share: bool = True,
     **options: Any,
 ) -> Outcome:
     return Simulation(jobs, fleet, quotas, make_policy(policy, tuning, fair_share=fair_share), **options).run()
@@ -48,7 +61,7 @@ def compare(
     policies: list[str],
     tuning: Mapping[str, Any] | None = None,
     *,
-    fair_share: bool = False,
+    fair_share: bool = True,
     **options: Any,
 ) -> tuple[dict[str, Any], dict[str, Outcome]]:
     outcomes = {

@@ -97,7 +97,7 @@ def test_preemption_worth_tunes_the_chamber_policy(tmp_path: Path) -> None:
     assert bad.returncode == 2 and "--preemption-worth" in bad.stderr and "Traceback" not in bad.stderr
 
 
-def test_fair_share_plays_the_quota_services_factor(tmp_path: Path) -> None:
+def test_the_quota_services_fair_share_factor_plays_unless_turned_off(tmp_path: Path) -> None:
     """Team a holds the one GPU for 10 h; then a's job and b's job queue, a's first. No guarantees."""
     trace = tmp_path / "t.csv"
     trace.write_text("job_id,submit_time_s,duration_s,num_gpus,team\na0,0,36000,1,a\na1,10,100,1,a\nb1,20,100,1,b\n")
@@ -116,12 +116,12 @@ def test_fair_share_plays_the_quota_services_factor(tmp_path: Path) -> None:
         str(quotas),
     )
     runs = {}
-    for extra in ((), ("--fair-share",)):
+    for extra in ((), ("--no-fair-share",)):
         result = sim(*base, "--json", *extra)
         assert result.returncode == 0, result.stderr
         runs[extra] = json.loads(result.stdout)
-    assert runs[()]["fair_share_factor"] is False and runs[("--fair-share",)]["fair_share_factor"] is True
-    # without the factor a's earlier job goes first and b waits behind it; with it b, which used
-    # nothing, goes first when a0 ends at 36,000 s
-    assert runs[()]["policies"]["chamber"]["by_team"]["b"]["wait_mean_s"] == 36_100 - 20
-    assert runs[("--fair-share",)]["policies"]["chamber"]["by_team"]["b"]["wait_mean_s"] == 36_000 - 20
+    assert runs[()]["fair_share_factor"] is True and runs[("--no-fair-share",)]["fair_share_factor"] is False
+    # by default (as deployed) b, which used nothing, goes first when a0 ends at 36,000 s; with every
+    # factor held at 1, a's earlier job goes first and b waits behind it
+    assert runs[()]["policies"]["chamber"]["by_team"]["b"]["wait_mean_s"] == 36_000 - 20
+    assert runs[("--no-fair-share",)]["policies"]["chamber"]["by_team"]["b"]["wait_mean_s"] == 36_100 - 20

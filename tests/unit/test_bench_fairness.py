@@ -135,10 +135,10 @@ def test_a_trace_of_your_own_runs_with_its_own_classes(
     assert out["met_within"]["yours"]["1"] == int(run["all_targets_met"])  # the strict column is the count met
     assert run["worst_p99_ratio"] is None or run["worst_p99_ratio"] > 0
     assert set(run["utilization_while_submitting"]) == {"fifo", "chamber"} and run["makespan_h"]["fifo"] > 0
-    assert out["fair_share_factor"] is False
-    assert _run(monkeypatch, "--csv", str(trace), "--gpus", "8", "--json-only", "--fair-share") == 0
-    played = json.loads(capsys.readouterr().out)
-    assert played["fair_share_factor"] is True and played["runs"]["csv:ours.csv"]  # the same trace, as live
+    assert out["fair_share_factor"] is True  # as deployed, by default
+    assert _run(monkeypatch, "--csv", str(trace), "--gpus", "8", "--json-only", "--no-fair-share") == 0
+    held = json.loads(capsys.readouterr().out)
+    assert held["fair_share_factor"] is False and held["runs"]["csv:ours.csv"]  # every team's factor at 1
 
 
 def test_runs_meeting_every_target_are_counted_per_split() -> None:

@@ -1,5 +1,5 @@
-"""The simulator plays the quota service's fair-share factor when asked (`--fair-share`), so the
-simulated queue orders a class's work by the teams' decayed usage as the live scheduler does."""
+"""The simulator plays the quota service's fair-share factor by default (`--no-fair-share` holds it at 1),
+so the simulated queue orders a class's work by the teams' decayed usage as the live scheduler does."""
 
 from __future__ import annotations
 
@@ -25,14 +25,14 @@ def starts(policy: CorePolicy) -> dict[str, float | None]:
 
 
 def test_without_it_every_factor_stays_1_and_the_earlier_job_goes_first() -> None:
-    policy = CorePolicy(CHAMBER)
+    policy = CorePolicy(CHAMBER, fair_share=False)
     assert starts(policy) == {"a1": 36_000.0, "b1": 36_100.0}
     assert policy.state.fair_share == {}
     assert not any(type(e).__name__ == "FairShareUpdated" for e in policy.folded)
 
 
-def test_with_it_the_team_that_used_less_goes_first() -> None:
-    policy = CorePolicy(CHAMBER, fair_share=True)
+def test_by_default_the_team_that_used_less_goes_first() -> None:
+    policy = CorePolicy(CHAMBER)
     assert starts(policy) == {"a1": 36_100.0, "b1": 36_000.0}
     factors = policy.state.fair_share
     assert factors[("default", "a")] < factors[("default", "b")] == 1.0
