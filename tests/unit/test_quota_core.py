@@ -183,3 +183,25 @@ def test_a_pool_is_deleted_only_when_no_guarantee_job_or_node_uses_it() -> None:
     evolve(s, remove_pool(s, name="spare", at=6))
     assert "spare" not in s.pools and ("spare", "vision") not in s.quotas  # its quotas of 0 GPUs go with it
     assert [p["pool"] for p in pool_rows(s)] == ["ampere"]
+
+
+def test_usage_in_use_is_exact_for_shares_and_survives_a_snapshot() -> None:
+    """The in-use totals are kept as jobs start and stop (not summed on every read): shares of a GPU
+    add and subtract exactly, a team with nothing running has no entry, and a snapshot, which
+    leaves the totals out, derives the same ones from the running jobs."""
+    from services.quota.service import snapshot_codec
+
+    s = QuotaState()
+    for i, share in enumerate((0.1, 0.2, 0.3)):
+        s.start(f"f{i}", "default", "nlp", share)
+    s.start("w", "default", "vision", 8)
+    s.stop("f1")
+    assert s.in_use() == {("default", "nlp"): 0.4, ("default", "vision"): 8}
+    assert isinstance(s.in_use()[("default", "vision")], int)  # whole GPUs stay ints, as `quota list` shows
+    codec = snapshot_codec()
+    assert b"use_milli" not in codec.encode(s)  # a cache: the snapshot holds the running jobs only
+    restored = codec.decode(codec.encode(s))
+    assert restored.use_milli == s.use_milli and restored.in_use() == s.in_use()
+    for job in ("f0", "f2", "w"):
+        s.stop(job)
+    assert s.in_use() == {} and s.use_milli == {}
