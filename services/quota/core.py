@@ -94,10 +94,10 @@ class QuotaState:
     clock: float | None = None
     published: dict[tuple[str, str], float] = field(default_factory=dict)
     budgets: dict[str, BudgetSet] = field(default_factory=dict)  # team -> its latest budget
-    # A cache of `running` (not in snapshots; `rebuild_use` derives it): (pool, team) -> the
+    # A cache of `running` (not in snapshots; `rebuild_use` derives it again): (pool, team) -> the
     # GPU-equivalents its jobs hold, in thousandths so that adding and removing jobs is exact. The
     # decay reads it on every job event and every publish; summing `running` each time made a
-    # whole-trace replay three times slower.
+    # whole-trace replay 2.6 times slower.
     use_milli: dict[tuple[str, str], int] = field(default_factory=dict)
 
     @property
@@ -113,17 +113,25 @@ class QuotaState:
 
     def start(self, job_id: str, pool: str, team: str, gpus: float) -> None:
         self.running[job_id] = (pool, team, gpus)
-        key = (pool, team)
-        self.use_milli[key] = self.use_milli.get(key, 0) + round(gpus * 1000)
+        self._count(pool, team, gpus, +1)
 
     def stop(self, job_id: str) -> None:
         pool, team, gpus = self.running.pop(job_id)
+        self._count(pool, team, gpus, -1)
+
+    def rebuild_use(self) -> None:
+        """Derive the `use_milli` cache from `running` (after a snapshot is loaded)."""
+        self.use_milli = {}
+        for pool, team, gpus in self.running.values():
+            self._count(pool, team, gpus, +1)
+
+    def _count(self, pool: str, team: str, gpus: float, sign: int) -> None:
         key = (pool, team)
-        left = self.use_milli.get(key, 0) - round(gpus * 1000)
+        left = self.use_milli.get(key, 0) + sign * round(gpus * 1000)
         if left:
             self.use_milli[key] = left
         else:
-            self.use_milli.pop(key, None)
+            self.use_milli.pop(key, None)  # nothing running: no entry, as `in_use` always gave
 
     def pool_capacity(self, pool: str) -> int:
         """Healthy GPUs of the pool now (isolations and lost nodes left out)."""
@@ -135,14 +143,6 @@ class QuotaState:
 
     def pool_guaranteed(self, pool: str) -> int:
         return sum(q.guaranteed for (p, _), q in self.quotas.items() if p == pool)
-
-
-def rebuild_use(state: QuotaState) -> None:
-    """Derive the `use_milli` cache from `running` (after a snapshot is loaded)."""
-    state.use_milli = {}
-    for pool, team, gpus in state.running.values():
-        key = (pool, team)
-        state.use_milli[key] = state.use_milli.get(key, 0) + round(gpus * 1000)
 
 
 def decayed_at(state: QuotaState, now: float) -> dict[tuple[str, str], float]:

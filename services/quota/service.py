@@ -77,7 +77,7 @@ class ListRequest(msgspec.Struct, kw_only=True):
 
 
 def snapshot_codec() -> SnapshotCodec[QuotaState]:
-    return facts_codec(QuotaState, version=core.STATE_VERSION, caches=("use_milli",), rebuild=core.rebuild_use)
+    return facts_codec(QuotaState, version=core.STATE_VERSION, caches=("use_milli",), rebuild=QuotaState.rebuild_use)
 
 
 def _team_subject(_: QuotaState, req: SetTeamQuota | PatchTeamQuota) -> tuple[str, str]:
